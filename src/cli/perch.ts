@@ -1,0 +1,140 @@
+#!/usr/bin/env node
+import { join } from "node:path";
+import { Command } from "commander";
+import { ConfigError, loadConfig } from "../config/config.ts";
+import { loadOrCreateServerKey } from "../config/server-key.ts";
+import { canonicalKey, encodeKey, generateKeyPair, privateKeyObject } from "../crypto/keys.ts";
+import { systemClock } from "../domain/clock.ts";
+import { Domain } from "../domain/index.ts";
+import { startServer } from "../server.ts";
+import { Store } from "../store/index.ts";
+
+/** Runs `fn` with a domain over the configured store (no listener), then closes the store. */
+async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
+  const config = loadConfig();
+  const pair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
+  const store = await Store.open(config.databaseUrl, config.dataDir);
+  try {
+    const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
+    return await fn(new Domain({ store, clock: systemClock, config, serverKey }));
+  } finally {
+    await store.close();
+  }
+}
+
+function keyArg(text: string): string {
+  const key = canonicalKey(text);
+  if (!key) fail(`not a base58 X25519 public key: ${text}`);
+  return key;
+}
+
+function fail(message: string): never {
+  process.stderr.write(`perch: ${message}\n`);
+  process.exit(1);
+}
+
+function print(value: unknown): void {
+  process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+}
+
+async function serve(): Promise<void> {
+  const server = await startServer({ config: loadConfig() });
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    process.stderr.write(`perch: ${signal}, finishing in-flight requests\n`);
+    server.close().then(
+      () => process.exit(0),
+      (err) => fail(String(err)),
+    );
+  };
+  process.on("SIGINT", () => stop("SIGINT"));
+  process.on("SIGTERM", () => stop("SIGTERM"));
+}
+
+const program = new Command("perch").description("Perch: a server for connected AI devices. Settings come from PERCH_* variables and PERCH_CONFIG.");
+
+program.command("serve", { isDefault: true }).description("run the server").action(serve);
+
+program
+  .command("keygen")
+  .description("print a new X25519 device key pair (base58)")
+  .action(() => {
+    const pair = generateKeyPair();
+    print({ public_key: encodeKey(pair.publicKey), private_key: encodeKey(pair.privateKey) });
+  });
+
+const peers = program.command("peers").description("registered peers");
+peers
+  .command("list")
+  .description("list registered peers")
+  .action(() =>
+    withDomain(async (d) =>
+      print((await d.peers.list()).map((p) => ({ public_key: p.public_key, role: p.role, status: p.status, created_at: new Date(p.created_at).toISOString() }))),
+    ),
+  );
+peers
+  .command("add <key>")
+  .description("register a key (needed under registration policy closed)")
+  .option("--role <role>", "client or admin", "client")
+  .action((key: string, opts: { role: string }) =>
+    withDomain(async (d) => {
+      if (opts.role !== "client" && opts.role !== "admin") fail("--role must be client or admin");
+      print({ public_key: keyArg(key), added: await d.peers.add(keyArg(key), opts.role) });
+    }),
+  );
+for (const [name, blocked] of [
+  ["block", true],
+  ["unblock", false],
+] as const) {
+  peers
+    .command(`${name} <key>`)
+    .description(blocked ? "refuse the peer's logins, offers and sessions" : "let a blocked peer back in")
+    .action((key: string) =>
+      withDomain(async (d) => {
+        if (!(await d.peers.setBlocked(keyArg(key), blocked))) fail(`no registered peer ${key}`);
+        print({ public_key: keyArg(key), status: blocked ? "blocked" : "active" });
+      }),
+    );
+}
+peers
+  .command("remove <key>")
+  .description("remove the peer with its sessions, tokens, status, telemetry and contacts")
+  .action((key: string) =>
+    withDomain(async (d) => {
+      if (!(await d.peers.remove(keyArg(key)))) fail(`no registered peer ${key}`);
+      print({ public_key: keyArg(key), removed: true });
+    }),
+  );
+
+const sessions = program.command("sessions").description("login sessions");
+sessions
+  .command("list")
+  .description("list live sessions")
+  .action(() =>
+    withDomain(async (d) => {
+      const rows = await d.auth.liveSessions();
+      print(
+        rows.map((s) => ({
+          id: s.id,
+          kind: s.kind,
+          public_key: s.public_key,
+          ...(s.target_key ? { target_key: s.target_key } : {}),
+          created_at: new Date(s.created_at).toISOString(),
+          expires_at: new Date(s.expires_at).toISOString(),
+        })),
+      );
+    }),
+  );
+sessions
+  .command("revoke <id>")
+  .description("revoke a session at once, on every node")
+  .action((id: string) =>
+    withDomain(async (d) => {
+      if (!(await d.auth.revokeSession(id))) fail(`no live session ${id}`);
+      print({ id, revoked: true });
+    }),
+  );
+
+program.parseAsync().catch((err) => fail(err instanceof ConfigError ? err.message : String(err?.stack ?? err)));

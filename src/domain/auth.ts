@@ -1,0 +1,183 @@
+import { timingSafeEqual } from "node:crypto";
+import { AssertionError, parseAssertion, verifyAssertion } from "../crypto/assertion.ts";
+import { canonicalKey, decodeKey, InvalidKeyError, sharedSecret } from "../crypto/keys.ts";
+import { hashToken, newId, newToken } from "../crypto/tokens.ts";
+import type { LoginRequest, LoginResult } from "../protocol/public.ts";
+import type { Db } from "../store/index.ts";
+import type { PeerRow } from "../store/peers.ts";
+import { DAY_MS, type DomainContext } from "./context.ts";
+import { ApiError } from "./errors.ts";
+import type { Principal } from "./principal.ts";
+import { RateLimiter } from "./rate-limiter.ts";
+
+export const PRIMARY_SESSION_TTL_MS = DAY_MS;
+export const SIDE_CONTROL_SESSION_TTL_MS = DAY_MS;
+
+export interface LoginInput {
+  /** The assertion from `Authorization: Bearer …`, or undefined when that header is absent or not a bearer. */
+  assertion: string | undefined;
+  publicKey: string | undefined;
+  registrationToken: string | undefined;
+  request: LoginRequest;
+  /** Client address, for the per-address rate limit. */
+  address: string;
+}
+
+/** Logins (assertion → session) and bearer authentication. */
+export class AuthService {
+  private readonly byAddress: RateLimiter;
+  private readonly byKey: RateLimiter;
+  /** X25519 with the server key is the costliest step of a login; results are cached per caller key. */
+  private readonly secrets = new Map<string, Uint8Array>();
+
+  constructor(private readonly ctx: DomainContext) {
+    this.byAddress = new RateLimiter(ctx.config.rateLimits.loginPerAddress, ctx.clock);
+    this.byKey = new RateLimiter(ctx.config.rateLimits.loginPerKey, ctx.clock);
+  }
+
+  /** X25519(server private, `publicKey`); throws INVALID_PUBLIC_KEY for an unusable key. */
+  sharedSecretWith(publicKey: string): Uint8Array {
+    let secret = this.secrets.get(publicKey);
+    if (!secret) {
+      try {
+        secret = sharedSecret(this.ctx.serverKey.privateKeyObject, decodeKey(publicKey));
+      } catch (err) {
+        if (err instanceof InvalidKeyError) throw new ApiError(401, "INVALID_PUBLIC_KEY", "X-Public-Key is not a usable X25519 key");
+        throw err;
+      }
+      if (this.secrets.size >= 10_000) this.secrets.clear();
+      this.secrets.set(publicKey, secret);
+    }
+    return secret;
+  }
+
+  async login(input: LoginInput): Promise<LoginResult> {
+    const { store, clock } = this.ctx;
+    limit(this.byAddress.hit(input.address));
+    if (!input.assertion) throw new ApiError(401, "MISSING_ASSERTION", "Authorization: Bearer <assertion> is required");
+    const key = canonicalKey(input.publicKey);
+    if (!key) throw new ApiError(401, "INVALID_PUBLIC_KEY", "X-Public-Key is missing or not a base58 X25519 key");
+    const secret = this.sharedSecretWith(key);
+
+    const now = clock.now();
+    let claims: ReturnType<typeof verifyAssertion>;
+    try {
+      claims = verifyAssertion(parseAssertion(input.assertion), {
+        issuer: key,
+        audience: this.ctx.serverKey.publicKeyText,
+        now: Math.floor(now / 1000),
+        sharedSecret: secret,
+      });
+    } catch (err) {
+      if (err instanceof AssertionError) throw new ApiError(401, "INVALID_ASSERTION", `invalid assertion: ${err.message}`);
+      throw err;
+    }
+    limit(this.byKey.hit(key));
+
+    const nonceExpiresAt = claims.exp * 1000;
+    const claimNonce = async (tx: Db) => {
+      if (!(await store.assertionNonces.claim(key, claims.nonce, nonceExpiresAt, now, tx))) {
+        throw new ApiError(401, "INVALID_ASSERTION", "invalid assertion: replayed nonce");
+      }
+    };
+    const caller = await store.peers.get(key);
+    if (caller?.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "this peer is blocked");
+
+    const session = { id: newId(), token: newToken(), createdAt: now };
+    if (input.request.grant_type === "side_control") {
+      const tokenHash = hashToken(input.request.device_token as string);
+      const deviceToken = await store.deviceTokens.findUsable(tokenHash, now);
+      if (!deviceToken) throw invalidDeviceToken();
+      const target = await store.peers.get(deviceToken.target_key);
+      if (!target) throw invalidDeviceToken();
+      if (target.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "the device behind this token is blocked");
+      const expiresAt = now + SIDE_CONTROL_SESSION_TTL_MS;
+      await store.transaction(async (tx) => {
+        await claimNonce(tx);
+        if (!(await store.deviceTokens.consume(tokenHash, now, tx))) throw invalidDeviceToken();
+        await store.sessions.insert(sessionRow(session, "side_control", key, target.public_key, expiresAt), tx);
+      });
+      return result(session, expiresAt, "side_control");
+    }
+
+    if (!caller) this.checkRegistrationPolicy(input.registrationToken);
+    const expiresAt = now + PRIMARY_SESSION_TTL_MS;
+    await store.transaction(async (tx) => {
+      await claimNonce(tx);
+      if (!caller) await store.peers.register(newPeer(key, now), tx);
+      await store.sessions.insert(sessionRow(session, "primary", key, null, expiresAt), tx);
+    });
+    return result(session, expiresAt, "primary");
+  }
+
+  /** Whether an unknown key may register now (primary login, first WebRTC connection). */
+  checkRegistrationPolicy(registrationToken: string | undefined): void {
+    const { policy, tokens } = this.ctx.config.registration;
+    if (policy === "closed") throw new ApiError(403, "PEER_NOT_REGISTERED", "this server only accepts peers its operator registered");
+    if (policy === "token" && !(registrationToken && tokens.some((t) => safeEqual(t, registrationToken)))) {
+      throw new ApiError(401, "REGISTRATION_REQUIRED", "registering a new peer needs a valid X-Registration-Token");
+    }
+  }
+
+  /** Every live session (operator view). */
+  liveSessions() {
+    return this.ctx.store.sessions.listLive(this.ctx.clock.now());
+  }
+
+  /** Revokes any live session by id (operator action); false when there is none. */
+  revokeSession(id: string): Promise<boolean> {
+    return this.ctx.store.sessions.revoke(id, this.ctx.clock.now());
+  }
+
+  /** Resolves a bearer access token, re-checking the session and the peers behind it. */
+  async authenticate(bearer: string | undefined, publicKeyHeader: string | undefined): Promise<Principal> {
+    if (!bearer) throw invalidSession("Authorization: Bearer <access_token> is required");
+    const row = await this.ctx.store.sessions.findByTokenHash(hashToken(bearer));
+    if (!row || row.revoked_at !== null || row.expires_at <= this.ctx.clock.now()) throw invalidSession("the session is unknown, expired or revoked");
+    if (publicKeyHeader !== undefined && canonicalKey(publicKeyHeader) !== row.public_key) {
+      throw new ApiError(401, "PUBLIC_KEY_MISMATCH", "X-Public-Key does not match the session");
+    }
+    if (row.kind === "primary") {
+      checkPeer(row.peer_status, false);
+      return { kind: "primary", publicKey: row.public_key, sessionId: row.id };
+    }
+    checkPeer(row.target_status, false);
+    checkPeer(row.peer_status, true);
+    return { kind: "side_control", publicKey: row.public_key, targetKey: row.target_key as string, sessionId: row.id };
+  }
+}
+
+function checkPeer(status: string | null, mayBeUnregistered: boolean): void {
+  if (status === null && !mayBeUnregistered) throw invalidSession("the peer behind this session was removed");
+  if (status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "the peer behind this session is blocked");
+}
+
+function limit(retryAfter: number): void {
+  if (retryAfter > 0) throw new ApiError(429, "RATE_LIMITED", "too many requests", undefined, retryAfter);
+}
+
+export function invalidSession(message: string): ApiError {
+  return new ApiError(401, "INVALID_SESSION", message);
+}
+
+function invalidDeviceToken(): ApiError {
+  return new ApiError(401, "INVALID_DEVICE_TOKEN", "the device token is unknown, expired, revoked or already used");
+}
+
+function safeEqual(a: string, b: string): boolean {
+  const x = Buffer.from(a);
+  const y = Buffer.from(b);
+  return x.length === y.length && timingSafeEqual(x, y);
+}
+
+export function newPeer(publicKey: string, now: number, role = "client"): PeerRow {
+  return { public_key: publicKey, role, status: "active", device_info: "{}", created_at: now, updated_at: now };
+}
+
+function sessionRow(s: { id: string; token: string; createdAt: number }, kind: string, key: string, target: string | null, expiresAt: number) {
+  return { id: s.id, token_hash: hashToken(s.token), kind, public_key: key, target_key: target, created_at: s.createdAt, expires_at: expiresAt, revoked_at: null };
+}
+
+function result(s: { id: string; token: string }, expiresAt: number, grant: "primary" | "side_control"): LoginResult {
+  return { access_token: s.token, token_type: "Bearer", expires_at: expiresAt, session_id: s.id, grant_type: grant };
+}

@@ -1,0 +1,88 @@
+import { base64urlnopad } from "@scure/base";
+import type { Contact, ContactCreate, ContactList, ContactUpdate } from "../protocol/public.ts";
+import type { ContactRow } from "../store/contacts.ts";
+import type { DomainContext } from "./context.ts";
+import { ApiError } from "./errors.ts";
+
+export const DEFAULT_CONTACT_PAGE = 50;
+
+/** A device's contacts, managed by its Side Control. */
+export class ContactService {
+  constructor(private readonly ctx: DomainContext) {}
+
+  /** Pages by name; the cursor is the last name of the previous page, base64url-encoded. */
+  async list(deviceKey: string, cursor: string | undefined, limit = DEFAULT_CONTACT_PAGE): Promise<ContactList> {
+    let after: string | undefined;
+    if (cursor !== undefined) {
+      try {
+        after = new TextDecoder("utf-8", { fatal: true }).decode(base64urlnopad.decode(cursor));
+      } catch {
+        throw new ApiError(400, "INVALID_CONTACT", "cursor is not one this server issued", { field: "cursor" });
+      }
+    }
+    const rows = await this.ctx.store.contacts.list(deviceKey, after, limit + 1);
+    const items = rows.slice(0, limit).map(contactView);
+    const last = items.at(-1);
+    const hasNext = rows.length > limit && last !== undefined;
+    return hasNext ? { items, has_next: true, next_cursor: base64urlnopad.encode(new TextEncoder().encode(last.name)) } : { items, has_next: false };
+  }
+
+  async get(deviceKey: string, name: string): Promise<Contact> {
+    const row = await this.ctx.store.contacts.get(deviceKey, name);
+    if (!row) throw notFound(name);
+    return contactView(row);
+  }
+
+  async create(deviceKey: string, input: ContactCreate): Promise<Contact> {
+    const now = this.ctx.clock.now();
+    const row: ContactRow = { public_key: deviceKey, name: input.name, ...fields(input.display_name ?? null, input.phone_number ?? null), created_at: now, updated_at: now };
+    if (!(await this.ctx.store.contacts.insert(row))) throw exists();
+    return contactView(row);
+  }
+
+  /** Absent fields keep their value; `null` or blank clears one. */
+  async update(deviceKey: string, name: string, input: ContactUpdate): Promise<Contact> {
+    const current = await this.ctx.store.contacts.get(deviceKey, name);
+    if (!current) throw notFound(name);
+    const row: ContactRow = {
+      ...current,
+      ...fields(input.display_name === undefined ? current.display_name : input.display_name, input.phone_number === undefined ? current.phone_number : input.phone_number),
+      updated_at: this.ctx.clock.now(),
+    };
+    const outcome = await this.ctx.store.contacts.update(row);
+    if (outcome === "missing") throw notFound(name);
+    if (outcome === "conflict") throw exists();
+    return contactView(row);
+  }
+
+  async delete(deviceKey: string, name: string): Promise<Contact> {
+    const row = await this.ctx.store.contacts.delete(deviceKey, name);
+    if (!row) throw notFound(name);
+    return contactView(row);
+  }
+}
+
+/** Trims both fields, requires one of them, and derives the digits the phone number is unique by. */
+function fields(displayName: string | null, phoneNumber: string | null) {
+  const display_name = displayName?.trim() || null;
+  const phone_number = phoneNumber?.trim() || null;
+  if (display_name === null && phone_number === null) {
+    throw new ApiError(400, "INVALID_CONTACT", "a contact needs a display_name or a phone_number", { field: "display_name" });
+  }
+  return { display_name, phone_number, phone_digits: phone_number?.replace(/\D/g, "") ?? null };
+}
+
+function contactView(row: ContactRow): Contact {
+  const c: Contact = { name: row.name, created_at: row.created_at, updated_at: row.updated_at };
+  if (row.display_name !== null) c.display_name = row.display_name;
+  if (row.phone_number !== null) c.phone_number = row.phone_number;
+  return c;
+}
+
+function notFound(name: string): ApiError {
+  return new ApiError(404, "CONTACT_NOT_FOUND", `no contact named ${JSON.stringify(name)}`);
+}
+
+function exists(): ApiError {
+  return new ApiError(409, "CONTACT_EXISTS", "a contact with this name or phone number already exists");
+}

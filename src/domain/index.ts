@@ -1,0 +1,27 @@
+import { AuthService } from "./auth.ts";
+import { ContactService } from "./contacts.ts";
+import type { DomainContext } from "./context.ts";
+import { PeerService } from "./peers.ts";
+import { SideControlService } from "./side-control.ts";
+import { TelemetryService } from "./telemetry.ts";
+
+export type { DomainContext } from "./context.ts";
+export { ApiError } from "./errors.ts";
+export type { Principal } from "./principal.ts";
+
+/** Perch's domain: every rule, no HTTP. Transports call it; it calls the store. */
+export class Domain {
+  readonly auth: AuthService;
+  readonly peers: PeerService;
+  readonly sideControl: SideControlService;
+  readonly telemetry: TelemetryService;
+  readonly contacts: ContactService;
+
+  constructor(readonly ctx: DomainContext) {
+    this.auth = new AuthService(ctx);
+    this.peers = new PeerService(ctx);
+    this.sideControl = new SideControlService(ctx);
+    this.telemetry = new TelemetryService(ctx);
+    this.contacts = new ContactService(ctx);
+  }
+}

@@ -1,0 +1,84 @@
+import type { DeviceInfo, PeerSelf, PeerStatus, Runtime } from "../protocol/public.ts";
+import type { PeerRow } from "../store/peers.ts";
+import type { RuntimeRow } from "../store/runtime.ts";
+import { newPeer } from "./auth.ts";
+import type { DomainContext } from "./context.ts";
+import { ApiError } from "./errors.ts";
+
+/** A runtime record not refreshed for this long is from a node that died: the peer is offline. */
+export const RUNTIME_STALE_MS = 30_000;
+
+/** Peers: registration, the self view, status documents and runtime. */
+export class PeerService {
+  constructor(private readonly ctx: DomainContext) {}
+
+  async self(publicKey: string): Promise<PeerSelf> {
+    const peer = await this.ctx.store.peers.get(publicKey);
+    if (!peer) throw new ApiError(404, "PEER_NOT_FOUND", "this key was never registered");
+    return selfView(peer);
+  }
+
+  async deviceInfo(publicKey: string): Promise<DeviceInfo> {
+    const peer = await this.ctx.store.peers.get(publicKey);
+    if (!peer) throw new ApiError(404, "PEER_NOT_FOUND", "this key was never registered");
+    return JSON.parse(peer.device_info) as DeviceInfo;
+  }
+
+  async status(publicKey: string): Promise<PeerStatus> {
+    return ((await this.ctx.store.status.get(publicKey)) ?? {}) as PeerStatus;
+  }
+
+  /** Replaces the status document; `reported_at` defaults to now. */
+  async putStatus(publicKey: string, status: PeerStatus): Promise<PeerStatus> {
+    const now = this.ctx.clock.now();
+    const document: PeerStatus = { ...status, reported_at: status.reported_at ?? new Date(now).toISOString() };
+    await this.ctx.store.status.put(publicKey, document, now);
+    return document;
+  }
+
+  async runtime(publicKey: string): Promise<Runtime> {
+    const row = await this.ctx.store.runtime.get(publicKey);
+    return row ? runtimeView(row, this.ctx.clock.now()) : { online: false };
+  }
+
+  // Operator actions (command line).
+
+  list(): Promise<PeerRow[]> {
+    return this.ctx.store.peers.list();
+  }
+
+  /** Registers a key (any policy); returns false when it was already registered. */
+  async add(publicKey: string, role: "client" | "admin" = "client"): Promise<boolean> {
+    if (await this.ctx.store.peers.get(publicKey)) return false;
+    await this.ctx.store.peers.register(newPeer(publicKey, this.ctx.clock.now(), role));
+    return true;
+  }
+
+  setBlocked(publicKey: string, blocked: boolean): Promise<boolean> {
+    return this.ctx.store.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now());
+  }
+
+  remove(publicKey: string): Promise<boolean> {
+    return this.ctx.store.peers.remove(publicKey);
+  }
+}
+
+export function selfView(peer: PeerRow): PeerSelf {
+  return {
+    public_key: peer.public_key,
+    role: peer.role as PeerSelf["role"],
+    registration_status: peer.status as PeerSelf["registration_status"],
+    device: JSON.parse(peer.device_info) as DeviceInfo,
+    created_at: peer.created_at,
+  };
+}
+
+function runtimeView(row: RuntimeRow, now: number): Runtime {
+  const view: Runtime = { online: row.online === 1 && now - row.updated_at < RUNTIME_STALE_MS };
+  if (row.last_seen_at !== null) view.last_seen_at = new Date(row.last_seen_at).toISOString();
+  if (row.last_addr !== null) view.last_addr = row.last_addr;
+  if (row.rx_bytes !== null) view.rx_bytes = row.rx_bytes;
+  if (row.tx_bytes !== null) view.tx_bytes = row.tx_bytes;
+  if (row.node !== null) view.node = row.node;
+  return view;
+}

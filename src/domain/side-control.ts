@@ -1,0 +1,51 @@
+import { hashToken, newId, newToken } from "../crypto/tokens.ts";
+import type { DeviceToken, SideControlSessionList } from "../protocol/public.ts";
+import type { DomainContext } from "./context.ts";
+import { ApiError } from "./errors.ts";
+import { RateLimiter } from "./rate-limiter.ts";
+
+export const DEVICE_TOKEN_TTL_MS = 5 * 60 * 1000;
+export const MAX_USABLE_DEVICE_TOKENS = 20;
+
+/** What a device manages about its Side Control: device tokens and the sessions they became. */
+export class SideControlService {
+  private readonly tokenLimiter: RateLimiter;
+
+  constructor(private readonly ctx: DomainContext) {
+    this.tokenLimiter = new RateLimiter(ctx.config.rateLimits.deviceTokenPerDevice, ctx.clock);
+  }
+
+  async createDeviceToken(deviceKey: string): Promise<DeviceToken> {
+    const { store, clock } = this.ctx;
+    const retryAfter = this.tokenLimiter.hit(deviceKey);
+    if (retryAfter > 0) throw new ApiError(429, "RATE_LIMITED", "too many device tokens created", undefined, retryAfter);
+    const now = clock.now();
+    const token = newToken();
+    const row = { id: newId(), token_hash: hashToken(token), target_key: deviceKey, created_at: now, expires_at: now + DEVICE_TOKEN_TTL_MS, consumed_at: null };
+    await store.transaction(async (tx) => {
+      await store.peers.lock(tx, deviceKey);
+      if ((await store.deviceTokens.countUsable(deviceKey, now, tx)) >= MAX_USABLE_DEVICE_TOKENS) {
+        throw new ApiError(409, "TOO_MANY_DEVICE_TOKENS", `at most ${MAX_USABLE_DEVICE_TOKENS} unused device tokens may exist at once`);
+      }
+      await store.deviceTokens.insert(row, tx);
+    });
+    return { id: row.id, token, expires_at: row.expires_at };
+  }
+
+  async revokeDeviceToken(deviceKey: string, id: string): Promise<void> {
+    if (!(await this.ctx.store.deviceTokens.revoke(id, deviceKey, this.ctx.clock.now()))) {
+      throw new ApiError(404, "DEVICE_TOKEN_NOT_FOUND", "no unused device token of this device has that id");
+    }
+  }
+
+  async listSessions(deviceKey: string): Promise<SideControlSessionList> {
+    const rows = await this.ctx.store.sessions.listLive(this.ctx.clock.now(), { kind: "side_control", targetKey: deviceKey });
+    return { items: rows.map((r) => ({ id: r.id, controller_public_key: r.public_key, issued_at: r.created_at, expires_at: r.expires_at })) };
+  }
+
+  async revokeSession(deviceKey: string, id: string): Promise<void> {
+    if (!(await this.ctx.store.sessions.revoke(id, this.ctx.clock.now(), deviceKey))) {
+      throw new ApiError(404, "SIDE_CONTROL_SESSION_NOT_FOUND", "no live Side Control session of this device has that id");
+    }
+  }
+}

@@ -1,0 +1,112 @@
+import { TELEMETRY_FIELDS, type AggregateFunction, type PeerStatus, type TelemetryAggregate, type TelemetryField, type TelemetryLatest, type TelemetryRange } from "../protocol/public.ts";
+import type { Sample } from "../store/telemetry.ts";
+import { DAY_MS, type DomainContext } from "./context.ts";
+import { ApiError } from "./errors.ts";
+
+export const DEFAULT_RANGE_LIMIT = 240;
+export const MAX_BUCKETS = 1000;
+
+export interface TimeWindow {
+  start_time_ms?: number | undefined;
+  end_time_ms?: number | undefined;
+}
+
+/** Status fields that telemetry keeps current, and how a sample's value becomes the field's value. */
+const STATUS_FROM_TELEMETRY: Partial<Record<TelemetryField, [keyof PeerStatus, (v: number) => unknown]>> = {
+  "battery.percent": ["battery_percent", (v) => Math.round(v)],
+  "battery.charging": ["charging", (v) => v !== 0],
+  "gnss.latitude": ["gnss_latitude", (v) => v],
+  "gnss.longitude": ["gnss_longitude", (v) => v],
+  "gnss.altitude_m": ["gnss_altitude_m", (v) => v],
+  "gnss.accuracy_m": ["gnss_accuracy_m", (v) => v],
+};
+
+/** A peer's telemetry: writing observations and the three Side Control queries. */
+export class TelemetryService {
+  constructor(private readonly ctx: DomainContext) {}
+
+  /**
+   * Stores validated samples and merges battery and GNSS values into the status document when they
+   * are newer than its `reported_at`. Booleans arrive as 0/1.
+   */
+  async record(publicKey: string, samples: Array<{ field: TelemetryField; observedAt: number; value: number }>): Promise<void> {
+    const { store } = this.ctx;
+    await store.telemetry.insert(publicKey, samples);
+    const newest = new Map<keyof PeerStatus, { at: number; value: unknown }>();
+    for (const s of samples) {
+      const mapping = STATUS_FROM_TELEMETRY[s.field];
+      if (!mapping) continue;
+      const [key, convert] = mapping;
+      const seen = newest.get(key);
+      if (!seen || s.observedAt >= seen.at) newest.set(key, { at: s.observedAt, value: convert(s.value) });
+    }
+    if (newest.size === 0) return;
+    await store.transaction(async (tx) => {
+      const current = ((await store.status.get(publicKey)) ?? {}) as PeerStatus;
+      const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
+      const next: Record<string, unknown> = { ...current };
+      let latest = reportedAt;
+      for (const [key, { at, value }] of newest) {
+        if (at <= reportedAt) continue;
+        next[key] = value;
+        latest = Math.max(latest, at);
+      }
+      if (latest === reportedAt) return;
+      next.reported_at = new Date(latest).toISOString();
+      await store.status.put(publicKey, next, this.ctx.clock.now(), tx);
+    });
+  }
+
+  async latest(publicKey: string, fields: readonly TelemetryField[] | undefined): Promise<TelemetryLatest> {
+    const samples: Sample[] = await this.ctx.store.telemetry.latest(publicKey, fields && fields.length > 0 ? fields : TELEMETRY_FIELDS);
+    return {
+      peer_public_key: publicKey,
+      values: samples.map((s) => ({ field: s.field as TelemetryField, value: s.value, observed_at_unix_ms: s.observedAt })),
+    };
+  }
+
+  async range(
+    publicKey: string,
+    q: TimeWindow & { field: TelemetryField; step_ms?: number | undefined; limit?: number | undefined; order?: "asc" | "desc" | undefined },
+  ): Promise<TelemetryRange> {
+    const { start, end } = this.window(q);
+    const step = q.step_ms ?? 0;
+    const query = { publicKey, field: q.field, start, end, order: q.order ?? "asc", limit: q.limit ?? DEFAULT_RANGE_LIMIT };
+    const points = step > 0 ? await this.ctx.store.telemetry.lastPerStep({ ...query, step }) : await this.ctx.store.telemetry.range(query);
+    return {
+      peer_public_key: publicKey,
+      field: q.field,
+      start_time_ms: start,
+      end_time_ms: end,
+      step_ms: step,
+      points: points.map((p) => ({ observed_at_unix_ms: p.t, value: p.value })),
+    };
+  }
+
+  async aggregate(publicKey: string, q: TimeWindow & { field: TelemetryField; bucket_ms: number; aggregate: AggregateFunction }): Promise<TelemetryAggregate> {
+    const { start, end } = this.window(q);
+    if (Math.ceil((end - start) / q.bucket_ms) > MAX_BUCKETS) {
+      throw invalidQuery(`the window holds more than ${MAX_BUCKETS} buckets of ${q.bucket_ms} ms`, "bucket_ms");
+    }
+    const points = await this.ctx.store.telemetry.aggregate({ publicKey, field: q.field, start, end, bucket: q.bucket_ms, fn: q.aggregate });
+    return {
+      peer_public_key: publicKey,
+      field: q.field,
+      aggregate: q.aggregate,
+      bucket_ms: q.bucket_ms,
+      points: points.map((p) => ({ bucket_start_time_ms: p.t, value: p.value })),
+    };
+  }
+
+  /** [start, end): end defaults to just after now, start to a day before end. */
+  private window(q: TimeWindow): { start: number; end: number } {
+    const end = q.end_time_ms ?? this.ctx.clock.now() + 1;
+    const start = q.start_time_ms ?? end - DAY_MS;
+    if (end <= start) throw invalidQuery("end_time_ms must be after start_time_ms", "end_time_ms");
+    return { start, end };
+  }
+}
+
+export function invalidQuery(message: string, field: string): ApiError {
+  return new ApiError(400, "INVALID_TELEMETRY_QUERY", message, { field });
+}

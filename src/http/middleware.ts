@@ -1,0 +1,44 @@
+import { randomUUID } from "node:crypto";
+import type { MiddlewareHandler } from "hono";
+import { routePath } from "hono/route";
+import type { Logger } from "pino";
+import { ApiError } from "../domain/errors.ts";
+import type { AppEnv } from "./env.ts";
+import type { Metrics } from "./metrics.ts";
+
+const REQUEST_ID = /^[A-Za-z0-9._-]{1,128}$/;
+
+/** Echoes a well-formed inbound `X-Request-ID`, otherwise makes one; every response carries it. */
+export function requestId(): MiddlewareHandler<AppEnv> {
+  return async (c, next) => {
+    const inbound = c.req.header("x-request-id");
+    const id = inbound && REQUEST_ID.test(inbound) ? inbound : randomUUID();
+    c.set("requestId", id);
+    await next();
+    c.res.headers.set("X-Request-ID", id);
+  };
+}
+
+/**
+ * One log line and one metrics observation per request. Only method, path, route, status and
+ * timing are logged: never headers, query strings or bodies, which can hold credentials.
+ */
+export function observe(logger: Logger, metrics: Metrics): MiddlewareHandler<AppEnv> {
+  return async (c, next) => {
+    const started = performance.now();
+    await next();
+    const ms = performance.now() - started;
+    const route = routePath(c) === "/*" ? "unmatched" : routePath(c);
+    metrics.observe(c.req.method, route, c.res.status, ms / 1000);
+    if (logger.isLevelEnabled("info")) {
+      logger.info({ req_id: c.get("requestId"), method: c.req.method, path: c.req.path, route, status: c.res.status, ms: Math.round(ms * 100) / 100 }, "request");
+    }
+  };
+}
+
+/** Refuses a body that is not declared JSON (the validators would otherwise read a missing body as `{}`). */
+export const requireJson: MiddlewareHandler<AppEnv> = async (c, next) => {
+  const type = c.req.header("content-type")?.split(";")[0]?.trim().toLowerCase();
+  if (type !== "application/json") throw new ApiError(415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/json");
+  await next();
+};

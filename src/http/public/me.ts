@@ -1,0 +1,94 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import type { Domain } from "../../domain/index.ts";
+import type { PrimaryPrincipal } from "../../domain/principal.ts";
+import { DeviceToken, PeerSelf, PeerStatus, Runtime, SideControlSessionList } from "../../protocol/public.ts";
+import { bearerSecurity, requireSession } from "../auth.ts";
+import type { App } from "../env.ts";
+import { invalid } from "../errors.ts";
+import { requireJson } from "../middleware.ts";
+import { errors, json, jsonBody, noContent } from "./responses.ts";
+
+/** The `/me*` routes: a primary session acting on its own peer. */
+export function registerMeRoutes(app: App, domain: Domain): void {
+  const primary = requireSession(domain, "primary");
+  const route = <P extends string, M extends "get" | "put" | "post" | "delete">(method: M, path: P) => ({
+    method,
+    path,
+    tags: ["me"],
+    security: bearerSecurity,
+    middleware: primary,
+  });
+  const authErrors = errors(401, 403);
+  const self = (c: { get(key: "principal"): unknown }) => (c.get("principal") as PrimaryPrincipal).publicKey;
+
+  app.openapi(
+    createRoute({ ...route("get", "/me"), summary: "The caller's registration", responses: { 200: json(PeerSelf, "The caller"), ...authErrors, ...errors(404) } }),
+    async (c) => c.json(await domain.peers.self(self(c)), 200),
+  );
+
+  app.openapi(
+    createRoute({ ...route("get", "/me/status"), summary: "The caller's status document ({} when none)", responses: { 200: json(PeerStatus, "Status"), ...authErrors } }),
+    async (c) => c.json(await domain.peers.status(self(c)), 200),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("put", "/me/status"),
+      middleware: [primary, requireJson],
+      summary: "Replace the caller's status document",
+      request: { body: jsonBody(PeerStatus) },
+      responses: { 200: json(PeerStatus, "The stored status"), ...authErrors, ...errors(400, 413, 415) },
+    }),
+    async (c) => c.json(await domain.peers.putStatus(self(c), c.req.valid("json")), 200),
+    invalid("INVALID_STATUS"),
+  );
+
+  app.openapi(
+    createRoute({ ...route("get", "/me/runtime"), summary: "Whether and where the caller is connected", responses: { 200: json(Runtime, "Runtime"), ...authErrors } }),
+    async (c) => c.json(await domain.peers.runtime(self(c)), 200),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("post", "/me/side-control/device-tokens"),
+      summary: "Issue a single-use device token (5 minutes) for a Side Control login",
+      responses: { 201: json(DeviceToken, "A new device token"), ...authErrors, ...errors(409, 429) },
+    }),
+    async (c) => c.json(await domain.sideControl.createDeviceToken(self(c)), 201),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("delete", "/me/side-control/device-tokens/{tokenId}"),
+      summary: "Withdraw an unused device token",
+      request: { params: z.object({ tokenId: z.string() }) },
+      responses: { 204: noContent, ...authErrors, ...errors(404) },
+    }),
+    async (c) => {
+      await domain.sideControl.revokeDeviceToken(self(c), c.req.valid("param").tokenId);
+      return c.body(null, 204);
+    },
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/me/side-control/sessions"),
+      summary: "Live Side Control sessions aimed at the caller, newest first",
+      responses: { 200: json(SideControlSessionList, "Sessions"), ...authErrors },
+    }),
+    async (c) => c.json(await domain.sideControl.listSessions(self(c)), 200),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("delete", "/me/side-control/sessions/{sessionId}"),
+      summary: "Revoke a Side Control session at once",
+      request: { params: z.object({ sessionId: z.string() }) },
+      responses: { 204: noContent, ...authErrors, ...errors(404) },
+    }),
+    async (c) => {
+      await domain.sideControl.revokeSession(self(c), c.req.valid("param").sessionId);
+      return c.body(null, 204);
+    },
+  );
+}

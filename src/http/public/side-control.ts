@@ -1,0 +1,145 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import type { Domain } from "../../domain/index.ts";
+import type { SideControlPrincipal } from "../../domain/principal.ts";
+import {
+  Contact,
+  ContactCreate,
+  ContactList,
+  ContactListQuery,
+  ContactUpdate,
+  DeviceInfo,
+  PeerStatus,
+  Runtime,
+  TelemetryAggregate,
+  TelemetryAggregateQuery,
+  TelemetryLatest,
+  TelemetryLatestQuery,
+  TelemetryRange,
+  TelemetryRangeQuery,
+} from "../../protocol/public.ts";
+import { bearerSecurity, requireSession } from "../auth.ts";
+import type { App } from "../env.ts";
+import { invalid } from "../errors.ts";
+import { requireJson } from "../middleware.ts";
+import { errors, json, jsonBody } from "./responses.ts";
+
+/** The `/side-control/*` routes: a Side Control session acting on its bound target device. */
+export function registerSideControlRoutes(app: App, domain: Domain): void {
+  const sideControl = requireSession(domain, "side_control");
+  const route = <P extends string, M extends "get" | "put" | "post" | "delete">(method: M, path: P) => ({
+    method,
+    path,
+    tags: ["side-control"],
+    security: bearerSecurity,
+    middleware: sideControl,
+  });
+  const authErrors = errors(401, 403);
+  const target = (c: { get(key: "principal"): unknown }) => (c.get("principal") as SideControlPrincipal).targetKey;
+  const contactName = z.object({ name: z.string().openapi({ description: "the contact's name (URL-encoded)" }) });
+
+  app.openapi(
+    createRoute({ ...route("get", "/side-control/info"), summary: "The target device's information", responses: { 200: json(DeviceInfo, "Device information"), ...authErrors } }),
+    async (c) => c.json(await domain.peers.deviceInfo(target(c)), 200),
+  );
+
+  app.openapi(
+    createRoute({ ...route("get", "/side-control/runtime"), summary: "The target device's runtime", responses: { 200: json(Runtime, "Runtime"), ...authErrors } }),
+    async (c) => c.json(await domain.peers.runtime(target(c)), 200),
+  );
+
+  app.openapi(
+    createRoute({ ...route("get", "/side-control/status"), summary: "The target device's status", responses: { 200: json(PeerStatus, "Status"), ...authErrors } }),
+    async (c) => c.json(await domain.peers.status(target(c)), 200),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/telemetry/latest"),
+      summary: "The newest value of each telemetry field",
+      request: { query: TelemetryLatestQuery },
+      responses: { 200: json(TelemetryLatest, "Latest values"), ...authErrors, ...errors(400) },
+    }),
+    async (c) => c.json(await domain.telemetry.latest(target(c), c.req.valid("query").fields), 200),
+    invalid("INVALID_TELEMETRY_QUERY"),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/telemetry"),
+      summary: "Points of one telemetry field: raw, or the last value of each step",
+      request: { query: TelemetryRangeQuery },
+      responses: { 200: json(TelemetryRange, "Points"), ...authErrors, ...errors(400) },
+    }),
+    async (c) => c.json(await domain.telemetry.range(target(c), c.req.valid("query")), 200),
+    invalid("INVALID_TELEMETRY_QUERY"),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/telemetry/aggregate"),
+      summary: "One telemetry field aggregated per bucket",
+      request: { query: TelemetryAggregateQuery },
+      responses: { 200: json(TelemetryAggregate, "Buckets"), ...authErrors, ...errors(400) },
+    }),
+    async (c) => c.json(await domain.telemetry.aggregate(target(c), c.req.valid("query")), 200),
+    invalid("INVALID_TELEMETRY_QUERY"),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/contacts"),
+      summary: "The target device's contacts, by name",
+      request: { query: ContactListQuery },
+      responses: { 200: json(ContactList, "A page of contacts"), ...authErrors, ...errors(400) },
+    }),
+    async (c) => {
+      const { cursor, limit } = c.req.valid("query");
+      return c.json(await domain.contacts.list(target(c), cursor, limit), 200);
+    },
+    invalid("INVALID_CONTACT"),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("post", "/side-control/contacts"),
+      middleware: [sideControl, requireJson],
+      summary: "Add a contact",
+      request: { body: jsonBody(ContactCreate) },
+      responses: { 201: json(Contact, "The new contact"), ...authErrors, ...errors(400, 409, 413, 415) },
+    }),
+    async (c) => c.json(await domain.contacts.create(target(c), c.req.valid("json")), 201),
+    invalid("INVALID_CONTACT"),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/contacts/{name}"),
+      summary: "One contact",
+      request: { params: contactName },
+      responses: { 200: json(Contact, "The contact"), ...authErrors, ...errors(404) },
+    }),
+    async (c) => c.json(await domain.contacts.get(target(c), c.req.valid("param").name), 200),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("put", "/side-control/contacts/{name}"),
+      middleware: [sideControl, requireJson],
+      summary: "Change a contact's display name or phone number (absent fields keep their value)",
+      request: { params: contactName, body: jsonBody(ContactUpdate) },
+      responses: { 200: json(Contact, "The contact"), ...authErrors, ...errors(400, 404, 409, 413, 415) },
+    }),
+    async (c) => c.json(await domain.contacts.update(target(c), c.req.valid("param").name, c.req.valid("json")), 200),
+    invalid("INVALID_CONTACT"),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("delete", "/side-control/contacts/{name}"),
+      summary: "Delete a contact; returns it",
+      request: { params: contactName },
+      responses: { 200: json(Contact, "The deleted contact"), ...authErrors, ...errors(404) },
+    }),
+    async (c) => c.json(await domain.contacts.delete(target(c), c.req.valid("param").name), 200),
+  );
+}

@@ -1,0 +1,51 @@
+import type { Db } from "./database.ts";
+import type { Tables } from "./schema.ts";
+
+export type ContactRow = Tables["contacts"];
+
+export class ContactRepository {
+  constructor(private readonly db: Db) {}
+
+  /** Contacts ordered by name, strictly after `afterName` when given. */
+  list(publicKey: string, afterName: string | undefined, limit: number): Promise<ContactRow[]> {
+    let q = this.db.selectFrom("contacts").selectAll().where("public_key", "=", publicKey);
+    if (afterName !== undefined) q = q.where("name", ">", afterName);
+    return q.orderBy("name").limit(limit).execute();
+  }
+
+  get(publicKey: string, name: string): Promise<ContactRow | undefined> {
+    return this.db.selectFrom("contacts").selectAll().where("public_key", "=", publicKey).where("name", "=", name).executeTakeFirst();
+  }
+
+  /** Inserts; returns false when the name or the phone number is already taken (the unique keys decide). */
+  async insert(row: ContactRow): Promise<boolean> {
+    const r = await this.db.insertInto("contacts").values(row).onConflict((oc) => oc.doNothing()).returning("name").executeTakeFirst();
+    return r !== undefined;
+  }
+
+  /** Updates the mutable fields; "conflict" when the new phone number belongs to another contact. */
+  async update(row: ContactRow): Promise<"updated" | "missing" | "conflict"> {
+    try {
+      const r = await this.db
+        .updateTable("contacts")
+        .set({ display_name: row.display_name, phone_number: row.phone_number, phone_digits: row.phone_digits, updated_at: row.updated_at })
+        .where("public_key", "=", row.public_key)
+        .where("name", "=", row.name)
+        .executeTakeFirst();
+      return r.numUpdatedRows > 0n ? "updated" : "missing";
+    } catch (err) {
+      if (isUniqueViolation(err)) return "conflict";
+      throw err;
+    }
+  }
+
+  delete(publicKey: string, name: string): Promise<ContactRow | undefined> {
+    return this.db.deleteFrom("contacts").where("public_key", "=", publicKey).where("name", "=", name).returningAll().executeTakeFirst();
+  }
+}
+
+/** SQLite (`SQLITE_CONSTRAINT_UNIQUE`/`_PRIMARYKEY`) and PostgreSQL (23505) unique-key violations. */
+export function isUniqueViolation(err: unknown): boolean {
+  const e = err as { code?: string; errcode?: number; message?: string };
+  return e?.code === "23505" || e?.errcode === 2067 || e?.errcode === 1555 || /UNIQUE constraint failed/.test(e?.message ?? "");
+}

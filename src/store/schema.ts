@@ -1,0 +1,52 @@
+/** Row types of every table. Times are Unix milliseconds; JSON documents are stored as text. */
+export interface Tables {
+  peers: {
+    public_key: string;
+    role: string;
+    status: string;
+    device_info: string;
+    created_at: number;
+    updated_at: number;
+  };
+  sessions: {
+    id: string;
+    token_hash: string;
+    kind: string;
+    public_key: string;
+    target_key: string | null;
+    created_at: number;
+    expires_at: number;
+    revoked_at: number | null;
+  };
+  device_tokens: {
+    id: string;
+    token_hash: string;
+    target_key: string;
+    created_at: number;
+    expires_at: number;
+    consumed_at: number | null;
+  };
+  assertion_nonces: { public_key: string; nonce: string; expires_at: number };
+  signaling_nonces: { public_key: string; nonce: string; expires_at: number };
+  peer_status: { public_key: string; document: string; updated_at: number };
+  peer_runtime: {
+    public_key: string;
+    online: number;
+    last_seen_at: number | null;
+    last_addr: string | null;
+    rx_bytes: number | null;
+    tx_bytes: number | null;
+    node: string | null;
+    updated_at: number;
+  };
+  telemetry_samples: { public_key: string; field: string; observed_at: number; value: number };
+  contacts: {
+    public_key: string;
+    name: string;
+    display_name: string | null;
+    phone_number: string | null;
+    phone_digits: string | null;
+    created_at: number;
+    updated_at: number;
+  };
+}

@@ -1,0 +1,69 @@
+import type { Db } from "./database.ts";
+import type { Tables } from "./schema.ts";
+
+export type SessionRow = Tables["sessions"];
+
+export class SessionRepository {
+  constructor(private readonly db: Db) {}
+
+  async insert(row: SessionRow, db: Db = this.db): Promise<void> {
+    await db.insertInto("sessions").values(row).execute();
+  }
+
+  /** The session behind a bearer token, with what authentication re-checks on every request. */
+  findByTokenHash(tokenHash: string): Promise<SessionWithPeers | undefined> {
+    return findSessionWithPeers(this.db, tokenHash);
+  }
+
+  /** Live (unrevoked, unexpired) sessions, newest first; optionally only Side Control ones aimed at `targetKey`. */
+  listLive(now: number, filter: { kind?: string; targetKey?: string } = {}): Promise<SessionRow[]> {
+    let q = this.db.selectFrom("sessions").selectAll().where("revoked_at", "is", null).where("expires_at", ">", now);
+    if (filter.kind) q = q.where("kind", "=", filter.kind);
+    if (filter.targetKey) q = q.where("target_key", "=", filter.targetKey);
+    return q.orderBy("created_at", "desc").orderBy("id").execute();
+  }
+
+  async countLive(now: number): Promise<number> {
+    const r = await this.db
+      .selectFrom("sessions")
+      .select((eb) => eb.fn.countAll<number>().as("n"))
+      .where("revoked_at", "is", null)
+      .where("expires_at", ">", now)
+      .executeTakeFirstOrThrow();
+    return Number(r.n);
+  }
+
+  /** Revokes a live session; with `targetKey`, only a Side Control session aimed at that device. */
+  async revoke(id: string, now: number, targetKey?: string): Promise<boolean> {
+    let q = this.db
+      .updateTable("sessions")
+      .set({ revoked_at: now })
+      .where("id", "=", id)
+      .where("revoked_at", "is", null)
+      .where("expires_at", ">", now);
+    if (targetKey) q = q.where("kind", "=", "side_control").where("target_key", "=", targetKey);
+    const r = await q.executeTakeFirst();
+    return r.numUpdatedRows > 0n;
+  }
+
+  async deleteExpired(now: number): Promise<void> {
+    await this.db.deleteFrom("sessions").where("expires_at", "<=", now).execute();
+  }
+}
+
+/** A session with the registration status of the peers behind it (null when not registered). */
+export interface SessionWithPeers extends SessionRow {
+  peer_status: string | null;
+  target_status: string | null;
+}
+
+export async function findSessionWithPeers(db: Db, tokenHash: string): Promise<SessionWithPeers | undefined> {
+  return db
+    .selectFrom("sessions as s")
+    .leftJoin("peers as p", "p.public_key", "s.public_key")
+    .leftJoin("peers as t", "t.public_key", "s.target_key")
+    .selectAll("s")
+    .select(["p.status as peer_status", "t.status as target_status"])
+    .where("s.token_hash", "=", tokenHash)
+    .executeTakeFirst();
+}

@@ -1,0 +1,20 @@
+import type { Db } from "./database.ts";
+
+/** The peer's status document, stored whole as JSON. */
+export class StatusRepository {
+  constructor(private readonly db: Db) {}
+
+  async get(publicKey: string): Promise<Record<string, unknown> | undefined> {
+    const row = await this.db.selectFrom("peer_status").select("document").where("public_key", "=", publicKey).executeTakeFirst();
+    return row ? (JSON.parse(row.document) as Record<string, unknown>) : undefined;
+  }
+
+  async put(publicKey: string, document: Record<string, unknown>, now: number, db: Db = this.db): Promise<void> {
+    const text = JSON.stringify(document);
+    await db
+      .insertInto("peer_status")
+      .values({ public_key: publicKey, document: text, updated_at: now })
+      .onConflict((oc) => oc.column("public_key").doUpdateSet({ document: text, updated_at: now }))
+      .execute();
+  }
+}
