@@ -17,7 +17,10 @@ function gitHead(): string | undefined {
       return readFileSync(new URL(`.git/${ref}`, root), "utf8").trim();
     } catch {
       const packed = readFileSync(new URL(".git/packed-refs", root), "utf8");
-      return packed.split("\n").find((l) => l.endsWith(` ${ref}`))?.split(" ")[0];
+      return packed
+        .split("\n")
+        .find((l) => l.endsWith(` ${ref}`))
+        ?.split(" ")[0];
     }
   } catch {
     return undefined;

@@ -71,7 +71,9 @@ peers
   .description("list registered peers")
   .action(() =>
     withDomain(async (d) =>
-      print((await d.peers.list()).map((p) => ({ public_key: p.public_key, role: p.role, status: p.status, created_at: new Date(p.created_at).toISOString() }))),
+      print(
+        (await d.peers.list()).map((p) => ({ public_key: p.public_key, role: p.role, status: p.status, created_at: new Date(p.created_at).toISOString() })),
+      ),
     ),
   );
 peers

@@ -3,7 +3,7 @@ import { AssertionError, parseAssertion, verifyAssertion } from "../crypto/asser
 import { canonicalKey, decodeKey, InvalidKeyError, sharedSecret } from "../crypto/keys.ts";
 import { hashToken, newId, newToken } from "../crypto/tokens.ts";
 import type { LoginRequest, LoginResult } from "../protocol/public.ts";
-import type { Db } from "../store/index.ts";
+import type { Repositories } from "../store/index.ts";
 import type { PeerRow } from "../store/peers.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
@@ -75,8 +75,8 @@ export class AuthService {
     limit(this.byKey.hit(key));
 
     const nonceExpiresAt = claims.exp * 1000;
-    const claimNonce = async (tx: Db) => {
-      if (!(await store.assertionNonces.claim(key, claims.nonce, nonceExpiresAt, now, tx))) {
+    const claimNonce = async (tx: Repositories) => {
+      if (!(await tx.assertionNonces.claim(key, claims.nonce, nonceExpiresAt, now))) {
         throw new ApiError(401, "INVALID_ASSERTION", "invalid assertion: replayed nonce");
       }
     };
@@ -94,8 +94,8 @@ export class AuthService {
       const expiresAt = now + SIDE_CONTROL_SESSION_TTL_MS;
       await store.transaction(async (tx) => {
         await claimNonce(tx);
-        if (!(await store.deviceTokens.consume(tokenHash, now, tx))) throw invalidDeviceToken();
-        await store.sessions.insert(sessionRow(session, "side_control", key, target.public_key, expiresAt), tx);
+        if (!(await tx.deviceTokens.consume(tokenHash, now))) throw invalidDeviceToken();
+        await tx.sessions.insert(sessionRow(session, "side_control", key, target.public_key, expiresAt));
       });
       return result(session, expiresAt, "side_control");
     }
@@ -104,8 +104,8 @@ export class AuthService {
     const expiresAt = now + PRIMARY_SESSION_TTL_MS;
     await store.transaction(async (tx) => {
       await claimNonce(tx);
-      if (!caller) await store.peers.register(newPeer(key, now), tx);
-      await store.sessions.insert(sessionRow(session, "primary", key, null, expiresAt), tx);
+      if (!caller) await tx.peers.register(newPeer(key, now));
+      await tx.sessions.insert(sessionRow(session, "primary", key, null, expiresAt));
     });
     return result(session, expiresAt, "primary");
   }
@@ -175,7 +175,16 @@ export function newPeer(publicKey: string, now: number, role = "client"): PeerRo
 }
 
 function sessionRow(s: { id: string; token: string; createdAt: number }, kind: string, key: string, target: string | null, expiresAt: number) {
-  return { id: s.id, token_hash: hashToken(s.token), kind, public_key: key, target_key: target, created_at: s.createdAt, expires_at: expiresAt, revoked_at: null };
+  return {
+    id: s.id,
+    token_hash: hashToken(s.token),
+    kind,
+    public_key: key,
+    target_key: target,
+    created_at: s.createdAt,
+    expires_at: expiresAt,
+    revoked_at: null,
+  };
 }
 
 function result(s: { id: string; token: string }, expiresAt: number, grant: "primary" | "side_control"): LoginResult {

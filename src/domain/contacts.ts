@@ -35,7 +35,13 @@ export class ContactService {
 
   async create(deviceKey: string, input: ContactCreate): Promise<Contact> {
     const now = this.ctx.clock.now();
-    const row: ContactRow = { public_key: deviceKey, name: input.name, ...fields(input.display_name ?? null, input.phone_number ?? null), created_at: now, updated_at: now };
+    const row: ContactRow = {
+      public_key: deviceKey,
+      name: input.name,
+      ...fields(input.display_name ?? null, input.phone_number ?? null),
+      created_at: now,
+      updated_at: now,
+    };
     if (!(await this.ctx.store.contacts.insert(row))) throw exists();
     return contactView(row);
   }
@@ -46,7 +52,10 @@ export class ContactService {
     if (!current) throw notFound(name);
     const row: ContactRow = {
       ...current,
-      ...fields(input.display_name === undefined ? current.display_name : input.display_name, input.phone_number === undefined ? current.phone_number : input.phone_number),
+      ...fields(
+        input.display_name === undefined ? current.display_name : input.display_name,
+        input.phone_number === undefined ? current.phone_number : input.phone_number,
+      ),
       updated_at: this.ctx.clock.now(),
     };
     const outcome = await this.ctx.store.contacts.update(row);

@@ -59,7 +59,7 @@ export class PeerService {
   }
 
   remove(publicKey: string): Promise<boolean> {
-    return this.ctx.store.peers.remove(publicKey);
+    return this.ctx.store.transaction((tx) => tx.peers.remove(publicKey));
   }
 }
 

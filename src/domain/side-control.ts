@@ -23,11 +23,11 @@ export class SideControlService {
     const token = newToken();
     const row = { id: newId(), token_hash: hashToken(token), target_key: deviceKey, created_at: now, expires_at: now + DEVICE_TOKEN_TTL_MS, consumed_at: null };
     await store.transaction(async (tx) => {
-      await store.peers.lock(tx, deviceKey);
-      if ((await store.deviceTokens.countUsable(deviceKey, now, tx)) >= MAX_USABLE_DEVICE_TOKENS) {
+      await tx.peers.lock(deviceKey);
+      if ((await tx.deviceTokens.countUsable(deviceKey, now)) >= MAX_USABLE_DEVICE_TOKENS) {
         throw new ApiError(409, "TOO_MANY_DEVICE_TOKENS", `at most ${MAX_USABLE_DEVICE_TOKENS} unused device tokens may exist at once`);
       }
-      await store.deviceTokens.insert(row, tx);
+      await tx.deviceTokens.insert(row);
     });
     return { id: row.id, token, expires_at: row.expires_at };
   }

@@ -1,4 +1,12 @@
-import { TELEMETRY_FIELDS, type AggregateFunction, type PeerStatus, type TelemetryAggregate, type TelemetryField, type TelemetryLatest, type TelemetryRange } from "../protocol/public.ts";
+import {
+  type AggregateFunction,
+  type PeerStatus,
+  TELEMETRY_FIELDS,
+  type TelemetryAggregate,
+  type TelemetryField,
+  type TelemetryLatest,
+  type TelemetryRange,
+} from "../protocol/public.ts";
 import type { Sample } from "../store/telemetry.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
@@ -42,7 +50,7 @@ export class TelemetryService {
     }
     if (newest.size === 0) return;
     await store.transaction(async (tx) => {
-      const current = ((await store.status.get(publicKey)) ?? {}) as PeerStatus;
+      const current = ((await tx.status.get(publicKey)) ?? {}) as PeerStatus;
       const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
       const next: Record<string, unknown> = { ...current };
       let latest = reportedAt;
@@ -53,7 +61,7 @@ export class TelemetryService {
       }
       if (latest === reportedAt) return;
       next.reported_at = new Date(latest).toISOString();
-      await store.status.put(publicKey, next, this.ctx.clock.now(), tx);
+      await tx.status.put(publicKey, next, this.ctx.clock.now());
     });
   }
 

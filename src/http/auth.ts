@@ -1,6 +1,6 @@
 import type { MiddlewareHandler } from "hono";
-import type { Domain } from "../domain/index.ts";
 import { ApiError } from "../domain/errors.ts";
+import type { Domain } from "../domain/index.ts";
 import type { AppEnv } from "./env.ts";
 
 export const bearerSecurity = [{ bearerAuth: [] }];

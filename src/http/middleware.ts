@@ -31,7 +31,10 @@ export function observe(logger: Logger, metrics: Metrics): MiddlewareHandler<App
     const route = routePath(c) === "/*" ? "unmatched" : routePath(c);
     metrics.observe(c.req.method, route, c.res.status, ms / 1000);
     if (logger.isLevelEnabled("info")) {
-      logger.info({ req_id: c.get("requestId"), method: c.req.method, path: c.req.path, route, status: c.res.status, ms: Math.round(ms * 100) / 100 }, "request");
+      logger.info(
+        { req_id: c.get("requestId"), method: c.req.method, path: c.req.path, route, status: c.res.status, ms: Math.round(ms * 100) / 100 },
+        "request",
+      );
     }
   };
 }

@@ -175,7 +175,10 @@ export const TelemetryLatestQuery = z.strictObject({
   fields: z
     .string()
     .transform((s, ctx) => {
-      const names = s.split(",").map((f) => f.trim()).filter(Boolean);
+      const names = s
+        .split(",")
+        .map((f) => f.trim())
+        .filter(Boolean);
       for (const name of names) {
         if (!TelemetryField.safeParse(name).success) {
           ctx.addIssue({ code: "custom", message: `unknown telemetry field ${name}` });
@@ -270,15 +273,11 @@ const PhoneNumber = z
   .nullable()
   .optional();
 
-export const ContactCreate = z
-  .strictObject({ name: ContactName, display_name: DisplayName, phone_number: PhoneNumber })
-  .openapi("ContactCreate");
+export const ContactCreate = z.strictObject({ name: ContactName, display_name: DisplayName, phone_number: PhoneNumber }).openapi("ContactCreate");
 
 export const ContactUpdate = z.strictObject({ display_name: DisplayName, phone_number: PhoneNumber }).openapi("ContactUpdate");
 
-export const ContactList = z
-  .object({ items: z.array(Contact), has_next: z.boolean(), next_cursor: z.string().optional() })
-  .openapi("ContactList");
+export const ContactList = z.object({ items: z.array(Contact), has_next: z.boolean(), next_cursor: z.string().optional() }).openapi("ContactList");
 
 export const ContactListQuery = z.strictObject({
   cursor: z.string().optional(),

@@ -19,7 +19,12 @@ export class ContactRepository {
 
   /** Inserts; returns false when the name or the phone number is already taken (the unique keys decide). */
   async insert(row: ContactRow): Promise<boolean> {
-    const r = await this.db.insertInto("contacts").values(row).onConflict((oc) => oc.doNothing()).returning("name").executeTakeFirst();
+    const r = await this.db
+      .insertInto("contacts")
+      .values(row)
+      .onConflict((oc) => oc.doNothing())
+      .returning("name")
+      .executeTakeFirst();
     return r !== undefined;
   }
 

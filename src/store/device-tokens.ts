@@ -6,8 +6,8 @@ export type DeviceTokenRow = Tables["device_tokens"];
 export class DeviceTokenRepository {
   constructor(private readonly db: Db) {}
 
-  async countUsable(targetKey: string, now: number, db: Db = this.db): Promise<number> {
-    const r = await db
+  async countUsable(targetKey: string, now: number): Promise<number> {
+    const r = await this.db
       .selectFrom("device_tokens")
       .select((eb) => eb.fn.countAll<number>().as("n"))
       .where("target_key", "=", targetKey)
@@ -17,8 +17,8 @@ export class DeviceTokenRepository {
     return Number(r.n);
   }
 
-  async insert(row: DeviceTokenRow, db: Db = this.db): Promise<void> {
-    await db.insertInto("device_tokens").values(row).execute();
+  async insert(row: DeviceTokenRow): Promise<void> {
+    await this.db.insertInto("device_tokens").values(row).execute();
   }
 
   /** A token that can still be exchanged (unconsumed, unexpired), without consuming it. */
@@ -33,8 +33,8 @@ export class DeviceTokenRepository {
   }
 
   /** Consumes the token if it is still usable. The conditional update makes exactly one caller win, on any node. */
-  consume(tokenHash: string, now: number, db: Db = this.db): Promise<DeviceTokenRow | undefined> {
-    return db
+  consume(tokenHash: string, now: number): Promise<DeviceTokenRow | undefined> {
+    return this.db
       .updateTable("device_tokens")
       .set({ consumed_at: now })
       .where("token_hash", "=", tokenHash)

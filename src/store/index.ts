@@ -1,6 +1,6 @@
 import { sql } from "kysely";
 import { ContactRepository } from "./contacts.ts";
-import { type Database, openDatabase } from "./database.ts";
+import { type Database, type Db, openDatabase } from "./database.ts";
 import { DeviceTokenRepository } from "./device-tokens.ts";
 import { NonceRepository } from "./nonces.ts";
 import { PeerRepository } from "./peers.ts";
@@ -11,8 +11,8 @@ import { TelemetryRepository } from "./telemetry.ts";
 
 export type { Db } from "./database.ts";
 
-/** Every repository over one database. The only way the domain reaches stored state. */
-export class Store {
+/** Every repository over one database handle. The only way the domain reaches stored state. */
+export class Repositories {
   readonly peers: PeerRepository;
   readonly sessions: SessionRepository;
   readonly deviceTokens: DeviceTokenRepository;
@@ -23,8 +23,7 @@ export class Store {
   readonly telemetry: TelemetryRepository;
   readonly contacts: ContactRepository;
 
-  private constructor(private readonly database: Database) {
-    const { db } = database;
+  constructor(protected readonly db: Db) {
     this.peers = new PeerRepository(db);
     this.sessions = new SessionRepository(db);
     this.deviceTokens = new DeviceTokenRepository(db);
@@ -35,6 +34,13 @@ export class Store {
     this.telemetry = new TelemetryRepository(db);
     this.contacts = new ContactRepository(db);
   }
+}
+
+/** The opened store: repositories over the pool, plus transactions, upkeep and shutdown. */
+export class Store extends Repositories {
+  private constructor(private readonly database: Database) {
+    super(database.db);
+  }
 
   static async open(url: string | undefined, dataDir: string): Promise<Store> {
     return new Store(await openDatabase(url, dataDir));
@@ -44,9 +50,9 @@ export class Store {
     return this.database.dialect;
   }
 
-  /** Runs `fn` in one transaction; repositories take the `tx` handle as their optional last argument. */
-  transaction<T>(fn: (tx: import("./database.ts").Db) => Promise<T>): Promise<T> {
-    return this.database.db.transaction().execute(fn);
+  /** Runs `fn` in one transaction, with repositories bound to it; a throw rolls every write back. */
+  transaction<T>(fn: (tx: Repositories) => Promise<T>): Promise<T> {
+    return this.db.transaction().execute((tx) => fn(new Repositories(tx)));
   }
 
   /** Drops rows whose time has passed: nonces, expired sessions and device tokens. */
@@ -59,7 +65,7 @@ export class Store {
 
   /** A round trip to the database. */
   async ping(): Promise<void> {
-    await sql`select 1`.execute(this.database.db);
+    await sql`select 1`.execute(this.db);
   }
 
   close(): Promise<void> {

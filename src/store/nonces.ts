@@ -13,16 +13,11 @@ export class NonceRepository {
    * and still live: the primary key decides, so this holds across processes. A row whose time has
    * passed is taken over, so cleanup lag never refuses a legitimate nonce.
    */
-  async claim(publicKey: string, nonce: string, expiresAt: number, now: number, db: Db = this.db): Promise<boolean> {
-    const row = await db
+  async claim(publicKey: string, nonce: string, expiresAt: number, now: number): Promise<boolean> {
+    const row = await this.db
       .insertInto(this.table)
       .values({ public_key: publicKey, nonce, expires_at: expiresAt })
-      .onConflict((oc) =>
-        oc
-          .columns(["public_key", "nonce"])
-          .doUpdateSet({ expires_at: expiresAt })
-          .where(`${this.table}.expires_at`, "<=", now),
-      )
+      .onConflict((oc) => oc.columns(["public_key", "nonce"]).doUpdateSet({ expires_at: expiresAt }).where(`${this.table}.expires_at`, "<=", now))
       .returning("nonce")
       .executeTakeFirst();
     return row !== undefined;

@@ -15,9 +15,13 @@ export class PeerRepository {
   }
 
   /** Registers the peer unless it already exists; returns the stored row either way. */
-  async register(row: PeerRow, db: Db = this.db): Promise<PeerRow> {
-    await db.insertInto("peers").values(row).onConflict((oc) => oc.column("public_key").doNothing()).execute();
-    return (await db.selectFrom("peers").selectAll().where("public_key", "=", row.public_key).executeTakeFirstOrThrow());
+  async register(row: PeerRow): Promise<PeerRow> {
+    await this.db
+      .insertInto("peers")
+      .values(row)
+      .onConflict((oc) => oc.column("public_key").doNothing())
+      .execute();
+    return await this.db.selectFrom("peers").selectAll().where("public_key", "=", row.public_key).executeTakeFirstOrThrow();
   }
 
   async setStatus(publicKey: string, status: string, now: number): Promise<boolean> {
@@ -26,30 +30,31 @@ export class PeerRepository {
   }
 
   async setDeviceInfo(publicKey: string, deviceInfo: string, now: number): Promise<boolean> {
-    const r = await this.db
-      .updateTable("peers")
-      .set({ device_info: deviceInfo, updated_at: now })
-      .where("public_key", "=", publicKey)
-      .executeTakeFirst();
+    const r = await this.db.updateTable("peers").set({ device_info: deviceInfo, updated_at: now }).where("public_key", "=", publicKey).executeTakeFirst();
     return r.numUpdatedRows > 0n;
   }
 
   /** Takes the peer's row lock for the rest of the transaction (serialises per-peer quotas across nodes). */
-  async lock(db: Db, publicKey: string): Promise<void> {
-    await db.updateTable("peers").set((eb) => ({ updated_at: eb.ref("updated_at") })).where("public_key", "=", publicKey).execute();
+  async lock(publicKey: string): Promise<void> {
+    await this.db
+      .updateTable("peers")
+      .set((eb) => ({ updated_at: eb.ref("updated_at") }))
+      .where("public_key", "=", publicKey)
+      .execute();
   }
 
-  /** Removes the peer with everything that belongs to it. */
+  /** Removes the peer with everything that belongs to it. Run it in a transaction. */
   async remove(publicKey: string): Promise<boolean> {
-    return this.db.transaction().execute(async (tx) => {
-      const r = await tx.deleteFrom("peers").where("public_key", "=", publicKey).executeTakeFirst();
-      if (r.numDeletedRows === 0n) return false;
-      await tx.deleteFrom("sessions").where((eb) => eb.or([eb("public_key", "=", publicKey), eb("target_key", "=", publicKey)])).execute();
-      await tx.deleteFrom("device_tokens").where("target_key", "=", publicKey).execute();
-      for (const table of ["peer_status", "peer_runtime", "telemetry_samples", "contacts"] as const) {
-        await tx.deleteFrom(table).where("public_key", "=", publicKey).execute();
-      }
-      return true;
-    });
+    const r = await this.db.deleteFrom("peers").where("public_key", "=", publicKey).executeTakeFirst();
+    if (r.numDeletedRows === 0n) return false;
+    await this.db
+      .deleteFrom("sessions")
+      .where((eb) => eb.or([eb("public_key", "=", publicKey), eb("target_key", "=", publicKey)]))
+      .execute();
+    await this.db.deleteFrom("device_tokens").where("target_key", "=", publicKey).execute();
+    for (const table of ["peer_status", "peer_runtime", "telemetry_samples", "contacts"] as const) {
+      await this.db.deleteFrom(table).where("public_key", "=", publicKey).execute();
+    }
+    return true;
   }
 }

@@ -6,8 +6,8 @@ export type SessionRow = Tables["sessions"];
 export class SessionRepository {
   constructor(private readonly db: Db) {}
 
-  async insert(row: SessionRow, db: Db = this.db): Promise<void> {
-    await db.insertInto("sessions").values(row).execute();
+  async insert(row: SessionRow): Promise<void> {
+    await this.db.insertInto("sessions").values(row).execute();
   }
 
   /** The session behind a bearer token, with what authentication re-checks on every request. */
@@ -35,12 +35,7 @@ export class SessionRepository {
 
   /** Revokes a live session; with `targetKey`, only a Side Control session aimed at that device. */
   async revoke(id: string, now: number, targetKey?: string): Promise<boolean> {
-    let q = this.db
-      .updateTable("sessions")
-      .set({ revoked_at: now })
-      .where("id", "=", id)
-      .where("revoked_at", "is", null)
-      .where("expires_at", ">", now);
+    let q = this.db.updateTable("sessions").set({ revoked_at: now }).where("id", "=", id).where("revoked_at", "is", null).where("expires_at", ">", now);
     if (targetKey) q = q.where("kind", "=", "side_control").where("target_key", "=", targetKey);
     const r = await q.executeTakeFirst();
     return r.numUpdatedRows > 0n;

@@ -9,9 +9,9 @@ export class StatusRepository {
     return row ? (JSON.parse(row.document) as Record<string, unknown>) : undefined;
   }
 
-  async put(publicKey: string, document: Record<string, unknown>, now: number, db: Db = this.db): Promise<void> {
+  async put(publicKey: string, document: Record<string, unknown>, now: number): Promise<void> {
     const text = JSON.stringify(document);
-    await db
+    await this.db
       .insertInto("peer_status")
       .values({ public_key: publicKey, document: text, updated_at: now })
       .onConflict((oc) => oc.column("public_key").doUpdateSet({ document: text, updated_at: now }))

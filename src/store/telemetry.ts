@@ -106,8 +106,9 @@ export class TelemetryRepository {
       .where("field", "=", q.field)
       .where("observed_at", ">=", q.start)
       .where("observed_at", "<", q.end)
-      .groupBy(bucket)
-      .orderBy("b")
+      // By position: PostgreSQL does not see two parameterised copies of `bucket` as one expression.
+      .groupBy(sql`1`)
+      .orderBy(sql`1`)
       .execute();
     return rows.map((r) => ({ t: q.start + Number(r.b) * q.bucket, value: Number(r.v) }));
   }

@@ -22,12 +22,20 @@ export function registerMeRoutes(app: App, domain: Domain): void {
   const self = (c: { get(key: "principal"): unknown }) => (c.get("principal") as PrimaryPrincipal).publicKey;
 
   app.openapi(
-    createRoute({ ...route("get", "/me"), summary: "The caller's registration", responses: { 200: json(PeerSelf, "The caller"), ...authErrors, ...errors(404) } }),
+    createRoute({
+      ...route("get", "/me"),
+      summary: "The caller's registration",
+      responses: { 200: json(PeerSelf, "The caller"), ...authErrors, ...errors(404) },
+    }),
     async (c) => c.json(await domain.peers.self(self(c)), 200),
   );
 
   app.openapi(
-    createRoute({ ...route("get", "/me/status"), summary: "The caller's status document ({} when none)", responses: { 200: json(PeerStatus, "Status"), ...authErrors } }),
+    createRoute({
+      ...route("get", "/me/status"),
+      summary: "The caller's status document ({} when none)",
+      responses: { 200: json(PeerStatus, "Status"), ...authErrors },
+    }),
     async (c) => c.json(await domain.peers.status(self(c)), 200),
   );
 
@@ -44,7 +52,11 @@ export function registerMeRoutes(app: App, domain: Domain): void {
   );
 
   app.openapi(
-    createRoute({ ...route("get", "/me/runtime"), summary: "Whether and where the caller is connected", responses: { 200: json(Runtime, "Runtime"), ...authErrors } }),
+    createRoute({
+      ...route("get", "/me/runtime"),
+      summary: "Whether and where the caller is connected",
+      responses: { 200: json(Runtime, "Runtime"), ...authErrors },
+    }),
     async (c) => c.json(await domain.peers.runtime(self(c)), 200),
   );
 

@@ -1,4 +1,4 @@
-import { z } from "@hono/zod-openapi";
+import type { z } from "@hono/zod-openapi";
 import { ErrorResponse } from "../../protocol/public.ts";
 
 const ERROR_DESCRIPTIONS: Record<number, string> = {

@@ -1,4 +1,4 @@
-import { createRoute, z } from "@hono/zod-openapi";
+import { createRoute, type z } from "@hono/zod-openapi";
 import type { Domain } from "../../domain/index.ts";
 import { LoginHeaders, LoginRequest, LoginResult, ServerInfo } from "../../protocol/public.ts";
 import { clientAddress } from "../client-address.ts";

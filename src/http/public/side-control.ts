@@ -38,17 +38,29 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
   const contactName = z.object({ name: z.string().openapi({ description: "the contact's name (URL-encoded)" }) });
 
   app.openapi(
-    createRoute({ ...route("get", "/side-control/info"), summary: "The target device's information", responses: { 200: json(DeviceInfo, "Device information"), ...authErrors } }),
+    createRoute({
+      ...route("get", "/side-control/info"),
+      summary: "The target device's information",
+      responses: { 200: json(DeviceInfo, "Device information"), ...authErrors },
+    }),
     async (c) => c.json(await domain.peers.deviceInfo(target(c)), 200),
   );
 
   app.openapi(
-    createRoute({ ...route("get", "/side-control/runtime"), summary: "The target device's runtime", responses: { 200: json(Runtime, "Runtime"), ...authErrors } }),
+    createRoute({
+      ...route("get", "/side-control/runtime"),
+      summary: "The target device's runtime",
+      responses: { 200: json(Runtime, "Runtime"), ...authErrors },
+    }),
     async (c) => c.json(await domain.peers.runtime(target(c)), 200),
   );
 
   app.openapi(
-    createRoute({ ...route("get", "/side-control/status"), summary: "The target device's status", responses: { 200: json(PeerStatus, "Status"), ...authErrors } }),
+    createRoute({
+      ...route("get", "/side-control/status"),
+      summary: "The target device's status",
+      responses: { 200: json(PeerStatus, "Status"), ...authErrors },
+    }),
     async (c) => c.json(await domain.peers.status(target(c)), 200),
   );
 

@@ -1,0 +1,121 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import pg from "pg";
+import { type ConfigInput, loadConfig } from "../../src/config/config.ts";
+import { generateKeyPair } from "../../src/crypto/keys.ts";
+import type { Clock } from "../../src/domain/clock.ts";
+import { PerchClient } from "../../src/sdk/client.ts";
+import { type RunningServer, startServer } from "../../src/server.ts";
+
+export const ROOT = new URL("../../", import.meta.url).pathname;
+
+/** The PostgreSQL server tests may use (CI sets it); undefined means SQLite only. */
+export const TEST_DATABASE_URL = process.env.PERCH_TEST_DATABASE_URL || undefined;
+
+export function tempDir(prefix = "perch-test-"): string {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+/** A new, empty PostgreSQL database on the test server; returns its URL. */
+export async function freshPostgresDatabase(): Promise<string> {
+  if (!TEST_DATABASE_URL) throw new Error("PERCH_TEST_DATABASE_URL is not set");
+  const name = `perch_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`;
+  const admin = new pg.Client({ connectionString: TEST_DATABASE_URL });
+  await admin.connect();
+  try {
+    await admin.query(`create database ${name}`);
+  } finally {
+    await admin.end();
+  }
+  const url = new URL(TEST_DATABASE_URL);
+  url.pathname = `/${name}`;
+  return url.toString();
+}
+
+/** The stores a test should run against: SQLite always, PostgreSQL when configured. */
+export const STORES: Array<{ name: string; url: () => Promise<string | undefined> }> = [
+  { name: "sqlite", url: async () => undefined },
+  ...(TEST_DATABASE_URL ? [{ name: "postgres", url: freshPostgresDatabase }] : []),
+];
+
+export interface TestServer extends RunningServer {
+  dataDir: string;
+  /** A client with a new key pair. */
+  client(): PerchClient;
+  /** Stops the server and removes its data directory. */
+  stop(): Promise<void>;
+}
+
+/** Starts the real server in this process on a random port, with a temporary data directory. */
+export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; dataDir?: string } = {}): Promise<TestServer> {
+  const dataDir = o.dataDir ?? tempDir();
+  const config = loadConfig(
+    {},
+    {
+      port: 0,
+      host: "127.0.0.1",
+      dataDir,
+      logLevel: "silent",
+      rateLimits: { loginPerKey: 0, loginPerAddress: 0, offerPerKey: 0, deviceTokenPerDevice: 0 },
+      ...o.config,
+    },
+  );
+  const server = await startServer({ config, ...(o.clock ? { clock: o.clock } : {}) });
+  const now = o.clock ? () => o.clock!.now() : undefined;
+  return {
+    ...server,
+    dataDir,
+    client: () => new PerchClient({ baseUrl: server.url, keyPair: generateKeyPair(), ...(now ? { now } : {}) }),
+    async stop() {
+      await server.close();
+      if (!o.dataDir) rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+export interface ServerProcess {
+  url: string;
+  process: ChildProcess;
+  output(): string;
+  /** SIGTERM, then wait for the exit code. */
+  stop(): Promise<number | null>;
+}
+
+/** Starts `perch serve` as its own process (on the pinned Node) and waits for its listening line. */
+export async function spawnServer(env: Record<string, string>): Promise<ServerProcess> {
+  const child = spawn(join(ROOT, "bin/perch"), ["serve"], {
+    env: { ...process.env, PERCH_PORT: "0", PERCH_HOST: "127.0.0.1", PERCH_LOG_LEVEL: "info", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let output = "";
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${output}`)), 20_000);
+    const onData = (chunk: Buffer) => {
+      output += chunk.toString();
+      const m = /"address":"([^"]+)".*"msg":"perch listening"/.exec(output);
+      if (m) {
+        clearTimeout(timer);
+        resolve(`http://${m[1]}`);
+      }
+    };
+    child.stdout.on("data", onData);
+    child.stderr.on("data", (c: Buffer) => (output += c.toString()));
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`server exited with ${code}:\n${output}`));
+    });
+  });
+  return {
+    url,
+    process: child,
+    output: () => output,
+    stop: () =>
+      new Promise((resolve) => {
+        if (child.exitCode !== null) return resolve(child.exitCode);
+        child.once("exit", (code) => resolve(code));
+        child.kill("SIGTERM");
+      }),
+  };
+}
