@@ -72,7 +72,9 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   cleanup.unref();
 
   const url = `http://${hostPort(wildcard ? "127.0.0.1" : config.host)}`;
-  logger.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
+  // The start-up line is written at any level but "silent": operators and scripts look for it.
+  const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
+  startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
 
   let closing: Promise<void> | undefined;
   return {

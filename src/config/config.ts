@@ -76,7 +76,12 @@ function readConfigFile(path: string): Record<string, unknown> {
   } catch (err) {
     throw new ConfigError(`cannot read config file ${path}: ${(err as Error).message}`);
   }
-  const value = /\.json$/i.test(path) ? JSON.parse(text) : parseYaml(text);
+  let value: unknown;
+  try {
+    value = /\.json$/i.test(path) ? JSON.parse(text) : parseYaml(text);
+  } catch (err) {
+    throw new ConfigError(`config file ${path} cannot be parsed: ${(err as Error).message}`);
+  }
   if (value === null || value === undefined) return {};
   if (typeof value !== "object" || Array.isArray(value)) throw new ConfigError(`config file ${path} must hold an object`);
   return value as Record<string, unknown>;

@@ -72,13 +72,16 @@ export class AuthService {
       if (err instanceof AssertionError) throw new ApiError(401, "INVALID_ASSERTION", `invalid assertion: ${err.message}`);
       throw err;
     }
-    limit(this.byKey.hit(key));
+    // Only an assertion that fully verifies counts against its key, replay check included: so the
+    // count grows in the transaction, once the nonce is claimed (a 429 there rolls the login back).
+    limit(this.byKey.check(key));
 
     const nonceExpiresAt = claims.exp * 1000;
     const claimNonce = async (tx: Repositories) => {
       if (!(await tx.assertionNonces.claim(key, claims.nonce, nonceExpiresAt, now))) {
         throw new ApiError(401, "INVALID_ASSERTION", "invalid assertion: replayed nonce");
       }
+      limit(this.byKey.hit(key));
     };
     const caller = await store.peers.get(key);
     if (caller?.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "this peer is blocked");

@@ -26,4 +26,12 @@ export class RateLimiter {
     this.counts.set(key, n);
     return n > this.perMinute ? Math.max(1, Math.ceil((this.windowStart + 60_000 - now) / 1000)) : 0;
   }
+
+  /** Like `hit`, but counts nothing: the seconds to wait when `key` has already used up this window, else 0. */
+  check(key: string): number {
+    if (this.perMinute <= 0) return 0;
+    const now = this.clock.now();
+    if (now - this.windowStart >= 60_000 || now < this.windowStart) return 0;
+    return (this.counts.get(key) ?? 0) >= this.perMinute ? Math.max(1, Math.ceil((this.windowStart + 60_000 - now) / 1000)) : 0;
+  }
 }

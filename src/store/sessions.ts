@@ -1,18 +1,23 @@
+import { CompiledStatement } from "./compiled.ts";
 import type { Db } from "./database.ts";
 import type { Tables } from "./schema.ts";
 
 export type SessionRow = Tables["sessions"];
 
 export class SessionRepository {
-  constructor(private readonly db: Db) {}
+  private readonly lookup: CompiledStatement<SessionWithPeers, [string]>;
+
+  constructor(private readonly db: Db) {
+    this.lookup = new CompiledStatement(db, findSessionWithPeers, [""]);
+  }
 
   async insert(row: SessionRow): Promise<void> {
     await this.db.insertInto("sessions").values(row).execute();
   }
 
   /** The session behind a bearer token, with what authentication re-checks on every request. */
-  findByTokenHash(tokenHash: string): Promise<SessionWithPeers | undefined> {
-    return findSessionWithPeers(this.db, tokenHash);
+  async findByTokenHash(tokenHash: string): Promise<SessionWithPeers | undefined> {
+    return (await this.lookup.run(tokenHash))[0];
   }
 
   /** Live (unrevoked, unexpired) sessions, newest first; optionally only Side Control ones aimed at `targetKey`. */
@@ -52,13 +57,12 @@ export interface SessionWithPeers extends SessionRow {
   target_status: string | null;
 }
 
-export async function findSessionWithPeers(db: Db, tokenHash: string): Promise<SessionWithPeers | undefined> {
+function findSessionWithPeers(db: Db, tokenHash: string) {
   return db
     .selectFrom("sessions as s")
     .leftJoin("peers as p", "p.public_key", "s.public_key")
     .leftJoin("peers as t", "t.public_key", "s.target_key")
     .selectAll("s")
     .select(["p.status as peer_status", "t.status as target_status"])
-    .where("s.token_hash", "=", tokenHash)
-    .executeTakeFirst();
+    .where("s.token_hash", "=", tokenHash);
 }

@@ -1,11 +1,16 @@
+import { CompiledStatement } from "./compiled.ts";
 import type { Db } from "./database.ts";
 
 /** The peer's status document, stored whole as JSON. */
 export class StatusRepository {
-  constructor(private readonly db: Db) {}
+  private readonly byKey: CompiledStatement<{ document: string }, [string]>;
+
+  constructor(private readonly db: Db) {
+    this.byKey = new CompiledStatement(db, (d, key: string) => d.selectFrom("peer_status").select("document").where("public_key", "=", key), [""]);
+  }
 
   async get(publicKey: string): Promise<Record<string, unknown> | undefined> {
-    const row = await this.db.selectFrom("peer_status").select("document").where("public_key", "=", publicKey).executeTakeFirst();
+    const [row] = await this.byKey.run(publicKey);
     return row ? (JSON.parse(row.document) as Record<string, unknown>) : undefined;
   }
 

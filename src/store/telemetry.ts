@@ -21,7 +21,10 @@ export class TelemetryRepository {
   /** Writes samples; a second sample for the same field and millisecond replaces the first. */
   async insert(publicKey: string, samples: Sample[]): Promise<void> {
     if (samples.length === 0) return;
-    const rows = samples.map((s) => ({ public_key: publicKey, field: s.field, observed_at: s.observedAt, value: s.value }));
+    // One row per (field, ms), the last one winning: PostgreSQL refuses to upsert a row twice in one statement.
+    const unique = new Map<string, Sample>();
+    for (const s of samples) unique.set(`${s.field}\u0000${s.observedAt}`, s);
+    const rows = [...unique.values()].map((s) => ({ public_key: publicKey, field: s.field, observed_at: s.observedAt, value: s.value }));
     for (let i = 0; i < rows.length; i += 500) {
       await this.db
         .insertInto("telemetry_samples")
@@ -65,51 +68,43 @@ export class TelemetryRepository {
   /** The last sample in each `step`-wide bucket counted from `start`, at its own time. */
   async lastPerStep(q: { publicKey: string; field: string; start: number; end: number; step: number; order: "asc" | "desc"; limit: number }): Promise<Point[]> {
     const bucket = sql<number>`(observed_at - cast(${q.start} as bigint)) / cast(${q.step} as bigint)`;
-    const lastTimes = this.db
+    // One pass with a window function: joining back to a grouped max(observed_at) let both planners
+    // re-run the grouping for every sample (quadratic: tens of seconds for a day of samples).
+    const ranked = this.db
       .selectFrom("telemetry_samples")
-      .select((eb) => eb.fn.max("observed_at").as("t"))
+      .select(["observed_at", "value", sql<number>`row_number() over (partition by ${bucket} order by observed_at desc)`.as("rn")])
       .where("public_key", "=", q.publicKey)
       .where("field", "=", q.field)
       .where("observed_at", ">=", q.start)
-      .where("observed_at", "<", q.end)
-      .groupBy(bucket);
+      .where("observed_at", "<", q.end);
     const rows = await this.db
-      .selectFrom("telemetry_samples as s")
-      .innerJoin(lastTimes.as("b"), "b.t", "s.observed_at")
-      .select(["s.observed_at", "s.value"])
-      .where("s.public_key", "=", q.publicKey)
-      .where("s.field", "=", q.field)
-      .orderBy("s.observed_at", q.order)
+      .selectFrom(ranked.as("r"))
+      .select(["observed_at", "value"])
+      .where("rn", "=", 1)
+      .orderBy("observed_at", q.order)
       .limit(q.limit)
       .execute();
     return rows.map((r) => ({ t: r.observed_at, value: r.value }));
   }
 
-  /** One point per non-empty bucket, `t` being the bucket's start, in ascending order. */
+  /**
+   * One point per non-empty bucket, `t` being the bucket's start, in ascending order. Each bucket is
+   * its own primary-key range read, so neither database sorts or hashes the samples, and the
+   * cost is one seek per bucket plus the samples read (callers bound the bucket count).
+   */
   async aggregate(q: { publicKey: string; field: string; start: number; end: number; bucket: number; fn: AggregateFunction }): Promise<Point[]> {
-    if (q.fn === "last") {
-      const points = await this.lastPerStep({ ...q, step: q.bucket, order: "asc", limit: Number.MAX_SAFE_INTEGER });
-      return points.map((p) => ({ t: q.start + Math.floor((p.t - q.start) / q.bucket) * q.bucket, value: p.value }));
-    }
-    const bucket = sql<number>`(observed_at - cast(${q.start} as bigint)) / cast(${q.bucket} as bigint)`;
-    const value = {
-      avg: sql<number>`avg(value)`,
-      min: sql<number>`min(value)`,
-      max: sql<number>`max(value)`,
-      sum: sql<number>`sum(value)`,
-      count: sql<number>`count(*)`,
-    }[q.fn];
-    const rows = await this.db
-      .selectFrom("telemetry_samples")
-      .select([bucket.as("b"), value.as("v")])
-      .where("public_key", "=", q.publicKey)
-      .where("field", "=", q.field)
-      .where("observed_at", ">=", q.start)
-      .where("observed_at", "<", q.end)
-      // By position: PostgreSQL does not see two parameterised copies of `bucket` as one expression.
-      .groupBy(sql`1`)
-      .orderBy(sql`1`)
-      .execute();
-    return rows.map((r) => ({ t: q.start + Number(r.b) * q.bucket, value: Number(r.v) }));
+    // Bucket i covers [start + i·bucket, start + (i+1)·bucket) ∩ [start, end).
+    const from = sql`cast(${q.start} as bigint) + i * cast(${q.bucket} as bigint)`;
+    const inBucket = sql`public_key = ${q.publicKey} and field = ${q.field}
+      and observed_at >= ${from} and observed_at < ${from} + cast(${q.bucket} as bigint) and observed_at < cast(${q.end} as bigint)`;
+    const value =
+      q.fn === "last"
+        ? sql`(select value from telemetry_samples where ${inBucket} order by observed_at desc limit 1)`
+        : sql`(select ${sql.raw(q.fn === "count" ? "count(*)" : `${q.fn}(value)`)} from telemetry_samples where ${inBucket})`;
+    const { rows } = await sql<{ i: number; v: number | null }>`
+      with recursive buckets(i) as (select 0 union all select i + 1 from buckets where i + 1 < ${Math.ceil((q.end - q.start) / q.bucket)})
+      select i, ${value} as v from buckets order by i`.execute(this.db);
+    const points = rows.filter((r) => r.v !== null && !(q.fn === "count" && Number(r.v) === 0));
+    return points.map((r) => ({ t: q.start + Number(r.i) * q.bucket, value: Number(r.v) }));
   }
 }

@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
+import type { Logger } from "pino";
 import { type ConfigInput, loadConfig } from "../../src/config/config.ts";
 import { generateKeyPair } from "../../src/crypto/keys.ts";
 import type { Clock } from "../../src/domain/clock.ts";
@@ -49,7 +50,7 @@ export interface TestServer extends RunningServer {
 }
 
 /** Starts the real server in this process on a random port, with a temporary data directory. */
-export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; dataDir?: string } = {}): Promise<TestServer> {
+export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger } = {}): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
   const config = loadConfig(
     {},
@@ -62,7 +63,7 @@ export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; 
       ...o.config,
     },
   );
-  const server = await startServer({ config, ...(o.clock ? { clock: o.clock } : {}) });
+  const server = await startServer({ config, ...(o.clock ? { clock: o.clock } : {}), ...(o.logger ? { logger: o.logger } : {}) });
   const now = o.clock ? () => o.clock!.now() : undefined;
   return {
     ...server,
