@@ -114,7 +114,12 @@ async function publicBench(): Promise<unknown> {
             path: "/login",
             setupRequest: (req) => {
               const k = keys[n++ % keys.length]!;
-              const assertion = buildAssertion({ clientPublicKey: k.pair.publicKey, serverPublicKey, sharedSecret: k.secret, now: Math.floor(Date.now() / 1000) });
+              const assertion = buildAssertion({
+                clientPublicKey: k.pair.publicKey,
+                serverPublicKey,
+                sharedSecret: k.secret,
+                now: Math.floor(Date.now() / 1000),
+              });
               return { ...req, headers: { authorization: `Bearer ${assertion}`, "x-public-key": k.publicKey } };
             },
           },
@@ -128,10 +133,24 @@ async function publicBench(): Promise<unknown> {
         url: `${url}/me/status`,
         method: "PUT",
         headers: { ...auth, "content-type": "application/json" },
-        body: JSON.stringify({ volume: 42, muted: false, battery_percent: 77, charging: true, gnss_latitude: 31.23, gnss_longitude: 121.47, labels: { room: "lab" } }),
+        body: JSON.stringify({
+          volume: 42,
+          muted: false,
+          battery_percent: 77,
+          charging: true,
+          gnss_latitude: 31.23,
+          gnss_longitude: 121.47,
+          labels: { room: "lab" },
+        }),
       }),
     );
-    const q = new URLSearchParams({ field: "battery.percent", start_time_ms: String(start), end_time_ms: String(end), bucket_ms: String(Math.ceil((end - start) / 1000)), aggregate: "avg" });
+    const q = new URLSearchParams({
+      field: "battery.percent",
+      start_time_ms: String(start),
+      end_time_ms: String(end),
+      bucket_ms: String(Math.ceil((end - start) / 1000)),
+      aggregate: "avg",
+    });
     figures.push(
       await load(`GET /side-control/telemetry/aggregate (${TELEMETRY_SAMPLES} samples, avg, 1000 buckets)`, {
         url: `${url}/side-control/telemetry/aggregate?${q}`,

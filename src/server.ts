@@ -87,7 +87,13 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
         clearInterval(cleanup);
         await new Promise<void>((resolve) => {
           server.close(() => resolve());
-          if ("closeIdleConnections" in server) server.closeIdleConnections();
+          if ("closeIdleConnections" in server) {
+            server.closeIdleConnections();
+            // A kept-alive connection whose in-flight response finishes later is closed too: close()
+            // waits for requests, not for idle clients to hang up (up to the keep-alive timeout).
+            const sweep = setInterval(() => server.closeIdleConnections(), 50);
+            server.once("close", () => clearInterval(sweep));
+          }
         });
         await store.close();
       })();

@@ -1,5 +1,4 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
-import { bodyLimit } from "hono/body-limit";
 import type { Logger } from "pino";
 import { ApiError } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
@@ -7,7 +6,7 @@ import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
 import { errorResponse, toApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
-import { cors, observe, requestId } from "./middleware.ts";
+import { bodyLimit, cors, observe, requestId } from "./middleware.ts";
 import { registerOpsRoutes } from "./ops.ts";
 import { registerMeRoutes } from "./public/me.ts";
 import { registerServerRoutes } from "./public/server.ts";
@@ -34,10 +33,9 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
   app.use(requestId());
   app.use(observe(o.logger, o.metrics));
   app.use(cors);
-  const limitBody = bodyLimit({
-    maxSize: JSON_BODY_LIMIT,
-    onError: (c) => errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`)),
-  });
+  const limitBody = bodyLimit(JSON_BODY_LIMIT, (c) =>
+    errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`)),
+  );
   // Only methods whose bodies the routes read: looking at a GET's body would cost a full Request object.
   app.use((c, next) => (c.req.method === "POST" || c.req.method === "PUT" ? limitBody(c, next) : next()));
 

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { MiddlewareHandler } from "hono";
+import type { Context, MiddlewareHandler } from "hono";
 import { routePath } from "hono/route";
 import type { Logger } from "pino";
 import { ApiError } from "../domain/errors.ts";
@@ -68,3 +68,32 @@ export const requireJson: MiddlewareHandler<AppEnv> = async (c, next) => {
   if (type !== "application/json") throw new ApiError(415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/json");
   await next();
 };
+
+/**
+ * Refuses a request body over `maxSize` bytes with `tooLarge`. A body without Content-Length is
+ * counted as it arrives and, once over the limit, still read (and dropped) to its end, up to
+ * `drainLimit` bytes, before answering: a client still sending would otherwise stall on a socket
+ * nobody reads and lose the 413 (hono's `bodyLimit` leaves the stream half read).
+ */
+export function bodyLimit(maxSize: number, tooLarge: (c: Context<AppEnv>) => Response, drainLimit = 16 * maxSize): MiddlewareHandler<AppEnv> {
+  return async (c, next) => {
+    // Headers first: touching `body` starts reading it, and a refused body must stay unread so
+    // that the adapter can drain it after the answer.
+    const declared = c.req.header("content-length");
+    if (declared !== undefined && c.req.header("transfer-encoding") === undefined) return Number(declared) > maxSize ? tooLarge(c) : next();
+    const body = c.req.raw.body;
+    if (!body) return next();
+    const reader = body.getReader();
+    const chunks: Uint8Array[] = [];
+    let size = 0;
+    while (size <= drainLimit) {
+      const r = await reader.read();
+      if (r.done) break;
+      size += r.value.length;
+      if (size <= maxSize) chunks.push(r.value);
+    }
+    if (size > maxSize) return tooLarge(c);
+    c.req.raw = new Request(c.req.raw, { body: Buffer.concat(chunks) });
+    return next();
+  };
+}

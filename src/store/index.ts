@@ -2,6 +2,8 @@ import { sql } from "kysely";
 import { ContactRepository } from "./contacts.ts";
 import { type Database, type Db, openDatabase } from "./database.ts";
 import { DeviceTokenRepository } from "./device-tokens.ts";
+import { GroupCommit } from "./group-commit.ts";
+import type { DialectName } from "./migrations.ts";
 import { NonceRepository } from "./nonces.ts";
 import { PeerRepository } from "./peers.ts";
 import { RuntimeRepository } from "./runtime.ts";
@@ -23,13 +25,16 @@ export class Repositories {
   readonly telemetry: TelemetryRepository;
   readonly contacts: ContactRepository;
 
-  constructor(protected readonly db: Db) {
-    this.peers = new PeerRepository(db);
-    this.sessions = new SessionRepository(db);
+  constructor(
+    protected readonly db: Db,
+    readonly dialect: DialectName,
+  ) {
+    this.peers = new PeerRepository(db, dialect);
+    this.sessions = new SessionRepository(db, dialect);
     this.deviceTokens = new DeviceTokenRepository(db);
-    this.assertionNonces = new NonceRepository(db, "assertion_nonces");
-    this.signalingNonces = new NonceRepository(db, "signaling_nonces");
-    this.status = new StatusRepository(db);
+    this.assertionNonces = new NonceRepository(db, dialect, "assertion_nonces");
+    this.signalingNonces = new NonceRepository(db, dialect, "signaling_nonces");
+    this.status = new StatusRepository(db, dialect);
     this.runtime = new RuntimeRepository(db);
     this.telemetry = new TelemetryRepository(db);
     this.contacts = new ContactRepository(db);
@@ -38,21 +43,22 @@ export class Repositories {
 
 /** The opened store: repositories over the pool, plus transactions, upkeep and shutdown. */
 export class Store extends Repositories {
+  /** SQLite has one connection, so its transactions are grouped into shared commits. */
+  private readonly groupCommit: GroupCommit | undefined;
+
   private constructor(private readonly database: Database) {
-    super(database.db);
+    super(database.db, database.dialect);
+    this.groupCommit = database.dialect === "sqlite" ? new GroupCommit(database.db) : undefined;
   }
 
   static async open(url: string | undefined, dataDir: string): Promise<Store> {
     return new Store(await openDatabase(url, dataDir));
   }
 
-  get dialect() {
-    return this.database.dialect;
-  }
-
   /** Runs `fn` in one transaction, with repositories bound to it; a throw rolls every write back. */
   transaction<T>(fn: (tx: Repositories) => Promise<T>): Promise<T> {
-    return this.db.transaction().execute((tx) => fn(new Repositories(tx)));
+    const work = (tx: Db) => fn(new Repositories(tx, this.dialect));
+    return this.groupCommit ? this.groupCommit.run(work) : this.db.transaction().execute(work);
   }
 
   /** Drops rows whose time has passed: nonces, expired sessions and device tokens. */

@@ -1,10 +1,34 @@
+import { compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
+import type { DialectName } from "./migrations.ts";
 
 export type NonceTable = "assertion_nonces" | "signaling_nonces";
+
+/** Inserts a nonce, or takes over an expired row; returns a row only when the claim succeeded. */
+const claimFor = (table: NonceTable) =>
+  compiled(
+    (db, public_key: string, nonce: string, expires_at: number, now: number) =>
+      db
+        .insertInto(table)
+        .values({ public_key, nonce, expires_at })
+        .onConflict((oc) =>
+          oc
+            .columns(["public_key", "nonce"])
+            .doUpdateSet((eb) => ({ expires_at: eb.ref("excluded.expires_at") }))
+            .where(`${table}.expires_at`, "<=", now),
+        )
+        .returning("nonce"),
+    "",
+    "",
+    0,
+    0,
+  );
+const claims = { assertion_nonces: claimFor("assertion_nonces"), signaling_nonces: claimFor("signaling_nonces") };
 
 export class NonceRepository {
   constructor(
     private readonly db: Db,
+    private readonly dialect: DialectName,
     private readonly table: NonceTable,
   ) {}
 
@@ -14,13 +38,7 @@ export class NonceRepository {
    * passed is taken over, so cleanup lag never refuses a legitimate nonce.
    */
   async claim(publicKey: string, nonce: string, expiresAt: number, now: number): Promise<boolean> {
-    const row = await this.db
-      .insertInto(this.table)
-      .values({ public_key: publicKey, nonce, expires_at: expiresAt })
-      .onConflict((oc) => oc.columns(["public_key", "nonce"]).doUpdateSet({ expires_at: expiresAt }).where(`${this.table}.expires_at`, "<=", now))
-      .returning("nonce")
-      .executeTakeFirst();
-    return row !== undefined;
+    return (await claims[this.table](this.db, this.dialect, publicKey, nonce, expiresAt, now)).length > 0;
   }
 
   async deleteExpired(now: number): Promise<void> {

@@ -1,13 +1,20 @@
+import { compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
+import type { DialectName } from "./migrations.ts";
 import type { Tables } from "./schema.ts";
 
 export type PeerRow = Tables["peers"];
 
-export class PeerRepository {
-  constructor(private readonly db: Db) {}
+const peerByKey = compiled((db, key: string) => db.selectFrom("peers").selectAll().where("public_key", "=", key), "");
 
-  get(publicKey: string): Promise<PeerRow | undefined> {
-    return this.db.selectFrom("peers").selectAll().where("public_key", "=", publicKey).executeTakeFirst();
+export class PeerRepository {
+  constructor(
+    private readonly db: Db,
+    private readonly dialect: DialectName,
+  ) {}
+
+  async get(publicKey: string): Promise<PeerRow | undefined> {
+    return (await peerByKey(this.db, this.dialect, publicKey))[0];
   }
 
   list(): Promise<PeerRow[]> {

@@ -1,23 +1,34 @@
-import { CompiledStatement } from "./compiled.ts";
+import { compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
+import type { DialectName } from "./migrations.ts";
 import type { Tables } from "./schema.ts";
 
 export type SessionRow = Tables["sessions"];
 
 export class SessionRepository {
-  private readonly lookup: CompiledStatement<SessionWithPeers, [string]>;
-
-  constructor(private readonly db: Db) {
-    this.lookup = new CompiledStatement(db, findSessionWithPeers, [""]);
-  }
+  constructor(
+    private readonly db: Db,
+    private readonly dialect: DialectName,
+  ) {}
 
   async insert(row: SessionRow): Promise<void> {
-    await this.db.insertInto("sessions").values(row).execute();
+    await insertSession(
+      this.db,
+      this.dialect,
+      row.id,
+      row.token_hash,
+      row.kind,
+      row.public_key,
+      row.target_key,
+      row.created_at,
+      row.expires_at,
+      row.revoked_at,
+    );
   }
 
   /** The session behind a bearer token, with what authentication re-checks on every request. */
   async findByTokenHash(tokenHash: string): Promise<SessionWithPeers | undefined> {
-    return (await this.lookup.run(tokenHash))[0];
+    return (await sessionByTokenHash(this.db, this.dialect, tokenHash))[0];
   }
 
   /** Live (unrevoked, unexpired) sessions, newest first; optionally only Side Control ones aimed at `targetKey`. */
@@ -57,12 +68,36 @@ export interface SessionWithPeers extends SessionRow {
   target_status: string | null;
 }
 
-function findSessionWithPeers(db: Db, tokenHash: string) {
-  return db
-    .selectFrom("sessions as s")
-    .leftJoin("peers as p", "p.public_key", "s.public_key")
-    .leftJoin("peers as t", "t.public_key", "s.target_key")
-    .selectAll("s")
-    .select(["p.status as peer_status", "t.status as target_status"])
-    .where("s.token_hash", "=", tokenHash);
-}
+const sessionByTokenHash = compiled(
+  (db, tokenHash: string) =>
+    db
+      .selectFrom("sessions as s")
+      .leftJoin("peers as p", "p.public_key", "s.public_key")
+      .leftJoin("peers as t", "t.public_key", "s.target_key")
+      .selectAll("s")
+      .select(["p.status as peer_status", "t.status as target_status"])
+      .where("s.token_hash", "=", tokenHash),
+  "",
+);
+
+const insertSession = compiled(
+  (
+    db,
+    id: string,
+    token_hash: string,
+    kind: string,
+    public_key: string,
+    target_key: string | null,
+    created_at: number,
+    expires_at: number,
+    revoked_at: number | null,
+  ) => db.insertInto("sessions").values({ id, token_hash, kind, public_key, target_key, created_at, expires_at, revoked_at }),
+  "",
+  "",
+  "",
+  "",
+  null as string | null,
+  0,
+  0,
+  null as number | null,
+);

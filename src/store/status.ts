@@ -1,16 +1,18 @@
-import { CompiledStatement } from "./compiled.ts";
+import { compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
+import type { DialectName } from "./migrations.ts";
 
 /** The peer's status document, stored whole as JSON. */
-export class StatusRepository {
-  private readonly byKey: CompiledStatement<{ document: string }, [string]>;
+const documentByKey = compiled((db, key: string) => db.selectFrom("peer_status").select("document").where("public_key", "=", key), "");
 
-  constructor(private readonly db: Db) {
-    this.byKey = new CompiledStatement(db, (d, key: string) => d.selectFrom("peer_status").select("document").where("public_key", "=", key), [""]);
-  }
+export class StatusRepository {
+  constructor(
+    private readonly db: Db,
+    private readonly dialect: DialectName,
+  ) {}
 
   async get(publicKey: string): Promise<Record<string, unknown> | undefined> {
-    const [row] = await this.byKey.run(publicKey);
+    const [row] = await documentByKey(this.db, this.dialect, publicKey);
     return row ? (JSON.parse(row.document) as Record<string, unknown>) : undefined;
   }
 

@@ -1,6 +1,6 @@
 import { createRoute, type z } from "@hono/zod-openapi";
-import type { Domain } from "../../domain/index.ts";
 import { ApiError } from "../../domain/errors.ts";
+import type { Domain } from "../../domain/index.ts";
 import { LoginHeaders, type LoginRequest, LoginRequest as LoginRequestSchema, LoginResult, ServerInfo } from "../../protocol/public.ts";
 import { clientAddress } from "../client-address.ts";
 import type { App } from "../env.ts";
@@ -49,17 +49,14 @@ export function registerServerRoutes(app: App, domain: Domain, info: (host: stri
   app.openAPIRegistry.register("LoginRequest", LoginRequestSchema);
   app.openapi(serverInfoRoute, (c) => c.json(info(c.req.header("host")), 200));
 
-  app.openapi(
-    loginRoute,
-    async (c) => {
-      const result = await domain.auth.login({
-        assertion: /^Bearer +(\S+)$/i.exec(c.req.header("authorization") ?? "")?.[1],
-        publicKey: c.req.header("x-public-key"),
-        registrationToken: c.req.header("x-registration-token"),
-        request: loginRequest(await c.req.text()),
-        address: clientAddress(c, trustProxy),
-      });
-      return c.json(result, 200);
-    },
-  );
+  app.openapi(loginRoute, async (c) => {
+    const result = await domain.auth.login({
+      assertion: /^Bearer +(\S+)$/i.exec(c.req.header("authorization") ?? "")?.[1],
+      publicKey: c.req.header("x-public-key"),
+      registrationToken: c.req.header("x-registration-token"),
+      request: loginRequest(await c.req.text()),
+      address: clientAddress(c, trustProxy),
+    });
+    return c.json(result, 200);
+  });
 }
