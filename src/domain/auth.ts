@@ -1,4 +1,4 @@
-import { timingSafeEqual } from "node:crypto";
+import { createSecretKey, type KeyObject, timingSafeEqual } from "node:crypto";
 import { AssertionError, parseAssertion, verifyAssertion } from "../crypto/assertion.ts";
 import { canonicalKey, decodeKey, InvalidKeyError, sharedSecret } from "../crypto/keys.ts";
 import { hashToken, newId, newToken } from "../crypto/tokens.ts";
@@ -28,19 +28,19 @@ export class AuthService {
   private readonly byAddress: RateLimiter;
   private readonly byKey: RateLimiter;
   /** X25519 with the server key is the costliest step of a login; results are cached per caller key. */
-  private readonly secrets = new Map<string, Uint8Array>();
+  private readonly secrets = new Map<string, KeyObject>();
 
   constructor(private readonly ctx: DomainContext) {
     this.byAddress = new RateLimiter(ctx.config.rateLimits.loginPerAddress, ctx.clock);
     this.byKey = new RateLimiter(ctx.config.rateLimits.loginPerKey, ctx.clock);
   }
 
-  /** X25519(server private, `publicKey`); throws INVALID_PUBLIC_KEY for an unusable key. */
-  sharedSecretWith(publicKey: string): Uint8Array {
+  /** X25519(server private, `publicKey`) as an HMAC key; throws INVALID_PUBLIC_KEY for an unusable key. */
+  sharedSecretWith(publicKey: string): KeyObject {
     let secret = this.secrets.get(publicKey);
     if (!secret) {
       try {
-        secret = sharedSecret(this.ctx.serverKey.privateKeyObject, decodeKey(publicKey));
+        secret = createSecretKey(sharedSecret(this.ctx.serverKey.privateKeyObject, decodeKey(publicKey)));
       } catch (err) {
         if (err instanceof InvalidKeyError) throw new ApiError(401, "INVALID_PUBLIC_KEY", "X-Public-Key is not a usable X25519 key");
         throw err;

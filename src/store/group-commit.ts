@@ -26,12 +26,15 @@ export class GroupCommit {
   run<T>(work: (tx: Db) => Promise<T>): Promise<T> {
     return new Promise<T>((resolve, reject) => {
       this.queue.push({ work, resolve, reject });
-      if (!this.running) void this.drain();
+      if (!this.running) {
+        this.running = true;
+        // Wait one turn of the event loop: the requests that arrived with this one join the batch.
+        setImmediate(() => void this.drain());
+      }
     });
   }
 
   private async drain(): Promise<void> {
-    this.running = true;
     try {
       while (this.queue.length > 0) {
         const batch = this.queue.splice(0, MAX_BATCH);

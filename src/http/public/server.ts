@@ -30,6 +30,11 @@ const loginRoute = createRoute({
   responses: { 200: json(LoginResult, "A new session"), ...errors(400, 401, 403, 413, 415, 429) },
 });
 
+/** Whether an HTTP/1.1 request has a body at all (reading an absent one still costs a stream). */
+function hasBody(contentLength: string | undefined, transferEncoding: string | undefined): boolean {
+  return transferEncoding !== undefined || (contentLength !== undefined && contentLength !== "0");
+}
+
 /** The login body: empty means `{}`; anything else must be JSON that `LoginRequest` accepts. */
 function loginRequest(text: string): LoginRequest {
   let value: unknown = {};
