@@ -55,6 +55,18 @@ async function startServer(dataDir: string, env: Record<string, string> = {}): P
   return { url, child };
 }
 
+/** The ceiling of this machine: node:http answering a fixed JSON body, no framework, no store. */
+async function baseline(): Promise<Figure> {
+  const script = `require("node:http").createServer((q, s) => { s.writeHead(200, { "content-type": "application/json" }); s.end('{"volume":42}'); }).listen(0, "127.0.0.1", function () { console.log(this.address().port); });`;
+  const child = spawn(process.execPath, ["-e", script], { stdio: ["ignore", "pipe", "inherit"] });
+  const port = await new Promise<string>((resolve) => child.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim())));
+  try {
+    return await load("baseline: bare node:http, fixed JSON", { url: `http://127.0.0.1:${port}/` });
+  } finally {
+    child.kill();
+  }
+}
+
 async function load(name: string, opts: autocannon.Options): Promise<Figure> {
   const r = await autocannon({ connections: CONNECTIONS, duration: DURATION_S, ...opts });
   return {
@@ -158,16 +170,23 @@ async function publicBench(): Promise<unknown> {
         connections: 1, // a latency figure: one dashboard query at a time
       }),
     );
+    const ceiling = await baseline();
     return {
       suite: "public",
       store: process.env.PERCH_DATABASE_URL ? "postgres" : "sqlite",
       node: process.version,
       duration_s: DURATION_S,
       connections: CONNECTIONS,
-      figures,
+      figures: [...figures, ceiling],
       ratios: {
-        get_status_per_login: round(figures[1]!.requests_per_second / figures[0]!.requests_per_second),
+        get_status_per_baseline: round(figures[1]!.requests_per_second / ceiling.requests_per_second),
+        login_per_get_status: round(figures[0]!.requests_per_second / figures[1]!.requests_per_second),
         put_status_per_get_status: round(figures[2]!.requests_per_second / figures[1]!.requests_per_second),
+      },
+      goals: {
+        login_per_second: { goal: 4000, reached: figures[0]!.requests_per_second },
+        get_status_per_second: { goal: 15000, reached: figures[1]!.requests_per_second },
+        aggregate_p50_ms: { goal: 20, reached: figures[3]!.latency_ms.p50 },
       },
     };
   } finally {
