@@ -6,7 +6,6 @@ import { loadOrCreateServerKey } from "../config/server-key.ts";
 import { canonicalKey, encodeKey, generateKeyPair, privateKeyObject } from "../crypto/keys.ts";
 import { systemClock } from "../domain/clock.ts";
 import { Domain } from "../domain/index.ts";
-import { startServer } from "../server.ts";
 import { Store } from "../store/index.ts";
 
 /** Runs `fn` with a domain over the configured store (no listener), then closes the store. */
@@ -38,6 +37,8 @@ function print(value: unknown): void {
 }
 
 async function serve(): Promise<void> {
+  // Loaded here so that the store commands start without the HTTP stack.
+  const { startServer } = await import("../server.ts");
   const server = await startServer({ config: loadConfig() });
   let stopping = false;
   const stop = (signal: string) => {

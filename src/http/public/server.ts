@@ -59,7 +59,7 @@ export function registerServerRoutes(app: App, domain: Domain, info: (host: stri
       assertion: /^Bearer +(\S+)$/i.exec(c.req.header("authorization") ?? "")?.[1],
       publicKey: c.req.header("x-public-key"),
       registrationToken: c.req.header("x-registration-token"),
-      request: loginRequest(await c.req.text()),
+      request: loginRequest(hasBody(c.req.header("content-length"), c.req.header("transfer-encoding")) ? await c.req.text() : ""),
       address: clientAddress(c, trustProxy),
     });
     return c.json(result, 200);
