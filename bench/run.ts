@@ -198,7 +198,7 @@ async function publicBench(): Promise<unknown> {
 
 function rateLimitsOff(dataDir: string): Record<string, string> {
   const file = join(dataDir, "bench.json");
-  writeFileSync(file, JSON.stringify({ rateLimits: { loginPerKey: 0, loginPerAddress: 0, offerPerKey: 0, deviceTokenPerDevice: 0 } }));
+  writeFileSync(file, JSON.stringify({ rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 } }));
   return { PERCH_CONFIG: file };
 }
 

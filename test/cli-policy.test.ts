@@ -386,7 +386,10 @@ describe("configuration files and environment", () => {
       "",
     ].join("\n"),
   );
-  const json = file("perch.json", JSON.stringify({ port: 9124, nodeName: "json-node", registration: { policy: "closed" }, rateLimits: { offerPerKey: 7 } }));
+  const json = file(
+    "perch.json",
+    JSON.stringify({ port: 9124, nodeName: "json-node", registration: { policy: "closed" }, rateLimits: { deviceTokenPerDevice: 7 } }),
+  );
 
   test("a YAML or JSON file sets the configuration; environment variables win, field by field", () => {
     const fromYaml = loadConfig({ PERCH_CONFIG: yaml });
@@ -394,11 +397,11 @@ describe("configuration files and environment", () => {
       [fromYaml.port, fromYaml.host, fromYaml.nodeName, fromYaml.publicEndpoint, fromYaml.registration],
       [9123, "127.0.0.1", "yaml-node", "yaml.example:443", { policy: "token", tokens: ["abc", "def"] }],
     );
-    assert.deepEqual(fromYaml.rateLimits, { loginPerKey: 5, loginPerAddress: 600, offerPerKey: 30, deviceTokenPerDevice: 30 });
+    assert.deepEqual(fromYaml.rateLimits, { loginPerKey: 5, loginPerAddress: 600, deviceTokenPerDevice: 30 });
 
     const fromJson = loadConfig({ PERCH_CONFIG: json });
     assert.deepEqual(
-      [fromJson.port, fromJson.host, fromJson.nodeName, fromJson.registration, fromJson.rateLimits.offerPerKey],
+      [fromJson.port, fromJson.host, fromJson.nodeName, fromJson.registration, fromJson.rateLimits.deviceTokenPerDevice],
       [9124, "0.0.0.0", "json-node", { policy: "closed", tokens: [] }, 7],
     );
 

@@ -160,7 +160,7 @@ function manualClock(): ManualClock {
   return new ManualClock(Math.floor(Date.now() / 60_000) * 60_000 + 15_000);
 }
 
-const NO_LIMITS = { loginPerKey: 0, loginPerAddress: 0, offerPerKey: 0, deviceTokenPerDevice: 0 };
+const NO_LIMITS = { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 };
 
 // ---------------------------------------------------------------------------------------------
 

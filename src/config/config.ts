@@ -42,10 +42,9 @@ export const ConfigSchema = z.strictObject({
     .strictObject({
       loginPerKey: perMinute(30),
       loginPerAddress: perMinute(600),
-      offerPerKey: perMinute(30),
       deviceTokenPerDevice: perMinute(30),
     })
-    .default({ loginPerKey: 30, loginPerAddress: 600, offerPerKey: 30, deviceTokenPerDevice: 30 }),
+    .default({ loginPerKey: 30, loginPerAddress: 600, deviceTokenPerDevice: 30 }),
   ice: z.strictObject({ servers: z.array(IceServerConfig).default([]) }).default({ servers: [] }),
 });
 

@@ -59,7 +59,7 @@ export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; 
       host: "127.0.0.1",
       dataDir,
       logLevel: "silent",
-      rateLimits: { loginPerKey: 0, loginPerAddress: 0, offerPerKey: 0, deviceTokenPerDevice: 0 },
+      rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 },
       ...o.config,
     },
   );

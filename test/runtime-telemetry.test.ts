@@ -1,0 +1,92 @@
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { ManualClock } from "../src/domain/clock.ts";
+import type { PerchClient } from "../src/sdk/client.ts";
+import { STORES, startTestServer, type TestServer } from "./support/server.ts";
+
+// Runtime and telemetry are written by the WebRTC transport; until it exists they are written here
+// the way it will write them (store / domain), and read back over HTTP.
+for (const store of STORES) {
+  describe(`runtime and telemetry written by the node (${store.name})`, () => {
+    const clock = new ManualClock(Date.UTC(2026, 10, 21, 12, 0, 0));
+    let server: TestServer;
+    let device: PerchClient;
+    let phone: PerchClient;
+    before(async () => {
+      server = await startTestServer({ clock, config: { databaseUrl: await store.url() } });
+      device = server.client();
+      await device.login();
+      phone = server.client();
+      await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+    });
+    after(() => server.stop());
+
+    test("runtime: online while the record is fresh, offline once it is stale, fields as RFC 3339 / numbers", async () => {
+      const now = clock.now();
+      await server.store.runtime.put({
+        public_key: device.publicKey,
+        online: 1,
+        last_seen_at: now,
+        last_addr: "192.0.2.10:50000",
+        rx_bytes: 1234,
+        tx_bytes: 5678,
+        node: "node-a",
+        updated_at: now,
+      });
+      const expected = {
+        online: true,
+        last_seen_at: new Date(now).toISOString(),
+        last_addr: "192.0.2.10:50000",
+        rx_bytes: 1234,
+        tx_bytes: 5678,
+        node: "node-a",
+      };
+      assert.deepEqual(await device.runtime(), expected);
+      assert.deepEqual(await phone.sideControl.runtime(), expected);
+
+      clock.advance(29_000);
+      assert.equal((await device.runtime()).online, true);
+      clock.advance(2_000); // 31 s without a refresh: the node that held the connection is gone
+      assert.deepEqual(await device.runtime(), { ...expected, online: false });
+
+      await server.store.runtime.put({ ...(await server.store.runtime.get(device.publicKey))!, online: 0, updated_at: clock.now() });
+      assert.deepEqual(await phone.sideControl.runtime(), { ...expected, online: false });
+    });
+
+    test("telemetry merges battery and GNSS into the status only when newer than reported_at", async () => {
+      const t = clock.now();
+      await device.putStatus({ volume: 30, battery_percent: 50, reported_at: new Date(t).toISOString() });
+
+      await server.domain.telemetry.record(device.publicKey, [
+        { field: "battery.percent", observedAt: t - 1000, value: 10 }, // older than the status: not merged
+        { field: "gnss.latitude", observedAt: t + 1000, value: 31.5 },
+        { field: "gnss.longitude", observedAt: t + 1000, value: 121.25 },
+        { field: "battery.charging", observedAt: t + 2000, value: 1 },
+        { field: "system.temperature_c", observedAt: t + 3000, value: 40 }, // not a status field
+      ]);
+      assert.deepEqual(await device.status(), {
+        volume: 30,
+        battery_percent: 50,
+        gnss_latitude: 31.5,
+        gnss_longitude: 121.25,
+        charging: true,
+        reported_at: new Date(t + 2000).toISOString(),
+      });
+
+      await server.domain.telemetry.record(device.publicKey, [{ field: "battery.percent", observedAt: t + 5000, value: 66.6 }]);
+      const status = await phone.sideControl.status();
+      assert.equal(status.battery_percent, 67, "rounded to the status's integer percent");
+      assert.equal(status.reported_at, new Date(t + 5000).toISOString());
+
+      const latest = await phone.sideControl.telemetryLatest(["battery.percent", "battery.charging", "network.rssi_dbm"]);
+      assert.deepEqual(
+        latest.values.map((v) => [v.field, v.value, v.observed_at_unix_ms]),
+        [
+          ["battery.percent", 66.6, t + 5000],
+          ["battery.charging", 1, t + 2000],
+        ],
+        "only fields that have data",
+      );
+    });
+  });
+}
