@@ -34,12 +34,10 @@ export class TelemetryService {
   constructor(private readonly ctx: DomainContext) {}
 
   /**
-   * Stores validated samples and merges battery and GNSS values into the status document when they
-   * are newer than its `reported_at`. Booleans arrive as 0/1.
+   * Stores validated samples and, in the same transaction, merges battery and GNSS values into the
+   * status document when they are newer than its `reported_at`. Booleans arrive as 0/1.
    */
   async record(publicKey: string, samples: Array<{ field: TelemetryField; observedAt: number; value: number }>): Promise<void> {
-    const { store } = this.ctx;
-    await store.telemetry.insert(publicKey, samples);
     const newest = new Map<keyof PeerStatus, { at: number; value: unknown }>();
     for (const s of samples) {
       const mapping = STATUS_FROM_TELEMETRY[s.field];
@@ -48,8 +46,9 @@ export class TelemetryService {
       const seen = newest.get(key);
       if (!seen || s.observedAt >= seen.at) newest.set(key, { at: s.observedAt, value: convert(s.value) });
     }
-    if (newest.size === 0) return;
-    await store.transaction(async (tx) => {
+    await this.ctx.store.transaction(async (tx) => {
+      await tx.telemetry.insert(publicKey, samples);
+      if (newest.size === 0) return;
       const current = ((await tx.status.get(publicKey)) ?? {}) as PeerStatus;
       const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
       const next: Record<string, unknown> = { ...current };
@@ -64,6 +63,7 @@ export class TelemetryService {
       await tx.status.put(publicKey, next, this.ctx.clock.now());
     });
   }
+
 
   async latest(publicKey: string, fields: readonly TelemetryField[] | undefined): Promise<TelemetryLatest> {
     const samples: Sample[] = await this.ctx.store.telemetry.latest(publicKey, fields && fields.length > 0 ? fields : TELEMETRY_FIELDS);
