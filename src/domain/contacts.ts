@@ -1,5 +1,5 @@
 import { base64urlnopad } from "@scure/base";
-import type { Contact, ContactCreate, ContactList, ContactUpdate } from "../protocol/public.ts";
+import { type Contact, type ContactCreate, type ContactList, ContactName, type ContactUpdate } from "../protocol/public.ts";
 import type { ContactRow } from "../store/contacts.ts";
 import type { DomainContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
@@ -15,7 +15,7 @@ export class ContactService {
     let after: string | undefined;
     if (cursor !== undefined) {
       try {
-        after = new TextDecoder("utf-8", { fatal: true }).decode(base64urlnopad.decode(cursor));
+        after = ContactName.parse(new TextDecoder("utf-8", { fatal: true }).decode(base64urlnopad.decode(cursor)));
       } catch {
         throw new ApiError(400, "INVALID_CONTACT", "cursor is not one this server issued", { field: "cursor" });
       }
@@ -28,7 +28,7 @@ export class ContactService {
   }
 
   async get(deviceKey: string, name: string): Promise<Contact> {
-    const row = await this.ctx.store.contacts.get(deviceKey, name);
+    const row = isContactName(name) ? await this.ctx.store.contacts.get(deviceKey, name) : undefined;
     if (!row) throw notFound(name);
     return contactView(row);
   }
@@ -48,6 +48,7 @@ export class ContactService {
 
   /** Absent fields keep their value; `null` or blank clears one. */
   async update(deviceKey: string, name: string, input: ContactUpdate): Promise<Contact> {
+    if (!isContactName(name)) throw notFound(name);
     return this.ctx.store.transaction(async (tx) => {
       const current = await tx.contacts.get(deviceKey, name);
       if (!current) throw notFound(name);
@@ -65,7 +66,7 @@ export class ContactService {
   }
 
   async delete(deviceKey: string, name: string): Promise<Contact> {
-    const row = await this.ctx.store.transaction((tx) => tx.contacts.delete(deviceKey, name));
+    const row = isContactName(name) ? await this.ctx.store.transaction((tx) => tx.contacts.delete(deviceKey, name)) : undefined;
     if (!row) throw notFound(name);
     return contactView(row);
   }
@@ -79,6 +80,11 @@ function fields(displayName: string | null, phoneNumber: string | null) {
     throw new ApiError(400, "INVALID_CONTACT", "a contact needs a display_name or a phone_number", { field: "display_name" });
   }
   return { display_name, phone_number, phone_digits: phone_number?.replace(/\D/g, "") ?? null };
+}
+
+/** Whether a contact could have this name; any other name is simply not found. */
+function isContactName(name: string): boolean {
+  return ContactName.safeParse(name).success;
 }
 
 function contactView(row: ContactRow): Contact {

@@ -5,6 +5,8 @@ import { ApiError } from "./errors.ts";
 import { RateLimiter } from "./rate-limiter.ts";
 
 export const DEVICE_TOKEN_TTL_MS = 5 * 60 * 1000;
+/** The shape of the ids this server issues (`newId`); anything else is unknown without a lookup. */
+const ISSUED_ID = /^[A-Za-z0-9_-]{1,64}$/;
 export const MAX_USABLE_DEVICE_TOKENS = 20;
 
 /** What a device manages about its Side Control: device tokens and the sessions they became. */
@@ -33,7 +35,7 @@ export class SideControlService {
   }
 
   async revokeDeviceToken(deviceKey: string, id: string): Promise<void> {
-    if (!(await this.ctx.store.deviceTokens.revoke(id, deviceKey, this.ctx.clock.now()))) {
+    if (!ISSUED_ID.test(id) || !(await this.ctx.store.deviceTokens.revoke(id, deviceKey, this.ctx.clock.now()))) {
       throw new ApiError(404, "DEVICE_TOKEN_NOT_FOUND", "no unused device token of this device has that id");
     }
   }
@@ -44,7 +46,7 @@ export class SideControlService {
   }
 
   async revokeSession(deviceKey: string, id: string): Promise<void> {
-    if (!(await this.ctx.store.sessions.revoke(id, this.ctx.clock.now(), deviceKey))) {
+    if (!ISSUED_ID.test(id) || !(await this.ctx.store.sessions.revoke(id, this.ctx.clock.now(), deviceKey))) {
       throw new ApiError(404, "SIDE_CONTROL_SESSION_NOT_FOUND", "no live Side Control session of this device has that id");
     }
   }

@@ -64,7 +64,6 @@ export class TelemetryService {
     });
   }
 
-
   async latest(publicKey: string, fields: readonly TelemetryField[] | undefined): Promise<TelemetryLatest> {
     const samples: Sample[] = await this.ctx.store.telemetry.latest(publicKey, fields && fields.length > 0 ? fields : TELEMETRY_FIELDS);
     return {

@@ -255,16 +255,25 @@ export const Contact = z
   })
   .openapi("Contact");
 
+// Control characters are refused in contact text: they are never meant, and PostgreSQL cannot store NUL.
+const CONTROL = /[\u0000-\u001f\u007f]/;
+
 export const ContactName = z
   .string()
   .min(1)
   .max(64)
-  .refine((n) => n.trim() === n, "name must not start or end with white space");
+  .refine((n) => n.trim() === n, "name must not start or end with white space")
+  .refine((n) => !CONTROL.test(n), "name must not contain control characters");
 
 const PHONE_NUMBER = /^\+?[0-9 ()-]*[0-9][0-9 ()-]*$/;
 
 // `null` or a blank string clears a field (on PUT; on create it is the same as absent).
-const DisplayName = z.string().max(256).nullable().optional();
+const DisplayName = z
+  .string()
+  .max(256)
+  .refine((n) => !CONTROL.test(n), "display_name must not contain control characters")
+  .nullable()
+  .optional();
 const PhoneNumber = z
   .string()
   .max(64)
