@@ -256,7 +256,7 @@ export const Contact = z
   .openapi("Contact");
 
 // Control characters are refused in contact text: they are never meant, and PostgreSQL cannot store NUL.
-const CONTROL = /[\u0000-\u001f\u007f]/;
+const CONTROL = /\p{Cc}/u;
 
 export const ContactName = z
   .string()
