@@ -1,5 +1,5 @@
 import { createSecretKey, type KeyObject, timingSafeEqual } from "node:crypto";
-import { AssertionError, parseAssertion, verifyAssertion } from "../crypto/assertion.ts";
+import { type AssertionClaims, AssertionError, parseAssertion, verifyAssertion } from "../crypto/assertion.ts";
 import { canonicalKey, decodeKey, InvalidKeyError, sharedSecret } from "../crypto/keys.ts";
 import { hashToken, newId, newToken } from "../crypto/tokens.ts";
 import type { LoginRequest, LoginResult } from "../protocol/public.ts";
@@ -51,66 +51,79 @@ export class AuthService {
     return secret;
   }
 
+  /**
+   * Exchanges a verified assertion for a session. Every check runs before the one transaction that
+   * claims the nonce (and, for Side Control, consumes the device token) and writes the session,
+   * so a refused login writes nothing.
+   */
   async login(input: LoginInput): Promise<LoginResult> {
-    const { store, clock } = this.ctx;
     limit(this.byAddress.hit(input.address));
+    const { key, claims, now } = this.verify(input);
+    // Only an assertion that fully verifies counts against its key, replay check included: so the
+    // count grows in the transaction, once the nonce is claimed (a 429 there rolls the login back).
+    limit(this.byKey.check(key));
+    const claimNonce = async (tx: Repositories) => {
+      if (!(await tx.assertionNonces.claim(key, claims.nonce, claims.exp * 1000, now))) {
+        throw new ApiError(401, "INVALID_ASSERTION", "invalid assertion: replayed nonce");
+      }
+      limit(this.byKey.hit(key));
+    };
+    const caller = await this.ctx.store.peers.get(key);
+    if (caller?.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "this peer is blocked");
+    const session = { id: newId(), token: newToken(), createdAt: now };
+    return input.request.grant_type === "side_control"
+      ? this.grantSideControl(key, input.request.device_token as string, session, claimNonce)
+      : this.grantPrimary(key, caller, input.registrationToken, session, claimNonce);
+  }
+
+  /** The caller's canonical key and the assertion's claims, checked against the key and the clock. */
+  private verify(input: LoginInput): { key: string; claims: AssertionClaims; now: number } {
     if (!input.assertion) throw new ApiError(401, "MISSING_ASSERTION", "Authorization: Bearer <assertion> is required");
     const key = canonicalKey(input.publicKey);
     if (!key) throw new ApiError(401, "INVALID_PUBLIC_KEY", "X-Public-Key is missing or not a base58 X25519 key");
     const secret = this.sharedSecretWith(key);
-
-    const now = clock.now();
-    let claims: ReturnType<typeof verifyAssertion>;
+    const now = this.ctx.clock.now();
     try {
-      claims = verifyAssertion(parseAssertion(input.assertion), {
+      const claims = verifyAssertion(parseAssertion(input.assertion), {
         issuer: key,
         audience: this.ctx.serverKey.publicKeyText,
         now: Math.floor(now / 1000),
         sharedSecret: secret,
       });
+      return { key, claims, now };
     } catch (err) {
       if (err instanceof AssertionError) throw new ApiError(401, "INVALID_ASSERTION", `invalid assertion: ${err.message}`);
       throw err;
     }
-    // Only an assertion that fully verifies counts against its key, replay check included: so the
-    // count grows in the transaction, once the nonce is claimed (a 429 there rolls the login back).
-    limit(this.byKey.check(key));
+  }
 
-    const nonceExpiresAt = claims.exp * 1000;
-    const claimNonce = async (tx: Repositories) => {
-      if (!(await tx.assertionNonces.claim(key, claims.nonce, nonceExpiresAt, now))) {
-        throw new ApiError(401, "INVALID_ASSERTION", "invalid assertion: replayed nonce");
-      }
-      limit(this.byKey.hit(key));
-    };
-    const caller = await store.peers.get(key);
-    if (caller?.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "this peer is blocked");
-
-    const session = { id: newId(), token: newToken(), createdAt: now };
-    if (input.request.grant_type === "side_control") {
-      const tokenHash = hashToken(input.request.device_token as string);
-      const deviceToken = await store.deviceTokens.findUsable(tokenHash, now);
-      if (!deviceToken) throw invalidDeviceToken();
-      const target = await store.peers.get(deviceToken.target_key);
-      if (!target) throw invalidDeviceToken();
-      if (target.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "the device behind this token is blocked");
-      const expiresAt = now + SIDE_CONTROL_SESSION_TTL_MS;
-      await store.transaction(async (tx) => {
-        await claimNonce(tx);
-        if (!(await tx.deviceTokens.consume(tokenHash, now))) throw invalidDeviceToken();
-        await tx.sessions.insert(sessionRow(session, "side_control", key, target.public_key, expiresAt));
-      });
-      return result(session, expiresAt, "side_control");
-    }
-
-    if (!caller) this.checkRegistrationPolicy(input.registrationToken);
-    const expiresAt = now + PRIMARY_SESSION_TTL_MS;
-    await store.transaction(async (tx) => {
+  private async grantPrimary(key: string, caller: PeerRow | undefined, registrationToken: string | undefined, session: NewSession, claimNonce: ClaimNonce) {
+    if (!caller) this.checkRegistrationPolicy(registrationToken);
+    const expiresAt = session.createdAt + PRIMARY_SESSION_TTL_MS;
+    await this.ctx.store.transaction(async (tx) => {
       await claimNonce(tx);
-      if (!caller) await tx.peers.register(newPeer(key, now));
+      if (!caller) await tx.peers.register(newPeer(key, session.createdAt));
       await tx.sessions.insert(sessionRow(session, "primary", key, null, expiresAt));
     });
     return result(session, expiresAt, "primary");
+  }
+
+  private async grantSideControl(key: string, deviceToken: string, session: NewSession, claimNonce: ClaimNonce) {
+    const { store } = this.ctx;
+    const now = session.createdAt;
+    const tokenHash = hashToken(deviceToken);
+    const token = await store.deviceTokens.findUsable(tokenHash, now);
+    const target = token && (await store.peers.get(token.target_key));
+    if (!target) throw invalidDeviceToken();
+    if (target.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "the device behind this token is blocked");
+    const expiresAt = now + SIDE_CONTROL_SESSION_TTL_MS;
+    await store.transaction(async (tx) => {
+      await claimNonce(tx);
+      // The conditional update decides: of concurrent logins with one token, exactly one gets here.
+      if (!(await tx.deviceTokens.consume(tokenHash, now))) throw invalidDeviceToken();
+      await tx.sessions.insert(sessionRow(session, "side_control", key, target.public_key, expiresAt));
+    });
+    return result(session, expiresAt, "side_control");
   }
 
   /** Whether an unknown key may register now (primary login, first WebRTC connection). */
@@ -177,7 +190,15 @@ export function newPeer(publicKey: string, now: number, role = "client"): PeerRo
   return { public_key: publicKey, role, status: "active", device_info: "{}", created_at: now, updated_at: now };
 }
 
-function sessionRow(s: { id: string; token: string; createdAt: number }, kind: string, key: string, target: string | null, expiresAt: number) {
+interface NewSession {
+  id: string;
+  token: string;
+  createdAt: number;
+}
+
+type ClaimNonce = (tx: Repositories) => Promise<void>;
+
+function sessionRow(s: NewSession, kind: string, key: string, target: string | null, expiresAt: number) {
   return {
     id: s.id,
     token_hash: hashToken(s.token),
@@ -190,6 +211,6 @@ function sessionRow(s: { id: string; token: string; createdAt: number }, kind: s
   };
 }
 
-function result(s: { id: string; token: string }, expiresAt: number, grant: "primary" | "side_control"): LoginResult {
+function result(s: NewSession, expiresAt: number, grant: "primary" | "side_control"): LoginResult {
   return { access_token: s.token, token_type: "Bearer", expires_at: expiresAt, session_id: s.id, grant_type: grant };
 }
