@@ -27,7 +27,7 @@ const loginRoute = createRoute({
     // Content-Type is the primary grant, which the generic JSON validator would refuse.
     body: { required: false, content: { "application/json": { schema: { $ref: "#/components/schemas/LoginRequest" } } } },
   },
-  responses: { 200: json(LoginResult, "A new session"), ...errors(400, 401, 403, 413, 415, 429) },
+  responses: { 200: json(LoginResult, "A new session"), ...errors(400, 401, 403, 413, 429) },
 });
 
 /** Whether an HTTP/1.1 request has a body at all (reading an absent one still costs a stream). */
