@@ -1,5 +1,4 @@
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
 import { rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { join } from "node:path";
@@ -8,36 +7,8 @@ import { ConfigError, loadConfig } from "../src/config/config.ts";
 import { decodeKey, encodeKey, generateKeyPair, keyPairFromPrivate } from "../src/crypto/keys.ts";
 import { PerchApiError, PerchClient } from "../src/sdk/client.ts";
 import { Store } from "../src/store/index.ts";
-import { ROOT, STORES, spawnServer, startTestServer, type TestServer, tempDir } from "./support/server.ts";
-
-interface CliResult {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-/** Runs the `perch` command line with `env` on top of this process's environment. */
-function perch(args: string[], env: Record<string, string>): Promise<CliResult> {
-  return new Promise((resolve) => {
-    execFile(join(ROOT, "bin/perch"), args, { env: { ...process.env, ...env }, timeout: 30_000 }, (err, stdout, stderr) => {
-      resolve({ code: err ? ((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
-    });
-  });
-}
-
-/** Runs a command that must succeed and parses its JSON output. */
-async function perchJson<T = unknown>(args: string[], env: Record<string, string>): Promise<T> {
-  const r = await perch(args, env);
-  assert.equal(r.code, 0, `perch ${args.join(" ")} failed:\n${r.stderr}`);
-  return JSON.parse(r.stdout) as T;
-}
-
-/** Asserts a command failed with exit code 1, a message on stderr matching `message`, and no output. */
-function assertFails(r: CliResult, message: RegExp): void {
-  assert.equal(r.code, 1, `expected exit code 1, got ${r.code}:\n${r.stdout}${r.stderr}`);
-  assert.match(r.stderr, message);
-  assert.equal(r.stdout, "");
-}
+import { assertFails, perch, perchJson } from "./support/cli.ts";
+import { STORES, spawnServer, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 
 function refused(status: number, code: string) {
   return (e: unknown) => {

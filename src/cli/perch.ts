@@ -7,6 +7,7 @@ import { canonicalKey, encodeKey, generateKeyPair, privateKeyObject } from "../c
 import { systemClock } from "../domain/clock.ts";
 import { Domain } from "../domain/index.ts";
 import { Store } from "../store/index.ts";
+import { registerDeviceCommands } from "./device.ts";
 
 /** Runs `fn` with a domain over the configured store (no listener), then closes the store. */
 async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
@@ -65,6 +66,8 @@ program
     const pair = generateKeyPair();
     print({ public_key: encodeKey(pair.publicKey), private_key: encodeKey(pair.privateKey) });
   });
+
+registerDeviceCommands(program, print, fail);
 
 const peers = program.command("peers").description("registered peers");
 peers
