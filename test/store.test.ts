@@ -361,6 +361,33 @@ for (const entry of STORES) {
       assert.deepEqual(await store.status.get(key), { volume: 4 });
     });
 
+    test("concurrent transactions (one shared commit on SQLite): each failing one rolls back alone", async () => {
+      const keys = Array.from({ length: 20 }, () => newKey());
+      const outcomes = await Promise.allSettled(
+        keys.map((key, i) =>
+          store.transaction(async (tx) => {
+            await tx.peers.register(peerRow(key, i));
+            await tx.status.put(key, { volume: i }, i);
+            if (i % 3 === 0) throw new Error(`unit ${i} fails`);
+            return i;
+          }),
+        ),
+      );
+      for (const [i, key] of keys.entries()) {
+        const outcome = outcomes[i]!;
+        if (i % 3 === 0) {
+          assert.equal(outcome.status, "rejected");
+          assert.equal((outcome as PromiseRejectedResult).reason.message, `unit ${i} fails`);
+          assert.equal(await store.peers.get(key), undefined, `unit ${i} wrote nothing`);
+          assert.equal(await store.status.get(key), undefined);
+        } else {
+          assert.deepEqual(outcome, { status: "fulfilled", value: i });
+          assert.deepEqual(plain(await store.peers.get(key)), peerRow(key, i));
+          assert.deepEqual(await store.status.get(key), { volume: i });
+        }
+      }
+    });
+
     describe("telemetry", () => {
       const F = "battery.percent";
       const T0 = 1_700_000_000_000;
