@@ -22,6 +22,7 @@ import {
   publicKeyOf,
   sharedSecret,
 } from "../src/crypto/keys.ts";
+import { hashToken, newId, newToken } from "../src/crypto/tokens.ts";
 
 // The contract's test vectors (vectors.json: "keys" and "login_assertion"), copied verbatim.
 const K = {
@@ -374,5 +375,21 @@ describe("buildAssertion", () => {
       nonce: "YWFhYWFhYWFhYWFhYWFhYQ",
     });
     assert.equal(token, A.token);
+  });
+});
+
+describe("issued ids and tokens", () => {
+  test("ids are base58 (never a leading '-', which a command line takes for an option); tokens are 32 bytes base64url", () => {
+    const ids = new Set<string>();
+    for (let i = 0; i < 5000; i++) {
+      const id = newId();
+      assert.match(id, /^[1-9A-HJ-NP-Za-km-z]{20,22}$/);
+      ids.add(id);
+    }
+    assert.equal(ids.size, 5000);
+    const token = newToken();
+    assert.match(token, /^[A-Za-z0-9_-]{43}$/);
+    assert.match(hashToken(token), /^[A-Za-z0-9_-]{43}$/);
+    assert.notEqual(hashToken(token), token);
   });
 });

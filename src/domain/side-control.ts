@@ -6,7 +6,7 @@ import { RateLimiter } from "./rate-limiter.ts";
 
 export const DEVICE_TOKEN_TTL_MS = 5 * 60 * 1000;
 /** The shape of the ids this server issues (`newId`); anything else is unknown without a lookup. */
-const ISSUED_ID = /^[A-Za-z0-9_-]{1,64}$/;
+const ISSUED_ID = /^[1-9A-HJ-NP-Za-km-z]{1,64}$/;
 export const MAX_USABLE_DEVICE_TOKENS = 20;
 
 /** What a device manages about its Side Control: device tokens and the sessions they became. */
