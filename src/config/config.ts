@@ -61,7 +61,8 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_PUBLIC_ENDPOINT: (v) => ({ publicEndpoint: v }),
   PERCH_NODE_NAME: (v) => ({ nodeName: v }),
   PERCH_LOG_LEVEL: (v) => ({ logLevel: v as Config["logLevel"] }),
-  PERCH_TRUST_PROXY: (v) => ({ trustProxy: v === "1" || v === "true" }),
+  // Anything but these four words is passed on as text, so validation names the variable's setting.
+  PERCH_TRUST_PROXY: (v) => ({ trustProxy: ({ "1": true, true: true, "0": false, false: false } as Record<string, boolean>)[v] ?? (v as never) }),
   PERCH_REGISTRATION_POLICY: (v) => ({ registration: { policy: v as "open" } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
