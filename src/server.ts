@@ -31,7 +31,7 @@ export interface RunningServer {
 
 const CLEANUP_INTERVAL_MS = 60_000;
 
-export function createLogger(config: Config): Logger {
+function createLogger(config: Config): Logger {
   return pino({ level: config.logLevel, base: { node: config.nodeName } });
 }
 

@@ -172,7 +172,7 @@ function limit(retryAfter: number): void {
   if (retryAfter > 0) throw new ApiError(429, "RATE_LIMITED", "too many requests", undefined, retryAfter);
 }
 
-export function invalidSession(message: string): ApiError {
+function invalidSession(message: string): ApiError {
   return new ApiError(401, "INVALID_SESSION", message);
 }
 

@@ -63,7 +63,7 @@ export class PeerService {
   }
 }
 
-export function selfView(peer: PeerRow): PeerSelf {
+function selfView(peer: PeerRow): PeerSelf {
   return {
     public_key: peer.public_key,
     role: peer.role as PeerSelf["role"],

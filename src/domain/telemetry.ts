@@ -114,6 +114,6 @@ export class TelemetryService {
   }
 }
 
-export function invalidQuery(message: string, field: string): ApiError {
+function invalidQuery(message: string, field: string): ApiError {
   return new ApiError(400, "INVALID_TELEMETRY_QUERY", message, { field });
 }

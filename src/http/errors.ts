@@ -23,7 +23,7 @@ export function toApiError(err: unknown): ApiError {
 }
 
 /** The field a validation failure is about: the first issue's path, or the unknown key it names. */
-export function issueField(error: ZodError): string {
+function issueField(error: ZodError): string {
   const issue = error.issues[0];
   if (!issue) return "";
   const path = issue.path.map(String);

@@ -50,7 +50,7 @@ export class ContactRepository {
 }
 
 /** SQLite (`SQLITE_CONSTRAINT_UNIQUE`/`_PRIMARYKEY`) and PostgreSQL (23505) unique-key violations. */
-export function isUniqueViolation(err: unknown): boolean {
+function isUniqueViolation(err: unknown): boolean {
   const e = err as { code?: string; errcode?: number; message?: string };
   return e?.code === "23505" || e?.errcode === 2067 || e?.errcode === 1555 || /UNIQUE constraint failed/.test(e?.message ?? "");
 }
