@@ -24,4 +24,9 @@ export class Domain {
     this.telemetry = new TelemetryService(ctx);
     this.contacts = new ContactService(ctx);
   }
+
+  /** Health: a round trip to the store. */
+  ping(): Promise<void> {
+    return this.ctx.store.ping();
+  }
 }

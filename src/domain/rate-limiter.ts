@@ -16,22 +16,24 @@ export class RateLimiter {
 
   /** Counts one request for `key`; returns the seconds to wait when over the limit, else 0. */
   hit(key: string): number {
+    return this.over(key, true);
+  }
+
+  /** Like `hit`, but counts nothing: the seconds to wait when `key` has already used up this window, else 0. */
+  check(key: string): number {
+    return this.over(key, false);
+  }
+
+  /** The wait when one more request for `key` would exceed the limit; `count` records that request. */
+  private over(key: string, count: boolean): number {
     if (this.perMinute <= 0) return 0;
     const now = this.clock.now();
     if (now - this.windowStart >= 60_000 || now < this.windowStart) {
       this.windowStart = now - (now % 60_000);
       this.counts.clear();
     }
-    const n = (this.counts.get(key) ?? 0) + 1;
-    this.counts.set(key, n);
-    return n > this.perMinute ? Math.max(1, Math.ceil((this.windowStart + 60_000 - now) / 1000)) : 0;
-  }
-
-  /** Like `hit`, but counts nothing: the seconds to wait when `key` has already used up this window, else 0. */
-  check(key: string): number {
-    if (this.perMinute <= 0) return 0;
-    const now = this.clock.now();
-    if (now - this.windowStart >= 60_000 || now < this.windowStart) return 0;
-    return (this.counts.get(key) ?? 0) >= this.perMinute ? Math.max(1, Math.ceil((this.windowStart + 60_000 - now) / 1000)) : 0;
+    const next = (this.counts.get(key) ?? 0) + 1;
+    if (count) this.counts.set(key, next);
+    return next > this.perMinute ? Math.max(1, Math.ceil((this.windowStart + 60_000 - now) / 1000)) : 0;
   }
 }

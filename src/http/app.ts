@@ -33,11 +33,7 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
   app.use(requestId());
   app.use(observe(o.logger, o.metrics));
   app.use(cors);
-  const limitBody = bodyLimit(JSON_BODY_LIMIT, (c) =>
-    errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`)),
-  );
-  // Only methods whose bodies the routes read: looking at a GET's body would cost a full Request object.
-  app.use((c, next) => (c.req.method === "POST" || c.req.method === "PUT" ? limitBody(c, next) : next()));
+  app.use(bodyLimit(JSON_BODY_LIMIT, (c) => errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`))));
 
   registerServerRoutes(app, o.domain, o.serverInfo, o.domain.ctx.config.trustProxy);
   registerMeRoutes(app, o.domain);

@@ -17,7 +17,7 @@ export function registerOpsRoutes(app: App, domain: Domain, metrics: Metrics): v
       responses: { 200: { description: "Healthy", content: { "application/json": { schema: Health } } }, ...errors(500) },
     }),
     async (c) => {
-      await domain.ctx.store.ping();
+      await domain.ping();
       return c.json({ status: "ok" as const }, 200);
     },
   );

@@ -21,23 +21,17 @@ export class PeerRepository {
     return this.db.selectFrom("peers").selectAll().orderBy("created_at").orderBy("public_key").execute();
   }
 
-  /** Registers the peer unless it already exists; returns the stored row either way. */
-  async register(row: PeerRow): Promise<PeerRow> {
+  /** Registers the peer unless it already exists. */
+  async register(row: PeerRow): Promise<void> {
     await this.db
       .insertInto("peers")
       .values(row)
       .onConflict((oc) => oc.column("public_key").doNothing())
       .execute();
-    return await this.db.selectFrom("peers").selectAll().where("public_key", "=", row.public_key).executeTakeFirstOrThrow();
   }
 
   async setStatus(publicKey: string, status: string, now: number): Promise<boolean> {
     const r = await this.db.updateTable("peers").set({ status, updated_at: now }).where("public_key", "=", publicKey).executeTakeFirst();
-    return r.numUpdatedRows > 0n;
-  }
-
-  async setDeviceInfo(publicKey: string, deviceInfo: string, now: number): Promise<boolean> {
-    const r = await this.db.updateTable("peers").set({ device_info: deviceInfo, updated_at: now }).where("public_key", "=", publicKey).executeTakeFirst();
     return r.numUpdatedRows > 0n;
   }
 
