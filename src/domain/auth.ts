@@ -6,7 +6,7 @@ import type { LoginRequest, LoginResult } from "../protocol/public.ts";
 import type { Repositories } from "../store/index.ts";
 import type { PeerRow } from "../store/peers.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
-import { ApiError } from "./errors.ts";
+import { DomainError } from "./errors.ts";
 import type { Principal } from "./principal.ts";
 import { RateLimiter } from "./rate-limiter.ts";
 
@@ -30,7 +30,10 @@ export class AuthService {
   /** X25519 with the server key is the costliest step of a login; results are cached per caller key. */
   private readonly secrets = new Map<string, KeyObject>();
 
-  constructor(private readonly ctx: DomainContext) {
+  private readonly ctx: DomainContext;
+
+  constructor(ctx: DomainContext) {
+    this.ctx = ctx;
     this.byAddress = new RateLimiter(ctx.config.rateLimits.loginPerAddress, ctx.clock);
     this.byKey = new RateLimiter(ctx.config.rateLimits.loginPerKey, ctx.clock);
   }
@@ -42,7 +45,7 @@ export class AuthService {
       try {
         secret = createSecretKey(sharedSecret(this.ctx.serverKey.privateKeyObject, decodeKey(publicKey)));
       } catch (err) {
-        if (err instanceof InvalidKeyError) throw new ApiError(401, "INVALID_PUBLIC_KEY", "X-Public-Key is not a usable X25519 key");
+        if (err instanceof InvalidKeyError) throw new DomainError("unauthenticated", "INVALID_PUBLIC_KEY", "X-Public-Key is not a usable X25519 key");
         throw err;
       }
       if (this.secrets.size >= 10_000) this.secrets.clear();
@@ -64,12 +67,12 @@ export class AuthService {
     limit(this.byKey.check(key));
     const claimNonce = async (tx: Repositories) => {
       if (!(await tx.assertionNonces.claim(key, claims.nonce, claims.exp * 1000, now))) {
-        throw new ApiError(401, "INVALID_ASSERTION", "invalid assertion: replayed nonce");
+        throw new DomainError("unauthenticated", "INVALID_ASSERTION", "invalid assertion: replayed nonce");
       }
       limit(this.byKey.hit(key));
     };
     const caller = await this.ctx.store.peers.get(key);
-    if (caller?.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "this peer is blocked");
+    if (caller?.status === "blocked") throw new DomainError("forbidden", "PEER_BLOCKED", "this peer is blocked");
     const session = { id: newId(), token: newToken(), createdAt: now };
     return input.request.grant_type === "side_control"
       ? this.grantSideControl(key, input.request.device_token as string, session, claimNonce)
@@ -78,9 +81,9 @@ export class AuthService {
 
   /** The caller's canonical key and the assertion's claims, checked against the key and the clock. */
   private verify(input: LoginInput): { key: string; claims: AssertionClaims; now: number } {
-    if (!input.assertion) throw new ApiError(401, "MISSING_ASSERTION", "Authorization: Bearer <assertion> is required");
+    if (!input.assertion) throw new DomainError("unauthenticated", "MISSING_ASSERTION", "Authorization: Bearer <assertion> is required");
     const key = canonicalKey(input.publicKey);
-    if (!key) throw new ApiError(401, "INVALID_PUBLIC_KEY", "X-Public-Key is missing or not a base58 X25519 key");
+    if (!key) throw new DomainError("unauthenticated", "INVALID_PUBLIC_KEY", "X-Public-Key is missing or not a base58 X25519 key");
     const secret = this.sharedSecretWith(key);
     const now = this.ctx.clock.now();
     try {
@@ -92,7 +95,7 @@ export class AuthService {
       });
       return { key, claims, now };
     } catch (err) {
-      if (err instanceof AssertionError) throw new ApiError(401, "INVALID_ASSERTION", `invalid assertion: ${err.message}`);
+      if (err instanceof AssertionError) throw new DomainError("unauthenticated", "INVALID_ASSERTION", `invalid assertion: ${err.message}`);
       throw err;
     }
   }
@@ -115,7 +118,7 @@ export class AuthService {
     const token = await store.deviceTokens.findUsable(tokenHash, now);
     const target = token && (await store.peers.get(token.target_key));
     if (!target) throw invalidDeviceToken();
-    if (target.status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "the device behind this token is blocked");
+    if (target.status === "blocked") throw new DomainError("forbidden", "PEER_BLOCKED", "the device behind this token is blocked");
     const expiresAt = now + SIDE_CONTROL_SESSION_TTL_MS;
     await store.transaction(async (tx) => {
       await claimNonce(tx);
@@ -129,9 +132,9 @@ export class AuthService {
   /** Whether an unknown key may register now (primary login, first WebRTC connection). */
   checkRegistrationPolicy(registrationToken: string | undefined): void {
     const { policy, tokens } = this.ctx.config.registration;
-    if (policy === "closed") throw new ApiError(403, "PEER_NOT_REGISTERED", "this server only accepts peers its operator registered");
+    if (policy === "closed") throw new DomainError("forbidden", "PEER_NOT_REGISTERED", "this server only accepts peers its operator registered");
     if (policy === "token" && !(registrationToken && tokens.some((t) => safeEqual(t, registrationToken)))) {
-      throw new ApiError(401, "REGISTRATION_REQUIRED", "registering a new peer needs a valid X-Registration-Token");
+      throw new DomainError("unauthenticated", "REGISTRATION_REQUIRED", "registering a new peer needs a valid X-Registration-Token");
     }
   }
 
@@ -151,7 +154,7 @@ export class AuthService {
     const row = await this.ctx.store.sessions.findByTokenHash(hashToken(bearer));
     if (!row || row.revoked_at !== null || row.expires_at <= this.ctx.clock.now()) throw invalidSession("the session is unknown, expired or revoked");
     if (publicKeyHeader !== undefined && canonicalKey(publicKeyHeader) !== row.public_key) {
-      throw new ApiError(401, "PUBLIC_KEY_MISMATCH", "X-Public-Key does not match the session");
+      throw new DomainError("unauthenticated", "PUBLIC_KEY_MISMATCH", "X-Public-Key does not match the session");
     }
     if (row.kind === "primary") {
       checkPeer(row.peer_status, false);
@@ -165,19 +168,19 @@ export class AuthService {
 
 function checkPeer(status: string | null, mayBeUnregistered: boolean): void {
   if (status === null && !mayBeUnregistered) throw invalidSession("the peer behind this session was removed");
-  if (status === "blocked") throw new ApiError(403, "PEER_BLOCKED", "the peer behind this session is blocked");
+  if (status === "blocked") throw new DomainError("forbidden", "PEER_BLOCKED", "the peer behind this session is blocked");
 }
 
 function limit(retryAfter: number): void {
-  if (retryAfter > 0) throw new ApiError(429, "RATE_LIMITED", "too many requests", undefined, retryAfter);
+  if (retryAfter > 0) throw new DomainError("rate_limited", "RATE_LIMITED", "too many requests", undefined, retryAfter);
 }
 
-function invalidSession(message: string): ApiError {
-  return new ApiError(401, "INVALID_SESSION", message);
+function invalidSession(message: string): DomainError {
+  return new DomainError("unauthenticated", "INVALID_SESSION", message);
 }
 
-function invalidDeviceToken(): ApiError {
-  return new ApiError(401, "INVALID_DEVICE_TOKEN", "the device token is unknown, expired, revoked or already used");
+function invalidDeviceToken(): DomainError {
+  return new DomainError("unauthenticated", "INVALID_DEVICE_TOKEN", "the device token is unknown, expired, revoked or already used");
 }
 
 function safeEqual(a: string, b: string): boolean {

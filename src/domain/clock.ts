@@ -8,7 +8,11 @@ export const systemClock: Clock = { now: () => Date.now() };
 
 /** A clock tests move by hand. */
 export class ManualClock implements Clock {
-  constructor(private ms: number = Date.now()) {}
+  private ms: number;
+
+  constructor(ms: number = Date.now()) {
+    this.ms = ms;
+  }
   now(): number {
     return this.ms;
   }

@@ -2,13 +2,17 @@ import { base64urlnopad } from "@scure/base";
 import { type Contact, type ContactCreate, type ContactList, ContactName, type ContactUpdate } from "../protocol/public.ts";
 import type { ContactRow } from "../store/contacts.ts";
 import type { DomainContext } from "./context.ts";
-import { ApiError } from "./errors.ts";
+import { DomainError } from "./errors.ts";
 
 export const DEFAULT_CONTACT_PAGE = 50;
 
 /** A device's contacts, managed by its Side Control. */
 export class ContactService {
-  constructor(private readonly ctx: DomainContext) {}
+  private readonly ctx: DomainContext;
+
+  constructor(ctx: DomainContext) {
+    this.ctx = ctx;
+  }
 
   /** Pages by name; the cursor is the last name of the previous page, base64url-encoded. */
   async list(deviceKey: string, cursor: string | undefined, limit = DEFAULT_CONTACT_PAGE): Promise<ContactList> {
@@ -17,7 +21,7 @@ export class ContactService {
       try {
         after = ContactName.parse(new TextDecoder("utf-8", { fatal: true }).decode(base64urlnopad.decode(cursor)));
       } catch {
-        throw new ApiError(400, "INVALID_CONTACT", "cursor is not one this server issued", { field: "cursor" });
+        throw new DomainError("invalid", "INVALID_CONTACT", "cursor is not one this server issued", { field: "cursor" });
       }
     }
     const rows = await this.ctx.store.contacts.list(deviceKey, after, limit + 1);
@@ -77,7 +81,7 @@ function fields(displayName: string | null, phoneNumber: string | null) {
   const display_name = displayName?.trim() || null;
   const phone_number = phoneNumber?.trim() || null;
   if (display_name === null && phone_number === null) {
-    throw new ApiError(400, "INVALID_CONTACT", "a contact needs a display_name or a phone_number", { field: "display_name" });
+    throw new DomainError("invalid", "INVALID_CONTACT", "a contact needs a display_name or a phone_number", { field: "display_name" });
   }
   return { display_name, phone_number, phone_digits: phone_number?.replace(/\D/g, "") ?? null };
 }
@@ -94,10 +98,10 @@ function contactView(row: ContactRow): Contact {
   return c;
 }
 
-function notFound(name: string): ApiError {
-  return new ApiError(404, "CONTACT_NOT_FOUND", `no contact named ${JSON.stringify(name)}`);
+function notFound(name: string): DomainError {
+  return new DomainError("not_found", "CONTACT_NOT_FOUND", `no contact named ${JSON.stringify(name)}`);
 }
 
-function exists(): ApiError {
-  return new ApiError(409, "CONTACT_EXISTS", "a contact with this name or phone number already exists");
+function exists(): DomainError {
+  return new DomainError("conflict", "CONTACT_EXISTS", "a contact with this name or phone number already exists");
 }

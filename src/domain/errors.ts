@@ -1,13 +1,19 @@
-/** A failure the caller caused or must see, with the contract's status and code. */
-export class ApiError extends Error {
-  constructor(
-    readonly status: 400 | 401 | 403 | 404 | 405 | 409 | 413 | 415 | 429 | 500 | 503,
-    readonly code: string,
-    message: string,
-    readonly details?: Record<string, unknown>,
-    /** Seconds, for 429 and 503. */
-    readonly retryAfter?: number,
-  ) {
+/** What went wrong, independent of any surface: each surface maps a kind onto its own status and envelope. */
+export type ErrorKind = "invalid" | "unauthenticated" | "forbidden" | "not_found" | "conflict" | "rate_limited" | "unavailable";
+
+/** A failure the caller caused or must see, with the contract's code. The domain knows no HTTP status. */
+export class DomainError extends Error {
+  readonly kind: ErrorKind;
+  readonly code: string;
+  readonly details: Record<string, unknown> | undefined;
+  /** Seconds, for `rate_limited` and `unavailable`. */
+  readonly retryAfter: number | undefined;
+
+  constructor(kind: ErrorKind, code: string, message: string, details?: Record<string, unknown>, retryAfter?: number) {
     super(message);
+    this.kind = kind;
+    this.code = code;
+    this.details = details;
+    this.retryAfter = retryAfter;
   }
 }

@@ -6,7 +6,7 @@ import { SideControlService } from "./side-control.ts";
 import { TelemetryService } from "./telemetry.ts";
 
 export type { DomainContext } from "./context.ts";
-export { ApiError } from "./errors.ts";
+export { DomainError } from "./errors.ts";
 export type { Principal } from "./principal.ts";
 
 /** Perch's domain: every rule, no HTTP. Transports call it; it calls the store. */
@@ -17,7 +17,10 @@ export class Domain {
   readonly telemetry: TelemetryService;
   readonly contacts: ContactService;
 
-  constructor(readonly ctx: DomainContext) {
+  readonly ctx: DomainContext;
+
+  constructor(ctx: DomainContext) {
+    this.ctx = ctx;
     this.auth = new AuthService(ctx);
     this.peers = new PeerService(ctx);
     this.sideControl = new SideControlService(ctx);

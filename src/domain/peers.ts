@@ -3,24 +3,28 @@ import type { PeerRow } from "../store/peers.ts";
 import type { RuntimeRow } from "../store/runtime.ts";
 import { newPeer } from "./auth.ts";
 import type { DomainContext } from "./context.ts";
-import { ApiError } from "./errors.ts";
+import { DomainError } from "./errors.ts";
 
 /** A runtime record not refreshed for this long is from a node that died: the peer is offline. */
 export const RUNTIME_STALE_MS = 30_000;
 
 /** Peers: registration, the self view, status documents and runtime. */
 export class PeerService {
-  constructor(private readonly ctx: DomainContext) {}
+  private readonly ctx: DomainContext;
+
+  constructor(ctx: DomainContext) {
+    this.ctx = ctx;
+  }
 
   async self(publicKey: string): Promise<PeerSelf> {
     const peer = await this.ctx.store.peers.get(publicKey);
-    if (!peer) throw new ApiError(404, "PEER_NOT_FOUND", "this key was never registered");
+    if (!peer) throw new DomainError("not_found", "PEER_NOT_FOUND", "this key was never registered");
     return selfView(peer);
   }
 
   async deviceInfo(publicKey: string): Promise<DeviceInfo> {
     const peer = await this.ctx.store.peers.get(publicKey);
-    if (!peer) throw new ApiError(404, "PEER_NOT_FOUND", "this key was never registered");
+    if (!peer) throw new DomainError("not_found", "PEER_NOT_FOUND", "this key was never registered");
     return JSON.parse(peer.device_info) as DeviceInfo;
   }
 

@@ -9,10 +9,13 @@ export class RateLimiter {
   private windowStart = 0;
   private counts = new Map<string, number>();
 
-  constructor(
-    private readonly perMinute: number,
-    private readonly clock: Clock,
-  ) {}
+  private readonly perMinute: number;
+  private readonly clock: Clock;
+
+  constructor(perMinute: number, clock: Clock) {
+    this.perMinute = perMinute;
+    this.clock = clock;
+  }
 
   /** Counts one request for `key`; returns the seconds to wait when over the limit, else 0. */
   hit(key: string): number {

@@ -1,7 +1,7 @@
 import { hashToken, newId, newToken } from "../crypto/tokens.ts";
 import type { DeviceToken, SideControlSessionList } from "../protocol/public.ts";
 import type { DomainContext } from "./context.ts";
-import { ApiError } from "./errors.ts";
+import { DomainError } from "./errors.ts";
 import { RateLimiter } from "./rate-limiter.ts";
 
 export const DEVICE_TOKEN_TTL_MS = 5 * 60 * 1000;
@@ -13,21 +13,24 @@ export const MAX_USABLE_DEVICE_TOKENS = 20;
 export class SideControlService {
   private readonly tokenLimiter: RateLimiter;
 
-  constructor(private readonly ctx: DomainContext) {
+  private readonly ctx: DomainContext;
+
+  constructor(ctx: DomainContext) {
+    this.ctx = ctx;
     this.tokenLimiter = new RateLimiter(ctx.config.rateLimits.deviceTokenPerDevice, ctx.clock);
   }
 
   async createDeviceToken(deviceKey: string): Promise<DeviceToken> {
     const { store, clock } = this.ctx;
     const retryAfter = this.tokenLimiter.hit(deviceKey);
-    if (retryAfter > 0) throw new ApiError(429, "RATE_LIMITED", "too many device tokens created", undefined, retryAfter);
+    if (retryAfter > 0) throw new DomainError("rate_limited", "RATE_LIMITED", "too many device tokens created", undefined, retryAfter);
     const now = clock.now();
     const token = newToken();
     const row = { id: newId(), token_hash: hashToken(token), target_key: deviceKey, created_at: now, expires_at: now + DEVICE_TOKEN_TTL_MS, consumed_at: null };
     await store.transaction(async (tx) => {
       await tx.peers.lock(deviceKey);
       if ((await tx.deviceTokens.countUsable(deviceKey, now)) >= MAX_USABLE_DEVICE_TOKENS) {
-        throw new ApiError(409, "TOO_MANY_DEVICE_TOKENS", `at most ${MAX_USABLE_DEVICE_TOKENS} unused device tokens may exist at once`);
+        throw new DomainError("conflict", "TOO_MANY_DEVICE_TOKENS", `at most ${MAX_USABLE_DEVICE_TOKENS} unused device tokens may exist at once`);
       }
       await tx.deviceTokens.insert(row);
     });
@@ -36,7 +39,7 @@ export class SideControlService {
 
   async revokeDeviceToken(deviceKey: string, id: string): Promise<void> {
     if (!ISSUED_ID.test(id) || !(await this.ctx.store.deviceTokens.revoke(id, deviceKey, this.ctx.clock.now()))) {
-      throw new ApiError(404, "DEVICE_TOKEN_NOT_FOUND", "no unused device token of this device has that id");
+      throw new DomainError("not_found", "DEVICE_TOKEN_NOT_FOUND", "no unused device token of this device has that id");
     }
   }
 
@@ -47,7 +50,7 @@ export class SideControlService {
 
   async revokeSession(deviceKey: string, id: string): Promise<void> {
     if (!ISSUED_ID.test(id) || !(await this.ctx.store.sessions.revoke(id, this.ctx.clock.now(), deviceKey))) {
-      throw new ApiError(404, "SIDE_CONTROL_SESSION_NOT_FOUND", "no live Side Control session of this device has that id");
+      throw new DomainError("not_found", "SIDE_CONTROL_SESSION_NOT_FOUND", "no live Side Control session of this device has that id");
     }
   }
 }

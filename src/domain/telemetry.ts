@@ -9,7 +9,7 @@ import {
 } from "../protocol/public.ts";
 import type { Sample } from "../store/telemetry.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
-import { ApiError } from "./errors.ts";
+import { DomainError } from "./errors.ts";
 
 export const DEFAULT_RANGE_LIMIT = 240;
 export const MAX_BUCKETS = 1000;
@@ -31,7 +31,11 @@ const STATUS_FROM_TELEMETRY: Partial<Record<TelemetryField, [keyof PeerStatus, (
 
 /** A peer's telemetry: writing observations and the three Side Control queries. */
 export class TelemetryService {
-  constructor(private readonly ctx: DomainContext) {}
+  private readonly ctx: DomainContext;
+
+  constructor(ctx: DomainContext) {
+    this.ctx = ctx;
+  }
 
   /**
    * Stores validated samples and, in the same transaction, merges battery and GNSS values into the
@@ -114,6 +118,6 @@ export class TelemetryService {
   }
 }
 
-function invalidQuery(message: string, field: string): ApiError {
-  return new ApiError(400, "INVALID_TELEMETRY_QUERY", message, { field });
+function invalidQuery(message: string, field: string): DomainError {
+  return new DomainError("invalid", "INVALID_TELEMETRY_QUERY", message, { field });
 }

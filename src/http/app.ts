@@ -1,10 +1,9 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Logger } from "pino";
-import { ApiError } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
 import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
-import { errorResponse, toApiError } from "./errors.ts";
+import { ApiError, errorResponse, toApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
 import { bodyLimit, cors, observe, requestId } from "./middleware.ts";
 import { registerOpsRoutes } from "./ops.ts";

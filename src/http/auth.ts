@@ -1,7 +1,7 @@
 import type { MiddlewareHandler } from "hono";
-import { ApiError } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
 import type { AppEnv } from "./env.ts";
+import { ApiError } from "./errors.ts";
 
 export const bearerSecurity = [{ bearerAuth: [] }];
 

@@ -1,7 +1,37 @@
 import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
-import { ApiError } from "../domain/errors.ts";
+import { DomainError, type ErrorKind } from "../domain/errors.ts";
+
+type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 408 | 409 | 413 | 415 | 429 | 431 | 500 | 503;
+
+/** An error answered by the HTTP layer itself, with its status. */
+export class ApiError extends Error {
+  readonly status: ErrorStatus;
+  readonly code: string;
+  readonly details: Record<string, unknown> | undefined;
+  /** Seconds, for 429 and 503. */
+  readonly retryAfter: number | undefined;
+
+  constructor(status: ErrorStatus, code: string, message: string, details?: Record<string, unknown>, retryAfter?: number) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.details = details;
+    this.retryAfter = retryAfter;
+  }
+}
+
+/** The Public API's status for each domain error kind. */
+const STATUS_OF: Record<ErrorKind, ErrorStatus> = {
+  invalid: 400,
+  unauthenticated: 401,
+  forbidden: 403,
+  not_found: 404,
+  conflict: 409,
+  rate_limited: 429,
+  unavailable: 503,
+};
 
 /** Writes the contract's `ErrorResponse`. */
 export function errorResponse(c: Context, err: ApiError): Response {
@@ -14,6 +44,7 @@ export function errorResponse(c: Context, err: ApiError): Response {
 /** Maps anything thrown while handling a request onto `ErrorResponse`; unexpected errors become 500. */
 export function toApiError(err: unknown): ApiError {
   if (err instanceof ApiError) return err;
+  if (err instanceof DomainError) return new ApiError(STATUS_OF[err.kind], err.code, err.message, err.details, err.retryAfter);
   if (err instanceof HTTPException) {
     if (err.status === 400) return new ApiError(400, "INVALID_REQUEST", err.message || "malformed request");
     if (err.status === 413) return new ApiError(413, "PAYLOAD_TOO_LARGE", "request body is too large");

@@ -2,8 +2,8 @@ import { randomUUID } from "node:crypto";
 import type { Context, MiddlewareHandler } from "hono";
 import { routePath } from "hono/route";
 import type { Logger } from "pino";
-import { ApiError } from "../domain/errors.ts";
 import type { AppEnv } from "./env.ts";
+import { ApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
 
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,128}$/;

@@ -27,14 +27,17 @@ import type {
 
 /** A non-2xx answer, carrying the contract's error code. */
 export class PerchApiError extends Error {
-  constructor(
-    readonly status: number,
-    readonly code: string,
-    message: string,
-    readonly details?: Record<string, unknown>,
-    readonly headers?: Headers,
-  ) {
+  readonly status: number;
+  readonly code: string;
+  readonly details?: Record<string, unknown>;
+  readonly headers?: Headers;
+
+  constructor(status: number, code: string, message: string, details?: Record<string, unknown>, headers?: Headers) {
     super(`${status} ${code}: ${message}`);
+    this.status = status;
+    this.code = code;
+    this.details = details;
+    this.headers = headers;
   }
 }
 

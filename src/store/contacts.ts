@@ -4,7 +4,11 @@ import type { Tables } from "./schema.ts";
 export type ContactRow = Tables["contacts"];
 
 export class ContactRepository {
-  constructor(private readonly db: Db) {}
+  private readonly db: Db;
+
+  constructor(db: Db) {
+    this.db = db;
+  }
 
   /** Contacts ordered by name, strictly after `afterName` when given. */
   list(publicKey: string, afterName: string | undefined, limit: number): Promise<ContactRow[]> {

@@ -4,7 +4,11 @@ import type { Tables } from "./schema.ts";
 export type DeviceTokenRow = Tables["device_tokens"];
 
 export class DeviceTokenRepository {
-  constructor(private readonly db: Db) {}
+  private readonly db: Db;
+
+  constructor(db: Db) {
+    this.db = db;
+  }
 
   async countUsable(targetKey: string, now: number): Promise<number> {
     const r = await this.db

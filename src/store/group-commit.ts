@@ -21,7 +21,11 @@ export class GroupCommit {
   private queue: Pending<any>[] = [];
   private running = false;
 
-  constructor(private readonly db: Db) {}
+  private readonly db: Db;
+
+  constructor(db: Db) {
+    this.db = db;
+  }
 
   run<T>(work: (tx: Db) => Promise<T>): Promise<T> {
     return new Promise<T>((resolve, reject) => {

@@ -25,10 +25,12 @@ export class Repositories {
   readonly telemetry: TelemetryRepository;
   readonly contacts: ContactRepository;
 
-  constructor(
-    protected readonly db: Db,
-    readonly dialect: DialectName,
-  ) {
+  protected readonly db: Db;
+  readonly dialect: DialectName;
+
+  constructor(db: Db, dialect: DialectName) {
+    this.db = db;
+    this.dialect = dialect;
     this.peers = new PeerRepository(db, dialect);
     this.sessions = new SessionRepository(db, dialect);
     this.deviceTokens = new DeviceTokenRepository(db);
@@ -46,8 +48,11 @@ export class Store extends Repositories {
   /** SQLite has one connection, so its transactions are grouped into shared commits. */
   private readonly groupCommit: GroupCommit | undefined;
 
-  private constructor(private readonly database: Database) {
+  private readonly database: Database;
+
+  private constructor(database: Database) {
     super(database.db, database.dialect);
+    this.database = database;
     this.groupCommit = database.dialect === "sqlite" ? new GroupCommit(database.db) : undefined;
   }
 

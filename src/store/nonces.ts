@@ -26,11 +26,15 @@ const claimFor = (table: NonceTable) =>
 const claims = { assertion_nonces: claimFor("assertion_nonces"), signaling_nonces: claimFor("signaling_nonces") };
 
 export class NonceRepository {
-  constructor(
-    private readonly db: Db,
-    private readonly dialect: DialectName,
-    private readonly table: NonceTable,
-  ) {}
+  private readonly db: Db;
+  private readonly dialect: DialectName;
+  private readonly table: NonceTable;
+
+  constructor(db: Db, dialect: DialectName, table: NonceTable) {
+    this.db = db;
+    this.dialect = dialect;
+    this.table = table;
+  }
 
   /**
    * Records `(publicKey, nonce)` as used until `expiresAt`. Returns false when it is already recorded

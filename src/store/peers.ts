@@ -8,10 +8,13 @@ export type PeerRow = Tables["peers"];
 const peerByKey = compiled((db, key: string) => db.selectFrom("peers").selectAll().where("public_key", "=", key), "");
 
 export class PeerRepository {
-  constructor(
-    private readonly db: Db,
-    private readonly dialect: DialectName,
-  ) {}
+  private readonly db: Db;
+  private readonly dialect: DialectName;
+
+  constructor(db: Db, dialect: DialectName) {
+    this.db = db;
+    this.dialect = dialect;
+  }
 
   async get(publicKey: string): Promise<PeerRow | undefined> {
     return (await peerByKey(this.db, this.dialect, publicKey))[0];

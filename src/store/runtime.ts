@@ -5,7 +5,11 @@ export type RuntimeRow = Tables["peer_runtime"];
 
 /** Where and whether a peer is connected; written by the node that holds its WebRTC connection. */
 export class RuntimeRepository {
-  constructor(private readonly db: Db) {}
+  private readonly db: Db;
+
+  constructor(db: Db) {
+    this.db = db;
+  }
 
   get(publicKey: string): Promise<RuntimeRow | undefined> {
     return this.db.selectFrom("peer_runtime").selectAll().where("public_key", "=", publicKey).executeTakeFirst();

@@ -6,10 +6,13 @@ import type { Tables } from "./schema.ts";
 export type SessionRow = Tables["sessions"];
 
 export class SessionRepository {
-  constructor(
-    private readonly db: Db,
-    private readonly dialect: DialectName,
-  ) {}
+  private readonly db: Db;
+  private readonly dialect: DialectName;
+
+  constructor(db: Db, dialect: DialectName) {
+    this.db = db;
+    this.dialect = dialect;
+  }
 
   async insert(row: SessionRow): Promise<void> {
     await insertSession(

@@ -6,10 +6,13 @@ import type { DialectName } from "./migrations.ts";
 const documentByKey = compiled((db, key: string) => db.selectFrom("peer_status").select("document").where("public_key", "=", key), "");
 
 export class StatusRepository {
-  constructor(
-    private readonly db: Db,
-    private readonly dialect: DialectName,
-  ) {}
+  private readonly db: Db;
+  private readonly dialect: DialectName;
+
+  constructor(db: Db, dialect: DialectName) {
+    this.db = db;
+    this.dialect = dialect;
+  }
 
   async get(publicKey: string): Promise<Record<string, unknown> | undefined> {
     const [row] = await documentByKey(this.db, this.dialect, publicKey);

@@ -16,7 +16,11 @@ export type AggregateFunction = "avg" | "min" | "max" | "sum" | "count" | "last"
 
 /** Time series of a peer's telemetry: one row per (peer, field, millisecond). Ranges are [start, end). */
 export class TelemetryRepository {
-  constructor(private readonly db: Db) {}
+  private readonly db: Db;
+
+  constructor(db: Db) {
+    this.db = db;
+  }
 
   /** Writes samples; a second sample for the same field and millisecond replaces the first. */
   async insert(publicKey: string, samples: Sample[]): Promise<void> {

@@ -1,10 +1,9 @@
 import { createRoute, type z } from "@hono/zod-openapi";
-import { ApiError } from "../../domain/errors.ts";
 import type { Domain } from "../../domain/index.ts";
 import { LoginHeaders, type LoginRequest, LoginRequest as LoginRequestSchema, LoginResult, ServerInfo } from "../../protocol/public.ts";
 import { clientAddress } from "../client-address.ts";
 import type { App } from "../env.ts";
-import { invalid } from "../errors.ts";
+import { ApiError, invalid } from "../errors.ts";
 import { errors, json } from "./responses.ts";
 
 const serverInfoRoute = createRoute({
