@@ -4,7 +4,7 @@ import { createServer } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
-import { decodeKey, encodeKey, generateKeyPair, keyPairFromPrivate } from "../src/crypto/keys.ts";
+import { decodeKey, decodePrivateKey, encodeKey, generateKeyPair, keyPairFromPrivate } from "../src/crypto/keys.ts";
 import { PerchApiError, PerchClient } from "../src/sdk/client.ts";
 import { Store } from "../src/store/index.ts";
 import { assertFails, perch, perchJson } from "./support/cli.ts";
@@ -38,7 +38,7 @@ describe("perch command line: keys and peers", () => {
   test("keygen prints a valid X25519 key pair", async () => {
     const pair = await perchJson<{ public_key: string; private_key: string }>(["keygen"], env);
     assert.deepEqual(Object.keys(pair).sort(), ["private_key", "public_key"]);
-    const derived = keyPairFromPrivate(decodeKey(pair.private_key));
+    const derived = keyPairFromPrivate(decodePrivateKey(pair.private_key));
     assert.equal(encodeKey(derived.publicKey), pair.public_key, "the public key belongs to the private key");
     assert.equal(decodeKey(pair.public_key).length, 32);
   });

@@ -5,7 +5,7 @@ import { connect } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import pino from "pino";
-import { decodeKey, encodeKey, keyPairFromPrivate } from "../src/crypto/keys.ts";
+import { decodeKey, decodePrivateKey, encodeKey, keyPairFromPrivate } from "../src/crypto/keys.ts";
 import { ManualClock } from "../src/domain/clock.ts";
 import { type PerchApiError, PerchClient } from "../src/sdk/client.ts";
 import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
@@ -675,7 +675,7 @@ for (const store of STORES) {
         await first.stop();
         assert.equal(statSync(keyPath).mode & 0o777, 0o600);
         const file = JSON.parse(readFileSync(keyPath, "utf8")) as { private_key: string };
-        assert.equal(encodeKey(keyPairFromPrivate(decodeKey(file.private_key)).publicKey), key1, "server.key holds the published key's private half");
+        assert.equal(encodeKey(keyPairFromPrivate(decodePrivateKey(file.private_key)).publicKey), key1, "server.key holds the published key's private half");
 
         const second = await startTestServer({ dataDir, config: { databaseUrl } });
         try {

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
-import { decodeKey, keyPairFromPrivate } from "../crypto/keys.ts";
+import { decodePrivateKey, keyPairFromPrivate } from "../crypto/keys.ts";
 import type { PeerStatus } from "../protocol/public.ts";
 import { PerchApiError, PerchClient } from "../sdk/client.ts";
 
@@ -24,7 +24,7 @@ export function registerDeviceCommands(program: Command, print: (value: unknown)
     const { server, keyFile } = device.opts<DeviceOptions>();
     let privateKey: Uint8Array;
     try {
-      privateKey = decodeKey((JSON.parse(readFileSync(keyFile, "utf8")) as { private_key: string }).private_key);
+      privateKey = decodePrivateKey((JSON.parse(readFileSync(keyFile, "utf8")) as { private_key: string }).private_key);
     } catch (err) {
       fail(`cannot read a key pair from ${keyFile}: ${(err as Error).message}`);
     }

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { linkSync, mkdirSync, readFileSync, unlinkSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
-import { decodeKey, encodeKey, generateKeyPair, type KeyPair, keyPairFromPrivate } from "../crypto/keys.ts";
+import { decodePrivateKey, encodeKey, generateKeyPair, type KeyPair, keyPairFromPrivate } from "../crypto/keys.ts";
 
 /**
  * Loads the server's static X25519 key pair, creating it on first start (mode 0600). The key is
@@ -33,5 +33,5 @@ export function loadOrCreateServerKey(path: string): KeyPair {
 
 function readKey(path: string): KeyPair {
   const { private_key } = JSON.parse(readFileSync(path, "utf8")) as { private_key: string };
-  return keyPairFromPrivate(decodeKey(private_key));
+  return keyPairFromPrivate(decodePrivateKey(private_key));
 }

@@ -1,5 +1,6 @@
 import { createHmac, type KeyObject, randomBytes, timingSafeEqual } from "node:crypto";
 import { base64urlnopad } from "@scure/base";
+import { isStorableText, STORABLE_TEXT_MESSAGE } from "../protocol/text.ts";
 import { encodeKey } from "./keys.ts";
 
 /** The `X25519-HS256` login assertion: a JWT-shaped token MACed with the X25519 shared secret. */
@@ -84,6 +85,9 @@ export function parseAssertion(token: string): ParsedAssertion {
   if (typeof iss !== "string" || typeof aud !== "string") throw new AssertionError("iss and aud must be strings");
   if (!Number.isInteger(iat) || !Number.isInteger(exp)) throw new AssertionError("iat and exp must be integers");
   if (typeof nonce !== "string" || nonce.length === 0) throw new AssertionError("nonce must be a non-empty string");
+  // The nonce is stored (replay protection): bounded, and text both databases keep as sent.
+  if (nonce.length > MAX_NONCE_LENGTH) throw new AssertionError(`nonce is longer than ${MAX_NONCE_LENGTH} characters`);
+  if (!isStorableText(nonce)) throw new AssertionError(`nonce ${STORABLE_TEXT_MESSAGE}`);
   let macBytes: Uint8Array;
   try {
     macBytes = base64urlnopad.decode(m);
@@ -92,6 +96,9 @@ export function parseAssertion(token: string): ParsedAssertion {
   }
   return { signingInput: `${h}.${c}`, mac: macBytes, claims: { iss, aud, iat: iat as number, exp: exp as number, nonce } };
 }
+
+/** Normally 22 characters (base64url of 16 bytes). */
+export const MAX_NONCE_LENGTH = 256;
 
 export interface VerifyExpectations {
   /** Canonical base58 of the caller's key (from `X-Public-Key`). */

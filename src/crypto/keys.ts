@@ -17,8 +17,21 @@ export function encodeKey(raw: Uint8Array): string {
   return base58.encode(raw);
 }
 
-/** Parses the text form of a key: base58 (Bitcoin alphabet), trimmed, exactly 32 bytes. */
-export function decodeKey(text: string): Uint8Array {
+/**
+ * Whether 32 little-endian bytes are a canonical X25519 public key: top bit clear and the value
+ * below 2^255 − 19. X25519 ignores the top bit and reduces modulo p, so any other encoding names
+ * the same point as a canonical one and would be a second identity for one private key.
+ */
+export function isCanonicalKey(raw: Uint8Array): boolean {
+  if (raw.length !== 32 || (raw[31]! & 0x80) !== 0) return false;
+  // p = 2^255 − 19 is ed ff … ff 7f (little-endian): only values from p to 2^255 − 1 remain to refuse.
+  if (raw[31] !== 0x7f || raw[0]! < 0xed) return true;
+  for (let i = 1; i < 31; i++) if (raw[i] !== 0xff) return true;
+  return false;
+}
+
+/** Parses the text form of a private key: base58 (Bitcoin alphabet), trimmed, exactly 32 bytes. */
+export function decodePrivateKey(text: string): Uint8Array {
   let raw: Uint8Array;
   try {
     raw = base58.decode(text.trim());
@@ -26,6 +39,13 @@ export function decodeKey(text: string): Uint8Array {
     throw new InvalidKeyError("not base58");
   }
   if (raw.length !== 32) throw new InvalidKeyError("not 32 bytes");
+  return raw;
+}
+
+/** Parses the text form of a public key: as a private key, and canonical. */
+export function decodeKey(text: string): Uint8Array {
+  const raw = decodePrivateKey(text);
+  if (!isCanonicalKey(raw)) throw new InvalidKeyError("not a canonical X25519 public key");
   return raw;
 }
 

@@ -92,7 +92,7 @@ function isContactName(name: string): boolean {
 }
 
 function contactView(row: ContactRow): Contact {
-  const c: Contact = { name: row.name, created_at: row.created_at, updated_at: row.updated_at };
+  const c: Contact = { name: row.name, created_at: new Date(row.created_at).toISOString(), updated_at: new Date(row.updated_at).toISOString() };
   if (row.display_name !== null) c.display_name = row.display_name;
   if (row.phone_number !== null) c.phone_number = row.phone_number;
   return c;

@@ -3,6 +3,18 @@
  * document is generated from them, and the domain and the SDK take their types from them.
  */
 import { z } from "@hono/zod-openapi";
+import { isStorableText, jsonProblem, MAX_JSON_DEPTH, STORABLE_TEXT_MESSAGE } from "./text.ts";
+
+/**
+ * `schema` for a JSON value that is first checked as received (see text.ts): checked before zod
+ * parses it, because zod silently drops `__proto__` keys and serialising a hostile depth throws.
+ */
+const storableJson = <T extends z.ZodType>(schema: T, maxDepth = MAX_JSON_DEPTH) =>
+  z.preprocess((value, ctx) => {
+    const problem = jsonProblem(value, maxDepth);
+    if (problem) ctx.addIssue({ code: "custom", path: problem.path, message: problem.message, input: value });
+    return value;
+  }, schema);
 
 export const ErrorResponse = z
   .object({
@@ -115,14 +127,12 @@ export const PeerStatus = z
     gnss_longitude: z.number().min(-180).max(180).optional(),
     gnss_altitude_m: z.number().optional(),
     gnss_accuracy_m: z.number().min(0).optional(),
-    labels: z
-      .record(z.string(), z.string())
-      .refine((l) => Object.keys(l).length <= 64, "at most 64 labels")
-      .optional(),
-    details: z
-      .record(z.string(), z.unknown())
-      .refine((d) => Buffer.byteLength(JSON.stringify(d)) <= MAX_DETAILS_BYTES, "details is over 16 KiB serialised")
-      .optional(),
+    labels: storableJson(z.record(z.string(), z.string()).refine((l) => Object.keys(l).length <= 64, "at most 64 labels")).optional(),
+    details: storableJson(
+      z.record(z.string(), z.unknown()).refine((d) => Buffer.byteLength(JSON.stringify(d)) <= MAX_DETAILS_BYTES, "details is over 16 KiB serialised"),
+    )
+      .optional()
+      .openapi({ description: `free-form JSON object, at most 16 KiB serialised and ${MAX_JSON_DEPTH} levels deep` }),
   })
   .openapi("PeerStatus");
 
@@ -250,8 +260,8 @@ export const Contact = z
     name: z.string(),
     display_name: z.string().optional(),
     phone_number: z.string().optional(),
-    created_at: Millis,
-    updated_at: Millis,
+    created_at: z.iso.datetime({ offset: true }).openapi({ description: "RFC 3339" }),
+    updated_at: z.iso.datetime({ offset: true }).openapi({ description: "RFC 3339" }),
   })
   .openapi("Contact");
 
@@ -263,7 +273,10 @@ export const ContactName = z
   .min(1)
   .max(64)
   .refine((n) => n.trim() === n, "name must not start or end with white space")
-  .refine((n) => !CONTROL.test(n), "name must not contain control characters");
+  .refine((n) => !CONTROL.test(n), "name must not contain control characters")
+  .refine(isStorableText, `name ${STORABLE_TEXT_MESSAGE}`)
+  // URLs normalise these dot segments away (also written %2E%2E): such a contact could never be addressed.
+  .refine((n) => n !== "." && n !== "..", "name must not be . or .. (it would not survive as a URL path segment)");
 
 const PHONE_NUMBER = /^\+?[0-9 ()-]*[0-9][0-9 ()-]*$/;
 
@@ -272,6 +285,7 @@ const DisplayName = z
   .string()
   .max(256)
   .refine((n) => !CONTROL.test(n), "display_name must not contain control characters")
+  .refine(isStorableText, `display_name ${STORABLE_TEXT_MESSAGE}`)
   .nullable()
   .optional();
 const PhoneNumber = z
