@@ -1,0 +1,112 @@
+/** What every benchmark suite shares: a `perch serve` process, autocannon loads, and CPU readings. */
+import { type ChildProcess, spawn } from "node:child_process";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import autocannon from "autocannon";
+
+export const ROOT = new URL("../", import.meta.url).pathname;
+export const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 10);
+export const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
+
+export interface Figure {
+  name: string;
+  requests_per_second: number;
+  latency_ms: { p50: number; p99: number; mean: number };
+  requests: number;
+  non_2xx: number;
+  errors: number;
+}
+
+export interface Server {
+  url: string;
+  child: ChildProcess;
+  stop(): Promise<void>;
+}
+
+/** Starts `perch serve` on a free port and waits for its listening line. */
+export async function startServer(env: Record<string, string>): Promise<Server> {
+  const child = spawn(join(ROOT, "bin/perch"), ["serve"], {
+    env: { ...process.env, PERCH_PORT: "0", PERCH_HOST: "127.0.0.1", PERCH_LOG_LEVEL: "info", PERCH_CONFIG: "", ...env },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  let output = "";
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stdout!.on("data", (chunk: Buffer) => {
+      output += chunk.toString();
+      const m = /"address":"([^"]+)"/.exec(output);
+      if (m) resolve(`http://${m[1]}`);
+    });
+    child.once("exit", (code) => reject(new Error(`server exited with ${code}`)));
+  });
+  // Keep draining the request log (as a real deployment's log shipper would) without storing it.
+  child.stdout!.removeAllListeners("data");
+  child.stdout!.resume();
+  return {
+    url,
+    child,
+    stop: async () => {
+      if (child.exitCode !== null) return;
+      child.kill("SIGTERM");
+      await new Promise((r) => child.once("exit", r));
+    },
+  };
+}
+
+/** A config file in `dir` with rate limits off (the load generator is one address and few keys). */
+export function benchConfig(dir: string, extra: Record<string, unknown> = {}): Record<string, string> {
+  const file = join(dir, "bench.json");
+  writeFileSync(file, JSON.stringify({ rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 }, ...extra }));
+  return { PERCH_CONFIG: file };
+}
+
+export async function load(name: string, opts: autocannon.Options): Promise<Figure> {
+  const r = await autocannon({ connections: CONNECTIONS, duration: DURATION_S, ...opts });
+  return {
+    name,
+    requests_per_second: Math.round(r.requests.average),
+    latency_ms: { p50: r.latency.p50, p99: r.latency.p99, mean: round(r.latency.mean) },
+    requests: r.requests.total,
+    non_2xx: r.non2xx,
+    errors: r.errors,
+  };
+}
+
+const TICKS_PER_SECOND = 100; // USER_HZ on Linux
+
+/** CPU seconds (user + system) used so far by `pid` and every process below it. */
+export function treeCpuSeconds(pid: number): number {
+  let ticks = 0;
+  const visit = (p: number) => {
+    try {
+      const stat = readFileSync(`/proc/${p}/stat`, "utf8");
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      ticks += Number(fields[11]) + Number(fields[12]); // utime, stime
+      for (const task of readdirSync(`/proc/${p}/task`)) {
+        for (const child of readFileSync(`/proc/${p}/task/${task}/children`, "utf8").split(" ").filter(Boolean)) visit(Number(child));
+      }
+    } catch {
+      // The process ended meanwhile.
+    }
+  };
+  visit(pid);
+  return ticks / TICKS_PER_SECOND;
+}
+
+/** Runs `fn` and returns its figure with the server's CPU microseconds per request. */
+export async function withCpu(pid: number, fn: () => Promise<Figure>): Promise<Figure & { server_cpu_us_per_request: number }> {
+  const before = treeCpuSeconds(pid);
+  const figure = await fn();
+  const cpu = treeCpuSeconds(pid) - before;
+  return { ...figure, server_cpu_us_per_request: round((cpu * 1e6) / Math.max(1, figure.requests)) };
+}
+
+export function round(x: number): number {
+  return Math.round(x * 100) / 100;
+}
+
+/** p50 and p99 of `samples` (milliseconds). */
+export function percentiles(samples: number[]): { p50: number; p99: number } {
+  const s = [...samples].sort((a, b) => a - b);
+  const at = (q: number) => round(s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? Number.NaN);
+  return { p50: at(0.5), p99: at(0.99) };
+}
