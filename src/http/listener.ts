@@ -30,7 +30,7 @@ export function createHttpServer(o: HttpServerOptions): Server {
       const f = framingError(undefined);
       return new Response(framingErrorBody(f), {
         status: f.status,
-        headers: { "Content-Type": JSON_CONTENT_TYPE, "X-Request-ID": randomUUID(), "Access-Control-Allow-Origin": "*" },
+        headers: { "Content-Type": JSON_CONTENT_TYPE, "X-Request-ID": randomUUID(), "Access-Control-Allow-Origin": "*", Connection: "close" },
       });
     },
   });
