@@ -132,7 +132,14 @@ function exchangeKeepingOpen(socket: Socket, request: string): Promise<boolean> 
 describe("requests their clients abandon", () => {
   test("a body cut off by its client is 499 in /metrics, never a 500, and nothing is logged as an error", async () => {
     let log = "";
-    const logger = pino({ level: "trace" }, { write: (line: string) => void (log += line) });
+    const logger = pino(
+      { level: "trace" },
+      {
+        write: (line: string) => {
+          log += line;
+        },
+      },
+    );
     const server = await startTestServer({ logger });
     try {
       const device = server.client();

@@ -182,7 +182,14 @@ describe("who is calling", () => {
   let server: TestServer;
   let log = "";
   before(async () => {
-    const logger = pino({ level: "info" }, { write: (line: string) => void (log += line) });
+    const logger = pino(
+      { level: "info" },
+      {
+        write: (line: string) => {
+          log += line;
+        },
+      },
+    );
     server = await startTestServer({ logger });
   });
   after(() => server.stop());
