@@ -19,7 +19,7 @@ export interface AppOptions {
   /** `GET /server-info` for a request that arrived with this `Host` header. */
   serverInfo: (host: string | undefined) => ServerInfo;
   version: string;
-  /** Further surfaces, mounted before the Public API so that their base paths are theirs (the Compatible API at `/openai/v1`). */
+  /** Further surfaces, each at its own base path (the Compatible API at `/openai/v1`). */
   surfaces?: (callers: Callers) => Surface[];
 }
 
