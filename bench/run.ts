@@ -89,10 +89,14 @@ async function publicBench(): Promise<unknown> {
   const start = end - TELEMETRY_SAMPLES * 1000;
   {
     const store = await Store.open(process.env.PERCH_DATABASE_URL, dataDir);
-    await store.telemetry.insert(
-      device.publicKey,
-      Array.from({ length: TELEMETRY_SAMPLES }, (_, i) => ({ field: "battery.percent", observedAt: start + i * 1000, value: (i * 7) % 101 })),
-    );
+    // Samples belong to a registered peer (the login below finds it registered).
+    await store.transaction(async (tx) => {
+      await tx.peers.register({ public_key: device.publicKey, role: "client", status: "active", device_info: "{}", created_at: end, updated_at: end });
+      await tx.telemetry.insert(
+        device.publicKey,
+        Array.from({ length: TELEMETRY_SAMPLES }, (_, i) => ({ field: "battery.percent", observedAt: start + i * 1000, value: (i * 7) % 101 })),
+      );
+    });
     await store.close();
   }
 

@@ -126,7 +126,7 @@ sessions
           id: s.id,
           kind: s.kind,
           public_key: s.public_key,
-          ...(s.target_key ? { target_key: s.target_key } : {}),
+          ...(s.kind === "side_control" ? { target_key: s.target_key } : {}),
           created_at: new Date(s.created_at).toISOString(),
           expires_at: new Date(s.expires_at).toISOString(),
         })),

@@ -1,5 +1,7 @@
-import { sql } from "kysely";
+import { type CompiledQuery, type RawBuilder, sql } from "kysely";
+import { compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
+import type { DialectName } from "./migrations.ts";
 
 export interface Sample {
   field: string;
@@ -14,101 +16,195 @@ export interface Point {
 
 export type AggregateFunction = "avg" | "min" | "max" | "sum" | "count" | "last";
 
-/** Time series of a peer's telemetry: one row per (peer, field, millisecond). Ranges are [start, end). */
+/** Runs a compiled read somewhere else than the handle's own connection (a worker thread for SQLite). */
+export type QueryRunner = <R>(query: CompiledQuery<R>) => Promise<R[]>;
+
+const seriesId = compiled(
+  (db, public_key: string, field: string) => db.selectFrom("telemetry_series").select("id").where("public_key", "=", public_key).where("field", "=", field),
+  "",
+  "",
+);
+
+/**
+ * Time series of a peer's telemetry: one series per (peer, field), one sample per (series,
+ * millisecond). Ranges are [start, end). Every query costs a bounded number of index seeks per
+ * point it returns (aggregates other than `last` also read the samples of each bucket).
+ */
 export class TelemetryRepository {
   private readonly db: Db;
+  private readonly dialect: DialectName;
+  private readonly run: QueryRunner;
 
-  constructor(db: Db) {
+  constructor(db: Db, dialect: DialectName, longReads?: QueryRunner) {
     this.db = db;
+    this.dialect = dialect;
+    this.run = longReads ?? (async <R>(query: CompiledQuery<R>) => (await db.executeQuery(query)).rows);
   }
 
-  /** Writes samples; a second sample for the same field and millisecond replaces the first. */
+  /** Writes samples; a second sample for the same field and millisecond replaces the first. The peer must exist. */
   async insert(publicKey: string, samples: Sample[]): Promise<void> {
     if (samples.length === 0) return;
-    // One row per (field, ms), the last one winning: PostgreSQL refuses to upsert a row twice in one statement.
-    const unique = new Map<string, Sample>();
-    for (const s of samples) unique.set(`${s.field}\u0000${s.observedAt}`, s);
-    const rows = [...unique.values()].map((s) => ({ public_key: publicKey, field: s.field, observed_at: s.observedAt, value: s.value }));
+    const fields = [...new Set(samples.map((s) => s.field))];
+    await this.db
+      .insertInto("telemetry_series")
+      .values(fields.map((field) => ({ public_key: publicKey, field })))
+      .onConflict((oc) => oc.columns(["public_key", "field"]).doNothing())
+      .execute();
+    const series = await this.db
+      .selectFrom("telemetry_series")
+      .select(["id", "field"])
+      .where("public_key", "=", publicKey)
+      .where("field", "in", fields)
+      .execute();
+    const idOf = new Map(series.map((s) => [s.field, s.id]));
+    // One row per (series, ms), the last one winning: PostgreSQL refuses to upsert a row twice in one statement.
+    const unique = new Map<string, { series_id: number; observed_at: number; value: number }>();
+    for (const s of samples) {
+      const series_id = idOf.get(s.field)!;
+      unique.set(`${series_id}:${s.observedAt}`, { series_id, observed_at: s.observedAt, value: s.value });
+    }
+    const rows = [...unique.values()];
     for (let i = 0; i < rows.length; i += 500) {
       await this.db
         .insertInto("telemetry_samples")
         .values(rows.slice(i, i + 500))
-        .onConflict((oc) => oc.columns(["public_key", "field", "observed_at"]).doUpdateSet((eb) => ({ value: eb.ref("excluded.value") })))
+        .onConflict((oc) => oc.columns(["series_id", "observed_at"]).doUpdateSet((eb) => ({ value: eb.ref("excluded.value") })))
         .execute();
     }
   }
 
-  /** The newest sample of each field that has one. */
+  /** The newest sample of each field that has one, in the order asked. */
   async latest(publicKey: string, fields: readonly string[]): Promise<Sample[]> {
-    const found = await Promise.all(
-      fields.map((field) =>
-        this.db
-          .selectFrom("telemetry_samples")
-          .select(["field", "observed_at", "value"])
-          .where("public_key", "=", publicKey)
-          .where("field", "=", field)
-          .orderBy("observed_at", "desc")
-          .limit(1)
-          .executeTakeFirst(),
-      ),
-    );
-    return found.filter((r) => r !== undefined).map((r) => ({ field: r.field, observedAt: r.observed_at, value: r.value }));
+    if (fields.length === 0) return [];
+    const rows = await this.db
+      .selectFrom("telemetry_series as s")
+      .innerJoin("telemetry_samples as t", "t.series_id", "s.id")
+      .select(["s.field", "t.observed_at", "t.value"])
+      .where("s.public_key", "=", publicKey)
+      .where("s.field", "in", fields)
+      .where("t.observed_at", "=", (eb) =>
+        eb.selectFrom("telemetry_samples as u").select("u.observed_at").whereRef("u.series_id", "=", "s.id").orderBy("u.observed_at", "desc").limit(1),
+      )
+      .execute();
+    const byField = new Map(rows.map((r) => [r.field, { field: r.field, observedAt: r.observed_at, value: r.value }]));
+    return fields.flatMap((f) => byField.get(f) ?? []);
   }
 
   async range(q: { publicKey: string; field: string; start: number; end: number; order: "asc" | "desc"; limit: number }): Promise<Point[]> {
-    const rows = await this.db
-      .selectFrom("telemetry_samples")
-      .select(["observed_at", "value"])
-      .where("public_key", "=", q.publicKey)
-      .where("field", "=", q.field)
-      .where("observed_at", ">=", q.start)
-      .where("observed_at", "<", q.end)
-      .orderBy("observed_at", q.order)
-      .limit(q.limit)
-      .execute();
-    return rows.map((r) => ({ t: r.observed_at, value: r.value }));
-  }
-
-  /** The last sample in each `step`-wide bucket counted from `start`, at its own time. */
-  async lastPerStep(q: { publicKey: string; field: string; start: number; end: number; step: number; order: "asc" | "desc"; limit: number }): Promise<Point[]> {
-    const bucket = sql<number>`(observed_at - cast(${q.start} as bigint)) / cast(${q.step} as bigint)`;
-    // One pass with a window function: joining back to a grouped max(observed_at) let both planners
-    // re-run the grouping for every sample (quadratic: tens of seconds for a day of samples).
-    const ranked = this.db
-      .selectFrom("telemetry_samples")
-      .select(["observed_at", "value", sql<number>`row_number() over (partition by ${bucket} order by observed_at desc)`.as("rn")])
-      .where("public_key", "=", q.publicKey)
-      .where("field", "=", q.field)
-      .where("observed_at", ">=", q.start)
-      .where("observed_at", "<", q.end);
-    const rows = await this.db
-      .selectFrom(ranked.as("r"))
-      .select(["observed_at", "value"])
-      .where("rn", "=", 1)
-      .orderBy("observed_at", q.order)
-      .limit(q.limit)
-      .execute();
+    const id = await this.series(q.publicKey, q.field);
+    if (id === undefined) return [];
+    const rows = await this.run(
+      this.db
+        .selectFrom("telemetry_samples")
+        .select(["observed_at", "value"])
+        .where("series_id", "=", id)
+        .where("observed_at", ">=", q.start)
+        .where("observed_at", "<", q.end)
+        .orderBy("observed_at", q.order)
+        .limit(q.limit)
+        .compile(),
+    );
     return rows.map((r) => ({ t: r.observed_at, value: r.value }));
   }
 
   /**
+   * The last sample in each `step`-wide step counted from `start`, at its own time, for at most
+   * `limit` non-empty steps. One statement walks from sample to sample: ascending, a seek finds
+   * the first sample at or after the cursor (so its step) and another the last of that step;
+   * descending, the last sample before the cursor is already the last of its step. Empty steps
+   * cost nothing, and the window's other samples are never read.
+   */
+  async lastPerStep(q: { publicKey: string; field: string; start: number; end: number; step: number; order: "asc" | "desc"; limit: number }): Promise<Point[]> {
+    const id = await this.series(q.publicKey, q.field);
+    if (id === undefined) return [];
+    const S = big(q.start);
+    const E = big(q.end);
+    const STEP = big(q.step);
+    const inWindow = sql`series_id = ${id} and observed_at >= ${S} and observed_at < ${E}`;
+    const query =
+      q.order === "asc"
+        ? sql<{ observed_at: number; value: number }>`
+        with recursive walk(n, k) as (
+          select 1, (select (observed_at - ${S}) / ${STEP} from telemetry_samples where ${inWindow} order by observed_at limit 1)
+          union all
+          select n + 1, (select (observed_at - ${S}) / ${STEP} from telemetry_samples
+                         where ${inWindow} and observed_at >= ${S} + (k + 1) * ${STEP} order by observed_at limit 1)
+          from walk where k is not null and n < ${q.limit}
+        )
+        select t.observed_at, t.value from walk join telemetry_samples t on t.series_id = ${id} and t.observed_at = (
+          select observed_at from telemetry_samples where ${inWindow} and observed_at < ${S} + (k + 1) * ${STEP} order by observed_at desc limit 1)
+        order by n`
+        : sql<{ observed_at: number; value: number }>`
+        with recursive walk(n, at) as (
+          select 1, (select observed_at from telemetry_samples where ${inWindow} order by observed_at desc limit 1)
+          union all
+          select n + 1, (select observed_at from telemetry_samples
+                         where ${inWindow} and observed_at < ${S} + ((at - ${S}) / ${STEP}) * ${STEP} order by observed_at desc limit 1)
+          from walk where at is not null and n < ${q.limit}
+        )
+        select t.observed_at, t.value from walk join telemetry_samples t on t.series_id = ${id} and t.observed_at = walk.at
+        order by n`;
+    const rows = await this.run(query.compile(this.db));
+    return rows.map((r) => ({ t: Number(r.observed_at), value: r.value }));
+  }
+
+  /**
    * One point per non-empty bucket, `t` being the bucket's start, in ascending order. Each bucket is
-   * its own primary-key range read, so neither database sorts or hashes the samples, and the
-   * cost is one seek per bucket plus the samples read (callers bound the bucket count).
+   * its own primary-key range read, so neither database sorts or hashes the samples (callers
+   * bound the bucket count).
    */
   async aggregate(q: { publicKey: string; field: string; start: number; end: number; bucket: number; fn: AggregateFunction }): Promise<Point[]> {
+    const id = await this.series(q.publicKey, q.field);
+    if (id === undefined) return [];
     // Bucket i covers [start + i·bucket, start + (i+1)·bucket) ∩ [start, end).
-    const from = sql`cast(${q.start} as bigint) + i * cast(${q.bucket} as bigint)`;
-    const inBucket = sql`public_key = ${q.publicKey} and field = ${q.field}
-      and observed_at >= ${from} and observed_at < ${from} + cast(${q.bucket} as bigint) and observed_at < cast(${q.end} as bigint)`;
+    const from = sql`${big(q.start)} + i * ${big(q.bucket)}`;
+    const inBucket = sql`series_id = ${id} and observed_at >= ${from} and observed_at < ${from} + ${big(q.bucket)} and observed_at < ${big(q.end)}`;
     const value =
       q.fn === "last"
         ? sql`(select value from telemetry_samples where ${inBucket} order by observed_at desc limit 1)`
         : sql`(select ${sql.raw(q.fn === "count" ? "count(*)" : `${q.fn}(value)`)} from telemetry_samples where ${inBucket})`;
-    const { rows } = await sql<{ i: number; v: number | null }>`
+    const query = sql<{ i: number; v: number | null }>`
       with recursive buckets(i) as (select 0 union all select i + 1 from buckets where i + 1 < ${Math.ceil((q.end - q.start) / q.bucket)})
-      select i, ${value} as v from buckets order by i`.execute(this.db);
+      select i, ${value} as v from buckets order by i`;
+    const rows = await this.run(query.compile(this.db));
     const points = rows.filter((r) => r.v !== null && !(q.fn === "count" && Number(r.v) === 0));
     return points.map((r) => ({ t: q.start + Number(r.i) * q.bucket, value: Number(r.v) }));
   }
+
+  /**
+   * Deletes samples older than `before`, series by series in id order from `afterSeries`, until
+   * `maxRows` rows are deleted or `maxSeries` series visited; returns where to go on from, or
+   * undefined when the last series was reached. Each series' old samples are a prefix of its key range.
+   */
+  async deleteBefore(before: number, afterSeries: number, maxRows: number, maxSeries = 500): Promise<{ deleted: number; next: number | undefined }> {
+    const series = await this.db.selectFrom("telemetry_series").select("id").where("id", ">", afterSeries).orderBy("id").limit(maxSeries).execute();
+    let deleted = 0;
+    for (const { id } of series) {
+      const r = await this.db
+        .deleteFrom("telemetry_samples")
+        .where("series_id", "=", id)
+        .where("observed_at", "in", (eb) =>
+          eb
+            .selectFrom("telemetry_samples")
+            .select("observed_at")
+            .where("series_id", "=", id)
+            .where("observed_at", "<", before)
+            .orderBy("observed_at")
+            .limit(maxRows - deleted),
+        )
+        .executeTakeFirst();
+      deleted += Number(r.numDeletedRows);
+      if (deleted >= maxRows) return { deleted, next: id - 1 };
+    }
+    return { deleted, next: series.length === maxSeries ? series.at(-1)!.id : undefined };
+  }
+
+  private async series(publicKey: string, field: string): Promise<number | undefined> {
+    return (await seriesId(this.db, this.dialect, publicKey, field))[0]?.id;
+  }
+}
+
+/** A parameter typed as a 64-bit integer on both databases (PostgreSQL cannot infer it in arithmetic). */
+function big(n: number): RawBuilder<number> {
+  return sql<number>`cast(${n} as bigint)`;
 }
