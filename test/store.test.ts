@@ -1,8 +1,13 @@
 import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
+import { type Kysely, sql } from "kysely";
+import { Migrator } from "kysely/migration";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
+import { compiled } from "../src/store/compiled.ts";
+import { connect } from "../src/store/database.ts";
 import { type Db, Store } from "../src/store/index.ts";
+import { migrationProvider } from "../src/store/migrations.ts";
 import type { Tables } from "../src/store/schema.ts";
 import type { AggregateFunction, Point, Sample } from "../src/store/telemetry.ts";
 import { STORES, tempDir } from "./support/server.ts";
@@ -720,6 +725,174 @@ for (const entry of STORES) {
 
       assert.equal(await store.transaction((tx) => tx.peers.remove(P)), false);
       assert.equal(await store.transaction((tx) => tx.peers.remove(newKey())), false);
+    });
+
+    describe("store use", () => {
+      const nested = /store\.(read|transaction|ping)\(\) called inside a transaction/;
+
+      test("read, transaction and ping inside a transaction fail at once; the transaction goes on", { timeout: 10_000 }, async () => {
+        const key = await newPeer();
+        await store.transaction(async (tx) => {
+          await assert.rejects(
+            store.read((r) => r.peers.get(key)),
+            nested,
+          );
+          await assert.rejects(
+            store.transaction((t) => t.peers.get(key)),
+            nested,
+          );
+          await assert.rejects(store.ping(), nested);
+          // Also from code the callback awaits later on.
+          await new Promise((resolve) => setImmediate(resolve));
+          await assert.rejects(
+            store.read((r) => r.status.get(key)),
+            nested,
+          );
+          await tx.status.put(key, { volume: 9 }, 1);
+        });
+        assert.deepEqual(await store.read((r) => r.status.get(key)), { volume: 9 });
+        // Outside a transaction, reads may nest in reads, and transactions may start from a read.
+        assert.ok(await store.read(async () => store.read((r) => r.peers.get(key))));
+        assert.equal(await store.read(async () => store.transaction(async () => 7)), 7);
+      });
+
+      test("compiled(): values bound out of argument order are refused when the query is built", async () => {
+        const db = dbOf(store);
+        const key = await newPeer();
+        const swapped = compiled(
+          (d, publicKey: string, createdAt: number) =>
+            d.selectFrom("peers").select("public_key").where("created_at", "=", createdAt).where("public_key", "=", publicKey),
+          "",
+          0,
+        );
+        await assert.rejects(swapped(db, store.dialect, key, 1), /compiled query: its parameters must be its values, each bound once and in argument order/);
+        const twice = compiled(
+          (d, publicKey: string) => d.selectFrom("peers").select("public_key").where("public_key", "=", publicKey).where("role", "=", publicKey),
+          "",
+        );
+        await assert.rejects(twice(db, store.dialect, key), /each bound once and in argument order/);
+        const sameType = compiled(
+          (d, a: string, b: string) => d.selectFrom("peers").select("public_key").where("role", "=", b).where("public_key", "=", a),
+          "",
+          "",
+        );
+        await assert.rejects(sameType(db, store.dialect, key, "client"), /in argument order/);
+        // In order, with a nullable slot shaped by its non-null type: built and run.
+        const inOrder = compiled(
+          (d, publicKey: string, role: string | null, createdAt: number) =>
+            d.selectFrom("peers").select("public_key").where("public_key", "=", publicKey).where("role", "=", role).where("created_at", "=", createdAt),
+          "",
+          "" as string | null,
+          0,
+        );
+        assert.deepEqual(
+          (await inOrder(db, store.dialect, key, "client", 1)).map((r) => r.public_key),
+          [key],
+        );
+      });
+
+      test("0002 on a database created at 0001: rows kept, orphans dropped, removing a peer cascades", async () => {
+        const d = tempDir();
+        dirs.push(d);
+        const u = await entry.url();
+        const old = connect(u, d);
+        const migrated = await new Migrator({ db: old.db, provider: migrationProvider(old.dialect) }).migrateTo("0001_initial");
+        assert.equal(migrated.error, undefined);
+        const db = old.db as unknown as Kysely<any>;
+        const [P, Q, O, C] = [newKey(), newKey(), newKey(), newKey()]; // O: an orphan's key; C: a controller, not a peer
+        await db
+          .insertInto("peers")
+          .values([peerRow(P, 1), peerRow(Q, 2)])
+          .execute();
+        const session = (id: string, public_key: string, target_key: string | null) => ({
+          id,
+          token_hash: `h-${id}`,
+          kind: target_key ? "side_control" : "primary",
+          public_key,
+          target_key,
+          created_at: 5,
+          expires_at: 10_000,
+          revoked_at: null,
+        });
+        await db
+          .insertInto("sessions")
+          .values([session("p", P, null), session("cp", C, P), session("pq", P, Q), session("o", O, null), session("co", C, O)])
+          .execute();
+        await db
+          .insertInto("device_tokens")
+          .values([
+            { id: "tp", token_hash: "th-p", target_key: P, created_at: 1, expires_at: 9, consumed_at: null },
+            { id: "to", token_hash: "th-o", target_key: O, created_at: 1, expires_at: 9, consumed_at: null },
+          ])
+          .execute();
+        await db
+          .insertInto("peer_status")
+          .values([
+            { public_key: P, document: '{"volume":5}', updated_at: 3 },
+            { public_key: O, document: "{}", updated_at: 3 },
+          ])
+          .execute();
+        await db
+          .insertInto("peer_runtime")
+          .values({ public_key: P, online: 1, last_seen_at: 4, last_addr: "a:1", rx_bytes: 1, tx_bytes: 2, node: "n", updated_at: 4 })
+          .execute();
+        await db
+          .insertInto("contacts")
+          .values([contactRow(P, "mom", "123"), contactRow(P, "dad", null), contactRow(O, "x", "9")])
+          .execute();
+        const sample = (public_key: string, field: string, observed_at: number, value: number) => ({ public_key, field, observed_at, value });
+        await db
+          .insertInto("telemetry_samples")
+          .values([
+            sample(P, "battery.percent", 100, 1),
+            sample(P, "battery.percent", 200, 2),
+            sample(P, "battery.percent", 300, 3),
+            sample(P, "gnss.latitude", 150, 45.5),
+            sample(Q, "battery.percent", 100, 7),
+            sample(O, "battery.percent", 100, 9),
+          ])
+          .execute();
+        await old.close();
+
+        const st = await openAt(u, d);
+        const ids = async () => (await dbOf(st).selectFrom("sessions").select(["id", "target_key"]).orderBy("id").execute()).map((r) => [r.id, r.target_key]);
+        assert.deepEqual(await ids(), [
+          ["cp", P],
+          ["p", P],
+          ["pq", Q],
+        ]);
+        assert.equal((await st.read((r) => r.sessions.findByTokenHash("h-p")))?.target_key, P, "a primary session acts on its own peer");
+        assert.equal(await countAll(st, "device_tokens"), 1);
+        assert.deepEqual(await st.read((r) => r.status.get(P)), { volume: 5 });
+        assert.equal(await st.read((r) => r.status.get(O)), undefined);
+        assert.equal((await st.read((r) => r.runtime.get(P)))?.last_addr, "a:1");
+        assert.deepEqual(
+          (await st.read((r) => r.contacts.list(P, undefined, 10))).map((c) => c.name),
+          ["dad", "mom"],
+        );
+        assert.equal(await countAll(st, "contacts"), 2);
+        assert.deepEqual(await st.read((r) => r.telemetry.range({ publicKey: P, field: "battery.percent", start: 0, end: 1_000, order: "asc", limit: 10 })), [
+          { t: 100, value: 1 },
+          { t: 200, value: 2 },
+          { t: 300, value: 3 },
+        ]);
+        assert.deepEqual(await st.read((r) => r.telemetry.latest(P, ["gnss.latitude", "battery.percent"])), [
+          { field: "gnss.latitude", observedAt: 150, value: 45.5 },
+          { field: "battery.percent", observedAt: 300, value: 3 },
+        ]);
+        assert.equal(await countAll(st, "telemetry_samples"), 5, "the orphan's sample is gone");
+        assert.equal(await countAll(st, "telemetry_series"), 3);
+
+        assert.equal(await st.transaction((tx) => tx.peers.remove(P)), true);
+        assert.deepEqual(await ids(), [], "P's own sessions, those acting on it, and its sessions as a controller");
+        for (const table of ["device_tokens", "peer_status", "peer_runtime", "contacts"] as const) assert.equal(await countAll(st, table), 0, table);
+        assert.equal(await countAll(st, "telemetry_series"), 1);
+        assert.deepEqual(await st.read((r) => r.telemetry.latest(Q, ["battery.percent"])), [{ field: "battery.percent", observedAt: 100, value: 7 }]);
+        if (!isPostgres) {
+          const { rows } = await sql<{ foreign_keys: number }>`pragma foreign_keys`.execute(dbOf(st));
+          assert.equal(rows[0]?.foreign_keys, 1);
+        }
+      });
     });
   });
 }

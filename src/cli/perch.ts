@@ -13,7 +13,7 @@ import { registerDeviceCommands } from "./device.ts";
 async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
   const config = loadConfig();
   const pair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
-  const store = await Store.open(config.databaseUrl, config.dataDir);
+  const store = await Store.open(config.databaseUrl, config.dataDir, { readWorkers: 0 });
   try {
     const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
     return await fn(new Domain({ store, clock: systemClock, config, serverKey }));

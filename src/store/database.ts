@@ -56,6 +56,19 @@ const pgTypes = {
  * else is a SQLite file path; empty means `perch.db` in `dataDir`. Migrations run before it returns.
  */
 export async function openDatabase(url: string | undefined, dataDir: string): Promise<Database> {
+  const database = connect(url, dataDir);
+  const { db, dialect } = database;
+  const { error, results } = await new Migrator({ db, provider: migrationProvider(dialect) }).migrateToLatest();
+  const failed = results?.find((r) => r.status === "Error");
+  if (error || failed) {
+    await db.destroy();
+    throw new Error(`store migration failed${failed ? ` at ${failed.migrationName}` : ""}: ${String(error)}`);
+  }
+  return database;
+}
+
+/** Connects to the database `url` names, without migrating it. */
+export function connect(url: string | undefined, dataDir: string): Database {
   let dialect: DialectName;
   let db: Db;
   let file: string | undefined;
@@ -72,12 +85,6 @@ export async function openDatabase(url: string | undefined, dataDir: string): Pr
     if (!inMemory) closeSync(openSync(path, "a", 0o600));
     file = inMemory ? undefined : path;
     db = new Kysely<Tables>({ dialect: new SqliteDialect({ database: nodeSqlite(path) }) });
-  }
-  const { error, results } = await new Migrator({ db, provider: migrationProvider(dialect) }).migrateToLatest();
-  const failed = results?.find((r) => r.status === "Error");
-  if (error || failed) {
-    await db.destroy();
-    throw new Error(`store migration failed${failed ? ` at ${failed.migrationName}` : ""}: ${String(error)}`);
   }
   return { db, dialect, file, close: () => db.destroy() };
 }
