@@ -121,6 +121,11 @@ export class TelemetryRepository {
     const E = big(q.end);
     const STEP = big(q.step);
     const inWindow = sql`series_id = ${id} and observed_at >= ${S} and observed_at < ${E}`;
+    // One bound on each side of every range: given two, SQLite seeks by one and filters the rest by scanning.
+    const least = sql.raw(this.dialect === "sqlite" ? "min" : "least");
+    // Each point's value is a primary-key lookup in the select list: as a join, SQLite chose to
+    // scan the samples once per step.
+    const valueAt = sql`(select value from telemetry_samples where series_id = ${id} and observed_at = points.at)`;
     const query =
       q.order === "asc"
         ? sql<{ observed_at: number; value: number }>`
@@ -128,22 +133,24 @@ export class TelemetryRepository {
           select 1, (select (observed_at - ${S}) / ${STEP} from telemetry_samples where ${inWindow} order by observed_at limit 1)
           union all
           select n + 1, (select (observed_at - ${S}) / ${STEP} from telemetry_samples
-                         where ${inWindow} and observed_at >= ${S} + (k + 1) * ${STEP} order by observed_at limit 1)
+                         where series_id = ${id} and observed_at >= ${S} + (k + 1) * ${STEP} and observed_at < ${E} order by observed_at limit 1)
           from walk where k is not null and n < ${q.limit}
+        ),
+        points(n, at) as (
+          select n, (select observed_at from telemetry_samples
+                     where series_id = ${id} and observed_at >= ${S} + k * ${STEP} and observed_at < ${least}(${S} + (k + 1) * ${STEP}, ${E}) order by observed_at desc limit 1)
+          from walk where k is not null
         )
-        select t.observed_at, t.value from walk join telemetry_samples t on t.series_id = ${id} and t.observed_at = (
-          select observed_at from telemetry_samples where ${inWindow} and observed_at < ${S} + (k + 1) * ${STEP} order by observed_at desc limit 1)
-        order by n`
+        select at as observed_at, ${valueAt} as value from points order by n`
         : sql<{ observed_at: number; value: number }>`
-        with recursive walk(n, at) as (
+        with recursive points(n, at) as (
           select 1, (select observed_at from telemetry_samples where ${inWindow} order by observed_at desc limit 1)
           union all
           select n + 1, (select observed_at from telemetry_samples
-                         where ${inWindow} and observed_at < ${S} + ((at - ${S}) / ${STEP}) * ${STEP} order by observed_at desc limit 1)
-          from walk where at is not null and n < ${q.limit}
+                         where series_id = ${id} and observed_at >= ${S} and observed_at < ${S} + ((at - ${S}) / ${STEP}) * ${STEP} order by observed_at desc limit 1)
+          from points where at is not null and n < ${q.limit}
         )
-        select t.observed_at, t.value from walk join telemetry_samples t on t.series_id = ${id} and t.observed_at = walk.at
-        order by n`;
+        select at as observed_at, ${valueAt} as value from points where at is not null order by n`;
     const rows = await this.run(query.compile(this.db));
     return rows.map((r) => ({ t: Number(r.observed_at), value: r.value }));
   }
@@ -158,7 +165,9 @@ export class TelemetryRepository {
     if (id === undefined) return [];
     // Bucket i covers [start + i·bucket, start + (i+1)·bucket) ∩ [start, end).
     const from = sql`${big(q.start)} + i * ${big(q.bucket)}`;
-    const inBucket = sql`series_id = ${id} and observed_at >= ${from} and observed_at < ${from} + ${big(q.bucket)} and observed_at < ${big(q.end)}`;
+    // One bound on each side (see lastPerStep).
+    const least = sql.raw(this.dialect === "sqlite" ? "min" : "least");
+    const inBucket = sql`series_id = ${id} and observed_at >= ${from} and observed_at < ${least}(${from} + ${big(q.bucket)}, ${big(q.end)})`;
     const value =
       q.fn === "last"
         ? sql`(select value from telemetry_samples where ${inBucket} order by observed_at desc limit 1)`
