@@ -18,6 +18,8 @@ export interface StartOptions {
   config: Config;
   clock?: Clock;
   logger?: Logger;
+  /** How often expired rows and old telemetry are deleted (default a minute). */
+  cleanupIntervalMs?: number;
 }
 
 export interface RunningServer {
@@ -76,7 +78,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
       .deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS)
       .catch((err) => logger.warn({ err }, "cleanup of expired rows failed"))
       .finally(() => (cleaning = false));
-  }, CLEANUP_INTERVAL_MS);
+  }, o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS);
   cleanup.unref();
 
   const url = `http://${hostPort(wildcard ? "127.0.0.1" : config.host)}`;

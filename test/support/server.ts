@@ -50,7 +50,9 @@ export interface TestServer extends RunningServer {
 }
 
 /** Starts the real server in this process on a random port, with a temporary data directory. */
-export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger } = {}): Promise<TestServer> {
+export async function startTestServer(
+  o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger; cleanupIntervalMs?: number } = {},
+): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
   const config = loadConfig(
     {},
@@ -63,7 +65,12 @@ export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; 
       ...o.config,
     },
   );
-  const server = await startServer({ config, ...(o.clock ? { clock: o.clock } : {}), ...(o.logger ? { logger: o.logger } : {}) });
+  const server = await startServer({
+    config,
+    ...(o.clock ? { clock: o.clock } : {}),
+    ...(o.logger ? { logger: o.logger } : {}),
+    ...(o.cleanupIntervalMs ? { cleanupIntervalMs: o.cleanupIntervalMs } : {}),
+  });
   const now = o.clock ? () => o.clock!.now() : undefined;
   return {
     ...server,
