@@ -555,6 +555,61 @@ for (const entry of STORES) {
         }
       });
 
+      test("aggregate over whole minutes (rollups) matches the samples, after replacements and retention", async () => {
+        const st = await openFresh(); // retention deletes across every series
+        const k = await newPeer(st);
+        const random = rng(77);
+        const t0 = T0 + 17_321; // not on a minute
+        const byTime = new Map<number, number>();
+        const write = async (n: number) => {
+          const batch: Sample[] = [];
+          for (let j = 0; j < n; j++) {
+            const t = t0 + Math.floor(random() * 30 * 60_000);
+            const value = Math.round(random() * 1000) / 10;
+            batch.push({ field: F, observedAt: t, value });
+            byTime.set(t, value);
+          }
+          await st.transaction((tx) => tx.telemetry.insert(k, batch));
+        };
+        await write(1500);
+        await write(300); // some land on existing milliseconds and replace their values
+        const check = async (label: string) => {
+          const start = t0 - 45_000;
+          const end = t0 + 31 * 60_000 + 1_234;
+          const width = 7 * 60_000 + 12_345;
+          const reference: Record<Exclude<AggregateFunction, "last">, (v: number[]) => number> = {
+            avg: (v) => v.reduce((a, b) => a + b, 0) / v.length,
+            sum: (v) => v.reduce((a, b) => a + b, 0),
+            count: (v) => v.length,
+            min: (v) => Math.min(...v),
+            max: (v) => Math.max(...v),
+          };
+          const buckets = new Map<number, number[]>();
+          for (const [t, v] of [...byTime].sort((a, b) => a[0] - b[0])) {
+            if (t < start || t >= end) continue;
+            const b = start + Math.floor((t - start) / width) * width;
+            buckets.set(b, [...(buckets.get(b) ?? []), v]);
+          }
+          for (const fn of Object.keys(reference) as Array<keyof typeof reference>) {
+            const got = await st.read((r) => r.telemetry.aggregate({ publicKey: k, field: F, start, end, bucket: width, fn }));
+            const want = [...buckets].map(([t, v]) => ({ t, value: reference[fn](v) }));
+            assert.deepEqual(
+              got.map((p) => p.t),
+              want.map((p) => p.t),
+              `${label} ${fn}`,
+            );
+            for (const [i, w] of want.entries())
+              assert.ok(Math.abs(got[i]!.value - w.value) <= 1e-9 * Math.max(1, Math.abs(w.value)), `${label} ${fn} bucket ${i}`);
+          }
+        };
+        await check("after inserts");
+        const cutoff = t0 + 11 * 60_000 + 29_999; // not on a minute
+        await st.deleteExpired(0, cutoff, 37);
+        for (const t of [...byTime.keys()]) if (t < cutoff) byTime.delete(t);
+        assert.equal(await countRows(st, "telemetry_samples", "public_key", k), byTime.size);
+        await check("after retention");
+      });
+
       test("aggregate window boundaries are exact: [start, end)", async () => {
         const k = await newPeer();
         await store.transaction((tx) =>

@@ -256,6 +256,17 @@ async function createTelemetry(db: Kysely<any>, dialect: DialectName): Promise<v
     .addPrimaryKeyConstraint("telemetry_samples_series_pk", ["series_id", "observed_at"])
     .$call((b) => (dialect === "sqlite" ? b.modifyEnd(sql`without rowid`) : b))
     .execute();
+  await db.schema
+    .createTable("telemetry_rollups")
+    .addColumn("series_id", "integer", (c) => c.notNull().references("telemetry_series.id").onDelete("cascade"))
+    .addColumn("minute", "bigint", (c) => c.notNull())
+    .addColumn("n", "integer", (c) => c.notNull())
+    .addColumn("total", "double precision", (c) => c.notNull())
+    .addColumn("low", "double precision", (c) => c.notNull())
+    .addColumn("high", "double precision", (c) => c.notNull())
+    .addPrimaryKeyConstraint("telemetry_rollups_pk", ["series_id", "minute"])
+    .$call((b) => (dialect === "sqlite" ? b.modifyEnd(sql`without rowid`) : b))
+    .execute();
 }
 
 async function copyTelemetry(db: Kysely<any>): Promise<void> {
@@ -264,6 +275,9 @@ async function copyTelemetry(db: Kysely<any>): Promise<void> {
   await sql`insert into telemetry_samples (series_id, observed_at, value)
     select s.id, o.observed_at, o.value from telemetry_samples_v1 o join telemetry_series s on s.public_key = o.public_key and s.field = o.field`.execute(db);
   await sql`drop table telemetry_samples_v1`.execute(db);
+  await sql`insert into telemetry_rollups (series_id, minute, n, total, low, high)
+    select series_id, (observed_at / 60000) * 60000, count(*), sum(value), min(value), max(value) from telemetry_samples
+    where observed_at >= 0 group by series_id, (observed_at / 60000) * 60000`.execute(db);
 }
 
 export function migrationProvider(dialect: DialectName): MigrationProvider {

@@ -44,6 +44,8 @@ export interface Tables {
   };
   telemetry_series: { id: Generated<number>; public_key: string; field: string };
   telemetry_samples: { series_id: number; observed_at: number; value: number };
+  /** Per series and minute (its start, ms): count, sum, min and max of the minute's samples. */
+  telemetry_rollups: { series_id: number; minute: number; n: number; total: number; low: number; high: number };
   contacts: {
     public_key: string;
     name: string;

@@ -14,6 +14,14 @@ export interface Point {
   value: number;
 }
 
+/**
+ * Each series keeps a rollup per minute (count, sum, min, max), recomputed from the minute's
+ * samples as they arrive, so an aggregate reads whole minutes from the rollups and only the
+ * partial minutes at each bucket's ends from the samples. Samples before 1970 are not rolled up;
+ * a window that starts before then is aggregated from the samples.
+ */
+const ROLLUP_MS = 60_000;
+
 export type AggregateFunction = "avg" | "min" | "max" | "sum" | "count" | "last";
 
 /** Runs a compiled read somewhere else than the handle's own connection (a worker thread for SQLite). */
@@ -71,6 +79,20 @@ export class TelemetryRepository {
         .onConflict((oc) => oc.columns(["series_id", "observed_at"]).doUpdateSet((eb) => ({ value: eb.ref("excluded.value") })))
         .execute();
     }
+    const minutes = new Map<string, { series: number; minute: number }>();
+    for (const r of rows) {
+      const minute = r.observed_at - (r.observed_at % ROLLUP_MS);
+      if (r.observed_at >= 0) minutes.set(`${r.series_id}:${minute}`, { series: r.series_id, minute });
+    }
+    for (const { series, minute } of minutes.values()) await this.rollUp(series, minute);
+  }
+
+  /** Recomputes one minute's rollup from its samples (a replaced sample cannot be subtracted from a min or max). */
+  private async rollUp(series: number, minute: number): Promise<void> {
+    await sql`insert into telemetry_rollups (series_id, minute, n, total, low, high)
+      select series_id, ${big(minute)}, count(*), sum(value), min(value), max(value) from telemetry_samples
+      where series_id = ${series} and observed_at >= ${big(minute)} and observed_at < ${big(minute + ROLLUP_MS)} group by series_id
+      on conflict (series_id, minute) do update set n = excluded.n, total = excluded.total, low = excluded.low, high = excluded.high`.execute(this.db);
   }
 
   /** The newest sample of each field that has one, in the order asked. */
@@ -163,21 +185,61 @@ export class TelemetryRepository {
   async aggregate(q: { publicKey: string; field: string; start: number; end: number; bucket: number; fn: AggregateFunction }): Promise<Point[]> {
     const id = await this.series(q.publicKey, q.field);
     if (id === undefined) return [];
-    // Bucket i covers [start + i·bucket, start + (i+1)·bucket) ∩ [start, end).
-    const from = sql`${big(q.start)} + i * ${big(q.bucket)}`;
-    // One bound on each side (see lastPerStep).
-    const least = sql.raw(this.dialect === "sqlite" ? "min" : "least");
-    const inBucket = sql`series_id = ${id} and observed_at >= ${from} and observed_at < ${least}(${from} + ${big(q.bucket)}, ${big(q.end)})`;
-    const value =
-      q.fn === "last"
-        ? sql`(select value from telemetry_samples where ${inBucket} order by observed_at desc limit 1)`
-        : sql`(select ${sql.raw(q.fn === "count" ? "count(*)" : `${q.fn}(value)`)} from telemetry_samples where ${inBucket})`;
-    const query = sql<{ i: number; v: number | null }>`
-      with recursive buckets(i) as (select 0 union all select i + 1 from buckets where i + 1 < ${Math.ceil((q.end - q.start) / q.bucket)})
-      select i, ${value} as v from buckets order by i`;
-    const rows = await this.run(query.compile(this.db));
-    const points = rows.filter((r) => r.v !== null && !(q.fn === "count" && Number(r.v) === 0));
-    return points.map((r) => ({ t: q.start + Number(r.i) * q.bucket, value: Number(r.v) }));
+    // Bucket i covers [a, b) = [start + i·bucket, start + (i+1)·bucket) ∩ [start, end).
+    const a = sql`${big(q.start)} + i * ${big(q.bucket)}`;
+    const [least, greatest] = this.dialect === "sqlite" ? [sql.raw("min"), sql.raw("max")] : [sql.raw("least"), sql.raw("greatest")];
+    const b = sql`${least}(${a} + ${big(q.bucket)}, ${big(q.end)})`;
+    const buckets = sql`with recursive buckets(i) as (select 0 union all select i + 1 from buckets where i + 1 < ${Math.ceil((q.end - q.start) / q.bucket)})`;
+    const samples = (from: unknown, to: unknown) => sql`from telemetry_samples where series_id = ${id} and observed_at >= ${from} and observed_at < ${to}`;
+    if (q.fn === "last" || q.start < 0) {
+      const value =
+        q.fn === "last"
+          ? sql`(select value ${samples(a, b)} order by observed_at desc limit 1)`
+          : sql`(select ${sql.raw(q.fn === "count" ? "count(*)" : `${q.fn}(value)`)} ${samples(a, b)})`;
+      const count = q.fn === "last" ? sql`1` : sql`(select count(*) ${samples(a, b)})`;
+      const rows = await this.run(
+        sql<{ i: number; n: number; v: number | null }>`${buckets} select i, ${count} as n, ${value} as v from buckets order by i`.compile(this.db),
+      );
+      return rows.filter((r) => r.v !== null && Number(r.n) > 0).map((r) => ({ t: q.start + Number(r.i) * q.bucket, value: Number(r.v) }));
+    }
+    // Whole minutes [a', b') come from the rollups; the partial minutes at either end from the samples.
+    const a1 = sql`((${a} + ${big(ROLLUP_MS - 1)}) / ${big(ROLLUP_MS)}) * ${big(ROLLUP_MS)}`;
+    const b1 = sql`(${b} / ${big(ROLLUP_MS)}) * ${big(ROLLUP_MS)}`;
+    const head = samples(a, sql`${least}(${a1}, ${b})`);
+    const tail = samples(sql`${greatest}(${a1}, ${b1})`, b);
+    const rollups = sql`from telemetry_rollups where series_id = ${id} and minute >= ${a1} and minute < ${b1}`;
+    const [valueOf, rollupOf] = (
+      {
+        avg: ["sum(value)", "sum(total)"],
+        sum: ["sum(value)", "sum(total)"],
+        count: ["count(*)", "sum(n)"],
+        min: ["min(value)", "min(low)"],
+        max: ["max(value)", "max(high)"],
+      } as const
+    )[q.fn];
+    const query = sql<{ i: number; hn: number; rn: number | null; tn: number; hv: number | null; rv: number | null; tv: number | null }>`
+      ${buckets}, parts as materialized (
+        select i, (select count(*) ${head}) as hn, (select sum(n) ${rollups}) as rn, (select count(*) ${tail}) as tn,
+          (select ${sql.raw(valueOf)} ${head}) as hv, (select ${sql.raw(rollupOf)} ${rollups}) as rv, (select ${sql.raw(valueOf)} ${tail}) as tv
+        from buckets
+      )
+      select * from parts order by i`;
+    const points: Point[] = [];
+    for (const r of await this.run(query.compile(this.db))) {
+      const n = Number(r.hn) + Number(r.rn ?? 0) + Number(r.tn);
+      if (n === 0) continue;
+      const parts = [r.hv, r.rv, r.tv].filter((v) => v !== null).map(Number);
+      const value =
+        q.fn === "count"
+          ? n
+          : q.fn === "min"
+            ? Math.min(...parts)
+            : q.fn === "max"
+              ? Math.max(...parts)
+              : parts.reduce((x, y) => x + y, 0) / (q.fn === "avg" ? n : 1);
+      points.push({ t: q.start + Number(r.i) * q.bucket, value });
+    }
+    return points;
   }
 
   /**
@@ -202,10 +264,21 @@ export class TelemetryRepository {
             .limit(maxRows - deleted),
         )
         .executeTakeFirst();
+      if (r.numDeletedRows > 0n) await this.trimRollups(id);
       deleted += Number(r.numDeletedRows);
       if (deleted >= maxRows) return { deleted, next: id - 1 };
     }
     return { deleted, next: series.length === maxSeries ? series.at(-1)!.id : undefined };
+  }
+
+  /** After old samples were deleted: drops the rollups of minutes before the oldest sample left, and recomputes its minute. */
+  private async trimRollups(series: number): Promise<void> {
+    const oldest = (
+      await this.db.selectFrom("telemetry_samples").select("observed_at").where("series_id", "=", series).orderBy("observed_at").limit(1).executeTakeFirst()
+    )?.observed_at;
+    const minute = oldest === undefined ? Number.MAX_SAFE_INTEGER : oldest - (oldest % ROLLUP_MS);
+    await this.db.deleteFrom("telemetry_rollups").where("series_id", "=", series).where("minute", "<", minute).execute();
+    if (oldest !== undefined && oldest >= 0) await this.rollUp(series, minute);
   }
 
   private async series(publicKey: string, field: string): Promise<number | undefined> {
