@@ -208,7 +208,7 @@ export class TelemetryRepository {
     const head = samples(a, sql`${least}(${a1}, ${b})`);
     const tail = samples(sql`${greatest}(${a1}, ${b1})`, b);
     const rollups = sql`from telemetry_rollups where series_id = ${id} and minute >= ${a1} and minute < ${b1}`;
-    const [valueOf, rollupOf] = (
+    const [sampleFn, rollupFn] = (
       {
         avg: ["sum(value)", "sum(total)"],
         sum: ["sum(value)", "sum(total)"],
@@ -220,7 +220,7 @@ export class TelemetryRepository {
     const query = sql<{ i: number; hn: number; rn: number | null; tn: number; hv: number | null; rv: number | null; tv: number | null }>`
       ${buckets}, parts as materialized (
         select i, (select count(*) ${head}) as hn, (select sum(n) ${rollups}) as rn, (select count(*) ${tail}) as tn,
-          (select ${sql.raw(valueOf)} ${head}) as hv, (select ${sql.raw(rollupOf)} ${rollups}) as rv, (select ${sql.raw(valueOf)} ${tail}) as tv
+          (select ${sql.raw(sampleFn)} ${head}) as hv, (select ${sql.raw(rollupFn)} ${rollups}) as rv, (select ${sql.raw(sampleFn)} ${tail}) as tv
         from buckets
       )
       select * from parts order by i`;
