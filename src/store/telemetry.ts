@@ -208,35 +208,34 @@ export class TelemetryRepository {
     const head = samples(a, sql`${least}(${a1}, ${b})`);
     const tail = samples(sql`${greatest}(${a1}, ${b1})`, b);
     const rollups = sql`from telemetry_rollups where series_id = ${id} and minute >= ${a1} and minute < ${b1}`;
+    // An average needs a count and a sum from each part: one subquery each returns both, as text
+    // ("<count> <sum>"), so that the partial minutes are read once.
+    const both = (n: string, total: string) => `cast(${n} as text) || ' ' || cast(coalesce(${total}, 0) as text)`;
     const [sampleFn, rollupFn] = (
       {
-        avg: ["sum(value)", "sum(total)"],
+        avg: [both("count(*)", "sum(value)"), both("coalesce(sum(n), 0)", "sum(total)")],
         sum: ["sum(value)", "sum(total)"],
         count: ["count(*)", "sum(n)"],
         min: ["min(value)", "min(low)"],
         max: ["max(value)", "max(high)"],
       } as const
     )[q.fn];
-    const query = sql<{ i: number; hn: number; rn: number | null; tn: number; hv: number | null; rv: number | null; tv: number | null }>`
-      ${buckets}, parts as materialized (
-        select i, (select count(*) ${head}) as hn, (select sum(n) ${rollups}) as rn, (select count(*) ${tail}) as tn,
-          (select ${sql.raw(sampleFn)} ${head}) as hv, (select ${sql.raw(rollupFn)} ${rollups}) as rv, (select ${sql.raw(sampleFn)} ${tail}) as tv
-        from buckets
-      )
-      select * from parts order by i`;
+    const query = sql<{ i: number; hv: number | string | null; rv: number | string | null; tv: number | string | null }>`
+      ${buckets} select i, (select ${sql.raw(sampleFn)} ${head}) as hv, (select ${sql.raw(rollupFn)} ${rollups}) as rv, (select ${sql.raw(sampleFn)} ${tail}) as tv
+      from buckets order by i`;
     const points: Point[] = [];
     for (const r of await this.run(query.compile(this.db))) {
-      const n = Number(r.hn) + Number(r.rn ?? 0) + Number(r.tn);
-      if (n === 0) continue;
-      const parts = [r.hv, r.rv, r.tv].filter((v) => v !== null).map(Number);
-      const value =
-        q.fn === "count"
-          ? n
-          : q.fn === "min"
-            ? Math.min(...parts)
-            : q.fn === "max"
-              ? Math.max(...parts)
-              : parts.reduce((x, y) => x + y, 0) / (q.fn === "avg" ? n : 1);
+      const parts = [r.hv, r.rv, r.tv].filter((v) => v !== null);
+      let value: number;
+      if (q.fn === "avg") {
+        const [n, total] = parts.map((p) => String(p).split(" ").map(Number)).reduce(([n1, s1], [n2, s2]) => [n1! + n2!, s1! + s2!], [0, 0]);
+        if (n === 0) continue;
+        value = total! / n!;
+      } else {
+        const numbers = parts.map(Number);
+        if (numbers.length === 0 || (q.fn === "count" && numbers.every((x) => x === 0))) continue;
+        value = q.fn === "min" ? Math.min(...numbers) : q.fn === "max" ? Math.max(...numbers) : numbers.reduce((x, y) => x + y, 0);
+      }
       points.push({ t: q.start + Number(r.i) * q.bucket, value });
     }
     return points;
