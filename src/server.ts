@@ -39,9 +39,14 @@ export interface RunningServer {
 }
 
 const CLEANUP_INTERVAL_MS = 60_000;
+const LOG_FLUSH_INTERVAL_MS = 250;
 
+/**
+ * JSON lines on standard output, buffered and written in batches (at 4 KiB, every 250 ms, at
+ * start-up, shutdown and exit): a write per request line cost about a fifth of a `GET /me/status`.
+ */
 function createLogger(config: Config): Logger {
-  return pino({ level: config.logLevel, base: { node: config.nodeName } });
+  return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: 4096 }));
 }
 
 /** Opens the store, builds the domain and the HTTP app, and listens. */
@@ -102,6 +107,9 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   // The start-up line is written at any level but "silent": operators and scripts look for it.
   const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
   startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
+  logger.flush();
+  const logFlush = setInterval(() => logger.flush(), LOG_FLUSH_INTERVAL_MS);
+  logFlush.unref();
 
   let closing: Promise<void> | undefined;
   return {
@@ -122,6 +130,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
           server.once("close", () => clearInterval(sweep));
         });
         await store.close();
+        clearInterval(logFlush);
+        logger.flush();
       })();
       return closing;
     },

@@ -5,6 +5,7 @@ import type { Domain } from "../domain/index.ts";
 import type { Principal } from "../domain/principal.ts";
 import { connectionOf } from "./connection.ts";
 import type { AppBindings, AppEnv } from "./env.ts";
+import { requestHeader } from "./headers.ts";
 
 const BEARER = /^Bearer +(\S+)$/i;
 
@@ -29,10 +30,10 @@ export class Callers {
   }
 
   principal(c: Context<AppEnv>): Promise<Principal> {
-    const publicKey = c.req.header("x-public-key");
+    const publicKey = requestHeader(c, "x-public-key");
     const connection = connectionOf(c.env);
     if (connection) return this.domain.auth.authenticateConnection(connection.peerKey, publicKey);
-    return this.domain.auth.authenticate(bearerToken(c.req.header("authorization")), publicKey);
+    return this.domain.auth.authenticate(bearerToken(requestHeader(c, "authorization")), publicKey);
   }
 
   /**
