@@ -102,6 +102,9 @@ export class PocketSphinxEngine implements TranscriptionEngine {
       if (samples === 0) throw new AudioDecodeError("the file holds no audio");
       const { binary, hmm, lm, dict } = this.paths;
       const args = ["-hmm", hmm, "-lm", lm, "-dict", dict, "-samprate", String(RECOGNISER_SAMPLE_RATE), "-time", "yes", "-infile", pcm];
+      // Without the second (flat-lexicon) pass recognition takes about half the time, with no loss
+      // of accuracy measured on our round-trip sentences.
+      args.push("-fwdflat", "no");
       const recogniser = startChild(binary, args, signal);
       recogniser.proc.stdin.end();
       let output = "";
