@@ -6,8 +6,16 @@
 import { openSync, readFileSync, rmSync } from "node:fs";
 import { devNull } from "node:os";
 import { join } from "node:path";
-import { WASI } from "node:wasi";
 import { parentPort, workerData } from "node:worker_threads";
+
+// node:wasi warns that it is experimental in every thread that loads it; the server's log needs
+// no such line per worker.
+const emitWarning = process.emitWarning;
+process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
+  if (!String(warning).includes("WASI")) (emitWarning as (...a: unknown[]) => void).call(process, warning, ...rest);
+}) as typeof process.emitWarning;
+const { WASI } = await import("node:wasi");
+process.emitWarning = emitWarning;
 
 export interface FliteJob {
   id: number;
@@ -24,7 +32,7 @@ export interface FliteWorkerData {
 }
 
 interface Prepared {
-  wasi: WASI;
+  wasi: InstanceType<typeof WASI>;
   instance: WebAssembly.Instance;
   argv: Buffer[];
 }

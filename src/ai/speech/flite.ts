@@ -78,8 +78,13 @@ export class FlitePool {
     return new Promise<FliteAudio>((resolve, reject) => {
       const job: FliteJob = { id: this.nextId++, args };
       this.backlog.push({ job, pending: { resolve, reject } });
-      void this.dispatch();
+      this.dispatch().catch((error: unknown) => this.failBacklog(error));
     });
+  }
+
+  /** A worker that cannot start fails every job waiting for one. */
+  private failBacklog(error: unknown): void {
+    for (const { pending } of this.backlog.splice(0)) pending.reject(error instanceof Error ? error : new Error(String(error)));
   }
 
   private async dispatch(): Promise<void> {
@@ -116,7 +121,7 @@ export class FlitePool {
         if ("error" in result) pending.reject(new Error(result.error));
         else pending.resolve({ samples: new Int16Array(result.pcm), sampleRate: result.sampleRate });
       }
-      void this.dispatch();
+      this.dispatch().catch((error: unknown) => this.failBacklog(error));
     });
     const fail = (error: Error) => {
       const i = this.slots.indexOf(slot);
@@ -126,7 +131,7 @@ export class FlitePool {
         this.pending.delete(slot.job);
         slot.job = undefined;
       }
-      void this.dispatch();
+      this.dispatch().catch((e: unknown) => this.failBacklog(e));
     };
     worker.on("error", fail);
     worker.on("exit", (code) => fail(new Error(`flite worker exited with code ${code}`)));
