@@ -22,22 +22,9 @@ import {
 import { parseTimedOutput } from "../src/ai/speech/pocketsphinx.ts";
 import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
+import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
 
 const SENTENCE = "The small device reports its battery level and its temperature to the server.";
-
-/** Sentences flite speaks clearly and PocketSphinx's general English model knows well. */
-const ROUND_TRIP = [
-  "Please turn on the lights in the kitchen.",
-  "What is the weather like today?",
-  "Set a timer for ten minutes.",
-  "Play some music in the living room.",
-  "The battery is almost empty.",
-  "Call my mother tomorrow morning.",
-  "How far is the nearest train station?",
-  "Remind me to buy milk after work.",
-  "Open the front door.",
-  "I would like a cup of coffee.",
-];
 
 interface Collected {
   bytes: Buffer;
@@ -102,25 +89,6 @@ async function waitForNoChildren(prefix: string): Promise<void> {
     children().filter((n) => n.startsWith(prefix)),
     [],
   );
-}
-
-/** Word error rate: word-level edit distance over the reference's length. */
-function wordErrorRate(reference: string, hypothesis: string): number {
-  const words = (t: string) =>
-    t
-      .toLowerCase()
-      .replace(/[^a-z' ]/g, " ")
-      .split(/\s+/)
-      .filter(Boolean);
-  const ref = words(reference);
-  const hyp = words(hypothesis);
-  let row = Array.from({ length: hyp.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= ref.length; i++) {
-    const next = [i];
-    for (let j = 1; j <= hyp.length; j++) next[j] = Math.min(row[j]! + 1, next[j - 1]! + 1, row[j - 1]! + (ref[i - 1] === hyp[j - 1] ? 0 : 1));
-    row = next;
-  }
-  return row[hyp.length]! / ref.length;
 }
 
 function isMp3(b: Buffer): boolean {

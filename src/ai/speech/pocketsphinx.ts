@@ -103,8 +103,9 @@ export class PocketSphinxEngine implements TranscriptionEngine {
       const { binary, hmm, lm, dict } = this.paths;
       const args = ["-hmm", hmm, "-lm", lm, "-dict", dict, "-samprate", String(RECOGNISER_SAMPLE_RATE), "-time", "yes", "-infile", pcm];
       // Without the second (flat-lexicon) pass recognition takes about half the time, with no loss
-      // of accuracy measured on our round-trip sentences.
-      args.push("-fwdflat", "no");
+      // of accuracy on our round-trip sentences; capping the active HMMs per frame bounds the cost
+      // of noisy audio (and saved another ~10 % here, same accuracy).
+      args.push("-fwdflat", "no", "-maxhmmpf", "3000");
       const recogniser = startChild(binary, args, signal);
       recogniser.proc.stdin.end();
       let output = "";
