@@ -268,6 +268,10 @@ describe("PocketSphinx output", () => {
 
 const recogniser = createTranscriptionEngine();
 
+test("no transcription engine without the recogniser's model", () => {
+  assert.equal(createTranscriptionEngine({ modelDir: "/nonexistent/pocketsphinx/model" }), undefined);
+});
+
 describe("transcription (PocketSphinx)", { skip: recogniser ? false : "pocketsphinx and pocketsphinx-en-us are not installed" }, () => {
   let speech: FliteSpeechEngine;
   let asr: PocketSphinxEngine;
