@@ -103,9 +103,9 @@ export class PocketSphinxEngine implements TranscriptionEngine {
       const { binary, hmm, lm, dict } = this.paths;
       const args = ["-hmm", hmm, "-lm", lm, "-dict", dict, "-samprate", String(RECOGNISER_SAMPLE_RATE), "-time", "yes", "-infile", pcm];
       // Without the second (flat-lexicon) pass recognition takes about half the time, with no loss
-      // of accuracy on our round-trip sentences; capping the active HMMs per frame bounds the cost
-      // of noisy audio (and saved another ~10 % here, same accuracy).
-      args.push("-fwdflat", "no", "-maxhmmpf", "3000");
+      // of accuracy on our round-trip sentences. (Narrower beams, -topn 2, -ds 2 or a cap on
+      // active HMMs saved at most another 10–20 % and each cost words.)
+      args.push("-fwdflat", "no");
       const recogniser = startChild(binary, args, signal);
       recogniser.proc.stdin.end();
       let output = "";
