@@ -103,13 +103,10 @@ export class FlitePool {
 
   private async spawn(): Promise<Slot | undefined> {
     const data: FliteWorkerData = { module: await fliteModule(), dir: scratchDir() };
+    // Another dispatch may have filled the pool while the module compiled.
+    if (this.slots.length >= this.size) return this.slots.find((s) => s.job === undefined);
     const worker = new Worker(new URL("./flite-worker.ts", import.meta.url), { workerData: data });
     const slot: Slot = { worker, job: undefined };
-    // Another dispatch may have filled the pool while the module compiled.
-    if (this.slots.length >= this.size) {
-      void worker.terminate();
-      return this.slots.find((s) => s.job === undefined);
-    }
     this.slots.push(slot);
     worker.unref();
     worker.on("message", (result: FliteResult) => {
