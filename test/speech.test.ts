@@ -107,13 +107,11 @@ const MAGIC: Record<SpeechFormat, (b: Buffer) => boolean> = {
   pcm: (b) => b.length % 2 === 0,
 };
 
-describe("speech synthesis (flite)", () => {
-  let engine: FliteSpeechEngine;
+/** One engine for the whole file: its workers and their optimised code are shared. */
+const engine: FliteSpeechEngine = createSpeechEngine({ concurrency: 2 });
 
-  before(async () => {
-    engine = createSpeechEngine({ concurrency: 2 });
-    await engine.warmUp();
-  });
+describe("speech synthesis (flite)", () => {
+  before(() => engine.warmUp());
 
   test("offers the six OpenAI voices", () => {
     assert.deepEqual([...engine.voices].sort(), ["alloy", "echo", "fable", "nova", "onyx", "shimmer"]);
@@ -273,12 +271,11 @@ test("no transcription engine without the recogniser's model", () => {
 });
 
 describe("transcription (PocketSphinx)", { skip: recogniser ? false : "pocketsphinx and pocketsphinx-en-us are not installed" }, () => {
-  let speech: FliteSpeechEngine;
+  const speech = engine;
   let asr: PocketSphinxEngine;
   let phrase: Buffer;
 
   before(async () => {
-    speech = createSpeechEngine({ concurrency: 2 });
     asr = recogniser!;
     phrase = (await collect(speech.synthesize({ text: "Open the front door.", voice: "echo", format: "wav", speed: 1 }))).bytes;
   });
