@@ -48,6 +48,7 @@ export async function speechBench(): Promise<unknown> {
       const t = percentiles(total);
       synthesis[voice][format] = {
         first_byte_ms: { p50: round(f.p50), max: round(Math.max(...first)) },
+        first_kib_ms: { p50: percentiles(firstKib).p50 },
         total_ms: { p50: round(t.p50), max: round(Math.max(...total)) },
         bytes,
       };
