@@ -12,6 +12,7 @@ export { PocketSphinxEngine, type TranscriptionEngineOptions } from "./pocketsph
 export { FliteSpeechEngine, MAX_INPUT_CHARACTERS, MAX_SPEED, MIN_SPEED, type SpeechEngineOptions, VOICES } from "./speech.ts";
 export * from "./types.ts";
 
+/** One per process: each engine has its own queue and worker threads. Call `warmUp()` at start-up to keep the first request fast. */
 export function createSpeechEngine(options?: SpeechEngineOptions): FliteSpeechEngine {
   return new FliteSpeechEngine(options);
 }
