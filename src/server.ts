@@ -2,6 +2,9 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { serve } from "@hono/node-server";
 import pino, { type Logger } from "pino";
+import { Catalog } from "./ai/catalog.ts";
+import { ChatService } from "./ai/chat.ts";
+import type { ProviderFactory } from "./ai/router.ts";
 import { buildInfo } from "./build-info.ts";
 import type { Config } from "./config/config.ts";
 import { loadOrCreateServerKey } from "./config/server-key.ts";
@@ -10,6 +13,7 @@ import { type Clock, systemClock } from "./domain/clock.ts";
 import { Domain } from "./domain/index.ts";
 import { serverInfo } from "./domain/server-info.ts";
 import { createApp } from "./http/app.ts";
+import { createCompatApp } from "./http/compat/app.ts";
 import { Metrics } from "./http/metrics.ts";
 import { Store } from "./store/index.ts";
 
@@ -17,6 +21,9 @@ export interface StartOptions {
   config: Config;
   clock?: Clock;
   logger?: Logger;
+  /** Where provider keys (`api_key_env`) are read; default the process environment. */
+  env?: NodeJS.ProcessEnv;
+  providerFactory?: ProviderFactory;
 }
 
 export interface RunningServer {
@@ -51,7 +58,17 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
   const hostPort = (host: string) => (host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`);
+  const catalog = new Catalog(config, {});
+  const chat = new ChatService({
+    config,
+    catalog,
+    domain,
+    ...(o.env ? { env: o.env } : {}),
+    ...(o.providerFactory ? { providerFactory: o.providerFactory } : {}),
+  });
+  const compat = createCompatApp({ domain, clock, catalog, chat, apiKeys: config.api_keys, metrics, logger });
   const app = createApp({
+    compat,
     domain,
     logger,
     metrics,

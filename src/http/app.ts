@@ -1,7 +1,9 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
+import type { Hono } from "hono";
 import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
 import type { ServerInfo } from "../protocol/public.ts";
+import type { CompatEnv } from "./compat/env.ts";
 import type { AppEnv } from "./env.ts";
 import { ApiError, errorResponse, toApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
@@ -20,7 +22,11 @@ export interface AppOptions {
   /** `GET /server-info` for a request that arrived with this `Host` header. */
   serverInfo: (host: string | undefined) => ServerInfo;
   version: string;
+  /** The Compatible API, mounted at `/openai/v1` with its own body limit and envelope. */
+  compat?: Hono<CompatEnv>;
 }
+
+export const COMPAT_BASE = "/openai/v1";
 
 /**
  * The HTTP application: the Public API plus operational routes. It is transport-agnostic (web
@@ -32,7 +38,11 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
   app.use(requestId());
   app.use(observe(o.logger, o.metrics));
   app.use(cors);
-  app.use(bodyLimit(JSON_BODY_LIMIT, (c) => errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`))));
+  const publicLimit = bodyLimit(JSON_BODY_LIMIT, (c) =>
+    errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`)),
+  );
+  app.use((c, next) => (c.req.path.startsWith(`${COMPAT_BASE}/`) || c.req.path === COMPAT_BASE ? next() : publicLimit(c, next)));
+  if (o.compat) app.route(COMPAT_BASE, o.compat as unknown as Hono<AppEnv>);
 
   registerServerRoutes(app, o.domain, o.serverInfo, o.domain.ctx.config.trustProxy);
   registerMeRoutes(app, o.domain);
