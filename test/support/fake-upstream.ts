@@ -11,7 +11,7 @@ export type Reply =
       tool_calls?: Array<{ id: string; name: string; arguments: string }>;
       finish_reason?: string;
       usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
-      /** Milliseconds between streamed chunks. */
+      /** Milliseconds between streamed chunks; 0 yields to the event loop between them, so each is its own write. */
       delayMs?: number;
       /** Stream the first chunk, then never finish. */
       hang?: boolean;
@@ -94,7 +94,7 @@ export class FakeUpstream {
     const base = { id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1, model: body.model };
     const send = (choices: unknown[], extra: Record<string, unknown> = {}) =>
       res.write(`data: ${JSON.stringify({ ...base, choices, ...(includeUsage ? { usage: null } : {}), ...extra })}\n\n`);
-    const pause = () => (reply.delayMs ? new Promise((r) => setTimeout(r, reply.delayMs)) : undefined);
+    const pause = () => (reply.delayMs === undefined ? undefined : new Promise((r) => (reply.delayMs ? setTimeout(r, reply.delayMs) : setImmediate(r))));
     res.writeHead(200, { "content-type": "text/event-stream" });
     send([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]);
     if (reply.hang) return;

@@ -5,6 +5,7 @@
  */
 import { createAnthropic } from "@ai-sdk/anthropic";
 import { createGoogleGenerativeAI } from "@ai-sdk/google";
+import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { APICallError } from "ai";
 import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
 import { DONE_EVENT, sseError, sseEvent } from "../sse.ts";
@@ -17,7 +18,8 @@ type GenerateResult = Awaited<ReturnType<LanguageModel["doGenerate"]>>;
 type StreamPart = Awaited<ReturnType<LanguageModel["doStream"]>>["stream"] extends ReadableStream<infer P> ? P : never;
 
 export interface AiSdkProviderOptions {
-  kind: "anthropic" | "google";
+  /** `openai-compatible` here only serves the benchmark's comparison with the pass-through. */
+  kind: "anthropic" | "google" | "openai-compatible";
   baseUrl: string | undefined;
   apiKey: string | undefined;
   timeoutMs: number;
@@ -29,8 +31,13 @@ export class AiSdkProvider implements ChatProvider {
 
   constructor(o: AiSdkProviderOptions) {
     const settings = { apiKey: o.apiKey ?? "", ...(o.baseUrl ? { baseURL: o.baseUrl } : {}) };
-    const provider = o.kind === "anthropic" ? createAnthropic(settings) : createGoogleGenerativeAI(settings);
-    this.model = (id) => provider(id) as LanguageModel;
+    if (o.kind === "openai-compatible") {
+      const provider = createOpenAICompatible({ name: "upstream", baseURL: o.baseUrl ?? "", apiKey: o.apiKey, includeUsage: true });
+      this.model = (id) => provider.chatModel(id) as unknown as LanguageModel;
+    } else {
+      const provider = o.kind === "anthropic" ? createAnthropic(settings) : createGoogleGenerativeAI(settings);
+      this.model = (id) => provider(id) as LanguageModel;
+    }
     this.timeoutMs = o.timeoutMs;
   }
 

@@ -21,6 +21,9 @@ const MAX_COMPLETION_BODY = 64 * 1024 * 1024;
 
 export class OpenAIProvider implements ChatProvider {
   private readonly url: URL;
+  private readonly request: typeof http.request;
+  /** Request options computed once: converting a URL on every call shows in the profile. */
+  private readonly target: http.RequestOptions;
   private readonly agent: http.Agent;
   private readonly headers: Record<string, string>;
   private readonly timeoutMs: number;
@@ -32,6 +35,15 @@ export class OpenAIProvider implements ChatProvider {
     this.headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
     if (o.apiKey) this.headers.authorization = `Bearer ${o.apiKey}`;
     this.timeoutMs = o.timeoutMs;
+    this.request = this.url.protocol === "https:" ? https.request : http.request;
+    this.target = {
+      protocol: this.url.protocol,
+      hostname: this.url.hostname.replace(/^\[|\]$/g, ""),
+      port: this.url.port || (this.url.protocol === "https:" ? 443 : 80),
+      path: this.url.pathname + this.url.search,
+      method: "POST",
+      agent: this.agent,
+    };
   }
 
   async complete(request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
@@ -95,12 +107,11 @@ export class OpenAIProvider implements ChatProvider {
     let timedOut = false;
     const response = new Promise<IncomingMessage>((resolve, reject) => {
       if (signal.aborted) return reject(signal.reason);
-      const request = (this.url.protocol === "https:" ? https : http).request(this.url, {
-        method: "POST",
-        agent: this.agent,
-        headers: { ...this.headers, "content-length": Buffer.byteLength(body) },
-        signal,
-      });
+      const request = this.request({ ...this.target, headers: { ...this.headers, "content-length": Buffer.byteLength(body) } });
+      // Not the `signal` option: the listener it leaves on a long-lived signal is removed only when the socket closes.
+      const onAbort = () => request.destroy(signal.reason as Error);
+      signal.addEventListener("abort", onAbort, { once: true });
+      request.once("close", () => signal.removeEventListener("abort", onAbort));
       req = request;
       timer = setTimeout(() => {
         timedOut = true;

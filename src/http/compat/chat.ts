@@ -5,7 +5,7 @@ import { ChatRequest } from "../../protocol/compat.ts";
 import type { Metrics } from "../metrics.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, toOpenAIError } from "./errors.ts";
-import { readJson } from "./json.ts";
+import { clientGone, readJson } from "./json.ts";
 
 const ROUTE = "/chat/completions";
 
@@ -16,10 +16,11 @@ export function registerChatRoute(app: Hono<CompatEnv>, chat: ChatService, metri
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;
     const caller = c.get("caller");
+    const signal = clientGone(c);
     let model = "unknown";
     try {
       model = chat.resolve(caller, request.model).id;
-      const result = await chat.chat(caller, request, c.req.raw.signal);
+      const result = await chat.chat(caller, request, signal);
       if (result.kind === "completion") {
         metrics.observeAi(ROUTE, model, 200, (performance.now() - started) / 1000);
         metrics.tokens(model, result.completion.usage);
@@ -35,9 +36,14 @@ export function registerChatRoute(app: Hono<CompatEnv>, chat: ChatService, metri
         "x-accel-buffering": "no",
       });
     } catch (err) {
+      if (signal.aborted) {
+        // The client went away: nobody reads an answer, and it is not a server error.
+        metrics.observeAi(ROUTE, model, 499, (performance.now() - started) / 1000);
+        return c.body(null, 499 as 200);
+      }
       const e = toOpenAIError(err);
       metrics.observeAi(ROUTE, model, e.status, (performance.now() - started) / 1000, e.type);
-      throw e;
+      throw err;
     }
   });
 }
