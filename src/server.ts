@@ -5,6 +5,7 @@ import pino, { type Logger } from "pino";
 import { Catalog } from "./ai/catalog.ts";
 import { ChatService } from "./ai/chat.ts";
 import type { ProviderFactory } from "./ai/router.ts";
+import type { SpeechEngine, TranscriptionEngine } from "./ai/speech/index.ts";
 import { buildInfo } from "./build-info.ts";
 import type { Config } from "./config/config.ts";
 import { loadOrCreateServerKey } from "./config/server-key.ts";
@@ -24,6 +25,8 @@ export interface StartOptions {
   /** Where provider keys (`api_key_env`) are read; default the process environment. */
   env?: NodeJS.ProcessEnv;
   providerFactory?: ProviderFactory;
+  /** The embedded speech engines. */
+  engines?: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
 }
 
 export interface RunningServer {
@@ -58,7 +61,11 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
   const hostPort = (host: string) => (host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`);
-  const catalog = new Catalog(config, {});
+  const { speech, transcription } = o.engines ?? {};
+  const catalog = new Catalog(config, {
+    ...(speech ? { speech: { voices: speech.voices } } : {}),
+    ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
+  });
   const chat = new ChatService({
     config,
     catalog,
@@ -66,7 +73,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     ...(o.env ? { env: o.env } : {}),
     ...(o.providerFactory ? { providerFactory: o.providerFactory } : {}),
   });
-  const compat = createCompatApp({ domain, clock, catalog, chat, apiKeys: config.api_keys, metrics, logger });
+  const compat = createCompatApp({ domain, clock, catalog, chat, apiKeys: config.api_keys, metrics, logger, speech, transcription });
   const app = createApp({
     compat,
     domain,

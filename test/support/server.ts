@@ -8,7 +8,7 @@ import { type ConfigInput, loadConfig } from "../../src/config/config.ts";
 import { generateKeyPair } from "../../src/crypto/keys.ts";
 import type { Clock } from "../../src/domain/clock.ts";
 import { PerchClient } from "../../src/sdk/client.ts";
-import { type RunningServer, startServer } from "../../src/server.ts";
+import { type RunningServer, type StartOptions, startServer } from "../../src/server.ts";
 
 export const ROOT = new URL("../../", import.meta.url).pathname;
 
@@ -50,7 +50,9 @@ export interface TestServer extends RunningServer {
 }
 
 /** Starts the real server in this process on a random port, with a temporary data directory. */
-export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger } = {}): Promise<TestServer> {
+export async function startTestServer(
+  o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger; engines?: StartOptions["engines"] } = {},
+): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
   const config = loadConfig(
     {},
@@ -63,7 +65,12 @@ export async function startTestServer(o: { config?: ConfigInput; clock?: Clock; 
       ...o.config,
     },
   );
-  const server = await startServer({ config, ...(o.clock ? { clock: o.clock } : {}), ...(o.logger ? { logger: o.logger } : {}) });
+  const server = await startServer({
+    config,
+    ...(o.clock ? { clock: o.clock } : {}),
+    ...(o.logger ? { logger: o.logger } : {}),
+    ...(o.engines ? { engines: o.engines } : {}),
+  });
   const now = o.clock ? () => o.clock!.now() : undefined;
   return {
     ...server,

@@ -2,6 +2,7 @@ import { Hono } from "hono";
 import type { Logger } from "pino";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { ChatService } from "../../ai/chat.ts";
+import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import type { ApiKeyConfig } from "../../config/config.ts";
 import type { Clock } from "../../domain/clock.ts";
 import type { Domain } from "../../domain/index.ts";
@@ -12,6 +13,8 @@ import { registerChatRoute } from "./chat.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError, openAIErrorResponse, toOpenAIError } from "./errors.ts";
 import { registerModelsRoute } from "./models.ts";
+import { registerSpeechRoute } from "./speech.ts";
+import { registerTranscriptionRoute } from "./transcription.ts";
 
 export const COMPAT_BODY_LIMIT = 32 * 1024 * 1024;
 
@@ -23,6 +26,9 @@ export interface CompatAppOptions {
   apiKeys: readonly ApiKeyConfig[];
   metrics: Metrics;
   logger: Logger;
+  /** The embedded engines; without a speech engine the audio routes are not offered. */
+  speech?: SpeechEngine | undefined;
+  transcription?: TranscriptionEngine | undefined;
 }
 
 /** The methods of each route, for 405s. */
@@ -47,6 +53,10 @@ export function createCompatApp(o: CompatAppOptions): Hono<CompatEnv> {
   for (const [path, method] of Object.entries(ROUTES)) app.on(method, path, ...guard);
   registerModelsRoute(app, o.catalog, o.metrics);
   registerChatRoute(app, o.chat, o.metrics);
+  if (o.speech) {
+    registerSpeechRoute(app, o.catalog, o.speech, o.metrics);
+    registerTranscriptionRoute(app, o.catalog, o.transcription, o.metrics);
+  }
 
   // Registered last: whatever no route took. Mounted sub-apps do not get their own notFound.
   app.all("*", (c) => {
