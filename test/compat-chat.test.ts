@@ -7,6 +7,7 @@ import { startTestServer, type TestServer } from "./support/server.ts";
 
 const APP_KEY = "sk-perch-test-app-key";
 const LIMITED_KEY = "sk-perch-test-limited-key";
+const METERED_KEY = "sk-perch-test-metered-key";
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
 describe("Compatible API: chat", () => {
@@ -32,11 +33,13 @@ describe("Compatible API: chat", () => {
           { id: "primary", kind: "openai-compatible", base_url: primary.url, api_key_env: "PRIMARY_KEY", max_retries: 2, retry_backoff_ms: 1 },
           { id: "backup", kind: "openai-compatible", base_url: backup.url, max_retries: 0 },
           { id: "flaky", kind: "openai-compatible", base_url: primary.url, max_retries: 0 },
+          { id: "slow", kind: "openai-compatible", base_url: primary.url, max_retries: 0, timeout_ms: 150 },
         ],
         models: [
           { id: "my-chat", kind: "chat", provider: "primary", upstream_model: "llama3.2" },
           { id: "other-chat", kind: "chat", provider: "backup", upstream_model: "qwen" },
           { id: "safe-chat", kind: "chat", provider: "flaky", upstream_model: "first", fallbacks: ["other-chat"] },
+          { id: "slow-chat", kind: "chat", provider: "slow", upstream_model: "sloth" },
           { id: "vision-chat", kind: "chat", provider: "primary", upstream_model: "llava", input: ["image"] },
         ],
         agents: [
@@ -51,6 +54,7 @@ describe("Compatible API: chat", () => {
         api_keys: [
           { name: "app", sha256: sha256(APP_KEY), models: ["*"] },
           { name: "limited", sha256: sha256(LIMITED_KEY), models: ["other-chat"] },
+          { name: "metered", sha256: sha256(METERED_KEY), rate_limit: 2 },
         ],
       },
     });
@@ -81,7 +85,7 @@ describe("Compatible API: chat", () => {
       assert.equal(typeof m.created, "number");
       assert.deepEqual(Object.keys(m).sort(), ["created", "id", "object", "owned_by"]);
     }
-    assert.deepEqual(ids.sort(), ["helper", "my-chat", "other-chat", "safe-chat", "vision-chat"]);
+    assert.deepEqual(ids.sort(), ["helper", "my-chat", "other-chat", "safe-chat", "slow-chat", "vision-chat"]);
     const limited = [];
     for await (const m of client(LIMITED_KEY).models.list()) limited.push(m.id);
     assert.deepEqual(limited, ["other-chat"]);
@@ -431,6 +435,27 @@ describe("Compatible API: chat", () => {
       assert.equal(err.status, 404);
       assert.equal(err.error.code, "model_not_found");
       assert.equal(err.error.param, "model");
+      return true;
+    });
+  });
+
+  test("a provider that does not answer in time → 504 api_error", async () => {
+    primary.reply({ hang: true });
+    await assert.rejects(app.chat.completions.create({ model: "slow-chat", messages: [{ role: "user", content: "Hi" }] }), (err: any) => {
+      assert.equal(err.status, 504);
+      assert.equal(err.error.type, "api_error");
+      return true;
+    });
+  });
+
+  test("an API key's rate limit → 429 rate_limit_error with Retry-After", async () => {
+    const metered = client(METERED_KEY);
+    await metered.models.list();
+    await metered.models.list();
+    await assert.rejects(metered.models.list(), (err: any) => {
+      assert.equal(err.status, 429);
+      assert.equal(err.error.type, "rate_limit_error");
+      assert.ok(Number(err.headers.get("retry-after")) >= 1);
       return true;
     });
   });

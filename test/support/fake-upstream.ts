@@ -13,7 +13,7 @@ export type Reply =
       usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
       /** Milliseconds between streamed chunks; 0 yields to the event loop between them, so each is its own write. */
       delayMs?: number;
-      /** Stream the first chunk, then never finish. */
+      /** Stream the first chunk, then never finish (not streaming: never answer). */
       hang?: boolean;
     };
 
@@ -85,6 +85,7 @@ export class FakeUpstream {
         return;
       }
       if (body.stream) void this.stream(body, reply, res);
+      else if (reply.hang) return;
       else res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(completion(body, reply)));
     });
   }

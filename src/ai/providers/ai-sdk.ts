@@ -8,6 +8,7 @@ import { createGoogleGenerativeAI } from "@ai-sdk/google";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { APICallError } from "ai";
 import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
+import { GenerationError } from "../errors.ts";
 import { DONE_EVENT, sseError, sseEvent } from "../sse.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
@@ -49,6 +50,7 @@ export class AiSdkProvider implements ChatProvider {
     } catch (err) {
       throw toProviderError(err, o.signal, timeout);
     }
+    refuseIgnored(result.warnings);
     let content = "";
     const toolCalls: ToolCall[] = [];
     for (const part of result.content) {
@@ -90,6 +92,14 @@ export class AiSdkProvider implements ChatProvider {
       }
       if (r.done) throw new ProviderError("the provider's stream ended before its first event");
       if (r.value.type === "error") throw toProviderError(r.value.error, o.signal, timeout);
+      if (r.value.type === "stream-start") {
+        try {
+          refuseIgnored(r.value.warnings);
+        } catch (err) {
+          controller.abort();
+          throw err;
+        }
+      }
       const out = encoder.part(r.value, stats);
       if (out) {
         first.push(out);
@@ -331,6 +341,34 @@ function parseArguments(text: string): unknown {
     return JSON.parse(text);
   } catch {
     return {};
+  }
+}
+
+/** The request parameter behind each call setting the SDK may report as unsupported. */
+const PARAMETER_OF: Record<string, string> = {
+  temperature: "temperature",
+  topP: "top_p",
+  stopSequences: "stop",
+  seed: "seed",
+  presencePenalty: "presence_penalty",
+  frequencyPenalty: "frequency_penalty",
+  responseFormat: "response_format",
+  toolChoice: "tool_choice",
+  tools: "tools",
+};
+
+/**
+ * A parameter the provider package would drop for this model (it reports it as a warning, and
+ * goes on without it) is refused instead: the contract never ignores an accepted parameter silently.
+ */
+function refuseIgnored(warnings: ReadonlyArray<{ type: string; feature?: string; details?: string }> | undefined): void {
+  for (const w of warnings ?? []) {
+    const param = w.type === "unsupported" && w.feature ? PARAMETER_OF[w.feature] : undefined;
+    if (param)
+      throw new GenerationError("invalid", `this model does not support \`${param}\`${w.details ? `: ${w.details}` : ""}`, {
+        param,
+        code: "unsupported_parameter",
+      });
   }
 }
 
