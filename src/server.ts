@@ -1,6 +1,6 @@
+import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
-import { serve } from "@hono/node-server";
 import pino, { type Logger } from "pino";
 import { Catalog } from "./ai/catalog.ts";
 import { ChatService } from "./ai/chat.ts";
@@ -14,14 +14,18 @@ import { type Clock, systemClock } from "./domain/clock.ts";
 import { Domain } from "./domain/index.ts";
 import { serverInfo } from "./domain/server-info.ts";
 import { createApp } from "./http/app.ts";
-import { createCompatApp } from "./http/compat/app.ts";
+import { compatSurface } from "./http/compat/surface.ts";
+import { createHttpServer } from "./http/listener.ts";
 import { Metrics } from "./http/metrics.ts";
+import type { Surface } from "./http/surface.ts";
 import { Store } from "./store/index.ts";
 
 export interface StartOptions {
   config: Config;
   clock?: Clock;
   logger?: Logger;
+  /** Surfaces mounted beside the Compatible API, the Public API and operations, each at its own base path. */
+  surfaces?: () => Surface[];
   /** Where provider keys (`api_key_env`) are read; default the process environment. */
   env?: NodeJS.ProcessEnv;
   providerFactory?: ProviderFactory;
@@ -35,6 +39,8 @@ export interface RunningServer {
   port: number;
   domain: Domain;
   store: Store;
+  /** The HTTP server: a transport hands it further connections (`emit("connection", stream)`). */
+  httpServer: Server;
   /** Stops accepting, lets in-flight requests finish, then closes the store. */
   close(): Promise<void>;
 }
@@ -73,20 +79,30 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     ...(o.env ? { env: o.env } : {}),
     ...(o.providerFactory ? { providerFactory: o.providerFactory } : {}),
   });
-  const compat = createCompatApp({ domain, clock, catalog, chat, apiKeys: config.api_keys, metrics, logger, speech, transcription });
   const app = createApp({
-    compat,
     domain,
     logger,
     metrics,
     version: build.version,
+    // Test surfaces first: of surfaces sharing a base, the first mounted answers its unrouted paths.
+    surfaces: (callers) => [...(o.surfaces?.() ?? []), compatSurface({ callers, catalog, chat, metrics, speech, transcription })],
     // A wildcard listen address is not one a client can dial, so then the request's Host is used.
     serverInfo: (host) => serverInfo(domain.ctx, identity, config.publicEndpoint ?? (wildcard ? (host ?? hostPort("127.0.0.1")) : hostPort(config.host))),
   });
 
-  const server = await new Promise<ReturnType<typeof serve>>((resolve, reject) => {
-    const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
-    s.once("error", reject);
+  const server = createHttpServer({
+    fetch: app.fetch,
+    requestTimeoutMs: config.http.requestTimeoutMs,
+    maxConnections: config.http.maxConnections,
+    logger,
+    metrics,
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(config.port, config.host, () => {
+      server.off("error", reject);
+      resolve();
+    });
   });
   port = (server.address() as AddressInfo).port;
 
@@ -106,18 +122,17 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     port,
     domain,
     store,
+    httpServer: server,
     close() {
       closing ??= (async () => {
         clearInterval(cleanup);
         await new Promise<void>((resolve) => {
           server.close(() => resolve());
-          if ("closeIdleConnections" in server) {
-            server.closeIdleConnections();
-            // A kept-alive connection whose in-flight response finishes later is closed too: close()
-            // waits for requests, not for idle clients to hang up (up to the keep-alive timeout).
-            const sweep = setInterval(() => server.closeIdleConnections(), 50);
-            server.once("close", () => clearInterval(sweep));
-          }
+          server.closeIdleConnections();
+          // A kept-alive connection whose in-flight response finishes later is closed too: close()
+          // waits for requests, not for idle clients to hang up (up to the keep-alive timeout).
+          const sweep = setInterval(() => server.closeIdleConnections(), 50);
+          server.once("close", () => clearInterval(sweep));
         });
         await store.close();
       })();

@@ -1,8 +1,11 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { duplexPair } from "node:stream";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
+import { bindConnection } from "../src/http/connection.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
+import { exchange, parseRawResponse } from "./support/raw-http.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 
 const APP_KEY = "sk-perch-test-app-key";
@@ -458,6 +461,23 @@ describe("Compatible API: chat", () => {
       assert.ok(Number(err.headers.get("retry-after")) >= 1);
       return true;
     });
+  });
+
+  test("a request on a device's connection (no bearer) runs as that device: its agent tools act on it", async () => {
+    primary.reply({ tool_calls: [{ id: "s", name: "device_status", arguments: "{}" }] }, { content: "ok" });
+    const before = primary.received.length;
+    const body = JSON.stringify({ model: "helper", messages: [{ role: "user", content: "status?" }] });
+    const [ours, theirs] = duplexPair();
+    bindConnection(theirs, { peerKey: devicePublicKey, remoteAddress: "192.0.2.7" });
+    server.httpServer.emit("connection", theirs);
+    const { raw } = await exchange(
+      ours,
+      `POST /openai/v1/chat/completions HTTP/1.1\r\nHost: peer\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    );
+    const res = parseRawResponse(raw);
+    assert.equal(res?.status, 200, raw);
+    assert.equal(JSON.parse(res!.body).choices[0].message.content, "ok");
+    assert.equal(JSON.parse(primary.received[before + 1]!.body.messages.at(-1).content).volume, 33);
   });
 
   test("unknown model → 404 model_not_found", async () => {

@@ -155,7 +155,7 @@ async function isRegistered(server: TestServer, key: string): Promise<boolean> {
   return (await server.store.peers.get(key)) !== undefined;
 }
 
-/** A ManualClock at 15 s past a minute (fixed rate-limit windows then never roll over by themselves). */
+/** A ManualClock at 15 s past a minute: limits refill only when a test moves it. */
 function manualClock(): ManualClock {
   return new ManualClock(Math.floor(Date.now() / 60_000) * 60_000 + 15_000);
 }

@@ -1,5 +1,6 @@
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
+import proxyAddr from "proxy-addr";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 
@@ -13,6 +14,31 @@ const IceServerConfig = z.strictObject({
   secret: z.string().optional(),
   /** Optional suffix of minted usernames (`<expiry>:<name>`). */
   name: z.string().optional(),
+});
+
+const BOOLEAN_WORDS = new Set(["true", "false", "1", "0", "yes", "no"]);
+
+/**
+ * The proxies whose `X-Forwarded-For` entries are believed: what `proxy-addr` takes (addresses,
+ * CIDR ranges, `loopback`, `linklocal`, `uniquelocal`), as a list or one comma-separated string.
+ * The boolean this setting once was is refused with the new form, rather than read as something.
+ */
+const TrustProxy = z.union([z.string(), z.array(z.string()), z.boolean()]).transform((value, ctx) => {
+  const list = (typeof value === "string" ? value.split(",") : Array.isArray(value) ? value : []).map((s) => s.trim()).filter(Boolean);
+  if (typeof value === "boolean" || (typeof value === "string" && BOOLEAN_WORDS.has(value.trim().toLowerCase()))) {
+    ctx.addIssue({
+      code: "custom",
+      message: `takes the trusted proxies' addresses, no longer a boolean: e.g. PERCH_TRUST_PROXY=loopback,10.0.0.0/8 or trustProxy: [loopback, 10.0.0.0/8] (got ${JSON.stringify(value)})`,
+    });
+    return z.NEVER;
+  }
+  try {
+    proxyAddr.compile(list);
+  } catch (err) {
+    ctx.addIssue({ code: "custom", message: `${(err as Error).message}; expected addresses, CIDR ranges, loopback, linklocal or uniquelocal` });
+    return z.NEVER;
+  }
+  return list;
 });
 
 const ID = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/, "must be 1–128 letters, digits or . _ : / -");
@@ -85,8 +111,22 @@ export const ConfigSchema = z
     /** Name this node writes into runtime records; default the host name. */
     nodeName: z.string().min(1).default(hostname()),
     logLevel: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
-    /** Take the client address from `X-Forwarded-For` (only behind a trusted proxy). */
-    trustProxy: z.boolean().default(false),
+    /** Proxies trusted to append the client address to `X-Forwarded-For`; none by default (the socket's address is the client's). */
+    trustProxy: TrustProxy.default([]),
+    http: z
+      .strictObject({
+        /** Time to receive a whole request, headers and body (408 after it). */
+        requestTimeoutMs: z.number().int().min(1).default(30_000),
+        /** Open connections this node accepts at once; more are closed on arrival. */
+        maxConnections: z.number().int().min(1).default(10_000),
+      })
+      .default({ requestTimeoutMs: 30_000, maxConnections: 10_000 }),
+    limits: z
+      .strictObject({
+        /** Keys (addresses, peer keys) each rate limiter remembers; the least recently used are forgotten first. */
+        rateLimiterKeys: z.number().int().min(1).default(100_000),
+      })
+      .default({ rateLimiterKeys: 100_000 }),
     registration: z
       .strictObject({
         policy: z.enum(["open", "token", "closed"]).default("open"),
@@ -150,8 +190,8 @@ function checkCatalog(c: { providers: ProviderConfig[]; models: ModelConfig[]; a
   c.models.forEach((m, i) => {
     const provider = providers.get(m.provider);
     if (!provider) issue(["models", i, "provider"], `unknown provider ${m.provider}`);
-    else if (m.kind !== "chat" && provider.kind !== "openai" && provider.kind !== "openai-compatible") {
-      issue(["models", i, "provider"], `${m.kind} models need an openai or openai-compatible provider`);
+    if (m.kind !== "chat") {
+      issue(["models", i, "kind"], "only chat models come from providers for now; speech and transcription are the embedded tts-1 and whisper-1");
     }
     m.fallbacks.forEach((f, j) => {
       const target = models.get(f);
@@ -186,8 +226,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_PUBLIC_ENDPOINT: (v) => ({ publicEndpoint: v }),
   PERCH_NODE_NAME: (v) => ({ nodeName: v }),
   PERCH_LOG_LEVEL: (v) => ({ logLevel: v as Config["logLevel"] }),
-  // Anything but these four words is passed on as text, so validation names the variable's setting.
-  PERCH_TRUST_PROXY: (v) => ({ trustProxy: ({ "1": true, true: true, "0": false, false: false } as Record<string, boolean>)[v] ?? (v as never) }),
+  PERCH_TRUST_PROXY: (v) => ({ trustProxy: v }),
   PERCH_REGISTRATION_POLICY: (v) => ({ registration: { policy: v as "open" } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };

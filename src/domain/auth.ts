@@ -34,8 +34,9 @@ export class AuthService {
 
   constructor(ctx: DomainContext) {
     this.ctx = ctx;
-    this.byAddress = new RateLimiter(ctx.config.rateLimits.loginPerAddress, ctx.clock);
-    this.byKey = new RateLimiter(ctx.config.rateLimits.loginPerKey, ctx.clock);
+    const { rateLimits, limits } = ctx.config;
+    this.byAddress = new RateLimiter(rateLimits.loginPerAddress, ctx.clock, limits.rateLimiterKeys);
+    this.byKey = new RateLimiter(rateLimits.loginPerKey, ctx.clock, limits.rateLimiterKeys);
   }
 
   /** X25519(server private, `publicKey`) as an HMAC key; throws INVALID_PUBLIC_KEY for an unusable key. */
@@ -163,6 +164,20 @@ export class AuthService {
     checkPeer(row.target_status, false);
     checkPeer(row.peer_status, true);
     return { kind: "side_control", publicKey: row.public_key, targetKey: row.target_key as string, sessionId: row.id };
+  }
+
+  /**
+   * The primary principal of a connection that already proved `peerKey` (a WebRTC connection's
+   * stream): no bearer, but the peer is re-checked on every request, as a session's is.
+   */
+  async authenticateConnection(peerKey: string, publicKeyHeader: string | undefined): Promise<Principal> {
+    if (publicKeyHeader !== undefined && canonicalKey(publicKeyHeader) !== peerKey) {
+      throw new DomainError("unauthenticated", "PUBLIC_KEY_MISMATCH", "X-Public-Key does not match the connection's key");
+    }
+    const peer = await this.ctx.store.peers.get(peerKey);
+    if (!peer) throw invalidSession("the peer behind this connection is not registered");
+    checkPeer(peer.status, false);
+    return { kind: "primary", publicKey: peerKey };
   }
 }
 

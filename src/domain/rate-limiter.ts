@@ -1,42 +1,59 @@
+import { LRUCache } from "lru-cache";
 import type { Clock } from "./clock.ts";
 
+const MINUTE_MS = 60_000;
+
 /**
- * Fixed one-minute windows per key, in this process's memory. Limits protect a node from bursts;
- * they are deliberately not shared through the store (a write per request would cost more than
- * the requests they guard). With N nodes a client can reach N times a limit.
+ * `perMinute` requests a minute per key, with a burst of `perMinute`, as GCRA (a token bucket kept
+ * as one number per key: the theoretical arrival time of the next request). Unlike fixed windows it
+ * holds across any minute: no key gets more than `perMinute` plus what refills meanwhile.
+ *
+ * Kept in this process's memory. Limits protect a node from bursts; they are deliberately not
+ * shared through the store (a write per request would cost more than the requests they guard), so
+ * with N nodes a client can reach N times a limit. At most `maxKeys` keys are remembered, the
+ * least recently used forgotten first: a key being limited is a key in use, so it stays.
  */
 export class RateLimiter {
-  private windowStart = 0;
-  private counts = new Map<string, number>();
+  /** Key → theoretical arrival time (ms). A time already past means a full bucket, the same as absent. */
+  private readonly arrivals: LRUCache<string, number>;
+  /** Milliseconds one request uses up of the bucket. */
+  private readonly interval: number;
 
   private readonly perMinute: number;
   private readonly clock: Clock;
 
-  constructor(perMinute: number, clock: Clock) {
+  constructor(perMinute: number, clock: Clock, maxKeys: number) {
     this.perMinute = perMinute;
     this.clock = clock;
+    this.interval = perMinute > 0 ? MINUTE_MS / perMinute : 0;
+    this.arrivals = new LRUCache({ max: Math.max(1, maxKeys) });
   }
 
-  /** Counts one request for `key`; returns the seconds to wait when over the limit, else 0. */
+  /** Counts one request for `key`; returns the seconds to wait when over the limit (nothing counted then), else 0. */
   hit(key: string): number {
     return this.over(key, true);
   }
 
-  /** Like `hit`, but counts nothing: the seconds to wait when `key` has already used up this window, else 0. */
+  /** Like `hit`, but counts nothing: the seconds to wait when one more request for `key` would be refused, else 0. */
   check(key: string): number {
     return this.over(key, false);
   }
 
-  /** The wait when one more request for `key` would exceed the limit; `count` records that request. */
+  /** How many keys are remembered (bounded by `maxKeys`). */
+  get size(): number {
+    return this.arrivals.size;
+  }
+
   private over(key: string, count: boolean): number {
     if (this.perMinute <= 0) return 0;
     const now = this.clock.now();
-    if (now - this.windowStart >= 60_000 || now < this.windowStart) {
-      this.windowStart = now - (now % 60_000);
-      this.counts.clear();
-    }
-    const next = (this.counts.get(key) ?? 0) + 1;
-    if (count) this.counts.set(key, next);
-    return next > this.perMinute ? Math.max(1, Math.ceil((this.windowStart + 60_000 - now) / 1000)) : 0;
+    const stored = this.arrivals.get(key);
+    const next = Math.max(stored ?? now, now) + this.interval;
+    const excess = next - now - MINUTE_MS;
+    // A thousandth of a millisecond of slack: `interval` is not always a whole number.
+    if (excess > 0.001) return Math.max(1, Math.ceil(excess / 1000));
+    if (count) this.arrivals.set(key, next);
+    else if (stored !== undefined && stored <= now) this.arrivals.delete(key);
+    return 0;
   }
 }

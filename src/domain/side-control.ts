@@ -17,7 +17,7 @@ export class SideControlService {
 
   constructor(ctx: DomainContext) {
     this.ctx = ctx;
-    this.tokenLimiter = new RateLimiter(ctx.config.rateLimits.deviceTokenPerDevice, ctx.clock);
+    this.tokenLimiter = new RateLimiter(ctx.config.rateLimits.deviceTokenPerDevice, ctx.clock, ctx.config.limits.rateLimiterKeys);
   }
 
   async createDeviceToken(deviceKey: string): Promise<DeviceToken> {

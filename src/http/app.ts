@@ -1,19 +1,16 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
-import type { Hono } from "hono";
 import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
 import type { ServerInfo } from "../protocol/public.ts";
-import type { CompatEnv } from "./compat/env.ts";
 import type { AppEnv } from "./env.ts";
-import { ApiError, errorResponse, toApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
-import { bodyLimit, cors, observe, requestId } from "./middleware.ts";
-import { registerOpsRoutes } from "./ops.ts";
-import { registerMeRoutes } from "./public/me.ts";
-import { registerServerRoutes } from "./public/server.ts";
-import { registerSideControlRoutes } from "./public/side-control.ts";
+import { CLIENT_CLOSED_REQUEST, clientClosedRequest, cors, observe, requestId } from "./middleware.ts";
+import { opsSurface } from "./ops.ts";
+import { Callers } from "./principal.ts";
+import { publicSurface } from "./public/surface.ts";
+import { mountSurfaces, type Surface } from "./surface.ts";
 
-export const JSON_BODY_LIMIT = 64 * 1024;
+export { JSON_BODY_LIMIT } from "./public/limits.ts";
 
 export interface AppOptions {
   domain: Domain;
@@ -22,64 +19,40 @@ export interface AppOptions {
   /** `GET /server-info` for a request that arrived with this `Host` header. */
   serverInfo: (host: string | undefined) => ServerInfo;
   version: string;
-  /** The Compatible API, mounted at `/openai/v1` with its own body limit and envelope. */
-  compat?: Hono<CompatEnv>;
+  /** Further surfaces, each at its own base path (the Compatible API at `/openai/v1`). */
+  surfaces?: (callers: Callers) => Surface[];
 }
-
-export const COMPAT_BASE = "/openai/v1";
 
 /**
- * The HTTP application: the Public API plus operational routes. It is transport-agnostic (web
- * Request → Response), so the same app serves the TCP listener and, later, DataChannel streams.
+ * The HTTP application: one root for every surface. The root keeps only what they share (request
+ * id, logs and metrics, CORS) and hands unrouted requests and errors to the surface that owns them.
+ * It is transport-agnostic (web Request → Response), so the same app serves the TCP listener and
+ * DataChannel streams (see `connection.ts`).
  */
 export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
-  const app = new OpenAPIHono<AppEnv>();
+  const callers = new Callers(o.domain, o.domain.ctx.config.trustProxy);
+  const root = new OpenAPIHono<AppEnv>();
+  root.use(requestId());
+  root.use(observe(o.logger, o.metrics, callers));
+  root.use(cors);
 
-  app.use(requestId());
-  app.use(observe(o.logger, o.metrics));
-  app.use(cors);
-  const publicLimit = bodyLimit(JSON_BODY_LIMIT, (c) =>
-    errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`)),
-  );
-  app.use((c, next) => (c.req.path.startsWith(`${COMPAT_BASE}/`) || c.req.path === COMPAT_BASE ? next() : publicLimit(c, next)));
-  if (o.compat) app.route(COMPAT_BASE, o.compat as unknown as Hono<AppEnv>);
-
-  registerServerRoutes(app, o.domain, o.serverInfo, o.domain.ctx.config.trustProxy);
-  registerMeRoutes(app, o.domain);
-  registerSideControlRoutes(app, o.domain);
-  registerOpsRoutes(app, o.domain, o.metrics);
-
-  app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
-    type: "http",
-    scheme: "bearer",
-    description: "access_token from POST /login",
+  let document: unknown;
+  const openApiDocument = () =>
+    (document ??= root.getOpenAPI31Document({
+      openapi: "3.1.0",
+      info: { title: "Perch Public API", version: o.version, description: "Device login, status, runtime and Side Control." },
+    }));
+  const surfaces = [
+    ...(o.surfaces?.(callers) ?? []),
+    publicSurface({ domain: o.domain, callers, serverInfo: o.serverInfo }),
+    opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument }),
+  ];
+  mountSurfaces(root, surfaces, (c, err, surface) => {
+    // A body that stopped arriving because its client left: not a server error, and nobody reads the answer.
+    if (clientClosedRequest(c)) return new Response(null, { status: CLIENT_CLOSED_REQUEST });
+    const res = surface.error(c, err);
+    if (res.status >= 500) o.logger.error({ err, req_id: c.get("requestId"), path: c.req.path }, "request failed");
+    return res;
   });
-  app.doc31("/openapi.json", {
-    openapi: "3.1.0",
-    info: { title: "Perch Public API", version: o.version, description: "Device login, status, runtime and Side Control." },
-  });
-
-  const allowed = methodsByPath(app);
-  app.notFound((c) => {
-    const methods = allowed(c.req.path);
-    if (methods.length > 0) {
-      c.header("Allow", methods.join(", "));
-      return errorResponse(c, new ApiError(405, "METHOD_NOT_ALLOWED", `${c.req.method} is not allowed here; use ${methods.join(", ")}`));
-    }
-    return errorResponse(c, new ApiError(404, "NOT_FOUND", `no route for ${c.req.method} ${c.req.path}`));
-  });
-  app.onError((err, c) => {
-    const apiError = toApiError(err);
-    if (apiError.status >= 500) o.logger.error({ err, req_id: c.get("requestId"), path: c.req.path }, "request failed");
-    return errorResponse(c, apiError);
-  });
-  return app;
-}
-
-/** For 405s: which methods the app's routes offer on a path. */
-function methodsByPath(app: OpenAPIHono<AppEnv>): (path: string) => string[] {
-  const routes = app.routes
-    .filter((r) => r.method !== "ALL")
-    .map((r) => ({ method: r.method, pattern: new RegExp(`^${r.path.replace(/:[^/]+/g, "[^/]+")}$`) }));
-  return (path) => [...new Set(routes.filter((r) => r.pattern.test(path)).map((r) => r.method))];
+  return root;
 }

@@ -2,10 +2,11 @@ import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
 import { DomainError, type ErrorKind } from "../domain/errors.ts";
+import { JSON_UTF8 } from "./json.ts";
 
-type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 408 | 409 | 413 | 415 | 429 | 431 | 500 | 503;
+export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 408 | 409 | 413 | 415 | 429 | 431 | 500 | 503;
 
-/** An error answered by the HTTP layer itself, with its status. */
+/** An error of the Public API's (and operations') `ErrorResponse` envelope, with its status. */
 export class ApiError extends Error {
   readonly status: ErrorStatus;
   readonly code: string;
@@ -38,7 +39,16 @@ export function errorResponse(c: Context, err: ApiError): Response {
   if (err.retryAfter !== undefined) c.header("Retry-After", String(err.retryAfter));
   const error: { code: string; message: string; details?: Record<string, unknown> } = { code: err.code, message: err.message };
   if (err.details) error.details = err.details;
-  return c.json({ error }, err.status);
+  return c.json({ error }, err.status, JSON_UTF8);
+}
+
+/** The `ErrorResponse` for a request no route answers: 405 with `Allow` when the path has other methods, else 404. */
+export function unroutedResponse(c: Context, allow: string[]): Response {
+  if (allow.length > 0) {
+    c.header("Allow", allow.join(", "));
+    return errorResponse(c, new ApiError(405, "METHOD_NOT_ALLOWED", `${c.req.method} is not allowed here; use ${allow.join(", ")}`));
+  }
+  return errorResponse(c, new ApiError(404, "NOT_FOUND", `no route for ${c.req.method} ${c.req.path}`));
 }
 
 /** Maps anything thrown while handling a request onto `ErrorResponse`; unexpected errors become 500. */

@@ -5,6 +5,7 @@ import type { Logger } from "pino";
 import type { AppEnv } from "./env.ts";
 import { ApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
+import type { Callers } from "./principal.ts";
 
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,128}$/;
 
@@ -43,10 +44,10 @@ export const cors: MiddlewareHandler<AppEnv> = async (c, next) => {
 };
 
 /**
- * One log line and one metrics observation per request. Only method, path, route, status and
- * timing are logged: never headers, query strings or bodies, which can hold credentials.
+ * One log line and one metrics observation per request. Only method, path, route, status, client
+ * address and timing are logged: never headers, query strings or bodies, which can hold credentials.
  */
-export function observe(logger: Logger, metrics: Metrics): MiddlewareHandler<AppEnv> {
+export function observe(logger: Logger, metrics: Metrics, callers: Callers): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
     const started = performance.now();
     await next();
@@ -55,11 +56,32 @@ export function observe(logger: Logger, metrics: Metrics): MiddlewareHandler<App
     metrics.observe(c.req.method, route, c.res.status, ms / 1000);
     if (logger.isLevelEnabled("info")) {
       logger.info(
-        { req_id: c.get("requestId"), method: c.req.method, path: c.req.path, route, status: c.res.status, ms: Math.round(ms * 100) / 100 },
+        {
+          req_id: c.get("requestId"),
+          method: c.req.method,
+          path: c.req.path,
+          route,
+          status: c.res.status,
+          client: callers.address(c),
+          ms: Math.round(ms * 100) / 100,
+        },
         "request",
       );
     }
   };
+}
+
+/** The status recorded for a request its client abandoned before it was received whole ("client closed request"). */
+export const CLIENT_CLOSED_REQUEST = 499;
+
+/**
+ * Whether the client went away before its request arrived whole: reading the body then fails, which
+ * is the client's doing, not a server error.
+ */
+export function clientClosedRequest(c: Context<AppEnv>): boolean {
+  const incoming = c.env?.incoming;
+  if (incoming) return !incoming.complete && (incoming.destroyed || incoming.socket?.destroyed === true);
+  return c.req.raw.signal?.aborted === true;
 }
 
 /** Refuses a body that is not declared JSON (the validators would otherwise read a missing body as `{}`). */

@@ -1,13 +1,24 @@
-import { createRoute, z } from "@hono/zod-openapi";
+import { createRoute, OpenAPIHono, z } from "@hono/zod-openapi";
 import type { Domain } from "../domain/index.ts";
-import type { App } from "./env.ts";
+import type { AppEnv } from "./env.ts";
+import { errorResponse, invalid, toApiError, unroutedResponse } from "./errors.ts";
+import { JSON_UTF8 } from "./json.ts";
 import type { Metrics } from "./metrics.ts";
 import { errors } from "./public/responses.ts";
+import type { Surface } from "./surface.ts";
 
 const Health = z.object({ status: z.literal("ok") }).openapi("Health");
 
-/** Operational routes: health and Prometheus metrics. */
-export function registerOpsRoutes(app: App, domain: Domain, metrics: Metrics): void {
+export interface OpsSurfaceOptions {
+  domain: Domain;
+  metrics: Metrics;
+  /** The OpenAPI document served at `/openapi.json`. */
+  document: () => unknown;
+}
+
+/** Operations: health, Prometheus metrics and the OpenAPI document; no bodies, `ErrorResponse` errors. */
+export function opsSurface(o: OpsSurfaceOptions): Surface {
+  const app = new OpenAPIHono<AppEnv>({ defaultHook: invalid("INVALID_REQUEST") });
   app.openapi(
     createRoute({
       method: "get",
@@ -17,8 +28,8 @@ export function registerOpsRoutes(app: App, domain: Domain, metrics: Metrics): v
       responses: { 200: { description: "Healthy", content: { "application/json": { schema: Health } } }, ...errors(500) },
     }),
     async (c) => {
-      await domain.ping();
-      return c.json({ status: "ok" as const }, 200);
+      await o.domain.ping();
+      return c.json({ status: "ok" as const }, 200, JSON_UTF8);
     },
   );
 
@@ -30,6 +41,11 @@ export function registerOpsRoutes(app: App, domain: Domain, metrics: Metrics): v
       summary: "Prometheus metrics: requests and latency by route and status, active sessions",
       responses: { 200: { description: "Prometheus text format", content: { "text/plain": { schema: z.string() } } } },
     }),
-    async (c) => c.text(await metrics.registry.metrics(), 200, { "Content-Type": metrics.registry.contentType }),
+    async (c) => c.text(await o.metrics.registry.metrics(), 200, { "Content-Type": o.metrics.registry.contentType }),
   );
+
+  // Not in the document itself, as before: it describes the API, not its own description.
+  app.get("/openapi.json", (c) => c.json(o.document(), 200, JSON_UTF8));
+
+  return { base: "/", app, error: (c, err) => errorResponse(c, toApiError(err)), unrouted: unroutedResponse };
 }

@@ -53,6 +53,22 @@ export interface PerchClientOptions {
 
 export type Query = Record<string, string | number | undefined>;
 
+/** The JSON value of `text`, or undefined when it is empty or not JSON. */
+function parseJson(text: string): unknown {
+  if (!text) return undefined;
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The start of a body that is not the contract's error, for a message. */
+function summary(text: string, fallback: string): string {
+  const flat = text.replace(/\s+/g, " ").trim();
+  return flat ? (flat.length > 200 ? `${flat.slice(0, 200)}…` : flat) : fallback || "no body";
+}
+
 export class PerchClient {
   readonly baseUrl: string;
   readonly keyPair: KeyPair;
@@ -86,10 +102,15 @@ export class PerchClient {
     const res = await this.fetchImpl(url, { method, headers, body: o.body === undefined ? null : JSON.stringify(o.body) });
     if (res.status === 204) return undefined as T;
     const text = await res.text();
-    const value = text ? JSON.parse(text) : undefined;
+    const value = parseJson(text);
     if (!res.ok) {
+      // Not always the server's own answer: a proxy in between may send HTML, or nothing.
       const error = (value as ErrorResponse | undefined)?.error;
-      throw new PerchApiError(res.status, error?.code ?? "UNKNOWN", error?.message ?? text, error?.details, res.headers);
+      const message = typeof error?.message === "string" ? error.message : summary(text, res.statusText);
+      throw new PerchApiError(res.status, typeof error?.code === "string" ? error.code : "UNKNOWN", message, error?.details, res.headers);
+    }
+    if (value === undefined && text !== "") {
+      throw new PerchApiError(res.status, "INVALID_RESPONSE", `the answer is not JSON: ${summary(text, "")}`, undefined, res.headers);
     }
     return value as T;
   }

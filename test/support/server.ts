@@ -7,6 +7,7 @@ import type { Logger } from "pino";
 import { type ConfigInput, loadConfig } from "../../src/config/config.ts";
 import { generateKeyPair } from "../../src/crypto/keys.ts";
 import type { Clock } from "../../src/domain/clock.ts";
+import type { Surface } from "../../src/http/surface.ts";
 import { PerchClient } from "../../src/sdk/client.ts";
 import { type RunningServer, type StartOptions, startServer } from "../../src/server.ts";
 
@@ -51,7 +52,7 @@ export interface TestServer extends RunningServer {
 
 /** Starts the real server in this process on a random port, with a temporary data directory. */
 export async function startTestServer(
-  o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger; engines?: StartOptions["engines"] } = {},
+  o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger; surfaces?: () => Surface[]; engines?: StartOptions["engines"] } = {},
 ): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
   const config = loadConfig(
@@ -69,6 +70,7 @@ export async function startTestServer(
     config,
     ...(o.clock ? { clock: o.clock } : {}),
     ...(o.logger ? { logger: o.logger } : {}),
+    ...(o.surfaces ? { surfaces: o.surfaces } : {}),
     ...(o.engines ? { engines: o.engines } : {}),
   });
   const now = o.clock ? () => o.clock!.now() : undefined;

@@ -1,53 +1,37 @@
-import { createHash } from "node:crypto";
-import type { MiddlewareHandler } from "hono";
+import type { Context, MiddlewareHandler } from "hono";
 import type { Caller } from "../../ai/caller.ts";
-import type { ApiKeyConfig } from "../../config/config.ts";
-import type { Clock } from "../../domain/clock.ts";
 import { DomainError } from "../../domain/errors.ts";
-import type { Domain } from "../../domain/index.ts";
-import type { Principal } from "../../domain/principal.ts";
-import { RateLimiter } from "../../domain/rate-limiter.ts";
+import type { AppEnv } from "../env.ts";
+import type { Callers } from "../principal.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError } from "./errors.ts";
 
 /**
- * Resolves who calls the Compatible API: the device of a connection (stream 2 sets the principal
- * before this runs), an operator API key, or a primary session's bearer. API keys are looked up
- * first because they need no store round trip; a credential cannot be both.
+ * Resolves the caller through the one principal resolver: a connection's device (service stream
+ * 2), an operator API key, or a primary session's bearer. Side Control sessions are refused.
  */
-export function authenticate(domain: Domain, apiKeys: readonly ApiKeyConfig[], clock: Clock): MiddlewareHandler<CompatEnv> {
-  const keys = new Map(apiKeys.map((k) => [k.sha256, { key: k, limiter: k.rate_limit > 0 ? new RateLimiter(k.rate_limit, clock) : undefined }]));
+export function authenticate(callers: Callers): MiddlewareHandler<CompatEnv> {
   return async (c, next) => {
-    const connection = c.get("principal") as Principal | undefined;
-    if (connection?.kind === "primary") {
-      c.set("caller", { kind: "device", publicKey: connection.publicKey });
-      return next();
-    }
-    const bearer = /^Bearer +(\S+)$/i.exec(c.req.header("authorization") ?? "")?.[1];
-    if (!bearer) {
-      throw new OpenAIError(401, "You didn't provide an API key. Send it as `Authorization: Bearer <key>`.", { code: "invalid_api_key" });
-    }
-    const apiKey = keys.get(createHash("sha256").update(bearer).digest("hex"));
     let caller: Caller;
-    if (apiKey) {
-      const wait = apiKey.limiter?.hit(apiKey.key.name) ?? 0;
-      if (wait > 0) throw new OpenAIError(429, `Rate limit reached for API key ${apiKey.key.name}.`, { code: "rate_limit_exceeded", retryAfter: wait });
-      caller = { kind: "application", name: apiKey.key.name, models: apiKey.key.models };
-    } else {
-      let principal: Principal;
-      try {
-        principal = await domain.auth.authenticate(bearer, undefined);
-      } catch (err) {
-        if (err instanceof DomainError && err.kind === "unauthenticated")
-          throw new OpenAIError(401, "Incorrect API key provided.", { code: "invalid_api_key" });
-        throw err;
-      }
-      if (principal.kind !== "primary") {
+    try {
+      const principal = await callers.principal(c as unknown as Context<AppEnv>, { apiKeys: true });
+      if (principal.kind === "side_control") {
         throw new OpenAIError(403, "A Side Control session cannot use the Compatible API: use a primary session or an API key.", {
           code: "side_control_session",
         });
       }
-      caller = { kind: "device", publicKey: principal.publicKey };
+      caller =
+        principal.kind === "api_key"
+          ? { kind: "application", name: principal.name, models: principal.models }
+          : { kind: "device", publicKey: principal.publicKey };
+    } catch (err) {
+      if (err instanceof DomainError && err.kind === "unauthenticated") {
+        const missing = !c.req.header("authorization");
+        throw new OpenAIError(401, missing ? "You didn't provide an API key. Send it as `Authorization: Bearer <key>`." : "Incorrect API key provided.", {
+          code: "invalid_api_key",
+        });
+      }
+      throw err;
     }
     c.set("caller", caller);
     await next();

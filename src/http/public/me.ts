@@ -2,21 +2,23 @@ import { createRoute, z } from "@hono/zod-openapi";
 import type { Domain } from "../../domain/index.ts";
 import type { PrimaryPrincipal } from "../../domain/principal.ts";
 import { DeviceToken, PeerSelf, PeerStatus, Runtime, SideControlSessionList } from "../../protocol/public.ts";
-import { bearerSecurity, requireSession } from "../auth.ts";
 import type { App } from "../env.ts";
 import { invalid } from "../errors.ts";
+import { JSON_UTF8 } from "../json.ts";
 import { requireJson } from "../middleware.ts";
-import { errors, json, jsonBody, noContent } from "./responses.ts";
+import type { Callers } from "../principal.ts";
+import { jsonBodyLimit } from "./limits.ts";
+import { bearerSecurity, errors, json, jsonBody, noContent } from "./responses.ts";
 
 /** The `/me*` routes: a primary session acting on its own peer. */
-export function registerMeRoutes(app: App, domain: Domain): void {
-  const primary = requireSession(domain, "primary");
+export function registerMeRoutes(app: App, domain: Domain, callers: Callers): void {
+  const primary = callers.require("primary");
   const route = <P extends string, M extends "get" | "put" | "post" | "delete">(method: M, path: P) => ({
     method,
     path,
     tags: ["me"],
     security: bearerSecurity,
-    middleware: primary,
+    middleware: [jsonBodyLimit, primary],
   });
   const authErrors = errors(401, 403);
   const self = (c: { get(key: "principal"): unknown }) => (c.get("principal") as PrimaryPrincipal).publicKey;
@@ -27,7 +29,7 @@ export function registerMeRoutes(app: App, domain: Domain): void {
       summary: "The caller's registration",
       responses: { 200: json(PeerSelf, "The caller"), ...authErrors, ...errors(404) },
     }),
-    async (c) => c.json(await domain.peers.self(self(c)), 200),
+    async (c) => c.json(await domain.peers.self(self(c)), 200, JSON_UTF8),
   );
 
   app.openapi(
@@ -36,18 +38,18 @@ export function registerMeRoutes(app: App, domain: Domain): void {
       summary: "The caller's status document ({} when none)",
       responses: { 200: json(PeerStatus, "Status"), ...authErrors },
     }),
-    async (c) => c.json(await domain.peers.status(self(c)), 200),
+    async (c) => c.json(await domain.peers.status(self(c)), 200, JSON_UTF8),
   );
 
   app.openapi(
     createRoute({
       ...route("put", "/me/status"),
-      middleware: [primary, requireJson],
+      middleware: [jsonBodyLimit, primary, requireJson],
       summary: "Replace the caller's status document",
       request: { body: jsonBody(PeerStatus) },
       responses: { 200: json(PeerStatus, "The stored status"), ...authErrors, ...errors(400, 413, 415) },
     }),
-    async (c) => c.json(await domain.peers.putStatus(self(c), c.req.valid("json")), 200),
+    async (c) => c.json(await domain.peers.putStatus(self(c), c.req.valid("json")), 200, JSON_UTF8),
     invalid("INVALID_STATUS"),
   );
 
@@ -57,7 +59,7 @@ export function registerMeRoutes(app: App, domain: Domain): void {
       summary: "Whether and where the caller is connected",
       responses: { 200: json(Runtime, "Runtime"), ...authErrors },
     }),
-    async (c) => c.json(await domain.peers.runtime(self(c)), 200),
+    async (c) => c.json(await domain.peers.runtime(self(c)), 200, JSON_UTF8),
   );
 
   app.openapi(
@@ -66,7 +68,7 @@ export function registerMeRoutes(app: App, domain: Domain): void {
       summary: "Issue a single-use device token (5 minutes) for a Side Control login",
       responses: { 201: json(DeviceToken, "A new device token"), ...authErrors, ...errors(409, 429) },
     }),
-    async (c) => c.json(await domain.sideControl.createDeviceToken(self(c)), 201),
+    async (c) => c.json(await domain.sideControl.createDeviceToken(self(c)), 201, JSON_UTF8),
   );
 
   app.openapi(
@@ -88,7 +90,7 @@ export function registerMeRoutes(app: App, domain: Domain): void {
       summary: "Live Side Control sessions aimed at the caller, newest first",
       responses: { 200: json(SideControlSessionList, "Sessions"), ...authErrors },
     }),
-    async (c) => c.json(await domain.sideControl.listSessions(self(c)), 200),
+    async (c) => c.json(await domain.sideControl.listSessions(self(c)), 200, JSON_UTF8),
   );
 
   app.openapi(

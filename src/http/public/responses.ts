@@ -28,3 +28,5 @@ export function jsonBody<T extends z.ZodType>(schema: T, required = true) {
 }
 
 export const noContent = { description: "Done" };
+
+export const bearerSecurity = [{ bearerAuth: [] }];

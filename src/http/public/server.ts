@@ -1,9 +1,11 @@
 import { createRoute, type z } from "@hono/zod-openapi";
 import type { Domain } from "../../domain/index.ts";
 import { LoginHeaders, type LoginRequest, LoginRequest as LoginRequestSchema, LoginResult, ServerInfo } from "../../protocol/public.ts";
-import { clientAddress } from "../client-address.ts";
 import type { App } from "../env.ts";
 import { ApiError, invalid } from "../errors.ts";
+import { JSON_UTF8 } from "../json.ts";
+import { bearerToken, type Callers } from "../principal.ts";
+import { jsonBodyLimit } from "./limits.ts";
 import { errors, json } from "./responses.ts";
 
 const serverInfoRoute = createRoute({
@@ -11,6 +13,7 @@ const serverInfoRoute = createRoute({
   path: "/server-info",
   tags: ["server"],
   summary: "The server's public key, time, endpoint and ICE settings",
+  middleware: jsonBodyLimit,
   responses: { 200: json(ServerInfo, "Server information") },
 });
 
@@ -19,6 +22,7 @@ const loginRoute = createRoute({
   path: "/login",
   tags: ["session"],
   summary: "Log in with an X25519-HS256 assertion: a primary session, or a Side Control session for a device token",
+  middleware: jsonBodyLimit,
   request: {
     // Documented here; checked by the domain so that each failure gets its own contract code.
     headers: LoginHeaders.partial(),
@@ -49,18 +53,18 @@ function loginRequest(text: string): LoginRequest {
   return parsed.data as LoginRequest;
 }
 
-export function registerServerRoutes(app: App, domain: Domain, info: (host: string | undefined) => z.infer<typeof ServerInfo>, trustProxy: boolean): void {
+export function registerServerRoutes(app: App, domain: Domain, callers: Callers, info: (host: string | undefined) => z.infer<typeof ServerInfo>): void {
   app.openAPIRegistry.register("LoginRequest", LoginRequestSchema);
-  app.openapi(serverInfoRoute, (c) => c.json(info(c.req.header("host")), 200));
+  app.openapi(serverInfoRoute, (c) => c.json(info(c.req.header("host")), 200, JSON_UTF8));
 
   app.openapi(loginRoute, async (c) => {
     const result = await domain.auth.login({
-      assertion: /^Bearer +(\S+)$/i.exec(c.req.header("authorization") ?? "")?.[1],
+      assertion: bearerToken(c.req.header("authorization")),
       publicKey: c.req.header("x-public-key"),
       registrationToken: c.req.header("x-registration-token"),
       request: loginRequest(hasBody(c.req.header("content-length"), c.req.header("transfer-encoding")) ? await c.req.text() : ""),
-      address: clientAddress(c, trustProxy),
+      address: callers.address(c),
     });
-    return c.json(result, 200);
+    return c.json(result, 200, JSON_UTF8);
   });
 }

@@ -17,21 +17,23 @@ import {
   TelemetryRange,
   TelemetryRangeQuery,
 } from "../../protocol/public.ts";
-import { bearerSecurity, requireSession } from "../auth.ts";
 import type { App } from "../env.ts";
 import { invalid } from "../errors.ts";
+import { JSON_UTF8 } from "../json.ts";
 import { requireJson } from "../middleware.ts";
-import { errors, json, jsonBody } from "./responses.ts";
+import type { Callers } from "../principal.ts";
+import { jsonBodyLimit } from "./limits.ts";
+import { bearerSecurity, errors, json, jsonBody } from "./responses.ts";
 
 /** The `/side-control/*` routes: a Side Control session acting on its bound target device. */
-export function registerSideControlRoutes(app: App, domain: Domain): void {
-  const sideControl = requireSession(domain, "side_control");
+export function registerSideControlRoutes(app: App, domain: Domain, callers: Callers): void {
+  const sideControl = callers.require("side_control");
   const route = <P extends string, M extends "get" | "put" | "post" | "delete">(method: M, path: P) => ({
     method,
     path,
     tags: ["side-control"],
     security: bearerSecurity,
-    middleware: sideControl,
+    middleware: [jsonBodyLimit, sideControl],
   });
   const authErrors = errors(401, 403);
   const target = (c: { get(key: "principal"): unknown }) => (c.get("principal") as SideControlPrincipal).targetKey;
@@ -43,7 +45,7 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
       summary: "The target device's information",
       responses: { 200: json(DeviceInfo, "Device information"), ...authErrors },
     }),
-    async (c) => c.json(await domain.peers.deviceInfo(target(c)), 200),
+    async (c) => c.json(await domain.peers.deviceInfo(target(c)), 200, JSON_UTF8),
   );
 
   app.openapi(
@@ -52,7 +54,7 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
       summary: "The target device's runtime",
       responses: { 200: json(Runtime, "Runtime"), ...authErrors },
     }),
-    async (c) => c.json(await domain.peers.runtime(target(c)), 200),
+    async (c) => c.json(await domain.peers.runtime(target(c)), 200, JSON_UTF8),
   );
 
   app.openapi(
@@ -61,7 +63,7 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
       summary: "The target device's status",
       responses: { 200: json(PeerStatus, "Status"), ...authErrors },
     }),
-    async (c) => c.json(await domain.peers.status(target(c)), 200),
+    async (c) => c.json(await domain.peers.status(target(c)), 200, JSON_UTF8),
   );
 
   app.openapi(
@@ -71,7 +73,7 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
       request: { query: TelemetryLatestQuery },
       responses: { 200: json(TelemetryLatest, "Latest values"), ...authErrors, ...errors(400) },
     }),
-    async (c) => c.json(await domain.telemetry.latest(target(c), c.req.valid("query").fields), 200),
+    async (c) => c.json(await domain.telemetry.latest(target(c), c.req.valid("query").fields), 200, JSON_UTF8),
     invalid("INVALID_TELEMETRY_QUERY"),
   );
 
@@ -82,7 +84,7 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
       request: { query: TelemetryRangeQuery },
       responses: { 200: json(TelemetryRange, "Points"), ...authErrors, ...errors(400) },
     }),
-    async (c) => c.json(await domain.telemetry.range(target(c), c.req.valid("query")), 200),
+    async (c) => c.json(await domain.telemetry.range(target(c), c.req.valid("query")), 200, JSON_UTF8),
     invalid("INVALID_TELEMETRY_QUERY"),
   );
 
@@ -93,7 +95,7 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
       request: { query: TelemetryAggregateQuery },
       responses: { 200: json(TelemetryAggregate, "Buckets"), ...authErrors, ...errors(400) },
     }),
-    async (c) => c.json(await domain.telemetry.aggregate(target(c), c.req.valid("query")), 200),
+    async (c) => c.json(await domain.telemetry.aggregate(target(c), c.req.valid("query")), 200, JSON_UTF8),
     invalid("INVALID_TELEMETRY_QUERY"),
   );
 
@@ -106,7 +108,7 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
     }),
     async (c) => {
       const { cursor, limit } = c.req.valid("query");
-      return c.json(await domain.contacts.list(target(c), cursor, limit), 200);
+      return c.json(await domain.contacts.list(target(c), cursor, limit), 200, JSON_UTF8);
     },
     invalid("INVALID_CONTACT"),
   );
@@ -114,12 +116,12 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
   app.openapi(
     createRoute({
       ...route("post", "/side-control/contacts"),
-      middleware: [sideControl, requireJson],
+      middleware: [jsonBodyLimit, sideControl, requireJson],
       summary: "Add a contact",
       request: { body: jsonBody(ContactCreate) },
       responses: { 201: json(Contact, "The new contact"), ...authErrors, ...errors(400, 409, 413, 415) },
     }),
-    async (c) => c.json(await domain.contacts.create(target(c), c.req.valid("json")), 201),
+    async (c) => c.json(await domain.contacts.create(target(c), c.req.valid("json")), 201, JSON_UTF8),
     invalid("INVALID_CONTACT"),
   );
 
@@ -130,18 +132,18 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
       request: { params: contactName },
       responses: { 200: json(Contact, "The contact"), ...authErrors, ...errors(404) },
     }),
-    async (c) => c.json(await domain.contacts.get(target(c), c.req.valid("param").name), 200),
+    async (c) => c.json(await domain.contacts.get(target(c), c.req.valid("param").name), 200, JSON_UTF8),
   );
 
   app.openapi(
     createRoute({
       ...route("put", "/side-control/contacts/{name}"),
-      middleware: [sideControl, requireJson],
+      middleware: [jsonBodyLimit, sideControl, requireJson],
       summary: "Change a contact's display name or phone number (absent fields keep their value)",
       request: { params: contactName, body: jsonBody(ContactUpdate) },
       responses: { 200: json(Contact, "The contact"), ...authErrors, ...errors(400, 404, 409, 413, 415) },
     }),
-    async (c) => c.json(await domain.contacts.update(target(c), c.req.valid("param").name, c.req.valid("json")), 200),
+    async (c) => c.json(await domain.contacts.update(target(c), c.req.valid("param").name, c.req.valid("json")), 200, JSON_UTF8),
     invalid("INVALID_CONTACT"),
   );
 
@@ -152,6 +154,6 @@ export function registerSideControlRoutes(app: App, domain: Domain): void {
       request: { params: contactName },
       responses: { 200: json(Contact, "The deleted contact"), ...authErrors, ...errors(404) },
     }),
-    async (c) => c.json(await domain.contacts.delete(target(c), c.req.valid("param").name), 200),
+    async (c) => c.json(await domain.contacts.delete(target(c), c.req.valid("param").name), 200, JSON_UTF8),
   );
 }

@@ -1,0 +1,31 @@
+import { OpenAPIHono, type z } from "@hono/zod-openapi";
+import type { Domain } from "../../domain/index.ts";
+import type { ServerInfo } from "../../protocol/public.ts";
+import type { AppEnv } from "../env.ts";
+import { errorResponse, invalid, toApiError, unroutedResponse } from "../errors.ts";
+import type { Callers } from "../principal.ts";
+import type { Surface } from "../surface.ts";
+import { registerMeRoutes } from "./me.ts";
+import { registerServerRoutes } from "./server.ts";
+import { registerSideControlRoutes } from "./side-control.ts";
+
+export interface PublicSurfaceOptions {
+  domain: Domain;
+  callers: Callers;
+  /** `GET /server-info` for a request that arrived with this `Host` header. */
+  serverInfo: (host: string | undefined) => z.infer<typeof ServerInfo>;
+}
+
+/** The Public API at `/`: 64 KiB JSON bodies, `ErrorResponse` for every error. */
+export function publicSurface(o: PublicSurfaceOptions): Surface {
+  const app = new OpenAPIHono<AppEnv>({ defaultHook: invalid("INVALID_REQUEST") });
+  registerServerRoutes(app, o.domain, o.callers, o.serverInfo);
+  registerMeRoutes(app, o.domain, o.callers);
+  registerSideControlRoutes(app, o.domain, o.callers);
+  app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
+    type: "http",
+    scheme: "bearer",
+    description: "access_token from POST /login",
+  });
+  return { base: "/", app, error: (c, err) => errorResponse(c, toApiError(err)), unrouted: unroutedResponse };
+}
