@@ -3,10 +3,8 @@
  * called directly (`doGenerate`/`doStream`): no SDK retries or tool loop, which live in the router
  * and the agents. OpenAI's wire format is translated both ways here.
  */
-import { createAnthropic } from "@ai-sdk/anthropic";
-import { createGoogleGenerativeAI } from "@ai-sdk/google";
-import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
-import { APICallError } from "ai";
+import type { createAnthropic } from "@ai-sdk/anthropic";
+import type { APICallError as ApiCallErrorClass } from "ai";
 import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
 import { GenerationError } from "../errors.ts";
 import { DONE_EVENT, sseError, sseEvent } from "../sse.ts";
@@ -26,27 +24,46 @@ export interface AiSdkProviderOptions {
   timeoutMs: number;
 }
 
+/** Set once the SDK is loaded: errors are recognised with it. */
+let APICallError: typeof ApiCallErrorClass | undefined;
+
+/** The provider package, loaded on first use: importing the SDK costs a quarter of a second of start-up. */
+async function loadModels(o: AiSdkProviderOptions): Promise<(id: string) => LanguageModel> {
+  APICallError ??= (await import("ai")).APICallError;
+  const settings = { apiKey: o.apiKey ?? "", ...(o.baseUrl ? { baseURL: o.baseUrl } : {}) };
+  if (o.kind === "openai-compatible") {
+    const { createOpenAICompatible } = await import("@ai-sdk/openai-compatible");
+    const provider = createOpenAICompatible({ name: "upstream", baseURL: o.baseUrl ?? "", apiKey: o.apiKey, includeUsage: true });
+    return (id) => provider.chatModel(id) as unknown as LanguageModel;
+  }
+  if (o.kind === "anthropic") {
+    const provider = (await import("@ai-sdk/anthropic")).createAnthropic(settings);
+    return (id) => provider(id) as LanguageModel;
+  }
+  const provider = (await import("@ai-sdk/google")).createGoogleGenerativeAI(settings);
+  return (id) => provider(id) as LanguageModel;
+}
+
 export class AiSdkProvider implements ChatProvider {
-  private readonly model: (id: string) => LanguageModel;
+  private models: Promise<(id: string) => LanguageModel> | undefined;
+  private readonly options: AiSdkProviderOptions;
   private readonly timeoutMs: number;
 
   constructor(o: AiSdkProviderOptions) {
-    const settings = { apiKey: o.apiKey ?? "", ...(o.baseUrl ? { baseURL: o.baseUrl } : {}) };
-    if (o.kind === "openai-compatible") {
-      const provider = createOpenAICompatible({ name: "upstream", baseURL: o.baseUrl ?? "", apiKey: o.apiKey, includeUsage: true });
-      this.model = (id) => provider.chatModel(id) as unknown as LanguageModel;
-    } else {
-      const provider = o.kind === "anthropic" ? createAnthropic(settings) : createGoogleGenerativeAI(settings);
-      this.model = (id) => provider(id) as LanguageModel;
-    }
+    this.options = o;
     this.timeoutMs = o.timeoutMs;
+  }
+
+  private async model(id: string): Promise<LanguageModel> {
+    this.models ??= loadModels(this.options);
+    return (await this.models)(id);
   }
 
   async complete(request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
     const timeout = AbortSignal.timeout(this.timeoutMs);
     let result: GenerateResult;
     try {
-      result = await this.model(request.model).doGenerate(callOptions(request, AbortSignal.any([o.signal, timeout])));
+      result = await (await this.model(request.model)).doGenerate(callOptions(request, AbortSignal.any([o.signal, timeout])));
     } catch (err) {
       throw toProviderError(err, o.signal, timeout);
     }
@@ -75,7 +92,7 @@ export class AiSdkProvider implements ChatProvider {
     const signal = AbortSignal.any([o.signal, timeout, controller.signal]);
     let reader: ReadableStreamDefaultReader<StreamPart>;
     try {
-      reader = (await this.model(request.model).doStream(callOptions(request, signal))).stream.getReader();
+      reader = (await (await this.model(request.model)).doStream(callOptions(request, signal))).stream.getReader();
     } catch (err) {
       throw toProviderError(err, o.signal, timeout);
     }
@@ -379,7 +396,7 @@ function errorMessage(err: unknown): string {
 function toProviderError(err: unknown, clientSignal: AbortSignal, timeout: AbortSignal): unknown {
   if (clientSignal.aborted) return clientSignal.reason;
   if (timeout.aborted) return new ProviderError("the provider did not answer in time", { timedOut: true });
-  if (APICallError.isInstance(err)) {
+  if (APICallError?.isInstance(err)) {
     const retryAfter = retryAfterMs(err.responseHeaders?.["retry-after"]);
     return new ProviderError(err.message, {
       ...(err.statusCode !== undefined ? { status: err.statusCode } : {}),
