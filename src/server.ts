@@ -11,6 +11,7 @@ import type { Config } from "./config/config.ts";
 import { loadOrCreateServerKey } from "./config/server-key.ts";
 import { encodeKey, privateKeyObject } from "./crypto/keys.ts";
 import { type Clock, systemClock } from "./domain/clock.ts";
+import { DAY_MS } from "./domain/context.ts";
 import { Domain } from "./domain/index.ts";
 import { serverInfo } from "./domain/server-info.ts";
 import { createApp } from "./http/app.ts";
@@ -31,6 +32,8 @@ export interface StartOptions {
   providerFactory?: ProviderFactory;
   /** The embedded speech engines. */
   engines?: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
+  /** How often expired rows and old telemetry are deleted (default a minute). */
+  cleanupIntervalMs?: number;
 }
 
 export interface RunningServer {
@@ -60,7 +63,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
   const store = await Store.open(config.databaseUrl, config.dataDir);
   const domain = new Domain({ store, clock, config, serverKey });
-  const metrics = new Metrics(() => store.sessions.countLive(clock.now()));
+  const metrics = new Metrics(() => store.read((r) => r.sessions.countLive(clock.now())));
   const build = buildInfo();
   const identity = { version: build.version, buildCommit: build.commit, ice: { udp: false, tcp: false } };
 
@@ -106,9 +109,16 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   });
   port = (server.address() as AddressInfo).port;
 
+  let cleaning = false;
   const cleanup = setInterval(() => {
-    store.deleteExpired(clock.now()).catch((err) => logger.warn({ err }, "cleanup of expired rows failed"));
-  }, CLEANUP_INTERVAL_MS);
+    if (cleaning) return;
+    cleaning = true;
+    const now = clock.now();
+    store
+      .deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS)
+      .catch((err) => logger.warn({ err }, "cleanup of expired rows failed"))
+      .finally(() => (cleaning = false));
+  }, o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS);
   cleanup.unref();
 
   const url = `http://${hostPort(wildcard ? "127.0.0.1" : config.host)}`;

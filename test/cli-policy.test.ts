@@ -33,7 +33,7 @@ describe("perch command line: keys and peers", () => {
     await store.close();
     rmSync(dataDir, { recursive: true, force: true });
   });
-  const statusOf = async (key: string) => (await store.peers.get(key))?.status;
+  const statusOf = async (key: string) => (await store.read((r) => r.peers.get(key)))?.status;
 
   test("keygen prints a valid X25519 key pair", async () => {
     const pair = await perchJson<{ public_key: string; private_key: string }>(["keygen"], env);
@@ -52,7 +52,7 @@ describe("perch command line: keys and peers", () => {
     const [again, addedAdmin] = await Promise.all([perchJson(["peers", "add", ` ${key} `], env), perchJson(["peers", "add", "--role", "admin", admin], env)]);
     assert.deepEqual(again, { public_key: key, added: false }, "a second add changes nothing");
     assert.deepEqual(addedAdmin, { public_key: admin, added: true });
-    assert.equal((await store.peers.get(admin))?.role, "admin");
+    assert.equal((await store.read((r) => r.peers.get(admin)))?.role, "admin");
 
     assert.deepEqual(await perchJson(["peers", "block", key], env), { public_key: key, status: "blocked" });
     assert.equal(await statusOf(key), "blocked");
@@ -64,12 +64,12 @@ describe("perch command line: keys and peers", () => {
         [admin, "admin", "active"],
       ],
     );
-    assert.equal(Date.parse(list[0]!.created_at), (await store.peers.get(key))?.created_at);
+    assert.equal(Date.parse(list[0]!.created_at), (await store.read((r) => r.peers.get(key)))?.created_at);
 
     assert.deepEqual(await perchJson(["peers", "unblock", key], env), { public_key: key, status: "active" });
     assert.equal(await statusOf(key), "active");
     assert.deepEqual(await perchJson(["peers", "remove", key], env), { public_key: key, removed: true });
-    assert.equal(await store.peers.get(key), undefined);
+    assert.equal(await store.read((r) => r.peers.get(key)), undefined);
 
     const [remove, block, addInvalid, badRole, after] = await Promise.all([
       perch(["peers", "remove", key], env),
@@ -86,7 +86,7 @@ describe("perch command line: keys and peers", () => {
       after.map((p) => [p.public_key, p.status]),
       [[admin, "active"]],
     );
-    assert.equal(await store.peers.get(unknown), undefined);
+    assert.equal(await store.read((r) => r.peers.get(unknown)), undefined);
   });
 });
 
@@ -137,7 +137,7 @@ for (const store of STORES) {
       // Removing the device through the command line ends the Side Control session aimed at it.
       assert.deepEqual(await perchJson(["peers", "remove", device.publicKey], env), { public_key: device.publicKey, removed: true });
       await assert.rejects(phone.sideControl.status(), refused(401, "INVALID_SESSION"));
-      assert.equal(await server.store.peers.get(device.publicKey), undefined);
+      assert.equal(await server.store.read((r) => r.peers.get(device.publicKey)), undefined);
     });
   });
 
@@ -153,7 +153,7 @@ for (const store of STORES) {
     test("open: a primary login registers a new key as an active client", async () => {
       const server = await start({ policy: "open" });
       const device = server.client();
-      assert.equal(await server.store.peers.get(device.publicKey), undefined);
+      assert.equal(await server.store.read((r) => r.peers.get(device.publicKey)), undefined);
       await device.login();
       const me = await device.me();
       assert.deepEqual([me.public_key, me.role, me.registration_status], [device.publicKey, "client", "active"]);
@@ -166,7 +166,7 @@ for (const store of STORES) {
       await assert.rejects(device.login({ assertion }), refused(401, "REGISTRATION_REQUIRED"));
       await assert.rejects(device.login({ assertion, registrationToken: "wrong-token" }), refused(401, "REGISTRATION_REQUIRED"));
       await assert.rejects(device.login({ assertion, registrationToken: "first-token-" }), refused(401, "REGISTRATION_REQUIRED"));
-      assert.equal(await server.store.peers.get(device.publicKey), undefined, "a refused login registers nothing");
+      assert.equal(await server.store.read((r) => r.peers.get(device.publicKey)), undefined, "a refused login registers nothing");
       assert.equal(device.accessToken, undefined);
 
       // The refused logins did not use up the assertion's nonce either.
@@ -184,7 +184,7 @@ for (const store of STORES) {
       const phone = server.client();
       await phone.login({ deviceToken: (await device.createDeviceToken()).token });
       assert.deepEqual(await phone.sideControl.info(), {});
-      assert.equal(await server.store.peers.get(phone.publicKey), undefined);
+      assert.equal(await server.store.read((r) => r.peers.get(phone.publicKey)), undefined);
     });
 
     test("closed: only operator-added keys log in; Side Control controllers need not be registered", async () => {
@@ -192,7 +192,7 @@ for (const store of STORES) {
       const stranger = server.client();
       await assert.rejects(stranger.login(), refused(403, "PEER_NOT_REGISTERED"));
       await assert.rejects(stranger.login({ registrationToken: "anything" }), refused(403, "PEER_NOT_REGISTERED"));
-      assert.equal(await server.store.peers.get(stranger.publicKey), undefined);
+      assert.equal(await server.store.read((r) => r.peers.get(stranger.publicKey)), undefined);
 
       const device = server.client();
       assert.equal(await server.domain.peers.add(device.publicKey), true);
@@ -204,7 +204,7 @@ for (const store of STORES) {
       const sc = await phone.login({ deviceToken: (await device.createDeviceToken()).token });
       assert.equal(sc.grant_type, "side_control");
       assert.equal((await phone.sideControl.status()).volume, 3);
-      assert.equal(await server.store.peers.get(phone.publicKey), undefined, "the controller was not registered");
+      assert.equal(await server.store.read((r) => r.peers.get(phone.publicKey)), undefined, "the controller was not registered");
       await assert.rejects(new PerchClient({ baseUrl: server.url, keyPair: phone.keyPair }).login(), refused(403, "PEER_NOT_REGISTERED"));
     });
   });
@@ -263,7 +263,7 @@ for (const store of STORES) {
       const late = server.client();
       const lateAssertion = await late.assertion();
       await assert.rejects(late.login({ deviceToken: spare.token, assertion: lateAssertion }), refused(403, "PEER_BLOCKED"));
-      assert.equal((await server.store.peers.get(device.publicKey))?.status, "blocked");
+      assert.equal((await server.store.read((r) => r.peers.get(device.publicKey)))?.status, "blocked");
 
       assert.equal(await server.domain.peers.setBlocked(device.publicKey, false), true);
       assert.equal((await device.me()).registration_status, "active");

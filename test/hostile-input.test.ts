@@ -105,7 +105,7 @@ for (const store of STORES) {
           JSON.stringify(nonce.slice(0, 10)),
         );
       }
-      assert.equal(await server.store.peers.get(stranger.publicKey), undefined, "nothing registered");
+      assert.equal(await server.store.read((r) => r.peers.get(stranger.publicKey)), undefined, "nothing registered");
       await stranger.login({ assertion: await stranger.assertion({ nonce: "x".repeat(256) }) });
     });
 
@@ -159,7 +159,7 @@ for (const store of STORES) {
         assert.equal(((await me.json()) as { error: { code: string } }).error.code, "PUBLIC_KEY_MISMATCH");
       }
       assert.equal(isCanonicalKey(raw), true);
-      assert.equal((await server.store.peers.list()).filter((r) => r.public_key === encodeKey(topBit)).length, 0);
+      assert.equal((await server.store.read((r) => r.peers.list())).filter((row) => row.public_key === encodeKey(topBit)).length, 0);
     });
   });
 }

@@ -152,7 +152,7 @@ function spliceMac(claims: string, macOf: string): string {
 }
 
 async function isRegistered(server: TestServer, key: string): Promise<boolean> {
-  return (await server.store.peers.get(key)) !== undefined;
+  return (await server.store.read((r) => r.peers.get(key))) !== undefined;
 }
 
 /** A ManualClock at 15 s past a minute: limits refill only when a test moves it. */
@@ -492,7 +492,7 @@ describe("sessions, device tokens and Side Control sessions", () => {
 
   test("409 TOO_MANY_DEVICE_TOKENS for the 21st unconsumed token; consumed, revoked and expired ones do not count", async () => {
     const device = await newDevice(server);
-    const usable = () => server.store.deviceTokens.countUsable(device.publicKey, clock.now());
+    const usable = () => server.store.read((r) => r.deviceTokens.countUsable(device.publicKey, clock.now()));
     const tokens: Array<{ id: string; token: string }> = [];
     for (let i = 0; i < 20; i++) tokens.push(await device.createDeviceToken());
     expectError(await call(server, "POST", "/me/side-control/device-tokens", { bearer: device.accessToken! }), 409, "TOO_MANY_DEVICE_TOKENS");
@@ -669,7 +669,7 @@ describe("bearer routes: every wrong principal on every route", () => {
 
     // Nothing was written by any of those.
     assert.deepEqual(await device.status(), {});
-    assert.equal(await server.store.deviceTokens.countUsable(device.publicKey, clock.now()), 0);
+    assert.equal(await server.store.read((r) => r.deviceTokens.countUsable(device.publicKey, clock.now())), 0);
     assert.deepEqual(await device.sideControlSessions(), sessionsBefore);
     assert.deepEqual((await controller.sideControl.contacts.list()).items, []);
 
@@ -1159,11 +1159,11 @@ describe("429 RATE_LIMITED", () => {
       expectError(limited, 429, "RATE_LIMITED");
       const retryAfter = Number(limited.headers.get("retry-after"));
       assert.ok(Number.isInteger(retryAfter) && retryAfter >= 1 && retryAfter <= 60, `Retry-After ${limited.headers.get("retry-after")}`);
-      assert.equal(await server.store.deviceTokens.countUsable(device.publicKey, clock.now()), 2);
+      assert.equal(await server.store.read((r) => r.deviceTokens.countUsable(device.publicKey, clock.now())), 2);
       await (await newDevice(server)).createDeviceToken();
       clock.advance(retryAfter * 1000);
       await device.createDeviceToken();
-      assert.equal(await server.store.deviceTokens.countUsable(device.publicKey, clock.now()), 3);
+      assert.equal(await server.store.read((r) => r.deviceTokens.countUsable(device.publicKey, clock.now())), 3);
     } finally {
       await server.stop();
     }

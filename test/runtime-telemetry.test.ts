@@ -23,16 +23,18 @@ for (const store of STORES) {
 
     test("runtime: online while the record is fresh, offline once it is stale, fields as RFC 3339 / numbers", async () => {
       const now = clock.now();
-      await server.store.runtime.put({
-        public_key: device.publicKey,
-        online: 1,
-        last_seen_at: now,
-        last_addr: "192.0.2.10:50000",
-        rx_bytes: 1234,
-        tx_bytes: 5678,
-        node: "node-a",
-        updated_at: now,
-      });
+      await server.store.transaction((tx) =>
+        tx.runtime.put({
+          public_key: device.publicKey,
+          online: 1,
+          last_seen_at: now,
+          last_addr: "192.0.2.10:50000",
+          rx_bytes: 1234,
+          tx_bytes: 5678,
+          node: "node-a",
+          updated_at: now,
+        }),
+      );
       const expected = {
         online: true,
         last_seen_at: new Date(now).toISOString(),
@@ -49,7 +51,8 @@ for (const store of STORES) {
       clock.advance(2_000); // 31 s without a refresh: the node that held the connection is gone
       assert.deepEqual(await device.runtime(), { ...expected, online: false });
 
-      await server.store.runtime.put({ ...(await server.store.runtime.get(device.publicKey))!, online: 0, updated_at: clock.now() });
+      const row = (await server.store.read((r) => r.runtime.get(device.publicKey)))!;
+      await server.store.transaction((tx) => tx.runtime.put({ ...row, online: 0, updated_at: clock.now() }));
       assert.deepEqual(await phone.sideControl.runtime(), { ...expected, online: false });
     });
 

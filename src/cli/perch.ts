@@ -14,7 +14,7 @@ import { registerDeviceCommands } from "./device.ts";
 async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
   const config = loadConfig();
   const pair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
-  const store = await Store.open(config.databaseUrl, config.dataDir);
+  const store = await Store.open(config.databaseUrl, config.dataDir, { readWorkers: 0 });
   try {
     const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
     return await fn(new Domain({ store, clock: systemClock, config, serverKey }));
@@ -135,7 +135,7 @@ sessions
           id: s.id,
           kind: s.kind,
           public_key: s.public_key,
-          ...(s.target_key ? { target_key: s.target_key } : {}),
+          ...(s.kind === "side_control" ? { target_key: s.target_key } : {}),
           created_at: new Date(s.created_at).toISOString(),
           expires_at: new Date(s.expires_at).toISOString(),
         })),

@@ -5,6 +5,16 @@ import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 
 const perMinute = (n: number) => z.number().int().min(0).default(n);
+const count = (n: number) => z.number().int().min(1).default(n);
+
+const LIMIT_DEFAULTS = {
+  primarySessionsPerDevice: 32,
+  sideControlSessionsPerDevice: 64,
+  sideControlSessionsPerController: 256,
+  contactsPerDevice: 1000,
+  keyCacheSize: 10_000,
+  rateLimiterKeys: 100_000,
+};
 
 const IceServerConfig = z.strictObject({
   urls: z.array(z.string().min(1)).min(1),
@@ -121,12 +131,6 @@ export const ConfigSchema = z
         maxConnections: z.number().int().min(1).default(10_000),
       })
       .default({ requestTimeoutMs: 30_000, maxConnections: 10_000 }),
-    limits: z
-      .strictObject({
-        /** Keys (addresses, peer keys) each rate limiter remembers; the least recently used are forgotten first. */
-        rateLimiterKeys: z.number().int().min(1).default(100_000),
-      })
-      .default({ rateLimiterKeys: 100_000 }),
     registration: z
       .strictObject({
         policy: z.enum(["open", "token", "closed"]).default("open"),
@@ -142,6 +146,25 @@ export const ConfigSchema = z
       })
       .default({ loginPerKey: 30, loginPerAddress: 600, deviceTokenPerDevice: 30 }),
     ice: z.strictObject({ servers: z.array(IceServerConfig).default([]) }).default({ servers: [] }),
+    /** Growth bounds per device and per key (see docs/decisions.md). */
+    limits: z
+      .strictObject({
+        primarySessionsPerDevice: count(LIMIT_DEFAULTS.primarySessionsPerDevice),
+        sideControlSessionsPerDevice: count(LIMIT_DEFAULTS.sideControlSessionsPerDevice),
+        sideControlSessionsPerController: count(LIMIT_DEFAULTS.sideControlSessionsPerController),
+        contactsPerDevice: count(LIMIT_DEFAULTS.contactsPerDevice),
+        /** Cached X25519 results (one per caller key), least recently used dropped first. */
+        keyCacheSize: count(LIMIT_DEFAULTS.keyCacheSize),
+        /** Keys (addresses, peer keys) each rate limiter remembers; the least recently used are forgotten first. */
+        rateLimiterKeys: count(LIMIT_DEFAULTS.rateLimiterKeys),
+      })
+      .default(LIMIT_DEFAULTS),
+    telemetry: z
+      .strictObject({
+        /** Samples older than this are deleted by the cleanup job. */
+        retentionDays: z.number().positive().default(30),
+      })
+      .default({ retentionDays: 30 }),
     providers: z.array(ProviderConfig).default([]),
     models: z.array(ModelConfig).default([]),
     agents: z.array(AgentConfig).default([]),

@@ -15,7 +15,7 @@ export function loadOrCreateServerKey(path: string): KeyPair {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
   }
-  mkdirSync(dirname(path), { recursive: true });
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
   const pair = generateKeyPair();
   const text = `${JSON.stringify({ private_key: encodeKey(pair.privateKey), public_key: encodeKey(pair.publicKey) })}\n`;
   const temp = `${path}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`;

@@ -1,4 +1,5 @@
 import { createSecretKey, type KeyObject, timingSafeEqual } from "node:crypto";
+import { LRUCache } from "lru-cache";
 import { type AssertionClaims, AssertionError, parseAssertion, verifyAssertion } from "../crypto/assertion.ts";
 import { canonicalKey, decodeKey, InvalidKeyError, sharedSecret } from "../crypto/keys.ts";
 import { hashToken, newId, newToken } from "../crypto/tokens.ts";
@@ -28,7 +29,7 @@ export class AuthService {
   private readonly byAddress: RateLimiter;
   private readonly byKey: RateLimiter;
   /** X25519 with the server key is the costliest step of a login; results are cached per caller key. */
-  private readonly secrets = new Map<string, KeyObject>();
+  private readonly secrets: LRUCache<string, KeyObject>;
 
   private readonly ctx: DomainContext;
 
@@ -37,6 +38,7 @@ export class AuthService {
     const { rateLimits, limits } = ctx.config;
     this.byAddress = new RateLimiter(rateLimits.loginPerAddress, ctx.clock, limits.rateLimiterKeys);
     this.byKey = new RateLimiter(rateLimits.loginPerKey, ctx.clock, limits.rateLimiterKeys);
+    this.secrets = new LRUCache({ max: ctx.config.limits.keyCacheSize });
   }
 
   /** X25519(server private, `publicKey`) as an HMAC key; throws INVALID_PUBLIC_KEY for an unusable key. */
@@ -49,7 +51,6 @@ export class AuthService {
         if (err instanceof InvalidKeyError) throw new DomainError("unauthenticated", "INVALID_PUBLIC_KEY", "X-Public-Key is not a usable X25519 key");
         throw err;
       }
-      if (this.secrets.size >= 10_000) this.secrets.clear();
       this.secrets.set(publicKey, secret);
     }
     return secret;
@@ -72,7 +73,7 @@ export class AuthService {
       }
       limit(this.byKey.hit(key));
     };
-    const caller = await this.ctx.store.peers.get(key);
+    const caller = await this.ctx.store.read((r) => r.peers.get(key));
     if (caller?.status === "blocked") throw new DomainError("forbidden", "PEER_BLOCKED", "this peer is blocked");
     const session = { id: newId(), token: newToken(), createdAt: now };
     return input.request.grant_type === "side_control"
@@ -107,21 +108,34 @@ export class AuthService {
     await this.ctx.store.transaction(async (tx) => {
       await claimNonce(tx);
       if (!caller) await tx.peers.register(newPeer(key, session.createdAt));
-      await tx.sessions.insert(sessionRow(session, "primary", key, null, expiresAt));
+      await tx.locks.take(`sessions:${key}`);
+      // The newest sessions win: the oldest beyond the cap are signed out.
+      await tx.sessions.trimPrimary(key, session.createdAt, this.ctx.config.limits.primarySessionsPerDevice - 1);
+      await tx.sessions.insert(sessionRow(session, "primary", key, key, expiresAt));
     });
     return result(session, expiresAt, "primary");
   }
 
   private async grantSideControl(key: string, deviceToken: string, session: NewSession, claimNonce: ClaimNonce) {
-    const { store } = this.ctx;
+    const { store, config } = this.ctx;
     const now = session.createdAt;
     const tokenHash = hashToken(deviceToken);
-    const token = await store.deviceTokens.findUsable(tokenHash, now);
-    const target = token && (await store.peers.get(token.target_key));
+    const target = await store.read(async (r) => {
+      const token = await r.deviceTokens.findUsable(tokenHash, now);
+      return token && (await r.peers.get(token.target_key));
+    });
     if (!target) throw invalidDeviceToken();
     if (target.status === "blocked") throw new DomainError("forbidden", "PEER_BLOCKED", "the device behind this token is blocked");
     const expiresAt = now + SIDE_CONTROL_SESSION_TTL_MS;
+    const { sideControlSessionsPerDevice: perDevice, sideControlSessionsPerController: perController } = config.limits;
     await store.transaction(async (tx) => {
+      await tx.locks.take(`sessions:${target.public_key}`, `controller:${key}`);
+      if ((await tx.sessions.countLive(now, { kind: "side_control", targetKey: target.public_key })) >= perDevice) {
+        throw tooManySessions(`this device already has ${perDevice} live Side Control sessions`);
+      }
+      if ((await tx.sessions.countLive(now, { kind: "side_control", publicKey: key })) >= perController) {
+        throw tooManySessions(`this key already holds ${perController} live Side Control sessions`);
+      }
       await claimNonce(tx);
       // The conditional update decides: of concurrent logins with one token, exactly one gets here.
       if (!(await tx.deviceTokens.consume(tokenHash, now))) throw invalidDeviceToken();
@@ -141,18 +155,18 @@ export class AuthService {
 
   /** Every live session (operator view). */
   liveSessions() {
-    return this.ctx.store.sessions.listLive(this.ctx.clock.now());
+    return this.ctx.store.read((r) => r.sessions.listLive(this.ctx.clock.now()));
   }
 
   /** Revokes any live session by id (operator action); false when there is none. */
   revokeSession(id: string): Promise<boolean> {
-    return this.ctx.store.sessions.revoke(id, this.ctx.clock.now());
+    return this.ctx.store.transaction((tx) => tx.sessions.revoke(id, this.ctx.clock.now()));
   }
 
   /** Resolves a bearer access token, re-checking the session and the peers behind it. */
   async authenticate(bearer: string | undefined, publicKeyHeader: string | undefined): Promise<Principal> {
     if (!bearer) throw invalidSession("Authorization: Bearer <access_token> is required");
-    const row = await this.ctx.store.sessions.findByTokenHash(hashToken(bearer));
+    const row = await this.ctx.store.read((r) => r.sessions.findByTokenHash(hashToken(bearer)));
     if (!row || row.revoked_at !== null || row.expires_at <= this.ctx.clock.now()) throw invalidSession("the session is unknown, expired or revoked");
     if (publicKeyHeader !== undefined && canonicalKey(publicKeyHeader) !== row.public_key) {
       throw new DomainError("unauthenticated", "PUBLIC_KEY_MISMATCH", "X-Public-Key does not match the session");
@@ -174,7 +188,7 @@ export class AuthService {
     if (publicKeyHeader !== undefined && canonicalKey(publicKeyHeader) !== peerKey) {
       throw new DomainError("unauthenticated", "PUBLIC_KEY_MISMATCH", "X-Public-Key does not match the connection's key");
     }
-    const peer = await this.ctx.store.peers.get(peerKey);
+    const peer = await this.ctx.store.read((r) => r.peers.get(peerKey));
     if (!peer) throw invalidSession("the peer behind this connection is not registered");
     checkPeer(peer.status, false);
     return { kind: "primary", publicKey: peerKey };
@@ -192,6 +206,10 @@ function limit(retryAfter: number): void {
 
 function invalidSession(message: string): DomainError {
   return new DomainError("unauthenticated", "INVALID_SESSION", message);
+}
+
+function tooManySessions(message: string): DomainError {
+  return new DomainError("conflict", "TOO_MANY_SESSIONS", `${message}; revoke one or wait for one to expire`);
 }
 
 function invalidDeviceToken(): DomainError {
@@ -216,7 +234,8 @@ interface NewSession {
 
 type ClaimNonce = (tx: Repositories) => Promise<void>;
 
-function sessionRow(s: NewSession, kind: string, key: string, target: string | null, expiresAt: number) {
+/** `target` is the device the session acts on: the peer itself for a primary session. */
+function sessionRow(s: NewSession, kind: string, key: string, target: string, expiresAt: number) {
   return {
     id: s.id,
     token_hash: hashToken(s.token),

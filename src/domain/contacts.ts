@@ -24,7 +24,7 @@ export class ContactService {
         throw new DomainError("invalid", "INVALID_CONTACT", "cursor is not one this server issued", { field: "cursor" });
       }
     }
-    const rows = await this.ctx.store.contacts.list(deviceKey, after, limit + 1);
+    const rows = await this.ctx.store.read((r) => r.contacts.list(deviceKey, after, limit + 1));
     const items = rows.slice(0, limit).map(contactView);
     const last = items.at(-1);
     const hasNext = rows.length > limit && last !== undefined;
@@ -32,7 +32,7 @@ export class ContactService {
   }
 
   async get(deviceKey: string, name: string): Promise<Contact> {
-    const row = isContactName(name) ? await this.ctx.store.contacts.get(deviceKey, name) : undefined;
+    const row = isContactName(name) ? await this.ctx.store.read((r) => r.contacts.get(deviceKey, name)) : undefined;
     if (!row) throw notFound(name);
     return contactView(row);
   }
@@ -46,7 +46,15 @@ export class ContactService {
       created_at: now,
       updated_at: now,
     };
-    if (!(await this.ctx.store.transaction((tx) => tx.contacts.insert(row)))) throw exists();
+    const max = this.ctx.config.limits.contactsPerDevice;
+    const inserted = await this.ctx.store.transaction(async (tx) => {
+      await tx.locks.take(`contacts:${deviceKey}`);
+      if ((await tx.contacts.count(deviceKey)) >= max) {
+        throw new DomainError("conflict", "TOO_MANY_CONTACTS", `a device may have at most ${max} contacts; delete one first`, { limit: max });
+      }
+      return tx.contacts.insert(row);
+    });
+    if (!inserted) throw exists();
     return contactView(row);
   }
 
@@ -54,7 +62,7 @@ export class ContactService {
   async update(deviceKey: string, name: string, input: ContactUpdate): Promise<Contact> {
     if (!isContactName(name)) throw notFound(name);
     return this.ctx.store.transaction(async (tx) => {
-      const current = await tx.contacts.get(deviceKey, name);
+      const current = await tx.contacts.getForUpdate(deviceKey, name);
       if (!current) throw notFound(name);
       const keep = <T>(value: T | undefined, stored: T) => (value === undefined ? stored : value);
       const row: ContactRow = {

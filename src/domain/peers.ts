@@ -17,19 +17,19 @@ export class PeerService {
   }
 
   async self(publicKey: string): Promise<PeerSelf> {
-    const peer = await this.ctx.store.peers.get(publicKey);
+    const peer = await this.ctx.store.read((r) => r.peers.get(publicKey));
     if (!peer) throw new DomainError("not_found", "PEER_NOT_FOUND", "this key was never registered");
     return selfView(peer);
   }
 
   async deviceInfo(publicKey: string): Promise<DeviceInfo> {
-    const peer = await this.ctx.store.peers.get(publicKey);
+    const peer = await this.ctx.store.read((r) => r.peers.get(publicKey));
     if (!peer) throw new DomainError("not_found", "PEER_NOT_FOUND", "this key was never registered");
     return JSON.parse(peer.device_info) as DeviceInfo;
   }
 
   async status(publicKey: string): Promise<PeerStatus> {
-    return ((await this.ctx.store.status.get(publicKey)) ?? {}) as PeerStatus;
+    return ((await this.ctx.store.read((r) => r.status.get(publicKey))) ?? {}) as PeerStatus;
   }
 
   /** Replaces the status document; `reported_at` defaults to now. */
@@ -41,25 +41,23 @@ export class PeerService {
   }
 
   async runtime(publicKey: string): Promise<Runtime> {
-    const row = await this.ctx.store.runtime.get(publicKey);
+    const row = await this.ctx.store.read((r) => r.runtime.get(publicKey));
     return row ? runtimeView(row, this.ctx.clock.now()) : { online: false };
   }
 
   // Operator actions (command line).
 
   list(): Promise<PeerRow[]> {
-    return this.ctx.store.peers.list();
+    return this.ctx.store.read((r) => r.peers.list());
   }
 
   /** Registers a key (any policy); returns false when it was already registered. */
   async add(publicKey: string, role: "client" | "admin" = "client"): Promise<boolean> {
-    if (await this.ctx.store.peers.get(publicKey)) return false;
-    await this.ctx.store.peers.register(newPeer(publicKey, this.ctx.clock.now(), role));
-    return true;
+    return this.ctx.store.transaction((tx) => tx.peers.register(newPeer(publicKey, this.ctx.clock.now(), role)));
   }
 
   setBlocked(publicKey: string, blocked: boolean): Promise<boolean> {
-    return this.ctx.store.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now());
+    return this.ctx.store.transaction((tx) => tx.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now()));
   }
 
   remove(publicKey: string): Promise<boolean> {

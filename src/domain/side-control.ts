@@ -28,7 +28,7 @@ export class SideControlService {
     const token = newToken();
     const row = { id: newId(), token_hash: hashToken(token), target_key: deviceKey, created_at: now, expires_at: now + DEVICE_TOKEN_TTL_MS, consumed_at: null };
     await store.transaction(async (tx) => {
-      await tx.peers.lock(deviceKey);
+      await tx.locks.take(`device-tokens:${deviceKey}`);
       if ((await tx.deviceTokens.countUsable(deviceKey, now)) >= MAX_USABLE_DEVICE_TOKENS) {
         throw new DomainError("conflict", "TOO_MANY_DEVICE_TOKENS", `at most ${MAX_USABLE_DEVICE_TOKENS} unused device tokens may exist at once`);
       }
@@ -38,18 +38,21 @@ export class SideControlService {
   }
 
   async revokeDeviceToken(deviceKey: string, id: string): Promise<void> {
-    if (!ISSUED_ID.test(id) || !(await this.ctx.store.deviceTokens.revoke(id, deviceKey, this.ctx.clock.now()))) {
+    const now = this.ctx.clock.now();
+    if (!ISSUED_ID.test(id) || !(await this.ctx.store.transaction((tx) => tx.deviceTokens.revoke(id, deviceKey, now)))) {
       throw new DomainError("not_found", "DEVICE_TOKEN_NOT_FOUND", "no unused device token of this device has that id");
     }
   }
 
   async listSessions(deviceKey: string): Promise<SideControlSessionList> {
-    const rows = await this.ctx.store.sessions.listLive(this.ctx.clock.now(), { kind: "side_control", targetKey: deviceKey });
+    const now = this.ctx.clock.now();
+    const rows = await this.ctx.store.read((r) => r.sessions.listLive(now, { kind: "side_control", targetKey: deviceKey }));
     return { items: rows.map((r) => ({ id: r.id, controller_public_key: r.public_key, issued_at: r.created_at, expires_at: r.expires_at })) };
   }
 
   async revokeSession(deviceKey: string, id: string): Promise<void> {
-    if (!ISSUED_ID.test(id) || !(await this.ctx.store.sessions.revoke(id, this.ctx.clock.now(), deviceKey))) {
+    const now = this.ctx.clock.now();
+    if (!ISSUED_ID.test(id) || !(await this.ctx.store.transaction((tx) => tx.sessions.revoke(id, now, deviceKey)))) {
       throw new DomainError("not_found", "SIDE_CONTROL_SESSION_NOT_FOUND", "no live Side Control session of this device has that id");
     }
   }

@@ -53,7 +53,7 @@ export class TelemetryService {
     await this.ctx.store.transaction(async (tx) => {
       await tx.telemetry.insert(publicKey, samples);
       if (newest.size === 0) return;
-      const current = ((await tx.status.get(publicKey)) ?? {}) as PeerStatus;
+      const current = ((await tx.status.getForUpdate(publicKey, this.ctx.clock.now())) ?? {}) as PeerStatus;
       const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
       const next: Record<string, unknown> = { ...current };
       let latest = reportedAt;
@@ -69,7 +69,7 @@ export class TelemetryService {
   }
 
   async latest(publicKey: string, fields: readonly TelemetryField[] | undefined): Promise<TelemetryLatest> {
-    const samples: Sample[] = await this.ctx.store.telemetry.latest(publicKey, fields && fields.length > 0 ? fields : TELEMETRY_FIELDS);
+    const samples: Sample[] = await this.ctx.store.read((r) => r.telemetry.latest(publicKey, fields && fields.length > 0 ? fields : TELEMETRY_FIELDS));
     return {
       peer_public_key: publicKey,
       values: samples.map((s) => ({ field: s.field as TelemetryField, value: s.value, observed_at_unix_ms: s.observedAt })),
@@ -83,7 +83,7 @@ export class TelemetryService {
     const { start, end } = this.window(q);
     const step = q.step_ms ?? 0;
     const query = { publicKey, field: q.field, start, end, order: q.order ?? "asc", limit: q.limit ?? DEFAULT_RANGE_LIMIT };
-    const points = step > 0 ? await this.ctx.store.telemetry.lastPerStep({ ...query, step }) : await this.ctx.store.telemetry.range(query);
+    const points = await this.ctx.store.read((r) => (step > 0 ? r.telemetry.lastPerStep({ ...query, step }) : r.telemetry.range(query)));
     return {
       peer_public_key: publicKey,
       field: q.field,
@@ -99,7 +99,7 @@ export class TelemetryService {
     if (Math.ceil((end - start) / q.bucket_ms) > MAX_BUCKETS) {
       throw invalidQuery(`the window holds more than ${MAX_BUCKETS} buckets of ${q.bucket_ms} ms`, "bucket_ms");
     }
-    const points = await this.ctx.store.telemetry.aggregate({ publicKey, field: q.field, start, end, bucket: q.bucket_ms, fn: q.aggregate });
+    const points = await this.ctx.store.read((r) => r.telemetry.aggregate({ publicKey, field: q.field, start, end, bucket: q.bucket_ms, fn: q.aggregate }));
     return {
       peer_public_key: publicKey,
       field: q.field,

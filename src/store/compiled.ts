@@ -5,20 +5,49 @@ import type { DialectName } from "./migrations.ts";
 /**
  * A query built and compiled once per dialect, then run with fresh parameters on any handle (the
  * pool or a transaction). For the queries on the hottest paths: building and compiling through
- * Kysely costs more than SQLite spends running them. `build` is called once with `shape`, values
- * of the right types that only fix the query's form; callers then pass the real values, in the
- * same order, each of which must become exactly one bound parameter.
+ * Kysely costs more than SQLite spends running them. `shape` gives the type of each value (a
+ * nullable one by a value of its non-null type); `build` is called once with a distinct sentinel
+ * per value, and the compiled parameters must be exactly those sentinels in the same order, so a
+ * builder that binds its values in another order (or twice, or as SQL text) is refused at once
+ * instead of binding silently wrong.
  */
 export function compiled<R, P extends unknown[]>(build: (db: Db, ...values: P) => Compilable<R>, ...shape: P) {
   const byDialect = new Map<DialectName, CompiledQuery<R>>();
   return async (db: Db, dialect: DialectName, ...parameters: P): Promise<R[]> => {
     let query = byDialect.get(dialect);
     if (!query) {
-      query = build(db, ...shape).compile();
-      if (query.parameters.length !== shape.length) throw new Error("compiled query: each value must be one bound parameter");
+      query = compileChecked(db, build, shape);
       byDialect.set(dialect, query);
     }
     const { rows } = await db.executeQuery<R>({ ...query, parameters });
     return rows;
   };
+}
+
+function compileChecked<R, P extends unknown[]>(db: Db, build: (db: Db, ...values: P) => Compilable<R>, shape: P): CompiledQuery<R> {
+  const sentinels = shape.map((value, i) => sentinel(value, i)) as P;
+  const query = build(db, ...sentinels).compile();
+  const got = query.parameters;
+  if (got.length !== sentinels.length || sentinels.some((s, i) => got[i] !== s)) {
+    throw new Error(
+      `compiled query: its parameters must be its values, each bound once and in argument order; got ${JSON.stringify(got)} for ${JSON.stringify(sentinels)}`,
+    );
+  }
+  return query;
+}
+
+/** A value of the slot's type that no other slot has. */
+function sentinel(value: unknown, i: number): unknown {
+  switch (typeof value) {
+    case "string":
+      return `\u0001compiled-slot-${i}`;
+    case "number":
+      return 1_000_000_007 + i;
+    case "bigint":
+      return 1_000_000_007n + BigInt(i);
+    case "boolean":
+      throw new Error("compiled query: booleans bind as two values; pass a number");
+    default:
+      throw new Error(`compiled query: value ${i} must be shaped by a string or a number, got ${value === null ? "null" : typeof value}`);
+  }
 }

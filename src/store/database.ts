@@ -1,4 +1,4 @@
-import { mkdirSync } from "node:fs";
+import { closeSync, mkdirSync, openSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
 import { Kysely, PostgresDialect, type SqliteDatabase, SqliteDialect, type SqliteStatement } from "kysely";
@@ -12,13 +12,18 @@ export type Db = Kysely<Tables>;
 export interface Database {
   db: Db;
   dialect: DialectName;
+  /** The SQLite file, when the database is one another connection can open. */
+  file: string | undefined;
   close(): Promise<void>;
 }
+
+/** What every SQLite connection runs first. */
+export const SQLITE_PRAGMAS = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON;";
 
 /** Adapts `node:sqlite` to the better-sqlite3 shape Kysely's SQLite dialect drives, caching statements. */
 function nodeSqlite(path: string): SqliteDatabase {
   const db = new DatabaseSync(path);
-  db.exec(`PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON; ${process.env.XPRAGMA ?? ""}`);
+  db.exec(SQLITE_PRAGMAS);
   const cache = new Map<string, SqliteStatement>();
   const wrap = (stmt: StatementSync): SqliteStatement => ({
     reader: stmt.columns().length > 0,
@@ -51,23 +56,35 @@ const pgTypes = {
  * else is a SQLite file path; empty means `perch.db` in `dataDir`. Migrations run before it returns.
  */
 export async function openDatabase(url: string | undefined, dataDir: string): Promise<Database> {
-  let dialect: DialectName;
-  let db: Db;
-  if (url && /^postgres(ql)?:\/\//.test(url)) {
-    dialect = "postgres";
-    const pool = new pg.Pool({ connectionString: url, max: 10, types: pgTypes });
-    db = new Kysely<Tables>({ dialect: new PostgresDialect({ pool }) });
-  } else {
-    dialect = "sqlite";
-    const file = url ? url.replace(/^sqlite:(\/\/)?/, "") : join(dataDir, "perch.db");
-    if (!url) mkdirSync(dataDir, { recursive: true });
-    db = new Kysely<Tables>({ dialect: new SqliteDialect({ database: nodeSqlite(file) }) });
-  }
+  const database = connect(url, dataDir);
+  const { db, dialect } = database;
   const { error, results } = await new Migrator({ db, provider: migrationProvider(dialect) }).migrateToLatest();
   const failed = results?.find((r) => r.status === "Error");
   if (error || failed) {
     await db.destroy();
     throw new Error(`store migration failed${failed ? ` at ${failed.migrationName}` : ""}: ${String(error)}`);
   }
-  return { db, dialect, close: () => db.destroy() };
+  return database;
+}
+
+/** Connects to the database `url` names, without migrating it. */
+export function connect(url: string | undefined, dataDir: string): Database {
+  let dialect: DialectName;
+  let db: Db;
+  let file: string | undefined;
+  if (url && /^postgres(ql)?:\/\//.test(url)) {
+    dialect = "postgres";
+    const pool = new pg.Pool({ connectionString: url, max: 10, types: pgTypes });
+    db = new Kysely<Tables>({ dialect: new PostgresDialect({ pool }) });
+  } else {
+    dialect = "sqlite";
+    const path = url ? url.replace(/^sqlite:(\/\/)?/, "") : join(dataDir, "perch.db");
+    if (!url) mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+    const inMemory = path === ":memory:" || path === "";
+    // Created owner-only before SQLite opens it; SQLite gives -wal and -shm the main file's mode.
+    if (!inMemory) closeSync(openSync(path, "a", 0o600));
+    file = inMemory ? undefined : path;
+    db = new Kysely<Tables>({ dialect: new SqliteDialect({ database: nodeSqlite(path) }) });
+  }
+  return { db, dialect, file, close: () => db.destroy() };
 }

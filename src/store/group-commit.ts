@@ -42,19 +42,19 @@ export class GroupCommit {
     try {
       while (this.queue.length > 0) {
         const batch = this.queue.splice(0, MAX_BATCH);
-        const outcomes: Array<{ ok: true; value: unknown } | { ok: false; error: unknown }> = [];
+        const outcomes: Outcome[] = [];
         try {
-          await this.db.transaction().execute(async (tx) => {
-            for (const unit of batch) {
-              await sql`savepoint unit`.execute(tx);
-              try {
-                outcomes.push({ ok: true, value: await unit.work(tx) });
-                await sql`release savepoint unit`.execute(tx);
-              } catch (error) {
-                await sql`rollback to savepoint unit`.execute(tx);
-                await sql`release savepoint unit`.execute(tx);
-                outcomes.push({ ok: false, error });
-              }
+          await this.db.connection().execute(async (tx) => {
+            // IMMEDIATE takes the write lock at once (waiting up to busy_timeout for another
+            // process's writer): a deferred transaction that read first fails whole with
+            // SQLITE_BUSY_SNAPSHOT when another connection commits before its first write.
+            await sql`begin immediate`.execute(tx);
+            try {
+              await this.runUnits(tx, batch, outcomes);
+              await sql`commit`.execute(tx);
+            } catch (error) {
+              await sql`rollback`.execute(tx).catch(() => {});
+              throw error;
             }
           });
         } catch (error) {
@@ -71,4 +71,21 @@ export class GroupCommit {
       this.running = false;
     }
   }
+
+  /** Each unit in its own savepoint: one that throws is rolled back alone. */
+  private async runUnits(tx: Db, batch: Pending<any>[], outcomes: Outcome[]): Promise<void> {
+    for (const unit of batch) {
+      await sql`savepoint unit`.execute(tx);
+      try {
+        outcomes.push({ ok: true, value: await unit.work(tx) });
+        await sql`release savepoint unit`.execute(tx);
+      } catch (error) {
+        await sql`rollback to savepoint unit`.execute(tx);
+        await sql`release savepoint unit`.execute(tx);
+        outcomes.push({ ok: false, error });
+      }
+    }
+  }
 }
+
+type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };

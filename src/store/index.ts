@@ -1,19 +1,22 @@
+import { AsyncLocalStorage } from "node:async_hooks";
 import { sql } from "kysely";
 import { ContactRepository } from "./contacts.ts";
 import { type Database, type Db, openDatabase } from "./database.ts";
 import { DeviceTokenRepository } from "./device-tokens.ts";
 import { GroupCommit } from "./group-commit.ts";
+import { LockRepository } from "./locks.ts";
 import type { DialectName } from "./migrations.ts";
 import { NonceRepository } from "./nonces.ts";
 import { PeerRepository } from "./peers.ts";
+import { ReadPool } from "./read-pool.ts";
 import { RuntimeRepository } from "./runtime.ts";
 import { SessionRepository } from "./sessions.ts";
 import { StatusRepository } from "./status.ts";
-import { TelemetryRepository } from "./telemetry.ts";
+import { type QueryRunner, TelemetryRepository } from "./telemetry.ts";
 
 export type { Db } from "./database.ts";
 
-/** Every repository over one database handle. The only way the domain reaches stored state. */
+/** Every repository over one database handle: what `Store.read` and `Store.transaction` hand out. */
 export class Repositories {
   readonly peers: PeerRepository;
   readonly sessions: SessionRepository;
@@ -24,13 +27,9 @@ export class Repositories {
   readonly runtime: RuntimeRepository;
   readonly telemetry: TelemetryRepository;
   readonly contacts: ContactRepository;
+  readonly locks: LockRepository;
 
-  protected readonly db: Db;
-  readonly dialect: DialectName;
-
-  constructor(db: Db, dialect: DialectName) {
-    this.db = db;
-    this.dialect = dialect;
+  constructor(db: Db, dialect: DialectName, longReads?: QueryRunner) {
     this.peers = new PeerRepository(db, dialect);
     this.sessions = new SessionRepository(db, dialect);
     this.deviceTokens = new DeviceTokenRepository(db);
@@ -38,48 +37,99 @@ export class Repositories {
     this.signalingNonces = new NonceRepository(db, dialect, "signaling_nonces");
     this.status = new StatusRepository(db, dialect);
     this.runtime = new RuntimeRepository(db);
-    this.telemetry = new TelemetryRepository(db);
-    this.contacts = new ContactRepository(db);
+    this.telemetry = new TelemetryRepository(db, dialect, longReads);
+    this.contacts = new ContactRepository(db, dialect);
+    this.locks = new LockRepository(db, dialect);
   }
 }
 
-/** The opened store: repositories over the pool, plus transactions, upkeep and shutdown. */
-export class Store extends Repositories {
+/** Set while a transaction's callback runs, so that nested store use fails at once. */
+const inTransaction = new AsyncLocalStorage<true>();
+
+export interface StoreOptions {
+  /** SQLite only: worker threads that run long telemetry reads off the event loop (0: run them inline). */
+  readWorkers?: number;
+}
+
+/**
+ * The opened store. Stored state is reached only through `read` (no transaction) and `transaction`;
+ * neither may be called from inside a transaction's callback (on SQLite that would wait on the
+ * very connection the transaction holds; on PostgreSQL it would silently run outside it).
+ */
+export class Store {
+  readonly dialect: DialectName;
   /** SQLite has one connection, so its transactions are grouped into shared commits. */
   private readonly groupCommit: GroupCommit | undefined;
-
+  private readonly readers: Repositories;
+  private readonly readPool: ReadPool | undefined;
   private readonly database: Database;
 
-  private constructor(database: Database) {
-    super(database.db, database.dialect);
+  private constructor(database: Database, readPool: ReadPool | undefined) {
     this.database = database;
+    this.dialect = database.dialect;
+    this.readPool = readPool;
     this.groupCommit = database.dialect === "sqlite" ? new GroupCommit(database.db) : undefined;
+    this.readers = new Repositories(database.db, database.dialect, readPool && ((query) => readPool.run(query)));
   }
 
-  static async open(url: string | undefined, dataDir: string): Promise<Store> {
-    return new Store(await openDatabase(url, dataDir));
+  static async open(url: string | undefined, dataDir: string, options: StoreOptions = {}): Promise<Store> {
+    const database = await openDatabase(url, dataDir);
+    const workers = options.readWorkers ?? 1;
+    const pool = database.file !== undefined && workers > 0 ? new ReadPool(database.file, workers) : undefined;
+    return new Store(database, pool);
   }
 
-  /** Runs `fn` in one transaction, with repositories bound to it; a throw rolls every write back. */
+  /** Runs reads outside any transaction (on the pool for PostgreSQL); long telemetry reads run off the event loop. */
+  read<T>(fn: (r: Repositories) => Promise<T>): Promise<T> {
+    const nested = nestedUse("read");
+    return nested ? Promise.reject(nested) : fn(this.readers);
+  }
+
+  /** Runs `fn` in one write transaction, with repositories bound to it; a throw rolls every write back. */
   transaction<T>(fn: (tx: Repositories) => Promise<T>): Promise<T> {
-    const work = (tx: Db) => fn(new Repositories(tx, this.dialect));
-    return this.groupCommit ? this.groupCommit.run(work) : this.db.transaction().execute(work);
+    const nested = nestedUse("transaction");
+    if (nested) return Promise.reject(nested);
+    const work = (tx: Db) => inTransaction.run(true, () => fn(new Repositories(tx, this.dialect)));
+    return this.groupCommit ? this.groupCommit.run(work) : this.database.db.transaction().execute(work);
   }
 
-  /** Drops rows whose time has passed: nonces, expired sessions and device tokens. */
-  async deleteExpired(now: number): Promise<void> {
-    await this.assertionNonces.deleteExpired(now);
-    await this.signalingNonces.deleteExpired(now);
-    await this.sessions.deleteExpired(now);
-    await this.deviceTokens.deleteExpired(now);
+  /**
+   * Drops rows whose time has passed: nonces, expired sessions and device tokens, and telemetry
+   * older than `telemetryBefore`, the latter in batches of at most `batch` rows, each its own
+   * transaction, so that cleanup never holds the database for long.
+   */
+  async deleteExpired(now: number, telemetryBefore?: number, batch = 5_000): Promise<void> {
+    await this.transaction(async (tx) => {
+      await tx.assertionNonces.deleteExpired(now);
+      await tx.signalingNonces.deleteExpired(now);
+      await tx.sessions.deleteExpired(now);
+      await tx.deviceTokens.deleteExpired(now);
+    });
+    if (telemetryBefore === undefined) return;
+    let cursor: number | undefined = 0;
+    while (cursor !== undefined) {
+      const after: number = cursor;
+      cursor = (await this.transaction((tx) => tx.telemetry.deleteBefore(telemetryBefore, after, batch))).next;
+      // Let waiting requests run between batches.
+      await new Promise((resolve) => setImmediate(resolve));
+    }
   }
 
   /** A round trip to the database. */
   async ping(): Promise<void> {
-    await sql`select 1`.execute(this.db);
+    const nested = nestedUse("ping");
+    if (nested) throw nested;
+    await sql`select 1`.execute(this.database.db);
   }
 
-  close(): Promise<void> {
-    return this.database.close();
+  async close(): Promise<void> {
+    await this.readPool?.close();
+    await this.database.close();
   }
+}
+
+function nestedUse(what: string): Error | undefined {
+  return inTransaction.getStore()
+    ? new Error(`store.${what}() called inside a transaction: use the repositories the transaction hands its callback`)
+    : undefined;
 }

@@ -100,7 +100,185 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
         .execute();
     },
   },
+  "0002_peer_cascade_compact_telemetry": {
+    up: (db: Kysely<any>) => (dialect === "sqlite" ? peerCascadeSqlite(db) : peerCascadePostgres(db)),
+  },
 });
+
+/** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */
+const orphans = (table: string, column: string) => sql`delete from ${sql.table(table)} where ${sql.ref(column)} not in (select public_key from peers)`;
+
+/**
+ * 0002 on PostgreSQL: everything that belongs to a peer gets a foreign key to it with ON DELETE
+ * CASCADE (orphans dropped first); a primary session's `target_key` becomes its own key, so one
+ * key covers both kinds of session; telemetry moves to integer series ids.
+ */
+async function peerCascadePostgres(db: Kysely<any>): Promise<void> {
+  await sql`update sessions set target_key = public_key where target_key is null`.execute(db);
+  await sql`alter table sessions alter column target_key set not null`.execute(db);
+  await db.schema.createIndex("sessions_controller").on("sessions").columns(["public_key", "created_at"]).execute();
+  for (const [table, column] of belongsToPeer) {
+    await orphans(table, column).execute(db);
+    await sql`alter table ${sql.table(table)} add constraint ${sql.id(`${table}_peer_fk`)}
+      foreign key (${sql.ref(column)}) references peers (public_key) on delete cascade`.execute(db);
+  }
+  await sql`alter table telemetry_samples rename to telemetry_samples_v1`.execute(db);
+  await createTelemetry(db, "postgres");
+  await copyTelemetry(db);
+}
+
+/** 0002 on SQLite, which cannot add a foreign key to a table: each table is recreated and copied, in one transaction. */
+async function peerCascadeSqlite(db: Kysely<any>): Promise<void> {
+  await sql`begin immediate`.execute(db);
+  try {
+    for (const [table] of belongsToPeer) await sql`alter table ${sql.table(table)} rename to ${sql.table(`${table}_v1`)}`.execute(db);
+    await sql`alter table telemetry_samples rename to telemetry_samples_v1`.execute(db);
+    await createPeerTables(db);
+    for (const [table, column] of belongsToPeer) {
+      const old = `${table}_v1`;
+      const columns = sql.join(peerTableColumns[table]!.map((c) => sql.ref(c)));
+      const values =
+        table === "sessions" ? sql.raw(peerTableColumns[table]!.map((c) => (c === "target_key" ? "coalesce(target_key, public_key)" : c)).join(", ")) : columns;
+      await sql`insert into ${sql.table(table)} (${columns}) select ${values} from ${sql.table(old)} where ${sql.raw(table === "sessions" ? "coalesce(target_key, public_key)" : column)} in (select public_key from peers)`.execute(
+        db,
+      );
+      await sql`drop table ${sql.table(old)}`.execute(db);
+    }
+    await createPeerIndexes(db);
+    await createTelemetry(db, "sqlite");
+    await copyTelemetry(db);
+    await sql`commit`.execute(db);
+  } catch (err) {
+    await sql`rollback`.execute(db);
+    throw err;
+  }
+}
+
+/** Tables holding what belongs to a peer, and the column naming it. */
+const belongsToPeer: Array<[string, string]> = [
+  ["sessions", "target_key"],
+  ["device_tokens", "target_key"],
+  ["peer_status", "public_key"],
+  ["peer_runtime", "public_key"],
+  ["contacts", "public_key"],
+];
+
+const peerTableColumns: Record<string, string[]> = {
+  sessions: ["id", "token_hash", "kind", "public_key", "target_key", "created_at", "expires_at", "revoked_at"],
+  device_tokens: ["id", "token_hash", "target_key", "created_at", "expires_at", "consumed_at"],
+  peer_status: ["public_key", "document", "updated_at"],
+  peer_runtime: ["public_key", "online", "last_seen_at", "last_addr", "rx_bytes", "tx_bytes", "node", "updated_at"],
+  contacts: ["public_key", "name", "display_name", "phone_number", "phone_digits", "created_at", "updated_at"],
+};
+
+/** The 0001 tables of a peer's data as 0002 has them (SQLite), with their foreign keys. */
+async function createPeerTables(db: Kysely<any>): Promise<void> {
+  const bigint = "bigint" as const;
+  const peer = (c: any) => c.notNull().references("peers.public_key").onDelete("cascade");
+  await db.schema
+    .createTable("sessions")
+    .addColumn("id", "text", (c) => c.primaryKey())
+    .addColumn("token_hash", "text", (c) => c.notNull().unique())
+    .addColumn("kind", "text", (c) => c.notNull())
+    .addColumn("public_key", "text", (c) => c.notNull())
+    // The device the session acts on: the target of a Side Control session, the peer itself for a primary one.
+    .addColumn("target_key", "text", peer)
+    .addColumn("created_at", bigint, (c) => c.notNull())
+    .addColumn("expires_at", bigint, (c) => c.notNull())
+    .addColumn("revoked_at", bigint)
+    .execute();
+  await db.schema
+    .createTable("device_tokens")
+    .addColumn("id", "text", (c) => c.primaryKey())
+    .addColumn("token_hash", "text", (c) => c.notNull().unique())
+    .addColumn("target_key", "text", peer)
+    .addColumn("created_at", bigint, (c) => c.notNull())
+    .addColumn("expires_at", bigint, (c) => c.notNull())
+    .addColumn("consumed_at", bigint)
+    .execute();
+  await db.schema
+    .createTable("peer_status")
+    .addColumn("public_key", "text", (c) => peer(c).primaryKey())
+    .addColumn("document", "text", (c) => c.notNull())
+    .addColumn("updated_at", bigint, (c) => c.notNull())
+    .execute();
+  await db.schema
+    .createTable("peer_runtime")
+    .addColumn("public_key", "text", (c) => peer(c).primaryKey())
+    .addColumn("online", "integer", (c) => c.notNull())
+    .addColumn("last_seen_at", bigint)
+    .addColumn("last_addr", "text")
+    .addColumn("rx_bytes", bigint)
+    .addColumn("tx_bytes", bigint)
+    .addColumn("node", "text")
+    .addColumn("updated_at", bigint, (c) => c.notNull())
+    .execute();
+  await db.schema
+    .createTable("contacts")
+    .addColumn("public_key", "text", peer)
+    .addColumn("name", "text", (c) => c.notNull())
+    .addColumn("display_name", "text")
+    .addColumn("phone_number", "text")
+    .addColumn("phone_digits", "text")
+    .addColumn("created_at", bigint, (c) => c.notNull())
+    .addColumn("updated_at", bigint, (c) => c.notNull())
+    .addPrimaryKeyConstraint("contacts_pk", ["public_key", "name"])
+    .addUniqueConstraint("contacts_phone_unique", ["public_key", "phone_digits"])
+    .execute();
+}
+
+async function createPeerIndexes(db: Kysely<any>): Promise<void> {
+  await db.schema.createIndex("sessions_target").on("sessions").columns(["target_key", "created_at"]).execute();
+  await db.schema.createIndex("sessions_controller").on("sessions").columns(["public_key", "created_at"]).execute();
+  await db.schema.createIndex("sessions_expires").on("sessions").column("expires_at").execute();
+  await db.schema.createIndex("device_tokens_target").on("device_tokens").column("target_key").execute();
+  await db.schema.createIndex("device_tokens_expires").on("device_tokens").column("expires_at").execute();
+}
+
+/**
+ * Telemetry with integer series ids: one `telemetry_series` row per (peer, field), and samples of
+ * (series, time, value), clustered by series and time (about a quarter of the bytes of rows that
+ * repeat the key and the field name).
+ */
+async function createTelemetry(db: Kysely<any>, dialect: DialectName): Promise<void> {
+  await db.schema
+    .createTable("telemetry_series")
+    .addColumn("id", "integer", (c) => (dialect === "sqlite" ? c.primaryKey() : c.primaryKey().generatedByDefaultAsIdentity()))
+    .addColumn("public_key", "text", (c) => c.notNull().references("peers.public_key").onDelete("cascade"))
+    .addColumn("field", "text", (c) => c.notNull())
+    .addUniqueConstraint("telemetry_series_unique", ["public_key", "field"])
+    .execute();
+  await db.schema
+    .createTable("telemetry_samples")
+    .addColumn("series_id", "integer", (c) => c.notNull().references("telemetry_series.id").onDelete("cascade"))
+    .addColumn("observed_at", "bigint", (c) => c.notNull())
+    .addColumn("value", "double precision", (c) => c.notNull())
+    .addPrimaryKeyConstraint("telemetry_samples_series_pk", ["series_id", "observed_at"])
+    .$call((b) => (dialect === "sqlite" ? b.modifyEnd(sql`without rowid`) : b))
+    .execute();
+  await db.schema
+    .createTable("telemetry_rollups")
+    .addColumn("series_id", "integer", (c) => c.notNull().references("telemetry_series.id").onDelete("cascade"))
+    .addColumn("minute", "bigint", (c) => c.notNull())
+    .addColumn("n", "integer", (c) => c.notNull())
+    .addColumn("total", "double precision", (c) => c.notNull())
+    .addColumn("low", "double precision", (c) => c.notNull())
+    .addColumn("high", "double precision", (c) => c.notNull())
+    .addPrimaryKeyConstraint("telemetry_rollups_pk", ["series_id", "minute"])
+    .$call((b) => (dialect === "sqlite" ? b.modifyEnd(sql`without rowid`) : b))
+    .execute();
+}
+
+async function copyTelemetry(db: Kysely<any>): Promise<void> {
+  await sql`insert into telemetry_series (public_key, field)
+    select distinct public_key, field from telemetry_samples_v1 where public_key in (select public_key from peers)`.execute(db);
+  await sql`insert into telemetry_samples (series_id, observed_at, value)
+    select s.id, o.observed_at, o.value from telemetry_samples_v1 o join telemetry_series s on s.public_key = o.public_key and s.field = o.field`.execute(db);
+  await sql`drop table telemetry_samples_v1`.execute(db);
+  await sql`insert into telemetry_rollups (series_id, minute, n, total, low, high)
+    select series_id, (observed_at / 60000) * 60000, count(*), sum(value), min(value), max(value) from telemetry_samples
+    where observed_at >= 0 group by series_id, (observed_at / 60000) * 60000`.execute(db);
+}
 
 export function migrationProvider(dialect: DialectName): MigrationProvider {
   return { getMigrations: async () => migrations(dialect) };

@@ -24,13 +24,14 @@ export class PeerRepository {
     return this.db.selectFrom("peers").selectAll().orderBy("created_at").orderBy("public_key").execute();
   }
 
-  /** Registers the peer unless it already exists. */
-  async register(row: PeerRow): Promise<void> {
-    await this.db
+  /** Registers the peer unless it already exists; true when this call registered it. */
+  async register(row: PeerRow): Promise<boolean> {
+    const r = await this.db
       .insertInto("peers")
       .values(row)
       .onConflict((oc) => oc.column("public_key").doNothing())
-      .execute();
+      .executeTakeFirst();
+    return r.numInsertedOrUpdatedRows !== undefined && r.numInsertedOrUpdatedRows > 0n;
   }
 
   async setStatus(publicKey: string, status: string, now: number): Promise<boolean> {
@@ -47,18 +48,14 @@ export class PeerRepository {
       .execute();
   }
 
-  /** Removes the peer with everything that belongs to it. Run it in a transaction. */
+  /**
+   * Removes the peer; the foreign keys cascade to everything that belongs to it. Its sessions as
+   * a controller of other devices are not the other devices' data, so they are deleted here.
+   */
   async remove(publicKey: string): Promise<boolean> {
     const r = await this.db.deleteFrom("peers").where("public_key", "=", publicKey).executeTakeFirst();
     if (r.numDeletedRows === 0n) return false;
-    await this.db
-      .deleteFrom("sessions")
-      .where((eb) => eb.or([eb("public_key", "=", publicKey), eb("target_key", "=", publicKey)]))
-      .execute();
-    await this.db.deleteFrom("device_tokens").where("target_key", "=", publicKey).execute();
-    for (const table of ["peer_status", "peer_runtime", "telemetry_samples", "contacts"] as const) {
-      await this.db.deleteFrom(table).where("public_key", "=", publicKey).execute();
-    }
+    await this.db.deleteFrom("sessions").where("public_key", "=", publicKey).execute();
     return true;
   }
 }

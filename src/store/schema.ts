@@ -1,3 +1,5 @@
+import type { Generated } from "kysely";
+
 /** Row types of every table. Times are Unix milliseconds; JSON documents are stored as text. */
 export interface Tables {
   peers: {
@@ -13,7 +15,8 @@ export interface Tables {
     token_hash: string;
     kind: string;
     public_key: string;
-    target_key: string | null;
+    /** The device the session acts on: the Side Control target, or the peer itself for a primary session. */
+    target_key: string;
     created_at: number;
     expires_at: number;
     revoked_at: number | null;
@@ -39,7 +42,10 @@ export interface Tables {
     node: string | null;
     updated_at: number;
   };
-  telemetry_samples: { public_key: string; field: string; observed_at: number; value: number };
+  telemetry_series: { id: Generated<number>; public_key: string; field: string };
+  telemetry_samples: { series_id: number; observed_at: number; value: number };
+  /** Per series and minute (its start, ms): count, sum, min and max of the minute's samples. */
+  telemetry_rollups: { series_id: number; minute: number; n: number; total: number; low: number; high: number };
   contacts: {
     public_key: string;
     name: string;

@@ -42,14 +42,35 @@ export class SessionRepository {
     return q.orderBy("created_at", "desc").orderBy("id").execute();
   }
 
-  async countLive(now: number): Promise<number> {
-    const r = await this.db
+  /** Live sessions; optionally only of one kind, aimed at one device, or held by one key. */
+  async countLive(now: number, filter: { kind?: string; targetKey?: string; publicKey?: string } = {}): Promise<number> {
+    let q = this.db
       .selectFrom("sessions")
       .select((eb) => eb.fn.countAll<number>().as("n"))
       .where("revoked_at", "is", null)
-      .where("expires_at", ">", now)
-      .executeTakeFirstOrThrow();
+      .where("expires_at", ">", now);
+    if (filter.kind) q = q.where("kind", "=", filter.kind);
+    if (filter.targetKey) q = q.where("target_key", "=", filter.targetKey);
+    if (filter.publicKey) q = q.where("public_key", "=", filter.publicKey);
+    const r = await q.executeTakeFirstOrThrow();
     return Number(r.n);
+  }
+
+  /** Deletes the peer's oldest live primary sessions so that at most `keep` remain. */
+  async trimPrimary(publicKey: string, now: number, keep: number): Promise<void> {
+    const live = await this.countLive(now, { kind: "primary", publicKey });
+    if (live <= keep) return;
+    const oldest = this.db
+      .selectFrom("sessions")
+      .select("id")
+      .where("public_key", "=", publicKey)
+      .where("kind", "=", "primary")
+      .where("revoked_at", "is", null)
+      .where("expires_at", ">", now)
+      .orderBy("created_at")
+      .orderBy("id")
+      .limit(live - keep);
+    await this.db.deleteFrom("sessions").where("id", "in", oldest).execute();
   }
 
   /** Revokes a live session; with `targetKey`, only a Side Control session aimed at that device. */
@@ -90,7 +111,7 @@ const insertSession = compiled(
     token_hash: string,
     kind: string,
     public_key: string,
-    target_key: string | null,
+    target_key: string,
     created_at: number,
     expires_at: number,
     revoked_at: number | null,
@@ -99,8 +120,8 @@ const insertSession = compiled(
   "",
   "",
   "",
-  null as string | null,
+  "",
   0,
   0,
-  null as number | null,
+  0 as number | null,
 );

@@ -19,6 +19,22 @@ export class StatusRepository {
     return row ? (JSON.parse(row.document) as Record<string, unknown>) : undefined;
   }
 
+  /**
+   * The document, locked until the transaction ends, for a read-modify-write. On PostgreSQL an
+   * empty document is created first when there is none, so that there is a row to lock; SQLite
+   * write transactions already run one at a time.
+   */
+  async getForUpdate(publicKey: string, now: number): Promise<Record<string, unknown> | undefined> {
+    if (this.dialect === "sqlite") return this.get(publicKey);
+    await this.db
+      .insertInto("peer_status")
+      .values({ public_key: publicKey, document: "{}", updated_at: now })
+      .onConflict((oc) => oc.column("public_key").doNothing())
+      .execute();
+    const row = await this.db.selectFrom("peer_status").select("document").where("public_key", "=", publicKey).forUpdate().executeTakeFirstOrThrow();
+    return JSON.parse(row.document) as Record<string, unknown>;
+  }
+
   async put(publicKey: string, document: Record<string, unknown>, now: number): Promise<void> {
     const text = JSON.stringify(document);
     await this.db

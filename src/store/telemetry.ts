@@ -1,5 +1,7 @@
-import { sql } from "kysely";
+import { type CompiledQuery, type RawBuilder, sql } from "kysely";
+import { compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
+import type { DialectName } from "./migrations.ts";
 
 export interface Sample {
   field: string;
@@ -12,103 +14,278 @@ export interface Point {
   value: number;
 }
 
+/**
+ * Each series keeps a rollup per minute (count, sum, min, max), recomputed from the minute's
+ * samples as they arrive, so an aggregate reads whole minutes from the rollups and only the
+ * partial minutes at each bucket's ends from the samples. Samples before 1970 are not rolled up;
+ * a window that starts before then is aggregated from the samples.
+ */
+const ROLLUP_MS = 60_000;
+
 export type AggregateFunction = "avg" | "min" | "max" | "sum" | "count" | "last";
 
-/** Time series of a peer's telemetry: one row per (peer, field, millisecond). Ranges are [start, end). */
+/** Runs a compiled read somewhere else than the handle's own connection (a worker thread for SQLite). */
+export type QueryRunner = <R>(query: CompiledQuery<R>) => Promise<R[]>;
+
+const seriesId = compiled(
+  (db, public_key: string, field: string) => db.selectFrom("telemetry_series").select("id").where("public_key", "=", public_key).where("field", "=", field),
+  "",
+  "",
+);
+
+/**
+ * Time series of a peer's telemetry: one series per (peer, field), one sample per (series,
+ * millisecond). Ranges are [start, end). Every query costs a bounded number of index seeks per
+ * point it returns (aggregates other than `last` also read the samples of each bucket).
+ */
 export class TelemetryRepository {
   private readonly db: Db;
+  private readonly dialect: DialectName;
+  private readonly run: QueryRunner;
 
-  constructor(db: Db) {
+  constructor(db: Db, dialect: DialectName, longReads?: QueryRunner) {
     this.db = db;
+    this.dialect = dialect;
+    this.run = longReads ?? (async <R>(query: CompiledQuery<R>) => (await db.executeQuery(query)).rows);
   }
 
-  /** Writes samples; a second sample for the same field and millisecond replaces the first. */
+  /** Writes samples; a second sample for the same field and millisecond replaces the first. The peer must exist. */
   async insert(publicKey: string, samples: Sample[]): Promise<void> {
     if (samples.length === 0) return;
-    // One row per (field, ms), the last one winning: PostgreSQL refuses to upsert a row twice in one statement.
-    const unique = new Map<string, Sample>();
-    for (const s of samples) unique.set(`${s.field}\u0000${s.observedAt}`, s);
-    const rows = [...unique.values()].map((s) => ({ public_key: publicKey, field: s.field, observed_at: s.observedAt, value: s.value }));
+    const fields = [...new Set(samples.map((s) => s.field))];
+    await this.db
+      .insertInto("telemetry_series")
+      .values(fields.map((field) => ({ public_key: publicKey, field })))
+      .onConflict((oc) => oc.columns(["public_key", "field"]).doNothing())
+      .execute();
+    const series = await this.db
+      .selectFrom("telemetry_series")
+      .select(["id", "field"])
+      .where("public_key", "=", publicKey)
+      .where("field", "in", fields)
+      .execute();
+    const idOf = new Map(series.map((s) => [s.field, s.id]));
+    // One row per (series, ms), the last one winning: PostgreSQL refuses to upsert a row twice in one statement.
+    const unique = new Map<string, { series_id: number; observed_at: number; value: number }>();
+    for (const s of samples) {
+      const series_id = idOf.get(s.field)!;
+      unique.set(`${series_id}:${s.observedAt}`, { series_id, observed_at: s.observedAt, value: s.value });
+    }
+    const rows = [...unique.values()];
     for (let i = 0; i < rows.length; i += 500) {
       await this.db
         .insertInto("telemetry_samples")
         .values(rows.slice(i, i + 500))
-        .onConflict((oc) => oc.columns(["public_key", "field", "observed_at"]).doUpdateSet((eb) => ({ value: eb.ref("excluded.value") })))
+        .onConflict((oc) => oc.columns(["series_id", "observed_at"]).doUpdateSet((eb) => ({ value: eb.ref("excluded.value") })))
         .execute();
     }
+    const minutes = new Map<string, { series: number; minute: number }>();
+    for (const r of rows) {
+      const minute = r.observed_at - (r.observed_at % ROLLUP_MS);
+      if (r.observed_at >= 0) minutes.set(`${r.series_id}:${minute}`, { series: r.series_id, minute });
+    }
+    for (const { series, minute } of minutes.values()) await this.rollUp(series, minute);
   }
 
-  /** The newest sample of each field that has one. */
+  /** Recomputes one minute's rollup from its samples (a replaced sample cannot be subtracted from a min or max). */
+  private async rollUp(series: number, minute: number): Promise<void> {
+    await sql`insert into telemetry_rollups (series_id, minute, n, total, low, high)
+      select series_id, ${big(minute)}, count(*), sum(value), min(value), max(value) from telemetry_samples
+      where series_id = ${series} and observed_at >= ${big(minute)} and observed_at < ${big(minute + ROLLUP_MS)} group by series_id
+      on conflict (series_id, minute) do update set n = excluded.n, total = excluded.total, low = excluded.low, high = excluded.high`.execute(this.db);
+  }
+
+  /** The newest sample of each field that has one, in the order asked. */
   async latest(publicKey: string, fields: readonly string[]): Promise<Sample[]> {
-    const found = await Promise.all(
-      fields.map((field) =>
-        this.db
-          .selectFrom("telemetry_samples")
-          .select(["field", "observed_at", "value"])
-          .where("public_key", "=", publicKey)
-          .where("field", "=", field)
-          .orderBy("observed_at", "desc")
-          .limit(1)
-          .executeTakeFirst(),
-      ),
-    );
-    return found.filter((r) => r !== undefined).map((r) => ({ field: r.field, observedAt: r.observed_at, value: r.value }));
+    if (fields.length === 0) return [];
+    const rows = await this.db
+      .selectFrom("telemetry_series as s")
+      .innerJoin("telemetry_samples as t", "t.series_id", "s.id")
+      .select(["s.field", "t.observed_at", "t.value"])
+      .where("s.public_key", "=", publicKey)
+      .where("s.field", "in", fields)
+      .where("t.observed_at", "=", (eb) =>
+        eb.selectFrom("telemetry_samples as u").select("u.observed_at").whereRef("u.series_id", "=", "s.id").orderBy("u.observed_at", "desc").limit(1),
+      )
+      .execute();
+    const byField = new Map(rows.map((r) => [r.field, { field: r.field, observedAt: r.observed_at, value: r.value }]));
+    return fields.flatMap((f) => byField.get(f) ?? []);
   }
 
   async range(q: { publicKey: string; field: string; start: number; end: number; order: "asc" | "desc"; limit: number }): Promise<Point[]> {
-    const rows = await this.db
-      .selectFrom("telemetry_samples")
-      .select(["observed_at", "value"])
-      .where("public_key", "=", q.publicKey)
-      .where("field", "=", q.field)
-      .where("observed_at", ">=", q.start)
-      .where("observed_at", "<", q.end)
-      .orderBy("observed_at", q.order)
-      .limit(q.limit)
-      .execute();
-    return rows.map((r) => ({ t: r.observed_at, value: r.value }));
-  }
-
-  /** The last sample in each `step`-wide bucket counted from `start`, at its own time. */
-  async lastPerStep(q: { publicKey: string; field: string; start: number; end: number; step: number; order: "asc" | "desc"; limit: number }): Promise<Point[]> {
-    const bucket = sql<number>`(observed_at - cast(${q.start} as bigint)) / cast(${q.step} as bigint)`;
-    // One pass with a window function: joining back to a grouped max(observed_at) let both planners
-    // re-run the grouping for every sample (quadratic: tens of seconds for a day of samples).
-    const ranked = this.db
-      .selectFrom("telemetry_samples")
-      .select(["observed_at", "value", sql<number>`row_number() over (partition by ${bucket} order by observed_at desc)`.as("rn")])
-      .where("public_key", "=", q.publicKey)
-      .where("field", "=", q.field)
-      .where("observed_at", ">=", q.start)
-      .where("observed_at", "<", q.end);
-    const rows = await this.db
-      .selectFrom(ranked.as("r"))
-      .select(["observed_at", "value"])
-      .where("rn", "=", 1)
-      .orderBy("observed_at", q.order)
-      .limit(q.limit)
-      .execute();
+    const id = await this.series(q.publicKey, q.field);
+    if (id === undefined) return [];
+    const rows = await this.run(
+      this.db
+        .selectFrom("telemetry_samples")
+        .select(["observed_at", "value"])
+        .where("series_id", "=", id)
+        .where("observed_at", ">=", q.start)
+        .where("observed_at", "<", q.end)
+        .orderBy("observed_at", q.order)
+        .limit(q.limit)
+        .compile(),
+    );
     return rows.map((r) => ({ t: r.observed_at, value: r.value }));
   }
 
   /**
+   * The last sample in each `step`-wide step counted from `start`, at its own time, for at most
+   * `limit` non-empty steps. One statement walks from sample to sample: ascending, a seek finds
+   * the first sample at or after the cursor (so its step) and another the last of that step;
+   * descending, the last sample before the cursor is already the last of its step. Empty steps
+   * cost nothing, and the window's other samples are never read.
+   */
+  async lastPerStep(q: { publicKey: string; field: string; start: number; end: number; step: number; order: "asc" | "desc"; limit: number }): Promise<Point[]> {
+    const id = await this.series(q.publicKey, q.field);
+    if (id === undefined) return [];
+    const S = big(q.start);
+    const E = big(q.end);
+    const STEP = big(q.step);
+    const inWindow = sql`series_id = ${id} and observed_at >= ${S} and observed_at < ${E}`;
+    // One bound on each side of every range: given two, SQLite seeks by one and filters the rest by scanning.
+    const least = sql.raw(this.dialect === "sqlite" ? "min" : "least");
+    // Each point's value is a primary-key lookup in the select list: as a join, SQLite chose to
+    // scan the samples once per step.
+    const valueAt = sql`(select value from telemetry_samples where series_id = ${id} and observed_at = points.at)`;
+    const query =
+      q.order === "asc"
+        ? sql<{ observed_at: number; value: number }>`
+        with recursive walk(n, k) as (
+          select 1, (select (observed_at - ${S}) / ${STEP} from telemetry_samples where ${inWindow} order by observed_at limit 1)
+          union all
+          select n + 1, (select (observed_at - ${S}) / ${STEP} from telemetry_samples
+                         where series_id = ${id} and observed_at >= ${S} + (k + 1) * ${STEP} and observed_at < ${E} order by observed_at limit 1)
+          from walk where k is not null and n < ${q.limit}
+        ),
+        points(n, at) as (
+          select n, (select observed_at from telemetry_samples
+                     where series_id = ${id} and observed_at >= ${S} + k * ${STEP} and observed_at < ${least}(${S} + (k + 1) * ${STEP}, ${E}) order by observed_at desc limit 1)
+          from walk where k is not null
+        )
+        select at as observed_at, ${valueAt} as value from points order by n`
+        : sql<{ observed_at: number; value: number }>`
+        with recursive points(n, at) as (
+          select 1, (select observed_at from telemetry_samples where ${inWindow} order by observed_at desc limit 1)
+          union all
+          select n + 1, (select observed_at from telemetry_samples
+                         where series_id = ${id} and observed_at >= ${S} and observed_at < ${S} + ((at - ${S}) / ${STEP}) * ${STEP} order by observed_at desc limit 1)
+          from points where at is not null and n < ${q.limit}
+        )
+        select at as observed_at, ${valueAt} as value from points where at is not null order by n`;
+    const rows = await this.run(query.compile(this.db));
+    return rows.map((r) => ({ t: Number(r.observed_at), value: r.value }));
+  }
+
+  /**
    * One point per non-empty bucket, `t` being the bucket's start, in ascending order. Each bucket is
-   * its own primary-key range read, so neither database sorts or hashes the samples, and the
-   * cost is one seek per bucket plus the samples read (callers bound the bucket count).
+   * its own primary-key range read, so neither database sorts or hashes the samples (callers
+   * bound the bucket count).
    */
   async aggregate(q: { publicKey: string; field: string; start: number; end: number; bucket: number; fn: AggregateFunction }): Promise<Point[]> {
-    // Bucket i covers [start + i·bucket, start + (i+1)·bucket) ∩ [start, end).
-    const from = sql`cast(${q.start} as bigint) + i * cast(${q.bucket} as bigint)`;
-    const inBucket = sql`public_key = ${q.publicKey} and field = ${q.field}
-      and observed_at >= ${from} and observed_at < ${from} + cast(${q.bucket} as bigint) and observed_at < cast(${q.end} as bigint)`;
-    const value =
-      q.fn === "last"
-        ? sql`(select value from telemetry_samples where ${inBucket} order by observed_at desc limit 1)`
-        : sql`(select ${sql.raw(q.fn === "count" ? "count(*)" : `${q.fn}(value)`)} from telemetry_samples where ${inBucket})`;
-    const { rows } = await sql<{ i: number; v: number | null }>`
-      with recursive buckets(i) as (select 0 union all select i + 1 from buckets where i + 1 < ${Math.ceil((q.end - q.start) / q.bucket)})
-      select i, ${value} as v from buckets order by i`.execute(this.db);
-    const points = rows.filter((r) => r.v !== null && !(q.fn === "count" && Number(r.v) === 0));
-    return points.map((r) => ({ t: q.start + Number(r.i) * q.bucket, value: Number(r.v) }));
+    const id = await this.series(q.publicKey, q.field);
+    if (id === undefined) return [];
+    // Bucket i covers [a, b) = [start + i·bucket, start + (i+1)·bucket) ∩ [start, end).
+    const a = sql`${big(q.start)} + i * ${big(q.bucket)}`;
+    const [least, greatest] = this.dialect === "sqlite" ? [sql.raw("min"), sql.raw("max")] : [sql.raw("least"), sql.raw("greatest")];
+    const b = sql`${least}(${a} + ${big(q.bucket)}, ${big(q.end)})`;
+    const buckets = sql`with recursive buckets(i) as (select 0 union all select i + 1 from buckets where i + 1 < ${Math.ceil((q.end - q.start) / q.bucket)})`;
+    const samples = (from: unknown, to: unknown) => sql`from telemetry_samples where series_id = ${id} and observed_at >= ${from} and observed_at < ${to}`;
+    if (q.fn === "last" || q.start < 0) {
+      const value =
+        q.fn === "last"
+          ? sql`(select value ${samples(a, b)} order by observed_at desc limit 1)`
+          : sql`(select ${sql.raw(q.fn === "count" ? "count(*)" : `${q.fn}(value)`)} ${samples(a, b)})`;
+      const count = q.fn === "last" ? sql`1` : sql`(select count(*) ${samples(a, b)})`;
+      const rows = await this.run(
+        sql<{ i: number; n: number; v: number | null }>`${buckets} select i, ${count} as n, ${value} as v from buckets order by i`.compile(this.db),
+      );
+      return rows.filter((r) => r.v !== null && Number(r.n) > 0).map((r) => ({ t: q.start + Number(r.i) * q.bucket, value: Number(r.v) }));
+    }
+    // Whole minutes [a', b') come from the rollups; the partial minutes at either end from the samples.
+    const a1 = sql`((${a} + ${big(ROLLUP_MS - 1)}) / ${big(ROLLUP_MS)}) * ${big(ROLLUP_MS)}`;
+    const b1 = sql`(${b} / ${big(ROLLUP_MS)}) * ${big(ROLLUP_MS)}`;
+    const head = samples(a, sql`${least}(${a1}, ${b})`);
+    const tail = samples(sql`${greatest}(${a1}, ${b1})`, b);
+    const rollups = sql`from telemetry_rollups where series_id = ${id} and minute >= ${a1} and minute < ${b1}`;
+    // An average needs a count and a sum from each part: one subquery each returns both, as text
+    // ("<count> <sum>"), so that the partial minutes are read once.
+    const both = (n: string, total: string) => `cast(${n} as text) || ' ' || cast(coalesce(${total}, 0) as text)`;
+    const [sampleFn, rollupFn] = (
+      {
+        avg: [both("count(*)", "sum(value)"), both("coalesce(sum(n), 0)", "sum(total)")],
+        sum: ["sum(value)", "sum(total)"],
+        count: ["count(*)", "sum(n)"],
+        min: ["min(value)", "min(low)"],
+        max: ["max(value)", "max(high)"],
+      } as const
+    )[q.fn];
+    const query = sql<{ i: number; hv: number | string | null; rv: number | string | null; tv: number | string | null }>`
+      ${buckets} select i, (select ${sql.raw(sampleFn)} ${head}) as hv, (select ${sql.raw(rollupFn)} ${rollups}) as rv, (select ${sql.raw(sampleFn)} ${tail}) as tv
+      from buckets order by i`;
+    const points: Point[] = [];
+    for (const r of await this.run(query.compile(this.db))) {
+      const parts = [r.hv, r.rv, r.tv].filter((v) => v !== null);
+      let value: number;
+      if (q.fn === "avg") {
+        const [n, total] = parts.map((p) => String(p).split(" ").map(Number)).reduce(([n1, s1], [n2, s2]) => [n1! + n2!, s1! + s2!], [0, 0]);
+        if (n === 0) continue;
+        value = total! / n!;
+      } else {
+        const numbers = parts.map(Number);
+        if (numbers.length === 0 || (q.fn === "count" && numbers.every((x) => x === 0))) continue;
+        value = q.fn === "min" ? Math.min(...numbers) : q.fn === "max" ? Math.max(...numbers) : numbers.reduce((x, y) => x + y, 0);
+      }
+      points.push({ t: q.start + Number(r.i) * q.bucket, value });
+    }
+    return points;
   }
+
+  /**
+   * Deletes samples older than `before`, series by series in id order from `afterSeries`, until
+   * `maxRows` rows are deleted or `maxSeries` series visited; returns where to go on from, or
+   * undefined when the last series was reached. Each series' old samples are a prefix of its key range.
+   */
+  async deleteBefore(before: number, afterSeries: number, maxRows: number, maxSeries = 500): Promise<{ deleted: number; next: number | undefined }> {
+    const series = await this.db.selectFrom("telemetry_series").select("id").where("id", ">", afterSeries).orderBy("id").limit(maxSeries).execute();
+    let deleted = 0;
+    for (const { id } of series) {
+      const r = await this.db
+        .deleteFrom("telemetry_samples")
+        .where("series_id", "=", id)
+        .where("observed_at", "in", (eb) =>
+          eb
+            .selectFrom("telemetry_samples")
+            .select("observed_at")
+            .where("series_id", "=", id)
+            .where("observed_at", "<", before)
+            .orderBy("observed_at")
+            .limit(maxRows - deleted),
+        )
+        .executeTakeFirst();
+      if (r.numDeletedRows > 0n) await this.trimRollups(id);
+      deleted += Number(r.numDeletedRows);
+      if (deleted >= maxRows) return { deleted, next: id - 1 };
+    }
+    return { deleted, next: series.length === maxSeries ? series.at(-1)!.id : undefined };
+  }
+
+  /** After old samples were deleted: drops the rollups of minutes before the oldest sample left, and recomputes its minute. */
+  private async trimRollups(series: number): Promise<void> {
+    const oldest = (
+      await this.db.selectFrom("telemetry_samples").select("observed_at").where("series_id", "=", series).orderBy("observed_at").limit(1).executeTakeFirst()
+    )?.observed_at;
+    const minute = oldest === undefined ? Number.MAX_SAFE_INTEGER : oldest - (oldest % ROLLUP_MS);
+    await this.db.deleteFrom("telemetry_rollups").where("series_id", "=", series).where("minute", "<", minute).execute();
+    if (oldest !== undefined && oldest >= 0) await this.rollUp(series, minute);
+  }
+
+  private async series(publicKey: string, field: string): Promise<number | undefined> {
+    return (await seriesId(this.db, this.dialect, publicKey, field))[0]?.id;
+  }
+}
+
+/** A parameter typed as a 64-bit integer on both databases (PostgreSQL cannot infer it in arithmetic). */
+function big(n: number): RawBuilder<number> {
+  return sql<number>`cast(${n} as bigint)`;
 }

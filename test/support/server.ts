@@ -52,7 +52,15 @@ export interface TestServer extends RunningServer {
 
 /** Starts the real server in this process on a random port, with a temporary data directory. */
 export async function startTestServer(
-  o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger; surfaces?: () => Surface[]; engines?: StartOptions["engines"] } = {},
+  o: {
+    config?: ConfigInput;
+    clock?: Clock;
+    dataDir?: string;
+    logger?: Logger;
+    surfaces?: () => Surface[];
+    cleanupIntervalMs?: number;
+    engines?: StartOptions["engines"];
+  } = {},
 ): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
   const config = loadConfig(
@@ -71,6 +79,7 @@ export async function startTestServer(
     ...(o.clock ? { clock: o.clock } : {}),
     ...(o.logger ? { logger: o.logger } : {}),
     ...(o.surfaces ? { surfaces: o.surfaces } : {}),
+    ...(o.cleanupIntervalMs ? { cleanupIntervalMs: o.cleanupIntervalMs } : {}),
     ...(o.engines ? { engines: o.engines } : {}),
   });
   const now = o.clock ? () => o.clock!.now() : undefined;
