@@ -7,7 +7,7 @@ import { ChatService } from "./ai/chat.ts";
 import type { ProviderFactory } from "./ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "./ai/speech/index.ts";
 import { buildInfo } from "./build-info.ts";
-import type { Config } from "./config/config.ts";
+import { type Config, ConfigError } from "./config/config.ts";
 import { loadOrCreateServerKey } from "./config/server-key.ts";
 import { encodeKey, privateKeyObject } from "./crypto/keys.ts";
 import { type Clock, systemClock } from "./domain/clock.ts";
@@ -59,6 +59,13 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const { config } = o;
   const clock = o.clock ?? systemClock;
   const logger = o.logger ?? createLogger(config);
+  // An agent's voice (for the device's audio) must be one the speech engine has; checked before anything opens.
+  const { speech, transcription } = o.engines ?? {};
+  config.agents.forEach((a, i) => {
+    if (a.voice !== undefined && speech && !speech.voices.includes(a.voice)) {
+      throw new ConfigError(`invalid configuration at agents.${i}.voice: unknown voice ${a.voice}; tts-1 has ${speech.voices.join(", ")}`);
+    }
+  });
   const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
   const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
   const store = await Store.open(config.databaseUrl, config.dataDir);
@@ -70,7 +77,6 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
   const hostPort = (host: string) => (host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`);
-  const { speech, transcription } = o.engines ?? {};
   const catalog = new Catalog(config, {
     ...(speech ? { speech: { voices: speech.voices } } : {}),
     ...(transcription ? { transcription: { languages: transcription.languages } } : {}),

@@ -39,6 +39,20 @@ describe("Compatible API: audio routes, HTTP side", () => {
   });
   after(() => server?.stop());
 
+  test("an agent's voice must be one of tts-1's: start-up stops naming the field", async () => {
+    await assert.rejects(
+      startTestServer({
+        config: {
+          providers: [{ id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" }],
+          models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "x" }],
+          agents: [{ id: "a", model: "m", voice: "marvin" }],
+        },
+        engines: engines(),
+      }),
+      /agents\.0\.voice: unknown voice marvin/,
+    );
+  });
+
   test("/models lists tts-1, and whisper-1 when the recogniser exists", async () => {
     const ids = [];
     for await (const m of openai.models.list()) ids.push(m.id);
