@@ -4,7 +4,7 @@ import { join } from "node:path";
 import pino, { type Logger } from "pino";
 import { Catalog } from "./ai/catalog.ts";
 import { ChatService } from "./ai/chat.ts";
-import type { ProviderFactory } from "./ai/router.ts";
+import { ChatRouter, type ProviderFactory } from "./ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "./ai/speech/index.ts";
 import { buildInfo } from "./build-info.ts";
 import { type Config, ConfigError } from "./config/config.ts";
@@ -81,20 +81,15 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     ...(speech ? { speech: { voices: speech.voices } } : {}),
     ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
   });
-  const chat = new ChatService({
-    config,
-    catalog,
-    domain,
-    ...(o.env ? { env: o.env } : {}),
-    ...(o.providerFactory ? { providerFactory: o.providerFactory } : {}),
-  });
+  const router = new ChatRouter(config, o.env, o.providerFactory);
+  const chat = new ChatService({ router, catalog, domain });
   const app = createApp({
     domain,
     logger,
     metrics,
     version: build.version,
     // Test surfaces first: of surfaces sharing a base, the first mounted answers its unrouted paths.
-    surfaces: (callers) => [...(o.surfaces?.() ?? []), compatSurface({ callers, catalog, chat, metrics, speech, transcription })],
+    surfaces: (callers) => [...(o.surfaces?.() ?? []), compatSurface({ callers, catalog, chat, router, metrics, speech, transcription })],
     // A wildcard listen address is not one a client can dial, so then the request's Host is used.
     serverInfo: (host) => serverInfo(domain.ctx, identity, config.publicEndpoint ?? (wildcard ? (host ?? hostPort("127.0.0.1")) : hostPort(config.host))),
   });

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { duplexPair } from "node:stream";
 import { after, before, describe, test } from "node:test";
-import OpenAI from "openai";
+import OpenAI, { toFile } from "openai";
 import { bindConnection } from "../src/http/connection.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { exchange, parseRawResponse } from "./support/raw-http.ts";
@@ -43,6 +43,8 @@ describe("Compatible API: chat", () => {
           { id: "other-chat", kind: "chat", provider: "backup", upstream_model: "qwen" },
           { id: "safe-chat", kind: "chat", provider: "flaky", upstream_model: "first", fallbacks: ["other-chat"] },
           { id: "slow-chat", kind: "chat", provider: "slow", upstream_model: "sloth" },
+          { id: "cloud-tts", kind: "speech", provider: "primary", upstream_model: "gpt-4o-mini-tts" },
+          { id: "cloud-whisper", kind: "transcription", provider: "primary", upstream_model: "whisper-large" },
           { id: "vision-chat", kind: "chat", provider: "primary", upstream_model: "llava", input: ["image"] },
         ],
         agents: [
@@ -88,7 +90,7 @@ describe("Compatible API: chat", () => {
       assert.equal(typeof m.created, "number");
       assert.deepEqual(Object.keys(m).sort(), ["created", "id", "object", "owned_by"]);
     }
-    assert.deepEqual(ids.sort(), ["helper", "my-chat", "other-chat", "safe-chat", "slow-chat", "vision-chat"]);
+    assert.deepEqual(ids.sort(), ["cloud-tts", "cloud-whisper", "helper", "my-chat", "other-chat", "safe-chat", "slow-chat", "vision-chat"]);
     const limited = [];
     for await (const m of client(LIMITED_KEY).models.list()) limited.push(m.id);
     assert.deepEqual(limited, ["other-chat"]);
@@ -478,6 +480,28 @@ describe("Compatible API: chat", () => {
     assert.equal(res?.status, 200, raw);
     assert.equal(JSON.parse(res!.body).choices[0].message.content, "ok");
     assert.equal(JSON.parse(primary.received[before + 1]!.body.messages.at(-1).content).volume, 33);
+  });
+
+  test("upstream speech and transcription models: the request relayed with the upstream model, the answer's bytes back", async () => {
+    const speech = await app.audio.speech.create({ model: "cloud-tts", input: "Hello", voice: "coral", instructions: "cheerful", response_format: "mp3" });
+    assert.equal(speech.headers.get("content-type"), "audio/mpeg");
+    const bytes = Buffer.from(await speech.arrayBuffer());
+    assert.equal(bytes.subarray(0, 3).toString(), "ID3");
+    const sent = JSON.parse(bytes.subarray(3).toString());
+    assert.equal(sent.model, "gpt-4o-mini-tts");
+    assert.equal(sent.voice, "coral");
+    assert.equal(sent.instructions, "cheerful");
+
+    const wav = Buffer.concat([Buffer.from("RIFF\0\0\0\0WAVEfmt "), Buffer.alloc(64)]);
+    const t = await app.audio.transcriptions.create({ model: "cloud-whisper", file: await toFile(wav, "a.wav", { type: "audio/wav" }), language: "de" });
+    assert.equal(t.text, "upstream heard you");
+    const upload = primary.audio.at(-1)!;
+    assert.equal(upload.path, "/v1/audio/transcriptions");
+    assert.match(upload.contentType, /^multipart\/form-data; boundary=/);
+    const text = upload.body.toString("latin1");
+    assert.match(text, /name="model"\r\n\r\nwhisper-large\r\n/);
+    assert.match(text, /name="language"\r\n\r\nde\r\n/);
+    assert.ok(upload.body.includes(wav));
   });
 
   test("unknown model → 404 model_not_found", async () => {

@@ -47,6 +47,8 @@ test("invalid catalogs stop start-up with a message naming the field", () => {
   refused({ providers: [provider], models: [{ ...model, provider: "nope" }] }, "models.0.provider");
   refused({ providers: [provider], models: [{ ...model, fallbacks: ["ghost"] }] }, "models.0.fallbacks.0");
   refused({ providers: [provider], models: [{ ...model, fallbacks: ["my-chat"] }] }, "models.0.fallbacks.0");
+  refused({ providers: [{ id: "c", kind: "anthropic" }], models: [{ ...model, kind: "speech", provider: "c" }] }, "models.0.provider");
+  refused({ providers: [provider], models: [model, { ...model, id: "tts", kind: "speech", fallbacks: ["my-chat"] }] }, "models.1.fallbacks.0");
   refused({ providers: [provider], models: [model], agents: [{ id: "a", model: "my-chat", tools: ["rm_rf"] }] }, "agents.0.tools.0");
   refused({ providers: [provider], models: [model], agents: [{ id: "a", model: "ghost" }] }, "agents.0.model");
   refused({ providers: [provider], models: [model], agents: [{ id: "my-chat", model: "my-chat" }] }, "agents.0.id");

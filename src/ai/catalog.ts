@@ -4,8 +4,9 @@ import { type Caller, mayUse } from "./caller.ts";
 export type CatalogEntry =
   | { kind: "chat"; id: string; model: ModelConfig }
   | { kind: "agent"; id: string; agent: AgentConfig; model: ModelConfig }
-  | { kind: "speech"; id: string; voices: readonly string[] }
-  | { kind: "transcription"; id: string; languages: readonly string[] };
+  /** `model` for an upstream model; without it, the embedded engine. */
+  | { kind: "speech"; id: string; voices: readonly string[]; model?: ModelConfig }
+  | { kind: "transcription"; id: string; languages: readonly string[]; model?: ModelConfig };
 
 /** What the embedded engines offer; undefined when an engine is absent. */
 export interface EmbeddedModels {
@@ -23,7 +24,12 @@ export class Catalog {
     if (embedded.speech) this.entries.set("tts-1", { kind: "speech", id: "tts-1", voices: embedded.speech.voices });
     if (embedded.transcription) this.entries.set("whisper-1", { kind: "transcription", id: "whisper-1", languages: embedded.transcription.languages });
     const models = new Map(config.models.map((m) => [m.id, m]));
-    for (const m of config.models) if (m.kind === "chat") this.entries.set(m.id, { kind: "chat", id: m.id, model: m });
+    for (const m of config.models) {
+      // Upstream speech and transcription models take any voice and language: the provider checks them.
+      if (m.kind === "chat") this.entries.set(m.id, { kind: "chat", id: m.id, model: m });
+      else if (m.kind === "speech") this.entries.set(m.id, { kind: "speech", id: m.id, voices: [], model: m });
+      else this.entries.set(m.id, { kind: "transcription", id: m.id, languages: [], model: m });
+    }
     for (const a of config.agents) this.entries.set(a.id, { kind: "agent", id: a.id, agent: a, model: models.get(a.model)! });
   }
 

@@ -1,4 +1,3 @@
-import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
 import type { ChatCompletion, ChatRequest } from "../protocol/compat.ts";
 import { AgentRunner } from "./agents/agent.ts";
@@ -6,16 +5,14 @@ import type { Caller } from "./caller.ts";
 import type { Catalog, CatalogEntry } from "./catalog.ts";
 import { GenerationError } from "./errors.ts";
 import type { ChatStream } from "./providers/provider.ts";
-import { ChatRouter, type ProviderFactory } from "./router.ts";
+import type { ChatRouter } from "./router.ts";
 
 export type ChatResult = { kind: "completion"; completion: ChatCompletion } | { kind: "stream"; stream: ChatStream };
 
 export interface ChatServiceOptions {
-  config: Pick<Config, "providers" | "models">;
+  router: ChatRouter;
   catalog: Catalog;
   domain: Domain;
-  env?: NodeJS.ProcessEnv;
-  providerFactory?: ProviderFactory;
 }
 
 /** Chat completions for a caller: resolves the model or agent, checks what it accepts, and runs it. */
@@ -26,7 +23,7 @@ export class ChatService {
 
   constructor(o: ChatServiceOptions) {
     this.catalog = o.catalog;
-    this.router = new ChatRouter(o.config, o.env, o.providerFactory);
+    this.router = o.router;
     this.agents = new AgentRunner(this.router, o.domain);
   }
 

@@ -2,7 +2,7 @@ import type { Config, ModelConfig, ProviderConfig } from "../config/config.ts";
 import type { ChatCompletion } from "../protocol/compat.ts";
 import { GenerationError } from "./errors.ts";
 import { AiSdkProvider } from "./providers/ai-sdk.ts";
-import { OpenAIProvider } from "./providers/openai.ts";
+import { OpenAIProvider, type RawAnswer } from "./providers/openai.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest } from "./providers/provider.ts";
 
 const DEFAULT_BASE_URL: Record<ProviderConfig["kind"], string | undefined> = {
@@ -42,6 +42,20 @@ export class ChatRouter {
 
   stream(model: ModelConfig, request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
     return this.attempt(model, o.signal, (provider, upstream) => provider.stream({ ...request, model: upstream }, o));
+  }
+
+  /** A speech or transcription call relayed to the model's OpenAI-style provider (`path`: `/audio/speech`, `/audio/transcriptions`). */
+  relay(
+    model: ModelConfig,
+    path: string,
+    body: (upstreamModel: string) => { body: string | Buffer; contentType: string },
+    signal: AbortSignal,
+  ): Promise<RawAnswer> {
+    return this.attempt(model, signal, (provider, upstream) => {
+      if (!(provider instanceof OpenAIProvider)) throw new GenerationError("invalid", `\`${model.id}\` has no provider for ${path}`, { param: "model" });
+      const b = body(upstream);
+      return provider.relay(path, b.body, b.contentType, signal);
+    });
   }
 
   private async attempt<T>(model: ModelConfig, signal: AbortSignal, call: (provider: ChatProvider, upstreamModel: string) => Promise<T>): Promise<T> {

@@ -213,9 +213,10 @@ function checkCatalog(c: { providers: ProviderConfig[]; models: ModelConfig[]; a
   c.models.forEach((m, i) => {
     const provider = providers.get(m.provider);
     if (!provider) issue(["models", i, "provider"], `unknown provider ${m.provider}`);
-    if (m.kind !== "chat") {
-      issue(["models", i, "kind"], "only chat models come from providers for now; speech and transcription are the embedded tts-1 and whisper-1");
+    else if (m.kind !== "chat" && provider.kind !== "openai" && provider.kind !== "openai-compatible") {
+      issue(["models", i, "provider"], `${m.kind} models need an openai or openai-compatible provider`);
     }
+    if (m.kind !== "chat" && m.input.length > 0) issue(["models", i, "input"], "only chat models take input kinds");
     m.fallbacks.forEach((f, j) => {
       const target = models.get(f);
       if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);

@@ -25,6 +25,8 @@ export interface ReceivedRequest {
 /** An OpenAI-compatible provider on loopback that answers from a script, for tests and the benchmark. */
 export class FakeUpstream {
   readonly received: ReceivedRequest[] = [];
+  /** Requests to the audio routes, raw. */
+  readonly audio: Array<{ path: string; contentType: string; body: Buffer }> = [];
   /** Responses whose connection was closed by the other side before they finished. */
   aborted = 0;
   private readonly replies: Reply[] = [];
@@ -65,6 +67,13 @@ export class FakeUpstream {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
+      if (req.method === "POST" && (req.url === "/v1/audio/speech" || req.url === "/v1/audio/transcriptions")) {
+        const body = Buffer.concat(chunks);
+        this.audio.push({ path: req.url, contentType: req.headers["content-type"] ?? "", body });
+        if (req.url === "/v1/audio/speech") res.writeHead(200, { "content-type": "audio/mpeg" }).end(Buffer.concat([Buffer.from("ID3"), body]));
+        else res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ text: "upstream heard you" }));
+        return;
+      }
       if (req.url !== "/v1/chat/completions" || req.method !== "POST") {
         res.writeHead(404, { "content-type": "application/json" }).end(JSON.stringify({ error: { message: "not found" } }));
         return;

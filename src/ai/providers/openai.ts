@@ -19,8 +19,14 @@ export interface OpenAIProviderOptions {
 const MAX_ERROR_BODY = 64 * 1024;
 const MAX_COMPLETION_BODY = 64 * 1024 * 1024;
 
+export interface RawAnswer {
+  contentType: string;
+  body: AsyncIterable<Uint8Array>;
+}
+
 export class OpenAIProvider implements ChatProvider {
   private readonly url: URL;
+  private readonly basePath: string;
   private readonly request: typeof http.request;
   /** Request options computed once: converting a URL on every call shows in the profile. */
   private readonly target: http.RequestOptions;
@@ -30,6 +36,7 @@ export class OpenAIProvider implements ChatProvider {
 
   constructor(o: OpenAIProviderOptions) {
     this.url = new URL(`${o.baseUrl.replace(/\/+$/, "")}/chat/completions`);
+    this.basePath = this.url.pathname.slice(0, -"/chat/completions".length);
     const Agent = this.url.protocol === "https:" ? https.Agent : http.Agent;
     this.agent = new Agent({ keepAlive: true, maxSockets: 256, scheduling: "lifo" });
     this.headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
@@ -47,7 +54,7 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async complete(request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
-    const call = this.send(request, o.signal);
+    const call = this.send("/chat/completions", JSON.stringify(withoutNulls(request)), "application/json", o.signal);
     try {
       const res = await call.response;
       const text = await readBody(res, MAX_COMPLETION_BODY, call.touch);
@@ -65,7 +72,7 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async stream(request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
-    const call = this.send(request, o.signal);
+    const call = this.send("/chat/completions", JSON.stringify(withoutNulls(request)), "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
     try {
@@ -99,15 +106,53 @@ export class OpenAIProvider implements ChatProvider {
     return { events: events(), stats };
   }
 
+  /**
+   * Any other route (`/audio/speech`, `/audio/transcriptions`): the body as given, the answer's
+   * bytes relayed as they arrive. Resolves once the first bytes are in, so failures before them can
+   * be retried.
+   */
+  async relay(path: string, body: string | Buffer, contentType: string, signal: AbortSignal): Promise<RawAnswer> {
+    const call = this.send(path, body, contentType, signal);
+    let it: AsyncIterator<Buffer>;
+    let first: IteratorResult<Buffer>;
+    let res: IncomingMessage;
+    try {
+      res = await call.response;
+      it = (res as AsyncIterable<Buffer>)[Symbol.asyncIterator]();
+      first = await it.next();
+    } catch (err) {
+      call.done();
+      throw toProviderError(err, err instanceof ProviderError && err.timedOut);
+    }
+    async function* bytes(): AsyncGenerator<Uint8Array> {
+      try {
+        if (first.done) return;
+        yield first.value;
+        for (;;) {
+          const r = await it.next();
+          if (r.done) return;
+          call.touch();
+          yield r.value;
+        }
+      } finally {
+        call.done();
+      }
+    }
+    return { contentType: String(res.headers["content-type"] ?? "application/octet-stream"), body: bytes() };
+  }
+
   /** Starts the request; `response` resolves with a 2xx response or rejects with a ProviderError. */
-  private send(request: ProviderRequest, signal: AbortSignal) {
-    const body = JSON.stringify(withoutNulls(request));
+  private send(path: string, body: string | Buffer, contentType: string, signal: AbortSignal) {
     let timer: NodeJS.Timeout | undefined;
     let req: http.ClientRequest | undefined;
     let timedOut = false;
     const response = new Promise<IncomingMessage>((resolve, reject) => {
       if (signal.aborted) return reject(signal.reason);
-      const request = this.request({ ...this.target, headers: { ...this.headers, "content-length": Buffer.byteLength(body) } });
+      const request = this.request({
+        ...this.target,
+        path: this.basePath + path,
+        headers: { ...this.headers, "content-type": contentType, "content-length": Buffer.byteLength(body) },
+      });
       // Not the `signal` option: the listener it leaves on a long-lived signal is removed only when the socket closes.
       const onAbort = () => request.destroy(signal.reason as Error);
       signal.addEventListener("abort", onAbort, { once: true });

@@ -1,6 +1,8 @@
 import type { Hono } from "hono";
 import { z } from "zod";
 import type { Catalog } from "../../ai/catalog.ts";
+import type { RawAnswer } from "../../ai/providers/openai.ts";
+import type { ChatRouter } from "../../ai/router.ts";
 import { EngineBusyError, type SpeechEngine, type SpeechFormat } from "../../ai/speech/index.ts";
 import type { Metrics } from "../metrics.ts";
 import { speechModel } from "./audio-models.ts";
@@ -29,21 +31,36 @@ export const SpeechRequest = z.strictObject({
   instructions: z.string().optional(),
 });
 
-/** `POST /audio/speech` on the embedded engine: validated here, audio streamed as the engine produces it. */
-export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engine: SpeechEngine, metrics: Metrics): void {
+/** `POST /audio/speech`: validated here; the embedded engine's audio, or an upstream model's, streamed as it is produced. */
+export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engine: SpeechEngine | undefined, router: ChatRouter, metrics: Metrics): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
     const parsed = SpeechRequest.safeParse(await readJson(c));
     if (!parsed.success) throw invalidParameter(parsed.error);
     const r = parsed.data;
-    const model = speechModel(catalog, c.get("caller"), r.model);
-    if (r.instructions !== undefined)
+    const entry = speechModel(catalog, c.get("caller"), r.model);
+    const model = entry.id;
+    const signal = clientGone(c);
+    const done = (status: number, error?: string) => metrics.observeAi(ROUTE, model, status, (performance.now() - started) / 1000, error);
+    if (entry.model) {
+      const upstream = entry.model;
+      let answer: RawAnswer;
+      try {
+        answer = await router.relay(upstream, ROUTE, (name) => ({ body: JSON.stringify({ ...r, model: name }), contentType: "application/json" }), signal);
+      } catch (err) {
+        const e = toOpenAIError(err);
+        done(e.status, e.type);
+        throw e;
+      }
+      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType });
+    }
+    if (!engine) throw new OpenAIError(503, "No speech engine is available on this server.", { code: "engine_unavailable" });
+    if (r.instructions !== undefined) {
       throw new OpenAIError(400, `model \`${model}\` does not take instructions`, { param: "instructions", code: "unsupported_parameter" });
+    }
     if (!engine.voices.includes(r.voice)) {
       throw new OpenAIError(400, `Unknown voice \`${r.voice}\`; this model has ${engine.voices.join(", ")}.`, { param: "voice", code: "invalid_value" });
     }
-    const signal = clientGone(c);
-    const done = (status: number, error?: string) => metrics.observeAi(ROUTE, model, status, (performance.now() - started) / 1000, error);
     let it: AsyncIterator<Uint8Array>;
     let first: IteratorResult<Uint8Array>;
     try {
@@ -96,6 +113,33 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
       sse ? { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" } : { "content-type": CONTENT_TYPES[r.response_format] },
     );
   });
+}
+
+/** Relayed bytes as a response body, pulled as the client reads. */
+export function byteStream(it: AsyncIterator<Uint8Array>, done: (status: number, error?: string) => void): ReadableStream<Uint8Array> {
+  return new ReadableStream<Uint8Array>(
+    {
+      async pull(controller) {
+        let next: IteratorResult<Uint8Array>;
+        try {
+          next = await it.next();
+        } catch {
+          done(200, "api_error");
+          controller.error(new Error("the provider's answer broke off"));
+          return;
+        }
+        if (next.done) {
+          done(200);
+          controller.close();
+        } else controller.enqueue(next.value);
+      },
+      async cancel() {
+        done(499);
+        await it.return?.();
+      },
+    },
+    { highWaterMark: 0 },
+  );
 }
 
 function sseData(value: unknown): Buffer {

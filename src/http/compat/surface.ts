@@ -1,6 +1,7 @@
 import { Hono } from "hono";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { ChatService } from "../../ai/chat.ts";
+import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import type { AppEnv } from "../env.ts";
 import type { Metrics } from "../metrics.ts";
@@ -22,8 +23,9 @@ export interface CompatSurfaceOptions {
   callers: Callers;
   catalog: Catalog;
   chat: ChatService;
+  router: ChatRouter;
   metrics: Metrics;
-  /** The embedded engines; without a speech engine the audio routes are not offered. */
+  /** The embedded engines (`tts-1`, `whisper-1` in the catalog when present). */
   speech?: SpeechEngine | undefined;
   transcription?: TranscriptionEngine | undefined;
   /** Default `/openai/v1`; service stream 2 mounts the same routes at `/v1`. */
@@ -36,18 +38,12 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
   const tooLarge = (c: Parameters<Parameters<typeof bodyLimit>[1]>[0]) =>
     openAIErrorResponse(c, new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" }));
   const guard = [bodyLimit(COMPAT_BODY_LIMIT, tooLarge, 2 * COMPAT_BODY_LIMIT), authenticate(o.callers)] as const;
-  const routes: Array<[string, string]> = [
-    ["GET", "/models"],
-    ["POST", "/chat/completions"],
-  ];
-  if (o.speech) routes.push(["POST", "/audio/speech"], ["POST", "/audio/transcriptions"]);
-  for (const [method, path] of routes) app.on(method, path, ...guard);
+  app.get("/models", ...guard);
+  for (const path of ["/chat/completions", "/audio/speech", "/audio/transcriptions"]) app.post(path, ...guard);
   registerModelsRoute(app, o.catalog, o.metrics);
   registerChatRoute(app, o.chat, o.metrics);
-  if (o.speech) {
-    registerSpeechRoute(app, o.catalog, o.speech, o.metrics);
-    registerTranscriptionRoute(app, o.catalog, o.transcription, o.metrics);
-  }
+  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics);
+  registerTranscriptionRoute(app, o.catalog, o.transcription, o.router, o.metrics);
   return {
     base: o.base ?? COMPAT_BASE,
     app: app as unknown as Hono<AppEnv>,

@@ -1,11 +1,14 @@
 import type { Hono } from "hono";
 import type { Catalog } from "../../ai/catalog.ts";
+import type { RawAnswer } from "../../ai/providers/openai.ts";
+import type { ChatRouter } from "../../ai/router.ts";
 import { AudioDecodeError, EngineBusyError, type Transcript, type TranscriptionEngine } from "../../ai/speech/index.ts";
 import type { Metrics } from "../metrics.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone } from "./json.ts";
+import { byteStream } from "./speech.ts";
 
 const ROUTE = "/audio/transcriptions";
 
@@ -42,7 +45,13 @@ function acceptedFile(file: File, bytes: Uint8Array): boolean {
 const param = (name: string, message: string, code = "invalid_value") => new OpenAIError(400, message, { param: name, code });
 
 /** `POST /audio/transcriptions` on the embedded recogniser: multipart fields as the official clients send them. */
-export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalog, engine: TranscriptionEngine | undefined, metrics: Metrics): void {
+export function registerTranscriptionRoute(
+  app: Hono<CompatEnv>,
+  catalog: Catalog,
+  engine: TranscriptionEngine | undefined,
+  router: ChatRouter,
+  metrics: Metrics,
+): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
     const type = c.req.header("content-type") ?? "";
@@ -63,9 +72,12 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
     };
     const model = text("model");
     if (!model) throw param("model", "you must provide a model parameter", "missing_required_parameter");
-    const id = transcriptionModel(catalog, c.get("caller"), model);
-    // The catalog offers a transcription model only when its engine exists.
-    if (!engine) throw new OpenAIError(503, "No transcription engine is available on this server.", { code: "engine_unavailable" });
+    const entry = transcriptionModel(catalog, c.get("caller"), model);
+    const id = entry.id;
+    // The catalog offers the embedded model only when its engine exists.
+    if (!entry.model && !engine) throw new OpenAIError(503, "No transcription engine is available on this server.", { code: "engine_unavailable" });
+    const languages = entry.model ? undefined : engine!.languages;
+    const wordTimestamps = entry.model ? true : engine!.wordTimestamps === true;
 
     const files = form.getAll("file");
     const file = files[0];
@@ -79,8 +91,8 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
 
     const language = text("language");
     if (language !== undefined && !/^[a-z]{2}$/.test(language)) throw param("language", "language must be an ISO-639-1 code such as `en`");
-    if (language !== undefined && !engine.languages.includes(language)) {
-      throw param("language", `language \`${language}\` is not supported by ${id}; supported: ${engine.languages.join(", ")}`, "unsupported_language");
+    if (language !== undefined && languages && !languages.includes(language)) {
+      throw param("language", `language \`${language}\` is not supported by ${id}; supported: ${languages.join(", ")}`, "unsupported_language");
     }
     const temperature = text("temperature");
     if (temperature !== undefined && !(/^\d+(\.\d+)?$/.test(temperature) && Number(temperature) <= 1))
@@ -90,21 +102,38 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
     const granularities = form.getAll("timestamp_granularities[]");
     for (const g of granularities) {
       if (g !== "segment" && g !== "word") throw param("timestamp_granularities[]", "timestamp_granularities[] takes segment and word");
-      if (g === "word" && (format !== "verbose_json" || !engine.wordTimestamps)) {
-        throw param("timestamp_granularities[]", engine.wordTimestamps ? "word timestamps need response_format verbose_json" : `${id} has no word timestamps`);
+      if (g === "word" && (format !== "verbose_json" || !wordTimestamps)) {
+        throw param("timestamp_granularities[]", wordTimestamps ? "word timestamps need response_format verbose_json" : `${id} has no word timestamps`);
       }
     }
     const stream = text("stream");
     if (stream !== undefined && stream !== "true" && stream !== "false") throw param("stream", "stream must be `true` or `false`");
     const prompt = text("prompt");
+    const signal = clientGone(c);
+    const done = (status: number, error?: string) => metrics.observeAi(ROUTE, id, status, (performance.now() - started) / 1000, error);
+
+    if (entry.model) {
+      // The validated fields go on as they came, with the upstream model's name.
+      const fields = [...form.entries()].filter((e): e is [string, string] => e[0] !== "model" && typeof e[1] === "string");
+      const upload = { name: file.name || "audio", type: file.type || "application/octet-stream", bytes: audio };
+      let answer: RawAnswer;
+      try {
+        answer = await router.relay(entry.model, ROUTE, (name) => multipart([["model", name], ...fields], upload), signal);
+      } catch (err) {
+        const e = toOpenAIError(err);
+        done(e.status, e.type);
+        throw e;
+      }
+      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType });
+    }
 
     let transcript: Transcript;
     try {
-      transcript = await engine.transcribe({
+      transcript = await engine!.transcribe({
         audio,
         ...(language !== undefined ? { language } : {}),
         ...(prompt !== undefined ? { prompt } : {}),
-        signal: clientGone(c),
+        signal,
       });
     } catch (err) {
       const e =
@@ -113,10 +142,10 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
           : err instanceof EngineBusyError
             ? new OpenAIError(429, "The transcription engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
             : toOpenAIError(err);
-      metrics.observeAi(ROUTE, id, e.status, (performance.now() - started) / 1000, e.type);
+      done(e.status, e.type);
       throw e;
     }
-    metrics.observeAi(ROUTE, id, 200, (performance.now() - started) / 1000);
+    done(200);
     if (stream === "true") {
       const events = transcript.segments.map((s, i) => sse({ type: "transcript.text.delta", delta: i === 0 ? s.text.trimStart() : ` ${s.text.trim()}` }));
       events.push(sse({ type: "transcript.text.done", text: transcript.text }));
@@ -144,6 +173,21 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
         return c.json({ text: transcript.text });
     }
   });
+}
+
+/** Text fields and one file as multipart/form-data, with its boundary. */
+function multipart(fields: Array<[string, string]>, file: { name: string; type: string; bytes: Uint8Array }): { body: Buffer; contentType: string } {
+  const boundary = `----perch${crypto.randomUUID().replaceAll("-", "")}`;
+  const quote = (s: string) => s.replace(/["\r\n]/g, (ch) => encodeURIComponent(ch));
+  const parts: Buffer[] = fields.map(([key, value]) =>
+    Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="${quote(key)}"\r\n\r\n${value}\r\n`),
+  );
+  parts.push(
+    Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${quote(file.name)}"\r\nContent-Type: ${file.type}\r\n\r\n`),
+    Buffer.from(file.bytes.buffer, file.bytes.byteOffset, file.bytes.byteLength),
+    Buffer.from(`\r\n--${boundary}--\r\n`),
+  );
+  return { body: Buffer.concat(parts), contentType: `multipart/form-data; boundary=${boundary}` };
 }
 
 function sse(value: unknown): string {
