@@ -5,7 +5,7 @@ import pino, { type Logger } from "pino";
 import { Catalog } from "./ai/catalog.ts";
 import { ChatService } from "./ai/chat.ts";
 import { ChatRouter, type ProviderFactory } from "./ai/router.ts";
-import type { SpeechEngine, TranscriptionEngine } from "./ai/speech/index.ts";
+import { createSpeechEngine, createTranscriptionEngine, type SpeechEngine, type TranscriptionEngine } from "./ai/speech/index.ts";
 import { buildInfo } from "./build-info.ts";
 import { type Config, ConfigError } from "./config/config.ts";
 import { loadOrCreateServerKey } from "./config/server-key.ts";
@@ -30,8 +30,10 @@ export interface StartOptions {
   /** Where provider keys (`api_key_env`) are read; default the process environment. */
   env?: NodeJS.ProcessEnv;
   providerFactory?: ProviderFactory;
-  /** The embedded speech engines. */
+  /** The embedded speech engines; default the process's own (see `embeddedEngines`). */
   engines?: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
+  /** Warm the speech engine up in the background once listening (the command line does). */
+  warmUp?: boolean;
   /** How often expired rows and old telemetry are deleted (default a minute). */
   cleanupIntervalMs?: number;
 }
@@ -48,10 +50,23 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
-const CLEANUP_INTERVAL_MS = 60_000;
+let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine | undefined } | undefined;
 
+/** The embedded engines, one pair per process (each has its own queue and worker threads), however many servers it starts. */
+export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine | undefined } {
+  engines ??= { speech: createSpeechEngine(), transcription: createTranscriptionEngine() };
+  return engines;
+}
+
+const CLEANUP_INTERVAL_MS = 60_000;
+const LOG_FLUSH_INTERVAL_MS = 250;
+
+/**
+ * JSON lines on standard output, buffered and written in batches (at 4 KiB, every 250 ms, at
+ * start-up, shutdown and exit): a write per request line cost about a fifth of a `GET /me/status`.
+ */
 function createLogger(config: Config): Logger {
-  return pino({ level: config.logLevel, base: { node: config.nodeName } });
+  return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: 4096 }));
 }
 
 /** Opens the store, builds the domain and the HTTP app, and listens. */
@@ -60,7 +75,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const clock = o.clock ?? systemClock;
   const logger = o.logger ?? createLogger(config);
   // An agent's voice (for the device's audio) must be one the speech engine has; checked before anything opens.
-  const { speech, transcription } = o.engines ?? {};
+  const { speech, transcription } = o.engines ?? embeddedEngines();
   config.agents.forEach((a, i) => {
     if (a.voice !== undefined && speech && !speech.voices.includes(a.voice)) {
       throw new ConfigError(`invalid configuration at agents.${i}.voice: unknown voice ${a.voice}; tts-1 has ${speech.voices.join(", ")}`);
@@ -126,6 +141,12 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   // The start-up line is written at any level but "silent": operators and scripts look for it.
   const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
   startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
+  if (o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
+    (speech.warmUp as () => Promise<void>)().catch((err: unknown) => logger.warn({ err }, "speech engine warm-up failed"));
+  }
+  logger.flush();
+  const logFlush = setInterval(() => logger.flush(), LOG_FLUSH_INTERVAL_MS);
+  logFlush.unref();
 
   let closing: Promise<void> | undefined;
   return {
@@ -146,6 +167,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
           server.once("close", () => clearInterval(sweep));
         });
         await store.close();
+        clearInterval(logFlush);
+        logger.flush();
       })();
       return closing;
     },

@@ -141,6 +141,25 @@ describe("Compatible API: audio routes, HTTP side", () => {
     assert.equal(notMultipart.status, 400);
   });
 
+  test("transcriptions: a corrupt file → 400 param file", { skip: engines().transcription === undefined }, async () => {
+    const corrupt = Buffer.concat([wav().subarray(0, 12), Buffer.from("this is not a fmt chunk at all, just garbage")]);
+    const { status, body } = await transcription({ model: "whisper-1", file: new Blob([new Uint8Array(corrupt)], { type: "audio/wav" }) });
+    assert.equal(status, 400, JSON.stringify(body));
+    assert.equal(body.error.param, "file");
+  });
+
+  test("round trip through the openai client: audio.speech.create, then audio.transcriptions.create", {
+    skip: engines().transcription === undefined,
+  }, async () => {
+    const sentence = "Open the front door.";
+    const speech = await openai.audio.speech.create({ model: "tts-1", input: sentence, voice: "echo", response_format: "mp3" });
+    assert.equal(speech.headers.get("content-type"), "audio/mpeg");
+    const mp3 = Buffer.from(await speech.arrayBuffer());
+    const heard = await openai.audio.transcriptions.create({ model: "whisper-1", file: await toFile(mp3, "door.mp3"), language: "en" });
+    const words = heard.text.toLowerCase().split(/\W+/).filter(Boolean);
+    for (const w of ["open", "front", "door"]) assert.ok(words.includes(w), `"${w}" not in "${heard.text}"`);
+  });
+
   test("transcriptions: the 25 MB audio limit", { skip: engines().transcription === undefined }, async () => {
     const big = Buffer.alloc(25 * 1000 * 1000 + 1);
     wav().copy(big);

@@ -41,7 +41,7 @@ function print(value: unknown): void {
 async function serve(): Promise<void> {
   // Loaded here so that the store commands start without the HTTP stack.
   const { startServer } = await import("../server.ts");
-  const server = await startServer({ config: loadConfig() });
+  const server = await startServer({ config: loadConfig(), warmUp: true });
   let stopping = false;
   const stop = (signal: string) => {
     if (stopping) return;

