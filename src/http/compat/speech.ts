@@ -52,7 +52,7 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
         done(e.status, e.type);
         throw e;
       }
-      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType });
+      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
     }
     if (!engine) throw new OpenAIError(503, "No speech engine is available on this server.", { code: "engine_unavailable" });
     if (r.instructions !== undefined) {
@@ -107,11 +107,11 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
       },
       { highWaterMark: 0 },
     );
-    return c.body(
-      body,
-      200,
-      sse ? { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" } : { "content-type": CONTENT_TYPES[r.response_format] },
-    );
+    // `transfer-encoding` declared: the Node adapter then writes the first audio at once (see chat.ts).
+    const headers: Record<string, string> = sse
+      ? { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" }
+      : { "content-type": CONTENT_TYPES[r.response_format] };
+    return c.body(body, 200, { ...headers, "transfer-encoding": "chunked" });
   });
 }
 

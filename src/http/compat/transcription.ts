@@ -124,7 +124,7 @@ export function registerTranscriptionRoute(
         done(e.status, e.type);
         throw e;
       }
-      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType });
+      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
     }
 
     let transcript: Transcript;
