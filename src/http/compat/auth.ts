@@ -2,6 +2,7 @@ import type { Context, MiddlewareHandler } from "hono";
 import type { Caller } from "../../ai/caller.ts";
 import { DomainError } from "../../domain/errors.ts";
 import type { AppEnv } from "../env.ts";
+import { requestHeader } from "../headers.ts";
 import type { Callers } from "../principal.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError } from "./errors.ts";
@@ -26,7 +27,7 @@ export function authenticate(callers: Callers): MiddlewareHandler<CompatEnv> {
           : { kind: "device", publicKey: principal.publicKey };
     } catch (err) {
       if (err instanceof DomainError && err.kind === "unauthenticated") {
-        const missing = !c.req.header("authorization");
+        const missing = !requestHeader(c as unknown as Context<AppEnv>, "authorization");
         throw new OpenAIError(401, missing ? "You didn't provide an API key. Send it as `Authorization: Bearer <key>`." : "Incorrect API key provided.", {
           code: "invalid_api_key",
         });

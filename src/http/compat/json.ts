@@ -15,10 +15,17 @@ function nodeBindings(c: Context): { incoming: IncomingMessage; outgoing: Server
  */
 async function bodyText(c: Context): Promise<string> {
   const node = nodeBindings(c);
-  if (!node || c.req.header("transfer-encoding") !== undefined || node.incoming.readableEnded) return c.req.text();
-  const chunks: Buffer[] = [];
-  for await (const chunk of node.incoming as AsyncIterable<Buffer>) chunks.push(chunk);
-  return chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8");
+  if (!node || node.incoming.headers["transfer-encoding"] !== undefined || node.incoming.readableEnded) return c.req.text();
+  const { incoming } = node;
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    incoming.on("data", (chunk: Buffer) => chunks.push(chunk));
+    incoming.once("end", () => resolve(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")));
+    incoming.once("error", reject);
+    incoming.once("close", () => {
+      if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
+    });
+  });
 }
 
 /** The request body as JSON; any content type is read, as OpenAI does. */
