@@ -1,3 +1,4 @@
+import { sql } from "kysely";
 import { compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
@@ -58,19 +59,7 @@ export class SessionRepository {
 
   /** Deletes the peer's oldest live primary sessions so that at most `keep` remain. */
   async trimPrimary(publicKey: string, now: number, keep: number): Promise<void> {
-    const live = await this.countLive(now, { kind: "primary", publicKey });
-    if (live <= keep) return;
-    const oldest = this.db
-      .selectFrom("sessions")
-      .select("id")
-      .where("public_key", "=", publicKey)
-      .where("kind", "=", "primary")
-      .where("revoked_at", "is", null)
-      .where("expires_at", ">", now)
-      .orderBy("created_at")
-      .orderBy("id")
-      .limit(live - keep);
-    await this.db.deleteFrom("sessions").where("id", "in", oldest).execute();
+    await trimPrimarySessions(this.db, this.dialect, publicKey, now, keep);
   }
 
   /** Revokes a live session; with `targetKey`, only a Side Control session aimed at that device. */
@@ -124,4 +113,28 @@ const insertSession = compiled(
   0,
   0,
   0 as number | null,
+);
+
+/** One statement on the login path: every live primary session of the peer but the newest `keep`. */
+const trimPrimarySessions = compiled(
+  (db, public_key: string, now: number, keep: number) =>
+    db.deleteFrom("sessions").where(
+      "id",
+      "in",
+      db
+        .selectFrom("sessions")
+        .select("id")
+        .where("public_key", "=", public_key)
+        .where("kind", "=", sql.lit("primary"))
+        .where("revoked_at", "is", null)
+        .where("expires_at", ">", now)
+        .orderBy("created_at", "desc")
+        .orderBy("id", "desc")
+        // SQLite needs a LIMIT before an OFFSET; this one never binds.
+        .limit(sql.lit(1_000_000_000))
+        .offset(keep),
+    ),
+  "",
+  0,
+  0,
 );
