@@ -1,9 +1,10 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
+import { compatBench } from "./compat.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
 
-const suites: Record<string, () => Promise<unknown>> = { public: publicBench, speech: speechBench };
-const wanted = process.argv.slice(2).filter((a) => a !== "--");
+const suites: Record<string, () => Promise<unknown>> = { public: publicBench, compat: compatBench, speech: speechBench };
+const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
 for (const name of names) {
   const suite = suites[name];

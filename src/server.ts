@@ -2,8 +2,12 @@ import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import pino, { type Logger } from "pino";
+import { Catalog } from "./ai/catalog.ts";
+import { ChatService } from "./ai/chat.ts";
+import { ChatRouter, type ProviderFactory } from "./ai/router.ts";
+import { createSpeechEngine, createTranscriptionEngine, type SpeechEngine, type TranscriptionEngine } from "./ai/speech/index.ts";
 import { buildInfo } from "./build-info.ts";
-import type { Config } from "./config/config.ts";
+import { type Config, ConfigError } from "./config/config.ts";
 import { loadOrCreateServerKey } from "./config/server-key.ts";
 import { encodeKey, privateKeyObject } from "./crypto/keys.ts";
 import { type Clock, systemClock } from "./domain/clock.ts";
@@ -11,6 +15,7 @@ import { DAY_MS } from "./domain/context.ts";
 import { Domain } from "./domain/index.ts";
 import { serverInfo } from "./domain/server-info.ts";
 import { createApp } from "./http/app.ts";
+import { compatSurface } from "./http/compat/surface.ts";
 import { createHttpServer } from "./http/listener.ts";
 import { Metrics } from "./http/metrics.ts";
 import type { Surface } from "./http/surface.ts";
@@ -20,8 +25,15 @@ export interface StartOptions {
   config: Config;
   clock?: Clock;
   logger?: Logger;
-  /** Surfaces mounted beside the Public API and operations, each at its own base path. */
+  /** Surfaces mounted beside the Compatible API, the Public API and operations, each at its own base path. */
   surfaces?: () => Surface[];
+  /** Where provider keys (`api_key_env`) are read; default the process environment. */
+  env?: NodeJS.ProcessEnv;
+  providerFactory?: ProviderFactory;
+  /** The embedded speech engines; default the process's own (see `embeddedEngines`). */
+  engines?: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
+  /** Warm the speech engine up in the background once listening (the command line does). */
+  warmUp?: boolean;
   /** How often expired rows and old telemetry are deleted (default a minute). */
   cleanupIntervalMs?: number;
 }
@@ -36,6 +48,14 @@ export interface RunningServer {
   httpServer: Server;
   /** Stops accepting, lets in-flight requests finish, then closes the store. */
   close(): Promise<void>;
+}
+
+let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine | undefined } | undefined;
+
+/** The embedded engines, one pair per process (each has its own queue and worker threads), however many servers it starts. */
+export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine | undefined } {
+  engines ??= { speech: createSpeechEngine(), transcription: createTranscriptionEngine() };
+  return engines;
 }
 
 const CLEANUP_INTERVAL_MS = 60_000;
@@ -54,6 +74,13 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const { config } = o;
   const clock = o.clock ?? systemClock;
   const logger = o.logger ?? createLogger(config);
+  // An agent's voice (for the device's audio) must be one the speech engine has; checked before anything opens.
+  const { speech, transcription } = o.engines ?? embeddedEngines();
+  config.agents.forEach((a, i) => {
+    if (a.voice !== undefined && speech && !speech.voices.includes(a.voice)) {
+      throw new ConfigError(`invalid configuration at agents.${i}.voice: unknown voice ${a.voice}; tts-1 has ${speech.voices.join(", ")}`);
+    }
+  });
   const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
   const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
   const store = await Store.open(config.databaseUrl, config.dataDir);
@@ -65,13 +92,20 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
   const hostPort = (host: string) => (host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`);
+  const catalog = new Catalog(config, {
+    ...(speech ? { speech: { voices: speech.voices } } : {}),
+    ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
+  });
+  const router = new ChatRouter(config, o.env, o.providerFactory);
+  const chat = new ChatService({ router, catalog, domain });
   const app = createApp({
     domain,
     logger,
     metrics,
     version: build.version,
+    // Test surfaces first: of surfaces sharing a base, the first mounted answers its unrouted paths.
+    surfaces: (callers) => [...(o.surfaces?.() ?? []), compatSurface({ callers, catalog, chat, router, metrics, speech, transcription })],
     // A wildcard listen address is not one a client can dial, so then the request's Host is used.
-    ...(o.surfaces ? { surfaces: o.surfaces } : {}),
     serverInfo: (host) => serverInfo(domain.ctx, identity, config.publicEndpoint ?? (wildcard ? (host ?? hostPort("127.0.0.1")) : hostPort(config.host))),
   });
 
@@ -107,6 +141,9 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   // The start-up line is written at any level but "silent": operators and scripts look for it.
   const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
   startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
+  if (o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
+    (speech.warmUp as () => Promise<void>)().catch((err: unknown) => logger.warn({ err }, "speech engine warm-up failed"));
+  }
   logger.flush();
   const logFlush = setInterval(() => logger.flush(), LOG_FLUSH_INTERVAL_MS);
   logFlush.unref();

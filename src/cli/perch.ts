@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { createHash, randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { Command } from "commander";
 import { ConfigError, loadConfig } from "../config/config.ts";
@@ -40,7 +41,7 @@ function print(value: unknown): void {
 async function serve(): Promise<void> {
   // Loaded here so that the store commands start without the HTTP stack.
   const { startServer } = await import("../server.ts");
-  const server = await startServer({ config: loadConfig() });
+  const server = await startServer({ config: loadConfig(), warmUp: true });
   let stopping = false;
   const stop = (signal: string) => {
     if (stopping) return;
@@ -65,6 +66,14 @@ program
   .action(() => {
     const pair = generateKeyPair();
     print({ public_key: encodeKey(pair.publicKey), private_key: encodeKey(pair.privateKey) });
+  });
+
+program
+  .command("api-key")
+  .description("print a new Compatible API key and the SHA-256 to list under api_keys (only the hash goes in the configuration)")
+  .action(() => {
+    const key = `sk-perch-${randomBytes(24).toString("base64url")}`;
+    print({ key, sha256: createHash("sha256").update(key).digest("hex") });
   });
 
 registerDeviceCommands(program, print, fail);

@@ -51,65 +51,191 @@ const TrustProxy = z.union([z.string(), z.array(z.string()), z.boolean()]).trans
   return list;
 });
 
-/** Every setting. A config file (YAML or JSON) supplies any of them; environment variables win. */
-export const ConfigSchema = z.strictObject({
-  port: z.number().int().min(0).max(65535).default(8080),
-  host: z.string().min(1).default("0.0.0.0"),
-  dataDir: z.string().min(1).default("./data"),
-  /** `postgres://…` selects PostgreSQL; otherwise a SQLite file (default `<dataDir>/perch.db`). */
-  databaseUrl: z.string().optional(),
-  /** The X25519 key pair file; default `<dataDir>/server.key`. Nodes sharing one database share this file. */
-  serverKeyFile: z.string().optional(),
-  /** `host:port` clients should use; default the listen address. */
-  publicEndpoint: z.string().optional(),
-  /** Name this node writes into runtime records; default the host name. */
-  nodeName: z.string().min(1).default(hostname()),
-  logLevel: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
-  /** Proxies trusted to append the client address to `X-Forwarded-For`; none by default (the socket's address is the client's). */
-  trustProxy: TrustProxy.default([]),
-  http: z
-    .strictObject({
-      /** Time to receive a whole request, headers and body (408 after it). */
-      requestTimeoutMs: z.number().int().min(1).default(30_000),
-      /** Open connections this node accepts at once; more are closed on arrival. */
-      maxConnections: z.number().int().min(1).default(10_000),
-    })
-    .default({ requestTimeoutMs: 30_000, maxConnections: 10_000 }),
-  registration: z
-    .strictObject({
-      policy: z.enum(["open", "token", "closed"]).default("open"),
-      tokens: z.array(z.string().min(1)).default([]),
-    })
-    .default({ policy: "open", tokens: [] }),
-  /** Requests a minute; 0 turns a limit off. */
-  rateLimits: z
-    .strictObject({
-      loginPerKey: perMinute(30),
-      loginPerAddress: perMinute(600),
-      deviceTokenPerDevice: perMinute(30),
-    })
-    .default({ loginPerKey: 30, loginPerAddress: 600, deviceTokenPerDevice: 30 }),
-  ice: z.strictObject({ servers: z.array(IceServerConfig).default([]) }).default({ servers: [] }),
-  /** Growth bounds per device and per key (see docs/decisions.md). */
-  limits: z
-    .strictObject({
-      primarySessionsPerDevice: count(LIMIT_DEFAULTS.primarySessionsPerDevice),
-      sideControlSessionsPerDevice: count(LIMIT_DEFAULTS.sideControlSessionsPerDevice),
-      sideControlSessionsPerController: count(LIMIT_DEFAULTS.sideControlSessionsPerController),
-      contactsPerDevice: count(LIMIT_DEFAULTS.contactsPerDevice),
-      /** Cached X25519 results (one per caller key), least recently used dropped first. */
-      keyCacheSize: count(LIMIT_DEFAULTS.keyCacheSize),
-      /** Keys (addresses, peer keys) each rate limiter remembers; the least recently used are forgotten first. */
-      rateLimiterKeys: count(LIMIT_DEFAULTS.rateLimiterKeys),
-    })
-    .default(LIMIT_DEFAULTS),
-  telemetry: z
-    .strictObject({
-      /** Samples older than this are deleted by the cleanup job. */
-      retentionDays: z.number().positive().default(30),
-    })
-    .default({ retentionDays: 30 }),
+const ID = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/, "must be 1–128 letters, digits or . _ : / -");
+
+/** Names of the tools an agent may list (see src/ai/agents/tools.ts). */
+export const AGENT_TOOLS = ["device_status", "device_runtime", "device_telemetry", "contacts_list"] as const;
+
+const ProviderConfig = z.strictObject({
+  id: ID,
+  kind: z.enum(["openai", "openai-compatible", "anthropic", "google"]),
+  /** Required for `openai-compatible`; the others default to their public endpoint. */
+  base_url: z.url({ protocol: /^https?$/ }).optional(),
+  /** The environment variable that holds the provider's key (never the key itself). */
+  api_key_env: z.string().min(1).optional(),
+  timeout_ms: z.number().int().min(1).max(3_600_000).default(60_000),
+  max_retries: z.number().int().min(0).max(10).default(2),
+  /** First back-off; doubled on each retry (with jitter), or the provider's `Retry-After` when shorter than 10 s. */
+  retry_backoff_ms: z.number().int().min(0).max(60_000).default(250),
 });
+
+const ModelConfig = z.strictObject({
+  id: ID,
+  kind: z.enum(["chat", "speech", "transcription"]),
+  provider: ID,
+  upstream_model: z.string().min(1),
+  fallbacks: z.array(ID).default([]),
+  /** Content parts a chat model accepts besides text. */
+  input: z.array(z.enum(["image", "audio"])).default([]),
+});
+
+const AgentConfig = z.strictObject({
+  id: ID,
+  model: ID,
+  instructions: z.string().default(""),
+  voice: z.string().min(1).optional(),
+  tools: z.array(z.enum(AGENT_TOOLS)).default([]),
+  max_steps: z.number().int().min(1).max(32).default(4),
+});
+
+const ApiKeyConfig = z.strictObject({
+  name: z.string().min(1).max(128),
+  /** SHA-256 of the key, hex. */
+  sha256: z
+    .string()
+    .regex(/^[0-9a-fA-F]{64}$/, "must be 64 hex digits (the SHA-256 of the key)")
+    .transform((h) => h.toLowerCase()),
+  /** Model and agent ids this key may use; `*` is any. */
+  models: z.array(z.string().min(1)).default(["*"]),
+  /** Requests a minute; 0 is unlimited. */
+  rate_limit: z.number().int().min(0).default(0),
+});
+
+export type ProviderConfig = z.infer<typeof ProviderConfig>;
+export type ModelConfig = z.infer<typeof ModelConfig>;
+export type AgentConfig = z.infer<typeof AgentConfig>;
+export type ApiKeyConfig = z.infer<typeof ApiKeyConfig>;
+
+/** Every setting. A config file (YAML or JSON) supplies any of them; environment variables win. */
+export const ConfigSchema = z
+  .strictObject({
+    port: z.number().int().min(0).max(65535).default(8080),
+    host: z.string().min(1).default("0.0.0.0"),
+    dataDir: z.string().min(1).default("./data"),
+    /** `postgres://…` selects PostgreSQL; otherwise a SQLite file (default `<dataDir>/perch.db`). */
+    databaseUrl: z.string().optional(),
+    /** The X25519 key pair file; default `<dataDir>/server.key`. Nodes sharing one database share this file. */
+    serverKeyFile: z.string().optional(),
+    /** `host:port` clients should use; default the listen address. */
+    publicEndpoint: z.string().optional(),
+    /** Name this node writes into runtime records; default the host name. */
+    nodeName: z.string().min(1).default(hostname()),
+    logLevel: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
+    /** Proxies trusted to append the client address to `X-Forwarded-For`; none by default (the socket's address is the client's). */
+    trustProxy: TrustProxy.default([]),
+    http: z
+      .strictObject({
+        /** Time to receive a whole request, headers and body (408 after it). */
+        requestTimeoutMs: z.number().int().min(1).default(30_000),
+        /** Open connections this node accepts at once; more are closed on arrival. */
+        maxConnections: z.number().int().min(1).default(10_000),
+      })
+      .default({ requestTimeoutMs: 30_000, maxConnections: 10_000 }),
+    registration: z
+      .strictObject({
+        policy: z.enum(["open", "token", "closed"]).default("open"),
+        tokens: z.array(z.string().min(1)).default([]),
+      })
+      .default({ policy: "open", tokens: [] }),
+    /** Requests a minute; 0 turns a limit off. */
+    rateLimits: z
+      .strictObject({
+        loginPerKey: perMinute(30),
+        loginPerAddress: perMinute(600),
+        deviceTokenPerDevice: perMinute(30),
+      })
+      .default({ loginPerKey: 30, loginPerAddress: 600, deviceTokenPerDevice: 30 }),
+    ice: z.strictObject({ servers: z.array(IceServerConfig).default([]) }).default({ servers: [] }),
+    /** Growth bounds per device and per key (see docs/decisions.md). */
+    limits: z
+      .strictObject({
+        primarySessionsPerDevice: count(LIMIT_DEFAULTS.primarySessionsPerDevice),
+        sideControlSessionsPerDevice: count(LIMIT_DEFAULTS.sideControlSessionsPerDevice),
+        sideControlSessionsPerController: count(LIMIT_DEFAULTS.sideControlSessionsPerController),
+        contactsPerDevice: count(LIMIT_DEFAULTS.contactsPerDevice),
+        /** Cached X25519 results (one per caller key), least recently used dropped first. */
+        keyCacheSize: count(LIMIT_DEFAULTS.keyCacheSize),
+        /** Keys (addresses, peer keys) each rate limiter remembers; the least recently used are forgotten first. */
+        rateLimiterKeys: count(LIMIT_DEFAULTS.rateLimiterKeys),
+      })
+      .default(LIMIT_DEFAULTS),
+    telemetry: z
+      .strictObject({
+        /** Samples older than this are deleted by the cleanup job. */
+        retentionDays: z.number().positive().default(30),
+      })
+      .default({ retentionDays: 30 }),
+    providers: z.array(ProviderConfig).default([]),
+    models: z.array(ModelConfig).default([]),
+    agents: z.array(AgentConfig).default([]),
+    api_keys: z.array(ApiKeyConfig).default([]),
+  })
+  .superRefine(checkCatalog);
+
+/** Cross-references of the Compatible API's catalog: every id it names must exist, with the right kind. */
+function checkCatalog(c: { providers: ProviderConfig[]; models: ModelConfig[]; agents: AgentConfig[]; api_keys: ApiKeyConfig[] }, ctx: z.RefinementCtx): void {
+  const issue = (path: (string | number)[], message: string) => ctx.addIssue({ code: "custom", path, message });
+  const providers = new Map(c.providers.map((p) => [p.id, p]));
+  const models = new Map(c.models.map((m) => [m.id, m]));
+  const unique = (ids: string[], section: string, field: string) => {
+    const seen = new Set<string>();
+    ids.forEach((id, i) => {
+      if (seen.has(id)) issue([section, i, field], `duplicate ${field} ${id}`);
+      seen.add(id);
+    });
+  };
+  unique(
+    c.providers.map((p) => p.id),
+    "providers",
+    "id",
+  );
+  unique(
+    c.models.map((m) => m.id),
+    "models",
+    "id",
+  );
+  unique(
+    c.agents.map((a) => a.id),
+    "agents",
+    "id",
+  );
+  c.agents.forEach((a, i) => {
+    if (models.has(a.id)) issue(["agents", i, "id"], `agent id ${a.id} is also a model id`);
+  });
+  unique(
+    c.api_keys.map((k) => k.sha256),
+    "api_keys",
+    "sha256",
+  );
+  c.providers.forEach((p, i) => {
+    if (p.kind === "openai-compatible" && !p.base_url) issue(["providers", i, "base_url"], "required for kind openai-compatible");
+  });
+  c.models.forEach((m, i) => {
+    const provider = providers.get(m.provider);
+    if (!provider) issue(["models", i, "provider"], `unknown provider ${m.provider}`);
+    else if (m.kind !== "chat" && provider.kind !== "openai" && provider.kind !== "openai-compatible") {
+      issue(["models", i, "provider"], `${m.kind} models need an openai or openai-compatible provider`);
+    }
+    if (m.kind !== "chat" && m.input.length > 0) issue(["models", i, "input"], "only chat models take input kinds");
+    m.fallbacks.forEach((f, j) => {
+      const target = models.get(f);
+      if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);
+      else if (f === m.id) issue(["models", i, "fallbacks", j], "a model cannot be its own fallback");
+      else if (target.kind !== m.kind) issue(["models", i, "fallbacks", j], `${f} is a ${target.kind} model, not ${m.kind}`);
+    });
+  });
+  c.agents.forEach((a, i) => {
+    const model = models.get(a.model);
+    if (!model) issue(["agents", i, "model"], `unknown model ${a.model}`);
+    else if (model.kind !== "chat") issue(["agents", i, "model"], `${a.model} is not a chat model`);
+  });
+  const ids = new Set([...models.keys(), ...c.agents.map((a) => a.id), "tts-1", "whisper-1"]);
+  c.api_keys.forEach((k, i) => {
+    k.models.forEach((m, j) => {
+      if (m !== "*" && !ids.has(m)) issue(["api_keys", i, "models", j], `unknown model ${m}`);
+    });
+  });
+}
 
 export type Config = z.infer<typeof ConfigSchema>;
 export type ConfigInput = z.input<typeof ConfigSchema>;

@@ -1,3 +1,4 @@
+import { ApiKeyService } from "./api-keys.ts";
 import { AuthService } from "./auth.ts";
 import { ContactService } from "./contacts.ts";
 import type { DomainContext } from "./context.ts";
@@ -12,6 +13,7 @@ export type { Principal } from "./principal.ts";
 /** Perch's domain: every rule, no HTTP. Transports call it; it calls the store. */
 export class Domain {
   readonly auth: AuthService;
+  readonly apiKeys: ApiKeyService;
   readonly peers: PeerService;
   readonly sideControl: SideControlService;
   readonly telemetry: TelemetryService;
@@ -22,6 +24,7 @@ export class Domain {
   constructor(ctx: DomainContext) {
     this.ctx = ctx;
     this.auth = new AuthService(ctx);
+    this.apiKeys = new ApiKeyService(ctx);
     this.peers = new PeerService(ctx);
     this.sideControl = new SideControlService(ctx);
     this.telemetry = new TelemetryService(ctx);

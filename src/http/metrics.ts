@@ -17,6 +17,32 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly aiRequests = new Counter({
+    name: "perch_ai_requests_total",
+    help: "Compatible API requests by route, model and status (streams count when they end)",
+    labelNames: ["route", "model", "status"] as const,
+    registers: [this.registry],
+  });
+  readonly aiLatency = new Histogram({
+    name: "perch_ai_request_duration_seconds",
+    help: "Compatible API request duration by route and model, to the last byte",
+    labelNames: ["route", "model"] as const,
+    buckets: [0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+    registers: [this.registry],
+  });
+  readonly aiTokens = new Counter({
+    name: "perch_ai_tokens_total",
+    help: "Tokens by model and kind (prompt, completion), as the provider reported them",
+    labelNames: ["model", "kind"] as const,
+    registers: [this.registry],
+  });
+  readonly aiErrors = new Counter({
+    name: "perch_ai_errors_total",
+    help: "Compatible API errors by route, model and OpenAI error type, including errors after a stream started",
+    labelNames: ["route", "model", "type"] as const,
+    registers: [this.registry],
+  });
+
   constructor(countActiveSessions: () => Promise<number>) {
     new Gauge({
       name: "perch_active_sessions",
@@ -32,5 +58,18 @@ export class Metrics {
     const labels = { method, route, status: String(status) };
     this.requests.inc(labels);
     this.latency.observe(labels, seconds);
+  }
+
+  /** One Compatible API request: `model` is the id the client sent when it is a known one, else "unknown". */
+  observeAi(route: string, model: string, status: number, seconds: number, errorType?: string): void {
+    this.aiRequests.inc({ route, model, status: String(status) });
+    this.aiLatency.observe({ route, model }, seconds);
+    if (errorType) this.aiErrors.inc({ route, model, type: errorType });
+  }
+
+  tokens(model: string, usage: { prompt_tokens?: number; completion_tokens?: number } | undefined): void {
+    if (!usage) return;
+    if (usage.prompt_tokens) this.aiTokens.inc({ model, kind: "prompt" }, usage.prompt_tokens);
+    if (usage.completion_tokens) this.aiTokens.inc({ model, kind: "completion" }, usage.completion_tokens);
   }
 }

@@ -17,7 +17,9 @@ export function bearerToken(authorization: string | undefined): string | undefin
 /**
  * Who is calling, and from where: the one place every surface asks. The principal is, in this
  * order, the one bound to the connection the request arrived on (a DataChannel stream, with no
- * bearer), then a bearer session (then, when the Compatible API brings them, an operator API key).
+ * bearer), then a bearer: an operator API key (only where `apiKeys` is asked for: the Compatible
+ * API) or a session. API keys are looked up before sessions because they live in memory, and a
+ * bearer cannot be both, so the order changes only the cost.
  */
 export class Callers {
   private readonly domain: Domain;
@@ -29,11 +31,14 @@ export class Callers {
     this.trusted = trustedProxies.length > 0 ? proxyAddr.compile([...trustedProxies]) : undefined;
   }
 
-  principal(c: Context<AppEnv>): Promise<Principal> {
+  principal(c: Context<AppEnv>, o: { apiKeys?: boolean } = {}): Promise<Principal> {
     const publicKey = requestHeader(c, "x-public-key");
     const connection = connectionOf(c.env);
     if (connection) return this.domain.auth.authenticateConnection(connection.peerKey, publicKey);
-    return this.domain.auth.authenticate(bearerToken(requestHeader(c, "authorization")), publicKey);
+    const bearer = bearerToken(requestHeader(c, "authorization"));
+    const apiKey = o.apiKeys && bearer ? this.domain.apiKeys.authenticate(bearer) : undefined;
+    if (apiKey) return Promise.resolve(apiKey);
+    return this.domain.auth.authenticate(bearer, publicKey);
   }
 
   /**

@@ -9,7 +9,7 @@ import { generateKeyPair } from "../../src/crypto/keys.ts";
 import type { Clock } from "../../src/domain/clock.ts";
 import type { Surface } from "../../src/http/surface.ts";
 import { PerchClient } from "../../src/sdk/client.ts";
-import { type RunningServer, startServer } from "../../src/server.ts";
+import { type RunningServer, type StartOptions, startServer } from "../../src/server.ts";
 
 export const ROOT = new URL("../../", import.meta.url).pathname;
 
@@ -52,7 +52,15 @@ export interface TestServer extends RunningServer {
 
 /** Starts the real server in this process on a random port, with a temporary data directory. */
 export async function startTestServer(
-  o: { config?: ConfigInput; clock?: Clock; dataDir?: string; logger?: Logger; surfaces?: () => Surface[]; cleanupIntervalMs?: number } = {},
+  o: {
+    config?: ConfigInput;
+    clock?: Clock;
+    dataDir?: string;
+    logger?: Logger;
+    surfaces?: () => Surface[];
+    cleanupIntervalMs?: number;
+    engines?: StartOptions["engines"];
+  } = {},
 ): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
   const config = loadConfig(
@@ -72,6 +80,7 @@ export async function startTestServer(
     ...(o.logger ? { logger: o.logger } : {}),
     ...(o.surfaces ? { surfaces: o.surfaces } : {}),
     ...(o.cleanupIntervalMs ? { cleanupIntervalMs: o.cleanupIntervalMs } : {}),
+    ...(o.engines ? { engines: o.engines } : {}),
   });
   const now = o.clock ? () => o.clock!.now() : undefined;
   return {

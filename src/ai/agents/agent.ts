@@ -1,0 +1,192 @@
+import type { AgentConfig, ModelConfig } from "../../config/config.ts";
+import type { Domain } from "../../domain/index.ts";
+import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
+import type { Caller } from "../caller.ts";
+import type { ChatStream, ProviderRequest } from "../providers/provider.ts";
+import type { ChatRouter } from "../router.ts";
+import { DONE_EVENT, parseEvents, sseError, sseEvent } from "../sse.ts";
+import { agentTools, runTool, type ToolDefinition } from "./tools.ts";
+
+export interface AgentRun {
+  agent: AgentConfig;
+  model: ModelConfig;
+  caller: Caller;
+  request: ProviderRequest;
+  signal: AbortSignal;
+}
+
+/**
+ * Runs an agent: its instructions first, its own chat model, and its tools in a loop of at most
+ * `max_steps` model calls. The last step offers no tools, so the model has to answer.
+ */
+export class AgentRunner {
+  private readonly router: ChatRouter;
+  private readonly domain: Domain;
+
+  constructor(router: ChatRouter, domain: Domain) {
+    this.router = router;
+    this.domain = domain;
+  }
+
+  async complete(run: AgentRun): Promise<ChatCompletion> {
+    const { agent, model } = run;
+    const messages = initialMessages(run);
+    const tools = agentTools(agent, run.caller);
+    const total = emptyUsage();
+    for (let step = 1; ; step++) {
+      const offered = step < agent.max_steps ? tools : [];
+      const completion = await this.router.complete(model, stepRequest(run.request, messages, offered), { signal: run.signal, publicModel: agent.id });
+      addUsage(total, completion.usage);
+      const message = completion.choices[0]?.message;
+      const calls = message?.tool_calls ?? [];
+      // A call the model makes after its tools were withheld still gets an answer (a refusal) while steps remain.
+      if (step >= agent.max_steps || calls.length === 0) {
+        completion.usage = total;
+        return completion;
+      }
+      messages.push({ role: "assistant", content: message?.content ?? null, tool_calls: calls });
+      await this.runCalls(run, calls, messages);
+    }
+  }
+
+  /** Resolves once the first step's stream has started; later steps stream on as the model answers. */
+  async stream(run: AgentRun): Promise<ChatStream> {
+    const { agent, model, request } = run;
+    const messages = initialMessages(run);
+    const tools = agentTools(agent, run.caller);
+    const includeUsage = request.stream_options?.include_usage === true;
+    const stats: ChatStream["stats"] = {};
+    const total = emptyUsage();
+    const out = new ChunkWriter(agent.id, includeUsage);
+    const upstreamRequest = (offered: ToolDefinition[]) => ({
+      ...stepRequest(request, messages, offered),
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let step = 1;
+    let offered = step < agent.max_steps ? tools : [];
+    let current = await this.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id });
+    const self = this;
+    async function* events(): AsyncGenerator<Uint8Array> {
+      for (;;) {
+        const calls: ToolCall[] = [];
+        let finish: FinishReason | null = null;
+        let content = "";
+        for await (const block of current.events) {
+          const parts: Buffer[] = [];
+          for (const event of parseEvents(block)) {
+            if (event === "[DONE]" || typeof event !== "object" || event === null) continue;
+            if ("error" in event) {
+              yield Buffer.concat([...parts, sseEvent(event)]);
+              return;
+            }
+            const chunk = event as ChatChunk;
+            if (chunk.usage) addUsage(total, chunk.usage);
+            const choice = chunk.choices?.[0];
+            if (!choice) continue;
+            if (choice.delta?.content) {
+              content += choice.delta.content;
+              parts.push(out.delta({ content: choice.delta.content }));
+            }
+            for (const d of choice.delta?.tool_calls ?? []) {
+              calls[d.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } };
+              const call = calls[d.index]!;
+              if (d.id) call.id = d.id;
+              if (d.function?.name) call.function.name += d.function.name;
+              if (d.function?.arguments) call.function.arguments += d.function.arguments;
+            }
+            if (choice.finish_reason) finish = choice.finish_reason;
+          }
+          if (parts.length) yield Buffer.concat(parts);
+        }
+        const made = calls.filter(Boolean);
+        if (step >= agent.max_steps || made.length === 0) {
+          stats.usage = total;
+          yield out.finish(finish ?? "stop", total);
+          return;
+        }
+        messages.push({ role: "assistant", content: content || null, tool_calls: made });
+        await self.runCalls(run, made, messages);
+        step++;
+        offered = step < agent.max_steps ? tools : [];
+        try {
+          current = await self.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id });
+        } catch (err) {
+          if (run.signal.aborted) return;
+          yield sseError((err as Error).message);
+          return;
+        }
+      }
+    }
+    return { events: events(), stats };
+  }
+
+  private async runCalls(run: AgentRun, calls: ToolCall[], messages: ChatMessage[]): Promise<void> {
+    const results = await Promise.all(calls.map((call) => runTool(this.domain, run.agent, run.caller, call.function.name, call.function.arguments)));
+    calls.forEach((call, i) => {
+      messages.push({ role: "tool", tool_call_id: call.id, content: results[i]! });
+    });
+  }
+}
+
+function initialMessages(run: AgentRun): ChatMessage[] {
+  const instructions = run.agent.instructions.trim();
+  return instructions ? [{ role: "system", content: instructions }, ...run.request.messages] : [...run.request.messages];
+}
+
+function stepRequest(request: ProviderRequest, messages: ChatMessage[], tools: ToolDefinition[]): ProviderRequest {
+  const r: ProviderRequest = { ...request, messages: [...messages] };
+  if (tools.length) r.tools = tools;
+  else delete r.tools;
+  delete r.tool_choice;
+  delete r.parallel_tool_calls;
+  return r;
+}
+
+function emptyUsage(): Usage {
+  return { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
+}
+
+function addUsage(total: Usage, u: Usage | null | undefined): void {
+  if (!u) return;
+  total.prompt_tokens += u.prompt_tokens ?? 0;
+  total.completion_tokens += u.completion_tokens ?? 0;
+  total.total_tokens += u.total_tokens ?? 0;
+}
+
+/** The agent's own chunks: one id and model for the whole run, whichever steps produced them. */
+class ChunkWriter {
+  private readonly id = `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
+  private readonly created = Math.floor(Date.now() / 1000);
+  private started = false;
+  private readonly model: string;
+  private readonly includeUsage: boolean;
+
+  constructor(model: string, includeUsage: boolean) {
+    this.model = model;
+    this.includeUsage = includeUsage;
+  }
+
+  delta(delta: ChatChunk["choices"][number]["delta"], finish: FinishReason | null = null): Buffer {
+    if (!this.started) {
+      this.started = true;
+      delta = { role: "assistant", ...delta };
+    }
+    const c: ChatChunk = {
+      id: this.id,
+      object: "chat.completion.chunk",
+      created: this.created,
+      model: this.model,
+      choices: [{ index: 0, delta, finish_reason: finish }],
+    };
+    if (this.includeUsage) c.usage = null;
+    return sseEvent(c);
+  }
+
+  finish(reason: FinishReason, usage: Usage): Buffer {
+    const parts = [this.delta({}, reason)];
+    if (this.includeUsage) parts.push(sseEvent({ id: this.id, object: "chat.completion.chunk", created: this.created, model: this.model, choices: [], usage }));
+    parts.push(DONE_EVENT);
+    return Buffer.concat(parts);
+  }
+}

@@ -1,0 +1,7 @@
+/** Who asks for a generation: a device (its session or its connection) or an application (an operator API key). */
+export type Caller = { kind: "device"; publicKey: string } | { kind: "application"; name: string; models: readonly string[] };
+
+/** Whether `caller` may use the model or agent `id`. */
+export function mayUse(caller: Caller, id: string): boolean {
+  return caller.kind === "device" || caller.models.includes("*") || caller.models.includes(id);
+}

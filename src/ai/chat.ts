@@ -1,0 +1,77 @@
+import type { Domain } from "../domain/index.ts";
+import type { ChatCompletion, ChatRequest } from "../protocol/compat.ts";
+import { AgentRunner } from "./agents/agent.ts";
+import type { Caller } from "./caller.ts";
+import type { Catalog, CatalogEntry } from "./catalog.ts";
+import { GenerationError } from "./errors.ts";
+import type { ChatStream } from "./providers/provider.ts";
+import type { ChatRouter } from "./router.ts";
+
+export type ChatResult = { kind: "completion"; completion: ChatCompletion } | { kind: "stream"; stream: ChatStream };
+
+export interface ChatServiceOptions {
+  router: ChatRouter;
+  catalog: Catalog;
+  domain: Domain;
+}
+
+/** Chat completions for a caller: resolves the model or agent, checks what it accepts, and runs it. */
+export class ChatService {
+  private readonly catalog: Catalog;
+  private readonly router: ChatRouter;
+  private readonly agents: AgentRunner;
+
+  constructor(o: ChatServiceOptions) {
+    this.catalog = o.catalog;
+    this.router = o.router;
+    this.agents = new AgentRunner(this.router, o.domain);
+  }
+
+  /** The chat model or agent `id` as `caller` may use it; throws `model_not_found` otherwise. */
+  resolve(caller: Caller, id: string): Extract<CatalogEntry, { kind: "chat" | "agent" }> {
+    const entry = this.catalog.get(caller, id);
+    if (!entry) {
+      const hint = this.catalog.hasChat
+        ? ""
+        : " No chat model is configured on this server: add a provider under `providers` and a chat model under `models` in the configuration file (PERCH_CONFIG).";
+      throw new GenerationError("model_not_found", `The model \`${id}\` does not exist or you do not have access to it.${hint}`, {
+        param: "model",
+        code: "model_not_found",
+      });
+    }
+    if (entry.kind !== "chat" && entry.kind !== "agent") {
+      throw new GenerationError("invalid", `\`${id}\` is a ${entry.kind} model: it cannot complete chats`, { param: "model", code: "invalid_model" });
+    }
+    return entry;
+  }
+
+  async chat(caller: Caller, request: ChatRequest, signal: AbortSignal): Promise<ChatResult> {
+    const entry = this.resolve(caller, request.model);
+    checkParts(request, entry.model.input);
+    const o = { signal, publicModel: entry.id };
+    if (entry.kind === "agent") {
+      if (request.tools?.length) throw new GenerationError("invalid", "an agent runs its own tools: `tools` cannot be given with an agent", { param: "tools" });
+      const run = { agent: entry.agent, model: entry.model, caller, request, signal };
+      return request.stream ? { kind: "stream", stream: await this.agents.stream(run) } : { kind: "completion", completion: await this.agents.complete(run) };
+    }
+    return request.stream
+      ? { kind: "stream", stream: await this.router.stream(entry.model, request, o) }
+      : { kind: "completion", completion: await this.router.complete(entry.model, request, o) };
+  }
+}
+
+/** Image and audio parts reach only models configured to accept them. */
+function checkParts(request: ChatRequest, accepted: readonly string[]): void {
+  request.messages.forEach((m, i) => {
+    if (m.role !== "user" || typeof m.content === "string") return;
+    m.content.forEach((p, j) => {
+      const needs = p.type === "image_url" ? "image" : p.type === "input_audio" ? "audio" : undefined;
+      if (needs && !accepted.includes(needs)) {
+        throw new GenerationError("invalid", `model \`${request.model}\` does not accept ${p.type} content`, {
+          param: `messages[${i}].content[${j}].type`,
+          code: "unsupported_content",
+        });
+      }
+    });
+  });
+}

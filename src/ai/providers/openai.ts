@@ -1,0 +1,366 @@
+/**
+ * `openai` and `openai-compatible` providers: a thin pass-through over node:http. The request body
+ * is the validated client body with the upstream model; a stream's server-sent events are relayed
+ * as the bytes that arrived, cut only at event boundaries, with `"model"` renamed to the id the
+ * client asked for. See docs/decisions.md for why this is not the AI SDK.
+ */
+import http, { type IncomingMessage } from "node:http";
+import https from "node:https";
+import type { ChatCompletion, Usage } from "../../protocol/compat.ts";
+import { DONE_EVENT, sseError } from "../sse.ts";
+import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
+
+export interface OpenAIProviderOptions {
+  baseUrl: string;
+  apiKey: string | undefined;
+  timeoutMs: number;
+}
+
+const MAX_ERROR_BODY = 64 * 1024;
+const MAX_COMPLETION_BODY = 64 * 1024 * 1024;
+
+export interface RawAnswer {
+  contentType: string;
+  body: AsyncIterable<Uint8Array>;
+}
+
+export class OpenAIProvider implements ChatProvider {
+  private readonly url: URL;
+  private readonly basePath: string;
+  private readonly request: typeof http.request;
+  /** Request options computed once: converting a URL on every call shows in the profile. */
+  private readonly target: http.RequestOptions;
+  private readonly agent: http.Agent;
+  private readonly headers: Record<string, string>;
+  private readonly timeoutMs: number;
+
+  constructor(o: OpenAIProviderOptions) {
+    this.url = new URL(`${o.baseUrl.replace(/\/+$/, "")}/chat/completions`);
+    this.basePath = this.url.pathname.slice(0, -"/chat/completions".length);
+    const Agent = this.url.protocol === "https:" ? https.Agent : http.Agent;
+    this.agent = new Agent({ keepAlive: true, maxSockets: 256, scheduling: "lifo" });
+    this.headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
+    if (o.apiKey) this.headers.authorization = `Bearer ${o.apiKey}`;
+    this.timeoutMs = o.timeoutMs;
+    this.request = this.url.protocol === "https:" ? https.request : http.request;
+    this.target = {
+      protocol: this.url.protocol,
+      hostname: this.url.hostname.replace(/^\[|\]$/g, ""),
+      port: this.url.port || (this.url.protocol === "https:" ? 443 : 80),
+      path: this.url.pathname + this.url.search,
+      method: "POST",
+      agent: this.agent,
+    };
+  }
+
+  async complete(request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
+    const call = this.send("/chat/completions", JSON.stringify(withoutNulls(request)), "application/json", o.signal);
+    try {
+      const res = await call.response;
+      const text = await readBody(res, MAX_COMPLETION_BODY, call.touch);
+      let completion: ChatCompletion;
+      try {
+        completion = JSON.parse(text) as ChatCompletion;
+      } catch {
+        throw new ProviderError("the provider's answer is not JSON");
+      }
+      if (!completion || !Array.isArray(completion.choices)) throw new ProviderError("the provider's answer has no choices");
+      return normalize(completion, o.publicModel);
+    } finally {
+      call.done();
+    }
+  }
+
+  async stream(request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
+    const call = this.send("/chat/completions", JSON.stringify(withoutNulls(request)), "application/json", o.signal);
+    let relay: SseRelay;
+    let first: Buffer | undefined;
+    try {
+      const res = await call.response;
+      relay = new SseRelay(res, Buffer.from(o.publicModel), call.touch);
+      first = await relay.next();
+    } catch (err) {
+      call.done();
+      throw err;
+    }
+    if (first === undefined) {
+      call.done();
+      throw new ProviderError("the provider's stream ended before its first event");
+    }
+    const stats: ChatStream["stats"] = {};
+    relay.onUsage = (u) => {
+      stats.usage = u;
+    };
+    async function* events(): AsyncGenerator<Uint8Array> {
+      try {
+        yield first as Buffer;
+        for (;;) {
+          const block = await relay.next();
+          if (block === undefined) break;
+          yield block;
+        }
+      } finally {
+        call.done();
+      }
+    }
+    return { events: events(), stats };
+  }
+
+  /**
+   * Any other route (`/audio/speech`, `/audio/transcriptions`): the body as given, the answer's
+   * bytes relayed as they arrive. Resolves once the first bytes are in, so failures before them can
+   * be retried.
+   */
+  async relay(path: string, body: string | Buffer, contentType: string, signal: AbortSignal): Promise<RawAnswer> {
+    const call = this.send(path, body, contentType, signal);
+    let it: AsyncIterator<Buffer>;
+    let first: IteratorResult<Buffer>;
+    let res: IncomingMessage;
+    try {
+      res = await call.response;
+      it = (res as AsyncIterable<Buffer>)[Symbol.asyncIterator]();
+      first = await it.next();
+    } catch (err) {
+      call.done();
+      throw toProviderError(err, err instanceof ProviderError && err.timedOut);
+    }
+    async function* bytes(): AsyncGenerator<Uint8Array> {
+      try {
+        if (first.done) return;
+        yield first.value;
+        for (;;) {
+          const r = await it.next();
+          if (r.done) return;
+          call.touch();
+          yield r.value;
+        }
+      } finally {
+        call.done();
+      }
+    }
+    return { contentType: String(res.headers["content-type"] ?? "application/octet-stream"), body: bytes() };
+  }
+
+  /** Starts the request; `response` resolves with a 2xx response or rejects with a ProviderError. */
+  private send(path: string, body: string | Buffer, contentType: string, signal: AbortSignal) {
+    let timer: NodeJS.Timeout | undefined;
+    let req: http.ClientRequest | undefined;
+    let timedOut = false;
+    const response = new Promise<IncomingMessage>((resolve, reject) => {
+      if (signal.aborted) return reject(signal.reason);
+      const request = this.request({
+        ...this.target,
+        path: this.basePath + path,
+        headers: { ...this.headers, "content-type": contentType, "content-length": Buffer.byteLength(body) },
+      });
+      // Not the `signal` option: the listener it leaves on a long-lived signal is removed only when the socket closes.
+      const onAbort = () => request.destroy(signal.reason as Error);
+      signal.addEventListener("abort", onAbort, { once: true });
+      request.once("close", () => signal.removeEventListener("abort", onAbort));
+      req = request;
+      timer = setTimeout(() => {
+        timedOut = true;
+        request.destroy(new ProviderError(`the provider did not answer within ${this.timeoutMs} ms`, { timedOut: true }));
+      }, this.timeoutMs);
+      request.once("error", (err) => reject(signal.aborted ? signal.reason : toProviderError(err, timedOut)));
+      request.once("response", (res) => {
+        const status = res.statusCode ?? 0;
+        if (status >= 200 && status < 300) return resolve(res);
+        readBody(res, MAX_ERROR_BODY).then(
+          (text) => reject(upstreamError(status, text, res.headers["retry-after"])),
+          (err) => reject(toProviderError(err, timedOut)),
+        );
+      });
+      request.end(body);
+    });
+    return {
+      response,
+      /** Restarts the timeout: it bounds the wait for each piece of the answer, not the whole stream. */
+      touch: () => timer?.refresh(),
+      done: () => {
+        clearTimeout(timer);
+        // Ends the exchange early when the consumer stopped (client gone): the provider sees its connection close.
+        if (req && !req.destroyed && !(req as { res?: IncomingMessage }).res?.complete) req.destroy();
+      },
+    };
+  }
+}
+
+function toProviderError(err: unknown, timedOut: boolean): ProviderError {
+  if (err instanceof ProviderError) return err;
+  return new ProviderError(`cannot reach the provider: ${(err as Error).message}`, { timedOut });
+}
+
+function upstreamError(status: number, text: string, retryAfter: string | string[] | undefined): ProviderError {
+  let upstream: ProviderError["upstream"];
+  try {
+    const parsed = JSON.parse(text) as { error?: unknown };
+    if (parsed.error && typeof parsed.error === "object") upstream = parsed.error as ProviderError["upstream"];
+    else if (typeof parsed.error === "string") upstream = { message: parsed.error };
+  } catch {
+    // Not JSON: the status says enough.
+  }
+  const message = upstream?.message || `the provider answered ${status}`;
+  return new ProviderError(message, { status, upstream, retryAfterMs: retryAfterMs(Array.isArray(retryAfter) ? retryAfter[0] : retryAfter) });
+}
+
+/** The whole body as text, up to `max` bytes. Events rather than the async iterator, which costs several promises per read. */
+function readBody(res: IncomingMessage, max: number, touch?: () => void): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    res.on("data", (chunk: Buffer) => {
+      touch?.();
+      size += chunk.length;
+      if (size > max) {
+        res.destroy();
+        reject(new ProviderError(`the provider's answer is over ${max} bytes`));
+        return;
+      }
+      chunks.push(chunk);
+    });
+    res.once("end", () => resolve(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")));
+    res.once("error", reject);
+    res.once("close", () => {
+      if (!res.complete) reject(new ProviderError("the provider closed the connection before its answer ended"));
+    });
+  });
+}
+
+/** The request as the provider gets it: absent and null fields are left out (some servers refuse null). */
+function withoutNulls(request: ProviderRequest): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(request)) if (v !== null && v !== undefined) out[k] = v;
+  return out;
+}
+
+function normalize(c: ChatCompletion, model: string): ChatCompletion {
+  c.object = "chat.completion";
+  c.model = model;
+  for (const choice of c.choices) {
+    if (choice.message) {
+      choice.message.refusal ??= null;
+      choice.message.content ??= null;
+    }
+    choice.logprobs ??= null;
+  }
+  return c;
+}
+
+const LF = 10;
+const CR = 13;
+const MODEL_KEY = Buffer.from('"model":"');
+const USAGE_KEY = Buffer.from('"usage":{');
+const DONE = Buffer.from("data: [DONE]");
+const FINISH = Buffer.from('"finish_reason":"');
+
+/**
+ * Cuts the provider's byte stream at server-sent event boundaries and hands on whole events,
+ * as few pieces as arrived. Reads the events only where it must: the model name (renamed), a usage
+ * chunk (parsed for metrics), and whether the stream ended properly.
+ */
+class SseRelay {
+  onUsage: ((u: Usage) => void) | undefined;
+  private pending: Buffer | undefined;
+  private readonly it: AsyncIterator<Buffer>;
+  private sawDone = false;
+  private sawFinish = false;
+  private ended = false;
+
+  private readonly model: Buffer;
+  private readonly touch: () => void;
+
+  constructor(res: IncomingMessage, model: Buffer, touch: () => void) {
+    this.it = (res as AsyncIterable<Buffer>)[Symbol.asyncIterator]();
+    this.model = model;
+    this.touch = touch;
+  }
+
+  /** The next run of whole events, or undefined at the end. A failure after the first event becomes one error event. */
+  async next(): Promise<Buffer | undefined> {
+    if (this.ended) return undefined;
+    for (;;) {
+      let r: IteratorResult<Buffer>;
+      try {
+        r = await this.it.next();
+      } catch (err) {
+        if (this.pending === undefined && !this.sawAnything) throw toProviderError(err, err instanceof ProviderError && err.timedOut);
+        this.ended = true;
+        return sseError(`the provider's stream failed: ${(err as Error).message}`);
+      }
+      if (r.done) return this.finish();
+      this.touch();
+      const data = this.pending ? Buffer.concat([this.pending, r.value]) : r.value;
+      const end = lastBoundary(data);
+      if (end < 0) {
+        this.pending = data;
+        continue;
+      }
+      this.pending = end < data.length ? data.subarray(end) : undefined;
+      this.sawAnything = true;
+      return this.inspect(data.subarray(0, end));
+    }
+  }
+
+  private sawAnything = false;
+
+  private finish(): Buffer | undefined {
+    this.ended = true;
+    const rest = this.pending && this.pending.toString("utf8").trim() !== "" ? this.inspect(Buffer.concat([this.pending, Buffer.from("\n\n")])) : undefined;
+    if (this.sawDone) return rest;
+    // Some servers close after the finishing chunk without `[DONE]`; a stream cut short gets an error event instead.
+    const tail = this.sawFinish ? DONE_EVENT : sseError("the provider's stream ended early");
+    if (!this.sawAnything && !rest) return undefined;
+    return rest ? Buffer.concat([rest, tail]) : tail;
+  }
+
+  private inspect(block: Buffer): Buffer {
+    if (!this.sawDone && block.includes(DONE)) this.sawDone = true;
+    if (!this.sawFinish && block.includes(FINISH)) this.sawFinish = true;
+    if (this.onUsage) {
+      const at = block.indexOf(USAGE_KEY);
+      if (at >= 0) this.readUsage(block, at);
+    }
+    return renameModel(block, this.model);
+  }
+
+  private readUsage(block: Buffer, at: number): void {
+    const start = block.lastIndexOf("data:", at);
+    const end = block.indexOf(LF, at);
+    try {
+      const chunk = JSON.parse(block.subarray(start + 5, end < 0 ? block.length : end).toString("utf8")) as { usage?: Usage };
+      if (chunk.usage) this.onUsage?.(chunk.usage);
+    } catch {
+      // Not a parsable chunk: no usage to report.
+    }
+  }
+}
+
+/** The index just past the last blank line (`\n\n` or `\r\n\r\n`) in `data`, or -1. */
+function lastBoundary(data: Buffer): number {
+  let i = data.lastIndexOf(LF);
+  while (i > 0) {
+    if (data[i - 1] === LF) return i + 1;
+    if (data[i - 1] === CR && i >= 3 && data[i - 2] === LF && data[i - 3] === CR) return i + 1;
+    i = data.lastIndexOf(LF, i - 1);
+  }
+  return -1;
+}
+
+/** Replaces each `"model":"…"` value in `block` with `model`. */
+function renameModel(block: Buffer, model: Buffer): Buffer {
+  let at = block.indexOf(MODEL_KEY);
+  if (at < 0) return block;
+  const parts: Buffer[] = [];
+  let from = 0;
+  while (at >= 0) {
+    const valueStart = at + MODEL_KEY.length;
+    const valueEnd = block.indexOf(34, valueStart); // the closing quote; model names hold no escaped quotes
+    if (valueEnd < 0) break;
+    parts.push(block.subarray(from, valueStart), model);
+    from = valueEnd;
+    at = block.indexOf(MODEL_KEY, valueEnd);
+  }
+  parts.push(block.subarray(from));
+  return Buffer.concat(parts);
+}

@@ -1,0 +1,112 @@
+import type { Config, ModelConfig, ProviderConfig } from "../config/config.ts";
+import type { ChatCompletion } from "../protocol/compat.ts";
+import { GenerationError } from "./errors.ts";
+import { AiSdkProvider } from "./providers/ai-sdk.ts";
+import { OpenAIProvider, type RawAnswer } from "./providers/openai.ts";
+import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest } from "./providers/provider.ts";
+
+const DEFAULT_BASE_URL: Record<ProviderConfig["kind"], string | undefined> = {
+  openai: "https://api.openai.com/v1",
+  "openai-compatible": undefined,
+  anthropic: undefined,
+  google: undefined,
+};
+
+/** The longest `Retry-After` honoured between retries; a longer wait moves on to the next fallback. */
+const MAX_RETRY_AFTER_MS = 10_000;
+
+export type ProviderFactory = (p: ProviderConfig, apiKey: string | undefined) => ChatProvider;
+
+export const defaultProviderFactory: ProviderFactory = (p, apiKey) =>
+  p.kind === "anthropic" || p.kind === "google"
+    ? new AiSdkProvider({ kind: p.kind, baseUrl: p.base_url, apiKey, timeoutMs: p.timeout_ms })
+    : new OpenAIProvider({ baseUrl: p.base_url ?? DEFAULT_BASE_URL[p.kind]!, apiKey, timeoutMs: p.timeout_ms });
+
+/**
+ * Calls a chat model through its provider, with retries (back-off on 429, 5xx, timeouts and broken
+ * connections) and then its fallbacks in order — all before the first byte reaches the client.
+ * The one place where retry and fallback rules live.
+ */
+export class ChatRouter {
+  private readonly providers = new Map<string, { config: ProviderConfig; provider: ChatProvider }>();
+  private readonly models: Map<string, ModelConfig>;
+
+  constructor(config: Pick<Config, "providers" | "models">, env: NodeJS.ProcessEnv = process.env, factory = defaultProviderFactory) {
+    for (const p of config.providers) this.providers.set(p.id, { config: p, provider: factory(p, p.api_key_env ? env[p.api_key_env] : undefined) });
+    this.models = new Map(config.models.map((m) => [m.id, m]));
+  }
+
+  complete(model: ModelConfig, request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
+    return this.attempt(model, o.signal, (provider, upstream) => provider.complete({ ...request, model: upstream }, o));
+  }
+
+  stream(model: ModelConfig, request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
+    return this.attempt(model, o.signal, (provider, upstream) => provider.stream({ ...request, model: upstream }, o));
+  }
+
+  /** A speech or transcription call relayed to the model's OpenAI-style provider (`path`: `/audio/speech`, `/audio/transcriptions`). */
+  relay(
+    model: ModelConfig,
+    path: string,
+    body: (upstreamModel: string) => { body: string | Buffer; contentType: string },
+    signal: AbortSignal,
+  ): Promise<RawAnswer> {
+    return this.attempt(model, signal, (provider, upstream) => {
+      if (!(provider instanceof OpenAIProvider)) throw new GenerationError("invalid", `\`${model.id}\` has no provider for ${path}`, { param: "model" });
+      const b = body(upstream);
+      return provider.relay(path, b.body, b.contentType, signal);
+    });
+  }
+
+  private async attempt<T>(model: ModelConfig, signal: AbortSignal, call: (provider: ChatProvider, upstreamModel: string) => Promise<T>): Promise<T> {
+    const chain = [model, ...model.fallbacks.map((id) => this.models.get(id)!)];
+    let last: ProviderError | undefined;
+    for (const m of chain) {
+      const { config, provider } = this.providers.get(m.provider)!;
+      for (let attempt = 0; ; attempt++) {
+        try {
+          return await call(provider, m.upstream_model);
+        } catch (err) {
+          if (signal.aborted) throw signal.reason;
+          if (!(err instanceof ProviderError)) throw err;
+          if (err.clientError) {
+            throw new GenerationError("upstream_refused", err.message, {
+              status: err.status!,
+              param: err.upstream?.param ?? null,
+              code: err.upstream?.code ?? null,
+            });
+          }
+          last = err;
+          if (!err.retryable || attempt >= config.max_retries) break;
+          const wait = backoff(config.retry_backoff_ms, attempt, err.retryAfterMs);
+          if (wait === undefined) break;
+          await sleep(wait, signal);
+        }
+      }
+    }
+    if (last?.timedOut)
+      throw new GenerationError("upstream_timeout", `the model provider did not answer in time: ${last.message}`, { code: "upstream_timeout" });
+    throw new GenerationError("upstream_failed", `the model provider failed: ${last?.message ?? "no provider"}`, { code: "upstream_error" });
+  }
+}
+
+/** Exponential back-off with full jitter, or the provider's `Retry-After`; undefined when that is too long to wait. */
+function backoff(base: number, attempt: number, retryAfter: number | undefined): number | undefined {
+  if (retryAfter !== undefined) return retryAfter <= MAX_RETRY_AFTER_MS ? retryAfter : undefined;
+  const cap = base * 2 ** attempt;
+  return cap / 2 + Math.random() * (cap / 2);
+}
+
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+  });
+}

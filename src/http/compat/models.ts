@@ -1,0 +1,14 @@
+import type { Hono } from "hono";
+import type { Catalog } from "../../ai/catalog.ts";
+import type { Metrics } from "../metrics.ts";
+import type { CompatEnv } from "./env.ts";
+
+/** `GET /models`: what the caller may use, without anything about providers. */
+export function registerModelsRoute(app: Hono<CompatEnv>, catalog: Catalog, metrics: Metrics): void {
+  app.get("/models", (c) => {
+    const started = performance.now();
+    const data = catalog.list(c.get("caller")).map((e) => ({ id: e.id, object: "model" as const, created: catalog.created, owned_by: "perch" }));
+    metrics.observeAi("/models", "-", 200, (performance.now() - started) / 1000);
+    return c.json({ object: "list" as const, data });
+  });
+}

@@ -1,0 +1,147 @@
+import type { Hono } from "hono";
+import { z } from "zod";
+import type { Catalog } from "../../ai/catalog.ts";
+import type { RawAnswer } from "../../ai/providers/openai.ts";
+import type { ChatRouter } from "../../ai/router.ts";
+import { EngineBusyError, type SpeechEngine, type SpeechFormat } from "../../ai/speech/index.ts";
+import type { Metrics } from "../metrics.ts";
+import { speechModel } from "./audio-models.ts";
+import type { CompatEnv } from "./env.ts";
+import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
+import { clientGone, readJson } from "./json.ts";
+
+const ROUTE = "/audio/speech";
+
+const CONTENT_TYPES: Record<SpeechFormat, string> = {
+  mp3: "audio/mpeg",
+  opus: "audio/ogg",
+  aac: "audio/aac",
+  flac: "audio/flac",
+  wav: "audio/wav",
+  pcm: "audio/pcm",
+};
+
+export const SpeechRequest = z.strictObject({
+  model: z.string().min(1),
+  input: z.string().min(1).max(4096),
+  voice: z.string().min(1),
+  response_format: z.enum(["mp3", "opus", "aac", "flac", "wav", "pcm"]).default("mp3"),
+  speed: z.number().min(0.25).max(4).default(1),
+  stream_format: z.enum(["audio", "sse"]).default("audio"),
+  instructions: z.string().optional(),
+});
+
+/** `POST /audio/speech`: validated here; the embedded engine's audio, or an upstream model's, streamed as it is produced. */
+export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engine: SpeechEngine | undefined, router: ChatRouter, metrics: Metrics): void {
+  app.post(ROUTE, async (c) => {
+    const started = performance.now();
+    const parsed = SpeechRequest.safeParse(await readJson(c));
+    if (!parsed.success) throw invalidParameter(parsed.error);
+    const r = parsed.data;
+    const entry = speechModel(catalog, c.get("caller"), r.model);
+    const model = entry.id;
+    const signal = clientGone(c);
+    const done = (status: number, error?: string) => metrics.observeAi(ROUTE, model, status, (performance.now() - started) / 1000, error);
+    if (entry.model) {
+      const upstream = entry.model;
+      let answer: RawAnswer;
+      try {
+        answer = await router.relay(upstream, ROUTE, (name) => ({ body: JSON.stringify({ ...r, model: name }), contentType: "application/json" }), signal);
+      } catch (err) {
+        const e = toOpenAIError(err);
+        done(e.status, e.type);
+        throw e;
+      }
+      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
+    }
+    if (!engine) throw new OpenAIError(503, "No speech engine is available on this server.", { code: "engine_unavailable" });
+    if (r.instructions !== undefined) {
+      throw new OpenAIError(400, `model \`${model}\` does not take instructions`, { param: "instructions", code: "unsupported_parameter" });
+    }
+    if (!engine.voices.includes(r.voice)) {
+      throw new OpenAIError(400, `Unknown voice \`${r.voice}\`; this model has ${engine.voices.join(", ")}.`, { param: "voice", code: "invalid_value" });
+    }
+    let it: AsyncIterator<Uint8Array>;
+    let first: IteratorResult<Uint8Array>;
+    try {
+      it = engine.synthesize({ text: r.input, voice: r.voice, format: r.response_format, speed: r.speed, signal })[Symbol.asyncIterator]();
+      // The first piece is awaited before answering, so that a full queue is still a 429.
+      first = await it.next();
+    } catch (err) {
+      const e =
+        err instanceof EngineBusyError
+          ? new OpenAIError(429, "The speech engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
+          : toOpenAIError(err);
+      done(e.status, e.type);
+      throw e;
+    }
+    const sse = r.stream_format === "sse";
+    const body = new ReadableStream<Uint8Array>(
+      {
+        async pull(controller) {
+          let next: IteratorResult<Uint8Array>;
+          try {
+            next = first ?? (await it.next());
+          } catch (err) {
+            done(200, "api_error");
+            if (sse) controller.enqueue(sseData({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
+            controller.close();
+            return;
+          }
+          first = undefined as never;
+          if (next.done) {
+            if (sse) {
+              const input = Math.ceil(r.input.length / 4);
+              controller.enqueue(sseData({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }));
+            }
+            done(200);
+            controller.close();
+            return;
+          }
+          controller.enqueue(sse ? sseData({ type: "speech.audio.delta", audio: Buffer.from(next.value).toString("base64") }) : next.value);
+        },
+        async cancel() {
+          done(499);
+          await it.return?.();
+        },
+      },
+      { highWaterMark: 0 },
+    );
+    // `transfer-encoding` declared: the Node adapter then writes the first audio at once (see chat.ts).
+    const headers: Record<string, string> = sse
+      ? { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" }
+      : { "content-type": CONTENT_TYPES[r.response_format] };
+    return c.body(body, 200, { ...headers, "transfer-encoding": "chunked" });
+  });
+}
+
+/** Relayed bytes as a response body, pulled as the client reads. */
+export function byteStream(it: AsyncIterator<Uint8Array>, done: (status: number, error?: string) => void): ReadableStream<Uint8Array> {
+  return new ReadableStream<Uint8Array>(
+    {
+      async pull(controller) {
+        let next: IteratorResult<Uint8Array>;
+        try {
+          next = await it.next();
+        } catch {
+          done(200, "api_error");
+          controller.error(new Error("the provider's answer broke off"));
+          return;
+        }
+        if (next.done) {
+          done(200);
+          controller.close();
+        } else controller.enqueue(next.value);
+      },
+      async cancel() {
+        done(499);
+        await it.return?.();
+      },
+    },
+    { highWaterMark: 0 },
+  );
+}
+
+function sseData(value: unknown): Buffer {
+  return Buffer.from(`data: ${JSON.stringify(value)}\n\n`);
+}

@@ -1,0 +1,59 @@
+import { Hono } from "hono";
+import type { Catalog } from "../../ai/catalog.ts";
+import type { ChatService } from "../../ai/chat.ts";
+import type { ChatRouter } from "../../ai/router.ts";
+import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
+import type { AppEnv } from "../env.ts";
+import type { Metrics } from "../metrics.ts";
+import { bodyLimit } from "../middleware.ts";
+import type { Callers } from "../principal.ts";
+import type { Surface } from "../surface.ts";
+import { authenticate } from "./auth.ts";
+import { registerChatRoute } from "./chat.ts";
+import type { CompatEnv } from "./env.ts";
+import { OpenAIError, openAIErrorResponse, toOpenAIError } from "./errors.ts";
+import { registerModelsRoute } from "./models.ts";
+import { registerSpeechRoute } from "./speech.ts";
+import { registerTranscriptionRoute } from "./transcription.ts";
+
+export const COMPAT_BASE = "/openai/v1";
+export const COMPAT_BODY_LIMIT = 32 * 1024 * 1024;
+
+export interface CompatSurfaceOptions {
+  callers: Callers;
+  catalog: Catalog;
+  chat: ChatService;
+  router: ChatRouter;
+  metrics: Metrics;
+  /** The embedded engines (`tts-1`, `whisper-1` in the catalog when present). */
+  speech?: SpeechEngine | undefined;
+  transcription?: TranscriptionEngine | undefined;
+  /** Default `/openai/v1`; service stream 2 mounts the same routes at `/v1`. */
+  base?: string;
+}
+
+/** The Compatible API: OpenAI's routes, every error in OpenAI's envelope, 32 MiB bodies. */
+export function compatSurface(o: CompatSurfaceOptions): Surface {
+  const app = new Hono<CompatEnv>();
+  const tooLarge = (c: Parameters<Parameters<typeof bodyLimit>[1]>[0]) =>
+    openAIErrorResponse(c, new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" }));
+  const guard = [bodyLimit(COMPAT_BODY_LIMIT, tooLarge, 2 * COMPAT_BODY_LIMIT), authenticate(o.callers)] as const;
+  app.get("/models", ...guard);
+  for (const path of ["/chat/completions", "/audio/speech", "/audio/transcriptions"]) app.post(path, ...guard);
+  registerModelsRoute(app, o.catalog, o.metrics);
+  registerChatRoute(app, o.chat, o.metrics);
+  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics);
+  registerTranscriptionRoute(app, o.catalog, o.transcription, o.router, o.metrics);
+  return {
+    base: o.base ?? COMPAT_BASE,
+    app: app as unknown as Hono<AppEnv>,
+    error: (c, err) => openAIErrorResponse(c, toOpenAIError(err)),
+    unrouted: (c, allow) => {
+      if (allow.length > 0) {
+        c.header("Allow", allow.join(", "));
+        return openAIErrorResponse(c, new OpenAIError(405, `${c.req.method} is not allowed here; use ${allow.join(", ")}.`, { code: "method_not_allowed" }));
+      }
+      return openAIErrorResponse(c, new OpenAIError(404, `Unknown request URL: ${c.req.method} ${c.req.path}.`, { code: "unknown_url" }));
+    },
+  };
+}

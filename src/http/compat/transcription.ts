@@ -1,0 +1,209 @@
+import type { Hono } from "hono";
+import type { Catalog } from "../../ai/catalog.ts";
+import type { RawAnswer } from "../../ai/providers/openai.ts";
+import type { ChatRouter } from "../../ai/router.ts";
+import { AudioDecodeError, EngineBusyError, type Transcript, type TranscriptionEngine } from "../../ai/speech/index.ts";
+import type { Metrics } from "../metrics.ts";
+import { transcriptionModel } from "./audio-models.ts";
+import type { CompatEnv } from "./env.ts";
+import { OpenAIError, toOpenAIError } from "./errors.ts";
+import { clientGone } from "./json.ts";
+import { byteStream } from "./speech.ts";
+
+const ROUTE = "/audio/transcriptions";
+
+/** OpenAI's upload limit, 25 MB. */
+export const MAX_AUDIO_BYTES = 25 * 1000 * 1000;
+
+const FIELDS = new Set(["file", "model", "language", "prompt", "temperature", "response_format", "timestamp_granularities[]", "stream"]);
+const FORMATS = ["json", "text", "srt", "vtt", "verbose_json"] as const;
+type Format = (typeof FORMATS)[number];
+
+/** The containers the contract accepts; what the content says wins, then the part's type, then the file name. */
+const EXTENSIONS = new Set(["flac", "mp3", "mp4", "mpeg", "mpga", "m4a", "ogg", "oga", "opus", "wav", "webm"]);
+const MEDIA_TYPES = /^(audio|video)\/(flac|x-flac|mpeg|mp3|mp4|x-m4a|m4a|ogg|opus|wav|x-wav|wave|vnd\.wave|webm)$/;
+
+function knownContainer(b: Uint8Array): boolean {
+  const ascii = (at: number, s: string) => Buffer.from(b.subarray(at, at + s.length)).toString("latin1") === s;
+  return (
+    ascii(0, "fLaC") ||
+    ascii(0, "OggS") ||
+    (ascii(0, "RIFF") && ascii(8, "WAVE")) ||
+    ascii(4, "ftyp") ||
+    ascii(0, "ID3") ||
+    (b[0] === 0xff && ((b[1] ?? 0) & 0xe0) === 0xe0) ||
+    (b[0] === 0x1a && b[1] === 0x45 && b[2] === 0xdf && b[3] === 0xa3)
+  );
+}
+
+function acceptedFile(file: File, bytes: Uint8Array): boolean {
+  if (knownContainer(bytes)) return true;
+  if (MEDIA_TYPES.test(file.type.split(";")[0]!.trim().toLowerCase())) return true;
+  return EXTENSIONS.has(file.name.split(".").pop()?.toLowerCase() ?? "");
+}
+
+const param = (name: string, message: string, code = "invalid_value") => new OpenAIError(400, message, { param: name, code });
+
+/** `POST /audio/transcriptions` on the embedded recogniser: multipart fields as the official clients send them. */
+export function registerTranscriptionRoute(
+  app: Hono<CompatEnv>,
+  catalog: Catalog,
+  engine: TranscriptionEngine | undefined,
+  router: ChatRouter,
+  metrics: Metrics,
+): void {
+  app.post(ROUTE, async (c) => {
+    const started = performance.now();
+    const type = c.req.header("content-type") ?? "";
+    if (!/^multipart\/form-data/i.test(type)) throw new OpenAIError(400, "Send the audio as multipart/form-data.", { code: "invalid_content_type" });
+    let form: FormData;
+    try {
+      form = await c.req.formData();
+    } catch {
+      throw new OpenAIError(400, "The multipart body cannot be parsed.", { code: "invalid_multipart" });
+    }
+    for (const key of form.keys()) if (!FIELDS.has(key)) throw param(key, `Unrecognized request argument supplied: ${key}`, "unknown_parameter");
+    const text = (name: string): string | undefined => {
+      const values = form.getAll(name);
+      if (values.length > 1) throw param(name, `${name} was given more than once`);
+      const v = values[0];
+      if (v !== undefined && typeof v !== "string") throw param(name, `${name} must be a text field`);
+      return v;
+    };
+    const model = text("model");
+    if (!model) throw param("model", "you must provide a model parameter", "missing_required_parameter");
+    const entry = transcriptionModel(catalog, c.get("caller"), model);
+    const id = entry.id;
+    // The catalog offers the embedded model only when its engine exists.
+    if (!entry.model && !engine) throw new OpenAIError(503, "No transcription engine is available on this server.", { code: "engine_unavailable" });
+    const languages = entry.model ? undefined : engine!.languages;
+    const wordTimestamps = entry.model ? true : engine!.wordTimestamps === true;
+
+    const files = form.getAll("file");
+    const file = files[0];
+    if (!file || typeof file === "string" || files.length > 1) throw param("file", "attach exactly one audio file as `file`", "missing_required_parameter");
+    if (file.size > MAX_AUDIO_BYTES)
+      throw new OpenAIError(413, `The audio file is over ${MAX_AUDIO_BYTES} bytes (25 MB).`, { param: "file", code: "file_too_large" });
+    const audio = new Uint8Array(await file.arrayBuffer());
+    if (audio.length === 0) throw param("file", "the audio file is empty");
+    if (!acceptedFile(file, audio))
+      throw param("file", "Unsupported file format: send flac, mp3, mp4, mpeg, mpga, m4a, ogg, opus, wav or webm.", "unsupported_format");
+
+    const language = text("language");
+    if (language !== undefined && !/^[a-z]{2}$/.test(language)) throw param("language", "language must be an ISO-639-1 code such as `en`");
+    if (language !== undefined && languages && !languages.includes(language)) {
+      throw param("language", `language \`${language}\` is not supported by ${id}; supported: ${languages.join(", ")}`, "unsupported_language");
+    }
+    const temperature = text("temperature");
+    if (temperature !== undefined && !(/^\d+(\.\d+)?$/.test(temperature) && Number(temperature) <= 1))
+      throw param("temperature", "temperature must be a number from 0 to 1");
+    const format = (text("response_format") ?? "json") as Format;
+    if (!FORMATS.includes(format)) throw param("response_format", `response_format must be one of ${FORMATS.join(", ")}`);
+    const granularities = form.getAll("timestamp_granularities[]");
+    for (const g of granularities) {
+      if (g !== "segment" && g !== "word") throw param("timestamp_granularities[]", "timestamp_granularities[] takes segment and word");
+      if (g === "word" && (format !== "verbose_json" || !wordTimestamps)) {
+        throw param("timestamp_granularities[]", wordTimestamps ? "word timestamps need response_format verbose_json" : `${id} has no word timestamps`);
+      }
+    }
+    const stream = text("stream");
+    if (stream !== undefined && stream !== "true" && stream !== "false") throw param("stream", "stream must be `true` or `false`");
+    const prompt = text("prompt");
+    const signal = clientGone(c);
+    const done = (status: number, error?: string) => metrics.observeAi(ROUTE, id, status, (performance.now() - started) / 1000, error);
+
+    if (entry.model) {
+      // The validated fields go on as they came, with the upstream model's name.
+      const fields = [...form.entries()].filter((e): e is [string, string] => e[0] !== "model" && typeof e[1] === "string");
+      const upload = { name: file.name || "audio", type: file.type || "application/octet-stream", bytes: audio };
+      let answer: RawAnswer;
+      try {
+        answer = await router.relay(entry.model, ROUTE, (name) => multipart([["model", name], ...fields], upload), signal);
+      } catch (err) {
+        const e = toOpenAIError(err);
+        done(e.status, e.type);
+        throw e;
+      }
+      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
+    }
+
+    let transcript: Transcript;
+    try {
+      transcript = await engine!.transcribe({
+        audio,
+        ...(language !== undefined ? { language } : {}),
+        ...(prompt !== undefined ? { prompt } : {}),
+        signal,
+      });
+    } catch (err) {
+      const e =
+        err instanceof AudioDecodeError
+          ? param("file", `The audio file could not be decoded: ${err.message}`, "invalid_audio")
+          : err instanceof EngineBusyError
+            ? new OpenAIError(429, "The transcription engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
+            : toOpenAIError(err);
+      done(e.status, e.type);
+      throw e;
+    }
+    done(200);
+    if (stream === "true") {
+      const events = transcript.segments.map((s, i) => sse({ type: "transcript.text.delta", delta: i === 0 ? s.text.trimStart() : ` ${s.text.trim()}` }));
+      events.push(sse({ type: "transcript.text.done", text: transcript.text }));
+      return c.body(events.join(""), 200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" });
+    }
+    switch (format) {
+      case "text":
+        return c.text(`${transcript.text}\n`);
+      case "srt":
+        return c.text(srt(transcript));
+      case "vtt":
+        return c.body(vtt(transcript), 200, { "content-type": "text/vtt; charset=utf-8" });
+      case "verbose_json": {
+        const body: Record<string, unknown> = {
+          task: "transcribe",
+          language: transcript.language,
+          duration: transcript.duration,
+          text: transcript.text,
+          segments: transcript.segments.map((s) => ({ id: s.id, seek: 0, start: s.start, end: s.end, text: s.text })),
+        };
+        if (granularities.includes("word")) body.words = transcript.words ?? [];
+        return c.json(body);
+      }
+      default:
+        return c.json({ text: transcript.text });
+    }
+  });
+}
+
+/** Text fields and one file as multipart/form-data, with its boundary. */
+function multipart(fields: Array<[string, string]>, file: { name: string; type: string; bytes: Uint8Array }): { body: Buffer; contentType: string } {
+  const boundary = `----perch${crypto.randomUUID().replaceAll("-", "")}`;
+  const quote = (s: string) => s.replace(/["\r\n]/g, (ch) => encodeURIComponent(ch));
+  const parts: Buffer[] = fields.map(([key, value]) =>
+    Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="${quote(key)}"\r\n\r\n${value}\r\n`),
+  );
+  parts.push(
+    Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${quote(file.name)}"\r\nContent-Type: ${file.type}\r\n\r\n`),
+    Buffer.from(file.bytes.buffer, file.bytes.byteOffset, file.bytes.byteLength),
+    Buffer.from(`\r\n--${boundary}--\r\n`),
+  );
+  return { body: Buffer.concat(parts), contentType: `multipart/form-data; boundary=${boundary}` };
+}
+
+function sse(value: unknown): string {
+  return `data: ${JSON.stringify(value)}\n\n`;
+}
+
+function timestamp(seconds: number, separator: "," | "."): string {
+  const ms = Math.max(0, Math.round(seconds * 1000));
+  const pad = (n: number, w = 2) => String(n).padStart(w, "0");
+  return `${pad(Math.floor(ms / 3_600_000))}:${pad(Math.floor(ms / 60_000) % 60)}:${pad(Math.floor(ms / 1000) % 60)}${separator}${pad(ms % 1000, 3)}`;
+}
+
+function srt(t: Transcript): string {
+  return t.segments.map((s, i) => `${i + 1}\n${timestamp(s.start, ",")} --> ${timestamp(s.end, ",")}\n${s.text.trim()}\n`).join("\n");
+}
+
+function vtt(t: Transcript): string {
+  return `WEBVTT\n\n${t.segments.map((s) => `${timestamp(s.start, ".")} --> ${timestamp(s.end, ".")}\n${s.text.trim()}\n`).join("\n")}`;
+}

@@ -1,0 +1,151 @@
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+
+/** What the fake provider answers to one request. */
+export type Reply =
+  | { status: number; error?: { message: string; type?: string; param?: string | null; code?: string | null }; retryAfter?: string }
+  | {
+      content?: string;
+      /** Streamed pieces of `content` (default: the content in one piece). */
+      chunks?: string[];
+      tool_calls?: Array<{ id: string; name: string; arguments: string }>;
+      finish_reason?: string;
+      usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+      /** Milliseconds between streamed chunks; 0 yields to the event loop between them, so each is its own write. */
+      delayMs?: number;
+      /** Stream the first chunk, then never finish (not streaming: never answer). */
+      hang?: boolean;
+    };
+
+export interface ReceivedRequest {
+  body: Record<string, any>;
+  headers: http.IncomingHttpHeaders;
+}
+
+/** An OpenAI-compatible provider on loopback that answers from a script, for tests and the benchmark. */
+export class FakeUpstream {
+  readonly received: ReceivedRequest[] = [];
+  /** Requests to the audio routes, raw. */
+  readonly audio: Array<{ path: string; contentType: string; body: Buffer }> = [];
+  /** Responses whose connection was closed by the other side before they finished. */
+  aborted = 0;
+  private readonly replies: Reply[] = [];
+  private abortWaiters: Array<() => void> = [];
+  private server!: http.Server;
+  url = "";
+
+  /** Replies used in order, one per request; when none is queued the default reply is used. */
+  reply(...replies: Reply[]): this {
+    this.replies.push(...replies);
+    return this;
+  }
+
+  defaultReply: (body: Record<string, any>) => Reply = (body) => ({
+    content: `Hello from ${body.model}`,
+    usage: { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 },
+  });
+
+  /** Resolves when a response's connection has been closed early (cancellation reached the provider). */
+  waitForAbort(): Promise<void> {
+    return this.aborted > 0 ? Promise.resolve() : new Promise((resolve) => this.abortWaiters.push(resolve));
+  }
+
+  async start(): Promise<this> {
+    this.server = http.createServer((req, res) => this.handle(req, res));
+    this.server.keepAliveTimeout = 30_000;
+    await new Promise<void>((resolve) => this.server.listen(0, "127.0.0.1", resolve));
+    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}/v1`;
+    return this;
+  }
+
+  async close(): Promise<void> {
+    this.server.closeAllConnections();
+    await new Promise((resolve) => this.server.close(resolve));
+  }
+
+  private handle(req: http.IncomingMessage, res: http.ServerResponse): void {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      if (req.method === "POST" && (req.url === "/v1/audio/speech" || req.url === "/v1/audio/transcriptions")) {
+        const body = Buffer.concat(chunks);
+        this.audio.push({ path: req.url, contentType: req.headers["content-type"] ?? "", body });
+        if (req.url === "/v1/audio/speech") res.writeHead(200, { "content-type": "audio/mpeg" }).end(Buffer.concat([Buffer.from("ID3"), body]));
+        else res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ text: "upstream heard you" }));
+        return;
+      }
+      if (req.url !== "/v1/chat/completions" || req.method !== "POST") {
+        res.writeHead(404, { "content-type": "application/json" }).end(JSON.stringify({ error: { message: "not found" } }));
+        return;
+      }
+      const body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as Record<string, any>;
+      this.received.push({ body, headers: req.headers });
+      const reply = this.replies.shift() ?? this.defaultReply(body);
+      res.on("close", () => {
+        if (!res.writableFinished) {
+          this.aborted++;
+          for (const w of this.abortWaiters.splice(0)) w();
+        }
+      });
+      if ("status" in reply) {
+        const headers: Record<string, string> = { "content-type": "application/json" };
+        if (reply.retryAfter) headers["retry-after"] = reply.retryAfter;
+        res.writeHead(reply.status, headers).end(JSON.stringify({ error: { type: "server_error", param: null, code: null, ...reply.error } }));
+        return;
+      }
+      if (body.stream) void this.stream(body, reply, res);
+      else if (reply.hang) return;
+      else res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(completion(body, reply)));
+    });
+  }
+
+  private async stream(body: Record<string, any>, reply: Exclude<Reply, { status: number }>, res: http.ServerResponse): Promise<void> {
+    const includeUsage = body.stream_options?.include_usage === true;
+    const base = { id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1, model: body.model };
+    const send = (choices: unknown[], extra: Record<string, unknown> = {}) =>
+      res.write(`data: ${JSON.stringify({ ...base, choices, ...(includeUsage ? { usage: null } : {}), ...extra })}\n\n`);
+    const pause = () => (reply.delayMs === undefined ? undefined : new Promise((r) => (reply.delayMs ? setTimeout(r, reply.delayMs) : setImmediate(r))));
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    send([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]);
+    if (reply.hang) return;
+    const pieces = reply.chunks ?? (reply.content !== undefined ? [reply.content] : []);
+    for (const piece of pieces) {
+      await pause();
+      if (res.destroyed) return;
+      send([{ index: 0, delta: { content: piece }, finish_reason: null }]);
+    }
+    (reply.tool_calls ?? []).forEach((call, index) => {
+      send([
+        { index: 0, delta: { tool_calls: [{ index, id: call.id, type: "function", function: { name: call.name, arguments: "" } }] }, finish_reason: null },
+      ]);
+      send([{ index: 0, delta: { tool_calls: [{ index, function: { arguments: call.arguments } }] }, finish_reason: null }]);
+    });
+    await pause();
+    send([{ index: 0, delta: {}, finish_reason: finishReason(reply) }]);
+    if (includeUsage) send([], { usage: reply.usage ?? { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 } });
+    res.end("data: [DONE]\n\n");
+  }
+}
+
+function finishReason(reply: Exclude<Reply, { status: number }>): string {
+  return reply.finish_reason ?? (reply.tool_calls?.length ? "tool_calls" : "stop");
+}
+
+function completion(body: Record<string, any>, reply: Exclude<Reply, { status: number }>) {
+  const message: Record<string, unknown> = { role: "assistant", content: reply.tool_calls?.length ? null : (reply.content ?? "") };
+  if (reply.tool_calls?.length) {
+    message.tool_calls = reply.tool_calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
+  }
+  return {
+    id: "chatcmpl-fake",
+    object: "chat.completion",
+    created: 1,
+    model: body.model,
+    choices: [{ index: 0, message, finish_reason: finishReason(reply), logprobs: null }],
+    usage: reply.usage ?? { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 },
+  };
+}
+
+export async function startFakeUpstream(): Promise<FakeUpstream> {
+  return new FakeUpstream().start();
+}
