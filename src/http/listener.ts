@@ -40,6 +40,8 @@ export function createHttpServer(o: HttpServerOptions): Server {
       headersTimeout: o.requestTimeoutMs,
       // Node checks the two timeouts this often (30 s by default, which would stretch a short timeout).
       connectionsCheckingInterval: Math.min(1_000, Math.max(10, Math.floor(o.requestTimeoutMs / 4))),
+      // Node would answer a missing Host with a bare 400; the adapter refuses it through errorHandler, in the envelope.
+      requireHostHeader: false,
     },
     listener,
   );
