@@ -70,6 +70,9 @@ for (const store of STORES) {
         ['{"details":{"list":["ok","\\udbff"]}}', "details.list.1"],
         ['{"labels":{"__proto__":"x"}}', "labels.__proto__"],
         ['{"details":{"a":{"__proto__":{"polluted":true}}}}', "details.a.__proto__"],
+        // Beyond a double: parsed as Infinity, it would be stored (and echoed) as null.
+        ['{"details":{"x":1e400}}', "details.x"],
+        ['{"details":{"list":[1,-1e999]}}', "details.list.1"],
       ];
       for (const [body, field] of bodies) {
         const res = await fetch(`${server.url}/me/status`, {
