@@ -131,6 +131,34 @@ for (const store of STORES) {
       );
     });
 
+    test("bodies that are not well-formed UTF-8 are refused, not read with U+FFFD in place of each bad byte", async () => {
+      // A stray byte, an overlong "." and an encoded lone surrogate: decoded leniently, "a\xff" and
+      // "a\xfe" would both be "a\ufffd", one contact.
+      const send = (method: string, path: string, client: PerchClient, before: string, bad: number[], after: string) =>
+        fetch(server.url + path, {
+          method,
+          headers: { authorization: `Bearer ${client.accessToken}`, "content-type": "application/json" },
+          body: Buffer.concat([Buffer.from(before), Buffer.from(bad), Buffer.from(after)]),
+        });
+      const statusBefore = await device.status();
+      for (const bad of [[0xff], [0xfe], [0xc0, 0xae], [0xed, 0xa0, 0x80]]) {
+        for (const res of [
+          await send("POST", "/side-control/contacts", phone, '{"name":"a', bad, '","display_name":"x"}'),
+          await send("PUT", "/side-control/contacts/mom", phone, '{"display_name":"M', bad, '"}'),
+          await send("PUT", "/me/status", device, '{"labels":{"k":"', bad, '"}}'),
+        ]) {
+          assert.equal(res.status, 400, `${Buffer.from(bad).toString("hex")} ${res.url}`);
+          assert.equal(((await res.json()) as { error: { code: string } }).error.code, "INVALID_REQUEST");
+        }
+      }
+      assert.deepEqual(
+        (await phone.sideControl.contacts.list()).items.map((c) => [c.name, c.display_name]),
+        [["mom", "Mom"]],
+        "nothing created or changed",
+      );
+      assert.deepEqual(await device.status(), statusBefore, "nothing changed");
+    });
+
     test("contacts carry created_at and updated_at as RFC 3339 strings", async () => {
       const mom = await phone.sideControl.contacts.get("mom");
       for (const t of [mom.created_at, mom.updated_at]) {
