@@ -159,6 +159,20 @@ for (const store of STORES) {
       assert.deepEqual(await device.status(), statusBefore, "nothing changed");
     });
 
+    test("a path segment that is not percent-encoded UTF-8 names no contact, not the one spelled like it", async () => {
+      // Decoding such a segment fails and it would be kept as it came: "%FF" would reach the contact
+      // named "%FF", whose URL is /contacts/%25FF.
+      for (const raw of ["%FF", "%ED%A0%80", "%C0%AE"]) {
+        await phone.sideControl.contacts.create({ name: raw, display_name: "literal" });
+        const path = `/side-control/contacts/${raw}`;
+        assert.deepEqual(await call(phone, "GET", path), { status: 404, code: "CONTACT_NOT_FOUND" }, raw);
+        assert.deepEqual(await call(phone, "PUT", path, { display_name: "changed" }), { status: 404, code: "CONTACT_NOT_FOUND" }, raw);
+        assert.deepEqual(await call(phone, "DELETE", path), { status: 404, code: "CONTACT_NOT_FOUND" }, raw);
+        assert.equal((await phone.sideControl.contacts.get(raw)).display_name, "literal", "reachable at its own URL, unchanged");
+        await phone.sideControl.contacts.delete(raw);
+      }
+    });
+
     test("contacts carry created_at and updated_at as RFC 3339 strings", async () => {
       const mom = await phone.sideControl.contacts.get("mom");
       for (const t of [mom.created_at, mom.updated_at]) {
