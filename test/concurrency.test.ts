@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import type { TelemetryField } from "../src/protocol/public.ts";
-import type { PerchClient } from "../src/sdk/client.ts";
+import { PerchClient } from "../src/sdk/client.ts";
 import { perchJson } from "./support/cli.ts";
 import { ROOT, STORES, startTestServer, type TestServer } from "./support/server.ts";
 
@@ -73,6 +73,22 @@ for (const entry of STORES) {
         }
       }
       assert.deepEqual(lost, [], `${lost.length} of ${TRIALS} trials lost a write`);
+    });
+
+    test("a primary login overtaken by the removal of its peer registers it again, not a 500", async () => {
+      const peer = server.client();
+      await peer.login();
+      // `perch peers remove`, run beside the server, lands between the login's checks and its transaction.
+      const read = server.store.read.bind(server.store);
+      server.store.read = async (fn) => {
+        server.store.read = read;
+        const result = await read(fn);
+        assert.equal(await server.domain.peers.remove(peer.publicKey), true);
+        return result;
+      };
+      const again = new PerchClient({ baseUrl: server.url, keyPair: peer.keyPair });
+      await again.login();
+      assert.equal((await again.me()).public_key, peer.publicKey);
     });
   });
 }

@@ -70,6 +70,9 @@ for (const store of STORES) {
         ['{"details":{"list":["ok","\\udbff"]}}', "details.list.1"],
         ['{"labels":{"__proto__":"x"}}', "labels.__proto__"],
         ['{"details":{"a":{"__proto__":{"polluted":true}}}}', "details.a.__proto__"],
+        // Beyond a double: parsed as Infinity, it would be stored (and echoed) as null.
+        ['{"details":{"x":1e400}}', "details.x"],
+        ['{"details":{"list":[1,-1e999]}}', "details.list.1"],
       ];
       for (const [body, field] of bodies) {
         const res = await fetch(`${server.url}/me/status`, {
@@ -126,6 +129,48 @@ for (const store of STORES) {
         ["mom"],
         "nothing created",
       );
+    });
+
+    test("bodies that are not well-formed UTF-8 are refused, not read with U+FFFD in place of each bad byte", async () => {
+      // A stray byte, an overlong "." and an encoded lone surrogate: decoded leniently, "a\xff" and
+      // "a\xfe" would both be "a\ufffd", one contact.
+      const send = (method: string, path: string, client: PerchClient, before: string, bad: number[], after: string) =>
+        fetch(server.url + path, {
+          method,
+          headers: { authorization: `Bearer ${client.accessToken}`, "content-type": "application/json" },
+          body: Buffer.concat([Buffer.from(before), Buffer.from(bad), Buffer.from(after)]),
+        });
+      const statusBefore = await device.status();
+      for (const bad of [[0xff], [0xfe], [0xc0, 0xae], [0xed, 0xa0, 0x80]]) {
+        for (const res of [
+          await send("POST", "/side-control/contacts", phone, '{"name":"a', bad, '","display_name":"x"}'),
+          await send("PUT", "/side-control/contacts/mom", phone, '{"display_name":"M', bad, '"}'),
+          await send("PUT", "/me/status", device, '{"labels":{"k":"', bad, '"}}'),
+        ]) {
+          assert.equal(res.status, 400, `${Buffer.from(bad).toString("hex")} ${res.url}`);
+          assert.equal(((await res.json()) as { error: { code: string } }).error.code, "INVALID_REQUEST");
+        }
+      }
+      assert.deepEqual(
+        (await phone.sideControl.contacts.list()).items.map((c) => [c.name, c.display_name]),
+        [["mom", "Mom"]],
+        "nothing created or changed",
+      );
+      assert.deepEqual(await device.status(), statusBefore, "nothing changed");
+    });
+
+    test("a path segment that is not percent-encoded UTF-8 names no contact, not the one spelled like it", async () => {
+      // Decoding such a segment fails and it would be kept as it came: "%FF" would reach the contact
+      // named "%FF", whose URL is /contacts/%25FF.
+      for (const raw of ["%FF", "%ED%A0%80", "%C0%AE"]) {
+        await phone.sideControl.contacts.create({ name: raw, display_name: "literal" });
+        const path = `/side-control/contacts/${raw}`;
+        assert.deepEqual(await call(phone, "GET", path), { status: 404, code: "CONTACT_NOT_FOUND" }, raw);
+        assert.deepEqual(await call(phone, "PUT", path, { display_name: "changed" }), { status: 404, code: "CONTACT_NOT_FOUND" }, raw);
+        assert.deepEqual(await call(phone, "DELETE", path), { status: 404, code: "CONTACT_NOT_FOUND" }, raw);
+        assert.equal((await phone.sideControl.contacts.get(raw)).display_name, "literal", "reachable at its own URL, unchanged");
+        await phone.sideControl.contacts.delete(raw);
+      }
     });
 
     test("contacts carry created_at and updated_at as RFC 3339 strings", async () => {

@@ -47,6 +47,9 @@ describe("HTTP framing errors", () => {
       ["bad header line", "GET /healthz HTTP/1.1\r\nHost: x\r\nNo colon here\r\n\r\n", 400, "INVALID_REQUEST"],
       ["bad chunk size", "PUT /me/status HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "INVALID_REQUEST"],
       ["backslash in the path", "GET /a\\b HTTP/1.1\r\nHost: x\r\n\r\n", 400, "INVALID_REQUEST"],
+      ["no Host header", "GET /healthz HTTP/1.1\r\n\r\n", 400, "INVALID_REQUEST"],
+      ["CONNECT", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 400, "INVALID_REQUEST"],
+      ["an expectation other than 100-continue", "GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: teapot\r\n\r\n", 417, "EXPECTATION_FAILED"],
       ["headers over 16 KiB", `GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${"a".repeat(20_000)}\r\n\r\n`, 431, "HEADERS_TOO_LARGE"],
     ];
     for (const [what, request, status, code] of cases) {

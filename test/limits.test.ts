@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { ManualClock } from "../src/domain/clock.ts";
 import { DAY_MS } from "../src/domain/context.ts";
+import { MAX_USABLE_DEVICE_TOKENS } from "../src/domain/side-control.ts";
 import { PerchApiError, PerchClient } from "../src/sdk/client.ts";
 import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 
@@ -93,6 +94,45 @@ for (const entry of STORES) {
       );
       await phone.sideControl.contacts.delete("b");
       await phone.sideControl.contacts.create({ name: "d", display_name: "d" });
+    });
+
+    // Each cap is a count then an insert: without the named locks, concurrent requests all count
+    // below the cap on PostgreSQL and all insert.
+    test("every cap holds under 20 concurrent requests", async () => {
+      const CONCURRENT = 20;
+      const many = <T>(f: (i: number) => Promise<T>) => Promise.allSettled(Array.from({ length: CONCURRENT }, (_, i) => f(i)));
+      const device = server.client();
+      await device.login();
+      const phone = server.client();
+      await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+
+      await many((i) => phone.sideControl.contacts.create({ name: `c${i}`, display_name: "x" }));
+      assert.equal((await phone.sideControl.contacts.list()).items.length, limits.contactsPerDevice, "contacts");
+
+      await Promise.allSettled(Array.from({ length: 2 * MAX_USABLE_DEVICE_TOKENS }, () => device.createDeviceToken()));
+      assert.equal(await server.store.read((r) => r.deviceTokens.countUsable(device.publicKey, clock.now())), MAX_USABLE_DEVICE_TOKENS, "device tokens");
+
+      await many(() => sameKey(device).login());
+      const live = (await server.domain.auth.liveSessions()).filter((s) => s.kind === "primary" && s.public_key === device.publicKey);
+      assert.equal(live.length, limits.primarySessionsPerDevice, "primary sessions");
+
+      const target = server.client();
+      await target.login();
+      const tokens = [];
+      for (let i = 0; i < 10; i++) tokens.push(await target.createDeviceToken());
+      await Promise.allSettled(tokens.map((t) => server.client().login({ deviceToken: t.token })));
+      assert.equal((await target.sideControlSessions()).items.length, limits.sideControlSessionsPerDevice, "Side Control sessions per device");
+
+      const controller = server.client();
+      const owned = [];
+      for (let i = 0; i < 10; i++) {
+        const d = server.client();
+        await d.login();
+        owned.push(await d.createDeviceToken());
+      }
+      await Promise.allSettled(owned.map((t) => sameKey(controller).login({ deviceToken: t.token })));
+      const held = (await server.domain.auth.liveSessions()).filter((s) => s.kind === "side_control" && s.public_key === controller.publicKey);
+      assert.equal(held.length, limits.sideControlSessionsPerController, "Side Control sessions per controller");
     });
 
     test("telemetry older than the retention is deleted by the cleanup job", async () => {

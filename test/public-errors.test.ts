@@ -783,6 +783,10 @@ describe("validation of bodies and queries", () => {
       [{ field: F, start_time_ms: "1e3" }, "start_time_ms"],
       [{ field: F, end_time_ms: "" }, "end_time_ms"],
       [{ field: F, end_time_ms: "0x10" }, "end_time_ms"],
+      // Beyond 2^53 − 1 a double cannot hold every integer: 2^53 + 1 would be read as 2^53.
+      [{ field: F, start_time_ms: 0, end_time_ms: "9007199254740993" }, "end_time_ms"],
+      [{ field: F, start_time_ms: "-9999999999999999", end_time_ms: 0 }, "start_time_ms"],
+      [{ field: F, start_time_ms: 0, end_time_ms: 1, step_ms: "9007199254740992" }, "step_ms"],
       [{ field: F, bucket_ms: 1000 }, "bucket_ms"],
       [{ field: F, fields: F }, "fields"],
     ];
@@ -795,6 +799,7 @@ describe("validation of bodies and queries", () => {
       [{ field: F, bucket_ms: 0, aggregate: "avg" }, "bucket_ms"],
       [{ field: F, bucket_ms: -60_000, aggregate: "avg" }, "bucket_ms"],
       [{ field: F, bucket_ms: "1.5", aggregate: "avg" }, "bucket_ms"],
+      [{ field: F, start_time_ms: 0, end_time_ms: 1, bucket_ms: "9999999999999999", aggregate: "avg" }, "bucket_ms"],
       [{ field: F, aggregate: "avg" }, "bucket_ms"],
       [{ field: F, bucket_ms: 60_000, aggregate: "median" }, "aggregate"],
       [{ field: F, bucket_ms: 60_000 }, "aggregate"],
@@ -820,6 +825,10 @@ describe("validation of bodies and queries", () => {
       200,
     );
     assert.equal((await get("/side-control/telemetry/aggregate", { field: F, bucket_ms: 86_400, aggregate: "count" })).status, 200);
+    const max = Number.MAX_SAFE_INTEGER;
+    const widest = await get("/side-control/telemetry", { field: F, start_time_ms: -max, end_time_ms: max, step_ms: max });
+    assert.equal(widest.status, 200);
+    assert.deepEqual([widest.body.start_time_ms, widest.body.end_time_ms, widest.body.step_ms], [-max, max, max]);
   });
 
   test("400 INVALID_CONTACT with details.field; 404 CONTACT_NOT_FOUND; 409 CONTACT_EXISTS — nothing written", async () => {

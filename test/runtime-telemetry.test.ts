@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { ManualClock } from "../src/domain/clock.ts";
+import { DomainError } from "../src/domain/errors.ts";
 import type { PerchClient } from "../src/sdk/client.ts";
 import { STORES, startTestServer, type TestServer } from "./support/server.ts";
 
@@ -80,6 +81,16 @@ for (const store of STORES) {
       const status = await phone.sideControl.status();
       assert.equal(status.battery_percent, 67, "rounded to the status's integer percent");
       assert.equal(status.reported_at, new Date(t + 5000).toISOString());
+
+      // A time no Date can hold (the transport does not bound the past) is refused whole, not a RangeError half way.
+      for (const observedAt of [-9e15, 9e15, 1.5]) {
+        await assert.rejects(
+          server.domain.telemetry.record(device.publicKey, [{ field: "battery.percent", observedAt, value: 1 }]),
+          (e: unknown) => e instanceof DomainError && e.kind === "invalid",
+          String(observedAt),
+        );
+      }
+      assert.equal((await phone.sideControl.status()).battery_percent, 67, "nothing merged");
 
       const latest = await phone.sideControl.telemetryLatest(["battery.percent", "battery.charging", "network.rssi_dbm"]);
       assert.deepEqual(

@@ -610,6 +610,22 @@ for (const entry of STORES) {
         await check("after retention");
       });
 
+      test("a window that starts before 1970 reads its whole minutes from the rollups, not the samples", async () => {
+        const k = await newPeer();
+        const early = [-90_001, -60_000, -1].map((t, i) => ({ field: F, observedAt: t, value: i + 1 }));
+        const late = Array.from({ length: 600 }, (_, i) => ({ field: F, observedAt: 120_000 + i * 1_000, value: 10 }));
+        await store.transaction((tx) => tx.telemetry.insert(k, [...early, ...late]));
+        const q = { publicKey: k, field: F, start: -120_000, end: 60 * 60_000, bucket: 30 * 60_000 };
+        const want = { sum: 6 + 10 * 600, count: 603, min: 1, max: 10, avg: (6 + 6000) / 603 };
+        // The samples of whole minutes go, their rollups stay: a query that still counts them did not read them.
+        const series = (await dbOf(store).selectFrom("telemetry_series").select("id").where("public_key", "=", k).executeTakeFirstOrThrow()).id;
+        await dbOf(store).deleteFrom("telemetry_samples").where("series_id", "=", series).where("observed_at", ">=", 120_000).execute();
+        for (const fn of ["sum", "count", "min", "max", "avg"] as const) {
+          const got = await store.read((r) => r.telemetry.aggregate({ ...q, fn }));
+          assert.deepEqual(got, [{ t: q.start, value: want[fn] }], fn);
+        }
+      });
+
       test("aggregate window boundaries are exact: [start, end)", async () => {
         const k = await newPeer();
         await store.transaction((tx) =>

@@ -107,7 +107,12 @@ export class AuthService {
     const expiresAt = session.createdAt + PRIMARY_SESSION_TTL_MS;
     await this.ctx.store.transaction(async (tx) => {
       await claimNonce(tx);
-      if (!caller) await tx.peers.register(newPeer(key, session.createdAt));
+      // Read again, kept until the commit: the operator may have removed the peer since `caller`
+      // was read, and its session would then name no peer.
+      if (!(await tx.peers.getForShare(key))) {
+        if (caller) this.checkRegistrationPolicy(registrationToken);
+        await tx.peers.register(newPeer(key, session.createdAt));
+      }
       await tx.locks.take(`sessions:${key}`);
       // The newest sessions win: the oldest beyond the cap are signed out.
       await tx.sessions.trimPrimary(key, session.createdAt, this.ctx.config.limits.primarySessionsPerDevice - 1);

@@ -13,6 +13,8 @@ import { DomainError } from "./errors.ts";
 
 export const DEFAULT_RANGE_LIMIT = 240;
 export const MAX_BUCKETS = 1000;
+/** The widest time a Date holds (±100,000,000 days): a sample's time must be a whole millisecond within it. */
+const MAX_TIME_MS = 8.64e15;
 
 export interface TimeWindow {
   start_time_ms?: number | undefined;
@@ -39,9 +41,12 @@ export class TelemetryService {
 
   /**
    * Stores validated samples and, in the same transaction, merges battery and GNSS values into the
-   * status document when they are newer than its `reported_at`. Booleans arrive as 0/1.
+   * status document when they are newer than its `reported_at`. Booleans arrive as 0/1. A batch
+   * with a time outside what a Date holds is refused whole (its status time could not be written).
    */
   async record(publicKey: string, samples: Array<{ field: TelemetryField; observedAt: number; value: number }>): Promise<void> {
+    const outside = samples.find((s) => !Number.isInteger(s.observedAt) || Math.abs(s.observedAt) > MAX_TIME_MS);
+    if (outside) throw new DomainError("invalid", "INVALID_TELEMETRY", `observed_at ${outside.observedAt} is not a millisecond a date can hold`);
     const newest = new Map<keyof PeerStatus, { at: number; value: unknown }>();
     for (const s of samples) {
       const mapping = STATUS_FROM_TELEMETRY[s.field];

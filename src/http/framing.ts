@@ -5,7 +5,7 @@ import { JSON_CONTENT_TYPE } from "./json.ts";
 
 /** An answer Node's HTTP parser or timers force before the app sees a request. */
 export interface FramingError {
-  status: 400 | 408 | 413 | 431;
+  status: 400 | 408 | 413 | 417 | 431;
   code: string;
   message: string;
 }
@@ -16,6 +16,10 @@ const BY_NODE_CODE: Record<string, FramingError> = {
   ERR_HTTP_REQUEST_TIMEOUT: { status: 408, code: "REQUEST_TIMEOUT", message: "the request was not received in time" },
 };
 const MALFORMED: FramingError = { status: 400, code: "INVALID_REQUEST", message: "the request is not well-formed HTTP/1.1" };
+/** A CONNECT request (Node would close the connection without a word). */
+export const CONNECT_REFUSED: FramingError = { status: 400, code: "INVALID_REQUEST", message: "CONNECT is not supported" };
+/** An `Expect` other than 100-continue (Node would answer a bare 417). */
+export const EXPECTATION_FAILED: FramingError = { status: 417, code: "EXPECTATION_FAILED", message: "the only expectation supported is 100-continue" };
 
 /** How long a connection answered with a framing error may take to read the answer before it is dropped. */
 const LINGER_MS = 1_000;
@@ -30,6 +34,17 @@ export function framingError(code: string | undefined): FramingError {
 /** `ErrorResponse` for a framing error, as JSON text. */
 export function framingErrorBody(f: FramingError): string {
   return JSON.stringify({ error: { code: f.code, message: f.message } });
+}
+
+/** The headers of a framing error's answer, which closes the connection. */
+export function framingErrorHeaders(body: string, requestId: string): Record<string, string> {
+  return {
+    "Content-Type": JSON_CONTENT_TYPE,
+    "Content-Length": String(Buffer.byteLength(body)),
+    "X-Request-ID": requestId,
+    "Access-Control-Allow-Origin": "*",
+    Connection: "close",
+  };
 }
 
 /**
@@ -48,15 +63,18 @@ export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): (
     return undefined;
   }
   const f = framingError(err.code);
+  return { ...f, requestId: answerOnSocket(socket, f), inFlight: inFlight !== undefined };
+}
+
+/** Writes `f` on a socket no response was started on, closes it, and returns the request id. */
+export function answerOnSocket(socket: Duplex, f: FramingError): string {
+  answered.add(socket);
   const requestId = randomUUID();
   const body = framingErrorBody(f);
-  socket.end(
-    `HTTP/1.1 ${f.status} ${STATUS_CODES[f.status]}\r\n` +
-      `Content-Type: ${JSON_CONTENT_TYPE}\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
-      `X-Request-ID: ${requestId}\r\nAccess-Control-Allow-Origin: *\r\nConnection: close\r\n\r\n${body}`,
-  );
+  const headers = Object.entries(framingErrorHeaders(body, requestId)).map(([name, value]) => `${name}: ${value}\r\n`);
+  socket.end(`HTTP/1.1 ${f.status} ${STATUS_CODES[f.status]}\r\n${headers.join("")}\r\n${body}`);
   const linger = setTimeout(() => socket.destroy(), LINGER_MS);
   linger.unref();
   socket.once("close", () => clearTimeout(linger));
-  return { ...f, requestId, inFlight: inFlight !== undefined };
+  return requestId;
 }

@@ -3,8 +3,16 @@ import { createServer, type Server } from "node:http";
 import type { Socket } from "node:net";
 import { getRequestListener } from "@hono/node-server";
 import type { Logger } from "pino";
-import { answerClientError, framingError, framingErrorBody } from "./framing.ts";
-import { JSON_CONTENT_TYPE } from "./json.ts";
+import {
+  answerClientError,
+  answerOnSocket,
+  CONNECT_REFUSED,
+  EXPECTATION_FAILED,
+  type FramingError,
+  framingError,
+  framingErrorBody,
+  framingErrorHeaders,
+} from "./framing.ts";
 import type { Metrics } from "./metrics.ts";
 
 export interface HttpServerOptions {
@@ -19,7 +27,8 @@ export interface HttpServerOptions {
 
 /**
  * The Node HTTP/1.1 server around the app: bounded request time and connection count, and the
- * answers Node gives before the app runs (bad framing, timeouts, oversized headers) in the
+ * answers Node gives before the app runs (bad framing, timeouts, oversized headers, no Host,
+ * CONNECT, an unsupported expectation) in the
  * `ErrorResponse` envelope. DataChannel streams are served by the same server
  * (`server.emit("connection", stream)`), so they get the same parser and the same bounds.
  */
@@ -28,10 +37,9 @@ export function createHttpServer(o: HttpServerOptions): Server {
     // A request Node parsed but the adapter cannot turn into a URL (a bad Host, a backslash in the path).
     errorHandler: () => {
       const f = framingError(undefined);
-      return new Response(framingErrorBody(f), {
-        status: f.status,
-        headers: { "Content-Type": JSON_CONTENT_TYPE, "X-Request-ID": randomUUID(), "Access-Control-Allow-Origin": "*", Connection: "close" },
-      });
+      const body = framingErrorBody(f);
+      const headers = framingErrorHeaders(body, randomUUID());
+      return new Response(body, { status: f.status, headers });
     },
   });
   const server = createServer(
@@ -40,19 +48,28 @@ export function createHttpServer(o: HttpServerOptions): Server {
       headersTimeout: o.requestTimeoutMs,
       // Node checks the two timeouts this often (30 s by default, which would stretch a short timeout).
       connectionsCheckingInterval: Math.min(1_000, Math.max(10, Math.floor(o.requestTimeoutMs / 4))),
+      // Node would answer a missing Host with a bare 400; the adapter refuses it through errorHandler, in the envelope.
+      requireHostHeader: false,
     },
     listener,
   );
   server.maxConnections = o.maxConnections;
+  const refused = (f: FramingError, requestId: string, socket: unknown, counted = true) => {
+    if (counted) o.metrics.observe("", "unmatched", f.status, 0);
+    const client = (socket as Partial<Socket> | null)?.remoteAddress;
+    o.logger.info({ req_id: requestId, status: f.status, code: f.code, client }, "request refused before routing");
+  };
   server.on("clientError", (err: NodeJS.ErrnoException, socket) => {
     const answer = answerClientError(err, socket);
-    if (!answer) return;
     // A request in flight is counted by the app when its handler ends (as a closed request).
-    if (!answer.inFlight) o.metrics.observe("", "unmatched", answer.status, 0);
-    o.logger.info(
-      { req_id: answer.requestId, status: answer.status, code: answer.code, client: (socket as Partial<Socket>).remoteAddress },
-      "request refused before routing",
-    );
+    if (answer) refused(answer, answer.requestId, socket, !answer.inFlight);
+  });
+  server.on("connect", (_req, socket) => refused(CONNECT_REFUSED, answerOnSocket(socket, CONNECT_REFUSED), socket));
+  server.on("checkExpectation", (_req, res) => {
+    const requestId = randomUUID();
+    const body = framingErrorBody(EXPECTATION_FAILED);
+    res.writeHead(EXPECTATION_FAILED.status, framingErrorHeaders(body, requestId)).end(body);
+    refused(EXPECTATION_FAILED, requestId, res.socket);
   });
   return server;
 }

@@ -85,10 +85,22 @@ export function clientClosedRequest(c: Context<AppEnv>): boolean {
   return c.req.raw.signal?.aborted === true;
 }
 
-/** Refuses a body that is not declared JSON (the validators would otherwise read a missing body as `{}`). */
+const UTF8 = new TextDecoder("utf-8", { fatal: true });
+
+/**
+ * Refuses a body that is not declared JSON (the validators would otherwise read a missing body as
+ * `{}`), or that is not well-formed UTF-8: read leniently, each bad byte would become U+FFFD, so
+ * distinct bodies would store the same text and the echo would differ from what was sent.
+ */
 export const requireJson: MiddlewareHandler<AppEnv> = async (c, next) => {
   const type = requestHeader(c, "content-type")?.split(";")[0]?.trim().toLowerCase();
   if (type !== "application/json") throw new ApiError(415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/json");
+  try {
+    // Hono keeps the bytes, so the validator parses them without reading the body again.
+    UTF8.decode(await c.req.arrayBuffer());
+  } catch {
+    throw new ApiError(400, "INVALID_REQUEST", "the body is not well-formed UTF-8");
+  }
   await next();
 };
 

@@ -172,11 +172,12 @@ export const TELEMETRY_FIELDS = [
 export const TelemetryField = z.enum(TELEMETRY_FIELDS).openapi("TelemetryField");
 export type TelemetryField = z.infer<typeof TelemetryField>;
 
-/** An integer query parameter: the text must be a plain decimal integer. */
+/** An integer query parameter: the text must be a plain decimal integer that a double holds exactly. */
 const intParam = (description: string) =>
   z
     .string()
     .regex(/^-?\d{1,16}$/, "must be a decimal integer")
+    .refine((text) => Number.isSafeInteger(Number(text)), "must be within ±(2^53 − 1)")
     .transform(Number)
     .openapi({ type: "integer", description });
 

@@ -1,7 +1,8 @@
 /**
  * What may reach the store as text or JSON, the same on both databases: PostgreSQL cannot store
  * NUL, and a lone surrogate would be stored as U+FFFD, so two distinct values could collide and an
- * echo differ from what was stored. Prototype keys are refused because parsing drops them silently.
+ * echo differ from what was stored. Prototype keys are refused because parsing drops them silently,
+ * and numbers beyond a double because they parse as infinities, which serialise as null.
  */
 
 /** The deepest nesting accepted in a free-form JSON document (`details` of a status): 32 levels. */
@@ -21,7 +22,7 @@ export interface JsonProblem {
 
 /**
  * The first reason a parsed JSON value may not be stored: nested deeper than `maxDepth`, a string
- * or key that is not storable text, or a `__proto__` key. Walks without recursion, so a hostile
+ * or key that is not storable text, a number that is not finite, or a `__proto__` key. Walks without recursion, so a hostile
  * depth cannot exhaust the stack.
  */
 export function jsonProblem(value: unknown, maxDepth = MAX_JSON_DEPTH): JsonProblem | undefined {
@@ -32,6 +33,7 @@ export function jsonProblem(value: unknown, maxDepth = MAX_JSON_DEPTH): JsonProb
       if (!isStorableText(v)) return { path, message: STORABLE_TEXT_MESSAGE };
       continue;
     }
+    if (typeof v === "number" && !Number.isFinite(v)) return { path, message: "numbers must be finite (within a double's range)" };
     if (v === null || typeof v !== "object") continue;
     if (depth >= maxDepth) return { path, message: `nested deeper than ${maxDepth} levels` };
     if (Array.isArray(v)) {

@@ -20,6 +20,15 @@ export class PeerRepository {
     return (await peerByKey(this.db, this.dialect, publicKey))[0];
   }
 
+  /**
+   * The peer, kept from removal until the transaction ends (a key-share lock on PostgreSQL, which
+   * still lets it be blocked; SQLite write transactions run one at a time).
+   */
+  getForShare(publicKey: string): Promise<PeerRow | undefined> {
+    const q = this.db.selectFrom("peers").selectAll().where("public_key", "=", publicKey);
+    return (this.dialect === "postgres" ? q.forKeyShare() : q).executeTakeFirst();
+  }
+
   list(): Promise<PeerRow[]> {
     return this.db.selectFrom("peers").selectAll().orderBy("created_at").orderBy("public_key").execute();
   }

@@ -17,8 +17,8 @@ export interface Point {
 /**
  * Each series keeps a rollup per minute (count, sum, min, max), recomputed from the minute's
  * samples as they arrive, so an aggregate reads whole minutes from the rollups and only the
- * partial minutes at each bucket's ends from the samples. Samples before 1970 are not rolled up;
- * a window that starts before then is aggregated from the samples.
+ * partial minutes at each bucket's ends from the samples. Samples before 1970 are not rolled up:
+ * what a bucket holds before then is read from the samples.
  */
 const ROLLUP_MS = 60_000;
 
@@ -191,19 +191,15 @@ export class TelemetryRepository {
     const b = sql`${least}(${a} + ${big(q.bucket)}, ${big(q.end)})`;
     const buckets = sql`with recursive buckets(i) as (select 0 union all select i + 1 from buckets where i + 1 < ${Math.ceil((q.end - q.start) / q.bucket)})`;
     const samples = (from: unknown, to: unknown) => sql`from telemetry_samples where series_id = ${id} and observed_at >= ${from} and observed_at < ${to}`;
-    if (q.fn === "last" || q.start < 0) {
-      const value =
-        q.fn === "last"
-          ? sql`(select value ${samples(a, b)} order by observed_at desc limit 1)`
-          : sql`(select ${sql.raw(q.fn === "count" ? "count(*)" : `${q.fn}(value)`)} ${samples(a, b)})`;
-      const count = q.fn === "last" ? sql`1` : sql`(select count(*) ${samples(a, b)})`;
-      const rows = await this.run(
-        sql<{ i: number; n: number; v: number | null }>`${buckets} select i, ${count} as n, ${value} as v from buckets order by i`.compile(this.db),
-      );
-      return rows.filter((r) => r.v !== null && Number(r.n) > 0).map((r) => ({ t: q.start + Number(r.i) * q.bucket, value: Number(r.v) }));
+    if (q.fn === "last") {
+      const last = sql`(select value ${samples(a, b)} order by observed_at desc limit 1)`;
+      const rows = await this.run(sql<{ i: number; v: number | null }>`${buckets} select i, ${last} as v from buckets order by i`.compile(this.db));
+      return rows.filter((r) => r.v !== null).map((r) => ({ t: q.start + Number(r.i) * q.bucket, value: Number(r.v) }));
     }
-    // Whole minutes [a', b') come from the rollups; the partial minutes at either end from the samples.
-    const a1 = sql`((${a} + ${big(ROLLUP_MS - 1)}) / ${big(ROLLUP_MS)}) * ${big(ROLLUP_MS)}`;
+    // Whole minutes [a', b') come from the rollups; the partial minutes at either end, and anything
+    // before 1970 (a' is never below 0), from the samples. Integer division truncates: for a
+    // negative b, b' lies after b and the rollup and tail ranges are empty.
+    const a1 = sql`${greatest}(((${a} + ${big(ROLLUP_MS - 1)}) / ${big(ROLLUP_MS)}) * ${big(ROLLUP_MS)}, 0)`;
     const b1 = sql`(${b} / ${big(ROLLUP_MS)}) * ${big(ROLLUP_MS)}`;
     const head = samples(a, sql`${least}(${a1}, ${b})`);
     const tail = samples(sql`${greatest}(${a1}, ${b1})`, b);

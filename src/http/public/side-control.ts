@@ -38,6 +38,17 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
   const authErrors = errors(401, 403);
   const target = (c: { get(key: "principal"): unknown }) => (c.get("principal") as SideControlPrincipal).targetKey;
   const contactName = z.object({ name: z.string().openapi({ description: "the contact's name (URL-encoded)" }) });
+  // A segment that is not percent-encoded UTF-8 is kept as it came by the router ("%FF" would be
+  // the name "%FF", whose URL is %25FF): it names no contact, and "" is no contact's name.
+  const nameOf = (c: { req: { path: string; valid(target: "param"): { name: string } } }) => {
+    const segment = c.req.path.slice(c.req.path.lastIndexOf("/") + 1);
+    try {
+      decodeURIComponent(segment);
+    } catch {
+      return "";
+    }
+    return c.req.valid("param").name;
+  };
 
   app.openapi(
     createRoute({
@@ -132,7 +143,7 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       request: { params: contactName },
       responses: { 200: json(Contact, "The contact"), ...authErrors, ...errors(404) },
     }),
-    async (c) => c.json(await domain.contacts.get(target(c), c.req.valid("param").name), 200, JSON_UTF8),
+    async (c) => c.json(await domain.contacts.get(target(c), nameOf(c)), 200, JSON_UTF8),
   );
 
   app.openapi(
@@ -143,7 +154,7 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       request: { params: contactName, body: jsonBody(ContactUpdate) },
       responses: { 200: json(Contact, "The contact"), ...authErrors, ...errors(400, 404, 409, 413, 415) },
     }),
-    async (c) => c.json(await domain.contacts.update(target(c), c.req.valid("param").name, c.req.valid("json")), 200, JSON_UTF8),
+    async (c) => c.json(await domain.contacts.update(target(c), nameOf(c), c.req.valid("json")), 200, JSON_UTF8),
     invalid("INVALID_CONTACT"),
   );
 
@@ -154,6 +165,6 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       request: { params: contactName },
       responses: { 200: json(Contact, "The deleted contact"), ...authErrors, ...errors(404) },
     }),
-    async (c) => c.json(await domain.contacts.delete(target(c), c.req.valid("param").name), 200, JSON_UTF8),
+    async (c) => c.json(await domain.contacts.delete(target(c), nameOf(c)), 200, JSON_UTF8),
   );
 }
