@@ -162,7 +162,7 @@ export const ConfigSchema = z
     telemetry: z
       .strictObject({
         /** Samples older than this are deleted by the cleanup job. */
-        retentionDays: z.number().positive().default(30),
+        retentionDays: z.number().positive().max(36_500).default(30),
       })
       .default({ retentionDays: 30 }),
     providers: z.array(ProviderConfig).default([]),

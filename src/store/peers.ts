@@ -48,15 +48,6 @@ export class PeerRepository {
     return r.numUpdatedRows > 0n;
   }
 
-  /** Takes the peer's row lock for the rest of the transaction (serialises per-peer quotas across nodes). */
-  async lock(publicKey: string): Promise<void> {
-    await this.db
-      .updateTable("peers")
-      .set((eb) => ({ updated_at: eb.ref("updated_at") }))
-      .where("public_key", "=", publicKey)
-      .execute();
-  }
-
   /**
    * Removes the peer; the foreign keys cascade to everything that belongs to it. Its sessions as
    * a controller of other devices are not the other devices' data, so they are deleted here.
