@@ -1,8 +1,10 @@
 /**
  * `npm run bench -- compat`: one fake OpenAI-compatible provider on loopback (its own process) and
  * one `perch serve` in front of it; every figure is measured directly against the provider and
- * through Perch side by side, in the same run. With `--sdk`, also an in-process comparison of the
- * pass-through with the AI SDK's openai-compatible provider (see docs/decisions.md).
+ * through Perch side by side, in the same run. With `--anchors`, Portkey's open-source gateway (from
+ * its own package, bench/anchors) is measured the same way beside them. With `--sdk`, also an
+ * in-process comparison of the pass-through with the AI SDK's openai-compatible provider (see
+ * docs/decisions.md).
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -12,6 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { AiSdkProvider } from "../src/ai/providers/ai-sdk.ts";
 import { OpenAIProvider } from "../src/ai/providers/openai.ts";
+import { type Portkey, startPortkey } from "./portkey.ts";
 import { benchConfig, DURATION_S, load, ROOT, round, startServer, withCpu } from "./support.ts";
 
 const LATENCY_REQUESTS = Number(process.env.BENCH_LATENCY_REQUESTS ?? 2000);
@@ -24,88 +27,147 @@ const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
 interface Target {
   name: string;
-  /** Base URL ending in /v1 (direct) or /openai/v1 (Perch). */
+  /** Base URL ending in /v1 (direct, Portkey) or /openai/v1 (Perch). */
   base: string;
   headers: Record<string, string>;
+  /** Model names for the short answer and the 500-chunk stream, as this target knows them. */
+  short: string;
+  long: string;
 }
 
 export async function compatBench(): Promise<unknown> {
   const sdk = process.argv.includes("--sdk");
+  const anchors = process.argv.includes("--anchors");
   const upstream = await startUpstream();
   const dataDir = mkdtempSync(join(tmpdir(), "perch-bench-compat-"));
   const keyHash = createHash("sha256").update(API_KEY).digest("hex");
-  const perch = await startServer({
-    PERCH_DATA_DIR: dataDir,
-    PERCH_LOG_LEVEL: "warn",
-    ...benchConfig(dataDir, {
-      providers: [{ id: "upstream", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
-      models: [
-        { id: "chat", kind: "chat", provider: "upstream", upstream_model: "short" },
-        { id: "long", kind: "chat", provider: "upstream", upstream_model: `chunks-${CHUNKS}` },
-      ],
-      api_keys: [{ name: "bench", sha256: keyHash }],
-    }),
-  });
+  let portkey: Portkey | undefined;
   try {
-    const direct: Target = { name: "direct", base: upstream.url, headers: {} };
-    const through: Target = { name: "perch", base: `${perch.url}/openai/v1`, headers: { authorization: `Bearer ${API_KEY}` } };
-    const body = (model: string, stream: boolean) => JSON.stringify({ model, messages: [{ role: "user", content: "Say something short." }], stream });
-
-    // Warm both paths (JIT, keep-alive sockets).
-    for (let i = 0; i < 300; i++) {
-      await request(direct, body("short", false));
-      await request(through, body("chat", false));
-    }
-
-    const latency = await sideBySide(LATENCY_REQUESTS, direct, through, (t) => request(t, body(t === direct ? "short" : "chat", false)));
-    const ttfb = await sideBySide(STREAM_REQUESTS, direct, through, (t) => firstChunk(t, body(t === direct ? "short" : "chat", true)));
-    const long = await sideBySide(LONG_STREAMS, direct, through, (t) => request(t, body(t === direct ? `chunks-${CHUNKS}` : "long", true)));
-
-    const loadOf = (t: Target, model: string) => ({
-      url: `${t.base}/chat/completions`,
-      method: "POST" as const,
-      headers: { ...t.headers, "content-type": "application/json" },
-      body: body(model, false),
+    const perch = await startServer({
+      PERCH_DATA_DIR: dataDir,
+      PERCH_LOG_LEVEL: "warn",
+      ...benchConfig(dataDir, {
+        providers: [{ id: "upstream", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
+        models: [
+          { id: "chat", kind: "chat", provider: "upstream", upstream_model: "short" },
+          { id: "long", kind: "chat", provider: "upstream", upstream_model: `chunks-${CHUNKS}` },
+        ],
+        api_keys: [{ name: "bench", sha256: keyHash }],
+      }),
     });
-    const directLoad = await withCpu(upstream.child.pid!, () => load("non-streaming chat, direct to the provider", loadOf(direct, "short")));
-    const perchLoad = await withCpu(perch.child.pid!, () => load("non-streaming chat through Perch", loadOf(through, "chat")));
+    try {
+      const direct: Target = { name: "direct", base: upstream.url, headers: {}, short: "short", long: `chunks-${CHUNKS}` };
+      const through: Target = { name: "perch", base: `${perch.url}/openai/v1`, headers: { authorization: `Bearer ${API_KEY}` }, short: "chat", long: "long" };
+      const targets = [direct, through];
+      let anchorStatus: Record<string, unknown> | undefined;
+      let viaPortkey: Target | undefined;
+      if (anchors) {
+        const started = await startPortkey(upstream.url);
+        if (started.ok) {
+          portkey = started.portkey;
+          viaPortkey = { name: "portkey", base: portkey.base, headers: portkey.headers, short: "short", long: `chunks-${CHUNKS}` };
+          targets.push(viaPortkey);
+          anchorStatus = { portkey: { status: "measured", ...portkey.versions } };
+        } else {
+          process.stderr.write(`compat bench: Portkey not measured: ${started.reason}\n`);
+          anchorStatus = { portkey: { status: "unavailable", reason: started.reason } };
+        }
+      }
+      const body = (model: string, stream: boolean) => JSON.stringify({ model, messages: [{ role: "user", content: "Say something short." }], stream });
 
-    const result: Record<string, unknown> = {
-      suite: "compat",
-      duration_s_per_load: DURATION_S,
-      non_streaming_c1: {
-        requests_each: LATENCY_REQUESTS,
-        direct_ms: latency.direct,
-        perch_ms: latency.perch,
-        overhead_ms: { p50: round3(latency.perch.p50 - latency.direct.p50), p99: round3(latency.perch.p99 - latency.direct.p99) },
-        ratio_p50: round(latency.perch.p50 / latency.direct.p50),
-      },
-      non_streaming_c32: {
-        direct: directLoad,
-        perch: perchLoad,
-        perch_over_direct_rps: round(perchLoad.requests_per_second / directLoad.requests_per_second),
-      },
-      streaming_first_chunk: {
-        requests_each: STREAM_REQUESTS,
-        direct_ms: ttfb.direct,
-        perch_ms: ttfb.perch,
-        overhead_ms_p50: round3(ttfb.perch.p50 - ttfb.direct.p50),
-      },
-      streaming_relay: {
-        chunks: CHUNKS,
-        streams_each: LONG_STREAMS,
-        direct_ms: long.direct,
-        perch_ms: long.perch,
-        overhead_us_per_chunk_p50: round3(((long.perch.p50 - long.direct.p50) * 1000) / CHUNKS),
-      },
-    };
-    if (sdk) result.in_process_pass_through_vs_ai_sdk = await passThroughVsSdk(upstream.url);
-    return result;
+      // Warm every path (JIT, keep-alive sockets).
+      for (let i = 0; i < 300; i++) for (const t of targets) await request(t, body(t.short, false));
+
+      const latency = await sideBySide(LATENCY_REQUESTS, targets, (t) => request(t, body(t.short, false)));
+      const ttfb = await sideBySide(STREAM_REQUESTS, targets, (t) => firstChunk(t, body(t.short, true)));
+      const long = await sideBySide(LONG_STREAMS, targets, (t) => request(t, body(t.long, true)));
+
+      const loadOf = (t: Target) => ({
+        url: `${t.base}/chat/completions`,
+        method: "POST" as const,
+        headers: { ...t.headers, "content-type": "application/json" },
+        body: body(t.short, false),
+      });
+      const directLoad = await withCpu(upstream.child.pid!, () => load("non-streaming chat, direct to the provider", loadOf(direct)));
+      const perchLoad = await withCpu(perch.child.pid!, () => load("non-streaming chat through Perch", loadOf(through)));
+      const portkeyLoad =
+        portkey && viaPortkey ? await withCpu(portkey.child.pid!, () => load("non-streaming chat through Portkey's gateway", loadOf(viaPortkey))) : undefined;
+
+      const d = (m: Timings) => m.direct!;
+      const result: Record<string, unknown> = {
+        suite: "compat",
+        duration_s_per_load: DURATION_S,
+        ...(anchorStatus ? { anchors: anchorStatus } : {}),
+        non_streaming_c1: {
+          requests_each: LATENCY_REQUESTS,
+          direct_ms: d(latency),
+          perch_ms: latency.perch,
+          overhead_ms: overhead(latency, "perch"),
+          ratio_p50: round(latency.perch!.p50 / d(latency).p50),
+          ...(latency.portkey
+            ? { portkey_ms: latency.portkey, portkey_overhead_ms: overhead(latency, "portkey"), portkey_ratio_p50: round(latency.portkey.p50 / d(latency).p50) }
+            : {}),
+        },
+        non_streaming_c32: {
+          direct: directLoad,
+          perch: perchLoad,
+          perch_over_direct_rps: round(perchLoad.requests_per_second / directLoad.requests_per_second),
+          ...(portkeyLoad
+            ? {
+                portkey: portkeyLoad,
+                portkey_over_direct_rps: round(portkeyLoad.requests_per_second / directLoad.requests_per_second),
+                perch_over_portkey_rps: round(perchLoad.requests_per_second / portkeyLoad.requests_per_second),
+                perch_over_portkey_goal_2x_met: perchLoad.requests_per_second >= 2 * portkeyLoad.requests_per_second,
+              }
+            : {}),
+        },
+        streaming_first_chunk: {
+          requests_each: STREAM_REQUESTS,
+          direct_ms: d(ttfb),
+          perch_ms: ttfb.perch,
+          overhead_ms_p50: overhead(ttfb, "perch").p50,
+          ...(ttfb.portkey ? { portkey_ms: ttfb.portkey, portkey_overhead_ms_p50: overhead(ttfb, "portkey").p50 } : {}),
+        },
+        streaming_relay: {
+          chunks: CHUNKS,
+          streams_each: LONG_STREAMS,
+          direct_ms: d(long),
+          perch_ms: long.perch,
+          overhead_us_per_chunk_p50: perChunkUs(long, "perch"),
+          // The same with the first-chunk overhead (streaming_first_chunk) taken out: the relay alone.
+          overhead_us_per_chunk_p50_less_first_chunk: perChunkUs(long, "perch", ttfb),
+          ...(long.portkey
+            ? {
+                portkey_ms: long.portkey,
+                portkey_overhead_us_per_chunk_p50: perChunkUs(long, "portkey"),
+                portkey_overhead_us_per_chunk_p50_less_first_chunk: perChunkUs(long, "portkey", ttfb),
+              }
+            : {}),
+        },
+      };
+      if (sdk) result.in_process_pass_through_vs_ai_sdk = await passThroughVsSdk(upstream.url);
+      return result;
+    } finally {
+      await perch.stop();
+    }
   } finally {
-    await perch.stop();
+    await portkey?.stop();
     upstream.child.kill("SIGTERM");
     rmSync(dataDir, { recursive: true, force: true });
   }
+}
+
+type Timings = Record<string, { p50: number; p99: number }>;
+
+/** A target's p50 and p99 minus the direct call's (milliseconds). */
+function overhead(m: Timings, name: string): { p50: number; p99: number } {
+  return { p50: round3(m[name]!.p50 - m.direct!.p50), p99: round3(m[name]!.p99 - m.direct!.p99) };
+}
+
+/** A target's p50 over the direct 500-chunk stream, in microseconds a chunk; less its first-chunk overhead when given. */
+function perChunkUs(m: Timings, name: string, first?: Timings): number {
+  const fixed = first ? first[name]!.p50 - first.direct!.p50 : 0;
+  return round3(((m[name]!.p50 - m.direct!.p50 - fixed) * 1000) / CHUNKS);
 }
 
 function round3(x: number): number {
@@ -126,14 +188,11 @@ async function startUpstream(): Promise<{ url: string; child: ChildProcess }> {
   return { url, child };
 }
 
-/** Alternates direct and Perch calls one by one, so drift affects both alike; milliseconds per call. */
-async function sideBySide(n: number, a: Target, b: Target, call: (t: Target) => Promise<number>) {
-  const times = { direct: [] as number[], perch: [] as number[] };
-  for (let i = 0; i < n; i++) {
-    times.direct.push(await call(a));
-    times.perch.push(await call(b));
-  }
-  return { direct: precise(times.direct), perch: precise(times.perch) };
+/** Alternates the targets call by call, so drift affects all alike; milliseconds per call, by target name. */
+async function sideBySide(n: number, targets: Target[], call: (t: Target) => Promise<number>): Promise<Timings> {
+  const times = new Map<Target, number[]>(targets.map((t) => [t, []]));
+  for (let i = 0; i < n; i++) for (const t of targets) times.get(t)!.push(await call(t));
+  return Object.fromEntries(targets.map((t) => [t.name, precise(times.get(t)!)]));
 }
 
 function precise(samples: number[]): { p50: number; p99: number } {
