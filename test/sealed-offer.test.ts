@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { base64urlnopad } from "@scure/base";
 import { keyPairFromPrivate, privateKeyObject, sharedSecret } from "../src/crypto/keys.ts";
-import { deriveSealingKeys, parseNonce, SealedExchange, SealError } from "../src/crypto/sealed-offer.ts";
+import { deriveSealingKeys, parseNonce, SealError, SealedExchange } from "../src/crypto/sealed-offer.ts";
 
 // The contract's vectors (vectors.json "keys" and "sealed_offer"), copied verbatim.
 const V = {

@@ -86,7 +86,12 @@ export class SealedExchange {
   }
 
   sealResponse(answerSdp: string): Buffer {
-    return seal(this.keys.responseKey, this.keys.responseNonce, sealingAad(this.publicKey, this.timestamp, this.nonceText, true), Buffer.from(answerSdp, "utf8"));
+    return seal(
+      this.keys.responseKey,
+      this.keys.responseNonce,
+      sealingAad(this.publicKey, this.timestamp, this.nonceText, true),
+      Buffer.from(answerSdp, "utf8"),
+    );
   }
 
   openResponse(body: Uint8Array): string {
