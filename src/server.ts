@@ -7,11 +7,15 @@ import type { Config } from "./config/config.ts";
 import { loadOrCreateServerKey } from "./config/server-key.ts";
 import { encodeKey, privateKeyObject } from "./crypto/keys.ts";
 import { type Clock, systemClock } from "./domain/clock.ts";
+import { DomainError } from "./domain/errors.ts";
 import { Domain } from "./domain/index.ts";
 import { serverInfo } from "./domain/server-info.ts";
 import { createApp } from "./http/app.ts";
 import { Metrics } from "./http/metrics.ts";
+import type { WebRtcPort } from "./http/public/webrtc.ts";
 import { Store } from "./store/index.ts";
+import { startTransport } from "./transport/start.ts";
+import type { WebRtcTransport } from "./transport/transport.ts";
 
 export interface StartOptions {
   config: Config;
@@ -25,6 +29,8 @@ export interface RunningServer {
   port: number;
   domain: Domain;
   store: Store;
+  /** The WebRTC transport, when this node answers offers. */
+  transport: WebRtcTransport | undefined;
   /** Stops accepting, lets in-flight requests finish, then closes the store. */
   close(): Promise<void>;
 }
@@ -46,7 +52,16 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const domain = new Domain({ store, clock, config, serverKey });
   const metrics = new Metrics(() => store.sessions.countLive(clock.now()));
   const build = buildInfo();
-  const identity = { version: build.version, buildCommit: build.commit, ice: { udp: false, tcp: false } };
+  const webrtcEnabled = config.webrtc.enabled;
+  const identity = { version: build.version, buildCommit: build.commit, ice: { udp: webrtcEnabled, tcp: false } };
+  let transport: WebRtcTransport | undefined;
+  const webrtc: WebRtcPort = {
+    answer: (offer, timing) => {
+      if (!transport) throw new DomainError("unavailable", "CAPACITY_EXCEEDED", "the transport is not running", undefined, 1);
+      return transport.answer(offer, timing);
+    },
+    playTone: (key, frequency, duration) => transport?.playTone(key, frequency, duration),
+  };
 
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
@@ -56,6 +71,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     logger,
     metrics,
     version: build.version,
+    webrtc: webrtcEnabled ? webrtc : undefined,
     // A wildcard listen address is not one a client can dial, so then the request's Host is used.
     serverInfo: (host) => serverInfo(domain.ctx, identity, config.publicEndpoint ?? (wildcard ? (host ?? hostPort("127.0.0.1")) : hostPort(config.host))),
   });
@@ -65,6 +81,15 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     s.once("error", reject);
   });
   port = (server.address() as AddressInfo).port;
+  if (webrtcEnabled) {
+    try {
+      transport = await startTransport(config, { domain, logger, registry: metrics.registry, httpPort: port, publicApi: app.fetch });
+    } catch (err) {
+      server.close();
+      await store.close();
+      throw err;
+    }
+  }
 
   const cleanup = setInterval(() => {
     store.deleteExpired(clock.now()).catch((err) => logger.warn({ err }, "cleanup of expired rows failed"));
@@ -82,9 +107,11 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     port,
     domain,
     store,
+    transport,
     close() {
       closing ??= (async () => {
         clearInterval(cleanup);
+        await transport?.close();
         await new Promise<void>((resolve) => {
           server.close(() => resolve());
           if ("closeIdleConnections" in server) {

@@ -7,12 +7,19 @@ import {
   type TelemetryLatest,
   type TelemetryRange,
 } from "../protocol/public.ts";
+import type { Repositories } from "../store/index.ts";
 import type { Sample } from "../store/telemetry.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 
 export const DEFAULT_RANGE_LIMIT = 240;
 export const MAX_BUCKETS = 1000;
+
+export interface TelemetrySample {
+  field: TelemetryField;
+  observedAt: number;
+  value: number;
+}
 
 export interface TimeWindow {
   start_time_ms?: number | undefined;
@@ -41,7 +48,18 @@ export class TelemetryService {
    * Stores validated samples and, in the same transaction, merges battery and GNSS values into the
    * status document when they are newer than its `reported_at`. Booleans arrive as 0/1.
    */
-  async record(publicKey: string, samples: Array<{ field: TelemetryField; observedAt: number; value: number }>): Promise<void> {
+  record(publicKey: string, samples: TelemetrySample[]): Promise<void> {
+    return this.recordMany([{ publicKey, samples }]);
+  }
+
+  /** `record` for several peers in one transaction (the transport batches its packets this way). */
+  async recordMany(batch: Array<{ publicKey: string; samples: TelemetrySample[] }>): Promise<void> {
+    await this.ctx.store.transaction(async (tx) => {
+      for (const { publicKey, samples } of batch) await this.recordIn(tx, publicKey, samples);
+    });
+  }
+
+  private async recordIn(tx: Repositories, publicKey: string, samples: TelemetrySample[]): Promise<void> {
     const newest = new Map<keyof PeerStatus, { at: number; value: unknown }>();
     for (const s of samples) {
       const mapping = STATUS_FROM_TELEMETRY[s.field];
@@ -50,22 +68,20 @@ export class TelemetryService {
       const seen = newest.get(key);
       if (!seen || s.observedAt >= seen.at) newest.set(key, { at: s.observedAt, value: convert(s.value) });
     }
-    await this.ctx.store.transaction(async (tx) => {
-      await tx.telemetry.insert(publicKey, samples);
-      if (newest.size === 0) return;
-      const current = ((await tx.status.get(publicKey)) ?? {}) as PeerStatus;
-      const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
-      const next: Record<string, unknown> = { ...current };
-      let latest = reportedAt;
-      for (const [key, { at, value }] of newest) {
-        if (at <= reportedAt) continue;
-        next[key] = value;
-        latest = Math.max(latest, at);
-      }
-      if (latest === reportedAt) return;
-      next.reported_at = new Date(latest).toISOString();
-      await tx.status.put(publicKey, next, this.ctx.clock.now());
-    });
+    await tx.telemetry.insert(publicKey, samples);
+    if (newest.size === 0) return;
+    const current = ((await tx.status.get(publicKey)) ?? {}) as PeerStatus;
+    const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
+    const next: Record<string, unknown> = { ...current };
+    let latest = reportedAt;
+    for (const [key, { at, value }] of newest) {
+      if (at <= reportedAt) continue;
+      next[key] = value;
+      latest = Math.max(latest, at);
+    }
+    if (latest === reportedAt) return;
+    next.reported_at = new Date(latest).toISOString();
+    await tx.status.put(publicKey, next, this.ctx.clock.now());
   }
 
   async latest(publicKey: string, fields: readonly TelemetryField[] | undefined): Promise<TelemetryLatest> {

@@ -10,6 +10,7 @@ import { registerOpsRoutes } from "./ops.ts";
 import { registerMeRoutes } from "./public/me.ts";
 import { registerServerRoutes } from "./public/server.ts";
 import { registerSideControlRoutes } from "./public/side-control.ts";
+import { OFFER_PATH, registerWebRtcRoutes, type WebRtcPort } from "./public/webrtc.ts";
 
 export const JSON_BODY_LIMIT = 64 * 1024;
 
@@ -20,6 +21,8 @@ export interface AppOptions {
   /** `GET /server-info` for a request that arrived with this `Host` header. */
   serverInfo: (host: string | undefined) => ServerInfo;
   version: string;
+  /** The WebRTC transport of this node, when it answers offers. */
+  webrtc?: WebRtcPort | undefined;
 }
 
 /**
@@ -32,12 +35,17 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
   app.use(requestId());
   app.use(observe(o.logger, o.metrics));
   app.use(cors);
-  app.use(bodyLimit(JSON_BODY_LIMIT, (c) => errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`))));
+  const jsonLimit = bodyLimit(JSON_BODY_LIMIT, (c) =>
+    errorResponse(c, new ApiError(413, "PAYLOAD_TOO_LARGE", `request body is over ${JSON_BODY_LIMIT} bytes`)),
+  );
+  // The offer route has its own limit, checked after its headers (the contract's order).
+  app.use((c, next) => (c.req.path === OFFER_PATH ? next() : jsonLimit(c, next)));
 
   registerServerRoutes(app, o.domain, o.serverInfo, o.domain.ctx.config.trustProxy);
   registerMeRoutes(app, o.domain);
   registerSideControlRoutes(app, o.domain);
   registerOpsRoutes(app, o.domain, o.metrics);
+  if (o.webrtc) registerWebRtcRoutes(app, o.domain, o.webrtc);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
     type: "http",

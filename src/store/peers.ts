@@ -38,6 +38,11 @@ export class PeerRepository {
     return r.numUpdatedRows > 0n;
   }
 
+  async setDeviceInfo(publicKey: string, deviceInfo: string, now: number): Promise<boolean> {
+    const r = await this.db.updateTable("peers").set({ device_info: deviceInfo, updated_at: now }).where("public_key", "=", publicKey).executeTakeFirst();
+    return r.numUpdatedRows > 0n;
+  }
+
   /** Takes the peer's row lock for the rest of the transaction (serialises per-peer quotas across nodes). */
   async lock(publicKey: string): Promise<void> {
     await this.db
