@@ -111,8 +111,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     close() {
       closing ??= (async () => {
         clearInterval(cleanup);
-        await transport?.close();
-        await new Promise<void>((resolve) => {
+        // Stop accepting first; then close the WebRTC connections while requests finish.
+        const stopped = new Promise<void>((resolve) => {
           server.close(() => resolve());
           if ("closeIdleConnections" in server) {
             server.closeIdleConnections();
@@ -122,6 +122,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
             server.once("close", () => clearInterval(sweep));
           }
         });
+        await transport?.close();
+        await stopped;
         await store.close();
       })();
       return closing;

@@ -65,6 +65,8 @@ export class Answerer {
       ...(this.o.bindAddress ? { bindAddress: this.o.bindAddress } : {}),
       maxMessageSize: 256 * 1024,
     });
+    let link: Link | undefined;
+    let timer: NodeJS.Timeout | undefined;
     try {
       const ssrc = (Math.random() * 0xfffffffe + 1) >>> 0;
       // The sending track must exist before the remote description, or the device decodes nothing.
@@ -72,9 +74,9 @@ export class Answerer {
       media.addOpusCodec(offer.opusPayloadType);
       media.addSSRC(ssrc, "perch", "perch", "perch-audio");
       const track = pc.addTrack(media);
-      const link = new Link(pc, track, ssrc, offer.opusPayloadType);
+      link = new Link(pc, track, ssrc, offer.opusPayloadType);
       const gathered = new Promise<void>((resolve, reject) => {
-        const timer = setTimeout(() => reject(new AnswerError("ICE gathering timed out")), this.o.gatherTimeoutMs);
+        timer = setTimeout(() => reject(new AnswerError("ICE gathering timed out")), this.o.gatherTimeoutMs);
         pc.onGatheringStateChange((state) => {
           if (state === "complete") {
             clearTimeout(timer);
@@ -82,6 +84,7 @@ export class Answerer {
           }
         });
       });
+      gathered.catch(() => {});
       pc.setRemoteDescription(offer.sdp, "offer");
       await gathered;
       pc.onGatheringStateChange(noop);
@@ -90,7 +93,12 @@ export class Answerer {
       link.answer = rewriteHostCandidates(local.sdp, this.o.publicAddress);
       return link;
     } catch (err) {
-      pc.close();
+      clearTimeout(timer);
+      try {
+        pc.onGatheringStateChange(noop);
+      } catch {}
+      if (link) link.close();
+      else pc.close();
       throw err instanceof AnswerError ? err : new AnswerError((err as Error).message);
     }
   }

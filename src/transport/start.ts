@@ -37,7 +37,12 @@ export async function startTransport(
   let publicAddress: string | undefined;
   if (config.publicEndpoint) {
     const host = endpointHost(config.publicEndpoint);
-    publicAddress = isIP(host) ? host : (await lookup(host)).address;
+    try {
+      publicAddress = isIP(host) ? host : (await lookup(host)).address;
+    } catch (err) {
+      // Candidates must be addresses; without one the gathered host candidates are kept.
+      o.logger.warn({ err, endpoint: config.publicEndpoint }, "the public endpoint's host does not resolve; host candidates are not rewritten");
+    }
   }
   const transport = new WebRtcTransport({
     domain: o.domain,
