@@ -1,7 +1,8 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
 import { publicBench } from "./public.ts";
+import { webrtcBench } from "./webrtc.ts";
 
-const suites: Record<string, () => Promise<unknown>> = { public: publicBench };
+const suites: Record<string, () => Promise<unknown>> = { public: publicBench, webrtc: webrtcBench };
 const wanted = process.argv.slice(2).filter((a) => a !== "--");
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
 for (const name of names) {
