@@ -634,7 +634,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     }
     const table = [...ME_ROUTES, ...SIDE_CONTROL_ROUTES].map((r) => `${r.method} ${r.template}`);
     assert.deepEqual([...table].sort(), [...documented].sort());
-    assert.equal(new Set(table).size, 19);
+    assert.equal(new Set(table).size, 20);
   });
 
   test("anonymous, unknown, wrong kind, revoked, mismatched key, then expired: refused everywhere, nothing written", async () => {
