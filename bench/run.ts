@@ -2,8 +2,9 @@
 import { compatBench } from "./compat.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
+import { webrtcBench } from "./webrtc.ts";
 
-const suites: Record<string, () => Promise<unknown>> = { public: publicBench, compat: compatBench, speech: speechBench };
+const suites: Record<string, () => Promise<unknown>> = { public: publicBench, compat: compatBench, speech: speechBench, webrtc: webrtcBench };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
 for (const name of names) {

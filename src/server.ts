@@ -12,14 +12,18 @@ import { loadOrCreateServerKey } from "./config/server-key.ts";
 import { encodeKey, privateKeyObject } from "./crypto/keys.ts";
 import { type Clock, systemClock } from "./domain/clock.ts";
 import { DAY_MS } from "./domain/context.ts";
+import { DomainError } from "./domain/errors.ts";
 import { Domain } from "./domain/index.ts";
 import { serverInfo } from "./domain/server-info.ts";
-import { createApp } from "./http/app.ts";
+import { createApp, createSurfacesApp } from "./http/app.ts";
 import { compatSurface } from "./http/compat/surface.ts";
 import { createHttpServer } from "./http/listener.ts";
 import { Metrics } from "./http/metrics.ts";
+import type { WebRtcPort } from "./http/public/webrtc.ts";
 import type { Surface } from "./http/surface.ts";
 import { Store } from "./store/index.ts";
+import { startTransport } from "./transport/start.ts";
+import type { WebRtcTransport } from "./transport/transport.ts";
 
 export interface StartOptions {
   config: Config;
@@ -46,6 +50,8 @@ export interface RunningServer {
   store: Store;
   /** The HTTP server: a transport hands it further connections (`emit("connection", stream)`). */
   httpServer: Server;
+  /** The WebRTC transport, when this node answers offers. */
+  transport: WebRtcTransport | undefined;
   /** Stops accepting, lets in-flight requests finish, then closes the store. */
   close(): Promise<void>;
 }
@@ -87,7 +93,16 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const domain = new Domain({ store, clock, config, serverKey });
   const metrics = new Metrics(() => store.read((r) => r.sessions.countLive(clock.now())));
   const build = buildInfo();
-  const identity = { version: build.version, buildCommit: build.commit, ice: { udp: false, tcp: false } };
+  const webrtcEnabled = config.webrtc.enabled;
+  const identity = { version: build.version, buildCommit: build.commit, ice: { udp: webrtcEnabled, tcp: false } };
+  let transport: WebRtcTransport | undefined;
+  const webrtc: WebRtcPort = {
+    answer: (offer, timing) => {
+      if (!transport) throw new DomainError("unavailable", "CAPACITY_EXCEEDED", "the transport is not running", undefined, 1);
+      return transport.answer(offer, timing);
+    },
+    playTone: (key, frequency, duration) => transport?.playTone(key, frequency, duration),
+  };
 
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
@@ -98,13 +113,16 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   });
   const router = new ChatRouter(config, o.env, o.providerFactory);
   const chat = new ChatService({ router, catalog, domain });
+  const compat = (base?: string) => (callers: Parameters<typeof compatSurface>[0]["callers"]) =>
+    compatSurface({ callers, catalog, chat, router, metrics, speech, transcription, ...(base ? { base } : {}) });
   const app = createApp({
     domain,
     logger,
     metrics,
     version: build.version,
+    webrtc: webrtcEnabled ? webrtc : undefined,
     // Test surfaces first: of surfaces sharing a base, the first mounted answers its unrouted paths.
-    surfaces: (callers) => [...(o.surfaces?.() ?? []), compatSurface({ callers, catalog, chat, router, metrics, speech, transcription })],
+    surfaces: (callers) => [...(o.surfaces?.() ?? []), compat()(callers)],
     // A wildcard listen address is not one a client can dial, so then the request's Host is used.
     serverInfo: (host) => serverInfo(domain.ctx, identity, config.publicEndpoint ?? (wildcard ? (host ?? hostPort("127.0.0.1")) : hostPort(config.host))),
   });
@@ -124,6 +142,24 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     });
   });
   port = (server.address() as AddressInfo).port;
+  if (webrtcEnabled) {
+    try {
+      // Stream 1 serves this same application; stream 2 the Compatible API at `/v1`.
+      const compatibleApi = createSurfacesApp({ domain, logger, metrics }, (callers) => [compat("/v1")(callers)]);
+      transport = await startTransport(config, {
+        domain,
+        logger,
+        registry: metrics.registry,
+        httpPort: port,
+        publicApi: app.fetch,
+        compatibleApi: compatibleApi.fetch,
+      });
+    } catch (err) {
+      server.close();
+      await store.close();
+      throw err;
+    }
+  }
 
   let cleaning = false;
   const cleanup = setInterval(() => {
@@ -155,10 +191,12 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     domain,
     store,
     httpServer: server,
+    transport,
     close() {
       closing ??= (async () => {
         clearInterval(cleanup);
-        await new Promise<void>((resolve) => {
+        // Stop accepting first; then close the WebRTC connections while requests finish.
+        const stopped = new Promise<void>((resolve) => {
           server.close(() => resolve());
           server.closeIdleConnections();
           // A kept-alive connection whose in-flight response finishes later is closed too: close()
@@ -166,6 +204,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
           const sweep = setInterval(() => server.closeIdleConnections(), 50);
           server.once("close", () => clearInterval(sweep));
         });
+        await transport?.close();
+        await stopped;
         await store.close();
         clearInterval(logFlush);
         logger.flush();

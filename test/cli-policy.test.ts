@@ -368,7 +368,7 @@ describe("configuration files and environment", () => {
       [fromYaml.port, fromYaml.host, fromYaml.nodeName, fromYaml.publicEndpoint, fromYaml.registration],
       [9123, "127.0.0.1", "yaml-node", "yaml.example:443", { policy: "token", tokens: ["abc", "def"] }],
     );
-    assert.deepEqual(fromYaml.rateLimits, { loginPerKey: 5, loginPerAddress: 600, deviceTokenPerDevice: 30 });
+    assert.deepEqual(fromYaml.rateLimits, { loginPerKey: 5, loginPerAddress: 600, deviceTokenPerDevice: 30, offerPerKey: 30 });
 
     const fromJson = loadConfig({ PERCH_CONFIG: json });
     assert.deepEqual(

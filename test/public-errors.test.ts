@@ -595,6 +595,8 @@ const ME_ROUTES: BearerRoute[] = [
   { method: "DELETE", template: "/me/side-control/device-tokens/{tokenId}", path: "/me/side-control/device-tokens/no-such-token", ok: 404 },
   { method: "GET", template: "/me/side-control/sessions", path: "/me/side-control/sessions", ok: 200 },
   { method: "DELETE", template: "/me/side-control/sessions/{sessionId}", path: "/me/side-control/sessions/no-such-session", ok: 404 },
+  // Over TCP the caller has no WebRTC connection on this node.
+  { method: "POST", template: "/me/audio/tone", path: "/me/audio/tone", ok: 409 },
 ];
 
 const SIDE_CONTROL_ROUTES: BearerRoute[] = [
@@ -632,7 +634,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     }
     const table = [...ME_ROUTES, ...SIDE_CONTROL_ROUTES].map((r) => `${r.method} ${r.template}`);
     assert.deepEqual([...table].sort(), [...documented].sort());
-    assert.equal(new Set(table).size, 19);
+    assert.equal(new Set(table).size, 20);
   });
 
   test("anonymous, unknown, wrong kind, revoked, mismatched key, then expired: refused everywhere, nothing written", async () => {

@@ -3,6 +3,7 @@ import type { Command } from "commander";
 import { decodePrivateKey, keyPairFromPrivate } from "../crypto/keys.ts";
 import type { PeerStatus } from "../protocol/public.ts";
 import { PerchApiError, PerchClient } from "../sdk/client.ts";
+import { registerConnectCommand } from "./device-connect.ts";
 
 interface DeviceOptions {
   server: string;
@@ -19,6 +20,17 @@ export function registerDeviceCommands(program: Command, print: (value: unknown)
     .description("act as a device through the SDK: log in with a key file from `perch keygen`, then call the Public API")
     .option("--server <url>", "the server's base URL", `http://127.0.0.1:${process.env.PERCH_PORT || 8080}`)
     .requiredOption("--key-file <file>", "JSON key pair written by `perch keygen`");
+
+  const load = () => {
+    const { server, keyFile } = device.opts<DeviceOptions>();
+    try {
+      const privateKey = decodePrivateKey((JSON.parse(readFileSync(keyFile, "utf8")) as { private_key: string }).private_key);
+      return { server, keyPair: keyPairFromPrivate(privateKey) };
+    } catch (err) {
+      fail(`cannot read a key pair from ${keyFile}: ${(err as Error).message}`);
+    }
+  };
+  registerConnectCommand(device, load, fail);
 
   const run = (call: (client: PerchClient) => Promise<unknown>) => async () => {
     const { server, keyFile } = device.opts<DeviceOptions>();

@@ -17,7 +17,7 @@ const LIMIT_DEFAULTS = {
 };
 
 const IceServerConfig = z.strictObject({
-  urls: z.array(z.string().min(1)).min(1),
+  urls: z.array(z.string().regex(/^(stun|stuns|turn|turns):[^\s]+$/, "ICE server URLs must start with stun:, stuns:, turn: or turns:")).min(1),
   username: z.string().optional(),
   credential: z.string().optional(),
   /** TURN REST shared secret: credentials are minted per response instead of `username`/`credential`. */
@@ -143,9 +143,20 @@ export const ConfigSchema = z
         loginPerKey: perMinute(30),
         loginPerAddress: perMinute(600),
         deviceTokenPerDevice: perMinute(30),
+        offerPerKey: perMinute(30),
       })
-      .default({ loginPerKey: 30, loginPerAddress: 600, deviceTokenPerDevice: 30 }),
+      .default({ loginPerKey: 30, loginPerAddress: 600, deviceTokenPerDevice: 30, offerPerKey: 30 }),
     ice: z.strictObject({ servers: z.array(IceServerConfig).default([]) }).default({ servers: [] }),
+    webrtc: z
+      .strictObject({
+        /** Answer offers on this node. */
+        enabled: z.boolean().default(true),
+        /** The one UDP port of every connection; default the HTTP listener's port number. */
+        udpPort: z.number().int().min(0).max(65535).optional(),
+        /** Connections this node holds at most; more offers get 503 CAPACITY_EXCEEDED. */
+        maxConnections: z.number().int().min(0).default(2000),
+      })
+      .default({ enabled: true, maxConnections: 2000 }),
     /** Growth bounds per device and per key (see docs/decisions.md). */
     limits: z
       .strictObject({
@@ -252,6 +263,8 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_LOG_LEVEL: (v) => ({ logLevel: v as Config["logLevel"] }),
   PERCH_TRUST_PROXY: (v) => ({ trustProxy: v }),
   PERCH_REGISTRATION_POLICY: (v) => ({ registration: { policy: v as "open" } }),
+  PERCH_WEBRTC_UDP_PORT: (v) => ({ webrtc: { udpPort: Number(v) } }),
+  PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 

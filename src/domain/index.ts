@@ -3,7 +3,9 @@ import { AuthService } from "./auth.ts";
 import { ContactService } from "./contacts.ts";
 import type { DomainContext } from "./context.ts";
 import { PeerService } from "./peers.ts";
+import { PresenceService } from "./presence.ts";
 import { SideControlService } from "./side-control.ts";
+import { SignalingService } from "./signaling.ts";
 import { TelemetryService } from "./telemetry.ts";
 
 export type { DomainContext } from "./context.ts";
@@ -18,6 +20,8 @@ export class Domain {
   readonly sideControl: SideControlService;
   readonly telemetry: TelemetryService;
   readonly contacts: ContactService;
+  readonly signaling: SignalingService;
+  readonly presence: PresenceService;
 
   readonly ctx: DomainContext;
 
@@ -29,6 +33,8 @@ export class Domain {
     this.sideControl = new SideControlService(ctx);
     this.telemetry = new TelemetryService(ctx);
     this.contacts = new ContactService(ctx);
+    this.signaling = new SignalingService(ctx, this.auth);
+    this.presence = new PresenceService(ctx);
   }
 
   /** Health: a round trip to the store. */

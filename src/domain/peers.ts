@@ -28,6 +28,22 @@ export class PeerService {
     return JSON.parse(peer.device_info) as DeviceInfo;
   }
 
+  /**
+   * Merges what a connected device reported (`client.info.get`, `client.identifiers.get`,
+   * `server.info.put`) into its stored DeviceInfo, field by field; returns the result.
+   */
+  async mergeDeviceInfo(publicKey: string, patch: DeviceInfo): Promise<DeviceInfo> {
+    return this.ctx.store.transaction(async (tx) => {
+      await tx.peers.lock(publicKey);
+      const peer = await tx.peers.get(publicKey);
+      if (!peer) throw new DomainError("not_found", "PEER_NOT_FOUND", "this key was never registered");
+      const next: DeviceInfo = { ...(JSON.parse(peer.device_info) as DeviceInfo) };
+      for (const [k, v] of Object.entries(patch)) if (v !== undefined) (next as Record<string, unknown>)[k] = v;
+      await tx.peers.setDeviceInfo(publicKey, JSON.stringify(next), this.ctx.clock.now());
+      return next;
+    });
+  }
+
   async status(publicKey: string): Promise<PeerStatus> {
     return ((await this.ctx.store.read((r) => r.status.get(publicKey))) ?? {}) as PeerStatus;
   }

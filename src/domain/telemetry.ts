@@ -7,6 +7,7 @@ import {
   type TelemetryLatest,
   type TelemetryRange,
 } from "../protocol/public.ts";
+import type { Repositories } from "../store/index.ts";
 import type { Sample } from "../store/telemetry.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
@@ -15,6 +16,13 @@ export const DEFAULT_RANGE_LIMIT = 240;
 export const MAX_BUCKETS = 1000;
 /** The widest time a Date holds (±100,000,000 days): a sample's time must be a whole millisecond within it. */
 const MAX_TIME_MS = 8.64e15;
+const outsideTime = (s: TelemetrySample) => !Number.isInteger(s.observedAt) || Math.abs(s.observedAt) > MAX_TIME_MS;
+
+export interface TelemetrySample {
+  field: TelemetryField;
+  observedAt: number;
+  value: number;
+}
 
 export interface TimeWindow {
   start_time_ms?: number | undefined;
@@ -44,9 +52,26 @@ export class TelemetryService {
    * status document when they are newer than its `reported_at`. Booleans arrive as 0/1. A batch
    * with a time outside what a Date holds is refused whole (its status time could not be written).
    */
-  async record(publicKey: string, samples: Array<{ field: TelemetryField; observedAt: number; value: number }>): Promise<void> {
-    const outside = samples.find((s) => !Number.isInteger(s.observedAt) || Math.abs(s.observedAt) > MAX_TIME_MS);
+  async record(publicKey: string, samples: TelemetrySample[]): Promise<void> {
+    const outside = samples.find(outsideTime);
     if (outside) throw new DomainError("invalid", "INVALID_TELEMETRY", `observed_at ${outside.observedAt} is not a millisecond a date can hold`);
+    await this.recordMany([{ publicKey, samples }]);
+  }
+
+  /**
+   * `record` for several peers in one transaction (the transport batches its packets this way).
+   * A peer's entry with a time no date can hold is left out (the transport validates frames before
+   * this); peers are written in key order, so concurrent batches lock status rows in one order.
+   */
+  async recordMany(batch: Array<{ publicKey: string; samples: TelemetrySample[] }>): Promise<void> {
+    const valid = batch.filter((e) => !e.samples.some(outsideTime)).sort((a, b) => (a.publicKey < b.publicKey ? -1 : a.publicKey > b.publicKey ? 1 : 0));
+    if (valid.length === 0) return;
+    await this.ctx.store.transaction(async (tx) => {
+      for (const { publicKey, samples } of valid) await this.recordIn(tx, publicKey, samples);
+    });
+  }
+
+  private async recordIn(tx: Repositories, publicKey: string, samples: TelemetrySample[]): Promise<void> {
     const newest = new Map<keyof PeerStatus, { at: number; value: unknown }>();
     for (const s of samples) {
       const mapping = STATUS_FROM_TELEMETRY[s.field];
@@ -55,22 +80,20 @@ export class TelemetryService {
       const seen = newest.get(key);
       if (!seen || s.observedAt >= seen.at) newest.set(key, { at: s.observedAt, value: convert(s.value) });
     }
-    await this.ctx.store.transaction(async (tx) => {
-      await tx.telemetry.insert(publicKey, samples);
-      if (newest.size === 0) return;
-      const current = ((await tx.status.getForUpdate(publicKey, this.ctx.clock.now())) ?? {}) as PeerStatus;
-      const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
-      const next: Record<string, unknown> = { ...current };
-      let latest = reportedAt;
-      for (const [key, { at, value }] of newest) {
-        if (at <= reportedAt) continue;
-        next[key] = value;
-        latest = Math.max(latest, at);
-      }
-      if (latest === reportedAt) return;
-      next.reported_at = new Date(latest).toISOString();
-      await tx.status.put(publicKey, next, this.ctx.clock.now());
-    });
+    await tx.telemetry.insert(publicKey, samples);
+    if (newest.size === 0) return;
+    const current = ((await tx.status.getForUpdate(publicKey, this.ctx.clock.now())) ?? {}) as PeerStatus;
+    const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
+    const next: Record<string, unknown> = { ...current };
+    let latest = reportedAt;
+    for (const [key, { at, value }] of newest) {
+      if (at <= reportedAt) continue;
+      next[key] = value;
+      latest = Math.max(latest, at);
+    }
+    if (latest === reportedAt) return;
+    next.reported_at = new Date(latest).toISOString();
+    await tx.status.put(publicKey, next, this.ctx.clock.now());
   }
 
   async latest(publicKey: string, fields: readonly TelemetryField[] | undefined): Promise<TelemetryLatest> {

@@ -8,6 +8,7 @@ import { CLIENT_CLOSED_REQUEST, clientClosedRequest, cors, observe, requestId } 
 import { opsSurface } from "./ops.ts";
 import { Callers } from "./principal.ts";
 import { publicSurface } from "./public/surface.ts";
+import type { WebRtcPort } from "./public/webrtc.ts";
 import { mountSurfaces, type Surface } from "./surface.ts";
 
 export { JSON_BODY_LIMIT } from "./public/limits.ts";
@@ -21,6 +22,8 @@ export interface AppOptions {
   version: string;
   /** Further surfaces, each at its own base path (the Compatible API at `/openai/v1`). */
   surfaces?: (callers: Callers) => Surface[];
+  /** The WebRTC transport of this node, when it answers offers. */
+  webrtc?: WebRtcPort | undefined;
 }
 
 /**
@@ -31,10 +34,7 @@ export interface AppOptions {
  */
 export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
   const callers = new Callers(o.domain, o.domain.ctx.config.trustProxy);
-  const root = new OpenAPIHono<AppEnv>();
-  root.use(requestId());
-  root.use(observe(o.logger, o.metrics, callers));
-  root.use(cors);
+  const root = rootApp(o, callers);
 
   let document: unknown;
   const openApiDocument = () =>
@@ -44,9 +44,33 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
     }));
   const surfaces = [
     ...(o.surfaces?.(callers) ?? []),
-    publicSurface({ domain: o.domain, callers, serverInfo: o.serverInfo }),
+    publicSurface({ domain: o.domain, callers, serverInfo: o.serverInfo, webrtc: o.webrtc }),
     opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument }),
   ];
+  mountAll(o, root, surfaces);
+  return root;
+}
+
+/**
+ * An application of only `surfaces` under the same shared root (request id, logs and metrics,
+ * CORS): what a transport serves on a stream of its own (the Compatible API at `/v1` on stream 2).
+ */
+export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics">, surfaces: (callers: Callers) => Surface[]): OpenAPIHono<AppEnv> {
+  const callers = new Callers(o.domain, o.domain.ctx.config.trustProxy);
+  const root = rootApp(o, callers);
+  mountAll(o, root, surfaces(callers));
+  return root;
+}
+
+function rootApp(o: Pick<AppOptions, "logger" | "metrics">, callers: Callers): OpenAPIHono<AppEnv> {
+  const root = new OpenAPIHono<AppEnv>();
+  root.use(requestId());
+  root.use(observe(o.logger, o.metrics, callers));
+  root.use(cors);
+  return root;
+}
+
+function mountAll(o: Pick<AppOptions, "logger">, root: OpenAPIHono<AppEnv>, surfaces: Surface[]): void {
   mountSurfaces(root, surfaces, (c, err, surface) => {
     // A body that stopped arriving because its client left: not a server error, and nobody reads the answer.
     if (clientClosedRequest(c)) return new Response(null, { status: CLIENT_CLOSED_REQUEST });
@@ -54,5 +78,4 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
     if (res.status >= 500) o.logger.error({ err, req_id: c.get("requestId"), path: c.req.path }, "request failed");
     return res;
   });
-  return root;
 }

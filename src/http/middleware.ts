@@ -24,7 +24,7 @@ export function requestId(): MiddlewareHandler<AppEnv> {
 
 const CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS";
 const CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-Public-Key, X-Registration-Token, X-Request-ID";
-const CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After";
+const CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After, Server-Timing";
 
 /**
  * CORS for any origin: preflights answer 204 without authentication. Hand-written rather than

@@ -48,6 +48,20 @@ export class PeerRepository {
     return r.numUpdatedRows > 0n;
   }
 
+  async setDeviceInfo(publicKey: string, deviceInfo: string, now: number): Promise<boolean> {
+    const r = await this.db.updateTable("peers").set({ device_info: deviceInfo, updated_at: now }).where("public_key", "=", publicKey).executeTakeFirst();
+    return r.numUpdatedRows > 0n;
+  }
+
+  /** Takes the peer's row lock for the rest of the transaction (serialises per-peer quotas across nodes). */
+  async lock(publicKey: string): Promise<void> {
+    await this.db
+      .updateTable("peers")
+      .set((eb) => ({ updated_at: eb.ref("updated_at") }))
+      .where("public_key", "=", publicKey)
+      .execute();
+  }
+
   /**
    * Removes the peer; the foreign keys cascade to everything that belongs to it. Its sessions as
    * a controller of other devices are not the other devices' data, so they are deleted here.

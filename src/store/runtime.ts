@@ -3,7 +3,11 @@ import type { Tables } from "./schema.ts";
 
 export type RuntimeRow = Tables["peer_runtime"];
 
-/** Where and whether a peer is connected; written by the node that holds its WebRTC connection. */
+/**
+ * Where and whether a peer is connected; written by the node that holds its WebRTC connection.
+ * Every write after the first is conditional on `node`: a node only touches the peers it owns, so
+ * a newer connection on another node is never overwritten.
+ */
 export class RuntimeRepository {
   private readonly db: Db;
 
@@ -22,5 +26,48 @@ export class RuntimeRepository {
       .values(row)
       .onConflict((oc) => oc.column("public_key").doUpdateSet(rest))
       .execute();
+  }
+
+  /** Refreshes a live connection's counters; false when `node` no longer owns the peer. */
+  async refresh(publicKey: string, node: string, o: { lastAddr: string | null; rxBytes: number; txBytes: number; now: number }): Promise<boolean> {
+    const r = await this.db
+      .updateTable("peer_runtime")
+      .set({ last_seen_at: o.now, last_addr: o.lastAddr, rx_bytes: o.rxBytes, tx_bytes: o.txBytes, updated_at: o.now })
+      .where("public_key", "=", publicKey)
+      .where("node", "=", node)
+      .where("online", "=", 1)
+      .executeTakeFirst();
+    return r.numUpdatedRows > 0n;
+  }
+
+  /** Marks the peer offline if `node` still owns it, keeping `last_seen_at` at `now`. */
+  async markOffline(publicKey: string, node: string, now: number): Promise<void> {
+    await this.db
+      .updateTable("peer_runtime")
+      .set({ online: 0, last_seen_at: now, updated_at: now })
+      .where("public_key", "=", publicKey)
+      .where("node", "=", node)
+      .where("online", "=", 1)
+      .execute();
+  }
+
+  /** Marks every peer `node` holds offline (its shutdown, or its start after a crash). */
+  async markNodeOffline(node: string, now: number): Promise<void> {
+    await this.db.updateTable("peer_runtime").set({ online: 0, updated_at: now }).where("node", "=", node).where("online", "=", 1).execute();
+  }
+
+  /** Which node each of `keys` is recorded online on (absent: offline or unknown). */
+  async owners(keys: readonly string[]): Promise<Map<string, string>> {
+    const out = new Map<string, string>();
+    for (let i = 0; i < keys.length; i += 500) {
+      const rows = await this.db
+        .selectFrom("peer_runtime")
+        .select(["public_key", "node"])
+        .where("public_key", "in", keys.slice(i, i + 500))
+        .where("online", "=", 1)
+        .execute();
+      for (const r of rows) if (r.node !== null) out.set(r.public_key, r.node);
+    }
+    return out;
   }
 }

@@ -2,6 +2,8 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import v8 from "node:v8";
+import vm from "node:vm";
 import pg from "pg";
 import type { Logger } from "pino";
 import { type ConfigInput, loadConfig } from "../../src/config/config.ts";
@@ -70,7 +72,7 @@ export async function startTestServer(
       host: "127.0.0.1",
       dataDir,
       logLevel: "silent",
-      rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 },
+      rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 },
       ...o.config,
     },
   );
@@ -89,9 +91,22 @@ export async function startTestServer(
     client: () => new PerchClient({ baseUrl: server.url, keyPair: generateKeyPair(), ...(now ? { now } : {}) }),
     async stop() {
       await server.close();
+      if (server.transport) await collectClosedConnections();
       if (!o.dataDir) rmSync(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * node-datachannel releases what keeps the event loop alive only when a closed peer connection
+ * object is garbage-collected; a test process would otherwise linger after its last test.
+ */
+async function collectClosedConnections(): Promise<void> {
+  v8.setFlagsFromString("--expose-gc");
+  const gc = vm.runInNewContext("gc") as () => void;
+  gc();
+  await new Promise((r) => setTimeout(r, 50));
+  gc();
 }
 
 export interface ServerProcess {

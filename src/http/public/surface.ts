@@ -8,12 +8,15 @@ import type { Surface } from "../surface.ts";
 import { registerMeRoutes } from "./me.ts";
 import { registerServerRoutes } from "./server.ts";
 import { registerSideControlRoutes } from "./side-control.ts";
+import { registerWebRtcRoutes, type WebRtcPort } from "./webrtc.ts";
 
 export interface PublicSurfaceOptions {
   domain: Domain;
   callers: Callers;
   /** `GET /server-info` for a request that arrived with this `Host` header. */
   serverInfo: (host: string | undefined) => z.infer<typeof ServerInfo>;
+  /** The WebRTC transport of this node, when it answers offers. */
+  webrtc?: WebRtcPort | undefined;
 }
 
 /** The Public API at `/`: 64 KiB JSON bodies, `ErrorResponse` for every error. */
@@ -22,6 +25,7 @@ export function publicSurface(o: PublicSurfaceOptions): Surface {
   registerServerRoutes(app, o.domain, o.callers, o.serverInfo);
   registerMeRoutes(app, o.domain, o.callers);
   registerSideControlRoutes(app, o.domain, o.callers);
+  if (o.webrtc) registerWebRtcRoutes(app, o.domain, o.callers, o.webrtc);
   app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
     type: "http",
     scheme: "bearer",

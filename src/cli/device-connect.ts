@@ -1,0 +1,105 @@
+import { create, toBinary } from "@bufbuild/protobuf";
+import type { Command } from "commander";
+import type { KeyPair } from "../crypto/keys.ts";
+import { ClientGetIdentifiersResponseSchema, ClientGetInfoResponseSchema, RpcMethod, ServerPutInfoRequestSchema } from "../protocol/gen/rpc_pb.ts";
+import type { RpcHandlers } from "../protocol/rpc.ts";
+import { OfferError, PerchConnection } from "../sdk/webrtc.ts";
+
+interface ConnectOptions {
+  telemetryInterval: string;
+  manufacturer?: string;
+  model?: string;
+  hardwareRevision?: string;
+  sn?: string;
+  name?: string;
+  emoji?: string;
+  tone?: boolean;
+  battery: string;
+}
+
+/**
+ * `perch device connect`: a device from the terminal over WebRTC. It reports telemetry every N
+ * seconds, answers `client.*` from flags (−32601 for what no flag gives) and stays until Ctrl-C.
+ */
+export function registerConnectCommand(device: Command, load: () => { server: string; keyPair: KeyPair }, fail: (message: string) => never): void {
+  device
+    .command("connect")
+    .description("connect over WebRTC as the device, report telemetry and answer RPCs until Ctrl-C")
+    .option("--telemetry-interval <seconds>", "seconds between telemetry frames (0: none)", "10")
+    .option("--battery <percent>", "the battery level reported", "80")
+    .option("--manufacturer <text>", "answer client.info.get with this manufacturer")
+    .option("--model <text>", "answer client.info.get with this model")
+    .option("--hardware-revision <text>", "answer client.info.get with this revision")
+    .option("--sn <text>", "answer client.identifiers.get with this serial number")
+    .option("--name <text>", "set the device's name with server.info.put")
+    .option("--emoji <text>", "set the device's emoji with server.info.put")
+    .option("--tone", "ask the server for a test tone and report the audio received")
+    .action(async (opts: ConnectOptions) => {
+      const { server, keyPair } = load();
+      const say = (what: string, detail: Record<string, unknown> = {}) =>
+        process.stdout.write(`${new Date().toISOString()} ${what}${Object.keys(detail).length ? ` ${JSON.stringify(detail)}` : ""}\n`);
+      const handlers: RpcHandlers = {};
+      if (opts.manufacturer || opts.model || opts.hardwareRevision) {
+        handlers[RpcMethod.CLIENT_INFO_GET] = () => {
+          say("rpc client.info.get answered");
+          const value = { manufacturer: opts.manufacturer, model: opts.model, hardwareRevision: opts.hardwareRevision };
+          return { payload: toBinary(ClientGetInfoResponseSchema, create(ClientGetInfoResponseSchema, { value })) };
+        };
+      }
+      if (opts.sn) {
+        handlers[RpcMethod.CLIENT_IDENTIFIERS_GET] = () => {
+          say("rpc client.identifiers.get answered");
+          return { payload: toBinary(ClientGetIdentifiersResponseSchema, create(ClientGetIdentifiersResponseSchema, { value: { sn: opts.sn } })) };
+        };
+      }
+      let conn: PerchConnection;
+      try {
+        conn = await PerchConnection.connect({ baseUrl: server, keyPair, handlers, registrationToken: process.env.PERCH_REGISTRATION_TOKEN || undefined });
+      } catch (err) {
+        fail(err instanceof OfferError ? `offer refused: ${err.message}` : `cannot connect to ${server}: ${(err as Error).message}`);
+      }
+      say("connected", { public_key: conn.publicKey, ready_ms: Math.round(conn.timings.ready), server_timing: conn.timings.serverTiming });
+      say("ping", { rtt_ms: Math.round((await conn.ping()).rttMs * 10) / 10 });
+      if (opts.name !== undefined || opts.emoji !== undefined) {
+        const value = { ...(opts.name !== undefined ? { name: opts.name } : {}), ...(opts.emoji !== undefined ? { emoji: opts.emoji } : {}) };
+        await conn.call(RpcMethod.SERVER_INFO_PUT, toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value })));
+        say("server.info.put", value);
+      }
+      const me = await conn.http(1, "GET", "/me");
+      say("GET /me over stream 1", { status: me.status, body: me.json() });
+      const seconds = Number(opts.telemetryInterval);
+      let timer: NodeJS.Timeout | undefined;
+      if (seconds > 0) {
+        const battery = Number(opts.battery);
+        const send = () => {
+          conn.sendTelemetry({
+            observedAtUnixMs: BigInt(Date.now()),
+            observations: [
+              { observedAtDeltaMs: 0, body: { case: "battery", value: { percent: battery, charging: false } } },
+              { observedAtDeltaMs: 0, body: { case: "system", value: { uptimeSeconds: process.uptime() } } },
+            ],
+          });
+          say("telemetry sent", { battery_percent: battery });
+        };
+        send();
+        timer = setInterval(send, seconds * 1000);
+      }
+      if (opts.tone) {
+        const res = await conn.http(1, "POST", "/me/audio/tone", { body: "{}", headers: { "content-type": "application/json" } });
+        say("tone requested", { status: res.status });
+        setTimeout(() => say("audio received", { ...conn.audio }), 1500);
+      }
+      const stop = () => {
+        if (timer) clearInterval(timer);
+        conn.close();
+      };
+      process.once("SIGINT", () => {
+        say("disconnecting");
+        stop();
+      });
+      await conn.closed();
+      if (timer) clearInterval(timer);
+      say("disconnected");
+      process.exit(0);
+    });
+}

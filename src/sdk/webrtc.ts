@@ -1,0 +1,313 @@
+/**
+ * The device side of the WebRTC transport: seals an offer, opens the mandatory audio transceiver,
+ * packet channel and event stream, and then offers HTTP over streams 1 and 2, Peer RPC both
+ * ways and telemetry packets. Runs on `@roamhq/wrtc` in Node (or any standard RTCPeerConnection).
+ */
+import { request as httpRequest, type IncomingMessage } from "node:http";
+import { create, type MessageInitShape, toBinary } from "@bufbuild/protobuf";
+import { decodeKey, encodeKey, type KeyPair, privateKeyObject, sharedSecret } from "../crypto/keys.ts";
+import { SealedExchange, SIGNALING_PATH } from "../crypto/sealed-offer.ts";
+import { type ChannelPort, ChannelStream, LOW_WATER_BYTES, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
+import type { RpcMethod } from "../protocol/gen/rpc_pb.ts";
+import { RpcMethod as Methods } from "../protocol/gen/rpc_pb.ts";
+import { TelemetryFrameSchema } from "../protocol/gen/telemetry_pb.ts";
+import { callRpc, commonHandlers, type RpcHandlers, rpcPayload, serveRpc } from "../protocol/rpc.ts";
+
+export const TELEMETRY_PACKET = 0x40;
+
+/** The WebRTC implementation: `@roamhq/wrtc` by default. */
+export interface RtcImplementation {
+  RTCPeerConnection: typeof RTCPeerConnection;
+  nonstandard?: { RTCAudioSink?: new (track: MediaStreamTrack) => { ondata: ((e: { samples: Int16Array }) => void) | null; stop(): void } };
+}
+
+export interface ConnectOptions {
+  /** `http://host:port` of the server. */
+  baseUrl: string;
+  keyPair: KeyPair;
+  /** The server's public key (base58); fetched from `/server-info` when absent. */
+  serverPublicKey?: string;
+  registrationToken?: string;
+  /** `client.*` methods this device provides; `all.*` are always provided. */
+  handlers?: RpcHandlers;
+  rtc?: RtcImplementation;
+  /** Unix milliseconds. */
+  now?: () => number;
+  timeoutMs?: number;
+  fetch?: typeof fetch;
+}
+
+/** A refused offer: the server's `ErrorResponse`. */
+export class OfferError extends Error {
+  readonly status: number;
+  readonly code: string;
+  readonly headers: Headers;
+  constructor(status: number, code: string, message: string, headers: Headers) {
+    super(`${status} ${code}: ${message}`);
+    this.status = status;
+    this.code = code;
+    this.headers = headers;
+  }
+}
+
+/** Audio received on the downlink: 10 ms blocks decoded by the WebRTC stack. */
+export interface AudioStats {
+  blocks: number;
+  /** Blocks whose RMS level is above silence. */
+  audible: number;
+  peakRms: number;
+}
+
+export interface HttpResponse {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: Buffer;
+  json<T = unknown>(): T;
+}
+
+async function defaultRtc(): Promise<RtcImplementation> {
+  const mod = (await import("@roamhq/wrtc")) as unknown as { default?: RtcImplementation } & RtcImplementation;
+  return mod.default ?? mod;
+}
+
+function portOf(dc: RTCDataChannel): ChannelPort {
+  dc.binaryType = "arraybuffer";
+  return {
+    label: dc.label,
+    send: (data) => dc.send(new Uint8Array(data) as Uint8Array<ArrayBuffer>),
+    bufferedAmount: () => dc.bufferedAmount,
+    // libwebrtc reports bufferedAmount late: a close right after the last send can overtake it.
+    close: () => void setTimeout(() => dc.close(), 50),
+    attach(sink) {
+      dc.bufferedAmountLowThreshold = LOW_WATER_BYTES;
+      dc.onmessage = (e) => sink.message(typeof e.data === "string" ? Buffer.from(e.data) : new Uint8Array(e.data as ArrayBuffer));
+      dc.onclose = () => sink.closed();
+      dc.onbufferedamountlow = () => sink.drained();
+    },
+  };
+}
+
+function opened(dc: RTCDataChannel, timeoutMs: number): Promise<void> {
+  if (dc.readyState === "open") return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${dc.label} did not open within ${timeoutMs} ms`)), timeoutMs);
+    dc.addEventListener("open", () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    dc.addEventListener("close", () => {
+      clearTimeout(timer);
+      reject(new Error(`${dc.label} closed`));
+    });
+  });
+}
+
+/** A device's live connection to a Perch server. */
+export class PerchConnection {
+  readonly pc: RTCPeerConnection;
+  readonly publicKey: string;
+  keyPair!: KeyPair;
+  /** Client-measured phases of `connect`, in milliseconds. */
+  readonly timings: { offer: number; ready: number; serverTiming: string };
+  readonly audio: AudioStats = { blocks: 0, audible: 0, peakRms: 0 };
+  private readonly packets: RTCDataChannel;
+  private readonly events: RTCDataChannel;
+  private readonly handlers: RpcHandlers;
+  private readonly timeoutMs: number;
+  private sequence = 0;
+  private closedPromise: Promise<void>;
+  private sink: { stop(): void } | undefined;
+
+  private constructor(
+    pc: RTCPeerConnection,
+    publicKey: string,
+    channels: { packets: RTCDataChannel; events: RTCDataChannel },
+    handlers: RpcHandlers,
+    timeoutMs: number,
+    timings: PerchConnection["timings"],
+  ) {
+    this.pc = pc;
+    this.publicKey = publicKey;
+    this.packets = channels.packets;
+    this.events = channels.events;
+    this.handlers = handlers;
+    this.timeoutMs = timeoutMs;
+    this.timings = timings;
+    this.closedPromise = new Promise((resolve) => {
+      // The server closing the event stream ends the connection: release the peer connection too.
+      const done = () => {
+        this.close();
+        resolve();
+      };
+      this.events.addEventListener("close", done);
+      pc.addEventListener("connectionstatechange", () => {
+        if (pc.connectionState === "failed" || pc.connectionState === "closed") done();
+      });
+    });
+    pc.ondatachannel = (e) => this.incoming(e.channel);
+  }
+
+  /** Connects: builds and seals the offer, posts it, applies the answer, waits for the event stream. */
+  static async connect(o: ConnectOptions): Promise<PerchConnection> {
+    const started = performance.now();
+    const rtc = o.rtc ?? (await defaultRtc());
+    const fetchImpl = o.fetch ?? fetch;
+    const baseUrl = o.baseUrl.replace(/\/+$/, "");
+    const timeoutMs = o.timeoutMs ?? 15_000;
+    const serverKey = o.serverPublicKey ?? ((await (await fetchImpl(`${baseUrl}/server-info`)).json()) as { public_key: string }).public_key;
+    const publicKey = encodeKey(o.keyPair.publicKey);
+    const shared = sharedSecret(privateKeyObject(o.keyPair.privateKey), decodeKey(serverKey));
+
+    const pc = new rtc.RTCPeerConnection({ iceServers: [] });
+    try {
+      // The server may open streams (its RPC calls) as soon as the event stream is open.
+      const early: RTCDataChannel[] = [];
+      pc.ondatachannel = (e) => early.push(e.channel);
+      const transceiver = pc.addTransceiver("audio", { direction: "sendrecv" });
+      const packets = pc.createDataChannel(PACKET_LABEL, { ordered: false, maxRetransmits: 0 });
+      const events = pc.createDataChannel(`${SERVICE_PREFIX}${SERVICE.EVENTS}`);
+      const gathered = new Promise<void>((resolve) => {
+        if (pc.iceGatheringState === "complete") resolve();
+        pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve());
+      });
+      await pc.setLocalDescription(await pc.createOffer());
+      await gathered;
+      const exchange = SealedExchange.create(shared, publicKey, Math.floor((o.now ?? Date.now)() / 1000));
+      const headers: Record<string, string> = { "content-type": "application/octet-stream", ...exchange.headers() };
+      if (o.registrationToken) headers["x-registration-token"] = o.registrationToken;
+      const res = await fetchImpl(`${baseUrl}${SIGNALING_PATH}`, {
+        method: "POST",
+        headers,
+        body: new Uint8Array(exchange.sealRequest(pc.localDescription!.sdp)),
+      });
+      const body = new Uint8Array(await res.arrayBuffer());
+      if (res.status !== 200) {
+        let error = { code: "UNKNOWN", message: Buffer.from(body).toString() };
+        try {
+          error = (JSON.parse(Buffer.from(body).toString()) as { error: typeof error }).error;
+        } catch {}
+        throw new OfferError(res.status, error.code, error.message, res.headers);
+      }
+      const offerMs = performance.now() - started;
+      await pc.setRemoteDescription({ type: "answer", sdp: exchange.openResponse(body) });
+      await Promise.all([opened(events, timeoutMs), opened(packets, timeoutMs)]);
+      const conn = new PerchConnection(pc, publicKey, { packets, events }, { ...commonHandlers(), ...o.handlers }, timeoutMs, {
+        offer: offerMs,
+        ready: performance.now() - started,
+        serverTiming: res.headers.get("server-timing") ?? "",
+      });
+      conn.keyPair = o.keyPair;
+      for (const dc of early) conn.incoming(dc);
+      conn.listen(rtc, transceiver.receiver.track);
+      return conn;
+    } catch (err) {
+      pc.close();
+      throw err;
+    }
+  }
+
+  /** Decodes the downlink audio into levels (when the stack offers PCM access, as wrtc does). */
+  private listen(rtc: RtcImplementation, track: MediaStreamTrack): void {
+    const Sink = rtc.nonstandard?.RTCAudioSink;
+    if (!Sink) return;
+    const sink = new Sink(track);
+    sink.ondata = (e) => {
+      let sum = 0;
+      for (const s of e.samples) sum += s * s;
+      const rms = Math.sqrt(sum / Math.max(1, e.samples.length));
+      this.audio.blocks++;
+      if (rms > 100) this.audio.audible++;
+      this.audio.peakRms = Math.max(this.audio.peakRms, rms);
+    };
+    this.sink = sink;
+  }
+
+  /** Streams the server opens: RPC calls to this device. */
+  incoming(dc: RTCDataChannel): void {
+    if (serviceId(dc.label) !== SERVICE.RPC) {
+      dc.close();
+      return;
+    }
+    void opened(dc, this.timeoutMs).then(
+      () => serveRpc(new ChannelStream(portOf(dc)), this.handlers),
+      () => {},
+    );
+  }
+
+  /** Opens a service stream and resolves once it is open. */
+  async openStream(service: number): Promise<ChannelStream> {
+    const dc = this.pc.createDataChannel(`${SERVICE_PREFIX}${service}`);
+    const stream = new ChannelStream(portOf(dc));
+    await opened(dc, this.timeoutMs);
+    return stream;
+  }
+
+  /** One HTTP/1.1 exchange over a new stream (1: Public API, 2: Compatible API), parsed by Node's own HTTP client. */
+  async http(service: 1 | 2, method: string, path: string, o: { body?: string | Uint8Array; headers?: Record<string, string> } = {}): Promise<HttpResponse> {
+    const stream = await this.openStream(service);
+    const body = o.body === undefined ? undefined : typeof o.body === "string" ? Buffer.from(o.body) : Buffer.from(o.body);
+    const headers: Record<string, string> = { host: "perch", connection: "close", ...o.headers };
+    if (body) headers["content-length"] = String(body.length);
+    return new Promise((resolve, reject) => {
+      const req = httpRequest({ method, path, headers, createConnection: () => stream as never, setHost: false }, (res: IncomingMessage) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () => {
+          const data = Buffer.concat(chunks);
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: data, json: <T>() => JSON.parse(data.toString()) as T });
+        });
+        res.on("error", reject);
+      });
+      req.on("error", reject);
+      req.end(body);
+    });
+  }
+
+  /** Calls a method the server provides (or `all.*`); throws `RpcError` for an error answer. */
+  async call(method: RpcMethod, payload: Uint8Array, o: { timeoutMs?: number; upBytes?: number } = {}) {
+    return callRpc(await this.openStream(SERVICE.RPC), method, payload, { timeoutMs: this.timeoutMs, ...o });
+  }
+
+  /** `all.ping`: the round trip in milliseconds and the server's clock. */
+  async ping(): Promise<{ rttMs: number; serverTime: number }> {
+    const started = performance.now();
+    const { payload } = await this.call(Methods.ALL_PING, rpcPayload.ping());
+    return { rttMs: performance.now() - started, serverTime: Number(rpcPayload.pingResponse(payload).serverTime) };
+  }
+
+  /** `all.speed_test.run`: moves `down` bytes to this device and `up` bytes to the server. */
+  async speedTest(down: number, up: number): Promise<{ down: number; up: number; ms: number }> {
+    const started = performance.now();
+    const { payload, dataBytes } = await this.call(Methods.ALL_SPEED_TEST_RUN, rpcPayload.speedTest(down, up), { upBytes: up, timeoutMs: 60_000 });
+    const res = rpcPayload.speedTestResponse(payload);
+    if (dataBytes !== Number(res.downContentLength)) throw new Error(`received ${dataBytes} bytes of ${res.downContentLength}`);
+    return { down: dataBytes, up: Number(res.upContentLength), ms: performance.now() - started };
+  }
+
+  /** Sends one telemetry packet (0x40 + TelemetryFrame) on the unreliable packet channel. */
+  sendTelemetry(frame: { observedAtUnixMs: bigint; observations: MessageInitShape<typeof TelemetryFrameSchema>["observations"]; sequence?: number }): void {
+    const bytes = toBinary(
+      TelemetryFrameSchema,
+      create(TelemetryFrameSchema, {
+        sequence: frame.sequence ?? this.sequence++,
+        observedAtUnixMs: frame.observedAtUnixMs,
+        observations: frame.observations ?? [],
+      }),
+    );
+    const packet = new Uint8Array(bytes.length + 1);
+    packet[0] = TELEMETRY_PACKET;
+    packet.set(bytes, 1);
+    this.packets.send(packet);
+  }
+
+  /** Resolves when the connection ends (from either side). */
+  closed(): Promise<void> {
+    return this.closedPromise;
+  }
+
+  close(): void {
+    this.sink?.stop();
+    this.sink = undefined;
+    if (this.pc.connectionState !== "closed") this.pc.close();
+  }
+}

@@ -1,0 +1,262 @@
+/**
+ * The WebRTC engine: answers offers with node-datachannel (the only file importing it). Every
+ * connection shares one UDP port (ICE UDP mux); the answer carries every candidate (no trickle).
+ */
+import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
+import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../protocol/channel.ts";
+import { rewriteHostCandidates } from "./sdp.ts";
+
+export interface AnswererOptions {
+  /** The UDP port every connection shares. */
+  udpPort: number;
+  /** The address to bind; undefined means every interface. */
+  bindAddress: string | undefined;
+  /** Host candidates are rewritten to this address (the configured public address), when set. */
+  publicAddress: string | undefined;
+  /** How long gathering may take before the answer is given up. */
+  gatherTimeoutMs: number;
+}
+
+export type LinkState = "connected" | "failed" | "closed";
+
+export interface AudioTrack {
+  /** Sends one RTP packet; false when the track is not open. */
+  send(rtp: Buffer): boolean;
+  readonly payloadType: number;
+  readonly ssrc: number;
+}
+
+/** One answered peer connection, as the rest of the transport sees it. */
+export interface PeerLink {
+  readonly answer: string;
+  readonly audio: AudioTrack;
+  onState(cb: (state: LinkState) => void): void;
+  /** Channels the device opens, labels included. */
+  onChannel(cb: (port: ChannelPort) => void): void;
+  /** Each RTP packet received on the audio track (its length in bytes). */
+  onRtp(cb: (bytes: number) => void): void;
+  /** Opens a channel to the device; resolves once it is open. */
+  openChannel(label: string, timeoutMs: number): Promise<ChannelPort>;
+  bytes(): { rx: number; tx: number };
+  /** `ip:port` of the selected remote candidate, when there is one. */
+  remoteAddress(): string | undefined;
+  close(): void;
+}
+
+export class AnswerError extends Error {}
+
+let linkCounter = 0;
+const CLOSE_QUIET_MS = 15;
+
+export class Answerer {
+  private readonly o: AnswererOptions;
+
+  constructor(o: AnswererOptions) {
+    this.o = o;
+  }
+
+  /** Applies the offer and resolves with the complete answer; the link is closed on any failure. */
+  async answer(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
+    const pc = new nodeDataChannel.PeerConnection(`perch-${++linkCounter}`, {
+      iceServers: [],
+      enableIceUdpMux: true,
+      portRangeBegin: this.o.udpPort,
+      portRangeEnd: this.o.udpPort,
+      ...(this.o.bindAddress ? { bindAddress: this.o.bindAddress } : {}),
+      maxMessageSize: 256 * 1024,
+    });
+    let link: Link | undefined;
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const ssrc = (Math.random() * 0xfffffffe + 1) >>> 0;
+      // The sending track must exist before the remote description, or the device decodes nothing.
+      const media = new nodeDataChannel.Audio(offer.audioMid, "SendRecv");
+      media.addOpusCodec(offer.opusPayloadType);
+      media.addSSRC(ssrc, "perch", "perch", "perch-audio");
+      const track = pc.addTrack(media);
+      link = new Link(pc, track, ssrc, offer.opusPayloadType);
+      const gathered = new Promise<void>((resolve, reject) => {
+        timer = setTimeout(() => reject(new AnswerError("ICE gathering timed out")), this.o.gatherTimeoutMs);
+        pc.onGatheringStateChange((state) => {
+          if (state === "complete") {
+            clearTimeout(timer);
+            resolve();
+          }
+        });
+      });
+      gathered.catch(() => {});
+      pc.setRemoteDescription(offer.sdp, "offer");
+      await gathered;
+      pc.onGatheringStateChange(noop);
+      const local = pc.localDescription();
+      if (local?.type !== "answer") throw new AnswerError("no local answer");
+      link.answer = rewriteHostCandidates(local.sdp, this.o.publicAddress);
+      return link;
+    } catch (err) {
+      clearTimeout(timer);
+      try {
+        pc.onGatheringStateChange(noop);
+      } catch {}
+      if (link) link.close();
+      else pc.close();
+      throw err instanceof AnswerError ? err : new AnswerError((err as Error).message);
+    }
+  }
+}
+
+class Link implements PeerLink {
+  answer = "";
+  readonly audio: AudioTrack;
+  // Dropped at close: the library's callbacks keep this object alive, and only once the peer
+  // connection object is collectable can the library release what keeps the event loop running.
+  private pc: PeerConnection | undefined;
+  private track: Track | undefined;
+  private stateCb: ((s: LinkState) => void) | undefined;
+  private channelCb: ((p: ChannelPort) => void) | undefined;
+  private rtpCb: ((bytes: number) => void) | undefined;
+  private readonly early: DataChannel[] = [];
+  private readonly channels = new Set<DataChannel>();
+  private closed = false;
+
+  constructor(pc: PeerConnection, track: Track, ssrc: number, payloadType: number) {
+    this.pc = pc;
+    this.track = track;
+    this.audio = { send: (rtp) => this.track?.isOpen() === true && this.track.sendMessageBinary(rtp), payloadType, ssrc };
+    pc.onStateChange((state) => {
+      if (state === "connected") this.stateCb?.("connected");
+      else if (state === "failed" || state === "closed") this.stateCb?.(state);
+    });
+    pc.onDataChannel((dc) => {
+      this.channels.add(dc);
+      if (this.channelCb) this.channelCb(this.portOf(dc));
+      else this.early.push(dc);
+    });
+    track.onMessage((msg) => {
+      // RTCP (payload types 200–204 in the second byte) shares the track; count only RTP.
+      const pt = msg[1] ?? 0;
+      if (pt < 200 || pt > 204) this.rtpCb?.(msg.length);
+    });
+  }
+
+  onState(cb: (state: LinkState) => void): void {
+    this.stateCb = cb;
+  }
+
+  onChannel(cb: (port: ChannelPort) => void): void {
+    this.channelCb = cb;
+    for (const dc of this.early.splice(0)) cb(this.portOf(dc));
+  }
+
+  onRtp(cb: (bytes: number) => void): void {
+    this.rtpCb = cb;
+  }
+
+  openChannel(label: string, timeoutMs: number): Promise<ChannelPort> {
+    if (this.closed) return Promise.reject(new Error("the connection is closed"));
+    const dc = this.pc!.createDataChannel(label);
+    this.channels.add(dc);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        dc.close();
+        reject(new Error(`channel ${label} did not open in time`));
+      }, timeoutMs);
+      dc.onOpen(() => {
+        clearTimeout(timer);
+        resolve(this.portOf(dc));
+      });
+      dc.onClosed(() => {
+        clearTimeout(timer);
+        reject(new Error(`channel ${label} closed`));
+      });
+    });
+  }
+
+  bytes(): { rx: number; tx: number } {
+    if (!this.pc) return { rx: 0, tx: 0 };
+    return { rx: this.pc.bytesReceived(), tx: this.pc.bytesSent() };
+  }
+
+  remoteAddress(): string | undefined {
+    if (!this.pc) return undefined;
+    const pair = this.pc.getSelectedCandidatePair();
+    if (!pair) return undefined;
+    const { address, port } = pair.remote;
+    return address.includes(":") ? `[${address}]:${port}` : `${address}:${port}`;
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.stateCb = undefined;
+    this.channelCb = undefined;
+    this.rtpCb = undefined;
+    // The library's callbacks hold their functions until it reports a close, which it does not do
+    // for every object closed from here: replacing them lets go of the closures (and this object).
+    try {
+      this.pc?.onStateChange(noop);
+      this.pc?.onDataChannel(noop);
+      this.track?.onMessage(noop);
+      for (const dc of this.channels) {
+        dc.onMessage(noop);
+        dc.onClosed(noop);
+        dc.onOpen(noop);
+        dc.onBufferedAmountLow(noop);
+      }
+    } catch {}
+    this.channels.clear();
+    this.early.length = 0;
+    try {
+      this.track?.close();
+    } catch {}
+    // Always, even after the connection reported closed: the library leaks otherwise.
+    this.pc?.close();
+    this.pc = undefined;
+    this.track = undefined;
+  }
+
+  private portOf(dc: DataChannel): ChannelPort {
+    return portOf(dc, () => this.channels.delete(dc));
+  }
+}
+
+const noop = () => {};
+
+function portOf(dc: DataChannel, forget: () => void): ChannelPort {
+  return {
+    label: dc.getLabel(),
+    send: (data) => {
+      dc.sendMessageBinary(data);
+    },
+    bufferedAmount: () => {
+      try {
+        return dc.bufferedAmount();
+      } catch {
+        return 0;
+      }
+    },
+    close: () => {
+      try {
+        dc.close();
+      } catch {}
+    },
+    attach(sink: ChannelSink) {
+      dc.setBufferedAmountLowThreshold(LOW_WATER_BYTES);
+      let lastMessage = 0;
+      dc.onMessage((msg) => {
+        lastMessage = performance.now();
+        sink.message(typeof msg === "string" ? Buffer.from(msg) : Buffer.from(msg as ArrayBuffer));
+      });
+      // The library delivers messages and the close through separate queues, so the close can
+      // overtake the last messages: it is passed on once no message has arrived for a moment.
+      const closeWhenQuiet = () => {
+        if (performance.now() - lastMessage < CLOSE_QUIET_MS) setTimeout(closeWhenQuiet, CLOSE_QUIET_MS);
+        else sink.closed();
+      };
+      dc.onClosed(() => {
+        forget();
+        setTimeout(closeWhenQuiet, CLOSE_QUIET_MS);
+      });
+      dc.onBufferedAmountLow(() => sink.drained());
+    },
+  };
+}

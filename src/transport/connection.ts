@@ -1,0 +1,219 @@
+import { create, toBinary } from "@bufbuild/protobuf";
+import type { Logger } from "pino";
+import type { Domain } from "../domain/index.ts";
+import { bindConnection } from "../http/connection.ts";
+import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
+import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
+import { callRpc, RpcCode, RpcError, serveRpc } from "../protocol/rpc.ts";
+import type { PeerLink } from "./answerer.ts";
+import { AudioSender } from "./audio.ts";
+import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "./device-rpc.ts";
+import type { TransportMetrics } from "./metrics.ts";
+import { decodeTelemetry, InvalidFrame, TELEMETRY_PACKET, type TelemetryWriter } from "./telemetry.ts";
+
+export const EVENT_STREAM_DEADLINE_MS = 10_000;
+export const MAX_SERVICE_STREAMS = 256;
+const DEVICE_RPC_TIMEOUT_MS = 5_000;
+const MAX_PACKET_BYTES = 64 * 1024;
+/** Telemetry frames a connection may send per second; more are dropped (a flood must not starve the node). */
+const TELEMETRY_FRAMES_PER_SECOND = 100;
+
+/** What a connection needs from the transport that holds it. */
+export interface ConnectionHost {
+  domain: Domain;
+  logger: Logger;
+  metrics: TransportMetrics;
+  telemetry: TelemetryWriter;
+  /** Serves an HTTP stream (service 1 or 2). */
+  serveHttp(service: 1 | 2, stream: ChannelStream): void;
+  /** The connection became active: the host makes it the key's only one and marks it online. */
+  activated(c: Connection): Promise<void>;
+  closed(c: Connection): Promise<void>;
+}
+
+export type CloseReason = "event stream closed" | "event stream deadline" | "connection failed" | "connection closed" | "replaced" | "shutdown" | "refused";
+
+/** One device's WebRTC connection, authenticated as the offer's key. */
+export class Connection {
+  readonly publicKey: string;
+  readonly link: PeerLink;
+  readonly audio: AudioSender;
+  private readonly host: ConnectionHost;
+  private readonly streams = new Set<ChannelStream>();
+  private readonly waiting: ChannelPort[] = [];
+  private events: ChannelStream | undefined;
+  private deadline: NodeJS.Timeout | undefined;
+  private state: "pending" | "activating" | "active" | "closed" = "pending";
+  private closing: Promise<void> | undefined;
+  private activation: Promise<void> | undefined;
+  private telemetryWindow = { start: 0, count: 0 };
+  closeReason: CloseReason | undefined;
+
+  constructor(host: ConnectionHost, publicKey: string, link: PeerLink) {
+    this.host = host;
+    this.publicKey = publicKey;
+    this.link = link;
+    this.audio = new AudioSender(link.audio);
+    this.deadline = setTimeout(() => void this.close("event stream deadline"), EVENT_STREAM_DEADLINE_MS);
+    link.onState((state) => {
+      if (state === "failed") void this.close("connection failed");
+      else if (state === "closed") void this.close("connection closed");
+    });
+    link.onChannel((port) => this.channel(port));
+    link.onRtp((bytes) => host.metrics.rtp(bytes));
+  }
+
+  get active(): boolean {
+    return this.state === "active";
+  }
+
+  private channel(port: ChannelPort): void {
+    if (this.state === "closed") {
+      port.close();
+      return;
+    }
+    if (port.label === PACKET_LABEL) {
+      this.packets(port);
+      return;
+    }
+    const id = serviceId(port.label);
+    if (id === SERVICE.EVENTS) {
+      this.eventStream(port);
+      return;
+    }
+    if (id === null || (id !== SERVICE.RPC && id !== SERVICE.PUBLIC_API && id !== SERVICE.COMPATIBLE_API)) {
+      this.host.logger.debug({ label: port.label }, "channel refused: unknown label or service");
+      port.close();
+      return;
+    }
+    // Service streams wait for the event stream: until then the caller is not yet registered.
+    if (this.state !== "active") this.waiting.push(port);
+    else this.service(id, port);
+  }
+
+  private service(id: number, port: ChannelPort): void {
+    if (this.streams.size >= MAX_SERVICE_STREAMS) {
+      this.host.metrics.streamRefused();
+      port.close();
+      return;
+    }
+    const stream = this.track(new ChannelStream(port));
+    if (id === SERVICE.RPC)
+      void serveRpc(stream, rpcHandlers(this.publicKey, this.host.domain.peers), (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"));
+    else this.host.serveHttp(id as 1 | 2, stream);
+  }
+
+  /** Counts a stream among the open ones and marks it as this connection's, for the HTTP principal. */
+  private track(stream: ChannelStream): ChannelStream {
+    const address = this.link.remoteAddress();
+    if (address) {
+      const m = /^\[?([^\]]+)\]?:(\d+)$/.exec(address);
+      stream.remoteAddress = m?.[1];
+      stream.remotePort = m ? Number(m[2]) : undefined;
+      stream.remoteFamily = m?.[1]?.includes(":") ? "IPv6" : "IPv4";
+    }
+    bindConnection(stream, { peerKey: this.publicKey, remoteAddress: stream.remoteAddress ?? "unknown" });
+    this.streams.add(stream);
+    stream.once("close", () => this.streams.delete(stream));
+    return stream;
+  }
+
+  private eventStream(port: ChannelPort): void {
+    if (this.events) {
+      port.close(); // exactly one per connection
+      return;
+    }
+    this.events = new ChannelStream(port);
+    // Devices send nothing here; whatever arrives is read and dropped.
+    this.events.resume();
+    this.events.once("close", () => void this.close("event stream closed"));
+    if (this.deadline) clearTimeout(this.deadline);
+    this.deadline = undefined;
+    this.state = "activating";
+    this.activation = this.host.activated(this).then(
+      () => {
+        if (this.state !== "activating") return;
+        this.state = "active";
+        for (const port of this.waiting.splice(0)) {
+          const id = serviceId(port.label) as number;
+          this.service(id, port);
+        }
+        void this.pullDeviceInfo();
+      },
+      (err) => {
+        this.host.logger.warn({ err, peer: this.publicKey }, "connection could not become active");
+        void this.close("refused");
+      },
+    );
+  }
+
+  private packets(port: ChannelPort): void {
+    port.attach({
+      message: (data) => {
+        if (this.state !== "active" && this.state !== "activating") return;
+        if (data.length === 0 || data.length > MAX_PACKET_BYTES) return this.host.metrics.dropped("out_of_range");
+        if (data[0] !== TELEMETRY_PACKET) return this.host.metrics.dropped("unknown_type");
+        const now = Date.now();
+        if (now - this.telemetryWindow.start >= 1000) this.telemetryWindow = { start: now, count: 0 };
+        if (++this.telemetryWindow.count > TELEMETRY_FRAMES_PER_SECOND) return this.host.metrics.dropped("rate_limited");
+        try {
+          const samples = decodeTelemetry(data.subarray(1), this.host.domain.ctx.clock.now());
+          if (this.host.telemetry.add(this.publicKey, samples)) this.host.metrics.frame();
+          else this.host.metrics.dropped("overload");
+        } catch (err) {
+          if (err instanceof InvalidFrame) this.host.metrics.dropped(err.reason);
+          else throw err;
+        }
+      },
+      closed: () => {},
+      drained: () => {},
+    });
+  }
+
+  /** Calls a `client.*` or `all.*` method on the device over a new stream 0. */
+  async call(method: RpcMethod, payload: Uint8Array, o: { timeoutMs?: number; upBytes?: number } = {}) {
+    if (this.state !== "active") throw new Error("the connection is not active");
+    if (this.streams.size >= MAX_SERVICE_STREAMS) throw new Error("too many open streams");
+    const timeoutMs = o.timeoutMs ?? DEVICE_RPC_TIMEOUT_MS;
+    const port = await this.link.openChannel(`${SERVICE_PREFIX}${SERVICE.RPC}`, timeoutMs);
+    return callRpc(this.track(new ChannelStream(port)), method, payload, { ...o, timeoutMs });
+  }
+
+  /** `client.info.get` and `client.identifiers.get`, once; a device without them answers −32601 and nothing changes. */
+  private async pullDeviceInfo(): Promise<void> {
+    const empty = toBinary(EmptySchema, create(EmptySchema));
+    for (const [method, convert] of [
+      [RpcMethod.CLIENT_INFO_GET, deviceInfoFromHardware],
+      [RpcMethod.CLIENT_IDENTIFIERS_GET, deviceInfoFromIdentifiers],
+    ] as const) {
+      if (this.state !== "active") return;
+      try {
+        const { payload } = await this.call(method, empty);
+        const patch = convert(payload);
+        if (patch && this.state === "active") await this.host.domain.peers.mergeDeviceInfo(this.publicKey, patch);
+      } catch (err) {
+        const level = err instanceof RpcError && err.code === RpcCode.METHOD_NOT_FOUND ? "debug" : this.state === "active" ? "info" : "debug";
+        this.host.logger[level]({ peer: this.publicKey, method, err: (err as Error).message }, "device info not available");
+      }
+    }
+  }
+
+  /** Closes everything: streams, channels, the peer connection; the host marks the peer offline. */
+  close(reason: CloseReason): Promise<void> {
+    this.closing ??= (async () => {
+      this.closeReason = reason;
+      const wasActivating = this.state === "activating";
+      this.state = "closed";
+      if (this.deadline) clearTimeout(this.deadline);
+      this.deadline = undefined;
+      this.audio.stop();
+      for (const port of this.waiting.splice(0)) port.close();
+      for (const s of this.streams) s.destroy();
+      this.events?.destroy();
+      this.link.close();
+      if (wasActivating) await this.activation;
+      await this.host.closed(this);
+    })();
+    return this.closing;
+  }
+}

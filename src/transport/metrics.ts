@@ -1,0 +1,47 @@
+import { Counter, Gauge, type Registry } from "prom-client";
+import type { DropReason } from "./telemetry.ts";
+
+/** The transport's Prometheus metrics, in the node's registry. */
+export class TransportMetrics {
+  private readonly offers: Counter<"result">;
+  private readonly frames: Counter;
+  private readonly drops: Counter<"reason">;
+  private readonly rtpPackets: Counter;
+  private readonly rtpBytes: Counter;
+  private readonly refusedStreams: Counter;
+
+  constructor(registry: Registry, connections: () => number) {
+    const registers = [registry];
+    this.offers = new Counter({ name: "perch_webrtc_offers_total", help: "Offers by result (answered, or the error code)", labelNames: ["result"], registers });
+    this.frames = new Counter({ name: "perch_telemetry_frames_total", help: "Telemetry frames accepted from packet channels", registers });
+    this.drops = new Counter({ name: "perch_telemetry_frames_dropped_total", help: "Packets dropped, by reason", labelNames: ["reason"], registers });
+    this.rtpPackets = new Counter({ name: "perch_webrtc_rtp_received_packets_total", help: "RTP packets received on audio tracks", registers });
+    this.rtpBytes = new Counter({ name: "perch_webrtc_rtp_received_bytes_total", help: "RTP bytes received on audio tracks", registers });
+    this.refusedStreams = new Counter({ name: "perch_webrtc_streams_refused_total", help: "Service streams closed at once (over 256 open)", registers });
+    new Gauge({
+      name: "perch_webrtc_connections",
+      help: "WebRTC connections this node holds",
+      registers,
+      collect() {
+        this.set(connections());
+      },
+    });
+  }
+
+  offer(result: string): void {
+    this.offers.inc({ result });
+  }
+  frame(): void {
+    this.frames.inc();
+  }
+  dropped(reason: DropReason): void {
+    this.drops.inc({ reason });
+  }
+  rtp(bytes: number): void {
+    this.rtpPackets.inc();
+    this.rtpBytes.inc(bytes);
+  }
+  streamRefused(): void {
+    this.refusedStreams.inc();
+  }
+}

@@ -1,0 +1,60 @@
+import { createSocket } from "node:dgram";
+import { lookup } from "node:dns/promises";
+import { isIP } from "node:net";
+import type { Logger } from "pino";
+import type { Registry } from "prom-client";
+import type { Config } from "../config/config.ts";
+import type { Domain } from "../domain/index.ts";
+import { type FetchApp, WebRtcTransport } from "./transport.ts";
+
+/** The host part of `host:port` (brackets of an IPv6 literal removed). */
+export function endpointHost(endpoint: string): string {
+  const m = /^\[([^\]]+)\](?::\d+)?$/.exec(endpoint) ?? /^([^:]+)(?::\d+)?$/.exec(endpoint);
+  return m?.[1] ?? endpoint;
+}
+
+/** Fails early, with a clear message, when the UDP port cannot be bound (the library would only fail per offer). */
+function checkUdpPort(port: number, address: string | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const socket = createSocket(address?.includes(":") ? "udp6" : "udp4");
+    socket.once("error", (err) => {
+      socket.close();
+      reject(new Error(`cannot use UDP port ${port} for WebRTC: ${err.message}`));
+    });
+    socket.bind(port, address, () => socket.close(() => resolve()));
+  });
+}
+
+/** Starts this node's WebRTC transport from the configuration: one UDP port (default the HTTP port's number). */
+export async function startTransport(
+  config: Config,
+  o: { domain: Domain; logger: Logger; registry: Registry; httpPort: number; publicApi: FetchApp; compatibleApi?: FetchApp },
+): Promise<WebRtcTransport> {
+  const udpPort = config.webrtc.udpPort ?? o.httpPort;
+  const wildcard = config.host === "0.0.0.0" || config.host === "::";
+  const bindAddress = wildcard ? undefined : config.host;
+  await checkUdpPort(udpPort, bindAddress);
+  let publicAddress: string | undefined;
+  if (config.publicEndpoint) {
+    const host = endpointHost(config.publicEndpoint);
+    try {
+      publicAddress = isIP(host) ? host : (await lookup(host)).address;
+    } catch (err) {
+      // Candidates must be addresses; without one the gathered host candidates are kept.
+      o.logger.warn({ err, endpoint: config.publicEndpoint }, "the public endpoint's host does not resolve; host candidates are not rewritten");
+    }
+  }
+  const transport = new WebRtcTransport({
+    domain: o.domain,
+    logger: o.logger.child({ component: "webrtc" }),
+    registry: o.registry,
+    udpPort,
+    bindAddress,
+    publicAddress,
+    maxConnections: config.webrtc.maxConnections,
+    publicApi: o.publicApi,
+    ...(o.compatibleApi ? { compatibleApi: o.compatibleApi } : {}),
+  });
+  await transport.start();
+  return transport;
+}

@@ -1,0 +1,194 @@
+import { createServer, type Server } from "node:http";
+import { getRequestListener } from "@hono/node-server";
+import type { Logger } from "pino";
+import type { Registry } from "prom-client";
+import { DomainError } from "../domain/errors.ts";
+import type { Domain } from "../domain/index.ts";
+import type { AcceptedOffer } from "../domain/signaling.ts";
+import type { ChannelStream } from "../protocol/channel.ts";
+import { Answerer } from "./answerer.ts";
+import { toneFrames } from "./audio.ts";
+import { Connection, type ConnectionHost } from "./connection.ts";
+import { TransportMetrics } from "./metrics.ts";
+import { inspectOffer } from "./sdp.ts";
+import { TelemetryWriter } from "./telemetry.ts";
+
+/** A web-standard application: the Public API's `fetch`, or the Compatible API's. */
+// biome-ignore lint/suspicious/noExplicitAny: any app's own bindings type
+export type FetchApp = (request: Request, env?: any) => Response | Promise<Response>;
+
+export interface TransportOptions {
+  domain: Domain;
+  logger: Logger;
+  registry: Registry;
+  udpPort: number;
+  bindAddress: string | undefined;
+  publicAddress: string | undefined;
+  maxConnections: number;
+  /** Served on stream 1. */
+  publicApi: FetchApp;
+  /** Served on stream 2, mounted at `/v1`; until the Compatible API exists, 503 in OpenAI's envelope. */
+  compatibleApi?: FetchApp;
+}
+
+/** How often ownership is checked (replacement on another node) and how often counters are written. */
+const OWNERSHIP_CHECK_MS = 2_000;
+const RUNTIME_REFRESH_MS = 5_000;
+const GATHER_TIMEOUT_MS = 5_000;
+const CAPACITY_RETRY_AFTER_S = 5;
+
+const unavailableCompatibleApi: FetchApp = () =>
+  Response.json(
+    { error: { message: "the Compatible API is not available on this server yet", type: "api_error", param: null, code: "unavailable" } },
+    { status: 503 },
+  );
+
+/** The WebRTC transport of one node: answers offers, holds connections, serves their streams. */
+export class WebRtcTransport implements ConnectionHost {
+  readonly domain: Domain;
+  readonly logger: Logger;
+  readonly metrics: TransportMetrics;
+  readonly telemetry: TelemetryWriter;
+  private readonly o: TransportOptions;
+  private readonly answerer: Answerer;
+  /** Every connection, pending or active. */
+  private readonly all = new Set<Connection>();
+  /** The active connection of each key. */
+  private readonly byKey = new Map<string, Connection>();
+  private readonly http: Record<1 | 2, Server>;
+  private readonly ticker: NodeJS.Timeout;
+  private ticking = false;
+  private lastRefresh = 0;
+  private closing: Promise<void> | undefined;
+
+  constructor(o: TransportOptions) {
+    this.o = o;
+    this.domain = o.domain;
+    this.logger = o.logger;
+    this.metrics = new TransportMetrics(o.registry, () => this.all.size);
+    this.telemetry = new TelemetryWriter({ sink: o.domain.telemetry, onError: (err) => o.logger.error({ err }, "telemetry write failed") });
+    this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
+    const server = (app: FetchApp) => createServer({ requireHostHeader: false, keepAlive: false }, getRequestListener(app));
+    this.http = { 1: server(o.publicApi), 2: server(o.compatibleApi ?? unavailableCompatibleApi) };
+    this.ticker = setInterval(() => void this.tick(), OWNERSHIP_CHECK_MS);
+    this.ticker.unref();
+  }
+
+  /** Connections held now. */
+  get size(): number {
+    return this.all.size;
+  }
+
+  /** Start-up: a previous run of this node may have left peers recorded online. */
+  async start(): Promise<void> {
+    await this.domain.presence.nodeOffline();
+  }
+
+  /**
+   * Checks 10–13 of the contract for an offer that passed 1–9, and answers it. `timing` receives
+   * the phases for `Server-Timing`.
+   */
+  async answer(offer: AcceptedOffer, timing: (phase: string, ms: number) => void): Promise<string> {
+    const shape = inspectOffer(offer.sdp);
+    if (shape === "INVALID_SDP") throw new DomainError("invalid", "INVALID_SDP", "the offer has no a=fingerprint: line");
+    if (shape === "MISSING_OPUS_AUDIO") {
+      throw new DomainError("invalid", "MISSING_OPUS_AUDIO", "the offer needs a sendrecv audio section with opus/48000 and a webrtc-datachannel section");
+    }
+    if (this.closing || this.all.size >= this.o.maxConnections) {
+      throw new DomainError("unavailable", "CAPACITY_EXCEEDED", "this node holds as many connections as it may", undefined, CAPACITY_RETRY_AFTER_S);
+    }
+    const started = performance.now();
+    let link: Awaited<ReturnType<Answerer["answer"]>>;
+    try {
+      link = await this.answerer.answer({ sdp: offer.sdp, ...shape });
+    } catch (err) {
+      this.logger.warn({ err, peer: offer.publicKey }, "answer failed");
+      throw new DomainError("unavailable", "ANSWER_FAILED", "the server could not create an answer");
+    }
+    timing("answer", performance.now() - started);
+    const connection = new Connection(this, offer.publicKey, link);
+    this.all.add(connection);
+    if (this.closing) void connection.close("shutdown");
+    return link.answer;
+  }
+
+  serveHttp(service: 1 | 2, stream: ChannelStream): void {
+    this.http[service].emit("connection", stream);
+  }
+
+  /** Makes `c` its key's only connection (closing an older one first) and marks the peer online here. */
+  async activated(c: Connection): Promise<void> {
+    const older = this.byKey.get(c.publicKey);
+    this.byKey.set(c.publicKey, c);
+    if (older && older !== c) await older.close("replaced");
+    await this.domain.presence.connected(c.publicKey, c.link.remoteAddress() ?? null);
+    this.logger.info({ peer: c.publicKey, addr: c.link.remoteAddress() }, "peer connected");
+  }
+
+  async closed(c: Connection): Promise<void> {
+    this.all.delete(c);
+    const current = this.byKey.get(c.publicKey) === c;
+    if (current) this.byKey.delete(c.publicKey);
+    // A connection replaced here must not mark its successor offline; one replaced elsewhere no longer owns the record.
+    if (c.closeReason !== "replaced" && (current || c.closeReason === "refused")) {
+      try {
+        await this.domain.presence.disconnected(c.publicKey);
+      } catch (err) {
+        this.logger.error({ err, peer: c.publicKey }, "could not mark the peer offline");
+      }
+    }
+    this.logger.info({ peer: c.publicKey, reason: c.closeReason }, "peer disconnected");
+  }
+
+  /** Plays a tone to the key's connection on this node; false when it has none. */
+  playTone(publicKey: string, frequencyHz: number, durationMs: number): { frames: number } | undefined {
+    const c = this.byKey.get(publicKey);
+    if (!c?.active) return undefined;
+    const frames = toneFrames(frequencyHz, durationMs);
+    void c.audio.play(frames);
+    return { frames: frames.length };
+  }
+
+  /** The key's active connection on this node (tests and the benchmark call its RPCs). */
+  connection(publicKey: string): Connection | undefined {
+    return this.byKey.get(publicKey);
+  }
+
+  private async tick(): Promise<void> {
+    if (this.ticking || this.closing) return;
+    this.ticking = true;
+    try {
+      const active = [...this.byKey.values()].filter((c) => c.active);
+      const keys = active.map((c) => c.publicKey);
+      for (const key of await this.domain.presence.replacedElsewhere(keys)) void this.byKey.get(key)?.close("replaced");
+      if (Date.now() - this.lastRefresh >= RUNTIME_REFRESH_MS) {
+        this.lastRefresh = Date.now();
+        const live = active.filter((c) => c.active);
+        const entries = live.map((c) => {
+          const { rx, tx } = c.link.bytes();
+          return { publicKey: c.publicKey, lastAddr: c.link.remoteAddress() ?? null, rxBytes: rx, txBytes: tx };
+        });
+        for (const key of await this.domain.presence.refresh(entries)) {
+          const c = this.byKey.get(key);
+          if (c?.active) void c.close("replaced");
+        }
+      }
+    } catch (err) {
+      this.logger.warn({ err }, "runtime upkeep failed");
+    } finally {
+      this.ticking = false;
+    }
+  }
+
+  /** Closes every connection (marking its peer offline), then flushes telemetry. */
+  close(): Promise<void> {
+    this.closing ??= (async () => {
+      clearInterval(this.ticker);
+      await Promise.all([...this.all].map((c) => c.close("shutdown")));
+      await this.domain.presence.nodeOffline().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
+      await this.telemetry.close();
+      for (const s of Object.values(this.http)) s.close();
+    })();
+    return this.closing;
+  }
+}

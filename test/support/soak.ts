@@ -1,0 +1,50 @@
+/**
+ * The soak's measured process: a real server and a device SDK client in one process, `cycles`
+ * connect/disconnect cycles, usage before and after printed as JSON. It exits on its own, because
+ * node-datachannel's native callbacks can keep an event loop alive past the last test.
+ */
+import { readdirSync } from "node:fs";
+import v8 from "node:v8";
+import vm from "node:vm";
+import { generateKeyPair } from "../../src/crypto/keys.ts";
+import { startTestServer } from "./server.ts";
+import { connect, eventually } from "./webrtc.ts";
+
+v8.setFlagsFromString("--expose-gc");
+const gc = vm.runInNewContext("gc") as () => void;
+const cycles = Number(process.argv[2] ?? 200);
+
+async function usage() {
+  gc();
+  await new Promise((r) => setTimeout(r, 100));
+  gc();
+  return {
+    fds: readdirSync("/proc/self/fd").length,
+    handles: (process as unknown as { _getActiveHandles(): unknown[] })._getActiveHandles().length,
+    heap_mb: process.memoryUsage().heapUsed / 2 ** 20,
+    rss_mb: process.memoryUsage().rss / 2 ** 20,
+  };
+}
+
+const server = await startTestServer();
+const keyPair = generateKeyPair();
+let lastKey = "";
+const run = async (n: number) => {
+  for (let i = 0; i < n; i++) {
+    const conn = await connect(server, { keyPair: i % 2 === 0 ? keyPair : generateKeyPair() });
+    lastKey = conn.publicKey;
+    if (i % 10 === 0 && (await conn.http(1, "GET", "/me")).status !== 200) throw new Error("GET /me over stream 1 failed");
+    conn.close();
+    await eventually(() => server.transport!.size === 0, 5000, "the server to let go of the connection");
+  }
+};
+await run(10);
+const before = await usage();
+const started = performance.now();
+await run(cycles);
+const seconds = (performance.now() - started) / 1000;
+const after = await usage();
+const offline = !(await server.domain.peers.runtime(lastKey)).online;
+await server.stop();
+process.stdout.write(`${JSON.stringify({ cycles, seconds, before, after, offline })}\n`);
+process.exit(0);

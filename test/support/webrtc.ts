@@ -1,0 +1,53 @@
+import wrtc from "@roamhq/wrtc";
+import { decodeKey, encodeKey, generateKeyPair, type KeyPair, privateKeyObject, sharedSecret } from "../../src/crypto/keys.ts";
+import { SealedExchange } from "../../src/crypto/sealed-offer.ts";
+import { type ConnectOptions, PerchConnection } from "../../src/sdk/webrtc.ts";
+import type { TestServer } from "./server.ts";
+
+/** A real offer SDP from libwebrtc: a sendrecv audio transceiver and a DataChannel. */
+export async function realOfferSdp(): Promise<string> {
+  const pc = new wrtc.RTCPeerConnection({ iceServers: [] });
+  try {
+    pc.addTransceiver("audio", { direction: "sendrecv" });
+    pc.createDataChannel("giznet/v1/packet");
+    const gathered = new Promise<void>((resolve) => pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve()));
+    await pc.setLocalDescription(await pc.createOffer());
+    await gathered;
+    return pc.localDescription!.sdp;
+  } finally {
+    pc.close();
+  }
+}
+
+export interface SealedRequest {
+  exchange: SealedExchange;
+  headers: Record<string, string>;
+  body: Uint8Array<ArrayBuffer>;
+}
+
+/** Seals `sdp` for the server as a device with `keyPair` would. */
+export function sealOffer(serverKey: string, keyPair: KeyPair, sdp: string, nowSeconds = Math.floor(Date.now() / 1000)): SealedRequest {
+  const shared = sharedSecret(privateKeyObject(keyPair.privateKey), decodeKey(serverKey));
+  const exchange = SealedExchange.create(shared, encodeKey(keyPair.publicKey), nowSeconds);
+  return { exchange, headers: { "content-type": "application/octet-stream", ...exchange.headers() }, body: new Uint8Array(exchange.sealRequest(sdp)) };
+}
+
+export function postOffer(url: string, headers: Record<string, string>, body: Uint8Array<ArrayBuffer>): Promise<Response> {
+  return fetch(`${url}/webrtc/v1/offer`, { method: "POST", headers, body });
+}
+
+/** Connects a device SDK client (wrtc) to a test server. */
+export function connect(server: TestServer | { url: string }, o: Partial<ConnectOptions> = {}): Promise<PerchConnection> {
+  return PerchConnection.connect({ baseUrl: server.url, keyPair: o.keyPair ?? generateKeyPair(), ...o });
+}
+
+/** Polls `fn` until it returns a truthy value (or throws after `ms`). */
+export async function eventually<T>(fn: () => Promise<T | undefined | false> | T | undefined | false, ms = 5000, what = "condition"): Promise<T> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
