@@ -67,7 +67,10 @@ describe("WebRTC transport with the device SDK (@roamhq/wrtc)", () => {
       const runtime = (await conn.http(1, "GET", "/me/runtime")).json<{ online: boolean; node: string }>();
       assert.equal(runtime.online, true);
       // The selected pair is written at activation, or with the next refresh when not known yet.
-      await eventually(async () => /^127\.0\.0\.1:\d+$/.test((await conn.http(1, "GET", "/me/runtime")).json<{ last_addr?: string }>().last_addr ?? ""), 8000);
+      await eventually(
+        async () => /^\d+\.\d+\.\d+\.\d+:\d+$/.test((await conn.http(1, "GET", "/me/runtime")).json<{ last_addr?: string }>().last_addr ?? ""),
+        12_000,
+      );
       // A Side Control route is not for a device's own connection.
       assert.equal((await conn.http(1, "GET", "/side-control/info")).status, 403);
       // Stream 2 until the Compatible API exists: 503 in OpenAI's envelope.

@@ -121,6 +121,8 @@ export class WebRtcTransport implements ConnectionHost {
     const older = this.byKey.get(c.publicKey);
     this.byKey.set(c.publicKey, c);
     if (older && older !== c) await older.close("replaced");
+    // The selected pair can lag the event stream by a moment; the address is worth a short wait.
+    for (let i = 0; i < 20 && !c.link.remoteAddress(); i++) await new Promise((r) => setTimeout(r, 25));
     await this.domain.presence.connected(c.publicKey, c.link.remoteAddress() ?? null);
     this.logger.info({ peer: c.publicKey, addr: c.link.remoteAddress() }, "peer connected");
   }
