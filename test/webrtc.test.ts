@@ -73,10 +73,15 @@ describe("WebRTC transport with the device SDK (@roamhq/wrtc)", () => {
       );
       // A Side Control route is not for a device's own connection.
       assert.equal((await conn.http(1, "GET", "/side-control/info")).status, 403);
-      // Stream 2 until the Compatible API exists: 503 in OpenAI's envelope.
-      const compat = await conn.http(2, "GET", "/v1/models");
-      assert.equal(compat.status, 503);
-      assert.deepEqual(Object.keys(compat.json<{ error: object }>().error).sort(), ["code", "message", "param", "type"]);
+      // Stream 2 is the Compatible API at /v1, the connection's key the caller (no header).
+      const models = await conn.http(2, "GET", "/v1/models");
+      assert.equal(models.status, 200);
+      const list = models.json<{ object: string; data: Array<{ id: string }> }>();
+      assert.equal(list.object, "list");
+      assert.ok(list.data.some((m) => m.id === "tts-1"), JSON.stringify(list));
+      const missing = await conn.http(2, "GET", "/v1/nowhere");
+      assert.equal(missing.status, 404);
+      assert.deepEqual(Object.keys(missing.json<{ error: object }>().error).sort(), ["code", "message", "param", "type"]);
     } finally {
       conn.close();
     }
