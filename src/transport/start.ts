@@ -28,7 +28,7 @@ function checkUdpPort(port: number, address: string | undefined): Promise<void> 
 /** Starts this node's WebRTC transport from the configuration: one UDP port (default the HTTP port's number). */
 export async function startTransport(
   config: Config,
-  o: { domain: Domain; logger: Logger; registry: Registry; httpPort: number; publicApi: FetchApp; compatibleApi?: FetchApp },
+  o: { domain: Domain; logger: Logger; registry: Registry; httpPort: number; publicApi: FetchApp; compatibleApi: FetchApp },
 ): Promise<WebRtcTransport> {
   const udpPort = config.webrtc.udpPort ?? o.httpPort;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
@@ -53,7 +53,7 @@ export async function startTransport(
     publicAddress,
     maxConnections: config.webrtc.maxConnections,
     publicApi: o.publicApi,
-    ...(o.compatibleApi ? { compatibleApi: o.compatibleApi } : {}),
+    compatibleApi: o.compatibleApi,
   });
   await transport.start();
   return transport;

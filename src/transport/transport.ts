@@ -14,7 +14,6 @@ import { inspectOffer } from "./sdp.ts";
 import { TelemetryWriter } from "./telemetry.ts";
 
 /** A web-standard application: the Public API's `fetch`, or the Compatible API's. */
-// biome-ignore lint/suspicious/noExplicitAny: any app's own bindings type
 export type FetchApp = (request: Request, env?: any) => Response | Promise<Response>;
 
 export interface TransportOptions {
@@ -27,8 +26,8 @@ export interface TransportOptions {
   maxConnections: number;
   /** Served on stream 1. */
   publicApi: FetchApp;
-  /** Served on stream 2, mounted at `/v1`; until the Compatible API exists, 503 in OpenAI's envelope. */
-  compatibleApi?: FetchApp;
+  /** Served on stream 2: the Compatible API, mounted at `/v1`. */
+  compatibleApi: FetchApp;
 }
 
 /** How often ownership is checked (replacement on another node) and how often counters are written. */
@@ -36,12 +35,6 @@ const OWNERSHIP_CHECK_MS = 2_000;
 const RUNTIME_REFRESH_MS = 5_000;
 const GATHER_TIMEOUT_MS = 5_000;
 const CAPACITY_RETRY_AFTER_S = 5;
-
-const unavailableCompatibleApi: FetchApp = () =>
-  Response.json(
-    { error: { message: "the Compatible API is not available on this server yet", type: "api_error", param: null, code: "unavailable" } },
-    { status: 503 },
-  );
 
 /** The WebRTC transport of one node: answers offers, holds connections, serves their streams. */
 export class WebRtcTransport implements ConnectionHost {
@@ -69,7 +62,7 @@ export class WebRtcTransport implements ConnectionHost {
     this.telemetry = new TelemetryWriter({ sink: o.domain.telemetry, onError: (err) => o.logger.error({ err }, "telemetry write failed") });
     this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
     const server = (app: FetchApp) => createServer({ requireHostHeader: false, keepAlive: false }, getRequestListener(app));
-    this.http = { 1: server(o.publicApi), 2: server(o.compatibleApi ?? unavailableCompatibleApi) };
+    this.http = { 1: server(o.publicApi), 2: server(o.compatibleApi) };
     this.ticker = setInterval(() => void this.tick(), OWNERSHIP_CHECK_MS);
     this.ticker.unref();
   }
