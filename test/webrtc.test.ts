@@ -78,7 +78,10 @@ describe("WebRTC transport with the device SDK (@roamhq/wrtc)", () => {
       assert.equal(models.status, 200);
       const list = models.json<{ object: string; data: Array<{ id: string }> }>();
       assert.equal(list.object, "list");
-      assert.ok(list.data.some((m) => m.id === "tts-1"), JSON.stringify(list));
+      assert.ok(
+        list.data.some((m) => m.id === "tts-1"),
+        JSON.stringify(list),
+      );
       const missing = await conn.http(2, "GET", "/v1/nowhere");
       assert.equal(missing.status, 404);
       assert.deepEqual(Object.keys(missing.json<{ error: object }>().error).sort(), ["code", "message", "param", "type"]);
