@@ -2,9 +2,10 @@ import type { AgentConfig, ModelConfig } from "../../config/config.ts";
 import type { Domain } from "../../domain/index.ts";
 import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
 import type { Caller } from "../caller.ts";
+import { ChunkWriter } from "../chunks.ts";
 import type { ChatStream, ProviderRequest } from "../providers/provider.ts";
 import type { ChatRouter } from "../router.ts";
-import { DONE_EVENT, parseEvents, sseError, sseEvent } from "../sse.ts";
+import { parseEvents, sseError, sseEvent } from "../sse.ts";
 import { agentTools, runTool, type ToolDefinition } from "./tools.ts";
 
 export interface AgentRun {
@@ -152,41 +153,4 @@ function addUsage(total: Usage, u: Usage | null | undefined): void {
   total.prompt_tokens += u.prompt_tokens ?? 0;
   total.completion_tokens += u.completion_tokens ?? 0;
   total.total_tokens += u.total_tokens ?? 0;
-}
-
-/** The agent's own chunks: one id and model for the whole run, whichever steps produced them. */
-class ChunkWriter {
-  private readonly id = `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
-  private readonly created = Math.floor(Date.now() / 1000);
-  private started = false;
-  private readonly model: string;
-  private readonly includeUsage: boolean;
-
-  constructor(model: string, includeUsage: boolean) {
-    this.model = model;
-    this.includeUsage = includeUsage;
-  }
-
-  delta(delta: ChatChunk["choices"][number]["delta"], finish: FinishReason | null = null): Buffer {
-    if (!this.started) {
-      this.started = true;
-      delta = { role: "assistant", ...delta };
-    }
-    const c: ChatChunk = {
-      id: this.id,
-      object: "chat.completion.chunk",
-      created: this.created,
-      model: this.model,
-      choices: [{ index: 0, delta, finish_reason: finish }],
-    };
-    if (this.includeUsage) c.usage = null;
-    return sseEvent(c);
-  }
-
-  finish(reason: FinishReason, usage: Usage): Buffer {
-    const parts = [this.delta({}, reason)];
-    if (this.includeUsage) parts.push(sseEvent({ id: this.id, object: "chat.completion.chunk", created: this.created, model: this.model, choices: [], usage }));
-    parts.push(DONE_EVENT);
-    return Buffer.concat(parts);
-  }
 }

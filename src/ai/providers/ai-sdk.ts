@@ -5,9 +5,10 @@
  */
 import type { createAnthropic } from "@ai-sdk/anthropic";
 import type { APICallError as ApiCallErrorClass } from "ai";
-import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
+import type { ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
+import { ChunkWriter } from "../chunks.ts";
 import { GenerationError } from "../errors.ts";
-import { DONE_EVENT, sseError, sseEvent } from "../sse.ts";
+import { DONE_EVENT, sseError } from "../sse.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
 type LanguageModel = ReturnType<ReturnType<typeof createAnthropic>>;
@@ -154,47 +155,38 @@ export class AiSdkProvider implements ChatProvider {
 
 /** Encodes stream parts as OpenAI chunks. */
 class ChunkEncoder {
-  private readonly id = completionId(undefined);
-  private readonly created = Math.floor(Date.now() / 1000);
-  private started = false;
+  private readonly out: ChunkWriter;
   private readonly tools = new Map<string, number>();
   private finished = false;
 
-  private readonly model: string;
-  private readonly includeUsage: boolean;
-
   constructor(model: string, includeUsage: boolean) {
-    this.model = model;
-    this.includeUsage = includeUsage;
+    this.out = new ChunkWriter(model, includeUsage);
   }
 
   part(p: StreamPart, stats: ChatStream["stats"]): Buffer | undefined {
     switch (p.type) {
       case "text-delta":
-        return p.delta ? this.chunk({ content: p.delta }, null) : undefined;
+        return p.delta ? this.out.delta({ content: p.delta }, null) : undefined;
       case "tool-input-start": {
         const index = this.tools.size;
         this.tools.set(p.id, index);
-        return this.chunk({ tool_calls: [{ index, id: p.id, type: "function", function: { name: p.toolName, arguments: "" } }] }, null);
+        return this.out.delta({ tool_calls: [{ index, id: p.id, type: "function", function: { name: p.toolName, arguments: "" } }] }, null);
       }
       case "tool-input-delta": {
         const index = this.tools.get(p.id);
-        return index === undefined ? undefined : this.chunk({ tool_calls: [{ index, function: { arguments: p.delta } }] }, null);
+        return index === undefined ? undefined : this.out.delta({ tool_calls: [{ index, function: { arguments: p.delta } }] }, null);
       }
       case "tool-call": {
         if (this.tools.has(p.toolCallId)) return undefined;
         const index = this.tools.size;
         this.tools.set(p.toolCallId, index);
-        return this.chunk({ tool_calls: [{ index, id: p.toolCallId, type: "function", function: { name: p.toolName, arguments: p.input } }] }, null);
+        return this.out.delta({ tool_calls: [{ index, id: p.toolCallId, type: "function", function: { name: p.toolName, arguments: p.input } }] }, null);
       }
       case "finish": {
         this.finished = true;
         const u = usage(p.usage);
         stats.usage = u;
-        const last = this.chunk({}, finishReason(p.finishReason.unified));
-        if (!this.includeUsage) return last;
-        const usageChunk: ChatChunk = { id: this.id, object: "chat.completion.chunk", created: this.created, model: this.model, choices: [], usage: u };
-        return Buffer.concat([last, sseEvent(usageChunk)]);
+        return this.out.last(finishReason(p.finishReason.unified), u);
       }
       default:
         return undefined;
@@ -207,22 +199,6 @@ class ChunkEncoder {
 
   error(message: string): Buffer {
     return sseError(message);
-  }
-
-  private chunk(delta: ChatChunk["choices"][number]["delta"], finish: FinishReason | null): Buffer {
-    if (!this.started) {
-      this.started = true;
-      delta = { role: "assistant", ...delta };
-    }
-    const c: ChatChunk = {
-      id: this.id,
-      object: "chat.completion.chunk",
-      created: this.created,
-      model: this.model,
-      choices: [{ index: 0, delta, finish_reason: finish }],
-    };
-    if (this.includeUsage) c.usage = null;
-    return sseEvent(c);
   }
 }
 
