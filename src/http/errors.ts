@@ -23,8 +23,8 @@ export class ApiError extends Error {
   }
 }
 
-/** The Public API's status for each domain error kind. */
-const STATUS_OF: Record<ErrorKind, ErrorStatus> = {
+/** The HTTP status of each domain error kind, the same on every surface (each has its own envelope). */
+export const STATUS_OF: Record<ErrorKind, ErrorStatus> = {
   invalid: 400,
   unauthenticated: 401,
   forbidden: 403,

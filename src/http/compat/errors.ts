@@ -2,7 +2,8 @@ import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
 import { GenerationError, type GenerationErrorKind } from "../../ai/errors.ts";
-import { DomainError, type ErrorKind } from "../../domain/errors.ts";
+import { DomainError } from "../../domain/errors.ts";
+import { STATUS_OF } from "../errors.ts";
 
 export type OpenAIErrorType = "invalid_request_error" | "permission_error" | "rate_limit_error" | "api_error";
 
@@ -47,16 +48,6 @@ const GENERATION_STATUS: Record<GenerationErrorKind, number> = {
   unavailable: 503,
 };
 
-const DOMAIN_STATUS: Record<ErrorKind, number> = {
-  invalid: 400,
-  unauthenticated: 401,
-  forbidden: 403,
-  not_found: 404,
-  conflict: 409,
-  rate_limited: 429,
-  unavailable: 503,
-};
-
 /** Maps anything thrown while serving the Compatible API onto OpenAI's envelope; unexpected errors become 500. */
 export function toOpenAIError(err: unknown): OpenAIError {
   if (err instanceof OpenAIError) return err;
@@ -65,7 +56,7 @@ export function toOpenAIError(err: unknown): OpenAIError {
     return new OpenAIError(status, err.message, { param: err.param, code: err.code, ...(err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}) });
   }
   if (err instanceof DomainError) {
-    const status = DOMAIN_STATUS[err.kind];
+    const status = STATUS_OF[err.kind];
     const code = err.kind === "unauthenticated" ? "invalid_api_key" : err.code.toLowerCase();
     return new OpenAIError(status, err.message, { code, ...(err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}) });
   }

@@ -3,7 +3,7 @@ import { z } from "zod";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import type { ChatRouter } from "../../ai/router.ts";
-import { EngineBusyError, type SpeechEngine, type SpeechFormat } from "../../ai/speech/index.ts";
+import { EngineBusyError, SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
 import type { Metrics } from "../metrics.ts";
 import { speechModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
@@ -11,15 +11,6 @@ import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, readJson } from "./json.ts";
 
 const ROUTE = "/audio/speech";
-
-const CONTENT_TYPES: Record<SpeechFormat, string> = {
-  mp3: "audio/mpeg",
-  opus: "audio/ogg",
-  aac: "audio/aac",
-  flac: "audio/flac",
-  wav: "audio/wav",
-  pcm: "audio/pcm",
-};
 
 export const SpeechRequest = z.strictObject({
   model: z.string().min(1),
@@ -110,7 +101,7 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
     // `transfer-encoding` declared: the Node adapter then writes the first audio at once (see chat.ts).
     const headers: Record<string, string> = sse
       ? { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" }
-      : { "content-type": CONTENT_TYPES[r.response_format] };
+      : { "content-type": SPEECH_CONTENT_TYPES[r.response_format] };
     return c.body(body, 200, { ...headers, "transfer-encoding": "chunked" });
   });
 }
