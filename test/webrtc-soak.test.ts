@@ -6,7 +6,7 @@ import { ROOT } from "./support/server.ts";
 
 const CYCLES = 200;
 
-test(`soak: ${CYCLES} sequential connect/disconnect cycles leave handles, descriptors and memory where they were`, async () => {
+test(`soak: ${CYCLES} sequential connect/disconnect cycles leave handles, descriptors and memory where they were`, { timeout: 300_000 }, async () => {
   const output = await new Promise<string>((resolve, reject) => {
     execFile(join(ROOT, "node_modules/.bin/tsx"), [join(ROOT, "test/support/soak.ts"), String(CYCLES)], { timeout: 240_000 }, (err, stdout, stderr) =>
       err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),

@@ -105,32 +105,41 @@ export const requireJson: MiddlewareHandler<AppEnv> = async (c, next) => {
 };
 
 /**
- * Refuses a request body over `maxSize` bytes with `tooLarge`. A body without Content-Length is
- * counted as it arrives and, once over the limit, still read (and dropped) to its end, up to
- * `drainLimit` bytes, before answering: a client still sending would otherwise stall on a socket
- * nobody reads and lose the 413 (hono's `bodyLimit` leaves the stream half read).
+ * Reads a request body of at most `maxSize` bytes; null when it is larger. A body without
+ * Content-Length is counted as it arrives and, once over the limit, still read (and dropped) to
+ * its end, up to `drainLimit` bytes: a client still sending would otherwise stall on a socket
+ * nobody reads and never see the answer. A declared length over the limit is refused unread, so
+ * that the adapter can drain it after the answer.
  */
+export async function readBodyWithin(c: Context<AppEnv>, maxSize: number, drainLimit = 16 * maxSize): Promise<Uint8Array<ArrayBuffer> | null> {
+  // Headers first: touching `body` starts reading it.
+  const declared = requestHeader(c, "content-length");
+  const chunked = requestHeader(c, "transfer-encoding") !== undefined;
+  if (declared !== undefined && !chunked && Number(declared) > maxSize) return null;
+  const body = c.req.raw.body;
+  if (!body) return new Uint8Array(0);
+  const reader = body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  while (size <= drainLimit) {
+    const r = await reader.read();
+    if (r.done) break;
+    size += r.value.length;
+    if (size <= maxSize) chunks.push(r.value);
+  }
+  return size > maxSize ? null : Buffer.concat(chunks);
+}
+
+/** Refuses a request body over `maxSize` bytes with `tooLarge` (hono's `bodyLimit` leaves the stream half read). */
 export function bodyLimit(maxSize: number, tooLarge: (c: Context<AppEnv>) => Response, drainLimit = 16 * maxSize): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
-    // Headers first: touching `body` starts reading it, and a refused body must stay unread so
-    // that the adapter can drain it after the answer.
     const declared = requestHeader(c, "content-length");
     const chunked = requestHeader(c, "transfer-encoding") !== undefined;
     if (declared !== undefined && !chunked) return Number(declared) > maxSize ? tooLarge(c) : next();
     if (!chunked) return next(); // HTTP/1.1: neither header means no body
-    const body = c.req.raw.body;
-    if (!body) return next();
-    const reader = body.getReader();
-    const chunks: Uint8Array[] = [];
-    let size = 0;
-    while (size <= drainLimit) {
-      const r = await reader.read();
-      if (r.done) break;
-      size += r.value.length;
-      if (size <= maxSize) chunks.push(r.value);
-    }
-    if (size > maxSize) return tooLarge(c);
-    c.req.raw = new Request(c.req.raw, { body: Buffer.concat(chunks) });
+    const body = await readBodyWithin(c, maxSize, drainLimit);
+    if (!body) return tooLarge(c);
+    c.req.raw = new Request(c.req.raw, { body });
     return next();
   };
 }

@@ -166,9 +166,15 @@ export class PerchConnection {
       const transceiver = pc.addTransceiver("audio", { direction: "sendrecv" });
       const packets = pc.createDataChannel(PACKET_LABEL, { ordered: false, maxRetransmits: 0 });
       const events = pc.createDataChannel(`${SERVICE_PREFIX}${SERVICE.EVENTS}`);
-      const gathered = new Promise<void>((resolve) => {
-        if (pc.iceGatheringState === "complete") resolve();
-        pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve());
+      // Offers are not trickled: the offer is sent once every candidate is in it.
+      const gathered = new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`ICE gathering did not complete within ${timeoutMs} ms`)), timeoutMs);
+        const done = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+        if (pc.iceGatheringState === "complete") done();
+        pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && done());
       });
       await pc.setLocalDescription(await pc.createOffer());
       await gathered;

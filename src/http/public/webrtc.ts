@@ -1,12 +1,12 @@
 import { createRoute, z } from "@hono/zod-openapi";
-import type { Context } from "hono";
 import { DomainError } from "../../domain/errors.ts";
 import type { Domain } from "../../domain/index.ts";
 import type { PrimaryPrincipal } from "../../domain/principal.ts";
 import type { AcceptedOffer } from "../../domain/signaling.ts";
-import type { App, AppEnv } from "../env.ts";
+import type { App } from "../env.ts";
 import { ApiError, invalid } from "../errors.ts";
 import { requestHeader } from "../headers.ts";
+import { readBodyWithin } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import { jsonBodyLimit } from "./limits.ts";
 import { bearerSecurity, errors, json } from "./responses.ts";
@@ -59,24 +59,6 @@ const toneRoute = createRoute({
   responses: { 202: json(ToneResult, "Playing"), ...errors(400, 401, 403, 409) },
 });
 
-/** Reads the body up to `limit` bytes; over it, the rest is drained (up to 4 × limit) and null returned. */
-async function readBody(c: Context<AppEnv>, limit: number): Promise<Uint8Array | null> {
-  const declared = requestHeader(c, "content-length");
-  if (declared !== undefined && requestHeader(c, "transfer-encoding") === undefined && Number(declared) > limit) return null;
-  const body = c.req.raw.body;
-  if (!body) return new Uint8Array(0);
-  const reader = body.getReader();
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  while (size <= 4 * limit) {
-    const r = await reader.read();
-    if (r.done) break;
-    size += r.value.length;
-    if (size <= limit) chunks.push(r.value);
-  }
-  return size > limit ? null : Buffer.concat(chunks);
-}
-
 function serverTiming(phases: Array<[string, number]>): string {
   return phases.map(([name, ms]) => `${name};dur=${ms.toFixed(2)}`).join(", ");
 }
@@ -94,7 +76,8 @@ export function registerWebRtcRoutes(app: App, domain: Domain, callers: Callers,
       nonce: requestHeader(c, "x-giznet-nonce"),
       registrationToken: requestHeader(c, "x-registration-token"),
     });
-    const body = await readBody(c, OFFER_BODY_LIMIT);
+    // Check 6 comes after the header checks, so the size is checked here rather than by a middleware.
+    const body = await readBodyWithin(c, OFFER_BODY_LIMIT, 4 * OFFER_BODY_LIMIT);
     if (!body) throw new ApiError(413, "PAYLOAD_TOO_LARGE", `the offer is over ${OFFER_BODY_LIMIT} bytes`);
     const verifyStarted = performance.now();
     const accepted = await domain.signaling.accept(checked, body);
