@@ -47,6 +47,8 @@ export class AnswerError extends Error {}
 
 let linkCounter = 0;
 const CLOSE_QUIET_MS = 15;
+/** Channel ids this side cycles through (fewer when the association has fewer streams). */
+const MAX_CHANNEL_IDS = 1024;
 
 export class Answerer {
   private readonly o: AnswererOptions;
@@ -91,6 +93,7 @@ export class Answerer {
       const local = pc.localDescription();
       if (local?.type !== "answer") throw new AnswerError("no local answer");
       link.answer = rewriteHostCandidates(local.sdp, this.o.publicAddress);
+      link.setDtlsRole(/^a=setup:passive/m.test(local.sdp) ? "server" : "client");
       return link;
     } catch (err) {
       clearTimeout(timer);
@@ -117,6 +120,9 @@ class Link implements PeerLink {
   private readonly early: DataChannel[] = [];
   private readonly channels = new Set<DataChannel>();
   private closed = false;
+  /** 0 when this side is the DTLS client (`a=setup:active` in its answer), else 1. */
+  private parity = 0;
+  private lastChannelId = -2;
 
   constructor(pc: PeerConnection, track: Track, ssrc: number, payloadType: number) {
     this.pc = pc;
@@ -153,7 +159,7 @@ class Link implements PeerLink {
 
   openChannel(label: string, timeoutMs: number): Promise<ChannelPort> {
     if (this.closed) return Promise.reject(new Error("the connection is closed"));
-    const dc = this.pc!.createDataChannel(label);
+    const dc = this.pc!.createDataChannel(label, { id: this.nextChannelId() });
     this.channels.add(dc);
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
@@ -169,6 +175,34 @@ class Link implements PeerLink {
         reject(new Error(`channel ${label} closed`));
       });
     });
+  }
+
+  setDtlsRole(role: "client" | "server"): void {
+    this.parity = role === "client" ? 0 : 1;
+    this.lastChannelId = this.parity - 2;
+  }
+
+  /**
+   * The id for a channel this side opens. libdatachannel would take the lowest free id, the one
+   * just closed, while the device may still be resetting that stream: it then ignores the new
+   * channel's open. Ids therefore go round all of this side's ids (RFC 8832: even for the DTLS
+   * client, which the answer's `a=setup:active` makes us), skipping those in use.
+   */
+  private nextChannelId(): number {
+    const inUse = new Set<number>();
+    for (const dc of this.channels) {
+      try {
+        inUse.add(dc.getId());
+      } catch {}
+    }
+    // The association's stream count (what the device offered, at most 65,535).
+    const ids = Math.max(2, Math.min(MAX_CHANNEL_IDS, this.pc!.maxDataChannelId() + 1));
+    for (let tries = 0; tries < ids / 2; tries++) {
+      this.lastChannelId = (this.lastChannelId + 2) % ids;
+      if (this.lastChannelId % 2 !== this.parity) this.lastChannelId = this.parity;
+      if (!inUse.has(this.lastChannelId)) break;
+    }
+    return this.lastChannelId;
   }
 
   bytes(): { rx: number; tx: number } {
@@ -247,10 +281,13 @@ function portOf(dc: DataChannel, forget: () => void): ChannelPort {
         sink.message(typeof msg === "string" ? Buffer.from(msg) : Buffer.from(msg as ArrayBuffer));
       });
       // The library delivers messages and the close through separate queues, so the close can
-      // overtake the last messages: it is passed on once no message has arrived for a moment.
+      // overtake the last messages: it is passed on once no message has arrived for a moment and
+      // a turn of the event loop (whose poll phase delivers queued messages) brought none. The
+      // turn matters under load, when timers run before messages that have long been waiting.
       const closeWhenQuiet = () => {
-        if (performance.now() - lastMessage < CLOSE_QUIET_MS) setTimeout(closeWhenQuiet, CLOSE_QUIET_MS);
-        else sink.closed();
+        if (performance.now() - lastMessage < CLOSE_QUIET_MS) return void setTimeout(closeWhenQuiet, CLOSE_QUIET_MS);
+        const seen = lastMessage;
+        setImmediate(() => (lastMessage === seen ? sink.closed() : closeWhenQuiet()));
       };
       dc.onClosed(() => {
         forget();
