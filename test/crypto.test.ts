@@ -23,24 +23,11 @@ import {
   sharedSecret,
 } from "../src/crypto/keys.ts";
 import { hashToken, newId, newToken } from "../src/crypto/tokens.ts";
+import vectors from "./support/vectors.json" with { type: "json" };
 
-// The contract's test vectors (vectors.json: "keys" and "login_assertion"), copied verbatim.
-const K = {
-  client_private_hex: "0101010101010101010101010101010101010101010101010101010101010101",
-  client_public_hex: "a4e09292b651c278b9772c569f5fa9bb13d906b46ab68c9df9dc2b4409f8a209",
-  client_public_base58: "C6cUahgsea11j7dTmSFiNydnaPG9kg7yPFagXqerHGnC",
-  server_private_hex: "0202020202020202020202020202020202020202020202020202020202020202",
-  server_public_hex: "ce8d3ad1ccb633ec7b70c17814a5c76ecd029685050d344745ba05870e587d59",
-  server_public_base58: "EuHtd9yCn95edmJqLKFeyXeoPw9nPzp1HTwdJEWEw9YL",
-  shared_secret_hex: "2ed76ab549b1e73c031eb49c9448f0798aea81b698279a0c3dc3e49fbfc4b953",
-};
-const A = {
-  header_json: '{"alg":"X25519-HS256","typ":"JWT"}',
-  claims_json:
-    '{"iss":"C6cUahgsea11j7dTmSFiNydnaPG9kg7yPFagXqerHGnC","aud":"EuHtd9yCn95edmJqLKFeyXeoPw9nPzp1HTwdJEWEw9YL","iat":1700000000,"exp":1700000060,"nonce":"YWFhYWFhYWFhYWFhYWFhYQ"}',
-  token:
-    "eyJhbGciOiJYMjU1MTktSFMyNTYiLCJ0eXAiOiJKV1QifQ.eyJpc3MiOiJDNmNVYWhnc2VhMTFqN2RUbVNGaU55ZG5hUEc5a2c3eVBGYWdYcWVySEduQyIsImF1ZCI6IkV1SHRkOXlDbjk1ZWRtSnFMS0ZleVhlb1B3OW5QenAxSFR3ZEpFV0V3OVlMIiwiaWF0IjoxNzAwMDAwMDAwLCJleHAiOjE3MDAwMDAwNjAsIm5vbmNlIjoiWVdGaFlXRmhZV0ZoWVdGaFlXRmhZUSJ9.CHI1hOgHyQdl5CKl1xa2fQDDGA2P-H8g-msqZYjNo7U",
-};
+// The contract's test vectors: "keys" and "login_assertion".
+const K = vectors.keys;
+const A = vectors.login_assertion;
 
 const hex = (b: Uint8Array) => Buffer.from(b).toString("hex");
 const fromHex = (h: string) => new Uint8Array(Buffer.from(h, "hex"));

@@ -3,25 +3,10 @@ import { test } from "node:test";
 import { base64urlnopad } from "@scure/base";
 import { keyPairFromPrivate, privateKeyObject, sharedSecret } from "../src/crypto/keys.ts";
 import { deriveSealingKeys, parseNonce, SealError, SealedExchange } from "../src/crypto/sealed-offer.ts";
+import vectors from "./support/vectors.json" with { type: "json" };
 
-// The contract's vectors (vectors.json "keys" and "sealed_offer"), copied verbatim.
-const V = {
-  client_private_hex: "0101010101010101010101010101010101010101010101010101010101010101",
-  client_public_base58: "C6cUahgsea11j7dTmSFiNydnaPG9kg7yPFagXqerHGnC",
-  server_private_hex: "0202020202020202020202020202020202020202020202020202020202020202",
-  shared_secret_hex: "2ed76ab549b1e73c031eb49c9448f0798aea81b698279a0c3dc3e49fbfc4b953",
-  timestamp: "1700000000",
-  nonce_hex: "000102030405060708090a0b0c0d0e0f",
-  nonce_header: "AAECAwQFBgcICQoLDA0ODw",
-  request_key_hex: "8a33c01a866fdd1535792664d20380c6712ab55ef455f089bf84f653b3e2d1fb",
-  request_nonce_hex: "32207c940c9d45dfada23d6b",
-  response_key_hex: "f5d6c83275d1b9eae8f678191f67aaf15a29c207af9cbe8f0ebd28d67f9f4d73",
-  response_nonce_hex: "006bca3e8ed50f0b05531c8d",
-  offer_plaintext: "v=0\r\n",
-  offer_body_hex: "ba4e4ff97f831d90852bfb8d88c5303a837becb66c",
-  answer_plaintext: "v=0 answer\r\n",
-  answer_body_hex: "80d966d3cf3948f48087e5b0c95667ff4136ff356081fa1b8e04214b",
-};
+// The contract's vectors: "keys" and "sealed_offer".
+const V = { ...vectors.keys, ...vectors.sealed_offer };
 const hex = (h: string) => Buffer.from(h, "hex");
 
 test("sealed offer: key schedule and both bodies match the contract's vectors", () => {

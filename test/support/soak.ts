@@ -6,6 +6,7 @@
 import { readdirSync } from "node:fs";
 import v8 from "node:v8";
 import vm from "node:vm";
+import pino from "pino";
 import { generateKeyPair } from "../../src/crypto/keys.ts";
 import { startTestServer } from "./server.ts";
 import { connect, eventually } from "./webrtc.ts";
@@ -26,7 +27,8 @@ async function usage() {
   };
 }
 
-const server = await startTestServer();
+// Warnings (a refused answer, say) go to stderr, which the test prints when the soak fails.
+const server = await startTestServer({ logger: pino({ level: "warn" }, pino.destination(2)) });
 const keyPair = generateKeyPair();
 let lastKey = "";
 const run = async (n: number) => {
