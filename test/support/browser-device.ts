@@ -1,11 +1,16 @@
 /**
  * A Perch device for a browser page, written from the transport contract alone: nothing of the
- * server or of the Node SDK is imported. X25519 and HKDF-SHA256 come from WebCrypto,
- * ChaCha20-Poly1305 from @noble/ciphers (WebCrypto has no such cipher), the connection is the
+ * server or of the Node SDK is imported but the code generated from the contract's protocol
+ * buffers. X25519 and HKDF-SHA256 come from WebCrypto, ChaCha20-Poly1305 from @noble/ciphers
+ * (WebCrypto has no such cipher), encodings from @scure/base, and the connection is the
  * page's own RTCPeerConnection. The browser end-to-end test bundles this file with esbuild and
  * drives it through `globalThis.perchDevice` (see `PageApi`).
  */
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { chacha20poly1305 } from "@noble/ciphers/chacha.js";
+import { base58, base64urlnopad, hex } from "@scure/base";
+// The contract's protocol buffers, as generated from its .proto files (no Node code in them).
+import { RpcErrorSchema, RpcRequestSchema, RpcResponseSchema } from "../../src/protocol/gen/rpc_pb.ts";
 
 const SIGNALING_PATH = "/webrtc/v1/offer";
 const HKDF_INFO = "giznet/gizwebrtc/http-signaling/v1";
@@ -24,57 +29,12 @@ const strictUtf8 = new TextDecoder("utf-8", { fatal: true });
 
 // ---------------------------------------------------------------------------------------------
 // Text forms: base58 (Bitcoin alphabet) for keys, base64url without padding for the nonce.
-
-const BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz";
-
-export function base58Encode(bytes: Uint8Array): string {
-  let zeros = 0;
-  while (zeros < bytes.length && bytes[zeros] === 0) zeros++;
-  let n = 0n;
-  for (const b of bytes) n = (n << 8n) | BigInt(b);
-  let digits = "";
-  while (n > 0n) {
-    digits = BASE58[Number(n % 58n)] + digits;
-    n /= 58n;
-  }
-  return "1".repeat(zeros) + digits;
-}
-
-export function base58Decode(text: string): Uint8Array<ArrayBuffer> {
-  const s = text.trim();
-  let n = 0n;
-  for (const ch of s) {
-    const digit = BASE58.indexOf(ch);
-    if (digit < 0) throw new Error(`not base58: ${JSON.stringify(ch)}`);
-    n = n * 58n + BigInt(digit);
-  }
-  let zeros = 0;
-  while (zeros < s.length && s[zeros] === "1") zeros++;
-  const tail: number[] = [];
-  for (; n > 0n; n >>= 8n) tail.unshift(Number(n & 0xffn));
-  const out = new Uint8Array(zeros + tail.length);
-  out.set(tail, zeros);
-  return out;
-}
-
-function base64url(bytes: Uint8Array): string {
-  let binary = "";
-  for (const b of bytes) binary += String.fromCharCode(b);
-  return btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
-}
-
-function fromBase64url(text: string): Uint8Array<ArrayBuffer> {
-  const binary = atob(text.replace(/-/g, "+").replace(/_/g, "/"));
-  return Uint8Array.from(binary, (c) => c.charCodeAt(0));
-}
-
-export function toHex(bytes: Uint8Array): string {
-  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-}
-
-export function fromHex(hex: string): Uint8Array<ArrayBuffer> {
-  return Uint8Array.from(hex.match(/../g) ?? [], (h) => Number.parseInt(h, 16));
-}
+const base58Encode = (bytes: Uint8Array): string => base58.encode(bytes);
+const base58Decode = (text: string): Uint8Array<ArrayBuffer> => new Uint8Array(base58.decode(text.trim()));
+const base64url = (bytes: Uint8Array): string => base64urlnopad.encode(bytes);
+const fromBase64url = (text: string): Uint8Array<ArrayBuffer> => new Uint8Array(base64urlnopad.decode(text));
+export const toHex = (bytes: Uint8Array): string => hex.encode(bytes);
+export const fromHex = (text: string): Uint8Array<ArrayBuffer> => new Uint8Array(hex.decode(text));
 
 function concat(...parts: Uint8Array[]): Uint8Array<ArrayBuffer> {
   const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
@@ -286,55 +246,13 @@ function frame(type: number, payload: Uint8Array = new Uint8Array(0)): Uint8Arra
   return concat(header, payload);
 }
 
-function varint(value: bigint): number[] {
-  let v = BigInt.asUintN(64, value);
-  const out: number[] = [];
-  while (v >= 0x80n) {
-    out.push(Number(v & 0x7fn) | 0x80);
-    v >>= 7n;
-  }
-  out.push(Number(v));
-  return out;
-}
-
-function readVarint(bytes: Uint8Array, at: number): [bigint, number] {
-  let value = 0n;
-  for (let shift = 0n; at < bytes.length; shift += 7n) {
-    const b = bytes[at++]!;
-    value |= BigInt(b & 0x7f) << shift;
-    if ((b & 0x80) === 0) return [value, at];
-  }
-  throw new Error("truncated varint");
-}
-
-function lengthDelimited(field: number, payload: Uint8Array): Uint8Array {
-  return concat(Uint8Array.from([(field << 3) | 2, ...varint(BigInt(payload.length))]), payload);
-}
-
-/** `RpcRequest.id` (field 1) of an envelope. */
-function requestId(envelope: Uint8Array): string {
-  let at = 0;
-  while (at < envelope.length) {
-    const [tag, next] = readVarint(envelope, at);
-    at = next;
-    const field = Number(tag >> 3n);
-    const wire = Number(tag & 7n);
-    if (wire === 0) [, at] = readVarint(envelope, at);
-    else if (wire === 1) at += 8;
-    else if (wire === 5) at += 4;
-    else if (wire === 2) {
-      const [length, start] = readVarint(envelope, at);
-      at = start + Number(length);
-      if (field === 1) return strictUtf8.decode(envelope.subarray(start, at));
-    } else throw new Error(`unsupported wire type ${wire}`);
-  }
-  return "";
-}
-
-/** `RpcResponse { id = 1; error = 3 { code = 1; message = 2 } }`. */
-function methodNotFound(id: string): Uint8Array {
-  const error = concat(Uint8Array.from([0x08, ...varint(BigInt(RPC_METHOD_NOT_FOUND))]), lengthDelimited(2, encoder.encode("method not found")));
-  return concat(lengthDelimited(1, encoder.encode(id)), lengthDelimited(3, error));
+/** `RpcResponse` with error −32601 for the request's id. */
+function methodNotFound(request: Uint8Array): Uint8Array {
+  const { id } = fromBinary(RpcRequestSchema, request);
+  return toBinary(
+    RpcResponseSchema,
+    create(RpcResponseSchema, { id, body: { case: "error", value: create(RpcErrorSchema, { code: RPC_METHOD_NOT_FOUND, message: "method not found" }) } }),
+  );
 }
 
 /** Serves one incoming RPC stream: reads the request envelope up to end-of-stream, answers −32601, closes. */
@@ -353,8 +271,7 @@ function answerRpc(dc: RTCDataChannel): void {
       buffered = buffered.subarray(4 + length);
       if (type === FRAME_BINARY || type === FRAME_CONTINUATION) envelope.push(payload);
       else if (type === FRAME_END) {
-        const id = requestId(concat(...envelope));
-        dc.send(concat(frame(FRAME_BINARY, methodNotFound(id)), frame(FRAME_END)) as Uint8Array<ArrayBuffer>);
+        dc.send(concat(frame(FRAME_BINARY, methodNotFound(concat(...envelope))), frame(FRAME_END)) as Uint8Array<ArrayBuffer>);
         const closeWhenSent = () => (dc.bufferedAmount > 0 ? setTimeout(closeWhenSent, 5) : dc.close());
         closeWhenSent();
         return;
