@@ -1,6 +1,11 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { ChannelStream } from "../src/protocol/channel.ts";
+import { encodeFrame, type Frame, FrameDecoder, FrameType } from "../src/protocol/frames.ts";
+import { RpcMethod, RpcRequestSchema, RpcResponseSchema } from "../src/protocol/gen/rpc_pb.ts";
+import { RpcCode, RpcError, rpcPayload } from "../src/protocol/rpc.ts";
+import { PerchClient } from "../src/sdk/client.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { parseRawResponse } from "./support/raw-http.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
@@ -145,5 +150,335 @@ describe("a hostile device over HTTP streams 1 and 2", () => {
     const me = await conn.http(1, "GET", "/me", { headers: { authorization: `Bearer ${other.access_token}` } });
     assert.equal(me.status, 200);
     assert.equal(me.json<{ public_key: string }>().public_key, conn.publicKey);
+  });
+});
+
+/** Resolves with "open" or "closed", whichever the channel reaches first (and stays in for `settleMs`). */
+function settled(dc: RTCDataChannel, settleMs = 300): Promise<"open" | "closed"> {
+  return new Promise((resolve) => {
+    const check = () => {
+      if (dc.readyState === "closed" || dc.readyState === "closing") return resolve("closed");
+      if (dc.readyState === "open") {
+        setTimeout(() => resolve(dc.readyState === "open" ? "open" : "closed"), settleMs);
+        return;
+      }
+      setTimeout(check, 20);
+    };
+    check();
+  });
+}
+
+describe("a hostile device opening streams", () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startTestServer();
+  });
+  after(async () => {
+    await server.stop();
+  });
+
+  test("unknown labels, service ids other than 0, 1, 2 and a second event stream are closed; the connection lives on", async () => {
+    const conn = await connect(server);
+    try {
+      const labels = [
+        "giznet/v1/service/3",
+        "giznet/v1/service/32",
+        "giznet/v1/service/01",
+        "giznet/v1/service/-1",
+        "giznet/v1/service/4294967296",
+        "giznet/v1/service/1 ",
+        "giznet/v1/service/",
+        "giznet/v1/packet/",
+        "giznet/v1/service/１",
+        "💥\u0000\n",
+        "x".repeat(1000),
+        "",
+      ];
+      const states = await Promise.all(labels.map((l) => settled(conn.pc.createDataChannel(l))));
+      assert.deepEqual(
+        states,
+        labels.map(() => "closed"),
+      );
+      assert.equal((await conn.http(1, "GET", "/me")).status, 200);
+      assert.equal(server.transport!.size, 1);
+    } finally {
+      conn.close();
+    }
+  });
+
+  test("300 streams at once: 256 stay open and work, the rest are closed; the slots come back", async () => {
+    const conn = await connect(server);
+    try {
+      const channels = Array.from({ length: 300 }, () => conn.pc.createDataChannel("giznet/v1/service/1"));
+      const states = await Promise.all(channels.map((dc) => settled(dc, 500)));
+      assert.equal(states.filter((s) => s === "open").length, 256);
+      const metrics = await (await fetch(`${server.url}/metrics`)).text();
+      assert.match(metrics, /perch_webrtc_streams_refused_total 44/);
+      // The open ones serve HTTP: one request on each.
+      const { ChannelStream } = await import("../src/protocol/channel.ts");
+      const open = channels.filter((dc) => dc.readyState === "open");
+      const statuses = await Promise.all(
+        open.map(async (dc) => {
+          const port = {
+            label: dc.label,
+            send: (d: Uint8Array) => dc.send(new Uint8Array(d) as Uint8Array<ArrayBuffer>),
+            bufferedAmount: () => dc.bufferedAmount,
+            close: () => dc.close(),
+            attach(sink: { message(d: Uint8Array): void; closed(): void; drained(): void }) {
+              dc.binaryType = "arraybuffer";
+              dc.onmessage = (e) => sink.message(new Uint8Array(e.data as ArrayBuffer));
+              dc.onclose = () => sink.closed();
+            },
+          };
+          const { raw } = await rawExchange(new ChannelStream(port), ["GET /me HTTP/1.1\r\nHost: perch\r\n\r\n"], 10_000);
+          return parseRawResponse(raw)?.status;
+        }),
+      );
+      assert.deepEqual(new Set(statuses), new Set([200]));
+      // Every slot is given back (once the closes have gone round): new streams work.
+      await eventually(async () => (await conn.http(1, "GET", "/me").catch(() => undefined))?.status === 200, 3_000, "a free slot");
+      assert.equal((await conn.ping()).serverTime > 0, true);
+    } finally {
+      conn.close();
+    }
+  });
+
+  test("closing the event stream closes the connection, and the peer is offline within 2 s", async () => {
+    const conn = await connect(server);
+    const open = await conn.openStream(1);
+    const events = (conn as unknown as { events: RTCDataChannel }).events;
+    const started = Date.now();
+    events.close();
+    await conn.closed();
+    await eventually(() => server.transport!.size === 0, 2_000, "the connection to be dropped");
+    await eventually(async () => !(await server.domain.peers.runtime(conn.publicKey)).online, 2_000, "offline");
+    assert.ok(Date.now() - started < 2_000);
+    assert.ok(open.destroyed || open.readableEnded);
+  });
+});
+
+/** Writes `bytes` on a raw stream 0 and collects the frames that come back until the server closes it (or `timeoutMs`). */
+async function rawRpc(conn: PerchConnection, bytes: Buffer[], timeoutMs = 5_000): Promise<{ frames: Frame[]; closed: boolean; ms: number }> {
+  const stream = await conn.openStream(0);
+  const started = Date.now();
+  return new Promise((resolve) => {
+    const decoder = new FrameDecoder();
+    const frames: Frame[] = [];
+    let done = false;
+    const finish = (closed: boolean) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      stream.destroy();
+      resolve({ frames, closed, ms: Date.now() - started });
+    };
+    const timer = setTimeout(() => finish(false), timeoutMs);
+    stream.on("data", (chunk: Buffer) => frames.push(...decoder.push(chunk)));
+    stream.once("end", () => finish(true));
+    stream.once("close", () => finish(true));
+    for (const b of bytes) stream.port.send(b);
+  });
+}
+
+const request = (o: { id?: string; method: number; payload?: Uint8Array }) =>
+  encodeFrame(FrameType.BINARY, toBinary(RpcRequestSchema, create(RpcRequestSchema, { id: o.id ?? "", method: o.method, payload: o.payload })));
+const END = encodeFrame(FrameType.END);
+
+function response(frames: Frame[]) {
+  assert.equal(frames[0]?.type, FrameType.BINARY, "a response envelope");
+  assert.equal(frames.at(-1)?.type, FrameType.END, "end-of-stream last");
+  return fromBinary(RpcResponseSchema, frames[0]!.payload);
+}
+
+describe("a hostile device on Peer RPC (stream 0)", () => {
+  let server: TestServer;
+  let conn: PerchConnection;
+  before(async () => {
+    server = await startTestServer();
+    conn = await connect(server);
+  });
+  after(async () => {
+    conn?.close();
+    await server.stop();
+  });
+
+  test("no id, a reused id, an unknown method, an undecodable envelope: answers, never a crash", async () => {
+    const noId = response((await rawRpc(conn, [request({ method: RpcMethod.ALL_PING, payload: rpcPayload.ping() }), END])).frames);
+    assert.equal(noId.id, "");
+    assert.equal(noId.body.case, "payload");
+    for (let i = 0; i < 2; i++) {
+      const again = response((await rawRpc(conn, [request({ id: "same", method: RpcMethod.ALL_PING }), END])).frames);
+      assert.deepEqual([again.id, again.body.case], ["same", "payload"]);
+    }
+    const unknown = response((await rawRpc(conn, [request({ id: "u", method: 4242 }), END])).frames);
+    assert.deepEqual([unknown.body.case, unknown.body.value && "code" in unknown.body.value && unknown.body.value.code], ["error", RpcCode.METHOD_NOT_FOUND]);
+    // A method the device should provide, not the server.
+    const wrongSide = response((await rawRpc(conn, [request({ id: "c", method: RpcMethod.CLIENT_INFO_GET }), END])).frames);
+    assert.equal(wrongSide.body.case === "error" && wrongSide.body.value.code, RpcCode.METHOD_NOT_FOUND);
+    const garbage = response((await rawRpc(conn, [encodeFrame(FrameType.BINARY, Buffer.from([0xff, 0xff, 0xff, 0x0f])), END])).frames);
+    assert.equal(garbage.body.case === "error" && garbage.body.value.code, RpcCode.PARSE);
+    const badParams = response((await rawRpc(conn, [request({ id: "p", method: RpcMethod.SERVER_INFO_PUT, payload: Buffer.from([0xff]) }), END])).frames);
+    assert.equal(badParams.body.case === "error" && badParams.body.value.code, RpcCode.INVALID_PARAMS);
+  });
+
+  test("malformed framing closes only its stream: an unknown type, a JSON frame, an end-of-stream with a payload, end before an envelope", async () => {
+    const cases: Buffer[][] = [
+      [Buffer.from([0, 0, 9, 0])],
+      [encodeFrame(FrameType.JSON, Buffer.from("{}")), END],
+      [Buffer.from([1, 0, 0, 0, 0x41])],
+      [END],
+      [request({ method: RpcMethod.ALL_PING }), encodeFrame(FrameType.CONTINUATION, Buffer.from([1])), END],
+    ];
+    for (const bytes of cases) {
+      const r = await rawRpc(conn, bytes);
+      assert.ok(r.closed, bytes.map((b) => b.toString("hex")).join(" "));
+      assert.equal(r.frames.length, 0);
+    }
+    assert.ok((await conn.ping()).serverTime > 0);
+  });
+
+  test("a speed test asking for 10 GB is refused; one within the cap runs", async () => {
+    await assert.rejects(
+      conn.call(RpcMethod.ALL_SPEED_TEST_RUN, rpcPayload.speedTest(10 * 1024 ** 3, 0)),
+      (e: unknown) => e instanceof RpcError && e.code === RpcCode.INVALID_PARAMS,
+    );
+    await assert.rejects(
+      conn.call(RpcMethod.ALL_SPEED_TEST_RUN, rpcPayload.speedTest(0, 10 * 1024 ** 3)),
+      (e: unknown) => e instanceof RpcError && e.code === RpcCode.INVALID_PARAMS,
+    );
+    await assert.rejects(
+      conn.call(RpcMethod.ALL_SPEED_TEST_RUN, rpcPayload.speedTest(-1, 0)),
+      (e: unknown) => e instanceof RpcError && e.code === RpcCode.INVALID_PARAMS,
+    );
+    const ok = await conn.speedTest(64 * 1024, 0);
+    assert.equal(ok.down, 64 * 1024);
+  });
+
+  test("requests that never finish (a frame cut short, a huge declared length, no end-of-stream) are closed after 10 s", { timeout: 20_000 }, async () => {
+    const results = await Promise.all([
+      rawRpc(conn, [Buffer.from([10, 0, 2, 0, 1, 2, 3])], 15_000),
+      rawRpc(conn, [Buffer.from([0xff, 0xff, 2, 0]), Buffer.alloc(1000)], 15_000),
+      rawRpc(conn, [request({ method: RpcMethod.ALL_PING })], 15_000),
+      rawRpc(conn, [], 15_000),
+    ]);
+    for (const r of results) {
+      assert.ok(r.closed, "closed by the server");
+      assert.ok(r.ms >= 9_000 && r.ms < 13_000, `${r.ms} ms`);
+      assert.equal(r.frames.length, 0);
+    }
+    assert.ok((await conn.ping()).serverTime > 0);
+  });
+
+  test("calls after the connection closed fail at once, on both sides", async () => {
+    const other = await connect(server);
+    const held = await eventually(() => server.transport!.connection(other.publicKey)?.active && server.transport!.connection(other.publicKey));
+    other.close();
+    await other.closed();
+    await assert.rejects(other.ping());
+    await eventually(() => !held.active);
+    await assert.rejects(held.call(RpcMethod.ALL_PING, rpcPayload.ping()), /not active/);
+  });
+});
+
+/** A Side Control client for the device behind `conn` (over TCP, as a companion app would be). */
+async function sideControl(server: TestServer, conn: PerchConnection): Promise<PerchClient> {
+  const device = new PerchClient({ baseUrl: server.url, keyPair: conn.keyPair });
+  await device.login();
+  const token = await device.createDeviceToken();
+  const phone = server.client();
+  await phone.login({ deviceToken: token.token });
+  return phone;
+}
+
+/** The telemetry counters of /metrics: accepted frames and drops by reason. */
+async function telemetryCounters(server: TestServer): Promise<{ frames: number; dropped: Record<string, number> }> {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  const frames = Number(/^perch_telemetry_frames_total (\d+)/m.exec(text)?.[1] ?? 0);
+  const dropped: Record<string, number> = {};
+  for (const m of text.matchAll(/^perch_telemetry_frames_dropped_total\{reason="(\w+)"\} (\d+)/gm)) dropped[m[1]!] = Number(m[2]);
+  return { frames, dropped };
+}
+
+const battery = (percent: number, at = Date.now()) => ({
+  observedAtUnixMs: BigInt(at),
+  observations: [{ observedAtDeltaMs: 0, body: { case: "battery" as const, value: { percent } } }],
+});
+
+describe("a hostile device sending telemetry packets", () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startTestServer();
+  });
+  after(async () => {
+    await server.stop();
+  });
+
+  const send = (conn: PerchConnection, bytes: Uint8Array) => (conn as unknown as { packets: RTCDataChannel }).packets.send(new Uint8Array(bytes));
+
+  test("invalid packets are counted by reason and store nothing; the valid one is visible to Side Control", async () => {
+    const conn = await connect(server);
+    try {
+      const before = await telemetryCounters(server);
+      const now = Date.now();
+      send(conn, new Uint8Array(0));
+      send(conn, new Uint8Array([0x40]));
+      send(conn, new Uint8Array([0x41, 1, 2, 3]));
+      send(conn, new Uint8Array([0x40, 0x0a, 0xff]));
+      conn.sendTelemetry(battery(101, now));
+      conn.sendTelemetry({
+        observedAtUnixMs: BigInt(now),
+        observations: [{ observedAtDeltaMs: 0, body: { case: "gnss", value: { latitude: 91, longitude: 0 } } }],
+      });
+      conn.sendTelemetry({ observedAtUnixMs: BigInt(now), observations: [{ observedAtDeltaMs: 0, body: { case: "battery", value: { voltageMv: -1 } } }] });
+      conn.sendTelemetry({
+        observedAtUnixMs: BigInt(now),
+        observations: [{ observedAtDeltaMs: 0, body: { case: "system", value: { temperatureC: Number.NaN } } }],
+      });
+      conn.sendTelemetry(battery(50, now + 25 * 3_600_000));
+      conn.sendTelemetry(battery(50, -5));
+      conn.sendTelemetry({ observedAtUnixMs: BigInt(now), observations: [{ observedAtDeltaMs: 0 }] });
+      conn.sendTelemetry({
+        observedAtUnixMs: 9_223_372_036_854_775_807n,
+        observations: [{ observedAtDeltaMs: 2_000_000_000, body: { case: "battery", value: { percent: 3 } } }],
+      });
+      // One invalid observation spoils the frame.
+      conn.sendTelemetry({
+        observedAtUnixMs: BigInt(now),
+        observations: [
+          { observedAtDeltaMs: 0, body: { case: "battery", value: { percent: 10 } } },
+          { observedAtDeltaMs: 0, body: { case: "gnss", value: { latitude: 0, longitude: 181 } } },
+        ],
+      });
+      conn.sendTelemetry(battery(42, now));
+      const after = await eventually(async () => {
+        const c = await telemetryCounters(server);
+        const drops = Object.values(c.dropped).reduce((a, b) => a + b, 0) - Object.values(before.dropped).reduce((a, b) => a + b, 0);
+        return c.frames - before.frames >= 1 && drops >= 13 ? c : undefined;
+      });
+      const delta = (reason: string) => (after.dropped[reason] ?? 0) - (before.dropped[reason] ?? 0);
+      assert.deepEqual(
+        {
+          empty: delta("empty"),
+          unknown_type: delta("unknown_type"),
+          undecodable: delta("undecodable"),
+          out_of_range: delta("out_of_range"),
+          non_finite: delta("non_finite"),
+          future: delta("future"),
+        },
+        { empty: 3, unknown_type: 1, undecodable: 1, out_of_range: 6, non_finite: 1, future: 1 },
+      );
+      assert.equal(after.frames - before.frames, 1);
+      const phone = await sideControl(server, conn);
+      const latest = await eventually(async () => {
+        const l = await phone.sideControl.telemetryLatest();
+        return l.values.length > 0 ? l : undefined;
+      });
+      assert.deepEqual(
+        latest.values.map((v) => [v.field, v.value]),
+        [["battery.percent", 42]],
+      );
+    } finally {
+      conn.close();
+    }
   });
 });

@@ -151,7 +151,8 @@ export class Connection {
     port.attach({
       message: (data) => {
         if (this.state !== "active" && this.state !== "activating") return;
-        if (data.length === 0 || data.length > MAX_PACKET_BYTES) return this.host.metrics.dropped("out_of_range");
+        if (data.length === 0) return this.host.metrics.dropped("empty");
+        if (data.length > MAX_PACKET_BYTES) return this.host.metrics.dropped("out_of_range");
         if (data[0] !== TELEMETRY_PACKET) return this.host.metrics.dropped("unknown_type");
         const now = Date.now();
         if (now - this.telemetryWindow.start >= 1000) this.telemetryWindow = { start: now, count: 0 };
