@@ -281,7 +281,7 @@ async function rawRpc(conn: PerchConnection, bytes: Buffer[], timeoutMs = 5_000)
 }
 
 const request = (o: { id?: string; method: number; payload?: Uint8Array }) =>
-  encodeFrame(FrameType.BINARY, toBinary(RpcRequestSchema, create(RpcRequestSchema, { id: o.id ?? "", method: o.method, payload: o.payload })));
+  encodeFrame(FrameType.BINARY, toBinary(RpcRequestSchema, create(RpcRequestSchema, { id: o.id ?? "", method: o.method as RpcMethod, payload: o.payload })));
 const END = encodeFrame(FrameType.END);
 
 function response(frames: Frame[]) {
