@@ -481,4 +481,44 @@ describe("a hostile device sending telemetry packets", () => {
       conn.close();
     }
   });
+
+  test("a removed peer's telemetry does not take other peers' frames down with it", async () => {
+    const removed = await connect(server);
+    const other = await connect(server);
+    try {
+      await eventually(() => server.transport!.connection(removed.publicKey)?.active && server.transport!.connection(other.publicKey)?.active);
+      // The operator removes the peer from another process while it is connected.
+      assert.equal(await server.domain.peers.remove(removed.publicKey), true);
+      for (let i = 0; i < 3; i++) {
+        removed.sendTelemetry(battery(11));
+        other.sendTelemetry(battery(22 + i));
+        await new Promise((r) => setTimeout(r, 300));
+      }
+      const latest = await eventually(
+        async () => {
+          const l = await server.domain.telemetry.latest(other.publicKey, undefined);
+          return l.values.length > 0 ? l : undefined;
+        },
+        3_000,
+        "the other peer's telemetry",
+      );
+      assert.equal(latest.values[0]?.value, 24);
+      assert.equal(await server.store.read((r) => r.peers.get(removed.publicKey)), undefined, "the removed peer is not recreated by telemetry");
+    } finally {
+      removed.close();
+      other.close();
+    }
+  });
+
+  test("a frame sent the moment a new device is connected is stored", async () => {
+    for (let i = 0; i < 3; i++) {
+      const conn = await connect(server);
+      try {
+        conn.sendTelemetry(battery(60 + i));
+        await eventually(async () => (await server.domain.telemetry.latest(conn.publicKey, undefined)).values.length > 0, 3_000, "the first frame");
+      } finally {
+        conn.close();
+      }
+    }
+  });
 });
