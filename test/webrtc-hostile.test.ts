@@ -1,15 +1,17 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import wrtc from "@roamhq/wrtc";
+import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import type { ChannelStream } from "../src/protocol/channel.ts";
 import { encodeFrame, type Frame, FrameDecoder, FrameType } from "../src/protocol/frames.ts";
 import { RpcMethod, RpcRequestSchema, RpcResponseSchema } from "../src/protocol/gen/rpc_pb.ts";
 import { RpcCode, RpcError, rpcPayload } from "../src/protocol/rpc.ts";
 import { PerchClient } from "../src/sdk/client.ts";
-import type { PerchConnection } from "../src/sdk/webrtc.ts";
+import { OfferError, type PerchConnection } from "../src/sdk/webrtc.ts";
 import { parseRawResponse } from "./support/raw-http.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
-import { connect, eventually } from "./support/webrtc.ts";
+import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
 /** Sends `pieces` on `stream`, each as its own DataChannel message, and collects the answer until the stream closes (or `timeoutMs`). */
 function rawExchange(stream: ChannelStream, pieces: Array<string | Buffer>, timeoutMs = 5_000): Promise<{ raw: string; closed: boolean }> {
@@ -482,6 +484,26 @@ describe("a hostile device sending telemetry packets", () => {
     }
   });
 
+  test("1000 frames in one second: at most 100 a second are taken, the rest counted as rate_limited", async () => {
+    const conn = await connect(server);
+    try {
+      const before = await telemetryCounters(server);
+      const started = Date.now();
+      for (let i = 0; i < 1000; i++) conn.sendTelemetry(battery(i % 100, started + i));
+      const after = await eventually(async () => {
+        const c = await telemetryCounters(server);
+        return c.frames - before.frames + (c.dropped.rate_limited ?? 0) - (before.dropped.rate_limited ?? 0) >= 1000 ? c : undefined;
+      });
+      const taken = after.frames - before.frames;
+      const windows = Math.ceil((Date.now() - started) / 1000) + 1;
+      assert.ok(taken >= 100 && taken <= 100 * windows, `${taken} frames taken`);
+      assert.equal((after.dropped.rate_limited ?? 0) - (before.dropped.rate_limited ?? 0), 1000 - taken);
+      await eventually(async () => (await server.domain.telemetry.latest(conn.publicKey, undefined)).values.length > 0);
+    } finally {
+      conn.close();
+    }
+  });
+
   test("a removed peer's telemetry does not take other peers' frames down with it", async () => {
     const removed = await connect(server);
     const other = await connect(server);
@@ -520,5 +542,108 @@ describe("a hostile device sending telemetry packets", () => {
         conn.close();
       }
     }
+  });
+});
+
+describe("hostile offers", () => {
+  let server: TestServer;
+  let serverKey: string;
+  let sdp: string;
+  before(async () => {
+    server = await startTestServer();
+    serverKey = (await server.client().serverInfo()).public_key;
+    sdp = await realOfferSdp();
+  });
+  after(async () => {
+    await server.stop();
+  });
+
+  const post = async (variant: string) => {
+    const keyPair = generateKeyPair();
+    const s = sealOffer(serverKey, keyPair, variant);
+    const res = await postOffer(server.url, s.headers, s.body);
+    const body = new Uint8Array(await res.arrayBuffer());
+    return { status: res.status, body, exchange: s.exchange, publicKey: encodeKey(keyPair.publicKey) };
+  };
+
+  test("an SDP with 100 m-lines and one of 250 KiB are answered or refused with a 4xx; the server lives on", async () => {
+    const audio = /m=audio[\s\S]*?(?=m=application)/.exec(sdp)![0];
+    const extra = Array.from({ length: 98 }, (_, i) => audio.replace(/a=mid:0/, `a=mid:${i + 2}`).replace(/a=ssrc:[^\r\n]*\r\n/g, "")).join("");
+    const hundred = `${sdp}${extra}`;
+    const bundled = hundred.replace("a=group:BUNDLE 0 1", `a=group:BUNDLE 0 1 ${Array.from({ length: 98 }, (_, i) => i + 2).join(" ")}`);
+    const pad = Array.from({ length: (250 * 1024) / 64 }, (_, i) => `a=x-pad-${i}:${"p".repeat(50)}\r\n`)
+      .join("")
+      .slice(0, 250 * 1024 - sdp.length);
+    const large = sdp.replace("t=0 0\r\n", `t=0 0\r\n${pad}`);
+    assert.ok(large.length >= 249 * 1024 && large.length < 256 * 1024 - 16, String(large.length));
+    for (const [name, variant] of [
+      ["100 m-lines", hundred],
+      ["100 bundled m-lines", bundled],
+      ["250 KiB", large],
+    ] as const) {
+      const r = await post(variant);
+      assert.ok(r.status === 200 || (r.status >= 400 && r.status < 500), `${name}: ${r.status} ${Buffer.from(r.body).toString()}`);
+    }
+    assert.equal((await fetch(`${server.url}/server-info`)).status, 200);
+  });
+
+  test("a device whose offer has 100 audio sections connects and works", async () => {
+    const Base = wrtc.RTCPeerConnection as unknown as typeof RTCPeerConnection;
+    class Crowded extends Base {
+      constructor(config?: RTCConfiguration) {
+        super(config);
+        for (let i = 0; i < 99; i++) this.addTransceiver("audio", { direction: i % 2 ? "recvonly" : "sendrecv" });
+      }
+    }
+    const conn = await connect(server, { rtc: { ...(wrtc as unknown as { RTCPeerConnection: typeof RTCPeerConnection }), RTCPeerConnection: Crowded } });
+    try {
+      assert.equal(conn.pc.getTransceivers().length, 100);
+      assert.equal((await conn.http(1, "GET", "/me")).status, 200);
+      assert.ok((await conn.ping()).serverTime > 0);
+    } finally {
+      conn.close();
+    }
+    await eventually(() => server.transport!.size === 0, 3_000);
+  });
+
+  test("offers never followed by a connection (one trickle-only, without candidates) free their slot after 10 s and mark nothing online", {
+    timeout: 30_000,
+  }, async () => {
+    const sizeBefore = server.transport!.size;
+    const trickle = sdp.replace(/a=candidate:[^\r\n]*\r\n/g, "");
+    const offers = [await post(sdp), await post(trickle)];
+    for (const o of offers) assert.equal(o.status, 200);
+    assert.equal(server.transport!.size, sizeBefore + 2);
+    await eventually(() => server.transport!.size === sizeBefore, 13_000, "the event-stream deadline");
+    for (const o of offers) {
+      assert.equal((await server.domain.peers.runtime(o.publicKey)).online, false);
+      assert.equal(await server.store.read((r) => r.peers.get(o.publicKey)), undefined, "nothing registered");
+    }
+  });
+
+  test("two offers of one key racing: one connection wins, none leaks", async () => {
+    const keyPair = generateKeyPair();
+    const results = await Promise.allSettled([connect(server, { keyPair }), connect(server, { keyPair })]);
+    const conns = results.flatMap((r) => (r.status === "fulfilled" ? [r.value] : []));
+    try {
+      await eventually(() => server.transport!.size === 1, 5_000, "one connection left");
+      const winner = server.transport!.connection(encodeKey(keyPair.publicKey));
+      assert.ok(winner?.active);
+      assert.equal((await server.domain.peers.runtime(encodeKey(keyPair.publicKey))).online, true);
+      const alive = await eventually(
+        async () => {
+          const open = [];
+          for (const c of conns) if ((await c.http(1, "GET", "/me").catch(() => undefined))?.status === 200) open.push(c);
+          return open.length === 1 ? open : undefined;
+        },
+        5_000,
+        "exactly one working connection",
+      );
+      assert.equal(alive.length, 1);
+    } finally {
+      for (const c of conns) c.close();
+    }
+    await eventually(() => server.transport!.size === 0, 3_000);
+    await eventually(async () => !(await server.domain.peers.runtime(encodeKey(keyPair.publicKey))).online, 2_000, "offline");
   });
 });
