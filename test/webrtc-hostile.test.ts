@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import { after, before, describe, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import wrtc from "@roamhq/wrtc";
@@ -645,5 +646,38 @@ describe("hostile offers", () => {
     }
     await eventually(() => server.transport!.size === 0, 3_000);
     await eventually(async () => !(await server.domain.peers.runtime(encodeKey(keyPair.publicKey))).online, 2_000, "offline");
+  });
+});
+
+describe("a hostile device asking for test tones", () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startTestServer();
+  });
+  after(async () => {
+    await server.stop();
+  });
+
+  test("20 requests for a 10 s tone at once do not stall the node's event loop", async () => {
+    const conn = await connect(server);
+    try {
+      const tone = () =>
+        conn.http(1, "POST", "/me/audio/tone", {
+          body: JSON.stringify({ frequency_hz: 440 + Math.random(), duration_ms: 10_000 }),
+          headers: { "content-type": "application/json" },
+        });
+      await tone(); // warm up the encoder
+      const lag = monitorEventLoopDelay({ resolution: 10 });
+      lag.enable();
+      const results = await Promise.all(Array.from({ length: 20 }, tone));
+      lag.disable();
+      assert.deepEqual(new Set(results.map((r) => r.status)), new Set([202]));
+      assert.equal(results[0]!.json<{ frames: number }>().frames, 500);
+      const maxMs = lag.max / 1e6;
+      assert.ok(maxMs < 500, `the event loop stalled for ${maxMs.toFixed(0)} ms`);
+      await eventually(() => conn.audio.audible > 10, 5000, "audible audio");
+    } finally {
+      conn.close();
+    }
   });
 });

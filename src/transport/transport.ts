@@ -8,7 +8,7 @@ import { createHttpServer } from "../http/listener.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { ChannelStream } from "../protocol/channel.ts";
 import { Answerer } from "./answerer.ts";
-import { toneFrames } from "./audio.ts";
+import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
 import { TransportMetrics } from "./metrics.ts";
 import { inspectOffer } from "./sdp.ts";
@@ -173,9 +173,8 @@ export class WebRtcTransport implements ConnectionHost {
   playTone(publicKey: string, frequencyHz: number, durationMs: number): { frames: number } | undefined {
     const c = this.byKey.get(publicKey);
     if (!c?.active) return undefined;
-    const frames = toneFrames(frequencyHz, durationMs);
-    void c.audio.play(frames);
-    return { frames: frames.length };
+    void c.audio.play(toneFrames(frequencyHz, durationMs));
+    return { frames: toneFrameCount(durationMs) };
   }
 
   /** The key's active connection on this node (tests and the benchmark call its RPCs). */
