@@ -357,6 +357,16 @@ describe("a hostile device on Peer RPC (stream 0)", () => {
     assert.equal(ok.down, 64 * 1024);
   });
 
+  test("speed tests run one at a time per connection: 256 streams cannot multiply the 64 MiB cap", async () => {
+    const results = await Promise.allSettled(Array.from({ length: 4 }, () => conn.speedTest(16 * 1024 * 1024, 0)));
+    const ok = results.filter((r) => r.status === "fulfilled");
+    const refused = results.flatMap((r) => (r.status === "rejected" ? [r.reason] : []));
+    assert.equal(ok.length, 1, JSON.stringify(refused.map(String)));
+    for (const e of refused) assert.ok(e instanceof RpcError && e.code === 409, String(e));
+    // Once it is over, the next one runs.
+    assert.equal((await conn.speedTest(1024, 1024)).down, 1024);
+  });
+
   test("requests that never finish (a frame cut short, a huge declared length, no end-of-stream) are closed after 10 s", { timeout: 20_000 }, async () => {
     const results = await Promise.all([
       rawRpc(conn, [Buffer.from([10, 0, 2, 0, 1, 2, 3])], 15_000),
