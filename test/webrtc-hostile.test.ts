@@ -9,7 +9,7 @@ import { encodeFrame, type Frame, FrameDecoder, FrameType } from "../src/protoco
 import { RpcMethod, RpcRequestSchema, RpcResponseSchema } from "../src/protocol/gen/rpc_pb.ts";
 import { RpcCode, RpcError, rpcPayload } from "../src/protocol/rpc.ts";
 import { PerchClient } from "../src/sdk/client.ts";
-import { OfferError, type PerchConnection } from "../src/sdk/webrtc.ts";
+import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { parseRawResponse } from "./support/raw-http.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
