@@ -150,6 +150,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
         domain,
         logger,
         registry: metrics.registry,
+        httpMetrics: metrics,
         httpPort: port,
         publicApi: app.fetch,
         compatibleApi: compatibleApi.fetch,

@@ -62,12 +62,18 @@ export class TelemetryService {
    * `record` for several peers in one transaction (the transport batches its packets this way).
    * A peer's entry with a time no date can hold is left out (the transport validates frames before
    * this); peers are written in key order, so concurrent batches lock status rows in one order.
+   * Entries of peers that are not registered (any more) are left out.
    */
   async recordMany(batch: Array<{ publicKey: string; samples: TelemetrySample[] }>): Promise<void> {
     const valid = batch.filter((e) => !e.samples.some(outsideTime)).sort((a, b) => (a.publicKey < b.publicKey ? -1 : a.publicKey > b.publicKey ? 1 : 0));
     if (valid.length === 0) return;
     await this.ctx.store.transaction(async (tx) => {
-      for (const { publicKey, samples } of valid) await this.recordIn(tx, publicKey, samples);
+      for (const { publicKey, samples } of valid) {
+        // A peer removed while connected (by the operator, from another process) is skipped: its
+        // samples have no peer to belong to, and failing the transaction would lose everyone's.
+        if (!(await tx.peers.getForShare(publicKey))) continue;
+        await this.recordIn(tx, publicKey, samples);
+      }
     });
   }
 

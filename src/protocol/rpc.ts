@@ -22,6 +22,7 @@ export const RpcCode = {
   METHOD_NOT_FOUND: -32601,
   INVALID_PARAMS: -32602,
   INTERNAL: -32603,
+  CONFLICT: 409,
 } as const;
 
 /** Envelopes are small; continuation frames may carry more, up to this. */
@@ -155,6 +156,8 @@ export interface RpcReply {
   payload: Uint8Array;
   /** Bytes sent after the response envelope (the speed test's download). */
   dataBytes?: number;
+  /** Called once the reply has been written, or could not be. */
+  sent?: () => void;
 }
 
 export interface RpcContext {
@@ -175,6 +178,7 @@ export async function serveRpc(stream: Duplex, handlers: RpcHandlers, onError?: 
     const message = await readMessage(stream, REQUEST_TIMEOUT_MS);
     let response: RpcResponse;
     let dataBytes = 0;
+    let sent: (() => void) | undefined;
     try {
       request = fromBinary(RpcRequestSchema, message.envelope);
     } catch {
@@ -188,6 +192,7 @@ export async function serveRpc(stream: Duplex, handlers: RpcHandlers, onError?: 
           const reply = await handler(request.payload ?? new Uint8Array(0), { dataBytes: message.dataBytes });
           response = create(RpcResponseSchema, { id: request.id, body: { case: "payload", value: reply.payload } });
           dataBytes = reply.dataBytes ?? 0;
+          sent = reply.sent;
         } catch (err) {
           if (err instanceof RpcError) response = errorResponse(request.id, err.code, err.message);
           else {
@@ -197,7 +202,11 @@ export async function serveRpc(stream: Duplex, handlers: RpcHandlers, onError?: 
         }
       }
     }
-    await writeMessage(stream, toBinary(RpcResponseSchema, response!), dataBytes);
+    try {
+      await writeMessage(stream, toBinary(RpcResponseSchema, response!), dataBytes);
+    } finally {
+      sent?.();
+    }
     stream.end();
   } catch (err) {
     if (!(err instanceof RpcStreamError)) onError?.(err, request?.method);

@@ -3,27 +3,33 @@ import type { AudioTrack } from "./answerer.ts";
 
 const RATE = 48_000;
 const FRAME_SAMPLES = 960; // 20 ms
-let encoder: OpusScript | undefined;
+const FRAME_MS = 20;
 
-/** One shared encoder: encoding is synchronous, so one at a time is all the event loop runs anyway. */
-function opus(): OpusScript {
-  encoder ??= new OpusScript(RATE, 1, OpusScript.Application.AUDIO);
-  return encoder;
+/** How many 20 ms frames a tone of `durationMs` has. */
+export function toneFrameCount(durationMs: number): number {
+  return Math.max(1, Math.round(durationMs / FRAME_MS));
 }
 
-/** The Opus frames (20 ms each) of a sine tone. */
-export function toneFrames(frequencyHz: number, durationMs: number): Buffer[] {
-  const frames: Buffer[] = [];
-  const count = Math.max(1, Math.round(durationMs / 20));
-  const pcm = Buffer.alloc(FRAME_SAMPLES * 2);
-  for (let f = 0; f < count; f++) {
-    for (let i = 0; i < FRAME_SAMPLES; i++) {
-      const t = (f * FRAME_SAMPLES + i) / RATE;
-      pcm.writeInt16LE(Math.round(Math.sin(2 * Math.PI * frequencyHz * t) * 12_000), i * 2);
+/**
+ * The Opus frames (20 ms each) of a sine tone, encoded one at a time as they are sent: encoding
+ * a 10 s tone at once would hold the event loop for a few hundred milliseconds, per request. Each
+ * tone has its own encoder (Opus carries state from frame to frame), released when it ends or is
+ * stopped.
+ */
+export function* toneFrames(frequencyHz: number, durationMs: number): Generator<Buffer, void, undefined> {
+  const encoder = new OpusScript(RATE, 1, OpusScript.Application.AUDIO);
+  try {
+    const pcm = Buffer.alloc(FRAME_SAMPLES * 2);
+    for (let f = 0, count = toneFrameCount(durationMs); f < count; f++) {
+      for (let i = 0; i < FRAME_SAMPLES; i++) {
+        const t = (f * FRAME_SAMPLES + i) / RATE;
+        pcm.writeInt16LE(Math.round(Math.sin(2 * Math.PI * frequencyHz * t) * 12_000), i * 2);
+      }
+      yield Buffer.from(encoder.encode(pcm, FRAME_SAMPLES));
     }
-    frames.push(Buffer.from(opus().encode(pcm, FRAME_SAMPLES)));
+  } finally {
+    encoder.delete();
   }
-  return frames;
 }
 
 /** RTP sender state of one track: sequence numbers and timestamps continue across plays. */
@@ -31,28 +37,30 @@ export class AudioSender {
   private seq = Math.floor(Math.random() * 0xffff);
   private timestamp = Math.floor(Math.random() * 0xffffffff);
   private playing: NodeJS.Timeout | undefined;
+  private current: { frames: Iterator<Buffer, void, undefined>; done: () => void } | undefined;
   private readonly track: AudioTrack;
 
   constructor(track: AudioTrack) {
     this.track = track;
   }
 
-  /** Sends the frames paced at 20 ms; a new play replaces one under way. Resolves when done. */
-  play(frames: Buffer[]): Promise<number> {
+  /** Sends the frames paced at 20 ms; a new play replaces one under way. Resolves when done (or replaced). */
+  play(frames: Iterator<Buffer, void, undefined>): Promise<number> {
     this.stop();
-    let i = 0;
+    let first = true;
     let sent = 0;
     return new Promise((resolve) => {
       const tick = () => {
-        const frame = frames[i++];
-        if (!frame) {
+        const frame = frames.next();
+        if (frame.done) {
           this.stop();
-          resolve(sent);
           return;
         }
-        if (this.track.send(this.packet(frame, i === 1))) sent++;
+        if (this.track.send(this.packet(frame.value, first))) sent++;
+        first = false;
       };
-      this.playing = setInterval(tick, 20);
+      this.current = { frames, done: () => resolve(sent) };
+      this.playing = setInterval(tick, FRAME_MS);
       tick();
     });
   }
@@ -60,6 +68,10 @@ export class AudioSender {
   stop(): void {
     if (this.playing) clearInterval(this.playing);
     this.playing = undefined;
+    const current = this.current;
+    this.current = undefined;
+    current?.frames.return?.();
+    current?.done();
   }
 
   private packet(payload: Buffer, first: boolean): Buffer {

@@ -4,7 +4,7 @@ import type { Domain } from "../domain/index.ts";
 import { bindConnection } from "../http/connection.ts";
 import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
 import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
-import { callRpc, RpcCode, RpcError, serveRpc } from "../protocol/rpc.ts";
+import { callRpc, RpcCode, RpcError, type RpcHandlers, serveRpc } from "../protocol/rpc.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
 import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "./device-rpc.ts";
@@ -47,6 +47,8 @@ export class Connection {
   private closing: Promise<void> | undefined;
   private activation: Promise<void> | undefined;
   private telemetryWindow = { start: 0, count: 0 };
+  /** What this connection serves on stream 0 (its state, one speed test at a time, spans the streams). */
+  private readonly rpc: RpcHandlers;
   closeReason: CloseReason | undefined;
 
   constructor(host: ConnectionHost, publicKey: string, link: PeerLink) {
@@ -54,6 +56,7 @@ export class Connection {
     this.publicKey = publicKey;
     this.link = link;
     this.audio = new AudioSender(link.audio);
+    this.rpc = rpcHandlers(publicKey, host.domain.peers);
     this.deadline = setTimeout(() => void this.close("event stream deadline"), EVENT_STREAM_DEADLINE_MS);
     link.onState((state) => {
       if (state === "failed") void this.close("connection failed");
@@ -98,8 +101,7 @@ export class Connection {
       return;
     }
     const stream = this.track(new ChannelStream(port));
-    if (id === SERVICE.RPC)
-      void serveRpc(stream, rpcHandlers(this.publicKey, this.host.domain.peers), (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"));
+    if (id === SERVICE.RPC) void serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"));
     else this.host.serveHttp(id as 1 | 2, stream);
   }
 
@@ -151,7 +153,8 @@ export class Connection {
     port.attach({
       message: (data) => {
         if (this.state !== "active" && this.state !== "activating") return;
-        if (data.length === 0 || data.length > MAX_PACKET_BYTES) return this.host.metrics.dropped("out_of_range");
+        if (data.length === 0) return this.host.metrics.dropped("empty");
+        if (data.length > MAX_PACKET_BYTES) return this.host.metrics.dropped("out_of_range");
         if (data[0] !== TELEMETRY_PACKET) return this.host.metrics.dropped("unknown_type");
         const now = Date.now();
         if (now - this.telemetryWindow.start >= 1000) this.telemetryWindow = { start: now, count: 0 };

@@ -17,10 +17,28 @@ const MAX_EMOJI_BYTES = 64;
 const MAX_TEXT_BYTES = 256;
 const MAX_LIST = 64;
 
-/** What the server provides on stream 0: `all.*` and `server.info.put`. */
+/**
+ * What the server provides on stream 0 of one connection: `all.*` and `server.info.put`. A speed
+ * test runs one at a time per connection (another one meanwhile is 409): on 256 streams at once
+ * the 64 MiB cap would otherwise be 16 GiB of the node's bandwidth and encryption.
+ */
 export function rpcHandlers(publicKey: string, peers: Pick<PeerService, "mergeDeviceInfo">): RpcHandlers {
+  const common = commonHandlers();
+  const speedTest = common[RpcMethod.ALL_SPEED_TEST_RUN]!;
+  let speedTestRunning = false;
   return {
-    ...commonHandlers(),
+    ...common,
+    [RpcMethod.ALL_SPEED_TEST_RUN]: async (payload, ctx) => {
+      if (speedTestRunning) throw new RpcError(RpcCode.CONFLICT, "a speed test is already running on this connection");
+      speedTestRunning = true;
+      try {
+        const reply = await speedTest(payload, ctx);
+        return { ...reply, sent: () => (speedTestRunning = false) };
+      } catch (err) {
+        speedTestRunning = false;
+        throw err;
+      }
+    },
     [RpcMethod.SERVER_INFO_PUT]: async (payload) => {
       const profile = decodeParams(ServerPutInfoRequestSchema, payload).value;
       const patch: DeviceInfo = {};

@@ -5,6 +5,7 @@ import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
+import type { Metrics } from "../http/metrics.ts";
 import { type FetchApp, WebRtcTransport } from "./transport.ts";
 
 /** The host part of `host:port` (brackets of an IPv6 literal removed). */
@@ -28,7 +29,7 @@ function checkUdpPort(port: number, address: string | undefined): Promise<void> 
 /** Starts this node's WebRTC transport from the configuration: one UDP port (default the HTTP port's number). */
 export async function startTransport(
   config: Config,
-  o: { domain: Domain; logger: Logger; registry: Registry; httpPort: number; publicApi: FetchApp; compatibleApi: FetchApp },
+  o: { domain: Domain; logger: Logger; registry: Registry; httpMetrics: Metrics; httpPort: number; publicApi: FetchApp; compatibleApi: FetchApp },
 ): Promise<WebRtcTransport> {
   const udpPort = config.webrtc.udpPort ?? o.httpPort;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
@@ -48,6 +49,8 @@ export async function startTransport(
     domain: o.domain,
     logger: o.logger.child({ component: "webrtc" }),
     registry: o.registry,
+    httpMetrics: o.httpMetrics,
+    requestTimeoutMs: config.http.requestTimeoutMs,
     udpPort,
     bindAddress,
     publicAddress,

@@ -1,13 +1,14 @@
-import { createServer, type Server } from "node:http";
-import { getRequestListener } from "@hono/node-server";
+import type { Server } from "node:http";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import { DomainError } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
 import type { AcceptedOffer } from "../domain/signaling.ts";
+import { createHttpServer } from "../http/listener.ts";
+import type { Metrics } from "../http/metrics.ts";
 import type { ChannelStream } from "../protocol/channel.ts";
 import { Answerer } from "./answerer.ts";
-import { toneFrames } from "./audio.ts";
+import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
 import { TransportMetrics } from "./metrics.ts";
 import { inspectOffer } from "./sdp.ts";
@@ -20,6 +21,10 @@ export interface TransportOptions {
   domain: Domain;
   logger: Logger;
   registry: Registry;
+  /** The HTTP metrics requests on streams 1 and 2 are counted in, as over TCP. */
+  httpMetrics: Metrics;
+  /** Time to receive a whole request on an HTTP stream (408 after it), as over TCP. */
+  requestTimeoutMs: number;
   udpPort: number;
   bindAddress: string | undefined;
   publicAddress: string | undefined;
@@ -61,8 +66,7 @@ export class WebRtcTransport implements ConnectionHost {
     this.metrics = new TransportMetrics(o.registry, () => this.all.size);
     this.telemetry = new TelemetryWriter({ sink: o.domain.telemetry, onError: (err) => o.logger.error({ err }, "telemetry write failed") });
     this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
-    const server = (app: FetchApp) => createServer({ requireHostHeader: false, keepAlive: false }, getRequestListener(app));
-    this.http = { 1: server(o.publicApi), 2: server(o.compatibleApi) };
+    this.http = { 1: this.streamServer(o.publicApi), 2: this.streamServer(o.compatibleApi) };
     this.ticker = setInterval(() => void this.tick(), OWNERSHIP_CHECK_MS);
     this.ticker.unref();
   }
@@ -105,6 +109,36 @@ export class WebRtcTransport implements ConnectionHost {
     return link.answer;
   }
 
+  /**
+   * The HTTP server of one stream service: the TCP listener's (framing errors in the envelope, the
+   * request timeout), with one exchange per stream: the response closes the stream whatever the
+   * request asked, so a kept-alive stream cannot hold one of the 256 slots, and a second request
+   * on the stream is never run.
+   */
+  private streamServer(app: FetchApp): Server {
+    // A request pipelined after the first is parsed but not run: its answer would never be sent.
+    const served = new WeakSet<object>();
+    const firstOnly: FetchApp = (request, env) => {
+      const stream = env?.incoming?.socket;
+      if (stream && served.has(stream)) return new Response(null, { status: 400 });
+      if (stream) served.add(stream);
+      return app(request, env);
+    };
+    const server = createHttpServer({
+      fetch: firstOnly,
+      requestTimeoutMs: this.o.requestTimeoutMs,
+      maxConnections: Number.MAX_SAFE_INTEGER,
+      logger: this.logger,
+      metrics: this.o.httpMetrics,
+    });
+    server.prependListener("request", (_req, res) => {
+      res.shouldKeepAlive = false;
+    });
+    // Node times requests only on servers that listen (it starts its checker on "listening"); these never do.
+    server.emit("listening");
+    return server;
+  }
+
   serveHttp(service: 1 | 2, stream: ChannelStream): void {
     this.http[service].emit("connection", stream);
   }
@@ -139,9 +173,8 @@ export class WebRtcTransport implements ConnectionHost {
   playTone(publicKey: string, frequencyHz: number, durationMs: number): { frames: number } | undefined {
     const c = this.byKey.get(publicKey);
     if (!c?.active) return undefined;
-    const frames = toneFrames(frequencyHz, durationMs);
-    void c.audio.play(frames);
-    return { frames: frames.length };
+    void c.audio.play(toneFrames(frequencyHz, durationMs));
+    return { frames: toneFrameCount(durationMs) };
   }
 
   /** The key's active connection on this node (tests and the benchmark call its RPCs). */
