@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { OfferError } from "../src/sdk/webrtc.ts";
+import { bundledCandidatesOnly } from "../src/transport/sdp.ts";
 import { freshPostgresDatabase, startTestServer, TEST_DATABASE_URL, type TestServer, tempDir } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
@@ -99,6 +100,22 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
     const s = sealOffer(serverKey, keyPair, broken);
     await expectError(await postOffer(server.url, s.headers, s.body), 500, "ANSWER_FAILED");
     await nothingStored(encodeKey(keyPair.publicKey));
+  });
+
+  test("the server checks only the candidates of the BUNDLE group's tagged m-section", () => {
+    const sections = (text: string) => text.split(/(?=^m=)/m).map((s) => s.split("\r\n").filter((l) => l.startsWith("a=candidate:")).length);
+    // libwebrtc gathers for the audio and the data section alike until the answer bundles them.
+    const [, audio, data] = sections(sdp);
+    assert.ok(audio! > 0 && data! > 0, `candidates per section: ${sections(sdp).join(", ")}`);
+    const trimmed = bundledCandidatesOnly(sdp);
+    assert.deepEqual(sections(trimmed), [0, audio, 0]);
+    assert.equal(trimmed.replace(/^a=candidate:.*\r\n/gm, ""), sdp.replace(/^a=candidate:.*\r\n/gm, ""));
+    // Nothing changes without a group, or when the tagged section has no candidates to keep.
+    const unbundled = sdp.replace(/^a=group:BUNDLE.*\r\n/m, "");
+    assert.equal(bundledCandidatesOnly(unbundled), unbundled);
+    const [head, first, ...rest] = sdp.split(/(?=^m=)/m);
+    const lateOnly = [head, first!.replace(/^a=candidate:.*\r\n/gm, ""), ...rest].join("");
+    assert.equal(bundledCandidatesOnly(lateOnly), lateOnly);
   });
 });
 

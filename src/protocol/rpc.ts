@@ -138,6 +138,10 @@ function write(stream: Duplex, data: Buffer): Promise<void> {
 
 /** Writes an envelope, `dataBytes` bytes of binary frames and end-of-stream. */
 async function writeMessage(stream: Duplex, envelope: Uint8Array, dataBytes = 0): Promise<void> {
+  // A message without data is one write, so one DataChannel message when it fits in 16 KiB:
+  // `@roamhq/wrtc` can hand the first messages of a channel the other side opened to the
+  // application out of order (end-of-stream before the envelope), and one message cannot be.
+  if (dataBytes === 0) return write(stream, Buffer.concat([...envelopeFrames(envelope), encodeFrame(FrameType.END)]));
   for (const f of envelopeFrames(envelope)) await write(stream, f);
   if (dataBytes > 0) {
     const chunk = encodeFrame(FrameType.BINARY, randomBytes(Math.min(MAX_FRAME_PAYLOAD, 16 * 1024 - 4)));

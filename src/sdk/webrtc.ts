@@ -7,7 +7,7 @@ import { request as httpRequest, type IncomingMessage } from "node:http";
 import { create, type MessageInitShape, toBinary } from "@bufbuild/protobuf";
 import { decodeKey, encodeKey, type KeyPair, privateKeyObject, sharedSecret } from "../crypto/keys.ts";
 import { SealedExchange, SIGNALING_PATH } from "../crypto/sealed-offer.ts";
-import { type ChannelPort, ChannelStream, LOW_WATER_BYTES, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
+import { type ChannelPort, type ChannelSink, ChannelStream, LOW_WATER_BYTES, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
 import type { RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { RpcMethod as Methods } from "../protocol/gen/rpc_pb.ts";
 import { TelemetryFrameSchema } from "../protocol/gen/telemetry_pb.ts";
@@ -70,19 +70,47 @@ async function defaultRtc(): Promise<RtcImplementation> {
   return mod.default ?? mod;
 }
 
+/** How often a channel whose buffer is over the low-water mark is checked for having drained. */
+const DRAIN_POLL_MS = 5;
+
 function portOf(dc: RTCDataChannel): ChannelPort {
   dc.binaryType = "arraybuffer";
+  let sink: ChannelSink | undefined;
+  // `@roamhq/wrtc` has no `bufferedAmountLowThreshold` and never fires `bufferedamountlow`, and
+  // its `bufferedAmount` catches up with sends only later: a writer that saw the buffer over the
+  // high-water mark would wait for ever. So whenever the buffer is read above the low-water mark,
+  // it is watched until it is back under it (the event, where the stack has it, wakes earlier).
+  let watch: NodeJS.Timeout | undefined;
+  const drained = () => {
+    clearInterval(watch);
+    watch = undefined;
+    sink?.drained();
+  };
+  const watchDrain = () => {
+    watch ??= setInterval(() => {
+      if (dc.readyState !== "open" || dc.bufferedAmount <= LOW_WATER_BYTES) drained();
+    }, DRAIN_POLL_MS);
+  };
   return {
     label: dc.label,
     send: (data) => dc.send(new Uint8Array(data) as Uint8Array<ArrayBuffer>),
-    bufferedAmount: () => dc.bufferedAmount,
+    bufferedAmount: () => {
+      const amount = dc.bufferedAmount;
+      if (amount > LOW_WATER_BYTES) watchDrain();
+      return amount;
+    },
     // libwebrtc reports bufferedAmount late: a close right after the last send can overtake it.
     close: () => void setTimeout(() => dc.close(), 50),
-    attach(sink) {
+    attach(s) {
+      sink = s;
       dc.bufferedAmountLowThreshold = LOW_WATER_BYTES;
-      dc.onmessage = (e) => sink.message(typeof e.data === "string" ? Buffer.from(e.data) : new Uint8Array(e.data as ArrayBuffer));
-      dc.onclose = () => sink.closed();
-      dc.onbufferedamountlow = () => sink.drained();
+      dc.onmessage = (e) => s.message(typeof e.data === "string" ? Buffer.from(e.data) : new Uint8Array(e.data as ArrayBuffer));
+      dc.onclose = () => {
+        clearInterval(watch);
+        watch = undefined;
+        s.closed();
+      };
+      dc.onbufferedamountlow = drained;
     },
   };
 }

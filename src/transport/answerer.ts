@@ -4,7 +4,7 @@
  */
 import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
 import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../protocol/channel.ts";
-import { rewriteHostCandidates } from "./sdp.ts";
+import { bundledCandidatesOnly, rewriteHostCandidates } from "./sdp.ts";
 
 export interface AnswererOptions {
   /** The UDP port every connection shares. */
@@ -87,7 +87,7 @@ export class Answerer {
         });
       });
       gathered.catch(() => {});
-      pc.setRemoteDescription(offer.sdp, "offer");
+      pc.setRemoteDescription(bundledCandidatesOnly(offer.sdp), "offer");
       await gathered;
       pc.onGatheringStateChange(noop);
       const local = pc.localDescription();

@@ -44,6 +44,27 @@ function direction(lines: string[]): string | undefined {
     .trim();
 }
 
+/**
+ * The offer with candidates only in the BUNDLE group's tagged m-section (the first mid of the
+ * group), whose transport is the only one a bundled answer uses (RFC 8843, 7.3.1); unchanged
+ * without a group, or when that section lists no candidates.
+ *
+ * The server's ICE agent (libjuice) checks every remote candidate 50 ms after the previous one,
+ * in priority order, and becomes connected on its own successful check even when the device has
+ * already nominated a pair. libwebrtc repeats its host candidates for every m-section until the
+ * answer bundles them, so on a machine with four interfaces the reachable pair came eighth:
+ * about 400 ms of a connect, 200 ms once the repeats are gone.
+ */
+export function bundledCandidatesOnly(sdp: string): string {
+  const tagged = /^a=group:BUNDLE[ \t]+(\S+)/m.exec(sdp)?.[1];
+  if (!tagged) return sdp;
+  const sections = sdp.split(/(?=^m=)/m);
+  const isTagged = (section: string) => section.startsWith("m=") && section.split(/\r?\n/).some((l) => l.trim() === `a=mid:${tagged}`);
+  const keep = sections.find(isTagged);
+  if (!keep || !/^a=candidate:/m.test(keep)) return sdp;
+  return sections.map((section) => (!section.startsWith("m=") || isTagged(section) ? section : section.replace(/^a=candidate:.*(?:\r?\n|$)/gm, ""))).join("");
+}
+
 /** Replaces the address of every host candidate with `address` (dropping the duplicates that makes). */
 export function rewriteHostCandidates(sdp: string, address: string | undefined): string {
   if (!address) return sdp;
