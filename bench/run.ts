@@ -13,5 +13,8 @@ for (const name of names) {
     process.stderr.write(`unknown bench suite ${name}; known: ${Object.keys(suites).join(", ")}\n`);
     process.exit(2);
   }
-  process.stdout.write(`${JSON.stringify(await suite(), null, 2)}\n`);
+  const report = `${JSON.stringify(await suite(), null, 2)}\n`;
+  await new Promise((resolve) => process.stdout.write(report, resolve));
 }
+// Leave at once: @roamhq/wrtc's native module can crash while Node tears its objects down.
+process.exit(0);

@@ -20,6 +20,8 @@ export interface Figure {
 export interface Server {
   url: string;
   child: ChildProcess;
+  /** Log lines at warn level or above since the start, and the last few of them. */
+  warnings: { count: number; last: string[] };
   stop(): Promise<void>;
 }
 
@@ -38,12 +40,22 @@ export async function startServer(env: Record<string, string>): Promise<Server> 
     });
     child.once("exit", (code) => reject(new Error(`server exited with ${code}`)));
   });
-  // Keep draining the request log (as a real deployment's log shipper would) without storing it.
+  // Keep draining the request log (as a real deployment's log shipper would), storing only warnings.
   child.stdout!.removeAllListeners("data");
-  child.stdout!.resume();
+  const warnings = { count: 0, last: [] as string[] };
+  child.stdout!.on("data", (chunk: Buffer) => {
+    const text = chunk.toString();
+    if (!/"level":[4-6]0/.test(text)) return;
+    for (const line of text.split("\n")) {
+      if (!/"level":[4-6]0/.test(line)) continue;
+      warnings.count++;
+      warnings.last = [...warnings.last.slice(-2), line.slice(0, 300)];
+    }
+  });
   return {
     url,
     child,
+    warnings,
     stop: async () => {
       if (child.exitCode !== null) return;
       child.kill("SIGTERM");
