@@ -93,13 +93,10 @@ describe("WebRTC transport with the device SDK (@roamhq/wrtc)", () => {
   test("uploads past the channel's high-water mark complete, though wrtc never fires bufferedamountlow", async () => {
     const conn = await connect(server);
     try {
-      // Without a drain the device's writer waited until the server gave up on the request (10 s).
-      for (let i = 0; i < 3; i++) {
-        const started = performance.now();
-        const speed = await conn.speedTest(0, 8 * 1024 * 1024);
-        assert.equal(speed.up, 8 * 1024 * 1024);
-        assert.ok(performance.now() - started < 8_000, `upload ${i} took ${Math.round(performance.now() - started)} ms`);
-      }
+      // Without a drain the device's writer waited until the server gave up on the request (10 s
+      // without the rest of it) and the speed test failed.
+      const speed = await conn.speedTest(0, 8 * 1024 * 1024);
+      assert.equal(speed.up, 8 * 1024 * 1024);
     } finally {
       conn.close();
     }
