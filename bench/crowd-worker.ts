@@ -52,7 +52,7 @@ export interface StatsReport {
 const baseUrl = process.env.PERCH_URL!;
 const serverPublicKey = process.env.PERCH_SERVER_KEY!;
 const bindAddress = process.env.CROWD_BIND || undefined;
-const ATTEMPTS = 3;
+const ATTEMPTS = 5;
 
 const devices = new Set<CrowdDevice>();
 let lost = 0;
