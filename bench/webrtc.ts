@@ -132,8 +132,10 @@ async function cpuDuring(serverPid: number, crowdPids: number[], ms: number) {
   const server0 = treeCpuSeconds(serverPid);
   const crowd0 = crowdPids.map((p) => treeCpuSeconds(p));
   const threads0 = threadTicks(serverPid);
+  const machine0 = machineCpu();
   const started = performance.now();
   await sleep(ms);
+  const machine1 = machineCpu();
   const s = (performance.now() - started) / 1000;
   // Ticks are hundredths of a second: ticks per second is the percentage of one core.
   const deltas = [...threadTicks(serverPid)].map(([name, ticks]) => [name, round((ticks - (threads0.get(name) ?? 0)) / s)] as const);
@@ -147,6 +149,11 @@ async function cpuDuring(serverPid: number, crowdPids: number[], ms: number) {
     server: round(((treeCpuSeconds(serverPid) - server0) / s) * 100),
     serverThreads: threads,
     crowd: round((crowdPids.reduce((n, p, i) => n + treeCpuSeconds(p) - crowd0[i]!, 0) / s) * 100),
+    // The whole machine over the window: how busy its cores were, and how much the hypervisor gave elsewhere.
+    machine: {
+      busy_percent: round(100 - ((machine1.idle - machine0.idle) / Math.max(1, machine1.total - machine0.total)) * 100),
+      steal_percent: stealPercent(machine0, machine1),
+    },
   };
 }
 
@@ -170,6 +177,7 @@ interface Step {
   /** The server's busiest threads: the JavaScript one (MainThread), libjuice's UDP mux, usrsctp's timer, libdatachannel's workers. */
   server_threads_cpu_percent: Record<string, number>;
   crowd_cpu_percent: number;
+  machine: { busy_percent: number; steal_percent: number };
   crowd: CrowdStats;
   why_not_held?: string;
 }
@@ -294,6 +302,7 @@ async function measure(server: Server, crowd: Crowd, db: DatabaseSync): Promise<
       server_cpu_percent_of_one_core: cpu.server,
       server_threads_cpu_percent: cpu.serverThreads,
       crowd_cpu_percent: cpu.crowd,
+      machine: cpu.machine,
       crowd: stats,
     };
     const faults: string[] = [];
@@ -355,6 +364,7 @@ async function measure(server: Server, crowd: Crowd, db: DatabaseSync): Promise<
     server_cpu_percent_of_one_core: floodCpu.server,
     server_threads_cpu_percent: floodCpu.serverThreads,
     crowd_cpu_percent: floodCpu.crowd,
+    machine: floodCpu.machine,
   };
   await crowd.release();
   await drained(server);
@@ -430,9 +440,11 @@ async function measure(server: Server, crowd: Crowd, db: DatabaseSync): Promise<
 }
 
 /** The machine's CPU time so far (`/proc/stat`): every state together, and stolen by the hypervisor. */
-function machineCpu(): { total: number; steal: number } {
+function machineCpu(): { total: number; idle: number; steal: number } {
   const fields = readFileSync("/proc/stat", "utf8").split("\n")[0]!.trim().split(/\s+/).slice(1).map(Number);
-  return { total: fields.reduce((a, b) => a + b, 0), steal: fields[7] ?? 0 };
+  // user nice system idle iowait irq softirq steal (guest time is already counted in user)
+  const total = fields.slice(0, 8).reduce((a, b) => a + b, 0);
+  return { total, idle: (fields[3] ?? 0) + (fields[4] ?? 0), steal: fields[7] ?? 0 };
 }
 
 function stealPercent(before: { total: number; steal: number }, after: { total: number; steal: number }): number {
@@ -456,7 +468,9 @@ function limits(o: {
     server_cpu_percent_of_one_core: number;
     server_threads_cpu_percent: Record<string, number>;
     crowd_cpu_percent: number;
+    machine: { busy_percent: number; steal_percent: number };
     dropped_by_reason: Record<string, number>;
+    udp_receive_errors_machine: { rcvbuf_errors: number };
   };
   wrtcReady: { p50: number };
   lightReady: { p50: number };
@@ -467,7 +481,7 @@ function limits(o: {
       .map(([k, v]) => `${k} ${v}%`)
       .join(", ");
   const at = (step: Step) =>
-    `the server used ${step.server_cpu_percent_of_one_core}% of one core (${threads(step.server_threads_cpu_percent)}) and ${step.server_rss_mb} MB; the crowd's processes took ${step.crowd_cpu_percent}% of the same 2 cores`;
+    `the server used ${step.server_cpu_percent_of_one_core}% of one core (${threads(step.server_threads_cpu_percent)}) and ${step.server_rss_mb} MB; the crowd's processes took ${step.crowd_cpu_percent}% of the same 2 cores, which were ${step.machine.busy_percent}% busy (${step.machine.steal_percent}% stolen by other guests)`;
   const crowd = !o.last
     ? "no step ran"
     : o.last.held
@@ -485,7 +499,7 @@ function limits(o: {
       "one stream per request, as the contract asks (Connection: close): a stream opened and closed inside SCTP, then Node's HTTP parser on both ends; the TCP side opens a connection per request as well. Both ends are on the same 2 cores, so the stream figure suffers most from other load",
     stream_throughput:
       "one SCTP stream through usrsctp and DTLS on both sides, the channel's 1 MiB high-water mark as its window; the SDK's side runs in libwebrtc and its upload is paced by the SDK polling wrtc's bufferedAmount",
-    telemetry_ingest: `${o.flood.frames_accepted_per_second} frames/s accepted of ${o.flood.frames_received_per_second} the server took in (${o.flood.frames_sent_per_second} sent), the server at ${o.flood.server_cpu_percent_of_one_core}% of one core (${threads(o.flood.server_threads_cpu_percent)}), the sending crowd at ${o.flood.crowd_cpu_percent}% of the same 2 cores. Two stages bound it: libdatachannel's "RTC worker" threads (DTLS decryption and usrsctp's receive path, per datagram) and the server's one JavaScript thread (a message callback, a protobuf decode and a queued sample per frame, the store's batched writes). Frames either stage cannot take at once wait in the library and reach JavaScript in bunches, and the per-device limit (100 a second) is counted over the server's processing time, so a device sending at the limit loses bunched frames as rate_limited: dropped ${dropped || "none"}`,
+    telemetry_ingest: `${o.flood.frames_accepted_per_second} frames/s accepted of ${o.flood.frames_received_per_second} the server took in (${o.flood.frames_sent_per_second} sent), the server at ${o.flood.server_cpu_percent_of_one_core}% of one core (${threads(o.flood.server_threads_cpu_percent)}), the sending crowd at ${o.flood.crowd_cpu_percent}% of the same 2 cores (${o.flood.machine.busy_percent}% busy, ${o.flood.machine.steal_percent}% stolen by other guests). Two stages bound it: libdatachannel's "RTC worker" threads (DTLS decryption and usrsctp's receive path, per datagram) and the server's one JavaScript thread (a message callback, a protobuf decode and a queued sample per frame, the store's batched writes). Frames either stage cannot take at once wait in the library and reach JavaScript in bunches, and the per-device limit (100 a second) is counted over the server's processing time, so a device sending at the limit loses bunched frames as rate_limited: dropped ${dropped || "none"}. Before any of it, the kernel dropped ${o.flood.udp_receive_errors_machine.rcvbuf_errors} datagrams for a full receive buffer (all connections share one UDP socket, read by libjuice's one mux thread)`,
     concurrent_devices: `${crowd}. Descriptors are not the limit (every connection shares one UDP socket); CPU is: each held device costs the server's JavaScript thread its telemetry frame a second and runtime upkeep, libjuice's one mux thread its consent checks and datagrams, usrsctp's timer thread its retransmission timers, so the JavaScript thread saturates first, and offers then time out`,
   };
 }
