@@ -17,6 +17,33 @@ const DEVICE_RPC_TIMEOUT_MS = 5_000;
 const MAX_PACKET_BYTES = 64 * 1024;
 /** Telemetry frames a connection may send per second; more are dropped (a flood must not starve the node). */
 const TELEMETRY_FRAMES_PER_SECOND = 100;
+/**
+ * Frames a connection may send at once above the rate: a device sending 100 a second has its
+ * frames arrive in bunches (its own timers, the network, this node's busy moments), and a fixed
+ * one-second window dropped half of them under load.
+ */
+const TELEMETRY_BURST_FRAMES = 200;
+
+/** `rate` a second on average, up to `burst` at once. */
+class TokenBucket {
+  private tokens: number;
+  private at = performance.now();
+  private readonly rate: number;
+  private readonly burst: number;
+  constructor(rate: number, burst: number) {
+    this.rate = rate;
+    this.burst = burst;
+    this.tokens = burst;
+  }
+  take(): boolean {
+    const now = performance.now();
+    this.tokens = Math.min(this.burst, this.tokens + ((now - this.at) / 1000) * this.rate);
+    this.at = now;
+    if (this.tokens < 1) return false;
+    this.tokens--;
+    return true;
+  }
+}
 
 /** What a connection needs from the transport that holds it. */
 export interface ConnectionHost {
@@ -46,7 +73,7 @@ export class Connection {
   private state: "pending" | "activating" | "active" | "closed" = "pending";
   private closing: Promise<void> | undefined;
   private activation: Promise<void> | undefined;
-  private telemetryWindow = { start: 0, count: 0 };
+  private readonly telemetryAllowance = new TokenBucket(TELEMETRY_FRAMES_PER_SECOND, TELEMETRY_BURST_FRAMES);
   /** What this connection serves on stream 0 (its state, one speed test at a time, spans the streams). */
   private readonly rpc: RpcHandlers;
   closeReason: CloseReason | undefined;
@@ -156,9 +183,7 @@ export class Connection {
         if (data.length === 0) return this.host.metrics.dropped("empty");
         if (data.length > MAX_PACKET_BYTES) return this.host.metrics.dropped("out_of_range");
         if (data[0] !== TELEMETRY_PACKET) return this.host.metrics.dropped("unknown_type");
-        const now = Date.now();
-        if (now - this.telemetryWindow.start >= 1000) this.telemetryWindow = { start: now, count: 0 };
-        if (++this.telemetryWindow.count > TELEMETRY_FRAMES_PER_SECOND) return this.host.metrics.dropped("rate_limited");
+        if (!this.telemetryAllowance.take()) return this.host.metrics.dropped("rate_limited");
         try {
           const samples = decodeTelemetry(data.subarray(1), this.host.domain.ctx.clock.now());
           if (this.host.telemetry.add(this.publicKey, samples)) this.host.metrics.frame();
