@@ -11,7 +11,7 @@ import { RpcCode, RpcError, rpcPayload } from "../src/protocol/rpc.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { parseRawResponse } from "./support/raw-http.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { freshPostgresDatabase, startTestServer, TEST_DATABASE_URL, type TestServer } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
 /** Sends `pieces` on `stream`, each as its own DataChannel message, and collects the answer until the stream closes (or `timeoutMs`). */
@@ -417,6 +417,35 @@ const battery = (percent: number, at = Date.now()) => ({
   observations: [{ observedAtDeltaMs: 0, body: { case: "battery" as const, value: { percent } } }],
 });
 
+/** A peer removed while connected: its frames are skipped, the other peer's in the same batches stored. */
+async function removedPeerTelemetry(server: TestServer): Promise<void> {
+  const removed = await connect(server);
+  const other = await connect(server);
+  try {
+    await eventually(() => server.transport!.connection(removed.publicKey)?.active && server.transport!.connection(other.publicKey)?.active);
+    // The operator removes the peer from another process while it is connected.
+    assert.equal(await server.domain.peers.remove(removed.publicKey), true);
+    for (let i = 0; i < 3; i++) {
+      removed.sendTelemetry(battery(11));
+      other.sendTelemetry(battery(22 + i));
+      await new Promise((r) => setTimeout(r, 300));
+    }
+    const latest = await eventually(
+      async () => {
+        const l = await server.domain.telemetry.latest(other.publicKey, undefined);
+        return l.values.length > 0 ? l : undefined;
+      },
+      3_000,
+      "the other peer's telemetry",
+    );
+    assert.equal(latest.values[0]?.value, 24);
+    assert.equal(await server.store.read((r) => r.peers.get(removed.publicKey)), undefined, "the removed peer is not recreated by telemetry");
+  } finally {
+    removed.close();
+    other.close();
+  }
+}
+
 describe("a hostile device sending telemetry packets", () => {
   let server: TestServer;
   before(async () => {
@@ -515,33 +544,7 @@ describe("a hostile device sending telemetry packets", () => {
     }
   });
 
-  test("a removed peer's telemetry does not take other peers' frames down with it", async () => {
-    const removed = await connect(server);
-    const other = await connect(server);
-    try {
-      await eventually(() => server.transport!.connection(removed.publicKey)?.active && server.transport!.connection(other.publicKey)?.active);
-      // The operator removes the peer from another process while it is connected.
-      assert.equal(await server.domain.peers.remove(removed.publicKey), true);
-      for (let i = 0; i < 3; i++) {
-        removed.sendTelemetry(battery(11));
-        other.sendTelemetry(battery(22 + i));
-        await new Promise((r) => setTimeout(r, 300));
-      }
-      const latest = await eventually(
-        async () => {
-          const l = await server.domain.telemetry.latest(other.publicKey, undefined);
-          return l.values.length > 0 ? l : undefined;
-        },
-        3_000,
-        "the other peer's telemetry",
-      );
-      assert.equal(latest.values[0]?.value, 24);
-      assert.equal(await server.store.read((r) => r.peers.get(removed.publicKey)), undefined, "the removed peer is not recreated by telemetry");
-    } finally {
-      removed.close();
-      other.close();
-    }
-  });
+  test("a removed peer's telemetry does not take other peers' frames down with it", () => removedPeerTelemetry(server));
 
   test("a frame sent the moment a new device is connected is stored", async () => {
     for (let i = 0; i < 3; i++) {
@@ -677,6 +680,17 @@ describe("a hostile device asking for test tones", () => {
       await eventually(() => conn.audio.audible > 10, 5000, "audible audio");
     } finally {
       conn.close();
+    }
+  });
+});
+
+describe("telemetry of a removed peer on PostgreSQL", { skip: TEST_DATABASE_URL ? false : "PERCH_TEST_DATABASE_URL is not set" }, () => {
+  test("a removed peer's telemetry does not take other peers' frames down with it", async () => {
+    const server = await startTestServer({ config: { databaseUrl: await freshPostgresDatabase() } });
+    try {
+      await removedPeerTelemetry(server);
+    } finally {
+      await server.stop();
     }
   });
 });
