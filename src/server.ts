@@ -89,7 +89,9 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   });
   const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
   const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
-  const store = await Store.open(config.databaseUrl, config.dataDir);
+  const store = await Store.open(config.databaseUrl, config.dataDir, {
+    onError: (err) => logger.warn({ err: err.message }, "a database connection failed; it is replaced on next use"),
+  });
   const domain = new Domain({ store, clock, config, serverKey });
   const metrics = new Metrics(() => store.read((r) => r.sessions.countLive(clock.now())));
   const build = buildInfo();
