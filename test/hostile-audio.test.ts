@@ -107,7 +107,7 @@ describe("transcription route against a decompression bomb", { skip: engines().t
   test("400 naming the configured limit; /healthz answers meanwhile", async () => {
     const form = new FormData();
     form.append("model", "whisper-1");
-    form.append("file", new Blob([flacBomb(10_000)], { type: "audio/flac" }), "bomb.flac");
+    form.append("file", new Blob([Buffer.from(flacBomb(10_000))], { type: "audio/flac" }), "bomb.flac");
     const answer = fetch(`${server.url}/openai/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${KEY}` }, body: form });
     const health = await fetch(`${server.url}/healthz`);
     assert.equal(health.status, 200);
