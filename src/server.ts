@@ -145,7 +145,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const router = new ChatRouter(config, o.env, o.providerFactory);
   const chat = new ChatService({ router, catalog, domain });
   const compat = (base?: string) => (callers: Parameters<typeof compatSurface>[0]["callers"]) =>
-    compatSurface({ callers, catalog, chat, router, metrics, speech, transcription, ...(base ? { base } : {}) });
+    compatSurface({ callers, catalog, chat, router, metrics, speech, transcription, limits: config.compat, ...(base ? { base } : {}) });
   const app = createApp({
     domain,
     logger,
