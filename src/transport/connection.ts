@@ -3,9 +3,11 @@ import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
 import { bindConnection } from "../http/connection.ts";
 import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
+import { encodeFrame, FrameType } from "../protocol/frames.ts";
 import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { callRpc, RpcCode, RpcError, type RpcHandlers, serveRpc } from "../protocol/rpc.ts";
 import { StreamSocket } from "../protocol/stream-socket.ts";
+import type { AudioPort, VoiceHost, VoiceSession } from "../voice/port.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
 import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "./device-rpc.ts";
@@ -52,6 +54,8 @@ export interface ConnectionHost {
   logger: Logger;
   metrics: TransportMetrics;
   telemetry: TelemetryWriter;
+  /** Voice conversations over the audio track, when configured. */
+  voice?: VoiceHost | undefined;
   /** Serves an HTTP stream (service 1 or 2). */
   serveHttp(service: 1 | 2, stream: StreamSocket): void;
   /** The connection became active: the host makes it the key's only one and marks it online. */
@@ -78,6 +82,10 @@ export class Connection {
   /** What this connection serves on stream 0 (its state, one speed test at a time, spans the streams). */
   private readonly rpc: RpcHandlers;
   closeReason: CloseReason | undefined;
+  /** The connection's voice conversation, while it is active. */
+  private voice: VoiceSession | undefined;
+  private audioIn: ((packet: Buffer) => void) | undefined;
+  private eventSequence = 0n;
 
   constructor(host: ConnectionHost, publicKey: string, link: PeerLink) {
     this.host = host;
@@ -91,7 +99,10 @@ export class Connection {
       else if (state === "closed") void this.close("connection closed");
     });
     link.onChannel((port) => this.channel(port));
-    link.onRtp((bytes) => host.metrics.rtp(bytes));
+    link.onRtp((packet) => {
+      host.metrics.rtp(packet.length);
+      this.audioIn?.(packet);
+    });
   }
 
   get active(): boolean {
@@ -183,6 +194,7 @@ export class Connection {
           this.service(id, port);
         }
         void this.pullDeviceInfo();
+        this.startVoice();
       },
       (err) => {
         this.host.logger.warn({ err, peer: this.publicKey }, "connection could not become active");
@@ -211,6 +223,34 @@ export class Connection {
       closed: () => {},
       drained: () => {},
     });
+  }
+
+  /** The audio track and the event stream, as the voice feature uses them. */
+  private startVoice(): void {
+    if (!this.host.voice) return;
+    const port: AudioPort = {
+      publicKey: this.publicKey,
+      payloadType: this.link.audio.payloadType,
+      onPacket: (cb) => {
+        this.audioIn = cb;
+      },
+      sendFrame: (opus, first) => this.state === "active" && this.audio.sendFrame(opus, first),
+      sendEvent: (make) => this.sendEvent(make),
+    };
+    try {
+      this.voice = this.host.voice.open(port);
+    } catch (err) {
+      this.host.logger.error({ err, peer: this.publicKey }, "voice conversation could not start");
+    }
+  }
+
+  /** One `PeerEvent` on the event stream: one binary frame (transport contract §7), sequence numbers from 1. */
+  sendEvent(make: (sequence: bigint, timestampUnixMs: bigint) => Uint8Array): boolean {
+    const events = this.events;
+    if (this.state !== "active" || !events || events.destroyed || !events.writable) return false;
+    this.eventSequence++;
+    events.write(encodeFrame(FrameType.BINARY, make(this.eventSequence, BigInt(Date.now()))));
+    return true;
   }
 
   /** Calls a `client.*` or `all.*` method on the device over a new stream 0. */
@@ -249,6 +289,13 @@ export class Connection {
       this.state = "closed";
       if (this.deadline) clearTimeout(this.deadline);
       this.deadline = undefined;
+      this.audioIn = undefined;
+      try {
+        this.voice?.close();
+      } catch (err) {
+        this.host.logger.error({ err, peer: this.publicKey }, "voice conversation did not close cleanly");
+      }
+      this.voice = undefined;
       this.audio.stop();
       for (const port of this.waiting.splice(0)) port.close();
       for (const s of this.streams) s.destroy();
