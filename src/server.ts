@@ -56,10 +56,10 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
-let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine | undefined } | undefined;
+let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine } | undefined;
 
 /** The embedded engines, one pair per process (each has its own queue and worker threads), however many servers it starts. */
-export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine | undefined } {
+export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine } {
   engines ??= { speech: createSpeechEngine(), transcription: createTranscriptionEngine() };
   return engines;
 }
@@ -178,6 +178,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   // The start-up line is written at any level but "silent": operators and scripts look for it.
   const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
   startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
+  // The recogniser's models load in their worker threads while the server already answers.
+  transcription?.start?.().catch((err: unknown) => logger.error({ err }, "the transcription engine could not load its models"));
   if (o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
     (speech.warmUp as () => Promise<void>)().catch((err: unknown) => logger.warn({ err }, "speech engine warm-up failed"));
   }

@@ -4,7 +4,7 @@ import type { SpeechFormat } from "./types.ts";
 
 /** Every speech format is produced at this rate (OpenAI's, and what `pcm` promises). */
 export const OUTPUT_SAMPLE_RATE = 24_000;
-/** What PocketSphinx's en-us model was trained on. */
+/** What the recogniser (Moonshine) and the voice activity detector (Silero) take. */
 export const RECOGNISER_SAMPLE_RATE = 16_000;
 
 let resolved: string | undefined;
