@@ -13,8 +13,10 @@ import { encodeKey, privateKeyObject } from "./crypto/keys.ts";
 import { type Clock, systemClock } from "./domain/clock.ts";
 import { DAY_MS } from "./domain/context.ts";
 import { DomainError } from "./domain/errors.ts";
+import { DomainEvents } from "./domain/events.ts";
 import { Domain } from "./domain/index.ts";
 import { serverInfo } from "./domain/server-info.ts";
+import { CommandError, Commands, type EventBus, openEventBus } from "./events/index.ts";
 import { createApp, createSurfacesApp } from "./http/app.ts";
 import { compatSurface } from "./http/compat/surface.ts";
 import { createHttpServer } from "./http/listener.ts";
@@ -52,6 +54,10 @@ export interface RunningServer {
   httpServer: Server;
   /** The WebRTC transport, when this node answers offers. */
   transport: WebRtcTransport | undefined;
+  /** The event bus (PostgreSQL `LISTEN`/`NOTIFY` when the store is PostgreSQL, else in process). */
+  events: EventBus;
+  /** Commands to the node that holds a connection (over `events`). */
+  commands: Commands;
   /** Stops accepting, lets in-flight requests finish, then closes the store. */
   close(): Promise<void>;
 }
@@ -89,8 +95,18 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   });
   const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
   const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
-  const store = await Store.open(config.databaseUrl, config.dataDir);
-  const domain = new Domain({ store, clock, config, serverKey });
+  const store = await Store.open(config.databaseUrl, config.dataDir, {
+    onError: (err) => logger.warn({ err: err.message }, "a database connection failed; it is replaced on next use"),
+  });
+  let events: EventBus;
+  try {
+    events = await openEventBus(config.databaseUrl, { log: logger });
+  } catch (err) {
+    await store.close();
+    throw err;
+  }
+  const commands = new Commands(events, config.nodeName);
+  const domain = new Domain({ store, clock, config, serverKey, events: new DomainEvents(events) });
   const metrics = new Metrics(() => store.read((r) => r.sessions.countLive(clock.now())));
   const build = buildInfo();
   const webrtcEnabled = config.webrtc.enabled;
@@ -101,8 +117,23 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
       if (!transport) throw new DomainError("unavailable", "CAPACITY_EXCEEDED", "the transport is not running", undefined, 1);
       return transport.answer(offer, timing);
     },
-    playTone: (key, frequency, duration) => transport?.playTone(key, frequency, duration),
+    // The device's connection may be on another node: the command goes there over the bus.
+    playTone: async (key, frequency, duration) => {
+      const here = transport?.playTone(key, frequency, duration);
+      if (here) return here;
+      const { online, node } = await domain.peers.runtime(key);
+      if (!online || node === undefined || node === config.nodeName) return undefined;
+      try {
+        return (await commands.call(node, "audio.tone", { key, frequency, duration })) as { frames: number } | undefined;
+      } catch (err) {
+        if (err instanceof CommandError) return undefined;
+        throw err;
+      }
+    },
   };
+  commands.handle("audio.tone", ({ key, frequency, duration }) =>
+    typeof key === "string" && typeof frequency === "number" && typeof duration === "number" ? transport?.playTone(key, frequency, duration) : undefined,
+  );
 
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
@@ -114,7 +145,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const router = new ChatRouter(config, o.env, o.providerFactory);
   const chat = new ChatService({ router, catalog, domain });
   const compat = (base?: string) => (callers: Parameters<typeof compatSurface>[0]["callers"]) =>
-    compatSurface({ callers, catalog, chat, router, metrics, speech, transcription, ...(base ? { base } : {}) });
+    compatSurface({ callers, catalog, chat, router, metrics, speech, transcription, limits: config.compat, ...(base ? { base } : {}) });
   const app = createApp({
     domain,
     logger,
@@ -157,6 +188,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
       });
     } catch (err) {
       server.close();
+      commands.close();
+      await events.close();
       await store.close();
       throw err;
     }
@@ -195,6 +228,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     store,
     httpServer: server,
     transport,
+    events,
+    commands,
     close() {
       closing ??= (async () => {
         clearInterval(cleanup);
@@ -209,6 +244,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
         });
         await transport?.close();
         await stopped;
+        commands.close();
+        await events.close();
         await store.close();
         clearInterval(logFlush);
         logger.flush();

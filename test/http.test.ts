@@ -106,10 +106,10 @@ function tamper(assertion: string): string {
 }
 
 /** Every route of the Public API contract table (OpenAPI path syntax). */
-const CONTRACT_ROUTES: Array<{ method: string; path: string; bearer: boolean; success: number; pending?: true }> = [
+const CONTRACT_ROUTES: Array<{ method: string; path: string; bearer: boolean; success: number }> = [
   { method: "get", path: "/server-info", bearer: false, success: 200 },
   { method: "post", path: "/login", bearer: false, success: 200 },
-  { method: "post", path: "/webrtc/v1/offer", bearer: false, success: 200, pending: true },
+  { method: "post", path: "/webrtc/v1/offer", bearer: false, success: 200 },
   { method: "get", path: "/me", bearer: true, success: 200 },
   { method: "get", path: "/me/status", bearer: true, success: 200 },
   { method: "put", path: "/me/status", bearer: true, success: 200 },
@@ -377,8 +377,7 @@ for (const store of STORES) {
       assert.ok(doc.openapi.startsWith("3.1"), doc.openapi);
       assert.equal(typeof doc.info.title, "string");
 
-      const implemented = CONTRACT_ROUTES.filter((r) => !r.pending);
-      for (const r of implemented) {
+      for (const r of CONTRACT_ROUTES) {
         const op = doc.paths[r.path]?.[r.method];
         assert.ok(op, `${r.method.toUpperCase()} ${r.path} is missing`);
         assert.ok(op.responses[String(r.success)], `${r.method.toUpperCase()} ${r.path}: no ${r.success} response`);
@@ -386,13 +385,11 @@ for (const store of STORES) {
         assert.equal(bearer, r.bearer, `${r.method.toUpperCase()} ${r.path}: bearer security`);
       }
       // No path of the table offers a method the contract does not list.
-      for (const path of new Set(implemented.map((r) => r.path))) {
+      for (const path of new Set(CONTRACT_ROUTES.map((r) => r.path))) {
         const methods = Object.keys(doc.paths[path]!).filter((k) => ["get", "put", "post", "delete", "patch", "head", "options"].includes(k));
-        const expected = implemented.filter((r) => r.path === path).map((r) => r.method);
+        const expected = CONTRACT_ROUTES.filter((r) => r.path === path).map((r) => r.method);
         assert.deepEqual(methods.sort(), expected.sort(), path);
       }
-      const pending = doc.paths["/webrtc/v1/offer"];
-      if (pending) assert.deepEqual(Object.keys(pending), ["post"]);
 
       const bearerScheme = doc.components.securitySchemes.bearerAuth;
       assert.equal(bearerScheme?.type, "http");

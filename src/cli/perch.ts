@@ -6,7 +6,9 @@ import { ConfigError, loadConfig } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
 import { canonicalKey, encodeKey, generateKeyPair, privateKeyObject } from "../crypto/keys.ts";
 import { systemClock } from "../domain/clock.ts";
+import { DomainEvents } from "../domain/events.ts";
 import { Domain } from "../domain/index.ts";
+import { openEventBus } from "../events/index.ts";
 import { Store } from "../store/index.ts";
 import { registerDeviceCommands } from "./device.ts";
 
@@ -16,8 +18,14 @@ async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
   const pair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
   const store = await Store.open(config.databaseUrl, config.dataDir, { readWorkers: 0 });
   try {
-    const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
-    return await fn(new Domain({ store, clock: systemClock, config, serverKey }));
+    // On PostgreSQL what this process changes (a peer blocked or removed) reaches every node; it listens to nothing.
+    const bus = await openEventBus(config.databaseUrl, { listen: false });
+    try {
+      const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
+      return await fn(new Domain({ store, clock: systemClock, config, serverKey, events: new DomainEvents(bus) }));
+    } finally {
+      await bus.close();
+    }
   } finally {
     await store.close();
   }

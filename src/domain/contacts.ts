@@ -55,13 +55,14 @@ export class ContactService {
       return tx.contacts.insert(row);
     });
     if (!inserted) throw exists();
+    this.ctx.events.contacts(deviceKey, row.name, "created");
     return contactView(row);
   }
 
   /** Absent fields keep their value; `null` or blank clears one. */
   async update(deviceKey: string, name: string, input: ContactUpdate): Promise<Contact> {
     if (!isContactName(name)) throw notFound(name);
-    return this.ctx.store.transaction(async (tx) => {
+    const updated = await this.ctx.store.transaction(async (tx) => {
       const current = await tx.contacts.getForUpdate(deviceKey, name);
       if (!current) throw notFound(name);
       const keep = <T>(value: T | undefined, stored: T) => (value === undefined ? stored : value);
@@ -75,11 +76,14 @@ export class ContactService {
       if (outcome === "conflict") throw exists();
       return contactView(row);
     });
+    this.ctx.events.contacts(deviceKey, updated.name, "updated");
+    return updated;
   }
 
   async delete(deviceKey: string, name: string): Promise<Contact> {
     const row = isContactName(name) ? await this.ctx.store.transaction((tx) => tx.contacts.delete(deviceKey, name)) : undefined;
     if (!row) throw notFound(name);
+    this.ctx.events.contacts(deviceKey, row.name, "deleted");
     return contactView(row);
   }
 }

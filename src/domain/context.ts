@@ -3,6 +3,7 @@ import type { Config } from "../config/config.ts";
 import type { KeyPair } from "../crypto/keys.ts";
 import type { Store } from "../store/index.ts";
 import type { Clock } from "./clock.ts";
+import type { DomainEvents } from "./events.ts";
 
 /** What every domain service is built from. */
 export interface DomainContext {
@@ -10,6 +11,8 @@ export interface DomainContext {
   clock: Clock;
   config: Config;
   serverKey: KeyPair & { privateKeyObject: KeyObject; publicKeyText: string };
+  /** Where committed changes are published (this node's subscribers and, on PostgreSQL, every node's). */
+  events: DomainEvents;
 }
 
 export const DAY_MS = 24 * 60 * 60 * 1000;

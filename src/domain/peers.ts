@@ -53,6 +53,7 @@ export class PeerService {
     const now = this.ctx.clock.now();
     const document: PeerStatus = { ...status, reported_at: status.reported_at ?? new Date(now).toISOString() };
     await this.ctx.store.transaction((tx) => tx.status.put(publicKey, document, now));
+    this.ctx.events.status(publicKey, document, now);
     return document;
   }
 
@@ -72,12 +73,17 @@ export class PeerService {
     return this.ctx.store.transaction((tx) => tx.peers.register(newPeer(publicKey, this.ctx.clock.now(), role)));
   }
 
-  setBlocked(publicKey: string, blocked: boolean): Promise<boolean> {
-    return this.ctx.store.transaction((tx) => tx.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now()));
+  /** Every node holding the peer's connection or its sessions' streams hears of it (`topics.peers`). */
+  async setBlocked(publicKey: string, blocked: boolean): Promise<boolean> {
+    const changed = await this.ctx.store.transaction((tx) => tx.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now()));
+    if (changed) this.ctx.events.peer(publicKey, blocked ? "blocked" : "unblocked");
+    return changed;
   }
 
-  remove(publicKey: string): Promise<boolean> {
-    return this.ctx.store.transaction((tx) => tx.peers.remove(publicKey));
+  async remove(publicKey: string): Promise<boolean> {
+    const removed = await this.ctx.store.transaction((tx) => tx.peers.remove(publicKey));
+    if (removed) this.ctx.events.peer(publicKey, "removed");
+    return removed;
   }
 }
 

@@ -35,6 +35,7 @@ export class PresenceService {
         updated_at: now,
       });
     });
+    this.ctx.events.runtime(publicKey, true, this.node);
   }
 
   /** Refreshes live connections' counters; returns the keys this node no longer owns. */
@@ -51,6 +52,7 @@ export class PresenceService {
   async disconnected(publicKey: string): Promise<void> {
     const now = this.ctx.clock.now();
     await this.ctx.store.transaction((tx) => tx.runtime.markOffline(publicKey, this.node, now));
+    this.ctx.events.runtime(publicKey, false, this.node);
   }
 
   /** Every peer recorded online on this node goes offline (shutdown, or start after a crash). */

@@ -55,5 +55,6 @@ export class SideControlService {
     if (!ISSUED_ID.test(id) || !(await this.ctx.store.transaction((tx) => tx.sessions.revoke(id, now, deviceKey)))) {
       throw new DomainError("not_found", "SIDE_CONTROL_SESSION_NOT_FOUND", "no live Side Control session of this device has that id");
     }
+    this.ctx.events.sessionRevoked(id);
   }
 }

@@ -67,17 +67,25 @@ export class TelemetryService {
   async recordMany(batch: Array<{ publicKey: string; samples: TelemetrySample[] }>): Promise<void> {
     const valid = batch.filter((e) => !e.samples.some(outsideTime)).sort((a, b) => (a.publicKey < b.publicKey ? -1 : a.publicKey > b.publicKey ? 1 : 0));
     if (valid.length === 0) return;
+    const stored: Array<{ publicKey: string; samples: TelemetrySample[]; status: PeerStatus | undefined }> = [];
+    const now = this.ctx.clock.now();
     await this.ctx.store.transaction(async (tx) => {
+      stored.length = 0;
       for (const { publicKey, samples } of valid) {
         // A peer removed while connected (by the operator, from another process) is skipped: its
         // samples have no peer to belong to, and failing the transaction would lose everyone's.
         if (!(await tx.peers.getForShare(publicKey))) continue;
-        await this.recordIn(tx, publicKey, samples);
+        stored.push({ publicKey, samples, status: await this.recordIn(tx, publicKey, samples, now) });
       }
     });
+    for (const s of stored) {
+      this.ctx.events.telemetry(s.publicKey, s.samples);
+      if (s.status) this.ctx.events.status(s.publicKey, s.status, now);
+    }
   }
 
-  private async recordIn(tx: Repositories, publicKey: string, samples: TelemetrySample[]): Promise<void> {
+  /** Returns the status document when the samples changed it. */
+  private async recordIn(tx: Repositories, publicKey: string, samples: TelemetrySample[], now: number): Promise<PeerStatus | undefined> {
     const newest = new Map<keyof PeerStatus, { at: number; value: unknown }>();
     for (const s of samples) {
       const mapping = STATUS_FROM_TELEMETRY[s.field];
@@ -87,8 +95,8 @@ export class TelemetryService {
       if (!seen || s.observedAt >= seen.at) newest.set(key, { at: s.observedAt, value: convert(s.value) });
     }
     await tx.telemetry.insert(publicKey, samples);
-    if (newest.size === 0) return;
-    const current = ((await tx.status.getForUpdate(publicKey, this.ctx.clock.now())) ?? {}) as PeerStatus;
+    if (newest.size === 0) return undefined;
+    const current = ((await tx.status.getForUpdate(publicKey, now)) ?? {}) as PeerStatus;
     const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
     const next: Record<string, unknown> = { ...current };
     let latest = reportedAt;
@@ -97,9 +105,10 @@ export class TelemetryService {
       next[key] = value;
       latest = Math.max(latest, at);
     }
-    if (latest === reportedAt) return;
+    if (latest === reportedAt) return undefined;
     next.reported_at = new Date(latest).toISOString();
-    await tx.status.put(publicKey, next, this.ctx.clock.now());
+    await tx.status.put(publicKey, next, now);
+    return next as PeerStatus;
   }
 
   async latest(publicKey: string, fields: readonly TelemetryField[] | undefined): Promise<TelemetryLatest> {

@@ -33,8 +33,8 @@ export interface PeerLink {
   onState(cb: (state: LinkState) => void): void;
   /** Channels the device opens, labels included. */
   onChannel(cb: (port: ChannelPort) => void): void;
-  /** Each RTP packet received on the audio track (its length in bytes). */
-  onRtp(cb: (bytes: number) => void): void;
+  /** Each RTP packet received on the audio track. */
+  onRtp(cb: (packet: Buffer) => void): void;
   /** Opens a channel to the device; resolves once it is open. */
   openChannel(label: string, timeoutMs: number): Promise<ChannelPort>;
   bytes(): { rx: number; tx: number };
@@ -116,7 +116,7 @@ class Link implements PeerLink {
   private track: Track | undefined;
   private stateCb: ((s: LinkState) => void) | undefined;
   private channelCb: ((p: ChannelPort) => void) | undefined;
-  private rtpCb: ((bytes: number) => void) | undefined;
+  private rtpCb: ((packet: Buffer) => void) | undefined;
   private readonly early: DataChannel[] = [];
   private readonly channels = new Set<DataChannel>();
   private closed = false;
@@ -140,7 +140,7 @@ class Link implements PeerLink {
     track.onMessage((msg) => {
       // RTCP (payload types 200–204 in the second byte) shares the track; count only RTP.
       const pt = msg[1] ?? 0;
-      if (pt < 200 || pt > 204) this.rtpCb?.(msg.length);
+      if (pt < 200 || pt > 204) this.rtpCb?.(msg);
     });
   }
 
@@ -153,7 +153,7 @@ class Link implements PeerLink {
     for (const dc of this.early.splice(0)) cb(this.portOf(dc));
   }
 
-  onRtp(cb: (bytes: number) => void): void {
+  onRtp(cb: (packet: Buffer) => void): void {
     this.rtpCb = cb;
   }
 

@@ -65,6 +65,12 @@ export class AudioSender {
     });
   }
 
+  /** Sends one frame of another source (a voice reply), stopping a tone under way: the track has one voice at a time. */
+  sendFrame(payload: Buffer, first: boolean): boolean {
+    if (this.current) this.stop();
+    return this.track.send(this.packet(payload, first));
+  }
+
   stop(): void {
     if (this.playing) clearInterval(this.playing);
     this.playing = undefined;

@@ -3,8 +3,11 @@ import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
 import { bindConnection } from "../http/connection.ts";
 import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
+import { encodeFrame, FrameType } from "../protocol/frames.ts";
 import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { callRpc, RpcCode, RpcError, type RpcHandlers, serveRpc } from "../protocol/rpc.ts";
+import { StreamSocket } from "../protocol/stream-socket.ts";
+import type { AudioPort, VoiceHost, VoiceSession } from "../voice/port.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
 import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "./device-rpc.ts";
@@ -51,8 +54,10 @@ export interface ConnectionHost {
   logger: Logger;
   metrics: TransportMetrics;
   telemetry: TelemetryWriter;
+  /** Voice conversations over the audio track, when configured. */
+  voice?: VoiceHost | undefined;
   /** Serves an HTTP stream (service 1 or 2). */
-  serveHttp(service: 1 | 2, stream: ChannelStream): void;
+  serveHttp(service: 1 | 2, stream: StreamSocket): void;
   /** The connection became active: the host makes it the key's only one and marks it online. */
   activated(c: Connection): Promise<void>;
   closed(c: Connection): Promise<void>;
@@ -77,6 +82,10 @@ export class Connection {
   /** What this connection serves on stream 0 (its state, one speed test at a time, spans the streams). */
   private readonly rpc: RpcHandlers;
   closeReason: CloseReason | undefined;
+  /** The connection's voice conversation, while it is active. */
+  private voice: VoiceSession | undefined;
+  private audioIn: ((packet: Buffer) => void) | undefined;
+  private eventSequence = 0n;
 
   constructor(host: ConnectionHost, publicKey: string, link: PeerLink) {
     this.host = host;
@@ -90,11 +99,19 @@ export class Connection {
       else if (state === "closed") void this.close("connection closed");
     });
     link.onChannel((port) => this.channel(port));
-    link.onRtp((bytes) => host.metrics.rtp(bytes));
+    link.onRtp((packet) => {
+      host.metrics.rtp(packet.length);
+      this.audioIn?.(packet);
+    });
   }
 
   get active(): boolean {
     return this.state === "active";
+  }
+
+  /** Service streams open now (HTTP and Peer RPC, either side's). */
+  get openStreams(): number {
+    return this.streams.size;
   }
 
   private channel(port: ChannelPort): void {
@@ -127,13 +144,17 @@ export class Connection {
       port.close();
       return;
     }
-    const stream = this.track(new ChannelStream(port));
-    if (id === SERVICE.RPC) void serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"));
-    else this.host.serveHttp(id as 1 | 2, stream);
+    if (id === SERVICE.RPC) {
+      const stream = this.track(new ChannelStream(port));
+      void serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"));
+    } else {
+      this.host.serveHttp(id as 1 | 2, this.socket(port));
+    }
   }
 
-  /** Counts a stream among the open ones and marks it as this connection's, for the HTTP principal. */
-  private track(stream: ChannelStream): ChannelStream {
+  /** An HTTP stream: a socket with the device's address, marked as this connection's for the HTTP principal. */
+  private socket(port: ChannelPort): StreamSocket {
+    const stream = this.track(new StreamSocket(port));
     const address = this.link.remoteAddress();
     if (address) {
       const m = /^\[?([^\]]+)\]?:(\d+)$/.exec(address);
@@ -142,6 +163,11 @@ export class Connection {
       stream.remoteFamily = m?.[1]?.includes(":") ? "IPv6" : "IPv4";
     }
     bindConnection(stream, { peerKey: this.publicKey, remoteAddress: stream.remoteAddress ?? "unknown" });
+    return stream;
+  }
+
+  /** Counts a stream among the open ones (closed with the connection). */
+  private track<S extends ChannelStream>(stream: S): S {
     this.streams.add(stream);
     stream.once("close", () => this.streams.delete(stream));
     return stream;
@@ -168,6 +194,7 @@ export class Connection {
           this.service(id, port);
         }
         void this.pullDeviceInfo();
+        this.startVoice();
       },
       (err) => {
         this.host.logger.warn({ err, peer: this.publicKey }, "connection could not become active");
@@ -196,6 +223,34 @@ export class Connection {
       closed: () => {},
       drained: () => {},
     });
+  }
+
+  /** The audio track and the event stream, as the voice feature uses them. */
+  private startVoice(): void {
+    if (!this.host.voice) return;
+    const port: AudioPort = {
+      publicKey: this.publicKey,
+      payloadType: this.link.audio.payloadType,
+      onPacket: (cb) => {
+        this.audioIn = cb;
+      },
+      sendFrame: (opus, first) => this.state === "active" && this.audio.sendFrame(opus, first),
+      sendEvent: (make) => this.sendEvent(make),
+    };
+    try {
+      this.voice = this.host.voice.open(port);
+    } catch (err) {
+      this.host.logger.error({ err, peer: this.publicKey }, "voice conversation could not start");
+    }
+  }
+
+  /** One `PeerEvent` on the event stream: one binary frame (transport contract §7), sequence numbers from 1. */
+  sendEvent(make: (sequence: bigint, timestampUnixMs: bigint) => Uint8Array): boolean {
+    const events = this.events;
+    if (this.state !== "active" || !events || events.destroyed || !events.writable) return false;
+    this.eventSequence++;
+    events.write(encodeFrame(FrameType.BINARY, make(this.eventSequence, BigInt(Date.now()))));
+    return true;
   }
 
   /** Calls a `client.*` or `all.*` method on the device over a new stream 0. */
@@ -234,6 +289,13 @@ export class Connection {
       this.state = "closed";
       if (this.deadline) clearTimeout(this.deadline);
       this.deadline = undefined;
+      this.audioIn = undefined;
+      try {
+        this.voice?.close();
+      } catch (err) {
+        this.host.logger.error({ err, peer: this.publicKey }, "voice conversation did not close cleanly");
+      }
+      this.voice = undefined;
       this.audio.stop();
       for (const port of this.waiting.splice(0)) port.close();
       for (const s of this.streams) s.destroy();

@@ -6,6 +6,7 @@ import type { Registry } from "prom-client";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
 import type { Metrics } from "../http/metrics.ts";
+import type { VoiceHost } from "../voice/port.ts";
 import { type FetchApp, WebRtcTransport } from "./transport.ts";
 
 /** The host part of `host:port` (brackets of an IPv6 literal removed). */
@@ -29,7 +30,16 @@ function checkUdpPort(port: number, address: string | undefined): Promise<void> 
 /** Starts this node's WebRTC transport from the configuration: one UDP port (default the HTTP port's number). */
 export async function startTransport(
   config: Config,
-  o: { domain: Domain; logger: Logger; registry: Registry; httpMetrics: Metrics; httpPort: number; publicApi: FetchApp; compatibleApi: FetchApp },
+  o: {
+    domain: Domain;
+    logger: Logger;
+    registry: Registry;
+    httpMetrics: Metrics;
+    httpPort: number;
+    publicApi: FetchApp;
+    compatibleApi: FetchApp;
+    voice?: VoiceHost;
+  },
 ): Promise<WebRtcTransport> {
   const udpPort = config.webrtc.udpPort ?? o.httpPort;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
@@ -57,6 +67,7 @@ export async function startTransport(
     maxConnections: config.webrtc.maxConnections,
     publicApi: o.publicApi,
     compatibleApi: o.compatibleApi,
+    voice: o.voice,
   });
   await transport.start();
   return transport;

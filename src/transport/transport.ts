@@ -6,7 +6,8 @@ import type { Domain } from "../domain/index.ts";
 import type { AcceptedOffer } from "../domain/signaling.ts";
 import { createHttpServer } from "../http/listener.ts";
 import type { Metrics } from "../http/metrics.ts";
-import type { ChannelStream } from "../protocol/channel.ts";
+import type { StreamSocket } from "../protocol/stream-socket.ts";
+import type { VoiceHost } from "../voice/port.ts";
 import { Answerer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
@@ -33,6 +34,8 @@ export interface TransportOptions {
   publicApi: FetchApp;
   /** Served on stream 2: the Compatible API, mounted at `/v1`. */
   compatibleApi: FetchApp;
+  /** Voice conversations on each active connection's audio track. */
+  voice?: VoiceHost | undefined;
 }
 
 /** How often ownership is checked (replacement on another node) and how often counters are written. */
@@ -47,6 +50,7 @@ export class WebRtcTransport implements ConnectionHost {
   readonly logger: Logger;
   readonly metrics: TransportMetrics;
   readonly telemetry: TelemetryWriter;
+  readonly voice: VoiceHost | undefined;
   private readonly o: TransportOptions;
   private readonly answerer: Answerer;
   /** Every connection, pending or active. */
@@ -63,6 +67,7 @@ export class WebRtcTransport implements ConnectionHost {
     this.o = o;
     this.domain = o.domain;
     this.logger = o.logger;
+    this.voice = o.voice;
     this.metrics = new TransportMetrics(o.registry, () => this.all.size);
     this.telemetry = new TelemetryWriter({ sink: o.domain.telemetry, onError: (err) => o.logger.error({ err }, "telemetry write failed") });
     this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
@@ -139,7 +144,7 @@ export class WebRtcTransport implements ConnectionHost {
     return server;
   }
 
-  serveHttp(service: 1 | 2, stream: ChannelStream): void {
+  serveHttp(service: 1 | 2, stream: StreamSocket): void {
     this.http[service].emit("connection", stream);
   }
 

@@ -6,7 +6,15 @@
 import { MoonshineEngine, type MoonshineEngineOptions } from "./recogniser.ts";
 import { FliteSpeechEngine, type SpeechEngineOptions } from "./speech.ts";
 
-export { AudioDecodeError, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
+export {
+  DECODED_SAMPLE_RATE,
+  DEFAULT_MAX_AUDIO_SECONDS,
+  type DecodedAudio,
+  type DecodeOptions,
+  decodeAudio,
+  toInt16,
+} from "./decode.ts";
+export { AudioDecodeError, AudioTooLongError, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 export { ffmpegPath } from "./ffmpeg.ts";
 export { IncrementalRecogniser, LiveVad, MoonshineEngine, type MoonshineEngineOptions } from "./recogniser.ts";
 export { FliteSpeechEngine, MAX_INPUT_CHARACTERS, MAX_SPEED, MIN_SPEED, type SpeechEngineOptions, VOICES } from "./speech.ts";

@@ -1,8 +1,9 @@
 /**
  * The embedded recogniser behind `whisper-1`: Moonshine base for the words, Silero for where speech
- * is, both in worker threads (one model of each per process, loaded at start-up in the background).
+ * is, each in a worker process of its own (one model of each per server process, loaded at start-up in
+ * the background; processes rather than threads: see recognition-worker.ts).
  *
- * Files: decoded to 16 kHz mono (ffmpeg), scored by the VAD, cut into speech regions of at most
+ * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD, cut into speech regions of at most
  * 20 s (speechRegions), each recognised as one segment; silence and noise give no region and so an
  * empty transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
  *
@@ -17,20 +18,18 @@
  * `partial()` recognises again only once ≥ 0.5 s of new audio has arrived and at most the last 10 s;
  * `finish()` reuses the last partial when nothing but silence came after it.
  */
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import { availableParallelism, tmpdir } from "node:os";
-import { join } from "node:path";
-import { AudioDecodeError, abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
-import { RECOGNISER_SAMPLE_RATE, startDecoder } from "./ffmpeg.ts";
+import { availableParallelism } from "node:os";
+import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
+import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 import { normaliseTranscript } from "./normalise.ts";
 import { type QueueLimits, WorkQueue } from "./queue.ts";
 import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } from "./recognition-worker.ts";
 import { initialVadState, VAD_FRAME, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
-import { type Region, SpeechTracker, speechRegions, toFloat32, VAD_SAMPLE_RATE, type VadEvent, type VadOptions } from "./vad.ts";
+import { type Region, SpeechTracker, speechRegions, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
 import { type Priority, WorkerPool } from "./worker-pool.ts";
 
-const RATE = VAD_SAMPLE_RATE;
+const RATE = DECODED_SAMPLE_RATE;
 /** Silence added around each region: Moonshine misses first and last words that touch the edge. */
 const EDGE_PAD = 0.25;
 /** Live work goes ahead of file work. */
@@ -65,8 +64,8 @@ export class MoonshineEngine implements TranscriptionEngine {
       const script = new URL("./recognition-worker.ts", import.meta.url);
       const moonshine: RecognitionWorkerData = { model: "moonshine", threads: this.threads };
       const silero: RecognitionWorkerData = { model: "silero" };
-      this.recogniserPool = new WorkerPool({ script, workerData: moonshine, size: 1, name: "recogniser" });
-      this.vadPool = new WorkerPool({ script, workerData: silero, size: 1, name: "voice activity" });
+      this.recogniserPool = new WorkerPool({ script, workerData: moonshine, size: 1, name: "recogniser", isolation: "process" });
+      this.vadPool = new WorkerPool({ script, workerData: silero, size: 1, name: "voice activity", isolation: "process" });
       this.loading = Promise.all([this.recogniserPool.ready(), this.vadPool.ready()]).then(() => {
         this.loadMs = performance.now() - started;
       });
@@ -105,9 +104,15 @@ export class MoonshineEngine implements TranscriptionEngine {
   }
 
   private async run(o: TranscribeOptions, progress: TranscribeProgress): Promise<Transcript> {
-    const pcm = await decodePcm(o.audio, o.signal);
-    const duration = pcm.length / RATE;
-    const audio = toFloat32(pcm);
+    if (o.signal?.aborted) throw abortReason(o.signal);
+    // Bounded in duration and CPU time, in memory (decode.ts).
+    const decoded = await decodeAudio(o.audio, {
+      ...(o.maxSeconds !== undefined ? { maxSeconds: o.maxSeconds } : {}),
+      ...(o.signal ? { signal: o.signal } : {}),
+    });
+    if (decoded.sampleRate !== RATE) throw new Error("the decoder's rate is not the recogniser's");
+    const audio = decoded.samples;
+    const duration = audio.length / RATE;
     const usable = audio.length - (audio.length % VAD_FRAME);
     const { probabilities } = await this.vadFrames(audio.slice(0, usable), initialVadState());
     if (o.signal?.aborted) throw abortReason(o.signal);
@@ -277,31 +282,4 @@ function slice(audio: Float32Array, region: Region): Float32Array {
 
 function round(seconds: number): number {
   return Math.round(seconds * 100) / 100;
-}
-
-/** Any container ffmpeg knows, as 16 kHz mono 16-bit samples. AudioDecodeError when it is not audio. */
-async function decodePcm(audio: Uint8Array, signal: AbortSignal | undefined): Promise<Int16Array> {
-  if (signal?.aborted) throw abortReason(signal);
-  const dir = await mkdtemp(join(tmpdir(), "perch-asr-"));
-  try {
-    // No extension: ffmpeg detects the container from the content (MP4 and M4A need to seek, so a file).
-    const input = join(dir, "input");
-    await writeFile(input, audio);
-    const output = join(dir, "input.raw");
-    const decoded = await startDecoder(input, output, signal).exited;
-    if (signal?.aborted) throw abortReason(signal);
-    if (decoded.code !== 0) {
-      const reason = decoded.stderr.trim().split("\n").at(-1) || `ffmpeg exit ${decoded.code ?? decoded.signal}`;
-      throw new AudioDecodeError(`the file could not be decoded as audio: ${reason}`);
-    }
-    const bytes = await readFile(output);
-    if (bytes.length < 2) throw new AudioDecodeError("the file holds no audio");
-    if (RECOGNISER_SAMPLE_RATE !== RATE) throw new Error("the decoder's rate is not the recogniser's");
-    const samples = Math.floor(bytes.length / 2);
-    return bytes.byteOffset % 2 === 0
-      ? new Int16Array(bytes.buffer, bytes.byteOffset, samples)
-      : new Int16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + 2 * samples));
-  } finally {
-    await rm(dir, { recursive: true, force: true });
-  }
 }

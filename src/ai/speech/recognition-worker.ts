@@ -1,8 +1,9 @@
 /**
- * A worker thread holding one model — Moonshine (recognition) or Silero (voice activity) — loaded
- * once when the worker starts; it then runs one job at a time for a WorkerPool (worker-pool.ts).
+ * A child process holding one model — Moonshine (recognition) or Silero (voice activity) — loaded
+ * once when it starts; it then runs one job at a time for a WorkerPool (worker-pool.ts). A process,
+ * not a thread: onnxruntime-node aborts the whole process when a thread holding a session is
+ * terminated (as at the server's exit), and a crash here must never take the server down.
  */
-import { parentPort, type Transferable, workerData } from "node:worker_threads";
 import { MoonshineModel } from "./moonshine.ts";
 import { SileroVad, type VadState } from "./silero.ts";
 import type { PoolJob, PoolMessage } from "./worker-pool.ts";
@@ -13,14 +14,16 @@ export type RecognitionRequest = { op: "transcribe"; audio: Float32Array } | { o
 
 export type RecognitionResult = { op: "transcribe"; text: string; ms: number } | { op: "vad"; probabilities: Float32Array; state: VadState };
 
-const data = workerData as RecognitionWorkerData;
-const port = parentPort!;
-const post = (message: PoolMessage<RecognitionResult>, transfer: Transferable[] = []) => port.postMessage(message, transfer);
+const data = JSON.parse(process.env.PERCH_WORKER_DATA ?? "null") as RecognitionWorkerData;
+const post = (message: PoolMessage<RecognitionResult>) => process.send?.(message);
+// The server is gone (exited, killed): so is this process.
+process.on("disconnect", () => process.exit(0));
 
 try {
   const moonshine = data.model === "moonshine" ? await MoonshineModel.load({ threads: data.threads }) : undefined;
   const silero = data.model === "silero" ? await SileroVad.load() : undefined;
-  port.on("message", (job: PoolJob<RecognitionRequest>) => {
+  process.on("message", (message) => {
+    const job = message as PoolJob<RecognitionRequest>;
     void (async () => {
       try {
         const r = job.request;
@@ -32,7 +35,7 @@ try {
         } else {
           if (!silero) throw new Error("this worker holds no voice activity detector");
           const { probabilities, state } = await silero.probabilities(r.audio, r.state);
-          post({ type: "done", id: job.id, result: { op: "vad", probabilities, state } }, [probabilities.buffer as ArrayBuffer]);
+          post({ type: "done", id: job.id, result: { op: "vad", probabilities, state } });
         }
       } catch (error) {
         post({ type: "error", id: job.id, error: error instanceof Error ? error.message : String(error) });

@@ -63,6 +63,8 @@ export interface TranscribeOptions {
   language?: string;
   /** Accepted for compatibility; Moonshine has no way to use it. */
   prompt?: string;
+  /** Longer decoded audio is refused with AudioTooLongError (default 600 s; see decode.ts). */
+  maxSeconds?: number;
   signal?: AbortSignal;
 }
 
@@ -78,8 +80,9 @@ export interface TranscriptionEngine {
   /** Whether `words` carries per-word timings. */
   wordTimestamps?: boolean;
   /**
-   * Decodes any supported container (via ffmpeg) and recognises it. Throws AudioDecodeError for a
-   * corrupt file, EngineBusyError when the queue is full, UnsupportedLanguageError, all before `onStart`.
+   * Decodes any supported container (decode.ts) and recognises it. Throws AudioDecodeError for a
+   * corrupt file (AudioTooLongError past `maxSeconds`), EngineBusyError when the queue is full,
+   * UnsupportedLanguageError; all of them before `progress.onStart`.
    */
   transcribe(o: TranscribeOptions, progress?: TranscribeProgress): Promise<Transcript>;
   /** Starts loading the models in the background (idempotent); resolves when they are ready. */

@@ -1,3 +1,4 @@
+import { type ChildProcess, fork } from "node:child_process";
 import { type Transferable, Worker } from "node:worker_threads";
 
 /**
@@ -25,6 +26,74 @@ export interface WorkerPoolOptions {
   size: number;
   /** A name for error messages ("flite", "recogniser"). */
   name: string;
+  /**
+   * Where each worker runs: a thread (the default), or a child process for native code that must
+   * not take the server down with it (onnxruntime aborts the whole process when a thread holding
+   * a session is terminated). A process worker reads its data from PERCH_WORKER_DATA (JSON).
+   */
+  isolation?: "thread" | "process";
+}
+
+/** What the pool needs of a worker thread or a child process. */
+interface Runner {
+  post(message: unknown, transfer: Transferable[]): void;
+  onMessage(listener: (message: unknown) => void): void;
+  /** Called once, however the runner ended. */
+  onGone(listener: (error: Error) => void): void;
+  ref(): void;
+  unref(): void;
+  terminate(): Promise<void>;
+}
+
+function threadRunner(options: WorkerPoolOptions): Runner {
+  const worker = new Worker(options.script, { workerData: options.workerData });
+  return {
+    post: (message, transfer) => worker.postMessage(message, transfer),
+    onMessage: (listener) => worker.on("message", listener),
+    onGone: (listener) => {
+      worker.on("error", listener);
+      worker.on("exit", (code) => listener(new Error(`the ${options.name} worker exited with code ${code}`)));
+    },
+    ref: () => worker.ref(),
+    unref: () => worker.unref(),
+    terminate: async () => {
+      await worker.terminate();
+    },
+  };
+}
+
+function processRunner(options: WorkerPoolOptions): Runner {
+  const child: ChildProcess = fork(options.script, [], {
+    // Structured clone: typed arrays cross as they are.
+    serialization: "advanced",
+    env: { ...process.env, PERCH_WORKER_DATA: JSON.stringify(options.workerData ?? null) },
+    stdio: ["ignore", "inherit", "inherit", "ipc"],
+  });
+  const channel = () => child.channel as { ref(): void; unref(): void } | null | undefined;
+  return {
+    post: (message) => {
+      if (child.connected) child.send(message as object);
+    },
+    onMessage: (listener) => child.on("message", listener),
+    onGone: (listener) => {
+      child.on("error", listener);
+      child.on("exit", (code, signal) => listener(new Error(`the ${options.name} process exited with ${signal ?? `code ${code}`}`)));
+    },
+    ref: () => {
+      child.ref();
+      channel()?.ref();
+    },
+    unref: () => {
+      child.unref();
+      channel()?.unref();
+    },
+    terminate: async () => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise((resolve) => child.once("exit", resolve));
+      child.kill("SIGKILL");
+      await exited;
+    },
+  };
 }
 
 /** Lower runs first; within a priority, first come first served. */
@@ -40,7 +109,7 @@ interface Pending<Res> {
 }
 
 interface Slot<Res> {
-  worker: Worker;
+  worker: Runner;
   ready: boolean;
   job: Pending<Res> | undefined;
 }
@@ -114,18 +183,19 @@ export class WorkerPool<Req, Res> {
       slot.job = job;
       // Keep the process alive while a job is out; an idle pool must not.
       slot.worker.ref();
-      slot.worker.postMessage({ id: job.id, request: job.request } satisfies PoolJob<unknown>, job.transfer);
+      slot.worker.post({ id: job.id, request: job.request } satisfies PoolJob<unknown>, job.transfer);
     }
   }
 
   private spawn(): void {
     if (this.closed || this.failure) return;
-    const worker = new Worker(this.options.script, { workerData: this.options.workerData });
+    const worker = this.options.isolation === "process" ? processRunner(this.options) : threadRunner(this.options);
     const slot: Slot<Res> = { worker, ready: false, job: undefined };
     this.slots.push(slot);
     worker.unref();
     let gone = false;
-    worker.on("message", (message: PoolMessage<Res>) => {
+    worker.onMessage((raw) => {
+      const message = raw as PoolMessage<Res>;
       if (message.type === "ready") {
         slot.ready = true;
         this.readyCount++;
@@ -163,8 +233,7 @@ export class WorkerPool<Req, Res> {
       this.restarts++;
       this.spawn();
     };
-    worker.on("error", died);
-    worker.on("exit", (code) => died(new Error(`the ${this.options.name} worker exited with code ${code}`)));
+    worker.onGone(died);
   }
 
   private fail(error: Error): void {

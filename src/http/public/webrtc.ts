@@ -18,8 +18,8 @@ export const OFFER_BODY_LIMIT = 256 * 1024;
 export interface WebRtcPort {
   /** Checks 10–13 and the answer SDP; `timing` records phases for Server-Timing. */
   answer(offer: AcceptedOffer, timing: (phase: string, ms: number) => void): Promise<string>;
-  /** Plays a tone to the key's connection on this node; undefined when it holds none. */
-  playTone(publicKey: string, frequencyHz: number, durationMs: number): { frames: number } | undefined;
+  /** Plays a tone to the key's connection, on whichever node holds it; undefined when none does. */
+  playTone(publicKey: string, frequencyHz: number, durationMs: number): Promise<{ frames: number } | undefined>;
 }
 
 const offerRoute = createRoute({
@@ -54,7 +54,7 @@ const toneRoute = createRoute({
   path: "/me/audio/tone",
   tags: ["webrtc"],
   security: bearerSecurity,
-  summary: "Play a test tone on the caller's WebRTC audio track (its connection must be on this node)",
+  summary: "Play a test tone on the caller's WebRTC audio track (on whichever node holds its connection)",
   request: { body: { required: false, content: { "application/json": { schema: ToneRequest } } } },
   responses: { 202: json(ToneResult, "Playing"), ...errors(400, 401, 403, 409) },
 });
@@ -110,8 +110,8 @@ export function registerWebRtcRoutes(app: App, domain: Domain, callers: Callers,
       body = parsed.data as z.infer<typeof ToneRequest>;
     }
     const key = (c.get("principal") as PrimaryPrincipal).publicKey;
-    const played = webrtc.playTone(key, body.frequency_hz ?? 440, body.duration_ms ?? 1000);
-    if (!played) throw new ApiError(409, "NOT_CONNECTED", "the caller has no WebRTC connection on this node");
+    const played = await webrtc.playTone(key, body.frequency_hz ?? 440, body.duration_ms ?? 1000);
+    if (!played) throw new ApiError(409, "NOT_CONNECTED", "the caller has no WebRTC connection");
     return c.json(played, 202);
   });
 }

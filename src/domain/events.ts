@@ -1,0 +1,62 @@
+import { type BusMessage, type EventBus, topics } from "../events/index.ts";
+import type { PeerStatus, TelemetryField } from "../protocol/public.ts";
+
+/** A status document larger than this is not carried in its message; subscribers read it from the store. */
+const INLINE_STATUS_BYTES = 4_000;
+/** Telemetry values per message (each under 100 bytes of JSON, so a message stays within the bus limit). */
+const VALUES_PER_MESSAGE = 60;
+
+/** What is published on a device's topic (`topics.device(key)`), after the write it tells of committed. */
+export type DeviceMessage =
+  /** `v`: the store's `updated_at` of the document (later writes have later or equal ones); `status` is absent when too large to carry. */
+  | { kind: "status"; v: number; status?: PeerStatus }
+  | { kind: "runtime"; online: boolean; node: string | null }
+  | { kind: "telemetry"; values: Array<[field: TelemetryField, value: number, observedAt: number]> }
+  | { kind: "contacts"; name: string; change: "created" | "updated" | "deleted" };
+
+/** A session's end, on `topics.session(id)`. */
+export type SessionMessage = { kind: "revoked" };
+
+/** On `topics.peers`: an operator blocked, unblocked or removed a peer (from any process sharing the database). */
+export type PeerMessage = { kind: "blocked" | "unblocked" | "removed"; key: string };
+
+/** The domain's side of the event bus: typed publishing of what changed. */
+export class DomainEvents {
+  readonly bus: EventBus;
+
+  constructor(bus: EventBus) {
+    this.bus = bus;
+  }
+
+  status(key: string, status: PeerStatus, v: number): void {
+    const inline = JSON.stringify(status).length <= INLINE_STATUS_BYTES;
+    this.device(key, inline ? { kind: "status", v, status } : { kind: "status", v });
+  }
+
+  runtime(key: string, online: boolean, node: string | null): void {
+    this.device(key, { kind: "runtime", online, node });
+  }
+
+  telemetry(key: string, samples: ReadonlyArray<{ field: TelemetryField; value: number; observedAt: number }>): void {
+    for (let i = 0; i < samples.length; i += VALUES_PER_MESSAGE) {
+      const values = samples.slice(i, i + VALUES_PER_MESSAGE).map((s) => [s.field, s.value, s.observedAt] as [TelemetryField, number, number]);
+      this.device(key, { kind: "telemetry", values });
+    }
+  }
+
+  contacts(key: string, name: string, change: "created" | "updated" | "deleted"): void {
+    this.device(key, { kind: "contacts", name, change });
+  }
+
+  sessionRevoked(sessionId: string): void {
+    this.bus.publish(topics.session(sessionId), { kind: "revoked" } satisfies SessionMessage);
+  }
+
+  peer(key: string, kind: PeerMessage["kind"]): void {
+    this.bus.publish(topics.peers, { kind, key } satisfies PeerMessage);
+  }
+
+  private device(key: string, message: DeviceMessage): void {
+    this.bus.publish(topics.device(key), message as unknown as BusMessage);
+  }
+}

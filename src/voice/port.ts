@@ -1,0 +1,29 @@
+/**
+ * What the voice feature needs from a device's connection, and nothing more: the transport
+ * implements it (src/transport/connection.ts), so the voice code never sees WebRTC.
+ */
+export interface AudioPort {
+  /** The device's public key (base58). */
+  readonly publicKey: string;
+  /** The RTP payload type the device offered for Opus (its uplink uses it; the downlink too). */
+  readonly payloadType: number;
+  /** Each packet received on the audio track (RTP, or RTCP sharing the track). */
+  onPacket(cb: (packet: Buffer) => void): void;
+  /** Sends one Opus frame (20 ms) on the track's sender, continuing its RTP sequence and timestamps; false when not sent. */
+  sendFrame(opus: Buffer, first: boolean): boolean;
+  /**
+   * Sends one `PeerEvent` on the event stream (service 32). `make` receives the connection's next
+   * event sequence number (from 1) and the server's time; false when the stream is gone.
+   */
+  sendEvent(make: (sequence: bigint, timestampUnixMs: bigint) => Uint8Array): boolean;
+}
+
+/** One conversation's end, as the transport sees it. */
+export interface VoiceSession {
+  close(): void;
+}
+
+/** The voice feature, as the transport sees it: a session per active connection. */
+export interface VoiceHost {
+  open(port: AudioPort): VoiceSession;
+}
