@@ -42,6 +42,8 @@ export interface StartOptions {
   warmUp?: boolean;
   /** How often expired rows and old telemetry are deleted (default a minute). */
   cleanupIntervalMs?: number;
+  /** After how long without an event a Side Control event stream gets a keep-alive comment (default 15 s). */
+  liveKeepAliveMs?: number;
 }
 
 export interface RunningServer {
@@ -106,7 +108,10 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     throw err;
   }
   const commands = new Commands(events, config.nodeName);
-  const domain = new Domain({ store, clock, config, serverKey, events: new DomainEvents(events) });
+  const domain = new Domain(
+    { store, clock, config, serverKey, events: new DomainEvents(events) },
+    { live: o.liveKeepAliveMs ? { keepAliveMs: o.liveKeepAliveMs } : {} },
+  );
   const metrics = new Metrics(() => store.read((r) => r.sessions.countLive(clock.now())));
   const build = buildInfo();
   const webrtcEnabled = config.webrtc.enabled;
@@ -242,6 +247,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
           const sweep = setInterval(() => server.closeIdleConnections(), 50);
           server.once("close", () => clearInterval(sweep));
         });
+        // Event streams never finish by themselves: they end here, and their clients reconnect elsewhere.
+        domain.live.close();
         await transport?.close();
         await stopped;
         commands.close();
