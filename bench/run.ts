@@ -1,10 +1,17 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
 import { compatBench } from "./compat.ts";
+import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
 import { webrtcBench } from "./webrtc.ts";
 
-const suites: Record<string, () => Promise<unknown>> = { public: publicBench, compat: compatBench, speech: speechBench, webrtc: webrtcBench };
+const suites: Record<string, () => Promise<unknown>> = {
+  public: publicBench,
+  compat: compatBench,
+  speech: speechBench,
+  webrtc: webrtcBench,
+  outage: outageBench,
+};
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
 for (const name of names) {

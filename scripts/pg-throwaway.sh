@@ -8,6 +8,10 @@
 #                                      "export PERCH_PG_DIR=..." on stderr
 #   scripts/pg-throwaway.sh stop [DIR] stop the cluster in DIR (default: $PERCH_PG_DIR)
 #                                      and delete DIR
+#   scripts/pg-throwaway.sh restart DIR   restart the server in DIR (pg_ctl restart -m fast)
+#   scripts/pg-throwaway.sh halt DIR      stop the server in DIR, keeping DIR (pg_ctl stop -m fast)
+#   scripts/pg-throwaway.sh resume DIR    start the halted server in DIR again, on the same port
+#                                      (outage tests use these three on a cluster of their own)
 #
 # Example (stderr may also carry warnings, so pick out the export line):
 #   PERCH_TEST_DATABASE_URL="$(scripts/pg-throwaway.sh 2>pg.err)"
@@ -103,6 +107,31 @@ if [[ "${1:-}" == stop ]]; then
   stop_cluster "${2:-${PERCH_PG_DIR:-}}"
   exit 0
 fi
+
+# control DIR pg_ctl-ARGS...: run pg_ctl on the cluster a previous start created in DIR.
+control() {
+  local dir="$1"
+  shift
+  [[ -n "$dir" && -f "$dir/$MARKER" ]] || die "$dir was not created by $0"
+  as_pg "$dir/control.log" "$BIN/pg_ctl" "$@" -D "$dir/data" -w -t 60 || {
+    tail -n 20 "$dir/control.log" >&2
+    die "pg_ctl $1 failed in $dir"
+  }
+}
+case "${1:-}" in
+restart)
+  control "${2:-}" restart -m fast -l "${2:-}/postgres.log"
+  exit 0
+  ;;
+halt)
+  control "${2:-}" stop -m fast
+  exit 0
+  ;;
+resume)
+  control "${2:-}" start -l "${2:-}/postgres.log"
+  exit 0
+  ;;
+esac
 [[ $# -eq 0 ]] || die "unknown arguments: $* (usage: $0 [stop DIR])"
 
 if [[ "$(id -u)" == 0 ]]; then

@@ -95,7 +95,9 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   });
   const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
   const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
-  const store = await Store.open(config.databaseUrl, config.dataDir);
+  const store = await Store.open(config.databaseUrl, config.dataDir, {
+    onError: (err) => logger.warn({ err: err.message }, "a database connection failed; it is replaced on next use"),
+  });
   let events: EventBus;
   try {
     events = await openEventBus(config.databaseUrl, { log: logger });
@@ -143,7 +145,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const router = new ChatRouter(config, o.env, o.providerFactory);
   const chat = new ChatService({ router, catalog, domain });
   const compat = (base?: string) => (callers: Parameters<typeof compatSurface>[0]["callers"]) =>
-    compatSurface({ callers, catalog, chat, router, metrics, speech, transcription, ...(base ? { base } : {}) });
+    compatSurface({ callers, catalog, chat, router, metrics, speech, transcription, limits: config.compat, ...(base ? { base } : {}) });
   const app = createApp({
     domain,
     logger,

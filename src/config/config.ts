@@ -200,6 +200,13 @@ export const ConfigSchema = z
         retentionDays: z.number().positive().max(36_500).default(30),
       })
       .default({ retentionDays: 30 }),
+    /** Bounds of the Compatible API against hostile callers (see docs/decisions.md, issue 17). */
+    compat: z
+      .strictObject({
+        /** Longest audio a transcription decodes, in seconds; longer is refused with a 400 naming the limit. */
+        maxAudioSeconds: z.number().positive().max(86_400).default(600),
+      })
+      .default({ maxAudioSeconds: 600 }),
     providers: z.array(ProviderConfig).default([]),
     models: z.array(ModelConfig).default([]),
     agents: z.array(AgentConfig).default([]),
@@ -295,6 +302,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WEBRTC_UDP_PORT: (v) => ({ webrtc: { udpPort: Number(v) } }),
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
+  PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 

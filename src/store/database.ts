@@ -55,8 +55,8 @@ const pgTypes = {
  * Opens the store named by `url`: `postgres://…` (or `postgresql://…`) selects PostgreSQL, anything
  * else is a SQLite file path; empty means `perch.db` in `dataDir`. Migrations run before it returns.
  */
-export async function openDatabase(url: string | undefined, dataDir: string): Promise<Database> {
-  const database = connect(url, dataDir);
+export async function openDatabase(url: string | undefined, dataDir: string, onError?: (err: Error) => void): Promise<Database> {
+  const database = connect(url, dataDir, onError);
   const { db, dialect } = database;
   const { error, results } = await new Migrator({ db, provider: migrationProvider(dialect) }).migrateToLatest();
   const failed = results?.find((r) => r.status === "Error");
@@ -67,14 +67,24 @@ export async function openDatabase(url: string | undefined, dataDir: string): Pr
   return database;
 }
 
-/** Connects to the database `url` names, without migrating it. */
-export function connect(url: string | undefined, dataDir: string): Database {
+/**
+ * Connects to the database `url` names, without migrating it. `onError` hears of errors on idle
+ * pooled PostgreSQL connections (the server ending them: a restart, a failover, an idle timeout);
+ * such a connection leaves the pool and the next query opens a new one.
+ */
+export function connect(url: string | undefined, dataDir: string, onError: (err: Error) => void = () => {}): Database {
   let dialect: DialectName;
   let db: Db;
   let file: string | undefined;
   if (url && /^postgres(ql)?:\/\//.test(url)) {
     dialect = "postgres";
     const pool = new pg.Pool({ connectionString: url, max: 10, types: pgTypes });
+    // Without a listener, an error on an idle connection ends the process ("error" on the pool),
+    // and so does one on a checked-out connection between its queries ("error" on the client:
+    // the pool listens only while the client is idle). Such a client is not queryable any more;
+    // its query or its release fails, and the pool drops it.
+    pool.on("error", onError);
+    pool.on("connect", (client) => client.on("error", onError));
     db = new Kysely<Tables>({ dialect: new PostgresDialect({ pool }) });
   } else {
     dialect = "sqlite";

@@ -49,6 +49,8 @@ const inTransaction = new AsyncLocalStorage<true>();
 export interface StoreOptions {
   /** SQLite only: worker threads that run long telemetry reads off the event loop (0: run them inline). */
   readWorkers?: number;
+  /** Hears of errors on connections no request is using (PostgreSQL ending an idle connection). */
+  onError?: (err: Error) => void;
 }
 
 /**
@@ -73,7 +75,7 @@ export class Store {
   }
 
   static async open(url: string | undefined, dataDir: string, options: StoreOptions = {}): Promise<Store> {
-    const database = await openDatabase(url, dataDir);
+    const database = await openDatabase(url, dataDir, options.onError);
     const workers = options.readWorkers ?? 1;
     const pool = database.file !== undefined && workers > 0 ? new ReadPool(database.file, workers) : undefined;
     return new Store(database, pool);

@@ -6,7 +6,7 @@ export class EngineBusyError extends Error {
   }
 }
 
-/** The input is not audio ffmpeg can decode (corrupt, truncated, or holding no audio stream). */
+/** The input is not audio we can decode (corrupt, truncated, in no accepted container, or holding no audio stream). */
 export class AudioDecodeError extends Error {
   constructor(message: string) {
     super(message);
@@ -28,4 +28,15 @@ export class UnsupportedLanguageError extends Error {
 /** The reason an aborted signal carries, or a standard AbortError when it carries none. */
 export function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException("This operation was aborted", "AbortError");
+}
+
+/** The decoded audio is longer than the server's limit (a 400 naming the limit). */
+export class AudioTooLongError extends AudioDecodeError {
+  readonly maxSeconds: number;
+
+  constructor(maxSeconds: number) {
+    super(`the audio is longer than the limit of ${maxSeconds} seconds`);
+    this.name = "AudioTooLongError";
+    this.maxSeconds = maxSeconds;
+  }
 }

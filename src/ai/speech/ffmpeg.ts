@@ -4,14 +4,23 @@ import type { SpeechFormat } from "./types.ts";
 
 /** Every speech format is produced at this rate (OpenAI's, and what `pcm` promises). */
 export const OUTPUT_SAMPLE_RATE = 24_000;
-/** What PocketSphinx's en-us model was trained on. */
-export const RECOGNISER_SAMPLE_RATE = 16_000;
 
 let resolved: string | undefined;
 
-/** The system ffmpeg when one is on PATH (usually newer, patched by the distribution), else the static build shipped on npm. */
+/**
+ * The encoder of our own speech: the static build shipped on npm (it starts in ~10 ms where
+ * Debian's dynamically linked ffmpeg takes ~70 ms, which the first byte of every speech answer
+ * would pay), else a system ffmpeg. It only ever reads raw PCM that flite made here; uploads are
+ * never given to it, only to a system ffmpeg (see decode.ts and docs/decisions.md).
+ */
 export function ffmpegPath(): string {
-  resolved ??= findExecutable("ffmpeg") ?? (createRequire(import.meta.url)("@ffmpeg-installer/ffmpeg") as { path: string }).path;
+  if (resolved) return resolved;
+  try {
+    resolved = (createRequire(import.meta.url)("@ffmpeg-installer/ffmpeg") as { path: string }).path;
+  } catch {
+    resolved = findExecutable("ffmpeg");
+  }
+  if (!resolved) throw new Error("no ffmpeg: neither @ffmpeg-installer/ffmpeg nor one on PATH");
   return resolved;
 }
 
@@ -38,28 +47,6 @@ export function startEncoder(format: SpeechFormat, inputRate: number, signal?: A
     ...["-probesize", "32", "-analyzeduration", "0", "-f", "s16le", "-ar", String(inputRate), "-ac", "1", "-i", "pipe:0"],
     ...["-map_metadata", "-1", "-fflags", "+bitexact", "-flush_packets", "1"],
     ...["-ar", String(OUTPUT_SAMPLE_RATE), "-ac", "1", ...CODECS[format], "pipe:1"],
-  ];
-  return startChild(ffmpegPath(), args, signal);
-}
-
-/** A decoder from any container ffmpeg knows (a file, as MP4 needs to seek) to a file of raw 16-bit mono PCM at 16 kHz. */
-export function startDecoder(inputFile: string, outputFile: string, signal?: AbortSignal): Child {
-  const args = [
-    ...QUIET,
-    "-nostdin",
-    "-i",
-    inputFile,
-    "-map",
-    "0:a:0",
-    "-vn",
-    "-ac",
-    "1",
-    "-ar",
-    String(RECOGNISER_SAMPLE_RATE),
-    "-f",
-    "s16le",
-    "-y",
-    outputFile,
   ];
   return startChild(ffmpegPath(), args, signal);
 }

@@ -6,7 +6,15 @@
 import { findRecogniser, type PocketSphinxEngine as PocketSphinx, PocketSphinxEngine, type TranscriptionEngineOptions } from "./pocketsphinx.ts";
 import { FliteSpeechEngine, type SpeechEngineOptions } from "./speech.ts";
 
-export { AudioDecodeError, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
+export {
+  DECODED_SAMPLE_RATE,
+  DEFAULT_MAX_AUDIO_SECONDS,
+  type DecodedAudio,
+  type DecodeOptions,
+  decodeAudio,
+  toInt16,
+} from "./decode.ts";
+export { AudioDecodeError, AudioTooLongError, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 export { ffmpegPath } from "./ffmpeg.ts";
 export { PocketSphinxEngine, type TranscriptionEngineOptions } from "./pocketsphinx.ts";
 export { FliteSpeechEngine, MAX_INPUT_CHARACTERS, MAX_SPEED, MIN_SPEED, type SpeechEngineOptions, VOICES } from "./speech.ts";

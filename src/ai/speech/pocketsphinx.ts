@@ -1,10 +1,10 @@
 import { existsSync } from "node:fs";
-import { mkdtemp, rm, stat, writeFile } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { findExecutable, startChild } from "./child.ts";
-import { AudioDecodeError, abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
-import { RECOGNISER_SAMPLE_RATE, startDecoder } from "./ffmpeg.ts";
+import { DECODED_SAMPLE_RATE, decodeAudio, toInt16 } from "./decode.ts";
+import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 import { type QueueLimits, WorkQueue } from "./queue.ts";
 import type { TranscribeOptions, Transcript, TranscriptionEngine, TranscriptSegment, TranscriptWord } from "./types.ts";
 
@@ -63,8 +63,7 @@ export function parseTimedOutput(output: string): { segments: TranscriptSegment[
 export interface TranscriptionEngineOptions extends Partial<QueueLimits> {}
 
 /**
- * ffmpeg decodes the upload (from a temporary file: MP4 and M4A need to seek) to 16 kHz mono
- * PCM, which `pocketsphinx_continuous` splits into utterances at silences, printing each word with
+ * The upload is decoded (decode.ts: bounded in duration and CPU time) to 16 kHz mono PCM, which `pocketsphinx_continuous` splits into utterances at silences, printing each word with
  * its start and end.
  */
 export class PocketSphinxEngine implements TranscriptionEngine {
@@ -81,27 +80,23 @@ export class PocketSphinxEngine implements TranscriptionEngine {
   async transcribe(o: TranscribeOptions): Promise<Transcript> {
     if (o.language !== undefined && !this.languages.includes(o.language.toLowerCase())) throw new UnsupportedLanguageError(o.language, this.languages);
     if (!this.queue.accepts()) throw new EngineBusyError();
-    return this.queue.run(() => this.recognise(o.audio, o.signal), o.signal);
+    return this.queue.run(() => this.recognise(o.audio, o.maxSeconds, o.signal), o.signal);
   }
 
-  private async recognise(audio: Uint8Array, signal: AbortSignal | undefined): Promise<Transcript> {
+  private async recognise(audio: Uint8Array, maxSeconds: number | undefined, signal: AbortSignal | undefined): Promise<Transcript> {
     if (signal?.aborted) throw abortReason(signal);
+    // Bounded: at most `maxSeconds` of audio, in memory (see decode.ts).
+    const decoded = await decodeAudio(audio, { ...(maxSeconds !== undefined ? { maxSeconds } : {}), ...(signal ? { signal } : {}) });
+    const samples = decoded.samples.length;
     const dir = await mkdtemp(join(tmpdir(), "perch-asr-"));
     try {
-      // No extension: ffmpeg detects the container from the content.
-      const input = join(dir, "input");
-      await writeFile(input, audio);
-      // Decoded to a file first: the recogniser opens its input by name and cannot read a socket,
-      // which is what a child's stdin is; decoding takes ~1% of the recognition time anyway.
+      // The recogniser opens its input by name and cannot read a socket, which is what a child's
+      // stdin is: the decoded PCM (at most the duration limit's worth) goes to a file for it.
       const pcm = join(dir, "input.raw");
-      const decoded = await startDecoder(input, pcm, signal).exited;
-      if (signal?.aborted) throw abortReason(signal);
-      if (decoded.code !== 0)
-        throw new AudioDecodeError(`the file could not be decoded as audio: ${lastLine(decoded.stderr) || `ffmpeg exit ${decoded.code ?? decoded.signal}`}`);
-      const samples = Math.floor((await stat(pcm)).size / 2);
-      if (samples === 0) throw new AudioDecodeError("the file holds no audio");
+      const int16 = toInt16(decoded.samples);
+      await writeFile(pcm, new Uint8Array(int16.buffer, int16.byteOffset, int16.byteLength));
       const { binary, hmm, lm, dict } = this.paths;
-      const args = ["-hmm", hmm, "-lm", lm, "-dict", dict, "-samprate", String(RECOGNISER_SAMPLE_RATE), "-time", "yes", "-infile", pcm];
+      const args = ["-hmm", hmm, "-lm", lm, "-dict", dict, "-samprate", String(DECODED_SAMPLE_RATE), "-time", "yes", "-infile", pcm];
       // Without the second (flat-lexicon) pass recognition takes about half the time, with no loss
       // of accuracy on our round-trip sentences. (Narrower beams, -topn 2, -ds 2 or a cap on
       // active HMMs saved at most another 10–20 % and each cost words.)
@@ -119,7 +114,7 @@ export class PocketSphinxEngine implements TranscriptionEngine {
       const { segments, words } = parseTimedOutput(output);
       return {
         language: "en",
-        duration: samples / RECOGNISER_SAMPLE_RATE,
+        duration: samples / DECODED_SAMPLE_RATE,
         text: segments.map((s) => s.text).join(" "),
         segments,
         words,

@@ -63,6 +63,8 @@ export interface TranscribeOptions {
   language?: string;
   /** Accepted for compatibility; PocketSphinx has no way to use it. */
   prompt?: string;
+  /** Longer decoded audio is refused with AudioTooLongError (default 600 s; see decode.ts). */
+  maxSeconds?: number;
   signal?: AbortSignal;
 }
 
@@ -71,6 +73,6 @@ export interface TranscriptionEngine {
   languages: readonly string[];
   /** Whether `words` carries per-word timings. */
   wordTimestamps?: boolean;
-  /** Decodes any supported container (via ffmpeg) and recognises it. Throws AudioDecodeError for a corrupt file, EngineBusyError when the queue is full. */
+  /** Decodes any supported container (decode.ts) and recognises it. Throws AudioDecodeError for a corrupt file (AudioTooLongError past `maxSeconds`), EngineBusyError when the queue is full. */
   transcribe(o: TranscribeOptions): Promise<Transcript>;
 }

@@ -19,6 +19,11 @@ import { registerTranscriptionRoute } from "./transcription.ts";
 export const COMPAT_BASE = "/openai/v1";
 export const COMPAT_BODY_LIMIT = 32 * 1024 * 1024;
 
+export interface CompatLimits {
+  /** Longest audio a transcription decodes, in seconds. */
+  maxAudioSeconds: number;
+}
+
 export interface CompatSurfaceOptions {
   callers: Callers;
   catalog: Catalog;
@@ -28,6 +33,8 @@ export interface CompatSurfaceOptions {
   /** The embedded engines (`tts-1`, `whisper-1` in the catalog when present). */
   speech?: SpeechEngine | undefined;
   transcription?: TranscriptionEngine | undefined;
+  /** The `compat` section of the configuration. */
+  limits?: CompatLimits;
   /** Default `/openai/v1`; service stream 2 mounts the same routes at `/v1`. */
   base?: string;
 }
@@ -43,7 +50,7 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
   registerModelsRoute(app, o.catalog, o.metrics);
   registerChatRoute(app, o.chat, o.metrics);
   registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics);
-  registerTranscriptionRoute(app, o.catalog, o.transcription, o.router, o.metrics);
+  registerTranscriptionRoute(app, o.catalog, o.transcription, o.router, o.metrics, o.limits?.maxAudioSeconds);
   return {
     base: o.base ?? COMPAT_BASE,
     app: app as unknown as Hono<AppEnv>,

@@ -2,7 +2,14 @@ import type { Hono } from "hono";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import type { ChatRouter } from "../../ai/router.ts";
-import { AudioDecodeError, EngineBusyError, type Transcript, type TranscriptionEngine } from "../../ai/speech/index.ts";
+import {
+  AudioDecodeError,
+  AudioTooLongError,
+  DEFAULT_MAX_AUDIO_SECONDS,
+  EngineBusyError,
+  type Transcript,
+  type TranscriptionEngine,
+} from "../../ai/speech/index.ts";
 import type { Metrics } from "../metrics.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
@@ -51,6 +58,7 @@ export function registerTranscriptionRoute(
   engine: TranscriptionEngine | undefined,
   router: ChatRouter,
   metrics: Metrics,
+  maxAudioSeconds = DEFAULT_MAX_AUDIO_SECONDS,
 ): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
@@ -133,15 +141,18 @@ export function registerTranscriptionRoute(
         audio,
         ...(language !== undefined ? { language } : {}),
         ...(prompt !== undefined ? { prompt } : {}),
+        maxSeconds: maxAudioSeconds,
         signal,
       });
     } catch (err) {
       const e =
-        err instanceof AudioDecodeError
-          ? param("file", `The audio file could not be decoded: ${err.message}`, "invalid_audio")
-          : err instanceof EngineBusyError
-            ? new OpenAIError(429, "The transcription engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
-            : toOpenAIError(err);
+        err instanceof AudioTooLongError
+          ? param("file", `The audio is longer than this server's limit of ${err.maxSeconds} seconds.`, "audio_too_long")
+          : err instanceof AudioDecodeError
+            ? param("file", `The audio file could not be decoded: ${err.message}`, "invalid_audio")
+            : err instanceof EngineBusyError
+              ? new OpenAIError(429, "The transcription engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
+              : toOpenAIError(err);
       done(e.status, e.type);
       throw e;
     }
