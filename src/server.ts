@@ -146,7 +146,15 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
       if (config.voice.agent) logger.warn({ reason: found }, "voice conversations are off");
       return undefined;
     }
-    return new VoiceService({ config, domain, chat, ...found, resampler: await loadResampler(), registry: metrics.registry, logger: logger.child({ component: "voice" }) });
+    return new VoiceService({
+      config,
+      domain,
+      chat,
+      ...found,
+      resampler: await loadResampler(),
+      registry: metrics.registry,
+      logger: logger.child({ component: "voice" }),
+    });
   };
 
   let port = config.port;

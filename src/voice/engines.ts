@@ -40,7 +40,8 @@ export const ENGINE_RATE = 16_000;
 export function voiceEngines(speech: unknown, transcription: unknown): { recognition: Recognition; speaker: Speaker } | string {
   const s = speech as Partial<Speaker> | undefined;
   const t = transcription as Partial<Recognition> | undefined;
-  if (typeof s?.speak !== "function" || !Array.isArray(s.voices)) return "the speech engine cannot give raw samples (voice conversations need the embedded one)";
+  if (typeof s?.speak !== "function" || !Array.isArray(s.voices))
+    return "the speech engine cannot give raw samples (voice conversations need the embedded one)";
   if (typeof t?.createVad !== "function" || typeof t.createIncrementalRecogniser !== "function") {
     return "the transcription engine has no live recognition (voice conversations need the embedded recogniser)";
   }

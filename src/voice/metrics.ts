@@ -8,7 +8,6 @@ export type Stage = (typeof STAGES)[number];
 export class VoiceMetrics {
   private readonly turns: Counter<"result">;
   private readonly stages: Histogram<"stage">;
-  private readonly conversations: Gauge;
   private readonly late: Counter;
 
   constructor(registry: Registry, conversations: () => number) {
@@ -20,7 +19,7 @@ export class VoiceMetrics {
       buckets: [0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10],
       registers: [registry],
     });
-    this.conversations = new Gauge({
+    new Gauge({
       name: "perch_voice_conversations",
       help: "Voice conversations open on this node",
       registers: [registry],

@@ -95,7 +95,10 @@ export class Playout {
     try {
       let now = this.now();
       for (;;) {
-        if (this.ended && this.queued === 0) return this.finish();
+        if (this.ended && this.queued === 0) {
+          this.finish();
+          return;
+        }
         const due = this.anchor! + this.index * FRAME_MS;
         if (due > now + LEAD_MS) break;
         if (now - due > REANCHOR_MS) {
