@@ -45,6 +45,8 @@ export interface StartOptions {
   warmUp?: boolean;
   /** How often expired rows and old telemetry are deleted (default a minute). */
   cleanupIntervalMs?: number;
+  /** After how long without an event a Side Control event stream gets a keep-alive comment (default 15 s). */
+  liveKeepAliveMs?: number;
 }
 
 export interface RunningServer {
@@ -65,10 +67,10 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
-let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine | undefined } | undefined;
+let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine } | undefined;
 
 /** The embedded engines, one pair per process (each has its own queue and worker threads), however many servers it starts. */
-export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine | undefined } {
+export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine } {
   engines ??= { speech: createSpeechEngine(), transcription: createTranscriptionEngine() };
   return engines;
 }
@@ -109,7 +111,10 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     throw err;
   }
   const commands = new Commands(events, config.nodeName);
-  const domain = new Domain({ store, clock, config, serverKey, events: new DomainEvents(events) });
+  const domain = new Domain(
+    { store, clock, config, serverKey, events: new DomainEvents(events) },
+    { live: o.liveKeepAliveMs ? { keepAliveMs: o.liveKeepAliveMs } : {} },
+  );
   const metrics = new Metrics(() => store.read((r) => r.sessions.countLive(clock.now())));
   const build = buildInfo();
   const webrtcEnabled = config.webrtc.enabled;
@@ -235,6 +240,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   // The start-up line is written at any level but "silent": operators and scripts look for it.
   const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
   startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
+  // The recogniser's models load in their worker threads while the server already answers.
+  transcription?.start?.().catch((err: unknown) => logger.error({ err }, "the transcription engine could not load its models"));
   if (o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
     (speech.warmUp as () => Promise<void>)().catch((err: unknown) => logger.warn({ err }, "speech engine warm-up failed"));
   }
@@ -264,6 +271,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
           const sweep = setInterval(() => server.closeIdleConnections(), 50);
           server.once("close", () => clearInterval(sweep));
         });
+        // Event streams never finish by themselves: they end here, and their clients reconnect elsewhere.
+        domain.live.close();
         await transport?.close();
         await stopped;
         commands.close();

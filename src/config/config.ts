@@ -63,7 +63,10 @@ const ProviderConfig = z.strictObject({
   base_url: z.url({ protocol: /^https?$/ }).optional(),
   /** The environment variable that holds the provider's key (never the key itself). */
   api_key_env: z.string().min(1).optional(),
+  /** Idle timeout: the longest wait for the answer to start, and between two pieces of it. */
   timeout_ms: z.number().int().min(1).max(3_600_000).default(60_000),
+  /** Overall deadline of one call, however steadily the answer trickles in. */
+  deadline_ms: z.number().int().min(1).max(3_600_000).default(600_000),
   max_retries: z.number().int().min(0).max(10).default(2),
   /** First back-off; doubled on each retry (with jitter), or the provider's `Retry-After` when shorter than 10 s. */
   retry_backoff_ms: z.number().int().min(0).max(60_000).default(250),

@@ -12,6 +12,7 @@ import type { RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { RpcMethod as Methods } from "../protocol/gen/rpc_pb.ts";
 import { TelemetryFrameSchema } from "../protocol/gen/telemetry_pb.ts";
 import { callRpc, commonHandlers, type RpcHandlers, rpcPayload, serveRpc } from "../protocol/rpc.ts";
+import { StreamSocket } from "../protocol/stream-socket.ts";
 import { type AudioSourceLike, EventReader, Loudspeaker, Microphone } from "./voice.ts";
 
 export const TELEMETRY_PACKET = 0x40;
@@ -298,10 +299,10 @@ export class PerchConnection {
     );
   }
 
-  /** Opens a service stream and resolves once it is open. */
-  async openStream(service: number): Promise<ChannelStream> {
+  /** Opens a service stream and resolves once it is open (a socket, for Node's HTTP client on streams 1 and 2). */
+  async openStream(service: number): Promise<StreamSocket> {
     const dc = this.pc.createDataChannel(`${SERVICE_PREFIX}${service}`);
-    const stream = new ChannelStream(portOf(dc));
+    const stream = new StreamSocket(portOf(dc));
     await opened(dc, this.timeoutMs);
     return stream;
   }
