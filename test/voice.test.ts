@@ -1,13 +1,16 @@
 import assert from "node:assert/strict";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { wavFile } from "../src/sdk/voice.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
+import { assertFails, perch } from "./support/cli.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
 import { EventLog, resample } from "./support/voice.ts";
 import { connect } from "./support/webrtc.ts";
@@ -190,6 +193,31 @@ describe("voice conversations", () => {
     const text = await (await fetch(`${server.url}/metrics`)).text();
     assert.match(text, /perch_voice_turns_total\{result="failed"\} 1/);
     conn.close();
+  });
+
+  test("perch device connect --say speaks a question, prints the conversation and saves the reply it heard", async () => {
+    upstream.reply({ chunks: ["It is sunny ", "and warm today. Is there anything ", "else you would like to know?"] });
+    const pair = generateKeyPair();
+    const dir = tempDir();
+    const keyFile = join(dir, "device.json");
+    const wav = join(dir, "reply.wav");
+    writeFileSync(keyFile, JSON.stringify({ public_key: encodeKey(pair.publicKey), private_key: encodeKey(pair.privateKey) }));
+    const r = await perch(
+      ["device", "--server", server.url, "--key-file", keyFile, "connect", "--telemetry-interval", "0", "--say", QUESTION, "--reply-wav", wav],
+      {},
+    );
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /event TEXT_DONE \{"stream":"in-1","label":"user.transcript","text":"[^"]*weather/i);
+    assert.match(r.stdout, /event TEXT_DONE \{"stream":"out-1","label":"assistant.text","text":"It is sunny and warm today\./);
+    assert.match(r.stdout, /event TEXT_DONE \{"stream":"out-1","label":"turn.metrics","text":\{"end_of_speech":/);
+    assert.match(r.stdout, /reply saved/);
+    const file = readFileSync(wav);
+    assert.equal(file.subarray(0, 4).toString(), "RIFF");
+    const rate = file.readUInt32LE(24);
+    const samples = new Int16Array(file.buffer.slice(file.byteOffset + 44, file.byteOffset + file.length));
+    const heard = await recognise(await resample(samples, rate, 48_000));
+    assert.ok(wordErrorRate(ANSWER, heard) < 0.5, `heard: ${heard}`);
+    assertFails(await perch(["device", "--server", server.url, "--key-file", keyFile, "connect", "--reply-wav", wav], {}), /--reply-wav needs --say/);
   });
 
   test("a device whose voice is off gets no reply", async () => {
