@@ -1,6 +1,7 @@
 import type { Hono } from "hono";
 import type { ChatService } from "../../ai/chat.ts";
 import type { ChatStream } from "../../ai/providers/provider.ts";
+import { sseError } from "../../ai/sse.ts";
 import { ChatRequest } from "../../protocol/compat.ts";
 import type { Metrics } from "../metrics.ts";
 import type { CompatEnv } from "./env.ts";
@@ -63,7 +64,17 @@ function eventStream(stream: ChatStream, end: (error: boolean) => void): Readabl
   return new ReadableStream<Uint8Array>(
     {
       async pull(controller) {
-        const r = await it.next();
+        let r: IteratorResult<Uint8Array>;
+        try {
+          r = await it.next();
+        } catch {
+          // A bug or an upstream answer nothing anticipated: the client still gets a well-formed ending.
+          failed = true;
+          controller.enqueue(sseError("the stream failed"));
+          controller.close();
+          end(true);
+          return;
+        }
         if (r.done) {
           controller.close();
           end(failed);
