@@ -174,8 +174,13 @@ export const ConfigSchema = z
       .strictObject({
         /** Samples older than this are deleted by the cleanup job. */
         retentionDays: z.number().positive().max(36_500).default(30),
+        /**
+         * Samples a node holds in memory waiting to be stored (a slow store, or one that cannot be
+         * reached); frames beyond are dropped and counted (`perch_telemetry_frames_dropped_total`).
+         */
+        bufferSamples: z.number().int().min(1).max(10_000_000).default(100_000),
       })
-      .default({ retentionDays: 30 }),
+      .default({ retentionDays: 30, bufferSamples: 100_000 }),
     /** Bounds of the Compatible API against hostile callers (see docs/decisions.md, issue 17). */
     compat: z
       .strictObject({

@@ -1,9 +1,10 @@
 import type { Server } from "node:http";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
-import { DomainError } from "../domain/errors.ts";
+import { DomainError, StoreUnavailable } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
 import type { AcceptedOffer } from "../domain/signaling.ts";
+import { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import { createHttpServer } from "../http/listener.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { ChannelStream } from "../protocol/channel.ts";
@@ -13,7 +14,6 @@ import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
 import { TransportMetrics } from "./metrics.ts";
 import { inspectOffer } from "./sdp.ts";
-import { TelemetryWriter } from "./telemetry.ts";
 
 /** A web-standard application: the Public API's `fetch`, or the Compatible API's. */
 export type FetchApp = (request: Request, env?: any) => Response | Promise<Response>;
@@ -69,7 +69,16 @@ export class WebRtcTransport implements ConnectionHost {
     this.logger = o.logger;
     this.voice = o.voice;
     this.metrics = new TransportMetrics(o.registry, () => this.all.size);
-    this.telemetry = new TelemetryWriter({ sink: o.domain.telemetry, onError: (err) => o.logger.error({ err }, "telemetry write failed") });
+    this.telemetry = new TelemetryWriter({
+      sink: o.domain.telemetry,
+      bufferSamples: o.domain.ctx.config.telemetry.bufferSamples,
+      onStored: (frames) => this.metrics.frame(frames),
+      onDropped: (reason, frames) => this.metrics.dropped(reason, frames),
+      onError: (err) =>
+        err instanceof StoreUnavailable
+          ? o.logger.warn({ err: err.message }, "telemetry waits for the store")
+          : o.logger.error({ err }, "telemetry write failed"),
+    });
     this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
     this.http = { 1: this.streamServer(o.publicApi), 2: this.streamServer(o.compatibleApi) };
     this.ticker = setInterval(() => void this.tick(), OWNERSHIP_CHECK_MS);
