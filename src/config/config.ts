@@ -278,6 +278,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WEBRTC_UDP_PORT: (v) => ({ webrtc: { udpPort: Number(v) } }),
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
+  PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 

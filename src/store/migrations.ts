@@ -103,6 +103,17 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
   "0002_peer_cascade_compact_telemetry": {
     up: (db: Kysely<any>) => (dialect === "sqlite" ? peerCascadeSqlite(db) : peerCascadePostgres(db)),
   },
+  // One row per node that holds WebRTC connections, its heartbeat written every few seconds: a peer
+  // recorded online on a node whose heartbeat stopped is offline (the node died).
+  "0003_node_heartbeats": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("node_heartbeats")
+        .addColumn("node", "text", (c) => c.primaryKey())
+        .addColumn("beat_at", "bigint", (c) => c.notNull())
+        .execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */
