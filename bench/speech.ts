@@ -56,8 +56,8 @@ export async function speechBench(): Promise<unknown> {
   }
 
   const recogniser = createTranscriptionEngine();
-  let transcription: unknown = { available: false, note: "pocketsphinx is not installed (npm run setup:speech)" };
-  if (recogniser) {
+  let transcription: unknown;
+  {
     const text = SENTENCES.join(" ");
     const chunks: Uint8Array[] = [];
     for await (const chunk of speech.synthesize({ text, voice: "echo", format: "wav", speed: 1 })) chunks.push(chunk);

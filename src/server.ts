@@ -26,6 +26,9 @@ import type { Surface } from "./http/surface.ts";
 import { Store } from "./store/index.ts";
 import { startTransport } from "./transport/start.ts";
 import type { WebRtcTransport } from "./transport/transport.ts";
+import { voiceEngines } from "./voice/engines.ts";
+import { loadResampler } from "./voice/resampler.ts";
+import { VoiceService } from "./voice/service.ts";
 
 export interface StartOptions {
   config: Config;
@@ -42,6 +45,8 @@ export interface StartOptions {
   warmUp?: boolean;
   /** How often expired rows and old telemetry are deleted (default a minute). */
   cleanupIntervalMs?: number;
+  /** After how long without an event a Side Control event stream gets a keep-alive comment (default 15 s). */
+  liveKeepAliveMs?: number;
 }
 
 export interface RunningServer {
@@ -62,10 +67,10 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
-let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine | undefined } | undefined;
+let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine } | undefined;
 
 /** The embedded engines, one pair per process (each has its own queue and worker threads), however many servers it starts. */
-export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine | undefined } {
+export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine } {
   engines ??= { speech: createSpeechEngine(), transcription: createTranscriptionEngine() };
   return engines;
 }
@@ -106,7 +111,10 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     throw err;
   }
   const commands = new Commands(events, config.nodeName);
-  const domain = new Domain({ store, clock, config, serverKey, events: new DomainEvents(events) });
+  const domain = new Domain(
+    { store, clock, config, serverKey, events: new DomainEvents(events) },
+    { live: o.liveKeepAliveMs ? { keepAliveMs: o.liveKeepAliveMs } : {} },
+  );
   const metrics = new Metrics(() => store.read((r) => r.sessions.countLive(clock.now())));
   const build = buildInfo();
   const webrtcEnabled = config.webrtc.enabled;
@@ -134,6 +142,25 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   commands.handle("audio.tone", ({ key, frequency, duration }) =>
     typeof key === "string" && typeof frequency === "number" && typeof duration === "number" ? transport?.playTone(key, frequency, duration) : undefined,
   );
+
+  /** Voice conversations, when an agent may answer devices and the engines can hear and speak. */
+  const startVoice = async (): Promise<VoiceService | undefined> => {
+    if (config.agents.length === 0) return undefined;
+    const found = voiceEngines(speech, transcription);
+    if (typeof found === "string") {
+      if (config.voice.agent) logger.warn({ reason: found }, "voice conversations are off");
+      return undefined;
+    }
+    return new VoiceService({
+      config,
+      domain,
+      chat,
+      ...found,
+      resampler: await loadResampler(),
+      registry: metrics.registry,
+      logger: logger.child({ component: "voice" }),
+    });
+  };
 
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
@@ -177,7 +204,9 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     try {
       // Stream 1 serves this same application; stream 2 the Compatible API at `/v1`.
       const compatibleApi = createSurfacesApp({ domain, logger, metrics }, (callers) => [compat("/v1")(callers)]);
+      const voice = await startVoice();
       transport = await startTransport(config, {
+        voice,
         domain,
         logger,
         registry: metrics.registry,
@@ -211,6 +240,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   // The start-up line is written at any level but "silent": operators and scripts look for it.
   const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
   startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
+  // The recogniser's models load in their worker threads while the server already answers.
+  transcription?.start?.().catch((err: unknown) => logger.error({ err }, "the transcription engine could not load its models"));
   if (o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
     (speech.warmUp as () => Promise<void>)().catch((err: unknown) => logger.warn({ err }, "speech engine warm-up failed"));
   }
@@ -240,6 +271,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
           const sweep = setInterval(() => server.closeIdleConnections(), 50);
           server.once("close", () => clearInterval(sweep));
         });
+        // Event streams never finish by themselves: they end here, and their clients reconnect elsewhere.
+        domain.live.close();
         await transport?.close();
         await stopped;
         commands.close();

@@ -3,9 +3,12 @@ import { execFile } from "node:child_process";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import pg from "pg";
 import { generateKeyPair, type KeyPair } from "../src/crypto/keys.ts";
 import { PerchApiError, PerchClient } from "../src/sdk/client.ts";
 import { freshPostgresDatabase, ROOT, type ServerProcess, spawnServer, TEST_DATABASE_URL, tempDir } from "./support/server.ts";
+import { EventStream } from "./support/sse.ts";
+import { connect, eventually } from "./support/webrtc.ts";
 
 /** Runs the `perch` command line and parses its JSON output. */
 function perch(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
@@ -122,16 +125,72 @@ describe("two perch serve processes on one PostgreSQL database", { skip: TEST_DA
     assert.deepEqual((await on(b, device).sideControlSessions()).items, []);
   });
 
+  test("events cross nodes: the device on A, the phone streaming from B; a tone asked on B plays on A", async () => {
+    const conn = await connect(a);
+    try {
+      const device = client(a, conn.keyPair);
+      await device.login();
+      const phone = client(b);
+      const sc = await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+      const stream = await EventStream.must(b.url, phone.accessToken);
+      const runtime = await stream.until((s) => s.events("runtime")[0], "the first runtime");
+      assert.deepEqual([runtime.data.online, runtime.data.node], [true, "node-a"]);
+
+      const now = Date.now();
+      conn.sendTelemetry({ observedAtUnixMs: BigInt(now), observations: [{ observedAtDeltaMs: 0, body: { case: "battery", value: { percent: 64 } } }] });
+      const telemetry = await stream.until((s) => s.events("telemetry")[0], "telemetry reported on A");
+      assert.deepEqual(telemetry.data.values, [{ field: "battery.percent", value: 64, observed_at_unix_ms: now }]);
+      await stream.until((s) => s.events("status").find((e) => e.data.battery_percent === 64), "the merged status");
+
+      // The device's bearer on B: B does not hold the connection, A plays the tone.
+      const tone = await on(b, device).request<{ frames: number }>("POST", "/me/audio/tone", { body: { frequency_hz: 440, duration_ms: 400 } });
+      assert.deepEqual(tone, { frames: 20 });
+      await eventually(() => conn.audio.audible > 5, 5000, "audible audio from node A");
+
+      // The nodes' event connections are terminated: both make them again, and events flow on.
+      const admin = new pg.Client({ connectionString: env.PERCH_DATABASE_URL });
+      await admin.connect();
+      try {
+        const killed = await admin.query(
+          "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'perch events' and datname = current_database()",
+        );
+        assert.equal(killed.rowCount, 2);
+      } finally {
+        await admin.end();
+      }
+      await eventually(
+        async () => {
+          await on(a, device).putStatus({ volume: 77 });
+          return stream.events("status").some((e) => e.data.volume === 77);
+        },
+        15_000,
+        "a status after the reconnect",
+      );
+
+      // Revoked through A: B's stream ends.
+      await device.revokeSideControlSession(sc.session_id);
+      await stream.end(2_000);
+      assert.deepEqual(stream.events().at(-1), { event: "session", data: { state: "revoked" } });
+      assert.equal(a.process.exitCode, null, "node A survived");
+      assert.equal(b.process.exitCode, null, "node B survived");
+    } finally {
+      conn.close();
+    }
+  });
+
   test("a peer blocked through the command line is refused by both nodes", async () => {
     const device = client(a);
     await device.login();
     const token = await device.createDeviceToken();
     const phone = client(b);
     await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+    const streams = await Promise.all([a, b].map((node) => EventStream.must(node.url, phone.accessToken)));
 
     const blocked = await perch(["peers", "block", device.publicKey], env);
     assert.equal(blocked.code, 0, blocked.stderr);
     assert.deepEqual(JSON.parse(blocked.stdout), { public_key: device.publicKey, status: "blocked" });
+    // The command line's own process told both nodes through PostgreSQL: their streams end.
+    await Promise.all(streams.map((s) => s.end(2_000)));
 
     for (const node of [a, b]) {
       await assert.rejects(on(node, device).me(), refused(403, "PEER_BLOCKED"));

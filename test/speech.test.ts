@@ -15,12 +15,11 @@ import {
   createTranscriptionEngine,
   EngineBusyError,
   type FliteSpeechEngine,
-  type PocketSphinxEngine,
+  type MoonshineEngine,
   SPEECH_FORMATS,
   type SpeechFormat,
   UnsupportedLanguageError,
 } from "../src/ai/speech/index.ts";
-import { parseTimedOutput } from "../src/ai/speech/pocketsphinx.ts";
 import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
 import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
@@ -137,9 +136,12 @@ describe("speech synthesis (flite)", () => {
   });
 
   test("audio is streamed as it is produced", async () => {
-    const out = await collect(engine.synthesize({ text: ROUND_TRIP.join(" "), voice: "alloy", format: "mp3", speed: 1 }));
-    assert.ok(out.chunks > 10, `${out.chunks} chunks`);
-    assert.ok(out.firstByteMs < out.totalMs / 3, `first byte after ${out.firstByteMs} ms of ${out.totalMs} ms`);
+    // Not a timing (performance lives in the benchmark): the file arrives in many pieces, the first a small part of it.
+    const sizes: number[] = [];
+    for await (const chunk of engine.synthesize({ text: ROUND_TRIP.join(" "), voice: "alloy", format: "mp3", speed: 1 })) sizes.push(chunk.length);
+    const total = sizes.reduce((a, b) => a + b, 0);
+    assert.ok(sizes.length > 10, `${sizes.length} chunks`);
+    assert.ok(sizes[0]! < total / 10, `the first chunk has ${sizes[0]} of ${total} bytes`);
   });
 
   test("speed scales the duration", async () => {
@@ -241,73 +243,38 @@ describe("work queue", () => {
   });
 });
 
-describe("PocketSphinx output", () => {
-  test("utterances become segments; silences, fillers and pronunciation variants are cleaned", () => {
-    const out = [
-      "please turn on the lights",
-      "<s> 0.000 0.120 0.998900",
-      "please 0.130 0.450 0.55",
-      "turn 0.460 0.700 0.9",
-      "<sil> 0.710 0.900 0.6",
-      "on 0.910 1.000 0.9",
-      "</s> 1.010 1.200 1.0",
-      "<s> 3.000 3.100 1.0",
-      "[NOISE] 3.110 3.300 0.1",
-      "read(2) 3.310 3.600 0.8",
-      "</s> 3.610 3.700 1.0",
-    ].join("\n");
-    const { segments, words } = parseTimedOutput(out);
-    assert.deepEqual(segments, [
-      { id: 0, start: 0.13, end: 1, text: "please turn on" },
-      { id: 1, start: 3.31, end: 3.6, text: "read" },
-    ]);
-    assert.equal(words.length, 4);
-  });
-});
+const recogniser: MoonshineEngine = createTranscriptionEngine({ concurrency: 1, maxQueued: 1 });
 
-const recogniser = createTranscriptionEngine();
-
-test("no transcription engine without the recogniser's model", () => {
-  assert.equal(createTranscriptionEngine({ modelDir: "/nonexistent/pocketsphinx/model" }), undefined);
-});
-
-describe("transcription (PocketSphinx)", { skip: recogniser ? false : "pocketsphinx and pocketsphinx-en-us are not installed" }, () => {
+describe("transcription (Moonshine)", () => {
   const speech = engine;
-  let asr: PocketSphinxEngine;
   let phrase: Buffer;
 
   before(async () => {
-    asr = recogniser!;
-    phrase = (await collect(speech.synthesize({ text: "Open the front door.", voice: "echo", format: "wav", speed: 1 }))).bytes;
+    await recogniser.start();
+    phrase = (await collect(speech.synthesize({ text: "Open the front door.", voice: "nova", format: "wav", speed: 1 }))).bytes;
   });
+  after(() => recogniser.close());
 
-  after(() => waitForNoChildren("pocketsphinx"));
-
-  test("round trip: flite's speech comes back as the same words", async () => {
+  test("round trip: flite's speech comes back as the same words, in segments inside the audio", async () => {
     const text = ROUND_TRIP.slice(0, 6).join(" ");
-    const audio = (await collect(speech.synthesize({ text, voice: "echo", format: "mp3", speed: 1 }))).bytes;
-    const started = performance.now();
-    const transcript = await asr.transcribe({ audio, language: "en" });
-    const rtf = (performance.now() - started) / 1000 / transcript.duration;
+    const audio = (await collect(speech.synthesize({ text, voice: "fable", format: "mp3", speed: 1 }))).bytes;
+    const transcript = await recogniser.transcribe({ audio, language: "en" });
     const wer = wordErrorRate(text, transcript.text);
-    // Measured 0.03–0.07 with this voice on these sentences (alloy 0.10, nova 0.19); real-time factor 0.15–0.3 on 2 shared cores.
-    process.stderr.write(`# round trip: WER ${wer.toFixed(3)}, real-time factor ${rtf.toFixed(2)}: ${transcript.text}\n`);
-    assert.ok(wer <= 0.2, `WER ${wer}: ${transcript.text}`);
+    process.stderr.write(`# round trip: WER ${wer.toFixed(3)}: ${transcript.text}\n`);
+    assert.ok(wer <= 0.15, `WER ${wer}: ${transcript.text}`);
     assert.equal(transcript.language, "en");
     assert.ok(transcript.duration > 8 && transcript.duration < 20, `duration ${transcript.duration}`);
-    assert.ok(transcript.segments.length >= 1);
+    assert.ok(transcript.segments.length >= 2, JSON.stringify(transcript.segments));
     let last = 0;
     for (const [i, s] of transcript.segments.entries()) {
       assert.equal(s.id, i);
-      assert.ok(s.start >= last && s.end > s.start && s.end <= transcript.duration + 0.05, JSON.stringify(s));
+      assert.ok(s.start >= last && s.end > s.start && s.end <= transcript.duration, JSON.stringify(s));
       last = s.end;
     }
     assert.equal(transcript.text, transcript.segments.map((s) => s.text).join(" "));
-    const kitchen = transcript.words!.find((w) => w.word === "kitchen");
-    assert.ok(kitchen && kitchen.start > 0.5 && kitchen.end < 4, JSON.stringify(kitchen));
   });
 
-  test("every upload container decodes to the right length; MP4 is recognised", async () => {
+  test("every upload container decodes to the right length; M4A is recognised", async () => {
     const seconds = (await decodeBack(phrase, "wav")).seconds;
     const dir = await mkdtemp(join(tmpdir(), "perch-containers-"));
     try {
@@ -332,7 +299,7 @@ describe("transcription (PocketSphinx)", { skip: recogniser ? false : "pocketsph
         assert.equal(decoded.decoder, wasm.has(ext) ? "wasm" : "ffmpeg", ext);
         assert.ok(Math.abs(decoded.duration - seconds) < 0.2, `${ext} decodes to ${decoded.duration} s of ${seconds} s`);
       }
-      const transcript = await asr.transcribe({ audio: await readFile(join(dir, "a.m4a")) });
+      const transcript = await recogniser.transcribe({ audio: await readFile(join(dir, "a.m4a")) });
       assert.ok(wordErrorRate("open the front door", transcript.text) <= 0.25, `m4a: ${transcript.text}`);
     } finally {
       await rm(dir, { recursive: true, force: true });
@@ -340,30 +307,70 @@ describe("transcription (PocketSphinx)", { skip: recogniser ? false : "pocketsph
   });
 
   test("a corrupt file, a file without audio, another language", async () => {
-    await assert.rejects(asr.transcribe({ audio: new Uint8Array(4096).map((_, i) => (i * 7919) % 251) }), AudioDecodeError);
-    await assert.rejects(asr.transcribe({ audio: phrase.subarray(0, 44) }), AudioDecodeError);
-    await assert.rejects(asr.transcribe({ audio: Buffer.from("not audio at all") }), AudioDecodeError);
-    await assert.rejects(asr.transcribe({ audio: phrase, language: "fr" }), UnsupportedLanguageError);
-    assert.deepEqual(asr.languages, ["en"]);
+    await assert.rejects(recogniser.transcribe({ audio: new Uint8Array(4096).map((_, i) => (i * 7919) % 251) }), AudioDecodeError);
+    await assert.rejects(recogniser.transcribe({ audio: phrase.subarray(0, 44) }), AudioDecodeError);
+    await assert.rejects(recogniser.transcribe({ audio: Buffer.from("not audio at all") }), AudioDecodeError);
+    await assert.rejects(recogniser.transcribe({ audio: phrase, language: "fr" }), UnsupportedLanguageError);
+    assert.deepEqual(recogniser.languages, ["en"]);
   });
 
-  test("a full queue refuses; abort kills the recogniser", async () => {
-    const busy = createTranscriptionEngine({ concurrency: 1, maxQueued: 1 })!;
-    const long = await ffmpeg(["-i", "pipe:0", "-af", "aloop=loop=8:size=1e6", "-f", "wav", "pipe:1"], phrase);
+  test("a full queue refuses; an aborted request leaves it", async () => {
     const controller = new AbortController();
-    const running = busy.transcribe({ audio: long, signal: controller.signal });
-    const waiting = busy.transcribe({ audio: phrase });
-    await assert.rejects(busy.transcribe({ audio: phrase }), EngineBusyError);
-    for (let i = 0; i < 100 && !children().some((n) => n.startsWith("pocketsphinx")); i++) await sleep(10);
-    assert.ok(
-      children().some((n) => n.startsWith("pocketsphinx")),
-      "the recogniser runs",
-    );
-    const aborted = performance.now();
+    const running = recogniser.transcribe({ audio: phrase, signal: controller.signal });
+    const waiting = recogniser.transcribe({ audio: phrase });
+    await assert.rejects(recogniser.transcribe({ audio: phrase }), EngineBusyError);
     controller.abort();
     await assert.rejects(running, /abort/i);
-    assert.ok(performance.now() - aborted < 500);
     const next = await waiting;
-    assert.match(next.text, /door/);
+    assert.match(next.text, /door/i);
+  });
+
+  test("voice activity: speech starts and ends inside the audio; silence and noise have none", async () => {
+    const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
+    const samples = new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength));
+    const lead = new Int16Array(16000);
+    const vad = recogniser.createVad();
+    const events = [];
+    // 20 ms packets, as a live stream sends them: one second of silence, the phrase, one second of silence.
+    const stream = new Int16Array(lead.length * 2 + samples.length);
+    stream.set(samples, lead.length);
+    for (let at = 0; at < stream.length; at += 320) events.push(...(await vad.push(stream.subarray(at, at + 320))));
+    events.push(...vad.flush());
+    assert.equal(events.length, 2, JSON.stringify(events));
+    const [start, end] = events;
+    assert.equal(start!.type, "start");
+    assert.equal(end!.type, "end");
+    const speechEnd = (lead.length + samples.length) / 16000;
+    assert.ok(start!.at > 0.8 && start!.at < 1.4, JSON.stringify(events));
+    assert.ok(end!.at > start!.at + 0.5 && end!.at < speechEnd + 0.2, JSON.stringify(events));
+
+    let seed = 7;
+    const noise = new Int16Array(48000).map(() => {
+      seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+      return ((seed / 0x7fffffff) * 2 - 1) * 6000;
+    });
+    for (const quiet of [new Int16Array(48000), noise]) {
+      const v = recogniser.createVad();
+      assert.deepEqual([...(await v.push(quiet)), ...v.flush()], []);
+    }
+  });
+
+  test("incremental recognition: partial text while audio arrives, the final text at the end", async () => {
+    const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
+    const samples = new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength));
+    const asr = recogniser.createIncrementalRecogniser();
+    const partials: string[] = [];
+    for (let at = 0; at < samples.length; at += 320) {
+      asr.push(samples.subarray(at, at + 320));
+      if (at % 8000 < 320) partials.push(await asr.partial());
+    }
+    assert.ok(partials.length >= 2);
+    const final = await asr.finish();
+    assert.ok(wordErrorRate("open the front door", final) <= 0.25, `final: ${final}; partials: ${partials.join(" | ")}`);
+    assert.equal(asr.duration, 0);
+    // A second utterance on the same recogniser starts afresh.
+    asr.push(samples);
+    assert.match(await asr.finish(), /door/i);
+    assert.equal(await asr.finish(), "");
   });
 });

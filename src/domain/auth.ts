@@ -182,7 +182,7 @@ export class AuthService {
     }
     checkPeer(row.target_status, false);
     checkPeer(row.peer_status, true);
-    return { kind: "side_control", publicKey: row.public_key, targetKey: row.target_key as string, sessionId: row.id };
+    return { kind: "side_control", publicKey: row.public_key, targetKey: row.target_key as string, sessionId: row.id, expiresAt: row.expires_at };
   }
 
   /**

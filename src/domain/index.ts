@@ -3,6 +3,7 @@ import { AuthService } from "./auth.ts";
 import { ContactService } from "./contacts.ts";
 import type { DomainContext } from "./context.ts";
 import { StoreUnavailable } from "./errors.ts";
+import { type LiveOptions, LiveService } from "./live.ts";
 import { PeerService } from "./peers.ts";
 import { PresenceService } from "./presence.ts";
 import { SideControlService } from "./side-control.ts";
@@ -23,10 +24,11 @@ export class Domain {
   readonly contacts: ContactService;
   readonly signaling: SignalingService;
   readonly presence: PresenceService;
+  readonly live: LiveService;
 
   readonly ctx: DomainContext;
 
-  constructor(ctx: DomainContext) {
+  constructor(ctx: DomainContext, o: { live?: LiveOptions } = {}) {
     this.ctx = ctx;
     this.auth = new AuthService(ctx);
     this.apiKeys = new ApiKeyService(ctx);
@@ -36,6 +38,7 @@ export class Domain {
     this.contacts = new ContactService(ctx);
     this.signaling = new SignalingService(ctx, this.auth);
     this.presence = new PresenceService(ctx);
+    this.live = new LiveService(ctx, this.peers, o.live);
   }
 
   /** Readiness: the store answers within `timeoutMs`; else `StoreUnavailable`. */

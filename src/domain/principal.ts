@@ -1,7 +1,7 @@
 /** Who is calling, once authenticated. */
 export type Principal =
   | { kind: "primary"; publicKey: string; sessionId?: string }
-  | { kind: "side_control"; publicKey: string; targetKey: string; sessionId: string }
+  | { kind: "side_control"; publicKey: string; targetKey: string; sessionId: string; expiresAt: number }
   /** An operator API key (Compatible API only): an application, not a device. */
   | { kind: "api_key"; name: string; models: readonly string[] };
 

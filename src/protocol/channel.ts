@@ -45,10 +45,6 @@ export class ChannelStream extends Duplex {
   readonly port: ChannelPort;
   private waiting: (() => void) | undefined;
   private remoteClosed = false;
-  /** For `http.Server`, which reads the caller's address from its socket. */
-  remoteAddress: string | undefined;
-  remotePort: number | undefined;
-  remoteFamily: string | undefined;
 
   constructor(port: ChannelPort) {
     super({ allowHalfOpen: true });
@@ -123,16 +119,5 @@ export class ChannelStream extends Duplex {
       this.port.close();
     }
     callback(error);
-  }
-
-  // `http.Server` calls these on its sockets; a DataChannel has nothing to tune.
-  setTimeout(): this {
-    return this;
-  }
-  setNoDelay(): this {
-    return this;
-  }
-  setKeepAlive(): this {
-    return this;
   }
 }

@@ -103,9 +103,15 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
   "0002_peer_cascade_compact_telemetry": {
     up: (db: Kysely<any>) => (dialect === "sqlite" ? peerCascadeSqlite(db) : peerCascadePostgres(db)),
   },
+  /** A device's choice of voice agent (voice.md §1): an agent id, `off`, or null for `voice.agent`. */
+  "0003_peer_voice_agent": {
+    async up(db: Kysely<any>) {
+      await db.schema.alterTable("peers").addColumn("voice_agent", "text").execute();
+    },
+  },
   // One row per node that holds WebRTC connections, its heartbeat written every few seconds: a peer
   // recorded online on a node whose heartbeat stopped is offline (the node died).
-  "0003_node_heartbeats": {
+  "0004_node_heartbeats": {
     async up(db: Kysely<any>) {
       await db.schema
         .createTable("node_heartbeats")

@@ -7,6 +7,7 @@ import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX,
 import { encodeFrame, FrameType } from "../protocol/frames.ts";
 import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { callRpc, RpcCode, RpcError, type RpcHandlers, serveRpc } from "../protocol/rpc.ts";
+import { StreamSocket } from "../protocol/stream-socket.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "../voice/port.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
@@ -57,7 +58,7 @@ export interface ConnectionHost {
   /** Voice conversations over the audio track, when configured. */
   voice?: VoiceHost | undefined;
   /** Serves an HTTP stream (service 1 or 2). */
-  serveHttp(service: 1 | 2, stream: ChannelStream): void;
+  serveHttp(service: 1 | 2, stream: StreamSocket): void;
   /** The connection became active: the host makes it the key's only one and marks it online. */
   activated(c: Connection): Promise<void>;
   closed(c: Connection): Promise<void>;
@@ -109,6 +110,11 @@ export class Connection {
     return this.state === "active";
   }
 
+  /** Service streams open now (HTTP and Peer RPC, either side's). */
+  get openStreams(): number {
+    return this.streams.size;
+  }
+
   private channel(port: ChannelPort): void {
     if (this.state === "closed") {
       port.close();
@@ -139,13 +145,17 @@ export class Connection {
       port.close();
       return;
     }
-    const stream = this.track(new ChannelStream(port));
-    if (id === SERVICE.RPC) void serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"));
-    else this.host.serveHttp(id as 1 | 2, stream);
+    if (id === SERVICE.RPC) {
+      const stream = this.track(new ChannelStream(port));
+      void serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"));
+    } else {
+      this.host.serveHttp(id as 1 | 2, this.socket(port));
+    }
   }
 
-  /** Counts a stream among the open ones and marks it as this connection's, for the HTTP principal. */
-  private track(stream: ChannelStream): ChannelStream {
+  /** An HTTP stream: a socket with the device's address, marked as this connection's for the HTTP principal. */
+  private socket(port: ChannelPort): StreamSocket {
+    const stream = this.track(new StreamSocket(port));
     const address = this.link.remoteAddress();
     if (address) {
       const m = /^\[?([^\]]+)\]?:(\d+)$/.exec(address);
@@ -154,6 +164,11 @@ export class Connection {
       stream.remoteFamily = m?.[1]?.includes(":") ? "IPv6" : "IPv4";
     }
     bindConnection(stream, { peerKey: this.publicKey, remoteAddress: stream.remoteAddress ?? "unknown" });
+    return stream;
+  }
+
+  /** Counts a stream among the open ones (closed with the connection). */
+  private track<S extends ChannelStream>(stream: S): S {
     this.streams.add(stream);
     stream.once("close", () => this.streams.delete(stream));
     return stream;

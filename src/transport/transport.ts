@@ -7,7 +7,7 @@ import type { AcceptedOffer } from "../domain/signaling.ts";
 import { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import { createHttpServer } from "../http/listener.ts";
 import type { Metrics } from "../http/metrics.ts";
-import type { ChannelStream } from "../protocol/channel.ts";
+import type { StreamSocket } from "../protocol/stream-socket.ts";
 import type { VoiceHost } from "../voice/port.ts";
 import { Answerer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
@@ -159,7 +159,7 @@ export class WebRtcTransport implements ConnectionHost {
     return server;
   }
 
-  serveHttp(service: 1 | 2, stream: ChannelStream): void {
+  serveHttp(service: 1 | 2, stream: StreamSocket): void {
     this.http[service].emit("connection", stream);
   }
 

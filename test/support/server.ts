@@ -61,6 +61,7 @@ export async function startTestServer(
     logger?: Logger;
     surfaces?: () => Surface[];
     cleanupIntervalMs?: number;
+    liveKeepAliveMs?: number;
     engines?: StartOptions["engines"];
   } = {},
 ): Promise<TestServer> {
@@ -82,6 +83,7 @@ export async function startTestServer(
     ...(o.logger ? { logger: o.logger } : {}),
     ...(o.surfaces ? { surfaces: o.surfaces } : {}),
     ...(o.cleanupIntervalMs ? { cleanupIntervalMs: o.cleanupIntervalMs } : {}),
+    ...(o.liveKeepAliveMs ? { liveKeepAliveMs: o.liveKeepAliveMs } : {}),
     ...(o.engines ? { engines: o.engines } : {}),
   });
   const now = o.clock ? () => o.clock!.now() : undefined;

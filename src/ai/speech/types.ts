@@ -61,18 +61,30 @@ export interface TranscribeOptions {
   audio: Uint8Array;
   /** ISO-639-1; anything outside `languages` throws UnsupportedLanguageError. */
   language?: string;
-  /** Accepted for compatibility; PocketSphinx has no way to use it. */
+  /** Accepted for compatibility; Moonshine has no way to use it. */
   prompt?: string;
   /** Longer decoded audio is refused with AudioTooLongError (default 600 s; see decode.ts). */
   maxSeconds?: number;
   signal?: AbortSignal;
 }
 
+/** Called as a transcription goes: once the audio is decoded (`onStart`), then as each segment is recognised. */
+export interface TranscribeProgress {
+  onStart?: (duration: number) => void;
+  onSegment?: (segment: TranscriptSegment) => void;
+}
+
 export interface TranscriptionEngine {
-  /** ["en"] for PocketSphinx */
+  /** ["en"] for Moonshine */
   languages: readonly string[];
   /** Whether `words` carries per-word timings. */
   wordTimestamps?: boolean;
-  /** Decodes any supported container (decode.ts) and recognises it. Throws AudioDecodeError for a corrupt file (AudioTooLongError past `maxSeconds`), EngineBusyError when the queue is full. */
-  transcribe(o: TranscribeOptions): Promise<Transcript>;
+  /**
+   * Decodes any supported container (decode.ts) and recognises it. Throws AudioDecodeError for a
+   * corrupt file (AudioTooLongError past `maxSeconds`), EngineBusyError when the queue is full,
+   * UnsupportedLanguageError; all of them before `progress.onStart`.
+   */
+  transcribe(o: TranscribeOptions, progress?: TranscribeProgress): Promise<Transcript>;
+  /** Starts loading the models in the background (idempotent); resolves when they are ready. */
+  start?(): Promise<void>;
 }

@@ -135,33 +135,81 @@ export function registerTranscriptionRoute(
       return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
     }
 
+    const failure = (err: unknown): OpenAIError =>
+      err instanceof AudioTooLongError
+        ? param("file", `The audio is longer than this server's limit of ${err.maxSeconds} seconds.`, "audio_too_long")
+        : err instanceof AudioDecodeError
+          ? param("file", `The audio file could not be decoded: ${err.message}`, "invalid_audio")
+          : err instanceof EngineBusyError
+            ? new OpenAIError(429, "The transcription engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
+            : toOpenAIError(err);
+    const options = {
+      audio,
+      ...(language !== undefined ? { language } : {}),
+      ...(prompt !== undefined ? { prompt } : {}),
+      maxSeconds: maxAudioSeconds,
+      signal,
+    };
+
+    if (stream === "true") {
+      // Events leave as segments are recognised; errors before the audio is decoded are plain HTTP
+      // errors, later ones an `error` event that ends the stream.
+      const encoder = new TextEncoder();
+      let controller!: ReadableStreamDefaultController<Uint8Array>;
+      const body = new ReadableStream<Uint8Array>({ start: (c) => (controller = c) }, { highWaterMark: 0 });
+      const send = (value: unknown) => {
+        try {
+          controller.enqueue(encoder.encode(sse(value)));
+        } catch {}
+      };
+      let first = true;
+      let started!: () => void;
+      const decoded = new Promise<void>((resolve) => (started = resolve));
+      const work = engine!.transcribe(options, {
+        onStart: () => started(),
+        onSegment: (s) => {
+          send({ type: "transcript.text.delta", delta: first ? s.text : ` ${s.text}` });
+          first = false;
+        },
+      });
+      const ending = work.then(
+        (t) => {
+          done(200);
+          send({ type: "transcript.text.done", text: t.text });
+          controller.close();
+        },
+        (err: unknown) => {
+          const e = failure(err);
+          done(e.status, e.type);
+          send({ type: "error", error: { message: e.message, type: e.type, param: e.param, code: e.code } });
+          controller.close();
+        },
+      );
+      // Whichever comes first: the audio decoded (stream from here) or a failure before it (an HTTP error).
+      const early = await Promise.race([
+        decoded.then(() => undefined),
+        work.then(
+          () => undefined,
+          (err: unknown) => ({ err }),
+        ),
+      ]);
+      if (early) {
+        void ending;
+        const e = failure(early.err);
+        throw e;
+      }
+      return c.body(body, 200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" });
+    }
+
     let transcript: Transcript;
     try {
-      transcript = await engine!.transcribe({
-        audio,
-        ...(language !== undefined ? { language } : {}),
-        ...(prompt !== undefined ? { prompt } : {}),
-        maxSeconds: maxAudioSeconds,
-        signal,
-      });
+      transcript = await engine!.transcribe(options);
     } catch (err) {
-      const e =
-        err instanceof AudioTooLongError
-          ? param("file", `The audio is longer than this server's limit of ${err.maxSeconds} seconds.`, "audio_too_long")
-          : err instanceof AudioDecodeError
-            ? param("file", `The audio file could not be decoded: ${err.message}`, "invalid_audio")
-            : err instanceof EngineBusyError
-              ? new OpenAIError(429, "The transcription engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
-              : toOpenAIError(err);
+      const e = failure(err);
       done(e.status, e.type);
       throw e;
     }
     done(200);
-    if (stream === "true") {
-      const events = transcript.segments.map((s, i) => sse({ type: "transcript.text.delta", delta: i === 0 ? s.text.trimStart() : ` ${s.text.trim()}` }));
-      events.push(sse({ type: "transcript.text.done", text: transcript.text }));
-      return c.body(events.join(""), 200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" });
-    }
     switch (format) {
       case "text":
         return c.text(`${transcript.text}\n`);

@@ -1,5 +1,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Domain } from "../../domain/index.ts";
+import type { LiveEvent, LiveSink } from "../../domain/live.ts";
 import type { SideControlPrincipal } from "../../domain/principal.ts";
 import {
   Contact,
@@ -75,6 +76,31 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       responses: { 200: json(PeerStatus, "Status"), ...authErrors },
     }),
     async (c) => c.json(await domain.peers.status(target(c)), 200, JSON_UTF8),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/events"),
+      summary: "The target device's changes, live (server-sent events; bearer header only)",
+      description:
+        "Events `status` (PeerStatus) and `runtime` (Runtime) at once, then `status` on every change, `runtime` when `online` or the node " +
+        "changes, `telemetry` ({values: [{field, value, observed_at_unix_ms}]}, at most every 250 ms), `contacts` ({name, change}), and " +
+        "`session` ({state: revoked | expired}) after which the stream ends. A comment line after 15 s without an event. " +
+        "At most 4 open streams per session (429 `RATE_LIMITED`).",
+      responses: {
+        200: {
+          description: "An event stream",
+          content: { "text/event-stream": { schema: z.string().openapi({ description: "event: <name>\\ndata: <JSON>" }) } },
+        },
+        ...authErrors,
+        ...errors(429),
+      },
+    }),
+    async (c) => {
+      const { body, sink, attach } = eventStream();
+      attach(await domain.live.open(c.get("principal") as SideControlPrincipal, sink));
+      return c.body(body, 200, SSE_HEADERS);
+    },
   );
 
   app.openapi(
@@ -167,4 +193,71 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
     }),
     async (c) => c.json(await domain.contacts.delete(target(c), nameOf(c)), 200, JSON_UTF8),
   );
+}
+
+const SSE_HEADERS = {
+  "content-type": "text/event-stream; charset=utf-8",
+  "cache-control": "no-store",
+  "x-accel-buffering": "no",
+  // Declared, so that the Node adapter writes the first events at once.
+  "transfer-encoding": "chunked",
+};
+const KEEP_ALIVE = new TextEncoder().encode(": keep-alive\n\n");
+/** A client this far behind (bytes not yet taken by its connection) is dropped; it reconnects and reads the state again. */
+const MAX_BACKLOG_BYTES = 1024 * 1024;
+/** An event shared by many streams is encoded once. */
+const encoded = new WeakMap<LiveEvent, Uint8Array>();
+
+function encode(e: LiveEvent): Uint8Array {
+  let bytes = encoded.get(e);
+  if (!bytes) {
+    bytes = new TextEncoder().encode(`event: ${e.event}\ndata: ${JSON.stringify(e.data)}\n\n`);
+    encoded.set(e, bytes);
+  }
+  return bytes;
+}
+
+/** A response body fed by a live stream; the client going away closes the stream. */
+function eventStream(): { body: ReadableStream<Uint8Array>; sink: LiveSink; attach(handle: { close(): void }): void } {
+  let controller: ReadableStreamDefaultController<Uint8Array> | undefined;
+  let handle: { close(): void } | undefined;
+  let closed = false;
+  const body = new ReadableStream<Uint8Array>(
+    {
+      start: (ctl) => {
+        controller = ctl;
+      },
+      cancel: () => {
+        closed = true;
+        handle?.close();
+      },
+    },
+    new ByteLengthQueuingStrategy({ highWaterMark: 64 * 1024 }),
+  );
+  const enqueue = (bytes: Uint8Array) => {
+    if (closed || !controller) return;
+    controller.enqueue(bytes);
+    if ((controller.desiredSize ?? 0) < -MAX_BACKLOG_BYTES) {
+      closed = true;
+      controller.error(new Error("the client reads too slowly"));
+      throw new Error("the client reads too slowly");
+    }
+  };
+  const sink: LiveSink = {
+    event: (e) => enqueue(encode(e)),
+    keepAlive: () => enqueue(KEEP_ALIVE),
+    end: () => {
+      if (closed) return;
+      closed = true;
+      controller?.close();
+    },
+  };
+  return {
+    body,
+    sink,
+    attach: (h) => {
+      handle = h;
+      if (closed) h.close();
+    },
+  };
 }

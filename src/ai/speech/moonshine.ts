@@ -1,0 +1,111 @@
+/**
+ * Moonshine base (Useful Sensors, MIT licence): English speech recognition from the int8 ONNX files
+ * that ship inside `@usefulsensors/moonshine-js` (pinned at exactly 0.1.15 — later versions add a
+ * model under a non-commercial licence). Our own loader on `onnxruntime-node`: the encoder runs once
+ * over the audio, then the merged decoder greedily, one token a step, with its key/value cache;
+ * tokens are decoded with `llama-tokenizer-js` (Moonshine's vocabulary is Llama's SentencePiece one).
+ *
+ * Inference is synchronous on the calling thread (onnxruntime-node runs a session on the thread
+ * that calls it), so this module is only loaded inside a worker thread (recognition-worker.ts).
+ */
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import llamaTokenizer from "llama-tokenizer-js";
+import * as ort from "onnxruntime-node";
+
+/** The model's shape (base): 8 decoder layers, 8 key/value heads of 52 dimensions. */
+const LAYERS = 8;
+const KV_HEADS = 8;
+const HEAD_DIM = 52;
+const START_TOKEN = 1;
+const END_TOKEN = 2;
+/** Moonshine is trained on 16 kHz mono audio of 0.1 s to 64 s (it does best below ~30 s). */
+export const MOONSHINE_SAMPLE_RATE = 16_000;
+/**
+ * The model card's bound on output length: speech rarely carries more than ~6.5 tokens a second, and
+ * a decoder that repeats itself (on noise, for instance) must stop.
+ */
+const TOKENS_PER_SECOND = 6.5;
+
+/** The directory of the int8 base model inside the npm package. */
+export function moonshineModelDir(): string {
+  // The package's only export is its browser bundle (never loaded: it is only resolved), in dist/ beside the models.
+  const bundle = fileURLToPath(import.meta.resolve("@usefulsensors/moonshine-js"));
+  return join(dirname(bundle), "model", "base", "quantized");
+}
+
+export interface MoonshineOptions {
+  /** Threads for one inference (onnxruntime's intra-op pool). */
+  threads: number;
+}
+
+export class MoonshineModel {
+  private readonly encoder: ort.InferenceSession;
+  private readonly decoder: ort.InferenceSession;
+  private readonly vocabulary: number;
+
+  private constructor(encoder: ort.InferenceSession, decoder: ort.InferenceSession) {
+    this.encoder = encoder;
+    this.decoder = decoder;
+    this.vocabulary = llamaTokenizer.vocabById.length;
+  }
+
+  static async load(options: MoonshineOptions, dir = moonshineModelDir()): Promise<MoonshineModel> {
+    const session: ort.InferenceSession.SessionOptions = {
+      intraOpNumThreads: options.threads,
+      interOpNumThreads: 1,
+      graphOptimizationLevel: "all",
+      executionProviders: ["cpu"],
+    };
+    const encoder = await ort.InferenceSession.create(join(dir, "encoder_model.onnx"), session);
+    const decoder = await ort.InferenceSession.create(join(dir, "decoder_model_merged.onnx"), session);
+    return new MoonshineModel(encoder, decoder);
+  }
+
+  /** The text spoken in `audio` (16 kHz mono, -1..1), as the model writes it (cased and punctuated). */
+  async transcribe(audio: Float32Array): Promise<string> {
+    // Less than ~0.1 s is nothing the model can hear (and its convolutions need some samples).
+    if (audio.length < MOONSHINE_SAMPLE_RATE / 10) return "";
+    const maxTokens = Math.max(4, Math.ceil((audio.length / MOONSHINE_SAMPLE_RATE) * TOKENS_PER_SECOND));
+    const { last_hidden_state: hidden } = await this.encoder.run({ input_values: new ort.Tensor("float32", audio, [1, audio.length]) });
+    const past: Record<string, ort.Tensor> = {};
+    const empty = new ort.Tensor("float32", new Float32Array(0), [0, KV_HEADS, 1, HEAD_DIM]);
+    for (let layer = 0; layer < LAYERS; layer++)
+      for (const side of ["decoder", "encoder"]) for (const kind of ["key", "value"]) past[`past_key_values.${layer}.${side}.${kind}`] = empty;
+    const tokens: number[] = [];
+    let next = START_TOKEN;
+    for (let step = 0; step < maxTokens; step++) {
+      const out = await this.decoder.run({
+        input_ids: new ort.Tensor("int64", BigInt64Array.of(BigInt(next)), [1, 1]),
+        encoder_hidden_states: hidden!,
+        use_cache_branch: new ort.Tensor("bool", Uint8Array.of(step > 0 ? 1 : 0), [1]),
+        ...past,
+      });
+      next = argMaxLast(out.logits!.data as Float32Array, out.logits!.dims.at(-1)!);
+      if (next === END_TOKEN) break;
+      tokens.push(next);
+      // The decoder's own cache grows every step; the cross-attention cache is computed once, at step 0.
+      for (let layer = 0; layer < LAYERS; layer++) {
+        for (const kind of ["key", "value"]) {
+          past[`past_key_values.${layer}.decoder.${kind}`] = out[`present.${layer}.decoder.${kind}`]!;
+          if (step === 0) past[`past_key_values.${layer}.encoder.${kind}`] = out[`present.${layer}.encoder.${kind}`]!;
+        }
+      }
+    }
+    // Ids past the Llama vocabulary (Moonshine pads it to 32768) are never text.
+    return llamaTokenizer
+      .decode(
+        tokens.filter((t) => t < this.vocabulary),
+        false,
+        true,
+      )
+      .trim();
+  }
+}
+
+function argMaxLast(logits: Float32Array, vocabulary: number): number {
+  const from = logits.length - vocabulary;
+  let best = from;
+  for (let i = from + 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
+  return best - from;
+}

@@ -1,0 +1,285 @@
+/**
+ * The embedded recogniser behind `whisper-1`: Moonshine base for the words, Silero for where speech
+ * is, each in a worker process of its own (one model of each per server process, loaded at start-up in
+ * the background; processes rather than threads: see recognition-worker.ts).
+ *
+ * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD, cut into speech regions of at most
+ * 20 s (speechRegions), each recognised as one segment; silence and noise give no region and so an
+ * empty transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
+ *
+ * Live audio (voice conversations), through the same workers, ahead of file work:
+ *
+ *   const vad = engine.createVad();                 // see vad.ts
+ *   const asr = engine.createIncrementalRecogniser();
+ *   asr.push(pcm);                                   // 16 kHz mono Float32 or Int16, as it arrives
+ *   const soFar = await asr.partial();               // text of the utterance so far (cached; bounded cost)
+ *   const text = await asr.finish();                 // final text of everything pushed; starts a new utterance
+ *
+ * `partial()` recognises again only once ≥ 0.5 s of new audio has arrived and at most the last 10 s;
+ * `finish()` reuses the last partial when nothing but silence came after it.
+ */
+import { availableParallelism } from "node:os";
+import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
+import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
+import { normaliseTranscript } from "./normalise.ts";
+import { type QueueLimits, WorkQueue } from "./queue.ts";
+import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } from "./recognition-worker.ts";
+import { initialVadState, VAD_FRAME, type VadState } from "./silero.ts";
+import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
+import { type Region, SpeechTracker, speechRegions, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
+import { type Priority, WorkerPool } from "./worker-pool.ts";
+
+const RATE = DECODED_SAMPLE_RATE;
+/** Silence added around each region: Moonshine misses first and last words that touch the edge. */
+const EDGE_PAD = 0.25;
+/** Live work goes ahead of file work. */
+const LIVE: Priority = 0;
+const FILE: Priority = 1;
+
+export interface MoonshineEngineOptions extends Partial<QueueLimits> {
+  /** Threads of one recognition (onnxruntime's intra-op pool). Default: every core. */
+  threads?: number;
+}
+
+export class MoonshineEngine implements TranscriptionEngine {
+  readonly languages: readonly string[] = ["en"];
+  readonly wordTimestamps = false;
+  private readonly queue: WorkQueue;
+  private readonly threads: number;
+  private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
+  private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
+  private loading: Promise<void> | undefined;
+  /** Milliseconds from `start()` until both models were loaded. */
+  loadMs: number | undefined;
+
+  constructor(options: MoonshineEngineOptions = {}) {
+    this.threads = options.threads ?? availableParallelism();
+    this.queue = new WorkQueue({ concurrency: options.concurrency ?? 2, maxQueued: options.maxQueued ?? 16 });
+  }
+
+  /** Starts loading both models in their workers (once); resolves when they are ready. */
+  start(): Promise<void> {
+    if (!this.loading) {
+      const started = performance.now();
+      const script = new URL("./recognition-worker.ts", import.meta.url);
+      const moonshine: RecognitionWorkerData = { model: "moonshine", threads: this.threads };
+      const silero: RecognitionWorkerData = { model: "silero" };
+      this.recogniserPool = new WorkerPool({ script, workerData: moonshine, size: 1, name: "recogniser", isolation: "process" });
+      this.vadPool = new WorkerPool({ script, workerData: silero, size: 1, name: "voice activity", isolation: "process" });
+      this.loading = Promise.all([this.recogniserPool.ready(), this.vadPool.ready()]).then(() => {
+        this.loadMs = performance.now() - started;
+      });
+      this.loading.catch(() => {});
+    }
+    return this.loading;
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([this.recogniserPool?.close(), this.vadPool?.close()]);
+  }
+
+  /** The words of 16 kHz mono audio (one utterance of at most ~20 s), as the model writes them. */
+  async recognise(audio: Float32Array, priority: Priority = FILE): Promise<string> {
+    await this.start();
+    const padded = new Float32Array(audio.length + 2 * EDGE_PAD * RATE);
+    padded.set(audio, EDGE_PAD * RATE);
+    const result = await this.recogniserPool!.run({ op: "transcribe", audio: padded }, { priority, transfer: [padded.buffer] });
+    if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
+    return result.text;
+  }
+
+  /** Speech probabilities of each whole 512-sample frame of `audio`, continuing from `state`. */
+  async vadFrames(audio: Float32Array, state: VadState, priority: Priority = FILE): Promise<{ probabilities: Float32Array; state: VadState }> {
+    await this.start();
+    const result = await this.vadPool!.run({ op: "vad", audio, state }, { priority });
+    if (result.op !== "vad") throw new Error("the voice activity detector answered another job");
+    return result;
+  }
+
+  transcribe(o: TranscribeOptions, progress: TranscribeProgress = {}): Promise<Transcript> {
+    if (o.language !== undefined && !this.languages.includes(o.language.toLowerCase()))
+      return Promise.reject(new UnsupportedLanguageError(o.language, this.languages));
+    if (!this.queue.accepts()) return Promise.reject(new EngineBusyError("the transcription engine is busy; try again shortly"));
+    return this.queue.run(() => this.run(o, progress), o.signal);
+  }
+
+  private async run(o: TranscribeOptions, progress: TranscribeProgress): Promise<Transcript> {
+    if (o.signal?.aborted) throw abortReason(o.signal);
+    // Bounded in duration and CPU time, in memory (decode.ts).
+    const decoded = await decodeAudio(o.audio, {
+      ...(o.maxSeconds !== undefined ? { maxSeconds: o.maxSeconds } : {}),
+      ...(o.signal ? { signal: o.signal } : {}),
+    });
+    if (decoded.sampleRate !== RATE) throw new Error("the decoder's rate is not the recogniser's");
+    const audio = decoded.samples;
+    const duration = audio.length / RATE;
+    const usable = audio.length - (audio.length % VAD_FRAME);
+    const { probabilities } = await this.vadFrames(audio.slice(0, usable), initialVadState());
+    if (o.signal?.aborted) throw abortReason(o.signal);
+    progress.onStart?.(duration);
+    const segments: TranscriptSegment[] = [];
+    for (const region of speechRegions(probabilities, duration)) {
+      const text = normaliseTranscript(await this.recognise(slice(audio, region)));
+      if (o.signal?.aborted) throw abortReason(o.signal);
+      if (!text) continue;
+      const segment = { id: segments.length, start: round(region.start), end: round(region.end), text };
+      segments.push(segment);
+      progress.onSegment?.(segment);
+    }
+    return { language: "en", duration, text: segments.map((s) => s.text).join(" "), segments };
+  }
+
+  /** A voice activity detector for one live stream (see vad.ts). */
+  createVad(options: VadOptions = {}): LiveVad {
+    return new LiveVad(this, options);
+  }
+
+  /** A recogniser for one live stream (see the top of this file). */
+  createIncrementalRecogniser(): IncrementalRecogniser {
+    return new IncrementalRecogniser(this);
+  }
+}
+
+/** Voice activity over live audio: frames are scored in the VAD worker, ahead of file work. */
+export class LiveVad {
+  private readonly engine: MoonshineEngine;
+  private readonly tracker: SpeechTracker;
+  private state = initialVadState();
+  private rest = new Float32Array(0);
+
+  constructor(engine: MoonshineEngine, options: VadOptions) {
+    this.engine = engine;
+    this.tracker = new SpeechTracker(options);
+  }
+
+  /** Whether speech is going on. */
+  get speaking(): boolean {
+    return this.tracker.speaking;
+  }
+
+  /** Adds 16 kHz mono audio; the speech that started or ended in it. Do not overlap calls. */
+  async push(pcm: Float32Array | Int16Array): Promise<VadEvent[]> {
+    const audio = concat(this.rest, toFloat32(pcm));
+    const usable = audio.length - (audio.length % VAD_FRAME);
+    this.rest = audio.slice(usable);
+    if (usable === 0) return [];
+    const { probabilities, state } = await this.engine.vadFrames(audio.slice(0, usable), this.state, LIVE);
+    this.state = state;
+    return this.tracker.push(probabilities);
+  }
+
+  /** The end of speech still going on, for a stream that stops. */
+  flush(): VadEvent[] {
+    return this.tracker.flush();
+  }
+}
+
+/** Partial text is recognised again only once this much new audio arrived. */
+const PARTIAL_STEP = 0.5;
+/** Partial text covers at most this much of the latest audio. */
+const PARTIAL_WINDOW = 10;
+/** Below this RMS (of 1) new audio is silence for `finish()`'s reuse of the last partial. */
+const SILENCE_RMS = 0.01;
+const MAX_UTTERANCE = 20;
+
+export class IncrementalRecogniser {
+  private readonly engine: MoonshineEngine;
+  private chunks: Float32Array[] = [];
+  private samples = 0;
+  private last: { samples: number; text: string } | undefined;
+  private running: Promise<string> | undefined;
+  private runningSamples = 0;
+
+  constructor(engine: MoonshineEngine) {
+    this.engine = engine;
+  }
+
+  /** Seconds of audio in the current utterance. */
+  get duration(): number {
+    return this.samples / RATE;
+  }
+
+  /** Adds 16 kHz mono audio to the current utterance. */
+  push(pcm: Float32Array | Int16Array): void {
+    const audio = pcm instanceof Float32Array ? pcm.slice() : toFloat32(pcm);
+    this.chunks.push(audio);
+    this.samples += audio.length;
+  }
+
+  /** The text of the utterance so far: recognised again at most every 0.5 s of audio, over at most the last 10 s. */
+  partial(): Promise<string> {
+    if (this.running) return this.running;
+    if (this.last && this.samples - this.last.samples < PARTIAL_STEP * RATE) return Promise.resolve(this.last.text);
+    const audio = this.audio();
+    const window = audio.subarray(Math.max(0, audio.length - PARTIAL_WINDOW * RATE));
+    return this.recognise(window, audio.length);
+  }
+
+  /** The final text of everything pushed since the last `finish()`; the next push starts a new utterance. */
+  async finish(): Promise<string> {
+    const audio = this.audio();
+    this.chunks = [];
+    this.samples = 0;
+    const last = this.last;
+    this.last = undefined;
+    const running = this.running;
+    const runningSamples = this.runningSamples;
+    this.running = undefined;
+    // A partial of everything but trailing silence is the final text already.
+    if (running && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(runningSamples))) return running;
+    if (running) await running.catch(() => {});
+    if (last && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(last.samples))) return last.text;
+    const parts: string[] = [];
+    for (let at = 0; at < audio.length; at += MAX_UTTERANCE * RATE) {
+      const text = normaliseTranscript(await this.engine.recognise(audio.slice(at, at + MAX_UTTERANCE * RATE), LIVE));
+      if (text) parts.push(text);
+    }
+    return parts.join(" ");
+  }
+
+  private recognise(window: Float32Array, samples: number): Promise<string> {
+    this.runningSamples = samples;
+    const job = this.engine
+      .recognise(window.slice(), LIVE)
+      .then((raw) => {
+        const text = normaliseTranscript(raw);
+        // A finish() may have started a new utterance meanwhile; this text belongs to the old one.
+        if (this.running === job) this.last = { samples, text };
+        return text;
+      })
+      .finally(() => {
+        if (this.running === job) this.running = undefined;
+      });
+    this.running = job;
+    return job;
+  }
+
+  private audio(): Float32Array {
+    if (this.chunks.length !== 1) this.chunks = [concat(...this.chunks)];
+    return this.chunks[0]!;
+  }
+}
+
+function quiet(audio: Float32Array): boolean {
+  let sum = 0;
+  for (const x of audio) sum += x * x;
+  return audio.length === 0 || Math.sqrt(sum / audio.length) < SILENCE_RMS;
+}
+
+function concat(...parts: Float32Array[]): Float32Array {
+  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+function slice(audio: Float32Array, region: Region): Float32Array {
+  return audio.slice(Math.floor(region.start * RATE), Math.ceil(region.end * RATE));
+}
+
+function round(seconds: number): number {
+  return Math.round(seconds * 100) / 100;
+}

@@ -1,0 +1,48 @@
+/**
+ * A child process holding one model — Moonshine (recognition) or Silero (voice activity) — loaded
+ * once when it starts; it then runs one job at a time for a WorkerPool (worker-pool.ts). A process,
+ * not a thread: onnxruntime-node aborts the whole process when a thread holding a session is
+ * terminated (as at the server's exit), and a crash here must never take the server down.
+ */
+import { MoonshineModel } from "./moonshine.ts";
+import { SileroVad, type VadState } from "./silero.ts";
+import type { PoolJob, PoolMessage } from "./worker-pool.ts";
+
+export type RecognitionWorkerData = { model: "moonshine"; threads: number } | { model: "silero" };
+
+export type RecognitionRequest = { op: "transcribe"; audio: Float32Array } | { op: "vad"; audio: Float32Array; state: VadState };
+
+export type RecognitionResult = { op: "transcribe"; text: string; ms: number } | { op: "vad"; probabilities: Float32Array; state: VadState };
+
+const data = JSON.parse(process.env.PERCH_WORKER_DATA ?? "null") as RecognitionWorkerData;
+const post = (message: PoolMessage<RecognitionResult>) => process.send?.(message);
+// The server is gone (exited, killed): so is this process.
+process.on("disconnect", () => process.exit(0));
+
+try {
+  const moonshine = data.model === "moonshine" ? await MoonshineModel.load({ threads: data.threads }) : undefined;
+  const silero = data.model === "silero" ? await SileroVad.load() : undefined;
+  process.on("message", (message) => {
+    const job = message as PoolJob<RecognitionRequest>;
+    void (async () => {
+      try {
+        const r = job.request;
+        if (r.op === "transcribe") {
+          if (!moonshine) throw new Error("this worker holds no recogniser");
+          const started = performance.now();
+          const text = await moonshine.transcribe(r.audio);
+          post({ type: "done", id: job.id, result: { op: "transcribe", text, ms: performance.now() - started } });
+        } else {
+          if (!silero) throw new Error("this worker holds no voice activity detector");
+          const { probabilities, state } = await silero.probabilities(r.audio, r.state);
+          post({ type: "done", id: job.id, result: { op: "vad", probabilities, state } });
+        }
+      } catch (error) {
+        post({ type: "error", id: job.id, error: error instanceof Error ? error.message : String(error) });
+      }
+    })();
+  });
+  post({ type: "ready" });
+} catch (error) {
+  post({ type: "failed", error: error instanceof Error ? error.message : String(error) });
+}

@@ -1,0 +1,149 @@
+/**
+ * Voice activity detection: turns Silero's per-frame speech probabilities (32 ms frames at 16 kHz)
+ * into speech that starts and ends.
+ *
+ * Live audio (the turn detector of voice conversations):
+ *
+ *   const vad = engine.createVad({ minSilenceMs: 500 });
+ *   for (const e of await vad.push(pcm)) {   // 16 kHz mono, Float32 (-1..1) or Int16, any length
+ *     if (e.type === "start") …               // e.at: seconds from the first sample pushed
+ *     if (e.type === "end") …                 // e.start, e.at: the speech's bounds
+ *   }
+ *   vad.flush();                              // the end of speech still open when the audio stops, if any
+ *
+ * Calls to `push` must not overlap (await each one). Frames are scored in the engine's VAD worker,
+ * so pushing costs the event loop only the copy.
+ *
+ * Files: `speechRegions(probabilities)` gives the stretches to recognise (see MoonshineEngine).
+ */
+import { VAD_FRAME } from "./silero.ts";
+
+export const VAD_SAMPLE_RATE = 16_000;
+export const FRAME_SECONDS = VAD_FRAME / VAD_SAMPLE_RATE;
+
+export interface VadOptions {
+  /** A frame at or above this probability is speech. Default 0.5 (Silero's). */
+  threshold?: number;
+  /** Silence this long ends speech. Default 300 ms. */
+  minSilenceMs?: number;
+  /** Speech shorter than this (a click, a cough) is ignored. Default 150 ms. */
+  minSpeechMs?: number;
+}
+
+export type VadEvent = { type: "start"; at: number } | { type: "end"; start: number; at: number };
+
+/** Silero's hysteresis: speech goes on until the probability falls this far below the threshold. */
+const HYSTERESIS = 0.15;
+
+/**
+ * The state machine over frame probabilities. `start` is reported once speech has lasted
+ * `minSpeechMs` (with the time it began); `end` once silence has lasted `minSilenceMs` (with the
+ * time the silence began).
+ */
+export class SpeechTracker {
+  private readonly threshold: number;
+  private readonly minSilenceFrames: number;
+  private readonly minSpeechFrames: number;
+  private frame = 0;
+  /** Frame where candidate or confirmed speech began. */
+  private speechStart: number | undefined;
+  private confirmed = false;
+  /** First frame of the silence that may end the speech. */
+  private silenceStart: number | undefined;
+
+  constructor(o: VadOptions = {}) {
+    this.threshold = o.threshold ?? 0.5;
+    this.minSilenceFrames = Math.max(1, Math.round((o.minSilenceMs ?? 300) / 1000 / FRAME_SECONDS));
+    this.minSpeechFrames = Math.max(1, Math.round((o.minSpeechMs ?? 150) / 1000 / FRAME_SECONDS));
+  }
+
+  /** Whether speech is going on (confirmed and not yet ended). */
+  get speaking(): boolean {
+    return this.confirmed;
+  }
+
+  push(probabilities: ArrayLike<number>): VadEvent[] {
+    const events: VadEvent[] = [];
+    for (let i = 0; i < probabilities.length; i++, this.frame++) {
+      const p = probabilities[i]!;
+      if (this.speechStart === undefined) {
+        if (p >= this.threshold) this.speechStart = this.frame;
+        continue;
+      }
+      if (p >= this.threshold) this.silenceStart = undefined;
+      else if (p < this.threshold - HYSTERESIS) this.silenceStart ??= this.frame;
+      if (!this.confirmed && this.silenceStart === undefined && this.frame + 1 - this.speechStart >= this.minSpeechFrames) {
+        this.confirmed = true;
+        events.push({ type: "start", at: this.speechStart * FRAME_SECONDS });
+      }
+      if (this.silenceStart !== undefined && (this.frame + 1 - this.silenceStart >= this.minSilenceFrames || !this.confirmed)) {
+        // Candidate speech that fell silent before it lasted is dropped at once.
+        if (this.confirmed) events.push({ type: "end", start: this.speechStart * FRAME_SECONDS, at: this.silenceStart * FRAME_SECONDS });
+        this.speechStart = undefined;
+        this.silenceStart = undefined;
+        this.confirmed = false;
+      }
+    }
+    return events;
+  }
+
+  /** Ends speech still going on at the last frame. */
+  flush(): VadEvent[] {
+    const events: VadEvent[] = [];
+    if (this.confirmed && this.speechStart !== undefined)
+      events.push({ type: "end", start: this.speechStart * FRAME_SECONDS, at: (this.silenceStart ?? this.frame) * FRAME_SECONDS });
+    this.speechStart = undefined;
+    this.silenceStart = undefined;
+    this.confirmed = false;
+    return events;
+  }
+}
+
+/** Seconds. */
+export interface Region {
+  start: number;
+  end: number;
+}
+
+/** Silence left around speech, so that the recogniser hears each word's onset and decay. */
+const REGION_PAD = 0.2;
+/** Moonshine is trained on utterances up to ~30 s and is best on shorter ones. */
+const MAX_REGION = 20;
+/** A region longer than MAX_REGION is cut at its least speech-like frame past this length. */
+const MIN_CUT = 8;
+
+/**
+ * The stretches of a file to recognise: speech as the tracker finds it (with `minSilenceMs` 200 ms:
+ * a pause between sentences), padded, and cut at the quietest frame when longer than 20 s.
+ */
+export function speechRegions(probabilities: Float32Array, duration: number, o: VadOptions = {}): Region[] {
+  const tracker = new SpeechTracker({ minSilenceMs: 200, ...o });
+  const spans: Region[] = [];
+  for (const e of [...tracker.push(probabilities), ...tracker.flush()]) if (e.type === "end") spans.push({ start: e.start, end: e.at });
+  const regions: Region[] = [];
+  for (const [i, s] of spans.entries()) {
+    // Padding never reaches past half the gap to a neighbour.
+    const before = i > 0 ? Math.min(REGION_PAD, (s.start - spans[i - 1]!.end) / 2) : REGION_PAD;
+    const after = i < spans.length - 1 ? Math.min(REGION_PAD, (spans[i + 1]!.start - s.end) / 2) : REGION_PAD;
+    let start = Math.max(0, s.start - before);
+    const end = Math.min(duration, s.end + after);
+    while (end - start > MAX_REGION) {
+      const from = Math.ceil((start + MIN_CUT) / FRAME_SECONDS);
+      const to = Math.floor((start + MAX_REGION) / FRAME_SECONDS);
+      let cut = to;
+      for (let f = from; f < to; f++) if (probabilities[f]! < probabilities[cut]!) cut = f;
+      regions.push({ start, end: cut * FRAME_SECONDS });
+      start = cut * FRAME_SECONDS;
+    }
+    if (end > start) regions.push({ start, end });
+  }
+  return regions;
+}
+
+/** 16-bit samples to -1..1 floats. */
+export function toFloat32(pcm: Float32Array | Int16Array): Float32Array {
+  if (pcm instanceof Float32Array) return pcm;
+  const out = new Float32Array(pcm.length);
+  for (let i = 0; i < pcm.length; i++) out[i] = pcm[i]! / 32768;
+  return out;
+}

@@ -1,0 +1,249 @@
+import { type ChildProcess, fork } from "node:child_process";
+import { type Transferable, Worker } from "node:worker_threads";
+
+/**
+ * What a pooled worker says: once `ready` (its model is loaded) or `failed` (it never will be),
+ * then one `done` or `error` per job, in any order.
+ */
+export type PoolMessage<Res> =
+  | { type: "ready" }
+  | { type: "failed"; error: string }
+  | { type: "done"; id: number; result: Res }
+  | { type: "error"; id: number; error: string };
+
+/** What a pooled worker receives: one job at a time. */
+export interface PoolJob<Req> {
+  id: number;
+  request: Req;
+}
+
+export interface WorkerPoolOptions {
+  /** The worker's module. */
+  script: URL;
+  /** Passed to every worker as `workerData`. */
+  workerData?: unknown;
+  /** Workers started; each runs one job at a time. */
+  size: number;
+  /** A name for error messages ("flite", "recogniser"). */
+  name: string;
+  /**
+   * Where each worker runs: a thread (the default), or a child process for native code that must
+   * not take the server down with it (onnxruntime aborts the whole process when a thread holding
+   * a session is terminated). A process worker reads its data from PERCH_WORKER_DATA (JSON).
+   */
+  isolation?: "thread" | "process";
+}
+
+/** What the pool needs of a worker thread or a child process. */
+interface Runner {
+  post(message: unknown, transfer: Transferable[]): void;
+  onMessage(listener: (message: unknown) => void): void;
+  /** Called once, however the runner ended. */
+  onGone(listener: (error: Error) => void): void;
+  ref(): void;
+  unref(): void;
+  terminate(): Promise<void>;
+}
+
+function threadRunner(options: WorkerPoolOptions): Runner {
+  const worker = new Worker(options.script, { workerData: options.workerData });
+  return {
+    post: (message, transfer) => worker.postMessage(message, transfer),
+    onMessage: (listener) => worker.on("message", listener),
+    onGone: (listener) => {
+      worker.on("error", listener);
+      worker.on("exit", (code) => listener(new Error(`the ${options.name} worker exited with code ${code}`)));
+    },
+    ref: () => worker.ref(),
+    unref: () => worker.unref(),
+    terminate: async () => {
+      await worker.terminate();
+    },
+  };
+}
+
+function processRunner(options: WorkerPoolOptions): Runner {
+  const child: ChildProcess = fork(options.script, [], {
+    // Structured clone: typed arrays cross as they are.
+    serialization: "advanced",
+    env: { ...process.env, PERCH_WORKER_DATA: JSON.stringify(options.workerData ?? null) },
+    stdio: ["ignore", "inherit", "inherit", "ipc"],
+  });
+  const channel = () => child.channel as { ref(): void; unref(): void } | null | undefined;
+  return {
+    post: (message) => {
+      if (child.connected) child.send(message as object);
+    },
+    onMessage: (listener) => child.on("message", listener),
+    onGone: (listener) => {
+      child.on("error", listener);
+      child.on("exit", (code, signal) => listener(new Error(`the ${options.name} process exited with ${signal ?? `code ${code}`}`)));
+    },
+    ref: () => {
+      child.ref();
+      channel()?.ref();
+    },
+    unref: () => {
+      child.unref();
+      channel()?.unref();
+    },
+    terminate: async () => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise((resolve) => child.once("exit", resolve));
+      child.kill("SIGKILL");
+      await exited;
+    },
+  };
+}
+
+/** Lower runs first; within a priority, first come first served. */
+export type Priority = 0 | 1;
+
+interface Pending<Res> {
+  id: number;
+  request: unknown;
+  transfer: Transferable[];
+  priority: Priority;
+  resolve: (result: Res) => void;
+  reject: (error: Error) => void;
+}
+
+interface Slot<Res> {
+  worker: Runner;
+  ready: boolean;
+  job: Pending<Res> | undefined;
+}
+
+/**
+ * Worker threads that each load something once (a model, a WebAssembly module) and then run jobs
+ * one at a time. Every worker is started with the pool; jobs wait in a backlog ordered by
+ * priority. The rules on failure are the same for every use:
+ * - a worker that dies (crash, `process.exit`, uncaught error) fails only the job it was running,
+ *   and a new worker takes its place;
+ * - a worker that reports `failed` while loading fails the pool: every waiting and later job is
+ *   rejected with that error (a model that cannot load will not load on the next try either).
+ * The backlog is not bounded here: callers bound it (see WorkQueue) before they add to it.
+ */
+export class WorkerPool<Req, Res> {
+  private readonly options: WorkerPoolOptions;
+  private readonly slots: Slot<Res>[] = [];
+  private readonly backlog: Pending<Res>[] = [];
+  private nextId = 1;
+  private failure: Error | undefined;
+  private closed = false;
+  private readyCount = 0;
+  private readonly readyWaiters: Array<{ resolve: () => void; reject: (e: Error) => void }> = [];
+  /** Workers replaced after dying, since the pool started. */
+  restarts = 0;
+
+  constructor(options: WorkerPoolOptions) {
+    if (!(options.size >= 1)) throw new RangeError("a worker pool needs at least one worker");
+    this.options = options;
+    for (let i = 0; i < options.size; i++) this.spawn();
+  }
+
+  /** Resolves once every worker has loaded; rejects when one cannot. */
+  ready(): Promise<void> {
+    if (this.failure) return Promise.reject(this.failure);
+    if (this.readyCount >= this.options.size) return Promise.resolve();
+    return new Promise((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
+  }
+
+  /** Jobs waiting for a worker. */
+  get waiting(): number {
+    return this.backlog.length;
+  }
+
+  run(request: Req, options: { priority?: Priority; transfer?: Transferable[] } = {}): Promise<Res> {
+    if (this.failure) return Promise.reject(this.failure);
+    if (this.closed) return Promise.reject(new Error(`the ${this.options.name} pool is closed`));
+    return new Promise<Res>((resolve, reject) => {
+      const job: Pending<Res> = { id: this.nextId++, request, transfer: options.transfer ?? [], priority: options.priority ?? 1, resolve, reject };
+      // After the last job of the same or a more urgent priority.
+      let at = this.backlog.length;
+      while (at > 0 && this.backlog[at - 1]!.priority > job.priority) at--;
+      this.backlog.splice(at, 0, job);
+      this.dispatch();
+    });
+  }
+
+  /** Stops every worker; waiting jobs are rejected. */
+  async close(): Promise<void> {
+    this.closed = true;
+    const error = new Error(`the ${this.options.name} pool is closed`);
+    for (const job of this.backlog.splice(0)) job.reject(error);
+    await Promise.all(this.slots.splice(0).map((s) => s.worker.terminate()));
+  }
+
+  private dispatch(): void {
+    for (const slot of this.slots) {
+      if (this.backlog.length === 0) return;
+      if (!slot.ready || slot.job) continue;
+      const job = this.backlog.shift()!;
+      slot.job = job;
+      // Keep the process alive while a job is out; an idle pool must not.
+      slot.worker.ref();
+      slot.worker.post({ id: job.id, request: job.request } satisfies PoolJob<unknown>, job.transfer);
+    }
+  }
+
+  private spawn(): void {
+    if (this.closed || this.failure) return;
+    const worker = this.options.isolation === "process" ? processRunner(this.options) : threadRunner(this.options);
+    const slot: Slot<Res> = { worker, ready: false, job: undefined };
+    this.slots.push(slot);
+    worker.unref();
+    let gone = false;
+    worker.onMessage((raw) => {
+      const message = raw as PoolMessage<Res>;
+      if (message.type === "ready") {
+        slot.ready = true;
+        this.readyCount++;
+        if (this.readyCount >= this.options.size) for (const w of this.readyWaiters.splice(0)) w.resolve();
+        this.dispatch();
+        return;
+      }
+      if (message.type === "failed") {
+        this.fail(new Error(`the ${this.options.name} worker could not start: ${message.error}`));
+        return;
+      }
+      const job = slot.job;
+      if (!job || job.id !== message.id) return;
+      slot.job = undefined;
+      worker.unref();
+      if (message.type === "done") job.resolve(message.result);
+      else job.reject(new Error(message.error));
+      this.dispatch();
+    });
+    const died = (error: Error) => {
+      if (gone) return;
+      gone = true;
+      const i = this.slots.indexOf(slot);
+      if (i >= 0) this.slots.splice(i, 1);
+      if (slot.ready) this.readyCount--;
+      const job = slot.job;
+      slot.job = undefined;
+      job?.reject(error);
+      if (this.closed || this.failure) return;
+      // A worker that died before it was ever ready would die again: the pool has failed.
+      if (!slot.ready) {
+        this.fail(new Error(`the ${this.options.name} worker could not start: ${error.message}`));
+        return;
+      }
+      this.restarts++;
+      this.spawn();
+    };
+    worker.onGone(died);
+  }
+
+  private fail(error: Error): void {
+    if (this.failure) return;
+    this.failure = error;
+    for (const w of this.readyWaiters.splice(0)) w.reject(error);
+    for (const job of this.backlog.splice(0)) job.reject(error);
+    for (const slot of this.slots.splice(0)) {
+      slot.job?.reject(error);
+      slot.worker.terminate().catch(() => {});
+    }
+  }
+}

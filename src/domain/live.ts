@@ -1,0 +1,393 @@
+import { topics } from "../events/index.ts";
+import type { PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts";
+import type { DomainContext } from "./context.ts";
+import { DomainError } from "./errors.ts";
+import type { DeviceMessage, PeerMessage } from "./events.ts";
+import type { PeerService } from "./peers.ts";
+import type { SideControlPrincipal } from "./principal.ts";
+
+export const MAX_STREAMS_PER_SESSION = 4;
+/** Telemetry events of one device go out at most this often (values in between are batched). */
+export const TELEMETRY_BATCH_MS = 250;
+export const KEEP_ALIVE_MS = 15_000;
+/** How often a device's runtime is read again while streams watch it (a node that died stops refreshing it). */
+const RUNTIME_RECHECK_MS = 15_000;
+
+export type TelemetryValue = { field: TelemetryField; value: number; observed_at_unix_ms: number };
+
+/** One event of `GET /side-control/events`. */
+export type LiveEvent =
+  | { event: "status"; data: PeerStatus }
+  | { event: "runtime"; data: Runtime }
+  | { event: "telemetry"; data: { values: TelemetryValue[] } }
+  | { event: "contacts"; data: { name: string; change: "created" | "updated" | "deleted" } }
+  | { event: "session"; data: { state: "revoked" | "expired" } };
+
+/** Where a stream's events go (the HTTP response). Events handed out may be shared between streams: never mutate them. */
+export interface LiveSink {
+  event(e: LiveEvent): void;
+  keepAlive(): void;
+  /** The stream is over: end the response. Called once. */
+  end(): void;
+}
+
+export interface LiveOptions {
+  keepAliveMs?: number;
+}
+
+/**
+ * The live half of Side Control: streams of a device's changes for its controllers. Each node
+ * keeps one bus subscription per watched device (a `DeviceHub`) shared by the streams of that
+ * device on this node, so a status or runtime read happens once per change, not once per stream.
+ * Streams also end on their session's revocation (bus) or expiry (clock), on an operator blocking
+ * or removing either peer, and when the node shuts down.
+ */
+export class LiveService {
+  private readonly ctx: DomainContext;
+  private readonly peers: PeerService;
+  private readonly hubs = new Map<string, DeviceHub>();
+  private readonly streams = new Set<LiveStream>();
+  private readonly perSession = new Map<string, number>();
+  private readonly keepAliveMs: number;
+  private ticker: NodeJS.Timeout | undefined;
+  private unsubscribePeers: (() => void) | undefined;
+
+  constructor(ctx: DomainContext, peers: PeerService, o: LiveOptions = {}) {
+    this.ctx = ctx;
+    this.peers = peers;
+    this.keepAliveMs = o.keepAliveMs ?? KEEP_ALIVE_MS;
+  }
+
+  /** Open streams on this node (for metrics and tests). */
+  get size(): number {
+    return this.streams.size;
+  }
+
+  /**
+   * Opens a stream for a Side Control session: the current status and runtime first, then changes.
+   * 429 `RATE_LIMITED` when the session already has 4 open streams on this node.
+   */
+  async open(principal: SideControlPrincipal, sink: LiveSink): Promise<{ close(): void }> {
+    const open = this.perSession.get(principal.sessionId) ?? 0;
+    if (open >= MAX_STREAMS_PER_SESSION) {
+      throw new DomainError("rate_limited", "RATE_LIMITED", `at most ${MAX_STREAMS_PER_SESSION} event streams may be open per session`, undefined, 1);
+    }
+    this.perSession.set(principal.sessionId, open + 1);
+    this.start();
+    const hub = this.hub(principal.targetKey);
+    const stream = new LiveStream(principal, sink, () => this.forget(stream, hub));
+    this.streams.add(stream);
+    hub.add(stream);
+    stream.unsubscribeSession = this.ctx.events.bus.subscribe(topics.session(principal.sessionId), {
+      message: (m) => {
+        if (m.kind === "revoked") stream.finish("revoked");
+      },
+    });
+    try {
+      // Subscribed before reading: a change committed meanwhile is queued and follows the snapshot.
+      const [status, runtime] = await Promise.all([this.peers.status(principal.targetKey), this.peers.runtime(principal.targetKey)]);
+      stream.begin(status, runtime);
+    } catch (err) {
+      stream.finish(undefined);
+      throw err;
+    }
+    return { close: () => stream.finish(undefined) };
+  }
+
+  /** Ends every stream (the node is shutting down); clients reconnect to a node that runs. */
+  close(): void {
+    for (const s of [...this.streams]) s.finish(undefined);
+    this.stop();
+  }
+
+  private hub(key: string): DeviceHub {
+    let hub = this.hubs.get(key);
+    if (!hub) {
+      hub = new DeviceHub(key, this.ctx, this.peers);
+      this.hubs.set(key, hub);
+    }
+    return hub;
+  }
+
+  private forget(stream: LiveStream, hub: DeviceHub): void {
+    this.streams.delete(stream);
+    stream.unsubscribeSession?.();
+    const left = (this.perSession.get(stream.principal.sessionId) ?? 1) - 1;
+    if (left > 0) this.perSession.set(stream.principal.sessionId, left);
+    else this.perSession.delete(stream.principal.sessionId);
+    if (hub.remove(stream)) this.hubs.delete(hub.key);
+    if (this.streams.size === 0) this.stop();
+  }
+
+  private start(): void {
+    if (this.ticker) return;
+    this.ticker = setInterval(() => this.tick(), Math.min(1_000, Math.max(50, Math.floor(this.keepAliveMs / 3))));
+    this.ticker.unref();
+    this.unsubscribePeers = this.ctx.events.bus.subscribe(topics.peers, {
+      message: (m) => this.peerChanged(m as PeerMessage),
+      // Messages were missed while the bus was down: sessions and peers are checked again.
+      gap: () => {
+        for (const s of this.streams) this.recheck(s);
+      },
+    });
+  }
+
+  private stop(): void {
+    clearInterval(this.ticker);
+    this.ticker = undefined;
+    this.unsubscribePeers?.();
+    this.unsubscribePeers = undefined;
+  }
+
+  private tick(): void {
+    const now = this.ctx.clock.now();
+    const wall = Date.now();
+    for (const s of [...this.streams]) {
+      if (now >= s.principal.expiresAt) s.finish("expired");
+      else if (wall - s.lastWrite >= this.keepAliveMs) s.keepAlive();
+    }
+    for (const hub of this.hubs.values()) hub.tick(wall);
+  }
+
+  private peerChanged(m: PeerMessage): void {
+    if (m.kind === "unblocked") return;
+    for (const s of [...this.streams]) {
+      if (s.principal.targetKey !== m.key && s.principal.publicKey !== m.key) continue;
+      // A removed peer's sessions are deleted with it; a blocked one's are refused from now on
+      // (403 `PEER_BLOCKED` when the client comes back).
+      s.finish(m.kind === "removed" ? "revoked" : undefined);
+    }
+  }
+
+  private recheck(s: LiveStream): void {
+    const { sessionId, targetKey, publicKey } = s.principal;
+    const now = this.ctx.clock.now();
+    this.ctx.store
+      .read(async (r) => {
+        const live = await r.sessions.listLive(now, { kind: "side_control", targetKey });
+        const [target, controller] = await Promise.all([r.peers.get(targetKey), r.peers.get(publicKey)]);
+        return { live: live.some((x) => x.id === sessionId), blocked: target?.status !== "active" || controller?.status === "blocked" };
+      })
+      .then(
+        ({ live, blocked }) => {
+          if (!live) s.finish("revoked");
+          else if (blocked) s.finish(undefined);
+        },
+        () => {},
+      );
+  }
+}
+
+/** One stream: its session's bounds and what it last sent. */
+class LiveStream {
+  readonly principal: SideControlPrincipal;
+  private readonly sink: LiveSink;
+  private readonly onEnd: () => void;
+  /** Events that came before the snapshot was sent. */
+  private queue: LiveEvent[] | undefined = [];
+  private ended = false;
+  /** When something was last written (wall clock, for keep-alives). */
+  lastWrite = Date.now();
+  private lastStatus: string | undefined;
+  private lastRuntime: string | undefined;
+  unsubscribeSession: (() => void) | undefined;
+
+  constructor(principal: SideControlPrincipal, sink: LiveSink, onEnd: () => void) {
+    this.principal = principal;
+    this.sink = sink;
+    this.onEnd = onEnd;
+  }
+
+  /** The snapshot, then what was queued while it was read. */
+  begin(status: PeerStatus, runtime: Runtime): void {
+    if (this.ended) return;
+    const queued = this.queue ?? [];
+    this.queue = undefined;
+    this.status(status, JSON.stringify(status));
+    this.runtime(runtime);
+    for (const e of queued) {
+      if (e.event === "status") this.status(e.data, JSON.stringify(e.data));
+      else if (e.event === "runtime") this.runtime(e.data);
+      else this.send(e);
+    }
+  }
+
+  /** Sent when the document differs from what this stream last sent. */
+  status(status: PeerStatus, text: string): void {
+    if (this.queue) {
+      this.queue.push({ event: "status", data: status });
+      return;
+    }
+    if (text === this.lastStatus) return;
+    this.lastStatus = text;
+    this.write({ event: "status", data: status });
+  }
+
+  /** Sent when `online` or the node differ from what this stream last sent (never for byte counters). */
+  runtime(runtime: Runtime): void {
+    if (this.queue) {
+      this.queue.push({ event: "runtime", data: runtime });
+      return;
+    }
+    const identity = `${runtime.online}:${runtime.node ?? ""}`;
+    if (identity === this.lastRuntime) return;
+    this.lastRuntime = identity;
+    this.write({ event: "runtime", data: runtime });
+  }
+
+  send(e: LiveEvent): void {
+    if (this.queue) this.queue.push(e);
+    else this.write(e);
+  }
+
+  keepAlive(): void {
+    if (this.ended || this.queue) return;
+    this.lastWrite = Date.now();
+    try {
+      this.sink.keepAlive();
+    } catch {
+      this.finish(undefined);
+    }
+  }
+
+  private write(e: LiveEvent): void {
+    if (this.ended) return;
+    this.lastWrite = Date.now();
+    try {
+      this.sink.event(e);
+    } catch {
+      this.finish(undefined);
+    }
+  }
+
+  /** Ends the stream, after a `session` event when `state` is given. */
+  finish(state: "revoked" | "expired" | undefined): void {
+    if (this.ended) return;
+    if (state) this.write({ event: "session", data: { state } });
+    this.ended = true;
+    this.queue = undefined;
+    try {
+      this.sink.end();
+    } catch {
+      // Ending twice or after the client left is harmless.
+    }
+    this.onEnd();
+  }
+}
+
+/** This node's subscription to one device's topic, shared by the streams watching the device. */
+class DeviceHub {
+  readonly key: string;
+  private readonly peers: PeerService;
+  private readonly streams = new Set<LiveStream>();
+  private readonly unsubscribe: () => void;
+  private statusVersion = Number.NEGATIVE_INFINITY;
+  private values: TelemetryValue[] = [];
+  private flushTimer: NodeJS.Timeout | undefined;
+  private lastFlush = 0;
+  private reading: { status: boolean; runtime: boolean; again: { status: boolean; runtime: boolean } } = {
+    status: false,
+    runtime: false,
+    again: { status: false, runtime: false },
+  };
+  private runtimeReadAt = 0;
+
+  constructor(key: string, ctx: DomainContext, peers: PeerService) {
+    this.key = key;
+    this.peers = peers;
+    this.runtimeReadAt = Date.now();
+    this.unsubscribe = ctx.events.bus.subscribe(topics.device(key), {
+      message: (m) => this.message(m as unknown as DeviceMessage),
+      gap: () => {
+        this.read("status");
+        this.read("runtime");
+      },
+    });
+  }
+
+  add(s: LiveStream): void {
+    this.streams.add(s);
+  }
+
+  /** True when no stream is left (the hub is then closed). */
+  remove(s: LiveStream): boolean {
+    this.streams.delete(s);
+    if (this.streams.size > 0) return false;
+    this.unsubscribe();
+    clearTimeout(this.flushTimer);
+    return true;
+  }
+
+  tick(now: number): void {
+    if (now - this.runtimeReadAt >= RUNTIME_RECHECK_MS) this.read("runtime");
+  }
+
+  private message(m: DeviceMessage): void {
+    switch (m.kind) {
+      case "status":
+        if (m.v < this.statusVersion) return;
+        this.statusVersion = m.v;
+        if (m.status) this.each((s) => s.status(m.status as PeerStatus, JSON.stringify(m.status)));
+        else this.read("status");
+        return;
+      case "runtime":
+        this.read("runtime");
+        return;
+      case "telemetry":
+        for (const [field, value, observedAt] of m.values) this.values.push({ field, value, observed_at_unix_ms: observedAt });
+        this.scheduleFlush();
+        return;
+      case "contacts": {
+        const e: LiveEvent = { event: "contacts", data: { name: m.name, change: m.change } };
+        this.each((s) => s.send(e));
+        return;
+      }
+    }
+  }
+
+  private each(fn: (s: LiveStream) => void): void {
+    for (const s of [...this.streams]) fn(s);
+  }
+
+  /** Telemetry goes out at once when none went out in the last 250 ms, else when 250 ms have passed. */
+  private scheduleFlush(): void {
+    if (this.flushTimer) return;
+    const wait = Math.max(0, this.lastFlush + TELEMETRY_BATCH_MS - Date.now());
+    this.flushTimer = setTimeout(() => this.flush(), wait);
+  }
+
+  private flush(): void {
+    this.flushTimer = undefined;
+    this.lastFlush = Date.now();
+    const values = this.values;
+    this.values = [];
+    if (values.length === 0) return;
+    const e: LiveEvent = { event: "telemetry", data: { values } };
+    this.each((s) => s.send(e));
+  }
+
+  /** Reads status or runtime from the store and offers it to every stream; one read at a time per kind. */
+  private read(kind: "status" | "runtime"): void {
+    if (this.reading[kind]) {
+      this.reading.again[kind] = true;
+      return;
+    }
+    this.reading[kind] = true;
+    if (kind === "runtime") this.runtimeReadAt = Date.now();
+    const done = () => {
+      this.reading[kind] = false;
+      if (this.reading.again[kind] && this.streams.size > 0) {
+        this.reading.again[kind] = false;
+        this.read(kind);
+      }
+    };
+    const work =
+      kind === "status"
+        ? this.peers.status(this.key).then((status) => {
+            const text = JSON.stringify(status);
+            this.each((s) => s.status(status, text));
+          })
+        : this.peers.runtime(this.key).then((runtime) => this.each((s) => s.runtime(runtime)));
+    work.then(done, done);
+  }
+}
