@@ -213,8 +213,10 @@ export const ConfigSchema = z
       .strictObject({
         /** Longest audio a transcription decodes, in seconds; longer is refused with a 400 naming the limit. */
         maxAudioSeconds: z.number().positive().max(86_400).default(600),
+        /** A client that takes none of a response's waiting bytes for this long is disconnected. */
+        writeTimeoutMs: z.number().int().min(1).max(3_600_000).default(30_000),
       })
-      .default({ maxAudioSeconds: 600 }),
+      .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000 }),
     /** The companion web app (`/app/`). */
     app: z
       .strictObject({
@@ -324,6 +326,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
   PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
+  PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 
