@@ -1,6 +1,7 @@
 import { create, toBinary } from "@bufbuild/protobuf";
 import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
+import type { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import { bindConnection } from "../http/connection.ts";
 import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
 import { encodeFrame, FrameType } from "../protocol/frames.ts";
@@ -13,7 +14,7 @@ import { AudioSender } from "./audio.ts";
 import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "./device-rpc.ts";
 import { detached } from "./guard.ts";
 import type { TransportMetrics } from "./metrics.ts";
-import { decodeTelemetry, InvalidFrame, TELEMETRY_PACKET, type TelemetryWriter } from "./telemetry.ts";
+import { decodeTelemetry, InvalidFrame, TELEMETRY_PACKET } from "./telemetry.ts";
 
 export const EVENT_STREAM_DEADLINE_MS = 10_000;
 export const MAX_SERVICE_STREAMS = 256;
@@ -250,8 +251,8 @@ export class Connection {
         if (!this.telemetryAllowance.take()) return this.host.metrics.dropped("rate_limited");
         try {
           const samples = decodeTelemetry(data.subarray(1), this.host.domain.ctx.clock.now());
-          if (this.host.telemetry.add(this.publicKey, samples)) this.host.metrics.frame();
-          else this.host.metrics.dropped("overload");
+          // The writer counts the frame: accepted once stored, or dropped by reason.
+          this.host.telemetry.add(this.publicKey, samples);
         } catch (err) {
           if (err instanceof InvalidFrame) this.host.metrics.dropped(err.reason);
           else this.host.logger.error({ err, peer: this.publicKey }, "a telemetry frame could not be taken");
