@@ -4,12 +4,14 @@ import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
 import { webrtcBench } from "./webrtc.ts";
+import { webrtcHealthBench } from "./webrtc-health.ts";
 
 const suites: Record<string, () => Promise<unknown>> = {
   public: publicBench,
   compat: compatBench,
   speech: speechBench,
   webrtc: webrtcBench,
+  "webrtc-health": webrtcHealthBench,
   outage: outageBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
