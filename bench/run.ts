@@ -3,6 +3,7 @@ import { compatBench } from "./compat.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
+import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 
 const suites: Record<string, () => Promise<unknown>> = {
@@ -11,6 +12,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   speech: speechBench,
   webrtc: webrtcBench,
   outage: outageBench,
+  voice: voiceBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
