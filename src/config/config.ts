@@ -208,8 +208,21 @@ export const ConfigSchema = z
       .strictObject({
         /** Longest audio a transcription decodes, in seconds; longer is refused with a 400 naming the limit. */
         maxAudioSeconds: z.number().positive().max(86_400).default(600),
+        /** A client that takes none of a response's waiting bytes for this long is disconnected. */
+        writeTimeoutMs: z.number().int().min(1).max(3_600_000).default(30_000),
       })
-      .default({ maxAudioSeconds: 600 }),
+      .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000 }),
+    /** The companion web app (`/app/`). */
+    app: z
+      .strictObject({
+        /** Map tiles under the GNSS track, e.g. `https://tiles.example.org/{z}/{x}/{y}.png`; none by default (the track is drawn on a plain grid, offline). */
+        tileUrl: z
+          .string()
+          .regex(/^https?:\/\/[^/\s"'<>]+\/[^\s"'<>]*$/, "must be an http(s) URL")
+          .refine((u) => ["{z}", "{x}", "{y}"].every((p) => u.includes(p)), "must contain {z}, {x} and {y}")
+          .optional(),
+      })
+      .default({}),
     providers: z.array(ProviderConfig).default([]),
     models: z.array(ModelConfig).default([]),
     agents: z.array(AgentConfig).default([]),
@@ -299,6 +312,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_SERVER_KEY_FILE: (v) => ({ serverKeyFile: v }),
   PERCH_PUBLIC_ENDPOINT: (v) => ({ publicEndpoint: v }),
   PERCH_NODE_NAME: (v) => ({ nodeName: v }),
+  PERCH_APP_TILE_URL: (v) => ({ app: { tileUrl: v } }),
   PERCH_LOG_LEVEL: (v) => ({ logLevel: v as Config["logLevel"] }),
   PERCH_TRUST_PROXY: (v) => ({ trustProxy: v }),
   PERCH_REGISTRATION_POLICY: (v) => ({ registration: { policy: v as "open" } }),
@@ -306,6 +320,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
+  PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 

@@ -10,6 +10,7 @@ import { Callers } from "./principal.ts";
 import { publicSurface } from "./public/surface.ts";
 import type { WebRtcPort } from "./public/webrtc.ts";
 import { mountSurfaces, type Surface } from "./surface.ts";
+import { webAppSurface } from "./webapp.ts";
 
 export { JSON_BODY_LIMIT } from "./public/limits.ts";
 
@@ -46,6 +47,7 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
     ...(o.surfaces?.(callers) ?? []),
     publicSurface({ domain: o.domain, callers, serverInfo: o.serverInfo, webrtc: o.webrtc }),
     opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument }),
+    webAppSurface({ tileUrl: o.domain.ctx.config.app.tileUrl }),
   ];
   mountAll(o, root, surfaces);
   return root;

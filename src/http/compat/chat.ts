@@ -2,7 +2,7 @@ import type { Hono } from "hono";
 import type { ChatService } from "../../ai/chat.ts";
 import type { ChatStream } from "../../ai/providers/provider.ts";
 import { sseError } from "../../ai/sse.ts";
-import { ChatRequest } from "../../protocol/compat.ts";
+import { parseChatRequest } from "../../protocol/compat.ts";
 import type { Metrics } from "../metrics.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, toOpenAIError } from "./errors.ts";
@@ -13,7 +13,7 @@ const ROUTE = "/chat/completions";
 export function registerChatRoute(app: Hono<CompatEnv>, chat: ChatService, metrics: Metrics): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
-    const parsed = ChatRequest.safeParse(await readJson(c));
+    const parsed = parseChatRequest(await readJson(c));
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;
     const caller = c.get("caller");

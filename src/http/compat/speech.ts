@@ -9,8 +9,11 @@ import { speechModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, readJson } from "./json.ts";
+import { readAhead } from "./read-ahead.ts";
 
 const ROUTE = "/audio/speech";
+/** Audio held for a slow client: all of 4096 characters as MP3 (~2.5 MB at speed 1) or WAV (~14 MB at speed 1); at speed 0.25 a WAV may be 50 MB, read ahead only in part. */
+export const MAX_READ_AHEAD_BYTES = 32 * 1024 * 1024;
 
 export const SpeechRequest = z.strictObject({
   model: z.string().min(1),
@@ -58,6 +61,9 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
       it = engine.synthesize({ text: r.input, voice: r.voice, format: r.response_format, speed: r.speed, signal })[Symbol.asyncIterator]();
       // The first piece is awaited before answering, so that a full queue is still a 429.
       first = await it.next();
+      // Then the rest is read ahead of the client (within a bound), so the engine's slot is freed
+      // when synthesis ends, however slowly the client reads.
+      it = readAhead(it, MAX_READ_AHEAD_BYTES);
     } catch (err) {
       const e =
         err instanceof EngineBusyError
