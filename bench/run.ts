@@ -5,12 +5,14 @@ import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
+import { webrtcHealthBench } from "./webrtc-health.ts";
 
 const suites: Record<string, () => Promise<unknown>> = {
   public: publicBench,
   compat: compatBench,
   speech: speechBench,
   webrtc: webrtcBench,
+  "webrtc-health": webrtcHealthBench,
   outage: outageBench,
   voice: voiceBench,
 };
