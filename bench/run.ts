@@ -3,6 +3,7 @@ import { compatBench } from "./compat.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
+import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcHealthBench } from "./webrtc-health.ts";
 
@@ -13,6 +14,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   webrtc: webrtcBench,
   "webrtc-health": webrtcHealthBench,
   outage: outageBench,
+  voice: voiceBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);

@@ -3,7 +3,8 @@ import { z } from "zod";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import type { ChatRouter } from "../../ai/router.ts";
-import { EngineBusyError, SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
+import { SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
+import { sseEvent } from "../../ai/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { speechModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
@@ -65,10 +66,7 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
       // when synthesis ends, however slowly the client reads.
       it = readAhead(it, MAX_READ_AHEAD_BYTES);
     } catch (err) {
-      const e =
-        err instanceof EngineBusyError
-          ? new OpenAIError(429, "The speech engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
-          : toOpenAIError(err);
+      const e = toOpenAIError(err);
       done(e.status, e.type);
       throw e;
     }
@@ -81,7 +79,7 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
             next = first ?? (await it.next());
           } catch (err) {
             done(200, "api_error");
-            if (sse) controller.enqueue(sseData({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
+            if (sse) controller.enqueue(sseEvent({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
             controller.close();
             return;
           }
@@ -89,13 +87,13 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
           if (next.done) {
             if (sse) {
               const input = Math.ceil(r.input.length / 4);
-              controller.enqueue(sseData({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }));
+              controller.enqueue(sseEvent({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }));
             }
             done(200);
             controller.close();
             return;
           }
-          controller.enqueue(sse ? sseData({ type: "speech.audio.delta", audio: Buffer.from(next.value).toString("base64") }) : next.value);
+          controller.enqueue(sse ? sseEvent({ type: "speech.audio.delta", audio: Buffer.from(next.value).toString("base64") }) : next.value);
         },
         async cancel() {
           done(499);
@@ -137,8 +135,4 @@ export function byteStream(it: AsyncIterator<Uint8Array>, done: (status: number,
     },
     { highWaterMark: 0 },
   );
-}
-
-function sseData(value: unknown): Buffer {
-  return Buffer.from(`data: ${JSON.stringify(value)}\n\n`);
 }
