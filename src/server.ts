@@ -26,6 +26,9 @@ import type { Surface } from "./http/surface.ts";
 import { Store } from "./store/index.ts";
 import { startTransport } from "./transport/start.ts";
 import type { WebRtcTransport } from "./transport/transport.ts";
+import { voiceEngines } from "./voice/engines.ts";
+import { loadResampler } from "./voice/resampler.ts";
+import { VoiceService } from "./voice/service.ts";
 
 export interface StartOptions {
   config: Config;
@@ -140,6 +143,25 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     typeof key === "string" && typeof frequency === "number" && typeof duration === "number" ? transport?.playTone(key, frequency, duration) : undefined,
   );
 
+  /** Voice conversations, when an agent may answer devices and the engines can hear and speak. */
+  const startVoice = async (): Promise<VoiceService | undefined> => {
+    if (config.agents.length === 0) return undefined;
+    const found = voiceEngines(speech, transcription);
+    if (typeof found === "string") {
+      if (config.voice.agent) logger.warn({ reason: found }, "voice conversations are off");
+      return undefined;
+    }
+    return new VoiceService({
+      config,
+      domain,
+      chat,
+      ...found,
+      resampler: await loadResampler(),
+      registry: metrics.registry,
+      logger: logger.child({ component: "voice" }),
+    });
+  };
+
   let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
   const hostPort = (host: string) => (host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`);
@@ -182,7 +204,9 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     try {
       // Stream 1 serves this same application; stream 2 the Compatible API at `/v1`.
       const compatibleApi = createSurfacesApp({ domain, logger, metrics }, (callers) => [compat("/v1")(callers)]);
+      const voice = await startVoice();
       transport = await startTransport(config, {
+        voice,
         domain,
         logger,
         registry: metrics.registry,

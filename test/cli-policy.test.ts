@@ -35,6 +35,31 @@ describe("perch command line: keys and peers", () => {
   });
   const statusOf = async (key: string) => (await store.read((r) => r.peers.get(key)))?.status;
 
+  test("peers voice sets a device's voice agent (an agent id, off, default); an unknown agent or key exits 1", async () => {
+    const config = join(dataDir, "voice.json");
+    writeFileSync(
+      config,
+      JSON.stringify({
+        providers: [{ id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" }],
+        models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "x" }],
+        agents: [{ id: "talker", model: "m" }],
+      }),
+    );
+    const venv = { ...env, PERCH_CONFIG: config };
+    const key = encodeKey(generateKeyPair().publicKey);
+    await perchJson(["peers", "add", key], venv);
+    const voiceOf = () => store.read((r) => r.peers.voiceAgent(key));
+    assert.deepEqual(await perchJson(["peers", "voice", key, "talker"], venv), { public_key: key, voice_agent: "talker" });
+    assert.equal(await voiceOf(), "talker");
+    await perchJson(["peers", "voice", key, "off"], venv);
+    assert.equal(await voiceOf(), "off");
+    await perchJson(["peers", "voice", key, "default"], venv);
+    assert.equal(await voiceOf(), null);
+    assertFails(await perch(["peers", "voice", key, "nobody"], venv), /no agent nobody in the configuration \(agents: talker\)/);
+    assertFails(await perch(["peers", "voice", encodeKey(generateKeyPair().publicKey), "off"], venv), /no registered peer/);
+    assert.equal(await voiceOf(), null);
+  });
+
   test("keygen prints a valid X25519 key pair", async () => {
     const pair = await perchJson<{ public_key: string; private_key: string }>(["keygen"], env);
     assert.deepEqual(Object.keys(pair).sort(), ["private_key", "public_key"]);

@@ -136,6 +136,21 @@ for (const entry of STORES) {
       for (const d of dirs) rmSync(d, { recursive: true, force: true });
     });
 
+    test("a peer's voice agent: null (the default) when registered, then an agent id or off; false for an unknown key", async () => {
+      const key = await newPeer();
+      assert.equal(await store.read((r) => r.peers.voiceAgent(key)), null);
+      assert.equal(await store.transaction((tx) => tx.peers.setVoiceAgent(key, "talker", 5)), true);
+      assert.equal(await (second ?? store).read((r) => r.peers.voiceAgent(key)), "talker");
+      assert.equal(await store.transaction((tx) => tx.peers.setVoiceAgent(key, "off", 6)), true);
+      assert.equal(await store.read((r) => r.peers.voiceAgent(key)), "off");
+      assert.equal((await store.read((r) => r.peers.get(key)))?.updated_at, 6);
+      assert.equal(await store.transaction((tx) => tx.peers.setVoiceAgent(key, null, 7)), true);
+      assert.equal(await store.read((r) => r.peers.voiceAgent(key)), null);
+      const unknown = newKey();
+      assert.equal(await store.transaction((tx) => tx.peers.setVoiceAgent(unknown, "off", 8)), false);
+      assert.equal(await store.read((r) => r.peers.voiceAgent(unknown)), undefined);
+    });
+
     test("migrations are idempotent: opening the same database again keeps its rows", async () => {
       const key = newKey();
       await store.transaction((tx) => tx.peers.register(peerRow(key, 5)));

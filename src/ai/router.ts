@@ -19,8 +19,8 @@ export type ProviderFactory = (p: ProviderConfig, apiKey: string | undefined) =>
 
 export const defaultProviderFactory: ProviderFactory = (p, apiKey) =>
   p.kind === "anthropic" || p.kind === "google"
-    ? new AiSdkProvider({ kind: p.kind, baseUrl: p.base_url, apiKey, timeoutMs: p.timeout_ms })
-    : new OpenAIProvider({ baseUrl: p.base_url ?? DEFAULT_BASE_URL[p.kind]!, apiKey, timeoutMs: p.timeout_ms });
+    ? new AiSdkProvider({ kind: p.kind, baseUrl: p.base_url, apiKey, timeoutMs: Math.min(p.timeout_ms, p.deadline_ms) })
+    : new OpenAIProvider({ baseUrl: p.base_url ?? DEFAULT_BASE_URL[p.kind]!, apiKey, timeoutMs: p.timeout_ms, deadlineMs: p.deadline_ms });
 
 /**
  * Calls a chat model through its provider, with retries (back-off on 429, 5xx, timeouts and broken

@@ -1,8 +1,10 @@
+import { writeFileSync } from "node:fs";
 import { create, toBinary } from "@bufbuild/protobuf";
 import type { Command } from "commander";
 import type { KeyPair } from "../crypto/keys.ts";
 import { ClientGetIdentifiersResponseSchema, ClientGetInfoResponseSchema, RpcMethod, ServerPutInfoRequestSchema } from "../protocol/gen/rpc_pb.ts";
 import type { RpcHandlers } from "../protocol/rpc.ts";
+import { wavFile } from "../sdk/voice.ts";
 import { OfferError, PerchConnection } from "../sdk/webrtc.ts";
 
 interface ConnectOptions {
@@ -15,6 +17,9 @@ interface ConnectOptions {
   emoji?: string;
   tone?: boolean;
   battery: string;
+  say?: string;
+  voice: string;
+  replyWav?: string;
 }
 
 /**
@@ -34,7 +39,11 @@ export function registerConnectCommand(device: Command, load: () => { server: st
     .option("--name <text>", "set the device's name with server.info.put")
     .option("--emoji <text>", "set the device's emoji with server.info.put")
     .option("--tone", "ask the server for a test tone and report the audio received")
+    .option("--say <text>", "speak this (synthesised) into the microphone, print the conversation's events, and leave after the reply")
+    .option("--voice <name>", "the voice --say speaks with (alloy, echo, fable, onyx, nova, shimmer)", "nova")
+    .option("--reply-wav <file>", "with --say: save what the device heard as a WAV file")
     .action(async (opts: ConnectOptions) => {
+      if (opts.replyWav && opts.say === undefined) fail("--reply-wav needs --say");
       const { server, keyPair } = load();
       const say = (what: string, detail: Record<string, unknown> = {}) =>
         process.stdout.write(`${new Date().toISOString()} ${what}${Object.keys(detail).length ? ` ${JSON.stringify(detail)}` : ""}\n`);
@@ -89,6 +98,16 @@ export function registerConnectCommand(device: Command, load: () => { server: st
         say("tone requested", { status: res.status });
         setTimeout(() => say("audio received", { ...conn.audio }), 1500);
       }
+      if (opts.say !== undefined) {
+        const heard = await converse(conn, opts.say, opts.voice, say, fail);
+        if (opts.replyWav) {
+          writeFileSync(opts.replyWav, wavFile(heard.samples, heard.rate));
+          say("reply saved", { file: opts.replyWav, seconds: Math.round((heard.samples.length / heard.rate) * 10) / 10 });
+        }
+        if (timer) clearInterval(timer);
+        conn.close();
+        process.exit(0);
+      }
       const stop = () => {
         if (timer) clearInterval(timer);
         conn.close();
@@ -102,4 +121,60 @@ export function registerConnectCommand(device: Command, load: () => { server: st
       say("disconnected");
       process.exit(0);
     });
+}
+
+/** How long `--say` waits for the turn to finish. */
+const TURN_TIMEOUT_MS = 60_000;
+
+/**
+ * Speaks `text` (synthesised with `voice`) into the microphone, prints the voice events as they
+ * come, and resolves with what the device heard once the turn's metrics arrive.
+ */
+async function converse(
+  conn: PerchConnection,
+  text: string,
+  voice: string,
+  say: (what: string, detail?: Record<string, unknown>) => void,
+  fail: (message: string) => never,
+): Promise<{ samples: Int16Array; rate: number }> {
+  const { createSpeechEngine } = await import("../ai/speech/index.ts");
+  const { loadResampler, Resampler } = await import("../voice/resampler.ts");
+  const engine = createSpeechEngine();
+  if (!engine.voices.includes(voice)) fail(`unknown voice ${voice}; voices: ${engine.voices.join(", ")}`);
+  const spoken = await engine.speak(text, voice);
+  const up = new Resampler(await loadResampler(), spoken.sampleRate, 48_000);
+  const padded = new Int16Array(spoken.samples.length + spoken.sampleRate / 10);
+  padded.set(spoken.samples);
+  const pcm = up.process(padded);
+  up.close();
+  const finished = new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(
+      () => reject(new Error(`no reply within ${TURN_TIMEOUT_MS / 1000} s (is voice.agent configured, with a chat provider?)`)),
+      TURN_TIMEOUT_MS,
+    );
+    conn.eventStream.on((e) => {
+      const p = e.payload;
+      if (!p.case) return;
+      const v = p.value as { streamId: string; label: string; text?: string; error?: { code: string; message: string } };
+      const detail: Record<string, unknown> = { stream: v.streamId, label: v.label };
+      if (v.text !== undefined) detail.text = v.label === "turn.metrics" ? JSON.parse(v.text) : v.text;
+      if (v.error) detail.error = { code: v.error.code, message: v.error.message };
+      say(`event ${p.case === "bos" ? "BOS" : p.case === "eos" ? "EOS" : p.case === "textDelta" ? "TEXT_DELTA" : "TEXT_DONE"}`, detail);
+      if (p.case === "textDone" && v.label === "turn.metrics") {
+        clearTimeout(timer);
+        // The last packets are still on their way to the speaker.
+        setTimeout(resolve, 300);
+      }
+    });
+  });
+  conn.speaker.record();
+  const mic = await conn.microphone();
+  say("speaking", { text, voice, seconds: Math.round((pcm.length / 48_000) * 10) / 10 });
+  await mic.say(pcm);
+  try {
+    await finished;
+  } catch (err) {
+    fail((err as Error).message);
+  }
+  return { samples: conn.speaker.take(), rate: conn.speaker.rate };
 }

@@ -122,6 +122,19 @@ for (const [name, blocked] of [
     );
 }
 peers
+  .command("voice <key> <agent>")
+  .description("choose the agent that converses with the device over its audio: an agent id, off, or default (voice.agent); on every node within 2 s")
+  .action((key: string, agent: string) =>
+    withDomain(async (d) => {
+      const agents = loadConfig().agents.map((a) => a.id);
+      if (agent !== "off" && agent !== "default" && !agents.includes(agent)) {
+        fail(`no agent ${agent} in the configuration (agents: ${agents.join(", ") || "none"}); use an agent id, off or default`);
+      }
+      if (!(await d.peers.setVoiceAgent(keyArg(key), agent === "default" ? null : agent))) fail(`no registered peer ${key}`);
+      print({ public_key: keyArg(key), voice_agent: agent });
+    }),
+  );
+peers
   .command("remove <key>")
   .description("remove the peer with its sessions, tokens, status, telemetry and contacts")
   .action((key: string) =>

@@ -63,7 +63,10 @@ const ProviderConfig = z.strictObject({
   base_url: z.url({ protocol: /^https?$/ }).optional(),
   /** The environment variable that holds the provider's key (never the key itself). */
   api_key_env: z.string().min(1).optional(),
+  /** Idle timeout: the longest wait for the answer to start, and between two pieces of it. */
   timeout_ms: z.number().int().min(1).max(3_600_000).default(60_000),
+  /** Overall deadline of one call, however steadily the answer trickles in. */
+  deadline_ms: z.number().int().min(1).max(3_600_000).default(600_000),
   max_retries: z.number().int().min(0).max(10).default(2),
   /** First back-off; doubled on each retry (with jitter), or the provider's `Retry-After` when shorter than 10 s. */
   retry_backoff_ms: z.number().int().min(0).max(60_000).default(250),
@@ -101,10 +104,34 @@ const ApiKeyConfig = z.strictObject({
   rate_limit: z.number().int().min(0).default(0),
 });
 
+const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
+const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, turn: TURN_DEFAULTS };
+
+/** Voice conversations over a connected device's audio (voice.md). */
+const VoiceConfig = z.strictObject({
+  /** The agent (`agents[].id`) that answers every connected device by default; absent, no device converses. */
+  agent: ID.optional(),
+  /** Speech during a reply interrupts it; devices without echo cancellation need false. */
+  barge_in: z.boolean().default(true),
+  /** Turns of history kept per conversation (in memory, for the connection's life). */
+  history_turns: z.number().int().min(1).max(200).default(20),
+  turn: z
+    .strictObject({
+      /** Voice activity shorter than this is a noise, not speech. */
+      min_speech_ms: z.number().int().min(20).max(5_000).default(200),
+      /** Silence that ends a turn. */
+      silence_ms: z.number().int().min(100).max(10_000).default(400),
+      /** A turn ends here however long the user speaks. */
+      max_ms: z.number().int().min(1_000).max(300_000).default(30_000),
+    })
+    .default(TURN_DEFAULTS),
+});
+
 export type ProviderConfig = z.infer<typeof ProviderConfig>;
 export type ModelConfig = z.infer<typeof ModelConfig>;
 export type AgentConfig = z.infer<typeof AgentConfig>;
 export type ApiKeyConfig = z.infer<typeof ApiKeyConfig>;
+export type VoiceConfig = z.infer<typeof VoiceConfig>;
 
 /** Every setting. A config file (YAML or JSON) supplies any of them; environment variables win. */
 export const ConfigSchema = z
@@ -187,11 +214,15 @@ export const ConfigSchema = z
     models: z.array(ModelConfig).default([]),
     agents: z.array(AgentConfig).default([]),
     api_keys: z.array(ApiKeyConfig).default([]),
+    voice: VoiceConfig.default(VOICE_DEFAULTS),
   })
   .superRefine(checkCatalog);
 
 /** Cross-references of the Compatible API's catalog: every id it names must exist, with the right kind. */
-function checkCatalog(c: { providers: ProviderConfig[]; models: ModelConfig[]; agents: AgentConfig[]; api_keys: ApiKeyConfig[] }, ctx: z.RefinementCtx): void {
+function checkCatalog(
+  c: { providers: ProviderConfig[]; models: ModelConfig[]; agents: AgentConfig[]; api_keys: ApiKeyConfig[]; voice: VoiceConfig },
+  ctx: z.RefinementCtx,
+): void {
   const issue = (path: (string | number)[], message: string) => ctx.addIssue({ code: "custom", path, message });
   const providers = new Map(c.providers.map((p) => [p.id, p]));
   const models = new Map(c.models.map((m) => [m.id, m]));
@@ -247,6 +278,7 @@ function checkCatalog(c: { providers: ProviderConfig[]; models: ModelConfig[]; a
     if (!model) issue(["agents", i, "model"], `unknown model ${a.model}`);
     else if (model.kind !== "chat") issue(["agents", i, "model"], `${a.model} is not a chat model`);
   });
+  if (c.voice.agent !== undefined && !c.agents.some((a) => a.id === c.voice.agent)) issue(["voice", "agent"], `unknown agent ${c.voice.agent}`);
   const ids = new Set([...models.keys(), ...c.agents.map((a) => a.id), "tts-1", "whisper-1"]);
   c.api_keys.forEach((k, i) => {
     k.models.forEach((m, j) => {
@@ -272,6 +304,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_REGISTRATION_POLICY: (v) => ({ registration: { policy: v as "open" } }),
   PERCH_WEBRTC_UDP_PORT: (v) => ({ webrtc: { udpPort: Number(v) } }),
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
+  PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };

@@ -80,6 +80,16 @@ export class PeerService {
     return changed;
   }
 
+  /** The device's voice agent: an agent id, `off`, or null for the configured default (`voice.agent`). */
+  setVoiceAgent(publicKey: string, voiceAgent: string | null): Promise<boolean> {
+    return this.ctx.store.transaction((tx) => tx.peers.setVoiceAgent(publicKey, voiceAgent, this.ctx.clock.now()));
+  }
+
+  /** The stored voice agent setting; undefined when the key is not registered. */
+  voiceAgent(publicKey: string): Promise<string | null | undefined> {
+    return this.ctx.store.read((r) => r.peers.voiceAgent(publicKey));
+  }
+
   async remove(publicKey: string): Promise<boolean> {
     const removed = await this.ctx.store.transaction((tx) => tx.peers.remove(publicKey));
     if (removed) this.ctx.events.peer(publicKey, "removed");

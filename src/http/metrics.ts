@@ -1,4 +1,9 @@
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+
+/** One per process: the event loop's delay, sampled every 10 ms. */
+const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+loopDelay.enable();
 
 /** Prometheus metrics of one node, served at `GET /metrics`. */
 export class Metrics {
@@ -44,6 +49,15 @@ export class Metrics {
   });
 
   constructor(countActiveSessions: () => Promise<number>) {
+    new Gauge({
+      name: "perch_event_loop_lag_max_seconds",
+      help: "The longest the event loop was held (its delay beyond the 10 ms sampling interval) since the previous scrape",
+      registers: [this.registry],
+      collect() {
+        this.set(Math.max(0, loopDelay.max / 1e9 - 0.01));
+        loopDelay.reset();
+      },
+    });
     new Gauge({
       name: "perch_active_sessions",
       help: "Live (unexpired, unrevoked) sessions in the store",

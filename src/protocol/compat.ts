@@ -112,6 +112,56 @@ export const ChatRequest = z
   });
 
 export type ChatRequest = z.infer<typeof ChatRequest>;
+
+/** Counts checked before the schema runs, cheaply (array lengths only). */
+export const MAX_MESSAGES = 4096;
+export const MAX_CONTENT_PARTS = 512;
+const MAX_TOOLS = 128;
+const MAX_STOP = 4;
+const MAX_TOOL_CALLS = 128;
+
+type Issue = z.core.$ZodIssue;
+
+const tooMany = (path: PropertyKey[], max: number, what: string): Issue =>
+  ({ code: "custom", path, message: `at most ${max} ${what}`, input: undefined }) as Issue;
+
+function countIssue(v: unknown): Issue | undefined {
+  if (typeof v !== "object" || v === null || Array.isArray(v)) return undefined;
+  const r = v as Record<string, unknown>;
+  const over = (x: unknown, max: number) => Array.isArray(x) && x.length > max;
+  if (over(r.messages, MAX_MESSAGES)) return tooMany(["messages"], MAX_MESSAGES, "messages");
+  if (over(r.tools, MAX_TOOLS)) return tooMany(["tools"], MAX_TOOLS, "tools");
+  if (over(r.stop, MAX_STOP)) return tooMany(["stop"], MAX_STOP, "stop sequences");
+  if (!Array.isArray(r.messages)) return undefined;
+  for (let i = 0; i < r.messages.length; i++) {
+    const m = r.messages[i] as Record<string, unknown> | null;
+    if (typeof m !== "object" || m === null) continue;
+    if (over(m.content, MAX_CONTENT_PARTS)) return tooMany(["messages", i, "content"], MAX_CONTENT_PARTS, "content parts");
+    if (over(m.tool_calls, MAX_TOOL_CALLS)) return tooMany(["messages", i, "tool_calls"], MAX_TOOL_CALLS, "tool calls");
+  }
+  return undefined;
+}
+
+/**
+ * ChatRequest.safeParse at a bounded cost: the counts first, then each message on its own,
+ * stopping at the first that fails (one issue, not one per item), then the whole request.
+ */
+export function parseChatRequest(value: unknown): ReturnType<typeof ChatRequest.safeParse> {
+  const fail = (issue: Issue) => ({ success: false as const, error: new z.ZodError([issue]) as z.ZodError<ChatRequest>, data: undefined });
+  const counted = countIssue(value);
+  if (counted) return fail(counted);
+  const messages = (value as { messages?: unknown } | null)?.messages;
+  if (Array.isArray(messages)) {
+    for (let i = 0; i < messages.length; i++) {
+      const one = Message.safeParse(messages[i]);
+      if (!one.success) {
+        const first = one.error.issues[0]!;
+        return fail({ ...first, path: ["messages", i, ...first.path] } as Issue);
+      }
+    }
+  }
+  return ChatRequest.safeParse(value);
+}
 export type ChatMessage = ChatRequest["messages"][number];
 export type ToolCall = z.infer<typeof ToolCall>;
 

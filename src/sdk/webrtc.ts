@@ -13,13 +13,17 @@ import { RpcMethod as Methods } from "../protocol/gen/rpc_pb.ts";
 import { TelemetryFrameSchema } from "../protocol/gen/telemetry_pb.ts";
 import { callRpc, commonHandlers, type RpcHandlers, rpcPayload, serveRpc } from "../protocol/rpc.ts";
 import { StreamSocket } from "../protocol/stream-socket.ts";
+import { type AudioSourceLike, EventReader, Loudspeaker, Microphone } from "./voice.ts";
 
 export const TELEMETRY_PACKET = 0x40;
 
 /** The WebRTC implementation: `@roamhq/wrtc` by default. */
 export interface RtcImplementation {
   RTCPeerConnection: typeof RTCPeerConnection;
-  nonstandard?: { RTCAudioSink?: new (track: MediaStreamTrack) => { ondata: ((e: { samples: Int16Array }) => void) | null; stop(): void } };
+  nonstandard?: {
+    RTCAudioSink?: new (track: MediaStreamTrack) => { ondata: ((e: { samples: Int16Array; sampleRate?: number }) => void) | null; stop(): void };
+    RTCAudioSource?: new () => AudioSourceLike;
+  };
 }
 
 export interface ConnectOptions {
@@ -146,6 +150,13 @@ export class PerchConnection {
   private sequence = 0;
   private closedPromise: Promise<void>;
   private sink: { stop(): void } | undefined;
+  /** The downlink's audio as heard (see `Loudspeaker`). */
+  readonly speaker = new Loudspeaker();
+  /** Events the server sends on service 32. */
+  readonly eventStream = new EventReader();
+  private mic: Microphone | undefined;
+  private rtc: RtcImplementation | undefined;
+  private transceiver: RTCRtpTransceiver | undefined;
 
   private constructor(
     pc: RTCPeerConnection,
@@ -174,6 +185,10 @@ export class PerchConnection {
       });
     });
     pc.ondatachannel = (e) => this.incoming(e.channel);
+    this.events.binaryType = "arraybuffer";
+    this.events.onmessage = (e) => {
+      if (typeof e.data !== "string") this.eventStream.push(new Uint8Array(e.data as ArrayBuffer));
+    };
   }
 
   /** Connects: builds and seals the offer, posts it, applies the answer, waits for the event stream. */
@@ -232,6 +247,8 @@ export class PerchConnection {
         serverTiming: res.headers.get("server-timing") ?? "",
       });
       conn.keyPair = o.keyPair;
+      conn.rtc = rtc;
+      conn.transceiver = transceiver;
       for (const dc of early) conn.incoming(dc);
       conn.listen(rtc, transceiver.receiver.track);
       return conn;
@@ -253,8 +270,21 @@ export class PerchConnection {
       this.audio.blocks++;
       if (rms > 100) this.audio.audible++;
       this.audio.peakRms = Math.max(this.audio.peakRms, rms);
+      this.speaker.block(e.samples, e.sampleRate ?? 48_000);
     };
     this.sink = sink;
+  }
+
+  /** The microphone: a steady uplink (silence until something is said), started on first use. */
+  async microphone(): Promise<Microphone> {
+    if (this.mic) return this.mic;
+    const Source = this.rtc?.nonstandard?.RTCAudioSource;
+    if (!Source || !this.transceiver) throw new Error("this WebRTC implementation cannot send PCM (it has no RTCAudioSource)");
+    const source = new Source();
+    await this.transceiver.sender.replaceTrack(source.createTrack());
+    this.mic = new Microphone(source);
+    this.mic.start();
+    return this.mic;
   }
 
   /** Streams the server opens: RPC calls to this device. */
@@ -341,6 +371,8 @@ export class PerchConnection {
   }
 
   close(): void {
+    this.mic?.stop();
+    this.mic = undefined;
     this.sink?.stop();
     this.sink = undefined;
     if (this.pc.connectionState !== "closed") this.pc.close();

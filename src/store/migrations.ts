@@ -103,6 +103,12 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
   "0002_peer_cascade_compact_telemetry": {
     up: (db: Kysely<any>) => (dialect === "sqlite" ? peerCascadeSqlite(db) : peerCascadePostgres(db)),
   },
+  /** A device's choice of voice agent (voice.md §1): an agent id, `off`, or null for `voice.agent`. */
+  "0003_peer_voice_agent": {
+    async up(db: Kysely<any>) {
+      await db.schema.alterTable("peers").addColumn("voice_agent", "text").execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

@@ -53,6 +53,18 @@ export class PeerRepository {
     return r.numUpdatedRows > 0n;
   }
 
+  /** Sets the device's voice agent (an id, `off`, or null for the default); false when there is no such peer. */
+  async setVoiceAgent(publicKey: string, voiceAgent: string | null, now: number): Promise<boolean> {
+    const r = await this.db.updateTable("peers").set({ voice_agent: voiceAgent, updated_at: now }).where("public_key", "=", publicKey).executeTakeFirst();
+    return r.numUpdatedRows > 0n;
+  }
+
+  /** The device's voice agent setting: undefined when there is no such peer. */
+  async voiceAgent(publicKey: string): Promise<string | null | undefined> {
+    const row = await this.db.selectFrom("peers").select("voice_agent").where("public_key", "=", publicKey).executeTakeFirst();
+    return row ? (row.voice_agent ?? null) : undefined;
+  }
+
   /** Takes the peer's row lock for the rest of the transaction (serialises per-peer quotas across nodes). */
   async lock(publicKey: string): Promise<void> {
     await this.db

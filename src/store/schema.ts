@@ -9,6 +9,8 @@ export interface Tables {
     device_info: string;
     created_at: number;
     updated_at: number;
+    /** The voice conversations' agent for this device: an agent id, `off`, or null for the configured default. */
+    voice_agent?: string | null;
   };
   sessions: {
     id: string;

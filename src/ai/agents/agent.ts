@@ -3,9 +3,11 @@ import type { Domain } from "../../domain/index.ts";
 import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
 import type { Caller } from "../caller.ts";
 import { ChunkWriter } from "../chunks.ts";
+import { GenerationError } from "../errors.ts";
 import type { ChatStream, ProviderRequest } from "../providers/provider.ts";
 import type { ChatRouter } from "../router.ts";
 import { parseEvents, sseError, sseEvent } from "../sse.ts";
+import { checkedToolCalls, InvalidToolCallError, ToolCallCollector } from "./tool-calls.ts";
 import { agentTools, runTool, type ToolDefinition } from "./tools.ts";
 
 export interface AgentRun {
@@ -39,7 +41,13 @@ export class AgentRunner {
       const completion = await this.router.complete(model, stepRequest(run.request, messages, offered), { signal: run.signal, publicModel: agent.id });
       addUsage(total, completion.usage);
       const message = completion.choices[0]?.message;
-      const calls = message?.tool_calls ?? [];
+      let calls: ToolCall[];
+      try {
+        calls = checkedToolCalls(message?.tool_calls);
+      } catch (err) {
+        if (err instanceof InvalidToolCallError) throw new GenerationError("upstream_failed", err.message, { code: "upstream_error" });
+        throw err;
+      }
       // A call the model makes after its tools were withheld still gets an answer (a refusal) while steps remain.
       if (step >= agent.max_steps || calls.length === 0) {
         completion.usage = total;
@@ -70,7 +78,7 @@ export class AgentRunner {
     const self = this;
     async function* events(): AsyncGenerator<Uint8Array> {
       for (;;) {
-        const calls: ToolCall[] = [];
+        const calls = new ToolCallCollector();
         let finish: FinishReason | null = null;
         let content = "";
         for await (const block of current.events) {
@@ -82,25 +90,27 @@ export class AgentRunner {
               return;
             }
             const chunk = event as ChatChunk;
-            if (chunk.usage) addUsage(total, chunk.usage);
-            const choice = chunk.choices?.[0];
-            if (!choice) continue;
-            if (choice.delta?.content) {
-              content += choice.delta.content;
-              parts.push(out.delta({ content: choice.delta.content }));
+            addUsage(total, chunk.usage);
+            const choice = Array.isArray(chunk.choices) ? chunk.choices[0] : undefined;
+            if (!choice || typeof choice !== "object") continue;
+            const delta = choice.delta;
+            if (typeof delta?.content === "string" && delta.content) {
+              content += delta.content;
+              parts.push(out.delta({ content: delta.content }));
             }
-            for (const d of choice.delta?.tool_calls ?? []) {
-              calls[d.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } };
-              const call = calls[d.index]!;
-              if (d.id) call.id = d.id;
-              if (d.function?.name) call.function.name += d.function.name;
-              if (d.function?.arguments) call.function.arguments += d.function.arguments;
+            try {
+              calls.add(delta?.tool_calls);
+            } catch (err) {
+              if (!(err instanceof InvalidToolCallError)) throw err;
+              // The provider's call ends here: its connection is closed when the stream is left.
+              yield Buffer.concat([...parts, sseError(err.message)]);
+              return;
             }
-            if (choice.finish_reason) finish = choice.finish_reason;
+            if (typeof choice.finish_reason === "string") finish = choice.finish_reason;
           }
           if (parts.length) yield Buffer.concat(parts);
         }
-        const made = calls.filter(Boolean);
+        const made = calls.list();
         if (step >= agent.max_steps || made.length === 0) {
           stats.usage = total;
           yield out.finish(finish ?? "stop", total);
@@ -148,9 +158,11 @@ function emptyUsage(): Usage {
   return { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
 }
 
+/** Adds a provider's usage (untrusted: anything but finite numbers counts as 0). */
 function addUsage(total: Usage, u: Usage | null | undefined): void {
-  if (!u) return;
-  total.prompt_tokens += u.prompt_tokens ?? 0;
-  total.completion_tokens += u.completion_tokens ?? 0;
-  total.total_tokens += u.total_tokens ?? 0;
+  if (!u || typeof u !== "object") return;
+  const n = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : 0);
+  total.prompt_tokens += n(u.prompt_tokens);
+  total.completion_tokens += n(u.completion_tokens);
+  total.total_tokens += n(u.total_tokens);
 }

@@ -13,11 +13,17 @@ import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, ty
 export interface OpenAIProviderOptions {
   baseUrl: string;
   apiKey: string | undefined;
+  /** Idle timeout: for the answer to start, and between two of its pieces. */
   timeoutMs: number;
+  /** Overall deadline of one call (default 10 minutes). */
+  deadlineMs?: number;
 }
 
 const MAX_ERROR_BODY = 64 * 1024;
 const MAX_COMPLETION_BODY = 64 * 1024 * 1024;
+/** One server-sent event (the bytes up to a blank line); a stream that never has one is cut here. */
+export const MAX_EVENT_BYTES = 4 * 1024 * 1024;
+const DEFAULT_DEADLINE_MS = 600_000;
 
 export interface RawAnswer {
   contentType: string;
@@ -33,6 +39,7 @@ export class OpenAIProvider implements ChatProvider {
   private readonly agent: http.Agent;
   private readonly headers: Record<string, string>;
   private readonly timeoutMs: number;
+  private readonly deadlineMs: number;
 
   constructor(o: OpenAIProviderOptions) {
     this.url = new URL(`${o.baseUrl.replace(/\/+$/, "")}/chat/completions`);
@@ -42,6 +49,7 @@ export class OpenAIProvider implements ChatProvider {
     this.headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
     if (o.apiKey) this.headers.authorization = `Bearer ${o.apiKey}`;
     this.timeoutMs = o.timeoutMs;
+    this.deadlineMs = o.deadlineMs ?? DEFAULT_DEADLINE_MS;
     this.request = this.url.protocol === "https:" ? https.request : http.request;
     this.target = {
       protocol: this.url.protocol,
@@ -57,7 +65,9 @@ export class OpenAIProvider implements ChatProvider {
     const call = this.send("/chat/completions", JSON.stringify(withoutNulls(request)), "application/json", o.signal);
     try {
       const res = await call.response;
-      const text = await readBody(res, MAX_COMPLETION_BODY, call.touch);
+      const text = await readBody(res, MAX_COMPLETION_BODY, call.touch).catch((err: unknown) => {
+        throw call.failure() ?? err;
+      });
       let completion: ChatCompletion;
       try {
         completion = JSON.parse(text) as ChatCompletion;
@@ -77,7 +87,7 @@ export class OpenAIProvider implements ChatProvider {
     let first: Buffer | undefined;
     try {
       const res = await call.response;
-      relay = new SseRelay(res, Buffer.from(o.publicModel), call.touch);
+      relay = new SseRelay(res, Buffer.from(o.publicModel), call.touch, call.failure);
       first = await relay.next();
     } catch (err) {
       call.done();
@@ -122,7 +132,8 @@ export class OpenAIProvider implements ChatProvider {
       first = await it.next();
     } catch (err) {
       call.done();
-      throw toProviderError(err, err instanceof ProviderError && err.timedOut);
+      const reason = call.failure() ?? err;
+      throw toProviderError(reason, reason instanceof ProviderError && reason.timedOut);
     }
     async function* bytes(): AsyncGenerator<Uint8Array> {
       try {
@@ -144,8 +155,16 @@ export class OpenAIProvider implements ChatProvider {
   /** Starts the request; `response` resolves with a 2xx response or rejects with a ProviderError. */
   private send(path: string, body: string | Buffer, contentType: string, signal: AbortSignal) {
     let timer: NodeJS.Timeout | undefined;
+    let deadline: NodeJS.Timeout | undefined;
     let req: http.ClientRequest | undefined;
     let timedOut = false;
+    /** Why we ended the exchange ourselves (a timeout or the deadline): what its readers report. */
+    let failure: ProviderError | undefined;
+    const fail = (error: ProviderError) => {
+      timedOut = true;
+      failure ??= error;
+      req?.destroy(error);
+    };
     const response = new Promise<IncomingMessage>((resolve, reject) => {
       if (signal.aborted) return reject(signal.reason);
       const request = this.request({
@@ -158,27 +177,32 @@ export class OpenAIProvider implements ChatProvider {
       signal.addEventListener("abort", onAbort, { once: true });
       request.once("close", () => signal.removeEventListener("abort", onAbort));
       req = request;
-      timer = setTimeout(() => {
-        timedOut = true;
-        request.destroy(new ProviderError(`the provider did not answer within ${this.timeoutMs} ms`, { timedOut: true }));
-      }, this.timeoutMs);
-      request.once("error", (err) => reject(signal.aborted ? signal.reason : toProviderError(err, timedOut)));
+      timer = setTimeout(() => fail(new ProviderError(`the provider did not answer within ${this.timeoutMs} ms`, { timedOut: true })), this.timeoutMs);
+      // Beside the idle timeout, which every piece of the answer restarts: a trickle cannot hold the call forever.
+      deadline = setTimeout(
+        () => fail(new ProviderError(`the provider did not finish within ${this.deadlineMs} ms`, { timedOut: true, retryable: false })),
+        this.deadlineMs,
+      );
+      request.once("error", (err) => reject(signal.aborted ? signal.reason : (failure ?? toProviderError(err, timedOut))));
       request.once("response", (res) => {
         const status = res.statusCode ?? 0;
         if (status >= 200 && status < 300) return resolve(res);
         readBody(res, MAX_ERROR_BODY).then(
           (text) => reject(upstreamError(status, text, res.headers["retry-after"])),
-          (err) => reject(toProviderError(err, timedOut)),
+          (err) => reject(failure ?? toProviderError(err, timedOut)),
         );
       });
       request.end(body);
     });
     return {
       response,
-      /** Restarts the timeout: it bounds the wait for each piece of the answer, not the whole stream. */
+      /** Restarts the idle timeout: it bounds the wait for each piece of the answer; the deadline bounds the whole. */
       touch: () => timer?.refresh(),
+      /** The timeout or deadline that ended the exchange, if one did. */
+      failure: () => failure,
       done: () => {
         clearTimeout(timer);
+        clearTimeout(deadline);
         // Ends the exchange early when the consumer stopped (client gone): the provider sees its connection close.
         if (req && !req.destroyed && !(req as { res?: IncomingMessage }).res?.complete) req.destroy();
       },
@@ -261,52 +285,93 @@ const FINISH = Buffer.from('"finish_reason":"');
  */
 class SseRelay {
   onUsage: ((u: Usage) => void) | undefined;
-  private pending: Buffer | undefined;
+  /** The bytes of an event not yet complete, as they arrived (joined once, when it completes). */
+  private pending: Buffer[] = [];
+  private pendingLength = 0;
   private readonly it: AsyncIterator<Buffer>;
   private sawDone = false;
   private sawFinish = false;
   private ended = false;
+  private sawAnything = false;
 
   private readonly model: Buffer;
   private readonly touch: () => void;
+  private readonly failure: () => ProviderError | undefined;
 
-  constructor(res: IncomingMessage, model: Buffer, touch: () => void) {
+  constructor(res: IncomingMessage, model: Buffer, touch: () => void, failure: () => ProviderError | undefined) {
     this.it = (res as AsyncIterable<Buffer>)[Symbol.asyncIterator]();
     this.model = model;
     this.touch = touch;
+    this.failure = failure;
   }
 
-  /** The next run of whole events, or undefined at the end. A failure after the first event becomes one error event. */
+  /**
+   * The next run of whole events, or undefined at the end. A failure after the first event becomes
+   * one error event. Linear in the bytes: only each new piece is searched for a boundary, and an
+   * incomplete event over MAX_EVENT_BYTES ends the stream.
+   */
   async next(): Promise<Buffer | undefined> {
     if (this.ended) return undefined;
     for (;;) {
       let r: IteratorResult<Buffer>;
       try {
         r = await this.it.next();
-      } catch (err) {
-        if (this.pending === undefined && !this.sawAnything) throw toProviderError(err, err instanceof ProviderError && err.timedOut);
+      } catch (caught) {
+        const err = this.failure() ?? caught;
+        if (this.pendingLength === 0 && !this.sawAnything) throw toProviderError(err, err instanceof ProviderError && err.timedOut);
         this.ended = true;
         return sseError(`the provider's stream failed: ${(err as Error).message}`);
       }
       if (r.done) return this.finish();
       this.touch();
-      const data = this.pending ? Buffer.concat([this.pending, r.value]) : r.value;
-      const end = lastBoundary(data);
+      const piece = r.value;
+      // A boundary may straddle the previous piece: look back three bytes (`\r\n\r` of `\r\n\r\n`).
+      const back = Math.min(3, this.pendingLength);
+      const searched = back > 0 ? Buffer.concat([this.tail(back), piece]) : piece;
+      const end = lastBoundary(searched);
       if (end < 0) {
-        this.pending = data;
+        this.pending.push(piece);
+        this.pendingLength += piece.length;
+        if (this.pendingLength > MAX_EVENT_BYTES) return this.tooLong();
         continue;
       }
-      this.pending = end < data.length ? data.subarray(end) : undefined;
+      const cut = end - back;
+      const block = this.pendingLength > 0 ? Buffer.concat([...this.pending, piece.subarray(0, cut)]) : piece.subarray(0, cut);
+      const rest = piece.subarray(cut);
+      this.pending = rest.length > 0 ? [rest] : [];
+      this.pendingLength = rest.length;
       this.sawAnything = true;
-      return this.inspect(data.subarray(0, end));
+      if (this.pendingLength > MAX_EVENT_BYTES) return this.tooLong();
+      return this.inspect(block);
     }
   }
 
-  private sawAnything = false;
+  /** The last `n` pending bytes. */
+  private tail(n: number): Buffer {
+    const out = Buffer.alloc(n);
+    let need = n;
+    for (let i = this.pending.length - 1; i >= 0 && need > 0; i--) {
+      const p = this.pending[i]!;
+      const take = Math.min(need, p.length);
+      p.copy(out, need - take, p.length - take);
+      need -= take;
+    }
+    return out;
+  }
+
+  private tooLong(): Buffer {
+    this.ended = true;
+    this.pending = [];
+    const message = `the provider sent an event over ${MAX_EVENT_BYTES} bytes`;
+    if (!this.sawAnything) throw new ProviderError(message, { retryable: false });
+    return sseError(message);
+  }
 
   private finish(): Buffer | undefined {
     this.ended = true;
-    const rest = this.pending && this.pending.toString("utf8").trim() !== "" ? this.inspect(Buffer.concat([this.pending, Buffer.from("\n\n")])) : undefined;
+    const last = Buffer.concat(this.pending);
+    this.pending = [];
+    const rest = last.length > 0 && last.toString("utf8").trim() !== "" ? this.inspect(Buffer.concat([last, Buffer.from("\n\n")])) : undefined;
     if (this.sawDone) return rest;
     // Some servers close after the finishing chunk without `[DONE]`; a stream cut short gets an error event instead.
     const tail = this.sawFinish ? DONE_EVENT : sseError("the provider's stream ended early");

@@ -36,9 +36,15 @@ export class ProviderError extends Error {
   /** Milliseconds the provider asked to wait (`Retry-After`). */
   readonly retryAfterMs: number | undefined;
   readonly timedOut: boolean;
+  /** False for failures another try would only repeat (an overall deadline passed, an answer over a cap). */
+  private readonly mayRetry: boolean;
 
-  constructor(message: string, o: { status?: number; upstream?: ProviderError["upstream"]; retryAfterMs?: number; timedOut?: boolean } = {}) {
+  constructor(
+    message: string,
+    o: { status?: number; upstream?: ProviderError["upstream"]; retryAfterMs?: number; timedOut?: boolean; retryable?: boolean } = {},
+  ) {
     super(message);
+    this.mayRetry = o.retryable ?? true;
     this.status = o.status;
     this.upstream = o.upstream;
     this.retryAfterMs = o.retryAfterMs;
@@ -47,6 +53,7 @@ export class ProviderError extends Error {
 
   /** Worth another try on the same provider: throttled, overloaded, broken or slow. */
   get retryable(): boolean {
+    if (!this.mayRetry) return false;
     return this.status === undefined || this.status === 408 || this.status === 409 || this.status === 429 || this.status >= 500;
   }
 

@@ -85,6 +85,40 @@ export class FliteSpeechEngine implements SpeechEngine {
     return this.stream(o, voice);
   }
 
+  /**
+   * Raw 16-bit samples of `text` (a sentence) at `sampleRate`, through the same queue as
+   * `synthesize` but with no encoder: for callers that encode themselves (voice conversations).
+   * Throws EngineBusyError when the queue is full.
+   */
+  async speak(text: string, voiceName: string, signal?: AbortSignal): Promise<{ samples: Int16Array; sampleRate: number }> {
+    const voice = VOICES[voiceName];
+    if (!voice || !Object.hasOwn(VOICES, voiceName)) throw new RangeError(`unknown voice ${JSON.stringify(voiceName)}; voices: ${this.voices.join(", ")}`);
+    if (text.length < 1 || text.length > MAX_INPUT_CHARACTERS) throw new RangeError(`text must have 1 to ${MAX_INPUT_CHARACTERS} characters`);
+    const release = await this.queue.acquire(signal);
+    try {
+      const parts: Int16Array[] = [];
+      const chunks = speechChunks(text);
+      for (const [i, chunk] of chunks.entries()) {
+        const audio = await this.pool.synthesize(chunk.text, voice, 1);
+        if (signal?.aborted) throw abortReason(signal);
+        if (audio.sampleRate !== FLITE_SAMPLE_RATE) throw new Error(`flite voice ${voice.name} speaks at ${audio.sampleRate} Hz`);
+        const samples = trimSilence(audio.samples, audio.sampleRate);
+        if (samples.length === 0) continue;
+        if (parts.length > 0) parts.push(new Int16Array(Math.round(chunks[i - 1]!.pauseAfter * FLITE_SAMPLE_RATE)));
+        parts.push(samples);
+      }
+      const out = new Int16Array(parts.reduce((n, p) => n + p.length, 0));
+      let at = 0;
+      for (const p of parts) {
+        out.set(p, at);
+        at += p.length;
+      }
+      return { samples: out, sampleRate: FLITE_SAMPLE_RATE };
+    } finally {
+      release();
+    }
+  }
+
   private async *stream(o: SynthesizeOptions, voice: FliteVoice): AsyncGenerator<Uint8Array> {
     const release = await this.queue.acquire(o.signal);
     // Aborted when the caller aborts, stops iterating, or synthesis fails: the encoder dies with it.

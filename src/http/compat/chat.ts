@@ -1,7 +1,8 @@
 import type { Hono } from "hono";
 import type { ChatService } from "../../ai/chat.ts";
 import type { ChatStream } from "../../ai/providers/provider.ts";
-import { ChatRequest } from "../../protocol/compat.ts";
+import { sseError } from "../../ai/sse.ts";
+import { parseChatRequest } from "../../protocol/compat.ts";
 import type { Metrics } from "../metrics.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, toOpenAIError } from "./errors.ts";
@@ -12,7 +13,7 @@ const ROUTE = "/chat/completions";
 export function registerChatRoute(app: Hono<CompatEnv>, chat: ChatService, metrics: Metrics): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
-    const parsed = ChatRequest.safeParse(await readJson(c));
+    const parsed = parseChatRequest(await readJson(c));
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;
     const caller = c.get("caller");
@@ -63,7 +64,17 @@ function eventStream(stream: ChatStream, end: (error: boolean) => void): Readabl
   return new ReadableStream<Uint8Array>(
     {
       async pull(controller) {
-        const r = await it.next();
+        let r: IteratorResult<Uint8Array>;
+        try {
+          r = await it.next();
+        } catch {
+          // A bug or an upstream answer nothing anticipated: the client still gets a well-formed ending.
+          failed = true;
+          controller.enqueue(sseError("the stream failed"));
+          controller.close();
+          end(true);
+          return;
+        }
         if (r.done) {
           controller.close();
           end(failed);

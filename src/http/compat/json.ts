@@ -1,5 +1,8 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Context } from "hono";
+import type { Caller } from "../../ai/caller.ts";
+import { JsonBudget, LargeBodies } from "../json-budget.ts";
+import type { CompatEnv } from "./env.ts";
 import { OpenAIError } from "./errors.ts";
 
 /** The Node request and response behind `c`, when it came through the Node adapter (not over a DataChannel stream). */
@@ -8,24 +11,92 @@ function nodeBindings(c: Context): { incoming: IncomingMessage; outgoing: Server
   return env?.incoming && env.outgoing ? { incoming: env.incoming, outgoing: env.outgoing } : undefined;
 }
 
+/** A JSON body with more values than this is refused before it is parsed (see json-budget.ts). */
+export const MAX_JSON_VALUES = 100_000;
+/** A body over this many bytes is large: each caller may send MAX_LARGE_BODIES_PER_CALLER at once. */
+export const LARGE_BODY_BYTES = 1024 * 1024;
+export const MAX_LARGE_BODIES_PER_CALLER = 2;
+
+const largeBodies = new LargeBodies(MAX_LARGE_BODIES_PER_CALLER);
+
+function callerKey(c: Context): string {
+  const caller = (c as Context<CompatEnv>).get("caller") as Caller | undefined;
+  if (!caller) return "anonymous";
+  return caller.kind === "device" ? `device:${caller.publicKey}` : `application:${caller.name}`;
+}
+
+const tooComplex = () => new OpenAIError(413, `The JSON body holds more than ${MAX_JSON_VALUES} values.`, { code: "request_too_complex" });
+const tooManyLarge = () =>
+  new OpenAIError(
+    429,
+    `You already have ${MAX_LARGE_BODIES_PER_CALLER} requests over ${LARGE_BODY_BYTES} bytes in progress; send this one when one has finished.`,
+    {
+      code: "too_many_large_requests",
+      retryAfter: 1,
+    },
+  );
+
 /**
- * The request body as text. Through the Node adapter a body of declared length is read straight
- * from the socket: asking the web Request for it builds a full undici Request and a web stream,
- * which cost more than the rest of a relayed call.
+ * The request body as text, its cost checked as it arrives: more than MAX_JSON_VALUES values, or
+ * a large body beyond the caller's allowance, is refused before the rest is read (the rest is
+ * drained unread). Through the Node adapter a body of declared length is read straight from the
+ * socket: asking the web Request for it builds a full undici Request and a web stream, which cost
+ * more than the rest of a relayed call.
  */
 async function bodyText(c: Context): Promise<string> {
+  const budget = new JsonBudget(MAX_JSON_VALUES);
   const node = nodeBindings(c);
-  if (!node || node.incoming.headers["transfer-encoding"] !== undefined || node.incoming.readableEnded) return c.req.text();
-  const { incoming } = node;
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    incoming.on("data", (chunk: Buffer) => chunks.push(chunk));
-    incoming.once("end", () => resolve(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")));
-    incoming.once("error", reject);
-    incoming.once("close", () => {
-      if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
+  let release: (() => void) | undefined;
+  /** Takes one of the caller's large-body slots once the body is large, until the response has gone. */
+  const sized = (bytes: number) => {
+    if (release || bytes <= LARGE_BODY_BYTES) return;
+    release = largeBodies.acquire(callerKey(c));
+    if (!release) throw tooManyLarge();
+    if (node) node.outgoing.once("close", release);
+  };
+  try {
+    if (!node || node.incoming.headers["transfer-encoding"] !== undefined || node.incoming.readableEnded) {
+      // Already in memory (a chunked body the body limit read, or a stream of a connection).
+      const chunks: Uint8Array[] = [];
+      let size = 0;
+      for await (const chunk of (c.req.raw.body ?? []) as AsyncIterable<Uint8Array>) {
+        size += chunk.length;
+        sized(size);
+        if (!budget.feed(chunk)) throw tooComplex();
+        chunks.push(chunk);
+      }
+      return Buffer.concat(chunks).toString("utf8");
+    }
+    const { incoming } = node;
+    sized(Number(incoming.headers["content-length"] ?? 0));
+    return await new Promise((resolve, reject) => {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      const onData = (chunk: Buffer) => {
+        size += chunk.length;
+        try {
+          sized(size);
+          if (!budget.feed(chunk)) throw tooComplex();
+        } catch (err) {
+          // The rest of the body is read and dropped, never kept or parsed.
+          incoming.off("data", onData);
+          incoming.resume();
+          reject(err);
+          return;
+        }
+        chunks.push(chunk);
+      };
+      incoming.on("data", onData);
+      incoming.once("end", () => resolve(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")));
+      incoming.once("error", reject);
+      incoming.once("close", () => {
+        if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
+      });
     });
-  });
+  } finally {
+    // Without the Node response to wait for, the slot covers reading and parsing.
+    if (!node) release?.();
+  }
 }
 
 /** The request body as JSON; any content type is read, as OpenAI does. */

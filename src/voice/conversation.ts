@@ -1,0 +1,294 @@
+import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
+import type { Logger } from "pino";
+import type { VoiceConfig } from "../config/config.ts";
+import type { ChatMessage } from "../protocol/compat.ts";
+import { ENGINE_RATE, type LiveRecogniser, type LiveVad, type Recognition, type Speaker, type VadEvent } from "./engines.ts";
+import { VoiceEvents } from "./events.ts";
+import type { Stage, VoiceMetrics } from "./metrics.ts";
+import { OPUS_RATE, OpusCodec } from "./opus.ts";
+import type { AudioPort } from "./port.ts";
+import { Reply } from "./reply.ts";
+import { Resampler } from "./resampler.ts";
+import { Uplink } from "./uplink.ts";
+
+/** The agent answering this device now. */
+export interface AgentChoice {
+  id: string;
+  voice: string;
+}
+
+export interface ConversationOptions {
+  port: AudioPort;
+  config: VoiceConfig;
+  recognition: Recognition;
+  speaker: Speaker;
+  resampler: SpeexModule;
+  metrics: VoiceMetrics;
+  logger: Logger;
+  /** The device's agent as last known (refreshed in the background); undefined: voice is off. */
+  agent: () => AgentChoice | undefined;
+  /** The agent's reply to `messages` as text deltas; throws on failure. */
+  reply: (agentId: string, messages: ChatMessage[], signal: AbortSignal) => Promise<AsyncIterable<string>>;
+}
+
+/** Audio kept from before speech was confirmed, so that the recogniser hears the turn's first word. */
+const PREROLL_S = 1.2;
+/** Speech begins this long before the detector says (its onset). */
+const ONSET_PAD_S = 0.2;
+/** Audio waiting for the detector beyond this (the engine is overloaded) is dropped, not queued without bound. */
+const MAX_PENDING_SAMPLES = 2 * ENGINE_RATE;
+/** The jitter buffer's clock. */
+const TICK_MS = 20;
+
+interface Turn {
+  n: number;
+  recogniser: LiveRecogniser;
+  /** Samples of the timeline (16 kHz from the first) where the turn's speech began. */
+  startSample: number;
+  /** Text already sent as `TEXT_DELTA`. */
+  partialSent: string;
+  partialRunning: boolean;
+}
+
+/**
+ * One device's voice conversation, for the life of its connection: uplink audio → voice activity
+ * → turns (recognised as they are spoken) → the agent's reply spoken back, with barge-in. Its
+ * failures stay inside it: every callback is guarded and ends at most the turn.
+ */
+export class Conversation {
+  private readonly o: ConversationOptions;
+  private readonly events: VoiceEvents;
+  private readonly codec = new OpusCodec();
+  private readonly down: Resampler;
+  private readonly uplink: Uplink;
+  private readonly vad: LiveVad;
+  private readonly ticker: NodeJS.Timeout;
+  private readonly history: ChatMessage[] = [];
+  /** Samples pushed to the detector; with `pushedAt`, maps the timeline to the clock. */
+  private timeline = 0;
+  private pushedAt = performance.now();
+  private readonly pending: Int16Array[] = [];
+  private pendingSamples = 0;
+  private draining = false;
+  /** The last PREROLL_S of audio, as [start sample, samples]. */
+  private readonly recent: Array<[number, Int16Array]> = [];
+  private turns = 0;
+  private turn: Turn | undefined;
+  /** Speech heard during a reply while barge-in is off: ignored until it ends. */
+  private ignoring = false;
+  private reply: Reply | undefined;
+  private closed = false;
+
+  constructor(o: ConversationOptions) {
+    this.o = o;
+    this.events = new VoiceEvents(o.port);
+    this.down = new Resampler(o.resampler, OPUS_RATE, ENGINE_RATE);
+    this.vad = o.recognition.createVad({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.silence_ms });
+    this.uplink = new Uplink({ codec: this.codec, resampler: this.down, payloadType: o.port.payloadType, pcm: (pcm) => this.heard(pcm) });
+    o.port.onPacket((packet) => {
+      if (this.closed || !o.agent()) return;
+      try {
+        this.uplink.packet(packet);
+      } catch (err) {
+        this.o.logger.warn({ err, peer: o.port.publicKey }, "voice uplink packet failed");
+      }
+    });
+    this.ticker = setInterval(() => {
+      try {
+        this.uplink.tick();
+      } catch (err) {
+        this.o.logger.warn({ err, peer: o.port.publicKey }, "voice uplink tick failed");
+      }
+    }, TICK_MS);
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.ticker);
+    this.reply?.interrupt();
+    this.reply = undefined;
+    this.turn = undefined;
+    this.pending.length = 0;
+    this.recent.length = 0;
+    this.history.length = 0;
+    this.down.close();
+    this.codec.close();
+  }
+
+  /** 16 kHz audio from the uplink, in order. */
+  private heard(pcm: Int16Array): void {
+    if (this.pendingSamples + pcm.length > MAX_PENDING_SAMPLES) {
+      this.o.logger.warn({ peer: this.o.port.publicKey }, "voice activity detection is behind; audio dropped");
+      return;
+    }
+    this.pending.push(pcm);
+    this.pendingSamples += pcm.length;
+    if (!this.draining) void this.drain();
+  }
+
+  private async drain(): Promise<void> {
+    this.draining = true;
+    try {
+      while (this.pending.length > 0 && !this.closed) {
+        const pcm = this.pending.shift()!;
+        this.pendingSamples -= pcm.length;
+        const start = this.timeline;
+        this.timeline += pcm.length;
+        this.pushedAt = performance.now();
+        this.remember(start, pcm);
+        this.turn?.recogniser.push(pcm);
+        let events: VadEvent[];
+        try {
+          events = await this.vad.push(pcm);
+        } catch (err) {
+          this.o.logger.warn({ err, peer: this.o.port.publicKey }, "voice activity detection failed");
+          events = [];
+        }
+        if (this.closed) return;
+        for (const e of events) this.vadEvent(e);
+        const turn = this.turn;
+        if (turn && this.timeline - turn.startSample >= (this.o.config.turn.max_ms / 1000) * ENGINE_RATE) {
+          for (const e of this.vad.flush()) this.vadEvent(e);
+        } else if (turn) this.partial(turn);
+      }
+    } finally {
+      this.draining = false;
+    }
+  }
+
+  private remember(start: number, pcm: Int16Array): void {
+    this.recent.push([start, pcm]);
+    while (this.recent.length > 0 && this.recent[0]![0] + this.recent[0]![1].length < this.timeline - PREROLL_S * ENGINE_RATE) this.recent.shift();
+  }
+
+  /** The clock time (performance.now) of a timeline position, in seconds from the first sample. */
+  private clockAt(seconds: number): number {
+    return this.pushedAt - ((this.timeline - seconds * ENGINE_RATE) / ENGINE_RATE) * 1000;
+  }
+
+  private vadEvent(e: VadEvent): void {
+    if (e.type === "start") this.speechStarted(e.at);
+    else this.speechEnded(e.at);
+  }
+
+  private speechStarted(at: number): void {
+    const agent = this.o.agent();
+    if (!agent) return;
+    if (this.reply) {
+      if (!this.o.config.barge_in) {
+        this.ignoring = true;
+        return;
+      }
+      this.reply.interrupt();
+      this.reply = undefined;
+    }
+    const n = ++this.turns;
+    const recogniser = this.o.recognition.createIncrementalRecogniser();
+    const startSample = Math.max(0, Math.round((at - ONSET_PAD_S) * ENGINE_RATE));
+    // What was said since the onset: the detector confirms speech only after min_speech_ms of it.
+    for (const [start, pcm] of this.recent) {
+      const end = start + pcm.length;
+      if (end <= startSample) continue;
+      recogniser.push(start >= startSample ? pcm : pcm.subarray(startSample - start));
+    }
+    this.turn = { n, recogniser, startSample, partialSent: "", partialRunning: false };
+    this.events.bos(`in-${n}`, "audio", "user.audio");
+  }
+
+  /** Partial transcripts while the user speaks, as new words (TEXT_DELTA). */
+  private partial(turn: Turn): void {
+    if (turn.partialRunning) return;
+    turn.partialRunning = true;
+    turn.recogniser.partial().then(
+      (text) => {
+        turn.partialRunning = false;
+        if (this.turn !== turn || this.closed) return;
+        // Only words that extend what was sent: a revision is left to the final transcript.
+        if (text.length > turn.partialSent.length && text.startsWith(turn.partialSent)) {
+          const fresh = text.slice(turn.partialSent.length);
+          turn.partialSent = text;
+          this.events.delta(`in-${turn.n}`, "user.transcript", fresh);
+        }
+      },
+      () => {
+        turn.partialRunning = false;
+      },
+    );
+  }
+
+  private speechEnded(at: number): void {
+    if (this.ignoring) {
+      this.ignoring = false;
+      return;
+    }
+    const turn = this.turn;
+    if (!turn) return;
+    this.turn = undefined;
+    const decided = performance.now();
+    const lastVoiced = Math.min(decided, this.clockAt(at));
+    this.events.eos(`in-${turn.n}`, "audio", "user.audio");
+    void this.respond(turn, { lastVoiced, decided }).catch((err) => this.o.logger.error({ err, peer: this.o.port.publicKey }, "voice turn failed"));
+  }
+
+  private async respond(turn: Turn, t: { lastVoiced: number; decided: number }): Promise<void> {
+    const { n } = turn;
+    const stages: Partial<Record<Stage, number>> = { end_of_speech: t.decided - t.lastVoiced };
+    let transcript: string;
+    try {
+      transcript = (await turn.recogniser.finish()).trim();
+    } catch (err) {
+      if (this.closed) return;
+      this.events.eos(`out-${n}`, "text", "assistant.text", { code: "failed", message: `recognition failed: ${(err as Error).message}` });
+      return this.finishTurn(n, "failed", stages, false);
+    }
+    const transcribed = performance.now();
+    stages.transcription = transcribed - t.decided;
+    if (this.closed) return;
+    this.events.done(`in-${n}`, "user.transcript", transcript);
+    this.o.logger.debug({ peer: this.o.port.publicKey, turn: n, transcript }, "voice turn transcript");
+    const agent = this.o.agent();
+    // A newer turn began while this one was transcribed: it answers instead.
+    if (!transcript || !agent || this.turns !== n) return this.finishTurn(n, "empty", stages, false);
+    this.remember_("user", transcript);
+    const messages = [...this.history];
+    const reply = new Reply({
+      n,
+      voice: agent.voice,
+      text: (signal) => this.o.reply(agent.id, messages, signal),
+      speaker: this.o.speaker,
+      resampler: this.o.resampler,
+      codec: this.codec,
+      send: (opus, first) => this.o.port.sendFrame(opus, first),
+      events: this.events,
+      late: () => this.o.metrics.frameLate(),
+    });
+    this.reply = reply;
+    const outcome = await reply.outcome;
+    if (this.reply === reply) this.reply = undefined;
+    if (this.closed) return;
+    if (outcome.heard) this.remember_("assistant", outcome.heard);
+    if (outcome.at.firstToken !== undefined) stages.first_token = outcome.at.firstToken - transcribed;
+    if (outcome.at.firstAudio !== undefined) {
+      if (outcome.at.firstSentence !== undefined) stages.first_audio = outcome.at.firstAudio - outcome.at.firstSentence;
+      stages.speech_to_audio = outcome.at.firstAudio - t.lastVoiced;
+    }
+    if (outcome.error) this.o.logger.warn({ peer: this.o.port.publicKey, turn: n, error: outcome.error }, "voice reply failed");
+    this.finishTurn(n, outcome.result, stages, outcome.result === "interrupted");
+  }
+
+  private remember_(role: "user" | "assistant", content: string): void {
+    this.history.push({ role, content });
+    const max = this.o.config.history_turns * 2;
+    if (this.history.length > max) this.history.splice(0, this.history.length - max);
+  }
+
+  private finishTurn(n: number, result: "answered" | "empty" | "interrupted" | "failed", stages: Partial<Record<Stage, number>>, interrupted: boolean): void {
+    const rounded: Record<string, number | boolean> = {};
+    for (const [k, v] of Object.entries(stages)) rounded[k] = Math.round(v * 10) / 10;
+    rounded.interrupted = interrupted;
+    this.events.done(`out-${n}`, "turn.metrics", JSON.stringify(rounded));
+    this.o.metrics.turn(result, stages);
+    this.o.logger.info({ peer: this.o.port.publicKey, turn: n, result, ...rounded }, "voice turn");
+  }
+}

@@ -1,0 +1,45 @@
+import { Counter, Gauge, Histogram, type Registry } from "prom-client";
+
+export type TurnResult = "answered" | "empty" | "interrupted" | "failed";
+export const STAGES = ["end_of_speech", "transcription", "first_token", "first_audio", "speech_to_audio"] as const;
+export type Stage = (typeof STAGES)[number];
+
+/** voice.md §4. */
+export class VoiceMetrics {
+  private readonly turns: Counter<"result">;
+  private readonly stages: Histogram<"stage">;
+  private readonly late: Counter;
+
+  constructor(registry: Registry, conversations: () => number) {
+    this.turns = new Counter({ name: "perch_voice_turns_total", help: "Voice turns by result", labelNames: ["result"], registers: [registry] });
+    this.stages = new Histogram({
+      name: "perch_voice_stage_seconds",
+      help: "Voice turn stages (turn.metrics)",
+      labelNames: ["stage"],
+      buckets: [0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10],
+      registers: [registry],
+    });
+    new Gauge({
+      name: "perch_voice_conversations",
+      help: "Voice conversations open on this node",
+      registers: [registry],
+      collect() {
+        this.set(conversations());
+      },
+    });
+    this.late = new Counter({
+      name: "perch_voice_frames_late_total",
+      help: "Downlink voice frames sent more than 20 ms after their time",
+      registers: [registry],
+    });
+  }
+
+  turn(result: TurnResult, stages: Partial<Record<Stage, number>>): void {
+    this.turns.inc({ result });
+    for (const [stage, ms] of Object.entries(stages)) if (typeof ms === "number" && Number.isFinite(ms)) this.stages.observe({ stage }, ms / 1000);
+  }
+
+  frameLate(): void {
+    this.late.inc();
+  }
+}

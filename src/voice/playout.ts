@@ -1,0 +1,146 @@
+import { FRAME_MS, FRAME_SAMPLES, type OpusCodec } from "./opus.ts";
+
+/** Frames are sent this long before their time at most (the contract allows 100 ms). */
+const LEAD_MS = 40;
+/** A frame sent later than its time by more than this is late (`perch_voice_frames_late_total`). */
+const LATE_MS = 20;
+/** Further behind than this (the event loop was held), the clock is re-anchored instead of sending a burst to catch up. */
+const REANCHOR_MS = 100;
+
+export interface PlayoutOptions {
+  codec: OpusCodec;
+  /** Sends one Opus frame; `first` marks the first of the reply (the RTP marker bit). */
+  send: (opus: Buffer, first: boolean) => boolean;
+  /** A frame went out more than 20 ms after its time. */
+  late?: () => void;
+  /** The first frame went out. */
+  started?: () => void;
+  now?: () => number;
+}
+
+/**
+ * One reply's audio on its way to the device: 48 kHz samples in, 20 ms Opus frames out, each at
+ * its time on the monotonic clock (frame k at start + 20·k ms, so timer delays never accumulate),
+ * at most 40 ms ahead, never in a burst. While the reply is still being synthesised and nothing is
+ * queued, silence keeps the stream's timing; `played` counts only the reply's own samples sent.
+ */
+export class Playout {
+  /** Samples of the reply (not filler silence) sent so far. */
+  played = 0;
+  /** Frames sent, and how many of them late. */
+  frames = 0;
+  lateFrames = 0;
+  private readonly o: PlayoutOptions;
+  private readonly now: () => number;
+  private readonly queue: Int16Array[] = [];
+  private head = 0;
+  private queued = 0;
+  private ended = false;
+  private stopped = false;
+  private anchor: number | undefined;
+  private index = 0;
+  private timer: NodeJS.Timeout | undefined;
+  private finished!: (played: number) => void;
+  /** Resolves with the samples played once everything is sent, or at `stop()`. */
+  readonly done: Promise<number>;
+
+  constructor(o: PlayoutOptions) {
+    this.o = o;
+    this.now = o.now ?? (() => performance.now());
+    this.done = new Promise((resolve) => {
+      this.finished = resolve;
+    });
+  }
+
+  get active(): boolean {
+    return !this.stopped;
+  }
+
+  /** Queues samples (48 kHz); the first write starts the clock. */
+  write(pcm: Int16Array): void {
+    if (this.stopped || this.ended || pcm.length === 0) return;
+    this.queue.push(pcm);
+    this.queued += pcm.length;
+    if (this.anchor === undefined) {
+      this.anchor = this.now();
+      this.pump();
+    }
+  }
+
+  /** No more audio: the playout finishes once the queue is sent. */
+  end(): void {
+    this.ended = true;
+    if (this.anchor === undefined) this.finish();
+  }
+
+  /** Stops at once (a barge-in): nothing more is sent. Returns the samples played. */
+  stop(): number {
+    this.finish();
+    return this.played;
+  }
+
+  private finish(): void {
+    if (this.stopped) return;
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    this.queue.length = 0;
+    this.queued = 0;
+    this.finished(this.played);
+  }
+
+  private pump = (): void => {
+    this.timer = undefined;
+    if (this.stopped) return;
+    try {
+      let now = this.now();
+      for (;;) {
+        if (this.ended && this.queued === 0) {
+          this.finish();
+          return;
+        }
+        const due = this.anchor! + this.index * FRAME_MS;
+        if (due > now + LEAD_MS) break;
+        if (now - due > REANCHOR_MS) {
+          // Held up: start the clock again from here rather than catching up in a burst.
+          this.anchor = now - this.index * FRAME_MS;
+          continue;
+        }
+        if (now - due > LATE_MS) {
+          this.lateFrames++;
+          this.o.late?.();
+        }
+        this.sendFrame();
+        now = this.now();
+      }
+      const next = this.anchor! + this.index * FRAME_MS - LEAD_MS;
+      this.timer = setTimeout(this.pump, Math.max(1, next - this.now()));
+    } catch {
+      // A failing encoder or sender ends this reply's audio; the conversation goes on.
+      this.finish();
+    }
+  };
+
+  private sendFrame(): void {
+    const frame = new Int16Array(FRAME_SAMPLES);
+    let filled = 0;
+    while (filled < FRAME_SAMPLES && this.queue.length > 0) {
+      const piece = this.queue[0]!;
+      const n = Math.min(FRAME_SAMPLES - filled, piece.length - this.head);
+      frame.set(piece.subarray(this.head, this.head + n), filled);
+      filled += n;
+      this.head += n;
+      if (this.head >= piece.length) {
+        this.queue.shift();
+        this.head = 0;
+      }
+    }
+    this.queued -= filled;
+    const first = this.index === 0;
+    this.index++;
+    this.o.send(this.o.codec.encode(frame), first);
+    this.frames++;
+    this.played += filled;
+    if (first) this.o.started?.();
+  }
+}

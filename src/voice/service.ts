@@ -1,0 +1,132 @@
+import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
+import type { Logger } from "pino";
+import type { Registry } from "prom-client";
+import type { ChatService } from "../ai/chat.ts";
+import { parseEvents } from "../ai/sse.ts";
+import type { Config } from "../config/config.ts";
+import type { Domain } from "../domain/index.ts";
+import type { ChatChunk, ChatMessage, ChatRequest } from "../protocol/compat.ts";
+import { type AgentChoice, Conversation } from "./conversation.ts";
+import type { Recognition, Speaker } from "./engines.ts";
+import { VoiceMetrics } from "./metrics.ts";
+import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
+
+/** How long a device's stored choice of agent is trusted before it is read again (so a change reaches every node). */
+export const AGENT_REFRESH_MS = 2_000;
+const DEFAULT_VOICE = "alloy";
+
+export interface VoiceServiceOptions {
+  config: Config;
+  domain: Domain;
+  chat: ChatService;
+  recognition: Recognition;
+  speaker: Speaker;
+  resampler: SpeexModule;
+  registry: Registry;
+  logger: Logger;
+}
+
+/** Voice conversations of this node: one per active connection, sharing the process's engines. */
+export class VoiceService implements VoiceHost {
+  private readonly o: VoiceServiceOptions;
+  private readonly metrics: VoiceMetrics;
+  private readonly open_ = new Set<Conversation>();
+
+  constructor(o: VoiceServiceOptions) {
+    this.o = o;
+    this.metrics = new VoiceMetrics(o.registry, () => this.open_.size);
+  }
+
+  /** Conversations held now. */
+  get size(): number {
+    return this.open_.size;
+  }
+
+  open(port: AudioPort): VoiceSession {
+    const choice = new AgentLookup(port.publicKey, this.o);
+    const conversation = new Conversation({
+      port,
+      config: this.o.config.voice,
+      recognition: this.o.recognition,
+      speaker: this.o.speaker,
+      resampler: this.o.resampler,
+      metrics: this.metrics,
+      logger: this.o.logger,
+      agent: () => choice.current(),
+      reply: (agentId, messages, signal) => this.reply(port.publicKey, agentId, messages, signal),
+    });
+    this.open_.add(conversation);
+    return {
+      close: () => {
+        this.open_.delete(conversation);
+        choice.close();
+        conversation.close();
+      },
+    };
+  }
+
+  /** The agent's answer through the Compatible API's own agent code, with the device as the caller; text deltas. */
+  private async reply(publicKey: string, agentId: string, messages: ChatMessage[], signal: AbortSignal): Promise<AsyncIterable<string>> {
+    const request = { model: agentId, messages, stream: true } as ChatRequest;
+    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal);
+    if (result.kind !== "stream") throw new Error("the agent did not stream");
+    const events = result.stream.events;
+    return (async function* () {
+      for await (const block of events) {
+        for (const event of parseEvents(block)) {
+          if (event === "[DONE]" || typeof event !== "object" || event === null) continue;
+          if ("error" in event) {
+            const error = (event as { error?: { message?: string } }).error;
+            throw new Error(error?.message ?? "the model failed");
+          }
+          const text = (event as ChatChunk).choices?.[0]?.delta?.content;
+          if (text) yield text;
+        }
+      }
+    })();
+  }
+}
+
+/** A device's agent as last read from the store: its own choice, else `voice.agent`; refreshed in the background. */
+class AgentLookup {
+  private readonly key: string;
+  private readonly o: VoiceServiceOptions;
+  private setting: string | null = null;
+  private readAt = 0;
+  private reading = false;
+  private closed = false;
+
+  constructor(key: string, o: VoiceServiceOptions) {
+    this.key = key;
+    this.o = o;
+    this.refresh();
+  }
+
+  current(): AgentChoice | undefined {
+    if (performance.now() - this.readAt > AGENT_REFRESH_MS) this.refresh();
+    const id = this.setting === null ? this.o.config.voice.agent : this.setting === "off" ? undefined : this.setting;
+    if (!id) return undefined;
+    const agent = this.o.config.agents.find((a) => a.id === id);
+    return agent ? { id: agent.id, voice: agent.voice ?? DEFAULT_VOICE } : undefined;
+  }
+
+  close(): void {
+    this.closed = true;
+  }
+
+  private refresh(): void {
+    if (this.reading || this.closed) return;
+    this.reading = true;
+    this.readAt = performance.now();
+    this.o.domain.peers.voiceAgent(this.key).then(
+      (setting) => {
+        this.reading = false;
+        this.setting = setting ?? null;
+      },
+      (err: unknown) => {
+        this.reading = false;
+        this.o.logger.warn({ err, peer: this.key }, "could not read the device's voice agent");
+      },
+    );
+  }
+}

@@ -1,0 +1,96 @@
+import type { PeerEvent } from "../../src/protocol/gen/event_pb.ts";
+import { PeerEventType, StreamKind } from "../../src/protocol/gen/event_pb.ts";
+import type { PerchConnection } from "../../src/sdk/webrtc.ts";
+import { loadResampler, Resampler } from "../../src/voice/resampler.ts";
+
+/** A voice event in a form tests compare. */
+export interface Seen {
+  type: "BOS" | "EOS" | "TEXT_DELTA" | "TEXT_DONE";
+  stream: string;
+  label: string;
+  kind?: "TEXT" | "AUDIO" | "OTHER";
+  text?: string;
+  error?: { code: string; message: string };
+  sequence: number;
+  mime?: string;
+}
+
+export function seen(e: PeerEvent): Seen | undefined {
+  const p = e.payload;
+  const kind = (k: number) => (k === StreamKind.TEXT ? "TEXT" : k === StreamKind.AUDIO ? "AUDIO" : "OTHER");
+  if (p.case === "bos" && e.type === PeerEventType.BOS)
+    return {
+      type: "BOS",
+      stream: p.value.streamId,
+      label: p.value.label,
+      kind: kind(p.value.kind),
+      sequence: Number(p.value.sequence),
+      mime: p.value.mimeType,
+    };
+  if (p.case === "eos" && e.type === PeerEventType.EOS) {
+    const s: Seen = { type: "EOS", stream: p.value.streamId, label: p.value.label, kind: kind(p.value.kind), sequence: Number(p.value.sequence) };
+    if (p.value.error) s.error = { code: p.value.error.code, message: p.value.error.message };
+    return s;
+  }
+  if (p.case === "textDelta")
+    return { type: "TEXT_DELTA", stream: p.value.streamId, label: p.value.label, text: p.value.text, sequence: Number(p.value.sequence) };
+  if (p.case === "textDone")
+    return { type: "TEXT_DONE", stream: p.value.streamId, label: p.value.label, text: p.value.text, sequence: Number(p.value.sequence) };
+  return undefined;
+}
+
+/** Every voice event the device receives, in order, with a way to wait for one. */
+export class EventLog {
+  readonly all: Seen[] = [];
+  private waiters: Array<{ match: (s: Seen) => boolean; resolve: (s: Seen) => void }> = [];
+
+  constructor(conn: PerchConnection) {
+    conn.eventStream.on((e) => {
+      const s = seen(e);
+      if (!s) return;
+      this.all.push(s);
+      this.waiters = this.waiters.filter((w) => {
+        if (!w.match(s)) return true;
+        w.resolve(s);
+        return false;
+      });
+    });
+  }
+
+  /** Resolves with the first event (seen already or to come) that matches. */
+  wait(match: (s: Seen) => boolean, ms = 30_000, what = "an event"): Promise<Seen> {
+    const found = this.all.find(match);
+    if (found) return Promise.resolve(found);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`timed out waiting for ${what}; seen: ${JSON.stringify(this.all.map((s) => [s.type, s.stream, s.label]))}`)),
+        ms,
+      );
+      this.waiters.push({
+        match,
+        resolve: (s) => {
+          clearTimeout(timer);
+          resolve(s);
+        },
+      });
+    });
+  }
+
+  of(stream: string): Seen[] {
+    return this.all.filter((s) => s.stream === stream);
+  }
+}
+
+/** Resamples a whole piece of 16-bit audio. */
+export async function resample(pcm: Int16Array, from: number, to: number): Promise<Int16Array> {
+  if (from === to) return pcm;
+  const r = new Resampler(await loadResampler(), from, to);
+  try {
+    // The filter's tail comes out with a little silence after the audio.
+    const padded = new Int16Array(pcm.length + Math.ceil(from / 50));
+    padded.set(pcm);
+    return r.process(padded);
+  } finally {
+    r.close();
+  }
+}
