@@ -201,15 +201,33 @@ export const ConfigSchema = z
       .strictObject({
         /** Samples older than this are deleted by the cleanup job. */
         retentionDays: z.number().positive().max(36_500).default(30),
+        /**
+         * Samples a node holds in memory waiting to be stored (a slow store, or one that cannot be
+         * reached); frames beyond are dropped and counted (`perch_telemetry_frames_dropped_total`).
+         */
+        bufferSamples: z.number().int().min(1).max(10_000_000).default(100_000),
       })
-      .default({ retentionDays: 30 }),
+      .default({ retentionDays: 30, bufferSamples: 100_000 }),
     /** Bounds of the Compatible API against hostile callers (see docs/decisions.md, issue 17). */
     compat: z
       .strictObject({
         /** Longest audio a transcription decodes, in seconds; longer is refused with a 400 naming the limit. */
         maxAudioSeconds: z.number().positive().max(86_400).default(600),
+        /** A client that takes none of a response's waiting bytes for this long is disconnected. */
+        writeTimeoutMs: z.number().int().min(1).max(3_600_000).default(30_000),
       })
-      .default({ maxAudioSeconds: 600 }),
+      .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000 }),
+    /** The companion web app (`/app/`). */
+    app: z
+      .strictObject({
+        /** Map tiles under the GNSS track, e.g. `https://tiles.example.org/{z}/{x}/{y}.png`; none by default (the track is drawn on a plain grid, offline). */
+        tileUrl: z
+          .string()
+          .regex(/^https?:\/\/[^/\s"'<>]+\/[^\s"'<>]*$/, "must be an http(s) URL")
+          .refine((u) => ["{z}", "{x}", "{y}"].every((p) => u.includes(p)), "must contain {z}, {x} and {y}")
+          .optional(),
+      })
+      .default({}),
     providers: z.array(ProviderConfig).default([]),
     models: z.array(ModelConfig).default([]),
     agents: z.array(AgentConfig).default([]),
@@ -299,6 +317,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_SERVER_KEY_FILE: (v) => ({ serverKeyFile: v }),
   PERCH_PUBLIC_ENDPOINT: (v) => ({ publicEndpoint: v }),
   PERCH_NODE_NAME: (v) => ({ nodeName: v }),
+  PERCH_APP_TILE_URL: (v) => ({ app: { tileUrl: v } }),
   PERCH_LOG_LEVEL: (v) => ({ logLevel: v as Config["logLevel"] }),
   PERCH_TRUST_PROXY: (v) => ({ trustProxy: v }),
   PERCH_REGISTRATION_POLICY: (v) => ({ registration: { policy: v as "open" } }),
@@ -306,6 +325,8 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
+  PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
+  PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 

@@ -1,6 +1,6 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Logger } from "pino";
-import type { Domain } from "../domain/index.ts";
+import { type Domain, StoreUnavailable } from "../domain/index.ts";
 import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
 import type { Metrics } from "./metrics.ts";
@@ -10,6 +10,7 @@ import { Callers } from "./principal.ts";
 import { publicSurface } from "./public/surface.ts";
 import type { WebRtcPort } from "./public/webrtc.ts";
 import { mountSurfaces, type Surface } from "./surface.ts";
+import { webAppSurface } from "./webapp.ts";
 
 export { JSON_BODY_LIMIT } from "./public/limits.ts";
 
@@ -46,6 +47,7 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
     ...(o.surfaces?.(callers) ?? []),
     publicSurface({ domain: o.domain, callers, serverInfo: o.serverInfo, webrtc: o.webrtc }),
     opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument }),
+    webAppSurface({ tileUrl: o.domain.ctx.config.app.tileUrl }),
   ];
   mountAll(o, root, surfaces);
   return root;
@@ -75,7 +77,9 @@ function mountAll(o: Pick<AppOptions, "logger">, root: OpenAPIHono<AppEnv>, surf
     // A body that stopped arriving because its client left: not a server error, and nobody reads the answer.
     if (clientClosedRequest(c)) return new Response(null, { status: CLIENT_CLOSED_REQUEST });
     const res = surface.error(c, err);
-    if (res.status >= 500) o.logger.error({ err, req_id: c.get("requestId"), path: c.req.path }, "request failed");
+    // An unreachable store is logged without the stack: during an outage, every request says the same.
+    if (err instanceof StoreUnavailable) o.logger.warn({ err: err.message, req_id: c.get("requestId"), path: c.req.path }, "store unavailable");
+    else if (res.status >= 500) o.logger.error({ err, req_id: c.get("requestId"), path: c.req.path }, "request failed");
     return res;
   });
 }

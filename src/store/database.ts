@@ -1,7 +1,7 @@
 import { closeSync, mkdirSync, openSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
-import { Kysely, PostgresDialect, type SqliteDatabase, SqliteDialect, type SqliteStatement } from "kysely";
+import { Kysely, PostgresDialect, type SqliteDatabase, SqliteDialect, type SqliteStatement, sql } from "kysely";
 import { Migrator } from "kysely/migration";
 import pg from "pg";
 import { type DialectName, migrationProvider } from "./migrations.ts";
@@ -17,8 +17,16 @@ export interface Database {
   close(): Promise<void>;
 }
 
+const PG_CONNECT_TIMEOUT_MS = 5_000;
+
 /** What every SQLite connection runs first. */
 export const SQLITE_PRAGMAS = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON;";
+/**
+ * The main connection's `busy_timeout` once migrated: node:sqlite waits for another process's lock
+ * on the event loop, so the group commit waits for the write lock itself, between short tries, and
+ * the node keeps serving meanwhile.
+ */
+const SQLITE_SERVING_BUSY_MS = 20;
 
 /** Adapts `node:sqlite` to the better-sqlite3 shape Kysely's SQLite dialect drives, caching statements. */
 function nodeSqlite(path: string): SqliteDatabase {
@@ -64,6 +72,7 @@ export async function openDatabase(url: string | undefined, dataDir: string, onE
     await db.destroy();
     throw new Error(`store migration failed${failed ? ` at ${failed.migrationName}` : ""}: ${String(error)}`);
   }
+  if (dialect === "sqlite") await sql`PRAGMA busy_timeout = ${sql.lit(SQLITE_SERVING_BUSY_MS)}`.execute(db);
   return database;
 }
 
@@ -78,7 +87,9 @@ export function connect(url: string | undefined, dataDir: string, onError: (err:
   let file: string | undefined;
   if (url && /^postgres(ql)?:\/\//.test(url)) {
     dialect = "postgres";
-    const pool = new pg.Pool({ connectionString: url, max: 10, types: pgTypes });
+    // A connection (new, or a free one from the pool) within 5 s, or the query fails as unavailable:
+    // no request waits on an unreachable server for longer.
+    const pool = new pg.Pool({ connectionString: url, max: 10, types: pgTypes, connectionTimeoutMillis: PG_CONNECT_TIMEOUT_MS, keepAlive: true });
     // Without a listener, an error on an idle connection ends the process ("error" on the pool),
     // and so does one on a checked-out connection between its queries ("error" on the client:
     // the pool listens only while the client is idle). Such a client is not queryable any more;

@@ -1,0 +1,92 @@
+import { assertion, controllerKey, encodeKey } from "./crypto.ts";
+
+/** An error answer of the API (`{error: {code, message, details}}`), or the network failing (`status` 0). */
+export class ApiError extends Error {
+  readonly status: number;
+  readonly code: string;
+  readonly details: Record<string, unknown> | undefined;
+  constructor(status: number, code: string, message: string, details?: Record<string, unknown>) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.details = details;
+  }
+  /** The field the error is about, when the server named one. */
+  get field(): string | undefined {
+    const f = this.details?.field;
+    return typeof f === "string" ? f : undefined;
+  }
+}
+
+export interface Session {
+  access_token: string;
+  session_id: string;
+  expires_at: number;
+}
+
+const SESSION = "perch.session";
+
+export function storedSession(): Session | undefined {
+  try {
+    const s = JSON.parse(localStorage.getItem(SESSION) ?? "null") as Session | null;
+    return s && typeof s.access_token === "string" ? s : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export function forgetSession(): void {
+  localStorage.removeItem(SESSION);
+}
+
+async function errorOf(res: Response): Promise<ApiError> {
+  try {
+    const body = (await res.json()) as { error?: { code?: string; message?: string; details?: Record<string, unknown> } };
+    if (body.error?.code) return new ApiError(res.status, body.error.code, body.error.message ?? body.error.code, body.error.details);
+  } catch {
+    // Not our envelope (a proxy's page).
+  }
+  return new ApiError(res.status, "HTTP_ERROR", `the server answered ${res.status}`);
+}
+
+/** A JSON request to this origin; rejects with ApiError (status 0 when the server cannot be reached). */
+export async function request<T>(
+  method: string,
+  path: string,
+  o: { bearer?: string; body?: unknown; headers?: Record<string, string>; signal?: AbortSignal } = {},
+): Promise<T> {
+  const headers: Record<string, string> = { accept: "application/json", ...o.headers };
+  if (o.bearer) headers.authorization = `Bearer ${o.bearer}`;
+  if (o.body !== undefined) headers["content-type"] = "application/json";
+  let res: Response;
+  try {
+    res = await fetch(path, {
+      method,
+      headers,
+      body: o.body === undefined ? null : JSON.stringify(o.body),
+      cache: "no-store",
+      ...(o.signal ? { signal: o.signal } : {}),
+    });
+  } catch (err) {
+    if ((err as Error)?.name === "AbortError") throw err;
+    throw new ApiError(0, "UNREACHABLE", "the server cannot be reached");
+  }
+  if (!res.ok) throw await errorOf(res);
+  if (res.status === 204) return undefined as T;
+  return (await res.json()) as T;
+}
+
+/** Pairs this browser with a device: a Side Control login with the device token. */
+export async function pair(deviceToken: string): Promise<Session> {
+  const key = await controllerKey();
+  const info = await request<{ public_key: string; server_time: number }>("GET", "/server-info");
+  const token = await assertion(key, info.public_key, info.server_time);
+  const login = await request<Session>("POST", "/login", {
+    bearer: token,
+    headers: { "x-public-key": encodeKey(key.publicKey) },
+    body: { grant_type: "side_control", device_token: deviceToken },
+  });
+  const session = { access_token: login.access_token, session_id: login.session_id, expires_at: login.expires_at };
+  localStorage.setItem(SESSION, JSON.stringify(session));
+  return session;
+}

@@ -1,0 +1,83 @@
+import { render } from "preact";
+import { useEffect } from "preact/hooks";
+import "./styles.css";
+import { forgetSession } from "./api.ts";
+import { startLive } from "./live.ts";
+import { ended, link, pairingRequested, session } from "./state.ts";
+import { Contacts } from "./views/Contacts.tsx";
+import { DeviceCard } from "./views/DeviceCard.tsx";
+import { Pairing } from "./views/Pairing.tsx";
+import { Telemetry } from "./views/Telemetry.tsx";
+
+/** A token handed over in the link (`/app/#token=…`): taken once, then removed from the address bar and history. */
+function tokenFromLink(): string {
+  const token = new URLSearchParams(location.hash.slice(1)).get("token") ?? "";
+  if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+  return token.trim();
+}
+
+const linkToken = tokenFromLink();
+
+function LinkState() {
+  const l = link.value;
+  const text =
+    l.state === "live"
+      ? "Live"
+      : l.state === "connecting"
+        ? "Connecting…"
+        : `Reconnecting in ${Math.max(1, Math.round(((l.retryAt ?? Date.now()) - Date.now()) / 1000))} s: ${l.reason ?? "connection lost"}`;
+  return (
+    <p class={`link ${l.state}`} role="status" aria-live="polite">
+      {text}
+    </p>
+  );
+}
+
+function Paired({ bearer }: { bearer: string }) {
+  return (
+    <>
+      <LinkState />
+      <DeviceCard />
+      <Telemetry bearer={bearer} />
+      <Contacts bearer={bearer} />
+      <p class="unpair">
+        <button
+          type="button"
+          class="secondary"
+          onClick={() => {
+            forgetSession();
+            ended.value = undefined;
+            session.value = undefined;
+          }}
+        >
+          Forget this device
+        </button>
+      </p>
+    </>
+  );
+}
+
+function App() {
+  const s = session.value;
+  useEffect(() => (s ? startLive(s) : undefined), [s]);
+  // A new link token replaces a pairing this browser already had.
+  const pairing = !s || pairingRequested.value;
+  return (
+    <>
+      <header class="top">
+        <h1>Perch</h1>
+      </header>
+      <main>
+        {pairing ? <Pairing initialToken={linkToken} autoPair={linkToken !== ""} /> : <Paired bearer={(s as { access_token: string }).access_token} />}
+      </main>
+    </>
+  );
+}
+
+pairingRequested.value = linkToken !== "";
+
+const root = document.getElementById("root");
+if (root) {
+  root.textContent = "";
+  render(<App />, root);
+}

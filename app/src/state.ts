@@ -1,0 +1,41 @@
+import { signal } from "@preact/signals";
+import { forgetSession, type Session, storedSession } from "./api.ts";
+import type { DeviceInfo, PeerStatus, Runtime, TelemetryValue } from "./types.ts";
+
+/** Why the app is not (or no longer) paired, in words for the person holding the phone. */
+export type Ended = "revoked" | "expired" | "invalid" | "blocked";
+
+export const session = signal<Session | undefined>(storedSession());
+export const ended = signal<Ended | undefined>(undefined);
+/** A pairing link was opened: its token is used even when this browser is paired already. */
+export const pairingRequested = signal(false);
+/** The event stream: `live`, or being (re)made; `retryAt` is when the next attempt starts. */
+export const link = signal<{ state: "connecting" | "live" | "retrying"; retryAt?: number; reason?: string }>({ state: "connecting" });
+export const info = signal<DeviceInfo>({});
+export const status = signal<PeerStatus>({});
+export const runtime = signal<Runtime>({ online: false });
+/** Bumped on every (re)connect of the stream and every contacts event: views re-read then. */
+export const connectedCount = signal(0);
+export const contactsChanged = signal(0);
+
+type TelemetryListener = (values: TelemetryValue[]) => void;
+const telemetryListeners = new Set<TelemetryListener>();
+
+export function onTelemetry(fn: TelemetryListener): () => void {
+  telemetryListeners.add(fn);
+  return () => telemetryListeners.delete(fn);
+}
+
+export function emitTelemetry(values: TelemetryValue[]): void {
+  for (const fn of telemetryListeners) fn(values);
+}
+
+/** The pairing is over: the stored bearer is dropped and the page offers to pair again. */
+export function endSession(why: Ended): void {
+  forgetSession();
+  ended.value = why;
+  session.value = undefined;
+  info.value = {};
+  status.value = {};
+  runtime.value = { online: false };
+}

@@ -1,0 +1,42 @@
+/** The Public API's shapes the app reads (the contract's `public-api.md`). */
+export interface DeviceInfo {
+  name?: string;
+  emoji?: string;
+  hardware?: { manufacturer?: string; model?: string; hardware_revision?: string };
+}
+
+export interface PeerStatus {
+  reported_at?: string;
+  volume?: number;
+  muted?: boolean;
+  battery_percent?: number;
+  charging?: boolean;
+  gnss_latitude?: number;
+  gnss_longitude?: number;
+  gnss_altitude_m?: number;
+  gnss_accuracy_m?: number;
+}
+
+export interface Runtime {
+  online: boolean;
+  last_seen_at?: string;
+  node?: string;
+}
+
+export interface TelemetryValue {
+  field: string;
+  value: number;
+  observed_at_unix_ms: number;
+}
+
+export interface Contact {
+  name: string;
+  display_name?: string;
+  phone_number?: string;
+}
+
+export interface ContactList {
+  items: Contact[];
+  has_next: boolean;
+  next_cursor?: string;
+}

@@ -1,0 +1,240 @@
+/**
+ * The companion web app (`/app/`) end to end: headless Debian Chromium (through playwright-core,
+ * nothing downloaded) is the phone; a device SDK client on WebRTC is the device. Screenshots are
+ * written to `test-artifacts/` (git-ignored) as the test goes.
+ */
+import assert from "node:assert/strict";
+import { existsSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { create, toBinary } from "@bufbuild/protobuf";
+import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
+import { RpcMethod, ServerPutInfoRequestSchema } from "../src/protocol/gen/rpc_pb.ts";
+import { PerchClient } from "../src/sdk/client.ts";
+import type { PerchConnection } from "../src/sdk/webrtc.ts";
+import { ROOT, startTestServer, type TestServer, tempDir } from "./support/server.ts";
+import { connect } from "./support/webrtc.ts";
+
+const CHROMIUM = process.env.PERCH_TEST_CHROMIUM || "/usr/bin/chromium";
+const ARTIFACTS = join(ROOT, "test-artifacts");
+const ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+
+/** Reports battery (and GNSS, when given) as the device's telemetry. */
+function report(conn: PerchConnection, battery: number, position?: [number, number]): void {
+  const observations: Parameters<PerchConnection["sendTelemetry"]>[0]["observations"] = [
+    { observedAtDeltaMs: 0, body: { case: "battery", value: { percent: battery, charging: false } } },
+    { observedAtDeltaMs: 0, body: { case: "system", value: { temperatureC: 30 + battery / 10 } } },
+  ];
+  if (position) observations.push({ observedAtDeltaMs: 0, body: { case: "gnss", value: { latitude: position[0], longitude: position[1], accuracyM: 5 } } });
+  conn.sendTelemetry({ observedAtUnixMs: BigInt(Date.now()), observations });
+}
+
+async function shot(page: Page, name: string): Promise<void> {
+  await page.screenshot({ path: join(ARTIFACTS, `webapp-${name}.png`), fullPage: true });
+}
+
+/**
+ * The contrast ratio of every visible text element against the background it sits on (WCAG 2
+ * formula): the texts below AA. A string, so that the test runner's transform adds nothing the page lacks.
+ */
+const LOW_CONTRAST = `(() => {
+  const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (v) => { const s = v / 255; return s <= 0.03928 ? s / 12.92 : ((s + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const background = (el) => {
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c.length === 3 || c[3] > 0.5) return c;
+    }
+    return [255, 255, 255];
+  };
+  const bad = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const own = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (!own || el.offsetParent === null || el.disabled) continue;
+    const style = getComputedStyle(el);
+    const [a, b] = [lum(rgb(style.color)), lum(background(el))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const size = parseFloat(style.fontSize);
+    const large = size >= 24 || (size >= 18.66 && Number(style.fontWeight) >= 700);
+    if (ratio < (large ? 3 : 4.5)) bad.push(el.tagName + " " + JSON.stringify(el.textContent.trim().slice(0, 30)) + " " + ratio.toFixed(2));
+  }
+  return bad;
+})()`;
+
+function lowContrast(page: Page): Promise<string[]> {
+  return page.evaluate(LOW_CONTRAST) as Promise<string[]>;
+}
+
+describe("the companion web app in headless Chromium", { timeout: 120_000 }, () => {
+  let server: TestServer;
+  let browser: Browser;
+  let context: BrowserContext;
+  let page: Page;
+  let conn: PerchConnection;
+  let device: PerchClient;
+  const dataDir = tempDir();
+  const pageLog: string[] = [];
+
+  before(async () => {
+    assert.ok(
+      existsSync(CHROMIUM),
+      `Chromium is required for this test and was not found at ${CHROMIUM} (install Debian's chromium, or set PERCH_TEST_CHROMIUM)`,
+    );
+    mkdirSync(ARTIFACTS, { recursive: true });
+    server = await startTestServer({ dataDir, config: { nodeName: "webapp-node" } });
+    browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ARGS, timeout: 20_000 });
+    // A phone's screen: 360 CSS pixels wide.
+    context = await browser.newContext({ viewport: { width: 360, height: 780 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+    page = await context.newPage();
+    page.on("console", (m) => pageLog.push(`${m.type()}: ${m.text()}`));
+    page.on("pageerror", (e) => pageLog.push(`pageerror: ${e.message}`));
+    conn = await connect(server);
+    device = new PerchClient({ baseUrl: server.url, keyPair: conn.keyPair });
+    await device.login();
+    await conn.call(
+      RpcMethod.SERVER_INFO_PUT,
+      toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value: { name: "Kitchen speaker", emoji: "🐦" } })),
+    );
+    report(conn, 80, [48.137, 11.575]);
+  });
+  after(async () => {
+    conn?.close();
+    await browser?.close().catch(() => {});
+    await server?.stop();
+    if (pageLog.some((l) => l.startsWith("pageerror"))) console.log(pageLog.join("\n"));
+  });
+
+  test("the page and its assets: revalidated page, immutable hashed assets, at most 300 KiB of JavaScript", async () => {
+    const res = await fetch(`${server.url}/app/`);
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get("cache-control"), "no-cache");
+    const etag = res.headers.get("etag");
+    assert.ok(etag);
+    assert.match(res.headers.get("content-security-policy") ?? "", /script-src 'self'/);
+    const html = await res.text();
+    assert.equal((await fetch(`${server.url}/app/`, { headers: { "if-none-match": etag } })).status, 304);
+    assert.equal((await fetch(`${server.url}/app`, { redirect: "manual" })).headers.get("location"), "/app/");
+    const assets = [...html.matchAll(/(?:src|href)="assets\/([^"]+)"/g)].map((m) => m[1] as string);
+    assert.ok(assets.some((a) => /^main-[A-Z0-9]{8}\.js$/.test(a)) && assets.some((a) => a.endsWith(".css")), html);
+    let js = 0;
+    for (const a of assets) {
+      const r = await fetch(`${server.url}/app/assets/${a}`);
+      assert.equal(r.status, 200);
+      assert.equal(r.headers.get("cache-control"), "public, max-age=31536000, immutable");
+      if (a.endsWith(".js")) js += (await r.arrayBuffer()).byteLength;
+    }
+    assert.ok(js <= 300 * 1024, `${js} bytes of JavaScript on the page`);
+    assert.equal((await fetch(`${server.url}/app/assets/main-AAAAAAAA.js`)).status, 404);
+  });
+
+  test("pairs from a token link; the device live; a chart and a track; contacts with a 409 beside the field", async () => {
+    const token = await device.createDeviceToken();
+    await page.goto(`${server.url}/app/#token=${token.token}`);
+    const deviceRegion = page.getByRole("region", { name: "Device" });
+    await deviceRegion.waitFor();
+    assert.equal(new URL(page.url()).hash, "", "the token is taken out of the address");
+    await page.getByText("Live", { exact: true }).waitFor();
+    await deviceRegion.getByText("Kitchen speaker").waitFor();
+    await page.locator("#connection").getByText("Online").waitFor();
+    await page.locator("#battery").getByText("80 %").waitFor();
+    for (const name of ["Telemetry", "Contacts"]) await page.getByRole("region", { name }).waitFor();
+
+    // A report from the device changes the battery on the page, without reloading it.
+    await page.evaluate("globalThis.__sameDocument = true");
+    report(conn, 64, [48.138, 11.576]);
+    await page.locator("#battery").getByText("64 %").waitFor({ timeout: 5_000 });
+    report(conn, 63, [48.139, 11.578]);
+    assert.equal(await page.evaluate("globalThis.__sameDocument"), true, "the page was not reloaded");
+
+    // A chart per field with points, and the track through the positions.
+    const chart = page.locator('figure.chart[data-field="battery.percent"]');
+    await chart.locator("canvas").first().waitFor();
+    await page.waitForFunction(() => Number(document.querySelector('figure.chart[data-field="battery.percent"]')?.getAttribute("data-points")) >= 2);
+    await page.waitForFunction(() => (document.querySelector(".track polyline")?.getAttribute("points")?.split(" ").length ?? 0) >= 3);
+    assert.match((await page.locator(".track svg").getAttribute("aria-label")) ?? "", /GNSS track: \d+ positions/);
+    await shot(page, "device");
+    await page.screenshot({ path: join(ARTIFACTS, "webapp-phone.png") });
+
+    // Fits a 360 px screen: nothing wider than the viewport.
+    assert.ok((await page.evaluate(() => document.documentElement.scrollWidth)) <= 360, "no horizontal scrolling at 360 px");
+    assert.deepEqual(await lowContrast(page), [], "every text passes WCAG AA contrast");
+
+    // Contacts: add one; the same again is a 409 shown beside the field; delete it.
+    const contacts = page.getByRole("region", { name: "Contacts" });
+    await contacts.getByLabel("Name", { exact: true }).fill("mom");
+    await contacts.getByLabel("Phone number").fill("+1 555 0100");
+    await contacts.getByRole("button", { name: "Add contact" }).click();
+    await contacts.getByRole("list").getByText("mom").waitFor();
+    await contacts.getByLabel("Name", { exact: true }).fill("mom");
+    await contacts.getByLabel("Phone number").fill("+1 555 0199");
+    await contacts.getByRole("button", { name: "Add contact" }).click();
+    await page.locator("#contact-name-error").getByText("already exists").waitFor();
+    assert.equal(await contacts.getByLabel("Name", { exact: true }).getAttribute("aria-invalid"), "true");
+    await shot(page, "contact-409");
+    // The device's own list has it, through the API.
+    const phoneView = await fetch(`${server.url}/side-control/contacts`, {
+      headers: { authorization: `Bearer ${await page.evaluate(() => JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token)}` },
+    });
+    assert.deepEqual(
+      ((await phoneView.json()) as { items: Array<{ name: string }> }).items.map((c) => c.name),
+      ["mom"],
+    );
+    await contacts.getByRole("button", { name: "Delete mom" }).click();
+    await contacts.getByRole("button", { name: "Delete mom" }).click();
+    await contacts.getByText("No contacts yet.").waitFor();
+  });
+
+  test("the server restarting: the page says so, reconnects with back-off and reads the state again", async () => {
+    const port = server.port;
+    conn.close();
+    await server.stop();
+    await page.getByText(/Reconnecting in \d+ s/).waitFor({ timeout: 10_000 });
+    await shot(page, "reconnecting");
+    // The old UDP socket may take a moment to be released: try again for a few seconds, as an operator's restart would.
+    for (let attempt = 0; ; attempt++) {
+      try {
+        server = await startTestServer({ dataDir, config: { nodeName: "webapp-node", port } });
+        break;
+      } catch (err) {
+        if (attempt >= 20 || !/EADDRINUSE/.test(String(err))) throw err;
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    }
+    conn = await connect(server, { keyPair: conn.keyPair });
+    await page.getByText("Live", { exact: true }).waitFor({ timeout: 40_000 });
+    report(conn, 55);
+    await page.locator("#battery").getByText("55 %").waitFor({ timeout: 5_000 });
+    await page.locator("#connection").getByText("Online").waitFor();
+  });
+
+  test("a revoked pairing says so and offers to pair again; a wrong token says so", async () => {
+    const [session] = (await device.sideControlSessions()).items;
+    assert.ok(session);
+    await device.revokeSideControlSession(session.id);
+    await page.getByText("The device ended this pairing").waitFor({ timeout: 5_000 });
+    const field = page.getByLabel("Device token");
+    await field.waitFor();
+    assert.equal(await page.evaluate(() => localStorage.getItem("perch.session")), null, "the bearer is forgotten");
+    await shot(page, "revoked");
+
+    // A wrong token, typed and sent with the keyboard.
+    await field.focus();
+    await page.keyboard.type("not-a-real-token");
+    await page.keyboard.press("Enter");
+    await page.getByText("That device token is not valid").waitFor();
+    assert.equal(await field.getAttribute("aria-invalid"), "true");
+    await shot(page, "wrong-token");
+
+    // Pairing again with a fresh token works (the controller key kept in local storage).
+    const key = await page.evaluate(() => localStorage.getItem("perch.controller-key"));
+    await field.fill((await device.createDeviceToken()).token);
+    await page.keyboard.press("Enter");
+    await page.getByRole("region", { name: "Device" }).waitFor();
+    assert.equal(await page.evaluate(() => localStorage.getItem("perch.controller-key")), key);
+    const [again] = (await device.sideControlSessions()).items;
+    assert.equal(again?.controller_public_key, session.controller_public_key, "the same controller key paired again");
+  });
+});
