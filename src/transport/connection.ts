@@ -177,7 +177,10 @@ export class Connection {
       return;
     }
     // Service streams wait for the event stream: until then the caller is not yet registered.
-    if (this.state === "active") return this.service(id, port);
+    if (this.state === "active") {
+      this.service(id, port);
+      return;
+    }
     if (this.waiting.length >= MAX_SERVICE_STREAMS) {
       this.host.metrics.streamRefused();
       port.close();
