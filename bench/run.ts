@@ -1,5 +1,6 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
 import { compatBench } from "./compat.ts";
+import { eventsBench } from "./events.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
@@ -11,6 +12,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   speech: speechBench,
   webrtc: webrtcBench,
   outage: outageBench,
+  events: eventsBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
