@@ -13,9 +13,10 @@
  * Sizes (environment): BENCH_EVENTS_DEVICES (2000), BENCH_EVENTS_SUBSCRIBERS (1000),
  * BENCH_EVENTS_WINDOW_S (20), BENCH_EVENTS_CROWD_PROCESSES (4).
  */
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import { encodeKey, generateKeyPair, type KeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { Crowd } from "./crowd.ts";
@@ -162,20 +163,40 @@ class Subscribers {
   }
 }
 
-/** Reports at `fps` for the window; the servers' CPU (cores used on average) over it. */
-async function window(crowd: Crowd, nodes: Nodes, fps: number, subscribers?: Subscribers): Promise<{ server_cores: number; reports_sent: number }> {
+/** The machine's CPU time so far (`/proc/stat`, in ticks): all states, and idle. */
+function machineCpu(): { total: number; idle: number } {
+  const f = readFileSync("/proc/stat", "utf8").split("\n")[0]!.trim().split(/\s+/).slice(1).map(Number);
+  return { total: f.slice(0, 8).reduce((a, b) => a + b, 0), idle: (f[3] ?? 0) + (f[4] ?? 0) };
+}
+
+/**
+ * Reports at `fps` for the window; the servers' CPU (cores used on average) over it, how busy the
+ * whole machine was (other guests' work included), and this process's event-loop delay (a late
+ * read here adds to every latency measured).
+ */
+async function window(crowd: Crowd, nodes: Nodes, fps: number, subscribers?: Subscribers) {
   crowd.setRate(fps);
   await new Promise((r) => setTimeout(r, SETTLE_MS));
   const sentBefore = (await crowd.stats()).sent;
   const cpuBefore = nodes.pids.reduce((n, p) => n + treeCpuSeconds(p), 0);
+  const machineBefore = machineCpu();
+  const loop = monitorEventLoopDelay({ resolution: 10 });
+  loop.enable();
   if (subscribers) subscribers.recording = true;
   await new Promise((r) => setTimeout(r, WINDOW_S * 1000));
   if (subscribers) subscribers.recording = false;
+  loop.disable();
   const cpu = nodes.pids.reduce((n, p) => n + treeCpuSeconds(p), 0) - cpuBefore;
+  const machine = machineCpu();
   const sent = (await crowd.stats()).sent - sentBefore;
   crowd.setRate(0);
   await new Promise((r) => setTimeout(r, 1000));
-  return { server_cores: round(cpu / WINDOW_S), reports_sent: sent };
+  return {
+    server_cores: round(cpu / WINDOW_S),
+    reports_sent: sent,
+    machine_busy_percent: round((1 - (machine.idle - machineBefore.idle) / Math.max(1, machine.total - machineBefore.total)) * 100),
+    bench_loop_delay_p99_ms: round(loop.percentile(99) / 1e6),
+  };
 }
 
 function latency(s: Subscribers) {
