@@ -4,15 +4,19 @@ import { eventsBench } from "./events.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
+import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
+import { webrtcHealthBench } from "./webrtc-health.ts";
 
 const suites: Record<string, () => Promise<unknown>> = {
   public: publicBench,
   compat: compatBench,
   speech: speechBench,
   webrtc: webrtcBench,
+  "webrtc-health": webrtcHealthBench,
   outage: outageBench,
   events: eventsBench,
+  voice: voiceBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);

@@ -58,6 +58,8 @@ describe("perch command line: keys and peers", () => {
     assertFails(await perch(["peers", "voice", key, "nobody"], venv), /no agent nobody in the configuration \(agents: talker\)/);
     assertFails(await perch(["peers", "voice", encodeKey(generateKeyPair().publicKey), "off"], venv), /no registered peer/);
     assert.equal(await voiceOf(), null);
+    // Leave the shared data directory as found: the next test lists every peer.
+    assert.deepEqual(await perchJson(["peers", "remove", key], venv), { public_key: key, removed: true });
   });
 
   test("keygen prints a valid X25519 key pair", async () => {

@@ -130,6 +130,7 @@ const CONTRACT_ROUTES: Array<{ method: string; path: string; bearer: boolean; su
   { method: "put", path: "/side-control/contacts/{name}", bearer: true, success: 200 },
   { method: "delete", path: "/side-control/contacts/{name}", bearer: true, success: 200 },
   { method: "get", path: "/healthz", bearer: false, success: 200 },
+  { method: "get", path: "/readyz", bearer: false, success: 200 },
   { method: "get", path: "/metrics", bearer: false, success: 200 },
 ];
 
@@ -422,11 +423,13 @@ for (const store of STORES) {
       }
     });
 
-    test("GET /healthz", async () => {
-      const res = await fetch(`${server.url}/healthz`);
-      assert.equal(res.status, 200);
-      assert.match(res.headers.get("content-type") ?? "", /^application\/json/);
-      assert.deepEqual(await res.json(), { status: "ok" });
+    test("GET /healthz and GET /readyz", async () => {
+      for (const path of ["/healthz", "/readyz"]) {
+        const res = await fetch(`${server.url}${path}`);
+        assert.equal(res.status, 200, path);
+        assert.match(res.headers.get("content-type") ?? "", /^application\/json/);
+        assert.deepEqual(await res.json(), { status: "ok" });
+      }
     });
 
     test("GET /metrics: requests by route pattern and status, latency buckets, live sessions", async () => {

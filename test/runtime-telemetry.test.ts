@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { ManualClock } from "../src/domain/clock.ts";
 import { DomainError } from "../src/domain/errors.ts";
+import { NODE_STALE_MS } from "../src/domain/presence.ts";
 import type { PerchClient } from "../src/sdk/client.ts";
 import { STORES, startTestServer, type TestServer } from "./support/server.ts";
 
@@ -22,10 +23,11 @@ for (const store of STORES) {
     });
     after(() => server.stop());
 
-    test("runtime: online while the record is fresh, offline once it is stale, fields as RFC 3339 / numbers", async () => {
+    test("runtime: online while its node's heartbeat is fresh, offline once it is stale, fields as RFC 3339 / numbers", async () => {
       const now = clock.now();
-      await server.store.transaction((tx) =>
-        tx.runtime.put({
+      await server.store.transaction(async (tx) => {
+        await tx.runtime.beat("node-a", now);
+        await tx.runtime.put({
           public_key: device.publicKey,
           online: 1,
           last_seen_at: now,
@@ -34,8 +36,8 @@ for (const store of STORES) {
           tx_bytes: 5678,
           node: "node-a",
           updated_at: now,
-        }),
-      );
+        });
+      });
       const expected = {
         online: true,
         last_seen_at: new Date(now).toISOString(),
@@ -47,10 +49,17 @@ for (const store of STORES) {
       assert.deepEqual(await device.runtime(), expected);
       assert.deepEqual(await phone.sideControl.runtime(), expected);
 
-      clock.advance(29_000);
+      clock.advance(NODE_STALE_MS - 1);
       assert.equal((await device.runtime()).online, true);
-      clock.advance(2_000); // 31 s without a refresh: the node that held the connection is gone
+      // A heartbeat of the node keeps every peer it holds online, with no write per peer.
+      await server.store.transaction((tx) => tx.runtime.beat("node-a", clock.now()));
+      clock.advance(NODE_STALE_MS - 1);
+      assert.equal((await device.runtime()).online, true);
+      clock.advance(2); // no heartbeat for longer than the bound: the node that held the connection is gone
       assert.deepEqual(await device.runtime(), { ...expected, online: false });
+      // Another node's heartbeat says nothing about this one.
+      await server.store.transaction((tx) => tx.runtime.beat("node-b", clock.now()));
+      assert.equal((await device.runtime()).online, false);
 
       const row = (await server.store.read((r) => r.runtime.get(device.publicKey)))!;
       await server.store.transaction((tx) => tx.runtime.put({ ...row, online: 0, updated_at: clock.now() }));

@@ -69,6 +69,9 @@ const peerRow = (publicKey: string, now: number, status = "active"): Tables["pee
   updated_at: now,
 });
 
+/** A peer row as the store reads it back: registration adds no voice agent (the default). */
+const storedPeer = (publicKey: string, now: number): Tables["peers"] => ({ ...peerRow(publicKey, now), voice_agent: null });
+
 const sessionRow = (o: Partial<Tables["sessions"]> & { id: string; public_key: string }): Tables["sessions"] => ({
   token_hash: `hash-${o.id}`,
   kind: o.target_key && o.target_key !== o.public_key ? "side_control" : "primary",
@@ -156,11 +159,11 @@ for (const entry of STORES) {
       await store.transaction((tx) => tx.peers.register(peerRow(key, 5)));
       const again = await openAt(url, dir);
       assert.equal(again.dialect, entry.name);
-      assert.deepEqual(plain(await again.read((r) => r.peers.get(key))), peerRow(key, 5));
+      assert.deepEqual(plain(await again.read((r) => r.peers.get(key))), storedPeer(key, 5));
       await again.close();
       opened.splice(opened.indexOf(again), 1);
       const third = await openAt(url, dir);
-      assert.deepEqual(plain(await third.read((r) => r.peers.get(key))), peerRow(key, 5));
+      assert.deepEqual(plain(await third.read((r) => r.peers.get(key))), storedPeer(key, 5));
       await third.ping();
     });
 
@@ -170,7 +173,7 @@ for (const entry of STORES) {
         const [a, b] = await Promise.all([openAt(u, dir), openAt(u, dir)]);
         const key = newKey();
         await a.transaction((tx) => tx.peers.register(peerRow(key, 1)));
-        assert.deepEqual(plain(await b.read((r) => r.peers.get(key))), peerRow(key, 1));
+        assert.deepEqual(plain(await b.read((r) => r.peers.get(key))), storedPeer(key, 1));
       });
     }
 
@@ -399,7 +402,7 @@ for (const entry of STORES) {
         return 42;
       });
       assert.equal(value, 42);
-      assert.deepEqual(plain(await store.read((r) => r.peers.get(key))), peerRow(key, 2));
+      assert.deepEqual(plain(await store.read((r) => r.peers.get(key))), storedPeer(key, 2));
       assert.deepEqual(await store.read((r) => r.status.get(key)), { volume: 4 });
     });
 
@@ -424,7 +427,7 @@ for (const entry of STORES) {
           assert.equal(await store.read((r) => r.status.get(key)), undefined);
         } else {
           assert.deepEqual(outcome, { status: "fulfilled", value: i });
-          assert.deepEqual(plain(await store.read((r) => r.peers.get(key))), peerRow(key, i));
+          assert.deepEqual(plain(await store.read((r) => r.peers.get(key))), storedPeer(key, i));
           assert.deepEqual(await store.read((r) => r.status.get(key)), { volume: i });
         }
       }

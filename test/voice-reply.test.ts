@@ -48,17 +48,17 @@ describe("playout", () => {
     const codec = new OpusCodec();
     const sent: Array<{ bytes: number; first: boolean; at: number }> = [];
     const p = new Playout({ codec, send: (opus, first) => sent.push({ bytes: opus.length, first, at: performance.now() }) > 0 });
-    p.write(new Int16Array(FRAME_SAMPLES * 5 + 100).fill(1000));
+    p.write(new Int16Array(FRAME_SAMPLES * 19 + 100).fill(1000));
     p.end();
     const played = await p.done;
-    assert.equal(played, FRAME_SAMPLES * 5 + 100);
-    assert.equal(sent.length, 6, "the last partial frame is padded");
+    assert.equal(played, FRAME_SAMPLES * 19 + 100);
+    assert.equal(sent.length, 20, "the last partial frame is padded");
     assert.deepEqual(
       sent.map((s) => s.first),
-      [true, false, false, false, false, false],
+      [true, ...Array(19).fill(false)],
     );
-    // Paced, never all at once: the sixth frame is due 100 ms after the first, and goes at most 40 ms early.
-    assert.ok(sent.at(-1)!.at - sent[0]!.at >= 40, `${sent.at(-1)!.at - sent[0]!.at} ms`);
+    // Paced, never all at once: the last frame is due 380 ms after the first, and goes at most 80 ms early.
+    assert.ok(sent.at(-1)!.at - sent[0]!.at >= 250, `${sent.at(-1)!.at - sent[0]!.at} ms`);
     codec.close();
   });
 

@@ -1,4 +1,4 @@
-/** Server-sent events in OpenAI's chat streaming format, as bytes. */
+/** The one server-sent event writer of the Compatible API (chat chunks, speech and transcription events), as bytes. */
 
 export const DONE_EVENT = Buffer.from("data: [DONE]\n\n");
 

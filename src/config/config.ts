@@ -201,15 +201,22 @@ export const ConfigSchema = z
       .strictObject({
         /** Samples older than this are deleted by the cleanup job. */
         retentionDays: z.number().positive().max(36_500).default(30),
+        /**
+         * Samples a node holds in memory waiting to be stored (a slow store, or one that cannot be
+         * reached); frames beyond are dropped and counted (`perch_telemetry_frames_dropped_total`).
+         */
+        bufferSamples: z.number().int().min(1).max(10_000_000).default(100_000),
       })
-      .default({ retentionDays: 30 }),
+      .default({ retentionDays: 30, bufferSamples: 100_000 }),
     /** Bounds of the Compatible API against hostile callers (see docs/decisions.md, issue 17). */
     compat: z
       .strictObject({
         /** Longest audio a transcription decodes, in seconds; longer is refused with a 400 naming the limit. */
         maxAudioSeconds: z.number().positive().max(86_400).default(600),
+        /** A client that takes none of a response's waiting bytes for this long is disconnected. */
+        writeTimeoutMs: z.number().int().min(1).max(3_600_000).default(30_000),
       })
-      .default({ maxAudioSeconds: 600 }),
+      .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000 }),
     /** The companion web app (`/app/`). */
     app: z
       .strictObject({
@@ -318,6 +325,8 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
+  PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
+  PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 

@@ -1,3 +1,5 @@
+export { StoreUnavailable } from "../store/errors.ts";
+
 /** What went wrong, independent of any surface: each surface maps a kind onto its own status and envelope. */
 export type ErrorKind = "invalid" | "unauthenticated" | "forbidden" | "not_found" | "conflict" | "rate_limited" | "unavailable";
 

@@ -2,6 +2,7 @@ import { ApiKeyService } from "./api-keys.ts";
 import { AuthService } from "./auth.ts";
 import { ContactService } from "./contacts.ts";
 import type { DomainContext } from "./context.ts";
+import { StoreUnavailable } from "./errors.ts";
 import { type LiveOptions, LiveService } from "./live.ts";
 import { PeerService } from "./peers.ts";
 import { PresenceService } from "./presence.ts";
@@ -10,7 +11,7 @@ import { SignalingService } from "./signaling.ts";
 import { TelemetryService } from "./telemetry.ts";
 
 export type { DomainContext } from "./context.ts";
-export { DomainError } from "./errors.ts";
+export { DomainError, StoreUnavailable } from "./errors.ts";
 export type { Principal } from "./principal.ts";
 
 /** Perch's domain: every rule, no HTTP. Transports call it; it calls the store. */
@@ -40,8 +41,18 @@ export class Domain {
     this.live = new LiveService(ctx, this.peers, o.live);
   }
 
-  /** Health: a round trip to the store. */
-  ping(): Promise<void> {
-    return this.ctx.store.ping();
+  /** Readiness: the store answers within `timeoutMs`; else `StoreUnavailable`. */
+  async ready(timeoutMs: number): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new StoreUnavailable(`the store did not answer within ${timeoutMs} ms`)), timeoutMs);
+    });
+    try {
+      await Promise.race([this.ctx.store.ping(), late]);
+    } catch (err) {
+      throw err instanceof StoreUnavailable ? err : new StoreUnavailable("the store does not answer", { cause: err });
+    } finally {
+      clearTimeout(timer);
+    }
   }
 }

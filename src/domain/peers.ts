@@ -4,9 +4,7 @@ import type { RuntimeRow } from "../store/runtime.ts";
 import { newPeer } from "./auth.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
-
-/** A runtime record not refreshed for this long is from a node that died: the peer is offline. */
-export const RUNTIME_STALE_MS = 30_000;
+import { NODE_STALE_MS } from "./presence.ts";
 
 /** Peers: registration, the self view, status documents and runtime. */
 export class PeerService {
@@ -58,7 +56,7 @@ export class PeerService {
   }
 
   async runtime(publicKey: string): Promise<Runtime> {
-    const row = await this.ctx.store.read((r) => r.runtime.get(publicKey));
+    const row = await this.ctx.store.read((r) => r.runtime.getWithBeat(publicKey));
     return row ? runtimeView(row, this.ctx.clock.now()) : { online: false };
   }
 
@@ -107,8 +105,9 @@ function selfView(peer: PeerRow): PeerSelf {
   };
 }
 
-function runtimeView(row: RuntimeRow, now: number): Runtime {
-  const view: Runtime = { online: row.online === 1 && now - row.updated_at < RUNTIME_STALE_MS };
+/** Online when recorded so on a node whose heartbeat is fresh (a node that died stops beating). */
+function runtimeView(row: RuntimeRow & { beat_at: number | null }, now: number): Runtime {
+  const view: Runtime = { online: row.online === 1 && row.beat_at !== null && now - row.beat_at < NODE_STALE_MS };
   if (row.last_seen_at !== null) view.last_seen_at = new Date(row.last_seen_at).toISOString();
   if (row.last_addr !== null) view.last_addr = row.last_addr;
   if (row.rx_bytes !== null) view.rx_bytes = row.rx_bytes;

@@ -2,6 +2,15 @@ import { newPeer } from "./auth.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 
+/** How often a node holding connections writes its heartbeat. */
+export const NODE_BEAT_MS = 2_000;
+/**
+ * A peer recorded online on a node whose last heartbeat is older than this is offline: the node
+ * died (a node that stops cleanly marks its peers offline itself). Readers compare the node's one
+ * heartbeat row, so a dead node's peers show offline within this bound without per-peer writes.
+ */
+export const NODE_STALE_MS = 8_000;
+
 /**
  * WebRTC presence: the runtime records a node writes for the connections it holds. A node only
  * writes peers it owns (`node` = its name), so nodes sharing one database need distinct names.
@@ -55,10 +64,52 @@ export class PresenceService {
     this.ctx.events.runtime(publicKey, false, this.node);
   }
 
-  /** Every peer recorded online on this node goes offline (shutdown, or start after a crash). */
+  /** Every peer recorded online on this node goes offline (start after a crash). */
   async nodeOffline(): Promise<void> {
     const now = this.ctx.clock.now();
     await this.ctx.store.transaction((tx) => tx.runtime.markNodeOffline(this.node, now));
+  }
+
+  /** This node is alive: one write, however many peers it holds. */
+  async beat(): Promise<void> {
+    const now = this.ctx.clock.now();
+    await this.ctx.store.transaction((tx) => tx.runtime.beat(this.node, now));
+  }
+
+  /** This node leaves (shutdown): its peers go offline and its heartbeat row goes. */
+  async leave(): Promise<void> {
+    const now = this.ctx.clock.now();
+    await this.ctx.store.transaction(async (tx) => {
+      await tx.runtime.markNodeOffline(this.node, now);
+      await tx.runtime.endBeat(this.node);
+    });
+  }
+
+  /**
+   * Beats every `NODE_BEAT_MS` until stopped. A failed beat (the store unreachable) is reported
+   * once per outage through `onError` and tried again at the next beat.
+   */
+  startHeartbeat(o: { onError: (err: unknown) => void; onRecovered?: () => void }): { stop(): void } {
+    let beating = false;
+    let failing = false;
+    const timer = setInterval(() => {
+      if (beating) return;
+      beating = true;
+      this.beat()
+        .then(
+          () => {
+            if (failing) o.onRecovered?.();
+            failing = false;
+          },
+          (err) => {
+            if (!failing) o.onError(err);
+            failing = true;
+          },
+        )
+        .finally(() => (beating = false));
+    }, NODE_BEAT_MS);
+    timer.unref();
+    return { stop: () => clearInterval(timer) };
   }
 
   /** Of `keys`, those now recorded online on another node: their connections here were replaced. */

@@ -1,6 +1,6 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Logger } from "pino";
-import type { Domain } from "../domain/index.ts";
+import { type Domain, StoreUnavailable } from "../domain/index.ts";
 import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
 import type { Metrics } from "./metrics.ts";
@@ -77,7 +77,9 @@ function mountAll(o: Pick<AppOptions, "logger">, root: OpenAPIHono<AppEnv>, surf
     // A body that stopped arriving because its client left: not a server error, and nobody reads the answer.
     if (clientClosedRequest(c)) return new Response(null, { status: CLIENT_CLOSED_REQUEST });
     const res = surface.error(c, err);
-    if (res.status >= 500) o.logger.error({ err, req_id: c.get("requestId"), path: c.req.path }, "request failed");
+    // An unreachable store is logged without the stack: during an outage, every request says the same.
+    if (err instanceof StoreUnavailable) o.logger.warn({ err: err.message, req_id: c.get("requestId"), path: c.req.path }, "store unavailable");
+    else if (res.status >= 500) o.logger.error({ err, req_id: c.get("requestId"), path: c.req.path }, "request failed");
     return res;
   });
 }

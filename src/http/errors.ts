@@ -1,7 +1,7 @@
 import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
-import { DomainError, type ErrorKind } from "../domain/errors.ts";
+import { DomainError, type ErrorKind, StoreUnavailable } from "../domain/errors.ts";
 import { JSON_UTF8 } from "./json.ts";
 
 export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 408 | 409 | 413 | 415 | 429 | 431 | 500 | 503;
@@ -55,6 +55,7 @@ export function unroutedResponse(c: Context, allow: string[]): Response {
 export function toApiError(err: unknown): ApiError {
   if (err instanceof ApiError) return err;
   if (err instanceof DomainError) return new ApiError(STATUS_OF[err.kind], err.code, err.message, err.details, err.retryAfter);
+  if (err instanceof StoreUnavailable) return new ApiError(503, "UNAVAILABLE", `${err.message}; try again later`, undefined, err.retryAfter);
   if (err instanceof HTTPException) {
     if (err.status === 400) return new ApiError(400, "INVALID_REQUEST", err.message || "malformed request");
     if (err.status === 413) return new ApiError(413, "PAYLOAD_TOO_LARGE", "request body is too large");

@@ -7,6 +7,9 @@ import type { Metrics } from "./metrics.ts";
 import { errors } from "./public/responses.ts";
 import type { Surface } from "./surface.ts";
 
+/** How long `/readyz` waits for the store's answer before saying 503. */
+const READY_TIMEOUT_MS = 2_000;
+
 const Health = z.object({ status: z.literal("ok") }).openapi("Health");
 
 export interface OpsSurfaceOptions {
@@ -16,7 +19,7 @@ export interface OpsSurfaceOptions {
   document: () => unknown;
 }
 
-/** Operations: health, Prometheus metrics and the OpenAPI document; no bodies, `ErrorResponse` errors. */
+/** Operations: liveness, readiness, Prometheus metrics and the OpenAPI document; no bodies, `ErrorResponse` errors. */
 export function opsSurface(o: OpsSurfaceOptions): Surface {
   const app = new OpenAPIHono<AppEnv>({ defaultHook: invalid("INVALID_REQUEST") });
   app.openapi(
@@ -24,11 +27,22 @@ export function opsSurface(o: OpsSurfaceOptions): Surface {
       method: "get",
       path: "/healthz",
       tags: ["ops"],
-      summary: "Liveness: the process answers and its store responds",
-      responses: { 200: { description: "Healthy", content: { "application/json": { schema: Health } } }, ...errors(500) },
+      summary: "Liveness: the process answers (200 also while its store is unreachable; see /readyz)",
+      responses: { 200: { description: "Alive", content: { "application/json": { schema: Health } } } },
+    }),
+    (c) => c.json({ status: "ok" as const }, 200, JSON_UTF8),
+  );
+
+  app.openapi(
+    createRoute({
+      method: "get",
+      path: "/readyz",
+      tags: ["ops"],
+      summary: "Readiness: this node can serve (its store answers); 503 UNAVAILABLE with Retry-After while the store is unreachable",
+      responses: { 200: { description: "Ready", content: { "application/json": { schema: Health } } }, ...errors(503) },
     }),
     async (c) => {
-      await o.domain.ping();
+      await o.domain.ready(READY_TIMEOUT_MS);
       return c.json({ status: "ok" as const }, 200, JSON_UTF8);
     },
   );

@@ -34,6 +34,8 @@ export interface ChannelSink {
   closed(): void;
   /** The buffered amount fell to the low-water mark. */
   drained(): void;
+  /** What the port called failed (a listener of the stream threw): the stream ends with `err`. */
+  failed(err: Error): void;
 }
 
 /**
@@ -51,11 +53,17 @@ export class ChannelStream extends Duplex {
     this.port = port;
     // A channel closing under a write is an ordinary end of a stream, not a crash.
     this.on("error", () => {});
-    port.attach({ message: (d) => this.received(d), closed: () => this.channelClosed(), drained: () => this.wake() });
+    port.attach({ message: (d) => this.received(d), closed: () => this.channelClosed(), drained: () => this.wake(), failed: (err) => this.failed(err) });
   }
 
   private received(data: Uint8Array): void {
     if (!this.remoteClosed) this.push(data);
+  }
+
+  private failed(err: Error): void {
+    this.remoteClosed = true;
+    this.wake();
+    this.destroy(err);
   }
 
   private channelClosed(): void {
@@ -102,7 +110,9 @@ export class ChannelStream extends Duplex {
 
   override _final(callback: (error?: Error | null) => void): void {
     this.flushed().then(() => {
-      this.port.close();
+      try {
+        this.port.close();
+      } catch {}
       callback();
     }, callback);
   }

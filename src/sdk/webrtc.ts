@@ -105,7 +105,12 @@ function portOf(dc: RTCDataChannel): ChannelPort {
       return amount;
     },
     // libwebrtc reports bufferedAmount late: a close right after the last send can overtake it.
-    close: () => void setTimeout(() => dc.close(), 50),
+    close: () =>
+      void setTimeout(() => {
+        try {
+          dc.close();
+        } catch {}
+      }, 50),
     attach(s) {
       sink = s;
       dc.bufferedAmountLowThreshold = LOW_WATER_BYTES;

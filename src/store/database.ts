@@ -17,6 +17,8 @@ export interface Database {
   close(): Promise<void>;
 }
 
+const PG_CONNECT_TIMEOUT_MS = 5_000;
+
 /** What every SQLite connection runs first. */
 export const SQLITE_PRAGMAS = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON;";
 
@@ -78,7 +80,9 @@ export function connect(url: string | undefined, dataDir: string, onError: (err:
   let file: string | undefined;
   if (url && /^postgres(ql)?:\/\//.test(url)) {
     dialect = "postgres";
-    const pool = new pg.Pool({ connectionString: url, max: 10, types: pgTypes });
+    // A connection (new, or a free one from the pool) within 5 s, or the query fails as unavailable:
+    // no request waits on an unreachable server for longer.
+    const pool = new pg.Pool({ connectionString: url, max: 10, types: pgTypes, connectionTimeoutMillis: PG_CONNECT_TIMEOUT_MS, keepAlive: true });
     // Without a listener, an error on an idle connection ends the process ("error" on the pool),
     // and so does one on a checked-out connection between its queries ("error" on the client:
     // the pool listens only while the client is idle). Such a client is not queryable any more;

@@ -3,6 +3,7 @@ import { sql } from "kysely";
 import { ContactRepository } from "./contacts.ts";
 import { type Database, type Db, openDatabase } from "./database.ts";
 import { DeviceTokenRepository } from "./device-tokens.ts";
+import { classify } from "./errors.ts";
 import { GroupCommit } from "./group-commit.ts";
 import { LockRepository } from "./locks.ts";
 import type { DialectName } from "./migrations.ts";
@@ -15,6 +16,7 @@ import { StatusRepository } from "./status.ts";
 import { type QueryRunner, TelemetryRepository } from "./telemetry.ts";
 
 export type { Db } from "./database.ts";
+export { StoreUnavailable } from "./errors.ts";
 
 /** Every repository over one database handle: what `Store.read` and `Store.transaction` hand out. */
 export class Repositories {
@@ -84,7 +86,7 @@ export class Store {
   /** Runs reads outside any transaction (on the pool for PostgreSQL); long telemetry reads run off the event loop. */
   read<T>(fn: (r: Repositories) => Promise<T>): Promise<T> {
     const nested = nestedUse("read");
-    return nested ? Promise.reject(nested) : fn(this.readers);
+    return nested ? Promise.reject(nested) : fn(this.readers).catch(rethrowClassified);
   }
 
   /** Runs `fn` in one write transaction, with repositories bound to it; a throw rolls every write back. */
@@ -92,7 +94,7 @@ export class Store {
     const nested = nestedUse("transaction");
     if (nested) return Promise.reject(nested);
     const work = (tx: Db) => inTransaction.run(true, () => fn(new Repositories(tx, this.dialect)));
-    return this.groupCommit ? this.groupCommit.run(work) : this.database.db.transaction().execute(work);
+    return (this.groupCommit ? this.groupCommit.run(work) : this.database.db.transaction().execute(work)).catch(rethrowClassified);
   }
 
   /**
@@ -121,13 +123,21 @@ export class Store {
   async ping(): Promise<void> {
     const nested = nestedUse("ping");
     if (nested) throw nested;
-    await sql`select 1`.execute(this.database.db);
+    await sql`select 1`.execute(this.database.db).catch(rethrowClassified);
   }
 
   async close(): Promise<void> {
     await this.readPool?.close();
     await this.database.close();
   }
+}
+
+/**
+ * A failure that means the store is unavailable (unreachable, restarting, full, locked) becomes
+ * `StoreUnavailable`, which every surface answers with 503 and `Retry-After`.
+ */
+function rethrowClassified(err: unknown): never {
+  throw classify(err);
 }
 
 function nestedUse(what: string): Error | undefined {

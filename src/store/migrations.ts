@@ -109,6 +109,17 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
       await db.schema.alterTable("peers").addColumn("voice_agent", "text").execute();
     },
   },
+  // One row per node that holds WebRTC connections, its heartbeat written every few seconds: a peer
+  // recorded online on a node whose heartbeat stopped is offline (the node died).
+  "0004_node_heartbeats": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("node_heartbeats")
+        .addColumn("node", "text", (c) => c.primaryKey())
+        .addColumn("beat_at", "bigint", (c) => c.notNull())
+        .execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

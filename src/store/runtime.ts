@@ -19,6 +19,31 @@ export class RuntimeRepository {
     return this.db.selectFrom("peer_runtime").selectAll().where("public_key", "=", publicKey).executeTakeFirst();
   }
 
+  /** The peer's record with its node's last heartbeat (null: the node never beat, or left). */
+  getWithBeat(publicKey: string): Promise<(RuntimeRow & { beat_at: number | null }) | undefined> {
+    return this.db
+      .selectFrom("peer_runtime as r")
+      .leftJoin("node_heartbeats as h", "h.node", "r.node")
+      .selectAll("r")
+      .select("h.beat_at")
+      .where("r.public_key", "=", publicKey)
+      .executeTakeFirst();
+  }
+
+  /** Records `node`'s heartbeat at `now` (one row per node, however many peers it holds). */
+  async beat(node: string, now: number): Promise<void> {
+    await this.db
+      .insertInto("node_heartbeats")
+      .values({ node, beat_at: now })
+      .onConflict((oc) => oc.column("node").doUpdateSet({ beat_at: now }))
+      .execute();
+  }
+
+  /** `node` left: its heartbeat row goes. */
+  async endBeat(node: string): Promise<void> {
+    await this.db.deleteFrom("node_heartbeats").where("node", "=", node).execute();
+  }
+
   async put(row: RuntimeRow): Promise<void> {
     const { public_key, ...rest } = row;
     await this.db

@@ -4,6 +4,7 @@
  */
 import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
 import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../protocol/channel.ts";
+import { guarded } from "./guard.ts";
 import { bundledCandidatesOnly, rewriteHostCandidates } from "./sdp.ts";
 
 export interface AnswererOptions {
@@ -40,6 +41,12 @@ export interface PeerLink {
   bytes(): { rx: number; tx: number };
   /** `ip:port` of the selected remote candidate, when there is one. */
   remoteAddress(): string | undefined;
+  /**
+   * A callback of the library failed: `scope` "link" when it was the connection's own (its state,
+   * a new channel, the audio track), which leaves it unusable; "channel" when it was one
+   * channel's, which is closed.
+   */
+  onFault(cb: (err: unknown, scope: "link" | "channel") => void): void;
   close(): void;
 }
 
@@ -127,21 +134,57 @@ class Link implements PeerLink {
   constructor(pc: PeerConnection, track: Track, ssrc: number, payloadType: number) {
     this.pc = pc;
     this.track = track;
-    this.audio = { send: (rtp) => this.track?.isOpen() === true && this.track.sendMessageBinary(rtp), payloadType, ssrc };
-    pc.onStateChange((state) => {
-      if (state === "connected") this.stateCb?.("connected");
-      else if (state === "failed" || state === "closed") this.stateCb?.(state);
-    });
-    pc.onDataChannel((dc) => {
-      this.channels.add(dc);
-      if (this.channelCb) this.channelCb(this.portOf(dc));
-      else this.early.push(dc);
-    });
-    track.onMessage((msg) => {
-      // RTCP (payload types 200–204 in the second byte) shares the track; count only RTP.
-      const pt = msg[1] ?? 0;
-      if (pt < 200 || pt > 204) this.rtpCb?.(msg);
-    });
+    this.audio = {
+      send: (rtp) => {
+        try {
+          return this.track?.isOpen() === true && this.track.sendMessageBinary(rtp);
+        } catch {
+          return false; // the track closed under the send
+        }
+      },
+      payloadType,
+      ssrc,
+    };
+    const linkFault = (err: unknown) => this.faulted(err, "link");
+    pc.onStateChange(
+      guarded(linkFault, (state: string) => {
+        if (state === "connected") this.stateCb?.("connected");
+        else if (state === "failed" || state === "closed") this.stateCb?.(state);
+      }),
+    );
+    pc.onDataChannel(
+      guarded(
+        (err) => this.faulted(err, "channel"),
+        (dc: DataChannel) => {
+          this.channels.add(dc);
+          if (!this.channelCb) return void this.early.push(dc);
+          try {
+            this.channelCb(this.portOf(dc));
+          } catch (err) {
+            closeQuietly(dc);
+            throw err;
+          }
+        },
+      ),
+    );
+    track.onMessage(
+      guarded(linkFault, (msg: Buffer) => {
+        // RTCP (payload types 200–204 in the second byte) shares the track; count only RTP.
+        const pt = msg[1] ?? 0;
+        if (pt < 200 || pt > 204) this.rtpCb?.(msg);
+      }),
+    );
+  }
+
+  private faultCb: ((err: unknown, scope: "link" | "channel") => void) | undefined;
+
+  onFault(cb: (err: unknown, scope: "link" | "channel") => void): void {
+    this.faultCb = cb;
+  }
+
+  private faulted(err: unknown, scope: "link" | "channel"): void {
+    if (this.closed) return;
+    this.faultCb?.(err, scope);
   }
 
   onState(cb: (state: LinkState) => void): void {
@@ -150,7 +193,14 @@ class Link implements PeerLink {
 
   onChannel(cb: (port: ChannelPort) => void): void {
     this.channelCb = cb;
-    for (const dc of this.early.splice(0)) cb(this.portOf(dc));
+    for (const dc of this.early.splice(0)) {
+      try {
+        cb(this.portOf(dc));
+      } catch (err) {
+        this.faulted(err, "channel");
+        closeQuietly(dc);
+      }
+    }
   }
 
   onRtp(cb: (packet: Buffer) => void): void {
@@ -166,14 +216,23 @@ class Link implements PeerLink {
         dc.close();
         reject(new Error(`channel ${label} did not open in time`));
       }, timeoutMs);
-      dc.onOpen(() => {
+      const failed = (err: unknown) => {
         clearTimeout(timer);
-        resolve(this.portOf(dc));
-      });
-      dc.onClosed(() => {
-        clearTimeout(timer);
-        reject(new Error(`channel ${label} closed`));
-      });
+        closeQuietly(dc);
+        reject(err);
+      };
+      dc.onOpen(
+        guarded(failed, () => {
+          clearTimeout(timer);
+          resolve(this.portOf(dc));
+        }),
+      );
+      dc.onClosed(
+        guarded(failed, () => {
+          clearTimeout(timer);
+          reject(new Error(`channel ${label} closed`));
+        }),
+      );
     });
   }
 
@@ -249,13 +308,35 @@ class Link implements PeerLink {
   }
 
   private portOf(dc: DataChannel): ChannelPort {
-    return portOf(dc, () => this.channels.delete(dc));
+    return portOf(
+      dc,
+      () => this.channels.delete(dc),
+      (err) => this.faulted(err, "channel"),
+    );
   }
 }
 
 const noop = () => {};
 
-function portOf(dc: DataChannel, forget: () => void): ChannelPort {
+function isOpen(dc: DataChannel): boolean {
+  try {
+    return dc.isOpen();
+  } catch {
+    return false;
+  }
+}
+
+function closeQuietly(dc: DataChannel): void {
+  try {
+    dc.close();
+  } catch {}
+}
+
+/**
+ * A channel as a port. A failure in what a message, the close or a drain calls (the stream and
+ * whatever reads it) closes this channel only: the sink is told it failed, and `fault` reports it.
+ */
+function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => void): ChannelPort {
   return {
     label: dc.getLabel(),
     send: (data) => {
@@ -276,24 +357,43 @@ function portOf(dc: DataChannel, forget: () => void): ChannelPort {
     attach(sink: ChannelSink) {
       dc.setBufferedAmountLowThreshold(LOW_WATER_BYTES);
       let lastMessage = 0;
-      dc.onMessage((msg) => {
-        lastMessage = performance.now();
-        sink.message(typeof msg === "string" ? Buffer.from(msg) : Buffer.from(msg as ArrayBuffer));
-      });
+      let failed = false;
+      const fail = (err: unknown) => {
+        if (failed) return;
+        failed = true;
+        fault(err);
+        closeQuietly(dc);
+        try {
+          sink.failed(err instanceof Error ? err : new Error(String(err)));
+        } catch {}
+      };
+      dc.onMessage(
+        guarded(fail, (msg: string | Buffer | ArrayBuffer) => {
+          if (failed) return;
+          lastMessage = performance.now();
+          sink.message(typeof msg === "string" ? Buffer.from(msg) : Buffer.from(msg as ArrayBuffer));
+        }),
+      );
       // The library delivers messages and the close through separate queues, so the close can
       // overtake the last messages: it is passed on once no message has arrived for a moment and
       // a turn of the event loop (whose poll phase delivers queued messages) brought none. The
       // turn matters under load, when timers run before messages that have long been waiting.
-      const closeWhenQuiet = () => {
+      const closeWhenQuiet: () => void = guarded(fail, () => {
         if (performance.now() - lastMessage < CLOSE_QUIET_MS) return void setTimeout(closeWhenQuiet, CLOSE_QUIET_MS);
         const seen = lastMessage;
-        setImmediate(() => (lastMessage === seen ? sink.closed() : closeWhenQuiet()));
-      };
-      dc.onClosed(() => {
+        setImmediate(guarded(fail, () => (lastMessage === seen ? sink.closed() : closeWhenQuiet())));
+      });
+      let closing = false;
+      const closed = guarded(fail, () => {
+        if (closing) return;
+        closing = true;
         forget();
         setTimeout(closeWhenQuiet, CLOSE_QUIET_MS);
       });
-      dc.onBufferedAmountLow(() => sink.drained());
+      dc.onClosed(closed);
+      dc.onBufferedAmountLow(guarded(fail, () => sink.drained()));
+      // A channel the device closed before it was attached reports no close of its own.
+      if (!isOpen(dc)) closed();
     },
   };
 }

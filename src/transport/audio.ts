@@ -51,13 +51,18 @@ export class AudioSender {
     let sent = 0;
     return new Promise((resolve) => {
       const tick = () => {
-        const frame = frames.next();
-        if (frame.done) {
+        // A timer's callback: an encoder failure ends this play, not the process.
+        try {
+          const frame = frames.next();
+          if (frame.done) {
+            this.stop();
+            return;
+          }
+          if (this.track.send(this.packet(frame.value, first))) sent++;
+          first = false;
+        } catch {
           this.stop();
-          return;
         }
-        if (this.track.send(this.packet(frame.value, first))) sent++;
-        first = false;
       };
       this.current = { frames, done: () => resolve(sent) };
       this.playing = setInterval(tick, FRAME_MS);

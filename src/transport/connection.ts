@@ -1,6 +1,7 @@
 import { create, toBinary } from "@bufbuild/protobuf";
 import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
+import type { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import { bindConnection } from "../http/connection.ts";
 import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
 import { encodeFrame, FrameType } from "../protocol/frames.ts";
@@ -11,8 +12,9 @@ import type { AudioPort, VoiceHost, VoiceSession } from "../voice/port.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
 import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "./device-rpc.ts";
+import { detached } from "./guard.ts";
 import type { TransportMetrics } from "./metrics.ts";
-import { decodeTelemetry, InvalidFrame, TELEMETRY_PACKET, type TelemetryWriter } from "./telemetry.ts";
+import { decodeTelemetry, InvalidFrame, TELEMETRY_PACKET } from "./telemetry.ts";
 
 export const EVENT_STREAM_DEADLINE_MS = 10_000;
 export const MAX_SERVICE_STREAMS = 256;
@@ -63,7 +65,15 @@ export interface ConnectionHost {
   closed(c: Connection): Promise<void>;
 }
 
-export type CloseReason = "event stream closed" | "event stream deadline" | "connection failed" | "connection closed" | "replaced" | "shutdown" | "refused";
+export type CloseReason =
+  | "internal error"
+  | "event stream closed"
+  | "event stream deadline"
+  | "connection failed"
+  | "connection closed"
+  | "replaced"
+  | "shutdown"
+  | "refused";
 
 /** One device's WebRTC connection, authenticated as the offer's key. */
 export class Connection {
@@ -98,11 +108,28 @@ export class Connection {
       if (state === "failed") void this.close("connection failed");
       else if (state === "closed") void this.close("connection closed");
     });
+    link.onFault((err, scope) => {
+      host.logger.error(
+        { err, peer: publicKey, scope },
+        scope === "link" ? "connection failed in a callback; closing it" : "a channel failed in a callback; closing it",
+      );
+      if (scope === "link") void this.close("internal error");
+    });
     link.onChannel((port) => this.channel(port));
     link.onRtp((packet) => {
       host.metrics.rtp(packet.length);
-      this.audioIn?.(packet);
+      this.hearAudio(packet);
     });
+  }
+
+  /** Hands an uplink packet to the voice conversation; its failure ends the conversation, not the connection. */
+  private hearAudio(packet: Buffer): void {
+    try {
+      this.audioIn?.(packet);
+    } catch (err) {
+      this.host.logger.error({ err, peer: this.publicKey }, "voice conversation failed on an audio packet; it is closed");
+      this.stopVoice();
+    }
   }
 
   get active(): boolean {
@@ -146,7 +173,13 @@ export class Connection {
     }
     if (id === SERVICE.RPC) {
       const stream = this.track(new ChannelStream(port));
-      void serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"));
+      detached(
+        serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed")),
+        (err) => {
+          this.host.logger.error({ err, peer: this.publicKey }, "rpc stream failed");
+          stream.destroy();
+        },
+      );
     } else {
       this.host.serveHttp(id as 1 | 2, this.socket(port));
     }
@@ -189,12 +222,17 @@ export class Connection {
       () => {
         if (this.state !== "activating") return;
         this.state = "active";
-        for (const port of this.waiting.splice(0)) {
-          const id = serviceId(port.label) as number;
-          this.service(id, port);
+        try {
+          for (const port of this.waiting.splice(0)) {
+            const id = serviceId(port.label) as number;
+            this.service(id, port);
+          }
+          detached(this.pullDeviceInfo(), (err) => this.host.logger.warn({ err, peer: this.publicKey }, "device info pull failed"));
+          this.startVoice();
+        } catch (err) {
+          this.host.logger.error({ err, peer: this.publicKey }, "connection failed while becoming active");
+          void this.close("internal error");
         }
-        void this.pullDeviceInfo();
-        this.startVoice();
       },
       (err) => {
         this.host.logger.warn({ err, peer: this.publicKey }, "connection could not become active");
@@ -213,15 +251,16 @@ export class Connection {
         if (!this.telemetryAllowance.take()) return this.host.metrics.dropped("rate_limited");
         try {
           const samples = decodeTelemetry(data.subarray(1), this.host.domain.ctx.clock.now());
-          if (this.host.telemetry.add(this.publicKey, samples)) this.host.metrics.frame();
-          else this.host.metrics.dropped("overload");
+          // The writer counts the frame: accepted once stored, or dropped by reason.
+          this.host.telemetry.add(this.publicKey, samples);
         } catch (err) {
           if (err instanceof InvalidFrame) this.host.metrics.dropped(err.reason);
-          else throw err;
+          else this.host.logger.error({ err, peer: this.publicKey }, "a telemetry frame could not be taken");
         }
       },
       closed: () => {},
       drained: () => {},
+      failed: (err) => this.host.logger.error({ err, peer: this.publicKey }, "the packet channel failed"),
     });
   }
 
@@ -289,21 +328,37 @@ export class Connection {
       this.state = "closed";
       if (this.deadline) clearTimeout(this.deadline);
       this.deadline = undefined;
-      this.audioIn = undefined;
+      // Each step on its own: one failing must not keep the others (or the host's bookkeeping) from running.
+      const step = (what: string, fn: () => void) => {
+        try {
+          fn();
+        } catch (err) {
+          this.host.logger.error({ err, peer: this.publicKey }, `closing a connection: ${what} failed`);
+        }
+      };
+      this.stopVoice();
+      step("audio", () => this.audio.stop());
+      for (const port of this.waiting.splice(0)) step("a waiting channel", () => port.close());
+      for (const s of this.streams) step("a stream", () => s.destroy());
+      step("the event stream", () => this.events?.destroy());
+      step("the peer connection", () => this.link.close());
+      if (wasActivating) await this.activation?.catch(() => {});
       try {
-        this.voice?.close();
+        await this.host.closed(this);
       } catch (err) {
-        this.host.logger.error({ err, peer: this.publicKey }, "voice conversation did not close cleanly");
+        this.host.logger.error({ err, peer: this.publicKey }, "closing a connection: the host's bookkeeping failed");
       }
-      this.voice = undefined;
-      this.audio.stop();
-      for (const port of this.waiting.splice(0)) port.close();
-      for (const s of this.streams) s.destroy();
-      this.events?.destroy();
-      this.link.close();
-      if (wasActivating) await this.activation;
-      await this.host.closed(this);
     })();
     return this.closing;
+  }
+
+  private stopVoice(): void {
+    this.audioIn = undefined;
+    try {
+      this.voice?.close();
+    } catch (err) {
+      this.host.logger.error({ err, peer: this.publicKey }, "voice conversation did not close cleanly");
+    }
+    this.voice = undefined;
   }
 }

@@ -13,7 +13,11 @@ export class TransportMetrics {
   constructor(registry: Registry, connections: () => number) {
     const registers = [registry];
     this.offers = new Counter({ name: "perch_webrtc_offers_total", help: "Offers by result (answered, or the error code)", labelNames: ["result"], registers });
-    this.frames = new Counter({ name: "perch_telemetry_frames_total", help: "Telemetry frames accepted from packet channels", registers });
+    this.frames = new Counter({
+      name: "perch_telemetry_frames_total",
+      help: "Telemetry frames accepted from packet channels (counted once stored)",
+      registers,
+    });
     this.drops = new Counter({ name: "perch_telemetry_frames_dropped_total", help: "Packets dropped, by reason", labelNames: ["reason"], registers });
     this.rtpPackets = new Counter({ name: "perch_webrtc_rtp_received_packets_total", help: "RTP packets received on audio tracks", registers });
     this.rtpBytes = new Counter({ name: "perch_webrtc_rtp_received_bytes_total", help: "RTP bytes received on audio tracks", registers });
@@ -31,11 +35,12 @@ export class TransportMetrics {
   offer(result: string): void {
     this.offers.inc({ result });
   }
-  frame(): void {
-    this.frames.inc();
+  /** Frames stored (a frame counts as accepted once stored). */
+  frame(n = 1): void {
+    this.frames.inc(n);
   }
-  dropped(reason: DropReason): void {
-    this.drops.inc({ reason });
+  dropped(reason: DropReason, n = 1): void {
+    this.drops.inc({ reason }, n);
   }
   rtp(bytes: number): void {
     this.rtpPackets.inc();

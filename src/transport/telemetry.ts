@@ -1,11 +1,13 @@
 import { fromBinary } from "@bufbuild/protobuf";
 import type { TelemetrySample } from "../domain/telemetry.ts";
+import type { WriteDropReason } from "../domain/telemetry-writer.ts";
 import { TelemetryFrameSchema } from "../protocol/gen/telemetry_pb.ts";
 
 export const TELEMETRY_PACKET = 0x40;
 const FUTURE_LIMIT_MS = 24 * 60 * 60 * 1000;
 
-export type DropReason = "empty" | "undecodable" | "out_of_range" | "non_finite" | "future" | "rate_limited" | "overload" | "unknown_type";
+/** Why a packet was dropped: what the transport refuses, or what the telemetry writer could not store. */
+export type DropReason = "empty" | "undecodable" | "out_of_range" | "non_finite" | "future" | "rate_limited" | "unknown_type" | WriteDropReason;
 
 export class InvalidFrame extends Error {
   readonly reason: DropReason;
@@ -66,65 +68,4 @@ export function decodeTelemetry(payload: Uint8Array, now: number): TelemetrySamp
     }
   }
   return samples;
-}
-
-export interface TelemetrySink {
-  recordMany(batch: Array<{ publicKey: string; samples: TelemetrySample[] }>): Promise<void>;
-}
-
-/**
- * Batches telemetry writes: one transaction every `intervalMs`, or at once when `maxSamples` are
- * waiting. While a write is under way the next batch gathers; past `maxQueued` samples, frames are
- * dropped (the store is not keeping up) rather than growing memory.
- */
-export class TelemetryWriter {
-  private queue = new Map<string, TelemetrySample[]>();
-  private queued = 0;
-  private writing: Promise<void> | undefined;
-  private timer: NodeJS.Timeout | undefined;
-  private readonly o: { sink: TelemetrySink; intervalMs: number; maxSamples: number; maxQueued: number; onError: (err: unknown) => void };
-
-  constructor(o: { sink: TelemetrySink; intervalMs?: number; maxSamples?: number; maxQueued?: number; onError: (err: unknown) => void }) {
-    this.o = { intervalMs: 250, maxSamples: 500, maxQueued: 100_000, ...o };
-  }
-
-  /** Queues a frame's samples; false when dropped for overload. */
-  add(publicKey: string, samples: TelemetrySample[]): boolean {
-    if (this.queued + samples.length > this.o.maxQueued) return false;
-    const list = this.queue.get(publicKey);
-    if (list) list.push(...samples);
-    else this.queue.set(publicKey, samples);
-    this.queued += samples.length;
-    if (this.queued >= this.o.maxSamples && !this.writing) this.flush();
-    else this.timer ??= setTimeout(() => this.flush(), this.o.intervalMs);
-    return true;
-  }
-
-  /** Writes what is queued; resolves once every queued sample is stored (or failed). */
-  flush(): Promise<void> {
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = undefined;
-    if (this.writing) return this.writing.then(() => this.flush());
-    if (this.queued === 0) return Promise.resolve();
-    const batch = [...this.queue].map(([publicKey, samples]) => ({ publicKey, samples }));
-    this.queue = new Map();
-    this.queued = 0;
-    this.writing = this.o.sink.recordMany(batch).then(
-      () => {
-        this.writing = undefined;
-        if (this.queued > 0) this.timer ??= setTimeout(() => this.flush(), 0);
-      },
-      (err) => {
-        this.writing = undefined;
-        this.o.onError(err);
-      },
-    );
-    return this.writing;
-  }
-
-  async close(): Promise<void> {
-    await this.flush();
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = undefined;
-  }
 }

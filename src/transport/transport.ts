@@ -1,9 +1,10 @@
 import type { Server } from "node:http";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
-import { DomainError } from "../domain/errors.ts";
+import { DomainError, StoreUnavailable } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
 import type { AcceptedOffer } from "../domain/signaling.ts";
+import { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import { createHttpServer } from "../http/listener.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
@@ -13,7 +14,6 @@ import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
 import { TransportMetrics } from "./metrics.ts";
 import { inspectOffer } from "./sdp.ts";
-import { TelemetryWriter } from "./telemetry.ts";
 
 /** A web-standard application: the Public API's `fetch`, or the Compatible API's. */
 export type FetchApp = (request: Request, env?: any) => Response | Promise<Response>;
@@ -62,6 +62,7 @@ export class WebRtcTransport implements ConnectionHost {
   private ticking = false;
   private lastRefresh = 0;
   private closing: Promise<void> | undefined;
+  private heartbeat: { stop(): void } | undefined;
 
   constructor(o: TransportOptions) {
     this.o = o;
@@ -69,7 +70,16 @@ export class WebRtcTransport implements ConnectionHost {
     this.logger = o.logger;
     this.voice = o.voice;
     this.metrics = new TransportMetrics(o.registry, () => this.all.size);
-    this.telemetry = new TelemetryWriter({ sink: o.domain.telemetry, onError: (err) => o.logger.error({ err }, "telemetry write failed") });
+    this.telemetry = new TelemetryWriter({
+      sink: o.domain.telemetry,
+      bufferSamples: o.domain.ctx.config.telemetry.bufferSamples,
+      onStored: (frames) => this.metrics.frame(frames),
+      onDropped: (reason, frames) => this.metrics.dropped(reason, frames),
+      onError: (err) =>
+        err instanceof StoreUnavailable
+          ? o.logger.warn({ err: err.message }, "telemetry waits for the store")
+          : o.logger.error({ err }, "telemetry write failed"),
+    });
     this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
     this.http = { 1: this.streamServer(o.publicApi), 2: this.streamServer(o.compatibleApi) };
     this.ticker = setInterval(() => void this.tick(), OWNERSHIP_CHECK_MS);
@@ -84,6 +94,11 @@ export class WebRtcTransport implements ConnectionHost {
   /** Start-up: a previous run of this node may have left peers recorded online. */
   async start(): Promise<void> {
     await this.domain.presence.nodeOffline();
+    await this.domain.presence.beat();
+    this.heartbeat = this.domain.presence.startHeartbeat({
+      onError: (err) => this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
+      onRecovered: () => this.logger.info("node heartbeat written again"),
+    });
   }
 
   /**
@@ -217,8 +232,9 @@ export class WebRtcTransport implements ConnectionHost {
   close(): Promise<void> {
     this.closing ??= (async () => {
       clearInterval(this.ticker);
+      this.heartbeat?.stop();
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
-      await this.domain.presence.nodeOffline().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
+      await this.domain.presence.leave().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
       await this.telemetry.close();
       for (const s of Object.values(this.http)) s.close();
     })();

@@ -27,6 +27,8 @@ export interface ConversationOptions {
   logger: Logger;
   /** The device's agent as last known (refreshed in the background); undefined: voice is off. */
   agent: () => AgentChoice | undefined;
+  /** Admits a partial recognition (shared by the process's conversations); undefined when one is already running. */
+  partials: { tryAcquire(): (() => void) | undefined };
   /** The agent's reply to `messages` as text deltas; throws on failure. */
   reply: (agentId: string, messages: ChatMessage[], signal: AbortSignal) => Promise<AsyncIterable<string>>;
 }
@@ -36,7 +38,9 @@ const PREROLL_S = 1.2;
 /** Speech begins this long before the detector says (its onset). */
 const ONSET_PAD_S = 0.2;
 /** Audio waiting for the detector beyond this (the engine is overloaded) is dropped, not queued without bound. */
-const MAX_PENDING_SAMPLES = 2 * ENGINE_RATE;
+const MAX_PENDING_SAMPLES = 4 * ENGINE_RATE;
+/** A conversation logs dropped audio at most this often. */
+const DROP_LOG_MS = 10_000;
 /** The jitter buffer's clock. */
 const TICK_MS = 20;
 
@@ -70,6 +74,8 @@ export class Conversation {
   private readonly pending: Int16Array[] = [];
   private pendingSamples = 0;
   private draining = false;
+  private dropped = 0;
+  private droppedLoggedAt = Number.NEGATIVE_INFINITY;
   /** The last PREROLL_S of audio, as [start sample, samples]. */
   private readonly recent: Array<[number, Int16Array]> = [];
   private turns = 0;
@@ -119,7 +125,16 @@ export class Conversation {
   /** 16 kHz audio from the uplink, in order. */
   private heard(pcm: Int16Array): void {
     if (this.pendingSamples + pcm.length > MAX_PENDING_SAMPLES) {
-      this.o.logger.warn({ peer: this.o.port.publicKey }, "voice activity detection is behind; audio dropped");
+      this.dropped += pcm.length;
+      const now = performance.now();
+      if (now - this.droppedLoggedAt > DROP_LOG_MS) {
+        this.droppedLoggedAt = now;
+        this.o.logger.warn(
+          { peer: this.o.port.publicKey, dropped_ms: Math.round((this.dropped / ENGINE_RATE) * 1000) },
+          "voice activity detection is behind; audio dropped",
+        );
+        this.dropped = 0;
+      }
       return;
     }
     this.pending.push(pcm);
@@ -131,8 +146,10 @@ export class Conversation {
     this.draining = true;
     try {
       while (this.pending.length > 0 && !this.closed) {
-        const pcm = this.pending.shift()!;
-        this.pendingSamples -= pcm.length;
+        // Everything that arrived while the detector worked goes in one push: under load the
+        // batches grow instead of the backlog.
+        const pcm = concat(this.pending.splice(0));
+        this.pendingSamples = 0;
         const start = this.timeline;
         this.timeline += pcm.length;
         this.pushedAt = performance.now();
@@ -199,9 +216,13 @@ export class Conversation {
   /** Partial transcripts while the user speaks, as new words (TEXT_DELTA). */
   private partial(turn: Turn): void {
     if (turn.partialRunning) return;
+    // Partials are a courtesy: one at a time per process, so that they never hold up a final transcript.
+    const release = this.o.partials.tryAcquire();
+    if (!release) return;
     turn.partialRunning = true;
     turn.recogniser.partial().then(
       (text) => {
+        release();
         turn.partialRunning = false;
         if (this.turn !== turn || this.closed) return;
         // Only words that extend what was sent: a revision is left to the final transcript.
@@ -212,6 +233,7 @@ export class Conversation {
         }
       },
       () => {
+        release();
         turn.partialRunning = false;
       },
     );
@@ -259,7 +281,10 @@ export class Conversation {
       speaker: this.o.speaker,
       resampler: this.o.resampler,
       codec: this.codec,
-      send: (opus, first) => this.o.port.sendFrame(opus, first),
+      send: (opus, first) => {
+        this.o.metrics.frameSent();
+        return this.o.port.sendFrame(opus, first);
+      },
       events: this.events,
       late: () => this.o.metrics.frameLate(),
     });
@@ -291,4 +316,15 @@ export class Conversation {
     this.o.metrics.turn(result, stages);
     this.o.logger.info({ peer: this.o.port.publicKey, turn: n, result, ...rounded }, "voice turn");
   }
+}
+
+function concat(parts: Int16Array[]): Int16Array {
+  if (parts.length === 1) return parts[0]!;
+  const out = new Int16Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
 }

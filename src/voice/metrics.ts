@@ -9,6 +9,7 @@ export class VoiceMetrics {
   private readonly turns: Counter<"result">;
   private readonly stages: Histogram<"stage">;
   private readonly late: Counter;
+  private readonly frames: Counter;
 
   constructor(registry: Registry, conversations: () => number) {
     this.turns = new Counter({ name: "perch_voice_turns_total", help: "Voice turns by result", labelNames: ["result"], registers: [registry] });
@@ -27,6 +28,11 @@ export class VoiceMetrics {
         this.set(conversations());
       },
     });
+    this.frames = new Counter({
+      name: "perch_voice_frames_total",
+      help: "Downlink voice frames sent (the denominator of the late share)",
+      registers: [registry],
+    });
     this.late = new Counter({
       name: "perch_voice_frames_late_total",
       help: "Downlink voice frames sent more than 20 ms after their time",
@@ -41,5 +47,9 @@ export class VoiceMetrics {
 
   frameLate(): void {
     this.late.inc();
+  }
+
+  frameSent(): void {
+    this.frames.inc();
   }
 }

@@ -1,7 +1,10 @@
 import { FRAME_MS, FRAME_SAMPLES, type OpusCodec } from "./opus.ts";
 
-/** Frames are sent this long before their time at most (the contract allows 100 ms). */
-const LEAD_MS = 40;
+/**
+ * Frames are sent up to this long before their time (the contract allows 100 ms): the device's
+ * jitter buffer holds them, and a stall of the event loop shorter than this makes no frame late.
+ */
+const LEAD_MS = 80;
 /** A frame sent later than its time by more than this is late (`perch_voice_frames_late_total`). */
 const LATE_MS = 20;
 /** Further behind than this (the event loop was held), the clock is re-anchored instead of sending a burst to catch up. */

@@ -14,6 +14,8 @@ import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 /** How long a device's stored choice of agent is trusted before it is read again (so a change reaches every node). */
 export const AGENT_REFRESH_MS = 2_000;
 const DEFAULT_VOICE = "alloy";
+/** Partial recognitions at once in the process: the recogniser runs one job at a time, and a final must not wait behind many partials. */
+const MAX_PARTIALS = 1;
 
 export interface VoiceServiceOptions {
   config: Config;
@@ -31,6 +33,20 @@ export class VoiceService implements VoiceHost {
   private readonly o: VoiceServiceOptions;
   private readonly metrics: VoiceMetrics;
   private readonly open_ = new Set<Conversation>();
+  /** Partial recognitions running in this process (at most one: finals go first). */
+  private partialsRunning = 0;
+  private readonly partials = {
+    tryAcquire: (): (() => void) | undefined => {
+      if (this.partialsRunning >= MAX_PARTIALS) return undefined;
+      this.partialsRunning++;
+      let released = false;
+      return () => {
+        if (released) return;
+        released = true;
+        this.partialsRunning--;
+      };
+    },
+  };
 
   constructor(o: VoiceServiceOptions) {
     this.o = o;
@@ -53,6 +69,7 @@ export class VoiceService implements VoiceHost {
       metrics: this.metrics,
       logger: this.o.logger,
       agent: () => choice.current(),
+      partials: this.partials,
       reply: (agentId, messages, signal) => this.reply(port.publicKey, agentId, messages, signal),
     });
     this.open_.add(conversation);

@@ -15,11 +15,15 @@ export type Reply =
       delayMs?: number;
       /** Stream the first chunk, then never finish (not streaming: never answer). */
       hang?: boolean;
+      /** Awaited before each streamed piece after the first: the test decides when the next piece is sent. */
+      gate?: (piece: number) => Promise<void>;
     };
 
 export interface ReceivedRequest {
   body: Record<string, any>;
   headers: http.IncomingHttpHeaders;
+  /** Resolves when this request's response is closed by the other side before it finished (its call was cancelled). */
+  aborted: Promise<void>;
 }
 
 /** An OpenAI-compatible provider on loopback that answers from a script, for tests and the benchmark. */
@@ -30,7 +34,6 @@ export class FakeUpstream {
   /** Responses whose connection was closed by the other side before they finished. */
   aborted = 0;
   private readonly replies: Reply[] = [];
-  private abortWaiters: Array<() => void> = [];
   private server!: http.Server;
   url = "";
 
@@ -44,11 +47,6 @@ export class FakeUpstream {
     content: `Hello from ${body.model}`,
     usage: { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 },
   });
-
-  /** Resolves when a response's connection has been closed early (cancellation reached the provider). */
-  waitForAbort(): Promise<void> {
-    return this.aborted > 0 ? Promise.resolve() : new Promise((resolve) => this.abortWaiters.push(resolve));
-  }
 
   async start(): Promise<this> {
     this.server = http.createServer((req, res) => this.handle(req, res));
@@ -79,12 +77,14 @@ export class FakeUpstream {
         return;
       }
       const body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as Record<string, any>;
-      this.received.push({ body, headers: req.headers });
+      let cancelled!: () => void;
+      const aborted = new Promise<void>((resolve) => (cancelled = resolve));
+      this.received.push({ body, headers: req.headers, aborted });
       const reply = this.replies.shift() ?? this.defaultReply(body);
       res.on("close", () => {
         if (!res.writableFinished) {
           this.aborted++;
-          for (const w of this.abortWaiters.splice(0)) w();
+          cancelled();
         }
       });
       if ("status" in reply) {
@@ -109,8 +109,9 @@ export class FakeUpstream {
     send([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]);
     if (reply.hang) return;
     const pieces = reply.chunks ?? (reply.content !== undefined ? [reply.content] : []);
-    for (const piece of pieces) {
+    for (const [i, piece] of pieces.entries()) {
       await pause();
+      if (i > 0) await reply.gate?.(i);
       if (res.destroyed) return;
       send([{ index: 0, delta: { content: piece }, finish_reason: null }]);
     }

@@ -28,7 +28,18 @@ async function usage() {
 }
 
 // Warnings (a refused answer, say) go to stderr, which the test prints when the soak fails.
-const server = await startTestServer({ logger: pino({ level: "warn" }, pino.destination(2)) });
+// Voice is on, so that every connection also opens (and must free) a voice conversation.
+const server = await startTestServer({
+  logger: pino({ level: "warn" }, pino.destination(2)),
+  config: {
+    providers: [{ id: "unused", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" }],
+    models: [{ id: "chat", kind: "chat", provider: "unused", upstream_model: "none" }],
+    agents: [{ id: "talker", model: "chat" }],
+    voice: { agent: "talker" },
+  },
+});
+const voice = server.transport!.voice as unknown as { size: number };
+let peakConversations = 0;
 const keyPair = generateKeyPair();
 let lastKey = "";
 const run = async (n: number) => {
@@ -36,6 +47,12 @@ const run = async (n: number) => {
     const conn = await connect(server, { keyPair: i % 2 === 0 ? keyPair : generateKeyPair() });
     lastKey = conn.publicKey;
     if (i % 10 === 0 && (await conn.http(1, "GET", "/me")).status !== 200) throw new Error("GET /me over stream 1 failed");
+    // Some conversations hear audio (silence: the uplink decodes, resamples and runs the detector).
+    if (i % 10 === 5) {
+      await conn.microphone();
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    peakConversations = Math.max(peakConversations, voice.size);
     conn.close();
     await eventually(() => server.transport!.size === 0, 5000, "the server to let go of the connection");
   }
@@ -47,6 +64,7 @@ await run(cycles);
 const seconds = (performance.now() - started) / 1000;
 const after = await usage();
 const offline = !(await server.domain.peers.runtime(lastKey)).online;
+const conversations = { peak: peakConversations, open: voice.size };
 await server.stop();
-process.stdout.write(`${JSON.stringify({ cycles, seconds, before, after, offline })}\n`);
+process.stdout.write(`${JSON.stringify({ cycles, seconds, before, after, offline, conversations })}\n`);
 process.exit(0);

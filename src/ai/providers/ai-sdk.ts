@@ -356,7 +356,7 @@ const PARAMETER_OF: Record<string, string> = {
  */
 function refuseIgnored(warnings: ReadonlyArray<{ type: string; feature?: string; details?: string }> | undefined): void {
   for (const w of warnings ?? []) {
-    const param = w.type === "unsupported" && w.feature ? PARAMETER_OF[w.feature] : undefined;
+    const param = w.type === "unsupported" && w.feature && Object.hasOwn(PARAMETER_OF, w.feature) ? PARAMETER_OF[w.feature] : undefined;
     if (param)
       throw new GenerationError("invalid", `this model does not support \`${param}\`${w.details ? `: ${w.details}` : ""}`, {
         param,

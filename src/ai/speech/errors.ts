@@ -1,25 +1,52 @@
-/** The engine's queue is full; the surface answers 429. */
-export class EngineBusyError extends Error {
-  constructor(message = "the speech engine is busy; try again shortly") {
-    super(message);
+/**
+ * The embedded engines' failures, as kinds of GenerationError: each surface maps every kind in
+ * one place (the Compatible API's `toOpenAIError`), never engine by engine.
+ */
+import { GenerationError } from "../errors.ts";
+
+/** The engine's queue is full: `rate_limited` (429 with Retry-After on the Compatible API). */
+export class EngineBusyError extends GenerationError {
+  constructor(message = "The speech engine is busy; try again shortly.") {
+    super("rate_limited", message, { code: "engine_busy", retryAfter: 1 });
     this.name = "EngineBusyError";
   }
 }
 
-/** The input is not audio we can decode (corrupt, truncated, in no accepted container, or holding no audio stream). */
-export class AudioDecodeError extends Error {
-  constructor(message: string) {
-    super(message);
+/** The upload is not audio we can decode (corrupt, truncated, in no accepted container, or holding no audio stream). */
+export class AudioDecodeError extends GenerationError {
+  /** What is wrong with the file, without the sentence around it. */
+  readonly reason: string;
+
+  constructor(reason: string, o: { message?: string; code?: string } = {}) {
+    super("invalid", o.message ?? `The audio file could not be decoded: ${reason}`, { param: "file", code: o.code ?? "invalid_audio" });
     this.name = "AudioDecodeError";
+    this.reason = reason;
+  }
+}
+
+/** The decoded audio is longer than the server's limit (a 400 naming the limit). */
+export class AudioTooLongError extends AudioDecodeError {
+  readonly maxSeconds: number;
+
+  constructor(maxSeconds: number) {
+    super(`the audio is longer than the limit of ${maxSeconds} seconds`, {
+      message: `The audio is longer than this server's limit of ${maxSeconds} seconds.`,
+      code: "audio_too_long",
+    });
+    this.name = "AudioTooLongError";
+    this.maxSeconds = maxSeconds;
   }
 }
 
 /** A language the engine cannot recognise. */
-export class UnsupportedLanguageError extends Error {
+export class UnsupportedLanguageError extends GenerationError {
   readonly language: string;
 
   constructor(language: string, supported: readonly string[]) {
-    super(`language ${JSON.stringify(language)} is not supported; supported: ${supported.join(", ")}`);
+    super("invalid", `language ${JSON.stringify(language)} is not supported; supported: ${supported.join(", ")}`, {
+      param: "language",
+      code: "unsupported_language",
+    });
     this.name = "UnsupportedLanguageError";
     this.language = language;
   }
@@ -28,15 +55,4 @@ export class UnsupportedLanguageError extends Error {
 /** The reason an aborted signal carries, or a standard AbortError when it carries none. */
 export function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException("This operation was aborted", "AbortError");
-}
-
-/** The decoded audio is longer than the server's limit (a 400 naming the limit). */
-export class AudioTooLongError extends AudioDecodeError {
-  readonly maxSeconds: number;
-
-  constructor(maxSeconds: number) {
-    super(`the audio is longer than the limit of ${maxSeconds} seconds`);
-    this.name = "AudioTooLongError";
-    this.maxSeconds = maxSeconds;
-  }
 }

@@ -99,7 +99,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   transcribe(o: TranscribeOptions, progress: TranscribeProgress = {}): Promise<Transcript> {
     if (o.language !== undefined && !this.languages.includes(o.language.toLowerCase()))
       return Promise.reject(new UnsupportedLanguageError(o.language, this.languages));
-    if (!this.queue.accepts()) return Promise.reject(new EngineBusyError("the transcription engine is busy; try again shortly"));
+    if (!this.queue.accepts()) return Promise.reject(new EngineBusyError("The transcription engine is busy; try again shortly."));
     return this.queue.run(() => this.run(o, progress), o.signal);
   }
 

@@ -2,7 +2,7 @@ import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
 import { GenerationError, type GenerationErrorKind } from "../../ai/errors.ts";
-import { DomainError } from "../../domain/errors.ts";
+import { DomainError, StoreUnavailable } from "../../domain/errors.ts";
 import { STATUS_OF } from "../errors.ts";
 
 export type OpenAIErrorType = "invalid_request_error" | "permission_error" | "rate_limit_error" | "api_error";
@@ -60,6 +60,7 @@ export function toOpenAIError(err: unknown): OpenAIError {
     const code = err.kind === "unauthenticated" ? "invalid_api_key" : err.code.toLowerCase();
     return new OpenAIError(status, err.message, { code, ...(err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}) });
   }
+  if (err instanceof StoreUnavailable) return new OpenAIError(503, `${err.message}; try again later.`, { code: "unavailable", retryAfter: err.retryAfter });
   if (err instanceof HTTPException && err.status === 413) return new OpenAIError(413, "request body is too large", { code: "request_too_large" });
   if (err instanceof HTTPException && err.status < 500) return new OpenAIError(err.status, err.message || "malformed request");
   return new OpenAIError(500, "The server had an error while processing your request.", { code: "internal_error" });

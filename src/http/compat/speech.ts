@@ -3,14 +3,18 @@ import { z } from "zod";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import type { ChatRouter } from "../../ai/router.ts";
-import { EngineBusyError, SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
+import { SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
+import { sseEvent } from "../../ai/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { speechModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, readJson } from "./json.ts";
+import { readAhead } from "./read-ahead.ts";
 
 const ROUTE = "/audio/speech";
+/** Audio held for a slow client: all of 4096 characters as MP3 (~2.5 MB at speed 1) or WAV (~14 MB at speed 1); at speed 0.25 a WAV may be 50 MB, read ahead only in part. */
+export const MAX_READ_AHEAD_BYTES = 32 * 1024 * 1024;
 
 export const SpeechRequest = z.strictObject({
   model: z.string().min(1),
@@ -58,11 +62,11 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
       it = engine.synthesize({ text: r.input, voice: r.voice, format: r.response_format, speed: r.speed, signal })[Symbol.asyncIterator]();
       // The first piece is awaited before answering, so that a full queue is still a 429.
       first = await it.next();
+      // Then the rest is read ahead of the client (within a bound), so the engine's slot is freed
+      // when synthesis ends, however slowly the client reads.
+      it = readAhead(it, MAX_READ_AHEAD_BYTES);
     } catch (err) {
-      const e =
-        err instanceof EngineBusyError
-          ? new OpenAIError(429, "The speech engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
-          : toOpenAIError(err);
+      const e = toOpenAIError(err);
       done(e.status, e.type);
       throw e;
     }
@@ -75,7 +79,7 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
             next = first ?? (await it.next());
           } catch (err) {
             done(200, "api_error");
-            if (sse) controller.enqueue(sseData({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
+            if (sse) controller.enqueue(sseEvent({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
             controller.close();
             return;
           }
@@ -83,13 +87,13 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
           if (next.done) {
             if (sse) {
               const input = Math.ceil(r.input.length / 4);
-              controller.enqueue(sseData({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }));
+              controller.enqueue(sseEvent({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }));
             }
             done(200);
             controller.close();
             return;
           }
-          controller.enqueue(sse ? sseData({ type: "speech.audio.delta", audio: Buffer.from(next.value).toString("base64") }) : next.value);
+          controller.enqueue(sse ? sseEvent({ type: "speech.audio.delta", audio: Buffer.from(next.value).toString("base64") }) : next.value);
         },
         async cancel() {
           done(499);
@@ -131,8 +135,4 @@ export function byteStream(it: AsyncIterator<Uint8Array>, done: (status: number,
     },
     { highWaterMark: 0 },
   );
-}
-
-function sseData(value: unknown): Buffer {
-  return Buffer.from(`data: ${JSON.stringify(value)}\n\n`);
 }

@@ -15,6 +15,9 @@ import { OpenAIError, openAIErrorResponse, toOpenAIError } from "./errors.ts";
 import { registerModelsRoute } from "./models.ts";
 import { registerSpeechRoute } from "./speech.ts";
 import { registerTranscriptionRoute } from "./transcription.ts";
+import { writeTimeout } from "./write-timeout.ts";
+
+const DEFAULT_WRITE_TIMEOUT_MS = 30_000;
 
 export const COMPAT_BASE = "/openai/v1";
 export const COMPAT_BODY_LIMIT = 32 * 1024 * 1024;
@@ -22,6 +25,8 @@ export const COMPAT_BODY_LIMIT = 32 * 1024 * 1024;
 export interface CompatLimits {
   /** Longest audio a transcription decodes, in seconds. */
   maxAudioSeconds: number;
+  /** A client that takes none of a response's waiting bytes for this long is disconnected. */
+  writeTimeoutMs: number;
 }
 
 export interface CompatSurfaceOptions {
@@ -44,7 +49,11 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
   const app = new Hono<CompatEnv>();
   const tooLarge = (c: Parameters<Parameters<typeof bodyLimit>[1]>[0]) =>
     openAIErrorResponse(c, new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" }));
-  const guard = [bodyLimit(COMPAT_BODY_LIMIT, tooLarge, 2 * COMPAT_BODY_LIMIT), authenticate(o.callers)] as const;
+  const guard = [
+    bodyLimit(COMPAT_BODY_LIMIT, tooLarge, 2 * COMPAT_BODY_LIMIT),
+    authenticate(o.callers),
+    writeTimeout(o.limits?.writeTimeoutMs ?? DEFAULT_WRITE_TIMEOUT_MS),
+  ] as const;
   app.get("/models", ...guard);
   for (const path of ["/chat/completions", "/audio/speech", "/audio/transcriptions"]) app.post(path, ...guard);
   registerModelsRoute(app, o.catalog, o.metrics);

@@ -2,14 +2,8 @@ import type { Hono } from "hono";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import type { ChatRouter } from "../../ai/router.ts";
-import {
-  AudioDecodeError,
-  AudioTooLongError,
-  DEFAULT_MAX_AUDIO_SECONDS,
-  EngineBusyError,
-  type Transcript,
-  type TranscriptionEngine,
-} from "../../ai/speech/index.ts";
+import { DEFAULT_MAX_AUDIO_SECONDS, type Transcript, type TranscriptionEngine } from "../../ai/speech/index.ts";
+import { sseEvent } from "../../ai/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
@@ -135,14 +129,8 @@ export function registerTranscriptionRoute(
       return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
     }
 
-    const failure = (err: unknown): OpenAIError =>
-      err instanceof AudioTooLongError
-        ? param("file", `The audio is longer than this server's limit of ${err.maxSeconds} seconds.`, "audio_too_long")
-        : err instanceof AudioDecodeError
-          ? param("file", `The audio file could not be decoded: ${err.message}`, "invalid_audio")
-          : err instanceof EngineBusyError
-            ? new OpenAIError(429, "The transcription engine is busy; try again shortly.", { code: "engine_busy", retryAfter: 1 })
-            : toOpenAIError(err);
+    // Engine failures (busy, undecodable, too long, language) are kinds of GenerationError, mapped in one place.
+    const failure = (err: unknown): OpenAIError => toOpenAIError(err);
     const options = {
       audio,
       ...(language !== undefined ? { language } : {}),
@@ -154,12 +142,11 @@ export function registerTranscriptionRoute(
     if (stream === "true") {
       // Events leave as segments are recognised; errors before the audio is decoded are plain HTTP
       // errors, later ones an `error` event that ends the stream.
-      const encoder = new TextEncoder();
       let controller!: ReadableStreamDefaultController<Uint8Array>;
       const body = new ReadableStream<Uint8Array>({ start: (c) => (controller = c) }, { highWaterMark: 0 });
       const send = (value: unknown) => {
         try {
-          controller.enqueue(encoder.encode(sse(value)));
+          controller.enqueue(sseEvent(value));
         } catch {}
       };
       let first = true;
@@ -247,10 +234,6 @@ function multipart(fields: Array<[string, string]>, file: { name: string; type: 
     Buffer.from(`\r\n--${boundary}--\r\n`),
   );
   return { body: Buffer.concat(parts), contentType: `multipart/form-data; boundary=${boundary}` };
-}
-
-function sse(value: unknown): string {
-  return `data: ${JSON.stringify(value)}\n\n`;
 }
 
 function timestamp(seconds: number, separator: "," | "."): string {

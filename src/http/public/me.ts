@@ -20,7 +20,7 @@ export function registerMeRoutes(app: App, domain: Domain, callers: Callers): vo
     security: bearerSecurity,
     middleware: [jsonBodyLimit, primary],
   });
-  const authErrors = errors(401, 403);
+  const authErrors = errors(401, 403, 503);
   const self = (c: { get(key: "principal"): unknown }) => (c.get("principal") as PrimaryPrincipal).publicKey;
 
   app.openapi(

@@ -10,6 +10,7 @@ const ERROR_DESCRIPTIONS: Record<number, string> = {
   413: "Body too large",
   415: "Unsupported media type",
   429: "Rate limited (see Retry-After)",
+  503: "Unavailable: the store cannot be reached now (see Retry-After)",
 };
 
 /** The `ErrorResponse` entries of a route's responses. */

@@ -36,7 +36,7 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
     security: bearerSecurity,
     middleware: [jsonBodyLimit, sideControl],
   });
-  const authErrors = errors(401, 403);
+  const authErrors = errors(401, 403, 503);
   const target = (c: { get(key: "principal"): unknown }) => (c.get("principal") as SideControlPrincipal).targetKey;
   const contactName = z.object({ name: z.string().openapi({ description: "the contact's name (URL-encoded)" }) });
   // A segment that is not percent-encoded UTF-8 is kept as it came by the router ("%FF" would be

@@ -1,0 +1,114 @@
+/**
+ * One process of the voice benchmark (`bench/voice.ts` forks several): DEVICES devices on
+ * `@roamhq/wrtc`, each speaking the question (PCM from QUESTION_FILE) TURNS times, or, in mode
+ * `barge`, interrupting each reply. Reports every measurement over IPC, then exits.
+ *
+ * Environment: PERCH_URL, QUESTION_FILE, DEVICES, TURNS, MODE (turns | barge), START_DELAY_MS.
+ */
+import { readFileSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
+import { generateKeyPair } from "../src/crypto/keys.ts";
+import { PeerEventType } from "../src/protocol/gen/event_pb.ts";
+import { PerchConnection } from "../src/sdk/webrtc.ts";
+
+export interface TurnReport {
+  type: "turn";
+  /** From turn.metrics (measured at the server). */
+  server: Record<string, number | boolean>;
+  /** Last voiced sample handed to the device's stack → first audible sample heard, ms. */
+  device_ms: number | undefined;
+}
+export interface BargeReport {
+  type: "barge";
+  /** Onset of the interrupting speech handed to the stack → last audible sample of the reply heard, ms. */
+  onset_to_silence_ms: number | undefined;
+  interrupted: boolean;
+}
+export type DeviceMessage = TurnReport | BargeReport | { type: "ready" } | { type: "done" } | { type: "error"; message: string };
+
+const send = (m: DeviceMessage) => process.send?.(m);
+process.on("disconnect", () => process.exit(0));
+
+const url = process.env.PERCH_URL!;
+const raw = readFileSync(process.env.QUESTION_FILE!);
+const question = new Int16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
+const devices = Number(process.env.DEVICES ?? 1);
+const turns = Number(process.env.TURNS ?? 5);
+const mode = process.env.MODE ?? "turns";
+
+/** Resolves with the next event matching `match` (label and type). */
+function next(
+  conn: PerchConnection,
+  match: (e: { type: number; stream: string; label: string; text?: string }) => boolean,
+  ms = 60_000,
+): Promise<{ text?: string }> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      off();
+      reject(new Error("no event in time"));
+    }, ms);
+    const off = conn.eventStream.on((e) => {
+      const v = e.payload.value as { streamId: string; label: string; text?: string } | undefined;
+      if (!v || !match({ type: e.type, stream: v.streamId, label: v.label, ...(v.text !== undefined ? { text: v.text } : {}) })) return;
+      clearTimeout(timer);
+      off();
+      resolve(v);
+    });
+  });
+}
+
+async function conversation(index: number): Promise<void> {
+  await sleep(index * Number(process.env.START_DELAY_MS ?? 150));
+  const conn = await PerchConnection.connect({ baseUrl: url, keyPair: generateKeyPair(), timeoutMs: 30_000 });
+  const mic = await conn.microphone();
+  await sleep(500);
+  try {
+    for (let n = 1; n <= turns; n++) {
+      // Conversations take turns at their own pace.
+      await sleep(300 + Math.random() * 700);
+      if (mode === "barge") {
+        const n1 = 2 * n - 1;
+        const audio = next(conn, (e) => e.type === PeerEventType.BOS && e.stream === `out-${n1}` && e.label === "assistant.audio");
+        const end = next(conn, (e) => e.type === PeerEventType.EOS && e.stream === `out-${n1}` && e.label === "assistant.audio");
+        await mic.say(question);
+        await audio;
+        await sleep(700);
+        const onset = performance.now();
+        const said = mic.say(question);
+        const eos = await end.then(
+          () => true,
+          () => false,
+        );
+        await sleep(300);
+        const last = conn.speaker.lastAudibleAt;
+        send({ type: "barge", onset_to_silence_ms: last !== undefined && last > onset ? last - onset : 0, interrupted: eos });
+        await said;
+        await next(conn, (e) => e.type === PeerEventType.TEXT_DONE && e.stream === `out-${n1 + 1}` && e.label === "turn.metrics");
+        await sleep(3000);
+        continue;
+      }
+      const metrics = next(conn, (e) => e.type === PeerEventType.TEXT_DONE && e.stream === `out-${n}` && e.label === "turn.metrics");
+      conn.speaker.mark();
+      await mic.say(question);
+      const lastVoiced = mic.lastVoicedAt;
+      const m = await metrics;
+      // The reply's last packets are still playing: wait for silence before the next question.
+      for (let i = 0; i < 100 && conn.speaker.lastAudibleAt !== undefined && performance.now() - conn.speaker.lastAudibleAt < 400; i++) await sleep(50);
+      const heard = conn.speaker.firstAudibleAt;
+      send({
+        type: "turn",
+        server: JSON.parse(m.text ?? "{}") as Record<string, number | boolean>,
+        device_ms: heard !== undefined && lastVoiced !== undefined && heard > lastVoiced ? heard - lastVoiced : undefined,
+      });
+    }
+  } finally {
+    conn.close();
+  }
+}
+
+send({ type: "ready" });
+const results = await Promise.allSettled(Array.from({ length: devices }, (_, i) => conversation(i)));
+for (const r of results) if (r.status === "rejected") send({ type: "error", message: String((r.reason as Error)?.message ?? r.reason) });
+send({ type: "done" });
+await sleep(100);
+process.exit(0);

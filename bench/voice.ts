@@ -1,0 +1,168 @@
+/**
+ * `npm run bench -- voice`: voice conversations end to end. A scripted upstream (its own process),
+ * `perch serve`, and devices on `@roamhq/wrtc` in separate processes speaking a synthesised
+ * question. Figures: end of speech → first reply packet at the server (`turn.metrics`) and at the
+ * device (last voiced sample sent → first audible sample heard), for 1 conversation and for 20
+ * concurrent ones taking turns; barge-in (speech onset → last reply sample heard); the share of
+ * downlink frames sent late; the server's CPU and memory per conversation.
+ *
+ * BENCH_VOICE_TURNS (default 8), BENCH_VOICE_CONVERSATIONS (20), BENCH_VOICE_PROCESSES (4).
+ */
+import { type ChildProcess, fork, spawn } from "node:child_process";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { availableParallelism, loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
+import { createSpeechEngine } from "../src/ai/speech/index.ts";
+import { loadResampler, Resampler } from "../src/voice/resampler.ts";
+import { benchConfig, ROOT, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
+import type { DeviceMessage, TurnReport } from "./voice-device.ts";
+
+const TURNS = Number(process.env.BENCH_VOICE_TURNS ?? 8);
+const CONVERSATIONS = Number(process.env.BENCH_VOICE_CONVERSATIONS ?? 20);
+const PROCESSES = Number(process.env.BENCH_VOICE_PROCESSES ?? 4);
+const QUESTION = "What is the weather like today?";
+
+function pct(samples: number[]): { p50: number; p95: number; n: number } {
+  const s = [...samples].sort((a, b) => a - b);
+  const at = (q: number) => round(s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? Number.NaN);
+  return { p50: at(0.5), p95: at(0.95), n: s.length };
+}
+
+function rssMb(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, "utf8");
+  return round(Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1] ?? Number.NaN) / 1024);
+}
+
+async function metric(server: Server, name: string): Promise<number> {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  return Number(new RegExp(`^${name} (\\S+)$`, "m").exec(text)?.[1] ?? 0);
+}
+
+/** Runs `total` devices over `processes` processes; collects their reports. */
+async function devices(server: Server, file: string, total: number, processes: number, mode: "turns" | "barge", turns: number): Promise<DeviceMessage[]> {
+  const reports: DeviceMessage[] = [];
+  const children: ChildProcess[] = [];
+  const per = Math.ceil(total / processes);
+  for (let p = 0, left = total; p < processes && left > 0; p++, left -= per) {
+    const child = fork(join(ROOT, "bench/voice-device.ts"), [], {
+      execArgv: ["--import", "tsx"],
+      env: { ...process.env, PERCH_URL: server.url, QUESTION_FILE: file, DEVICES: String(Math.min(per, left)), TURNS: String(turns), MODE: mode },
+      stdio: ["ignore", "inherit", "inherit", "ipc"],
+    });
+    children.push(child);
+  }
+  await Promise.all(
+    children.map(
+      (child) =>
+        new Promise<void>((resolve) => {
+          child.on("message", (m: DeviceMessage) => {
+            if (m.type === "done") resolve();
+            else if (m.type !== "ready") reports.push(m);
+          });
+          child.once("exit", () => resolve());
+        }),
+    ),
+  );
+  for (const c of children) if (c.exitCode === null) c.kill();
+  return reports;
+}
+
+function turnFigures(reports: DeviceMessage[]) {
+  const turns = reports.filter((r): r is TurnReport => r.type === "turn");
+  const server = turns.map((t) => t.server.speech_to_audio).filter((x): x is number => typeof x === "number");
+  const stage = (k: string) => pct(turns.map((t) => t.server[k]).filter((x): x is number => typeof x === "number"));
+  return {
+    turns: turns.length,
+    errors: reports.filter((r) => r.type === "error").map((r) => (r as { message: string }).message),
+    server_speech_to_audio_ms: pct(server),
+    server_beyond_silence_ms: pct(server.map((x) => x - 400)),
+    device_speech_to_audio_ms: pct(turns.map((t) => t.device_ms).filter((x): x is number => typeof x === "number")),
+    stages_ms: {
+      end_of_speech: stage("end_of_speech"),
+      transcription: stage("transcription"),
+      first_token: stage("first_token"),
+      first_audio: stage("first_audio"),
+    },
+  };
+}
+
+export async function voiceBench(): Promise<unknown> {
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-voice-"));
+  // The question, spoken by another voice than the reply's, as the devices' microphones give it.
+  const speech = createSpeechEngine();
+  const spoken = await speech.speak(QUESTION, "nova");
+  const up = new Resampler(await loadResampler(), spoken.sampleRate, 48_000);
+  const padded = new Int16Array(spoken.samples.length + spoken.sampleRate / 10);
+  padded.set(spoken.samples);
+  const pcm = up.process(padded);
+  up.close();
+  const file = join(dir, "question.pcm");
+  writeFileSync(file, Buffer.from(pcm.buffer, pcm.byteOffset, pcm.byteLength));
+
+  const upstream = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
+  const upstreamUrl = await new Promise<string>((resolve) => upstream.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
+  const server = await startServer({
+    PERCH_DATA_DIR: dir,
+    ...benchConfig(dir, {
+      providers: [{ id: "local", kind: "openai-compatible", base_url: upstreamUrl, max_retries: 0 }],
+      models: [{ id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" }],
+      agents: [{ id: "talker", model: "chat", instructions: "Answer briefly.", voice: "alloy" }],
+      voice: { agent: "talker" },
+    }),
+  });
+  const pid = server.child.pid!;
+  try {
+    // Warm-up: models loaded, flite compiled.
+    await devices(server, file, 1, 1, "turns", 2);
+
+    const one = turnFigures(await devices(server, file, 1, 1, "turns", TURNS));
+
+    const rssBefore = rssMb(pid);
+    const cpuBefore = treeCpuSeconds(pid);
+    const framesBefore = await metric(server, "perch_voice_frames_total");
+    const lateBefore = await metric(server, "perch_voice_frames_late_total");
+    const started = performance.now();
+    let peakRss = rssBefore;
+    const sampler = setInterval(() => {
+      peakRss = Math.max(peakRss, rssMb(pid));
+    }, 500);
+    const crowd = turnFigures(await devices(server, file, CONVERSATIONS, PROCESSES, "turns", Math.max(3, Math.round(TURNS / 2))));
+    clearInterval(sampler);
+    const seconds = (performance.now() - started) / 1000;
+    const cpu = treeCpuSeconds(pid) - cpuBefore;
+    const frames = (await metric(server, "perch_voice_frames_total")) - framesBefore;
+    const late = (await metric(server, "perch_voice_frames_late_total")) - lateBefore;
+
+    const barge = (await devices(server, file, 1, 1, "barge", Math.max(3, Math.round(TURNS / 2)))).filter((r) => r.type === "barge");
+    return {
+      suite: "voice",
+      machine: { cores: availableParallelism(), load_1m: round(loadavg()[0]!) },
+      goals: {
+        server_beyond_silence_ms: "≤ 200 p50, ≤ 350 p95",
+        device_speech_to_audio_ms: "≤ 700 p50",
+        barge_in_ms: "≤ 250 p50",
+        late_frames_20_conversations: "< 1 %",
+      },
+      one_conversation: one,
+      concurrent: {
+        conversations: CONVERSATIONS,
+        device_processes: PROCESSES,
+        ...crowd,
+        frames_sent: frames,
+        frames_late: late,
+        late_share_percent: round((late / Math.max(1, frames)) * 100),
+        server_cpu_percent_per_conversation: round(((cpu / seconds) * 100) / CONVERSATIONS),
+        server_rss_mb: { before: rssBefore, peak: peakRss, per_conversation: round((peakRss - rssBefore) / CONVERSATIONS) },
+      },
+      barge_in: {
+        trials: barge.length,
+        interrupted: barge.filter((b) => b.type === "barge" && b.interrupted).length,
+        onset_to_last_reply_sample_ms: pct(barge.map((b) => (b.type === "barge" ? (b.onset_to_silence_ms ?? Number.NaN) : Number.NaN)).filter(Number.isFinite)),
+      },
+      server_warnings: { count: server.warnings.count, last: server.warnings.last },
+    };
+  } finally {
+    await server.stop();
+    upstream.kill();
+  }
+}

@@ -1,0 +1,194 @@
+/**
+ * `npm run bench -- webrtc-health`: what one `perch serve` process pays per connection and how soon
+ * it notices a device that vanished. Three parts:
+ *
+ * - memory per connection: node-datachannel devices (worker processes, no telemetry) connected,
+ *   held and released twice on a fresh server; the growth of the server's RSS (and used heap,
+ *   when `/metrics` has Node's default metrics) divided by the devices, in each round;
+ * - refused channels: one SDK device opens channels with unknown labels, 100 at a time; the
+ *   server's growth per refused channel;
+ * - liveness: SDK devices reach the server through UDP relays (test/support/udp-relay.ts) that
+ *   are then cut both ways at once, as a device that lost power would go; the time from the cut
+ *   to the server dropping each connection (its `perch_webrtc_connections` gauge, read every
+ *   100 ms).
+ */
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { generateKeyPair } from "../src/crypto/keys.ts";
+import { PerchConnection } from "../src/sdk/webrtc.ts";
+import { UdpRelay } from "../test/support/udp-relay.ts";
+import { Crowd } from "./crowd.ts";
+import { benchConfig, round, type Server, startServer } from "./support.ts";
+
+const env = (name: string, fallback: number) => Number(process.env[name] ?? fallback);
+const DEVICES = env("BENCH_HEALTH_DEVICES", 200);
+const PROCESSES = env("BENCH_HEALTH_PROCESSES", 2);
+const CHANNELS = env("BENCH_HEALTH_CHANNELS", 2000);
+const LIVENESS_DEVICES = env("BENCH_HEALTH_LIVENESS_DEVICES", 4);
+const LIVENESS_ROUNDS = env("BENCH_HEALTH_LIVENESS_ROUNDS", 3);
+/** Past this a vanished device is counted as never noticed. */
+const LIVENESS_LIMIT_S = env("BENCH_HEALTH_LIVENESS_LIMIT_S", 60);
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+async function gauges(server: Server): Promise<Map<string, number>> {
+  const out = new Map<string, number>();
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  for (const line of text.split("\n")) {
+    const m = /^([a-z_]+(?:\{[^}]*\})?) (\S+)$/.exec(line);
+    if (m) out.set(m[1]!, Number(m[2]));
+  }
+  return out;
+}
+
+/** The server's resident memory (from /proc) and, when `/metrics` reports it, its used heap, in KB. */
+async function memory(server: Server): Promise<{ rssKb: number; heapKb: number | null }> {
+  const status = readFileSync(`/proc/${server.child.pid}/status`, "utf8");
+  const rssKb = Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1] ?? Number.NaN);
+  const heap = (await gauges(server)).get("nodejs_heap_size_used_bytes");
+  return { rssKb, heapKb: heap === undefined ? null : round(heap / 1024) };
+}
+
+async function connections(server: Server): Promise<number> {
+  return (await gauges(server)).get("perch_webrtc_connections") ?? Number.NaN;
+}
+
+async function until(what: string, check: () => Promise<boolean>, limitMs = 60_000): Promise<void> {
+  const end = Date.now() + limitMs;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+/**
+ * Memory while `DEVICES` devices are held, on a fresh server: the first round is what connections
+ * cost a process that never held them; the second, what they cost once the first round's memory
+ * is there to be reused (RSS is not given back to the system after connections close).
+ */
+async function perConnection(server: Server, crowd: Crowd) {
+  const rounds = [];
+  for (let round_ = 0; round_ < 2; round_++) {
+    const before = await memory(server);
+    const r = await crowd.connect(DEVICES, 8, Date.now() + 120_000);
+    await until("every device counted", async () => (await connections(server)) >= r.ok);
+    await sleep(2_000);
+    const held = await memory(server);
+    await crowd.release();
+    await until("every device gone", async () => (await connections(server)) === 0);
+    await sleep(1_000);
+    const after = await memory(server);
+    rounds.push({ devices: r.ok, before, held, after });
+  }
+  const per = (a: number | null, b: number | null, n: number) => (a === null || b === null ? null : round((a - b) / n));
+  const [first, second] = rounds as [(typeof rounds)[0], (typeof rounds)[0]];
+  return {
+    devices: first.devices,
+    rss_kb_per_connection: per(first.held.rssKb, first.before.rssKb, first.devices),
+    rss_kb_per_connection_second_round: per(second.held.rssKb, second.before.rssKb, second.devices),
+    heap_kb_per_connection: per(first.held.heapKb, first.before.heapKb, first.devices),
+    heap_kb_per_connection_second_round: per(second.held.heapKb, second.before.heapKb, second.devices),
+    heap_kb_left_per_connection_after_release: per(second.after.heapKb, second.before.heapKb, second.devices),
+    rounds,
+  };
+}
+
+/** Memory per channel refused (an unknown label), while the connection that opened them lives on. */
+async function refusedChannels(server: Server) {
+  const conn = await PerchConnection.connect({ baseUrl: server.url, keyPair: generateKeyPair() });
+  try {
+    // Warm up: the first channels pay for structures every connection has.
+    const open = async (n: number) => {
+      for (let done = 0; done < n; done += 100) {
+        const batch = Array.from({ length: Math.min(100, n - done) }, (_, i) => conn.pc.createDataChannel(`x-unknown-${done + i}`));
+        await until("the batch refused", async () => batch.every((dc) => dc.readyState === "closed"), 30_000);
+      }
+    };
+    await open(200);
+    await sleep(1_000);
+    const before = await memory(server);
+    await open(CHANNELS);
+    await sleep(1_000);
+    const after = await memory(server);
+    return {
+      channels: CHANNELS,
+      rss_bytes_per_channel: round(((after.rssKb - before.rssKb) * 1024) / CHANNELS),
+      heap_bytes_per_channel: after.heapKb === null || before.heapKb === null ? null : round(((after.heapKb - before.heapKb) * 1024) / CHANNELS),
+      before,
+      after,
+    };
+  } finally {
+    conn.close();
+  }
+}
+
+/** Seconds from cutting a device's network to the server dropping its connection, for every device of every round. */
+async function liveness(server: Server) {
+  const seconds: number[] = [];
+  for (let r = 0; r < LIVENESS_ROUNDS; r++) {
+    const relays = await Promise.all(Array.from({ length: LIVENESS_DEVICES }, () => UdpRelay.start()));
+    const devices = await Promise.all(relays.map((relay) => PerchConnection.connect({ baseUrl: server.url, keyPair: generateKeyPair(), rtc: relay.rtc() })));
+    await until("the devices counted", async () => (await connections(server)) === LIVENESS_DEVICES);
+    // Let the links settle into their idle rhythm (consent checks, RTCP) before they vanish.
+    await sleep(3_000);
+    const cut = performance.now();
+    for (const relay of relays) relay.cut("both");
+    let left = LIVENESS_DEVICES;
+    while (left > 0 && performance.now() - cut < LIVENESS_LIMIT_S * 1000) {
+      const now = await connections(server);
+      for (; left > now; left--) seconds.push(round((performance.now() - cut) / 1000));
+      await sleep(100);
+    }
+    for (; left > 0; left--) seconds.push(Number.POSITIVE_INFINITY);
+    for (const d of devices) d.close();
+    for (const relay of relays) relay.close();
+    await until("the round's connections gone", async () => (await connections(server)) === 0, 60_000);
+  }
+  const sorted = [...seconds].sort((a, b) => a - b);
+  return {
+    devices: seconds.length,
+    seconds_min: sorted[0],
+    seconds_p50: sorted[Math.floor(sorted.length / 2)],
+    seconds_max: sorted.at(-1),
+    seconds: sorted.map((s) => (Number.isFinite(s) ? s : `over ${LIVENESS_LIMIT_S}`)),
+  };
+}
+
+export async function webrtcHealthBench(): Promise<unknown> {
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-health-"));
+  const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { webrtc: { maxConnections: 10_000 } }) });
+  let crowd: Crowd | undefined;
+  const killAll = () => {
+    crowd?.kill();
+    if (server.child.exitCode === null) server.child.kill("SIGKILL");
+  };
+  process.once("exit", killAll);
+  try {
+    const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
+    const progress = (what: string) => process.stderr.write(`webrtc-health bench: ${what}\n`);
+    // Memory first, on the fresh process; then refused channels; then liveness.
+    crowd = new Crowd(PROCESSES, { url: server.url, serverKey, bindAddress: new URL(server.url).hostname });
+    const memoryPerConnection = await perConnection(server, crowd);
+    progress(`memory per connection measured: ${memoryPerConnection.rss_kb_per_connection} KB RSS`);
+    await crowd.stop();
+    crowd = undefined;
+    const channels = await refusedChannels(server);
+    progress(`refused channels measured: ${channels.rss_bytes_per_channel} B RSS each`);
+    const live = await liveness(server);
+    progress(`liveness measured: ${JSON.stringify(live.seconds)}`);
+    return {
+      suite: "webrtc-health",
+      note: "one run; the machine's two cores are shared with other work, figures move with it",
+      liveness: live,
+      memory_per_connection: memoryPerConnection,
+      refused_channels: channels,
+      server_warnings: server.warnings,
+    };
+  } finally {
+    await crowd?.stop().catch(() => crowd?.kill());
+    await server.stop();
+    process.off("exit", killAll);
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
