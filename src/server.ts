@@ -122,7 +122,8 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   let transport: WebRtcTransport | undefined;
   const webrtc: WebRtcPort = {
     answer: (offer, timing) => {
-      if (!transport) throw new DomainError("unavailable", "CAPACITY_EXCEEDED", "the transport is not running", undefined, 1);
+      if (!transport)
+        throw new DomainError("unavailable", "UNAVAILABLE", "this node does not answer offers (its WebRTC transport is not running)", undefined, 1);
       return transport.answer(offer, timing);
     },
     // The device's connection may be on another node: the command goes there over the bus.

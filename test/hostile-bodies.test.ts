@@ -11,6 +11,8 @@ import { startTestServer, type TestServer } from "./support/server.ts";
 
 const KEY = "sk-perch-hostile-bodies";
 const OTHER_KEY = "sk-perch-hostile-bodies-other";
+/** Five more callers, for the node-wide cap. */
+const CROWD = Array.from({ length: 5 }, (_, i) => `sk-perch-hostile-bodies-crowd-${i}`);
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
 interface Upload {
@@ -64,6 +66,7 @@ describe("request bodies of bounded cost", () => {
         api_keys: [
           { name: "a", sha256: sha256(KEY) },
           { name: "b", sha256: sha256(OTHER_KEY) },
+          ...CROWD.map((k, i) => ({ name: `crowd-${i}`, sha256: sha256(k) })),
         ],
       },
     });
@@ -159,5 +162,26 @@ describe("request bodies of bounded cost", () => {
     await again.write(whole);
     assert.notEqual((await again.answer).status, 429);
     held[1]!.destroy();
+  });
+
+  test("the node has at most eight large bodies in progress, whoever sends them", async () => {
+    const length = 3 * 1024 * 1024;
+    const start = '{"model":"m","messages":[{"role":"user","content":"';
+    const held = CROWD.slice(0, 4).flatMap((key) => [upload(chatUrl(), key, length), upload(chatUrl(), key, length)]);
+    try {
+      for (const h of held) await h.write(Buffer.from(start));
+      await new Promise((r) => setTimeout(r, 100));
+      const ninth = upload(chatUrl(), CROWD[4]!, length);
+      await ninth.write(Buffer.from("{"));
+      const refused = await ninth.answer;
+      ninth.destroy();
+      assert.equal(refused.status, 429, refused.body);
+      assert.match((JSON.parse(refused.body) as { error: { message: string } }).error.message, /The server has 8 requests/);
+      // A small body is never held up by them.
+      const small = await fetch(chatUrl(), { method: "POST", headers: { authorization: `Bearer ${CROWD[4]}` }, body: JSON.stringify({ model: 1 }) });
+      assert.equal(small.status, 400);
+    } finally {
+      for (const h of held) h.destroy();
+    }
   });
 });

@@ -61,8 +61,8 @@ async function device(answerer: Answerer, setup: (link: PeerLink) => void): Prom
   await gathered;
   const sdp = pc.localDescription!.sdp;
   const shape = inspectOffer(sdp);
-  assert.equal(typeof shape, "object");
-  const link = await answerer.answer({ sdp, ...(shape as Exclude<typeof shape, string>) });
+  if ("code" in shape) throw new Error(shape.message);
+  const link = await answerer.answer({ sdp, ...shape });
   const faults: Device["faults"] = [];
   link.onFault((err, scope) => faults.push({ err, scope }));
   setup(link);

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { OfferError } from "../src/sdk/webrtc.ts";
-import { bundledCandidatesOnly } from "../src/transport/sdp.ts";
+import { bundledCandidatesOnly, MAX_ANSWER_BYTES } from "../src/transport/sdp.ts";
 import { freshPostgresDatabase, startTestServer, TEST_DATABASE_URL, type TestServer, tempDir } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
@@ -94,12 +94,77 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
     await nothingStored(encodeKey(keyPair.publicKey));
   });
 
-  test("13: an offer the WebRTC stack cannot apply is 500 ANSWER_FAILED", async () => {
-    const broken = sdp.replace(/a=ice-ufrag:[^\r\n]*\r\n/g, "").replace(/a=ice-pwd:[^\r\n]*\r\n/g, "");
+  test("10: every error in the offer's SDP is 400 INVALID_SDP naming it, never a 500 (the attack's offers among them)", async () => {
     const keyPair = generateKeyPair();
-    const s = sealOffer(serverKey, keyPair, broken);
-    await expectError(await postOffer(server.url, s.headers, s.body), 500, "ANSWER_FAILED");
+    const long = "m".repeat(250 * 1024 - 2 * sdp.length);
+    const variants: Array<[string, string, RegExp]> = [
+      ["no ICE credentials", sdp.replace(/a=ice-ufrag:[^\r\n]*\r\n/g, "").replace(/a=ice-pwd:[^\r\n]*\r\n/g, ""), /ice-ufrag/],
+      ["no ice-pwd", sdp.replace(/a=ice-pwd:[^\r\n]*\r\n/g, ""), /ice-pwd/],
+      ["a short ice-pwd", sdp.replace(/a=ice-pwd:[^\r\n]*/g, "a=ice-pwd:short"), /ice-pwd/],
+      ["a broken fingerprint", sdp.replace(/(a=fingerprint:sha-256 )[0-9A-F:]+/g, "$1ZZ:12"), /fingerprint/],
+      ["a fingerprint of the wrong length", sdp.replace(/(a=fingerprint:sha-256 [0-9A-F:]+):[0-9A-F]{2}/g, "$1"), /fingerprint/],
+      ["an unknown hash", sdp.replace(/a=fingerprint:sha-256/g, "a=fingerprint:md9"), /fingerprint/],
+      ["an absurd payload type", sdp.replace(/(m=audio \d+ \S+ )111/, "$14294967295"), /payload type/],
+      ["an absurd rtpmap payload type", sdp.replace("a=rtpmap:111 opus", "a=rtpmap:99999 opus"), /payload type/],
+      ["a malformed candidate", sdp.replace(/a=candidate:(\S+) 1 udp/, "a=candidate:$1 x udp"), /candidate/],
+      ["a candidate with a port out of range", sdp.replace(/(a=candidate:\S+ 1 udp \d+ \S+ )\d+/, "$199999"), /candidate/],
+      ["a 250 KB mid", sdp.replace(/a=mid:0/, `a=mid:${long}`), /longer than 8192 characters/],
+      ["a 33-character mid", sdp.replace(/a=mid:0/, `a=mid:${"m".repeat(33)}`).replace("a=group:BUNDLE 0 1", `a=group:BUNDLE ${"m".repeat(33)} 1`), /mid/],
+      ["a mid used twice", sdp.replace(/a=mid:1/, "a=mid:0"), /twice/],
+      ["a BUNDLE group naming no section", sdp.replace("a=group:BUNDLE 0 1", "a=group:BUNDLE 7 1"), /BUNDLE/],
+      ["129 media sections", `${sdp}${"m=audio 0 UDP/TLS/RTP/SAVPF 0\r\n".repeat(127)}`, /media sections/],
+      ["a line that is no SDP", sdp.replace("s=-\r\n", "s=-\r\nhello\r\n"), /form/],
+      ["a bad setup role", sdp.replace(/a=setup:actpass/g, "a=setup:whatever"), /setup/],
+      ["no version line", sdp.replace("v=0\r\n", ""), /v=0/],
+    ];
+    for (const [what, variant, message] of variants) {
+      const s = sealOffer(serverKey, keyPair, variant);
+      const res = await postOffer(server.url, s.headers, s.body);
+      const body = (await res.json()) as { error: { code: string; message: string } };
+      assert.equal(`${res.status} ${body.error.code}`, "400 INVALID_SDP", what);
+      assert.match(body.error.message, message, what);
+    }
     await nothingStored(encodeKey(keyPair.publicKey));
+  });
+
+  test("10: the lines of a real offer, each dropped or mangled: an answer or a 400, never a 500", async () => {
+    const lines = sdp.split("\r\n").filter(Boolean);
+    const statuses = new Map<string, number>();
+    for (const [i, line] of lines.entries()) {
+      if (line.startsWith("a=candidate") && i % 3 !== 0) continue; // a few candidates are enough
+      const head = line.slice(0, line.indexOf(":") + 1 || 2);
+      for (const replacement of [undefined, `${head}`, `${head}\u0000\u00ff${"9".repeat(40)}`]) {
+        const variant = [...lines.slice(0, i), ...(replacement === undefined ? [] : [replacement]), ...lines.slice(i + 1)].join("\r\n");
+        const s = sealOffer(serverKey, generateKeyPair(), `${variant}\r\n`);
+        const res = await postOffer(server.url, s.headers, s.body);
+        const code = res.status === 200 ? "answered" : ((await res.json()) as { error: { code: string } }).error.code;
+        if (res.status === 200) await res.arrayBuffer();
+        statuses.set(`${res.status} ${code}`, (statuses.get(`${res.status} ${code}`) ?? 0) + 1);
+      }
+    }
+    assert.deepEqual(
+      [...statuses.keys()].filter((k) => !["200 answered", "400 INVALID_SDP", "400 MISSING_OPUS_AUDIO"].includes(k)),
+      [],
+      JSON.stringify([...statuses]),
+    );
+    assert.ok(statuses.get("400 INVALID_SDP"), "some variants are refused");
+  });
+
+  test("the answer is bounded: 128 sections with 32-character mids are answered within 256 KiB, the size of the largest offer", async () => {
+    const audio = /m=audio[\s\S]*?(?=m=application)/
+      .exec(sdp)![0]
+      .replace(/a=ssrc:[^\r\n]*\r\n/g, "")
+      .replace(/a=candidate:[^\r\n]*\r\n/g, "");
+    const mid = (i: number) => `${"m".repeat(29)}${String(i).padStart(3, "0")}`;
+    const extra = Array.from({ length: 126 }, (_, i) => audio.replace(/a=mid:0/, `a=mid:${mid(i)}`)).join("");
+    const crowded = `${sdp}${extra}`.replace("a=group:BUNDLE 0 1", `a=group:BUNDLE 0 1 ${Array.from({ length: 126 }, (_, i) => mid(i)).join(" ")}`);
+    const keyPair = generateKeyPair();
+    const s = sealOffer(serverKey, keyPair, crowded);
+    const res = await postOffer(server.url, s.headers, s.body);
+    assert.equal(res.status, 200, await res.clone().text());
+    const answer = s.exchange.openResponse(new Uint8Array(await res.arrayBuffer()));
+    assert.equal(answer.match(/^m=/gm)?.length, 128);
+    assert.ok(Buffer.byteLength(answer) <= MAX_ANSWER_BYTES, `${Buffer.byteLength(answer)} bytes`);
   });
 
   test("the server checks only the candidates of the BUNDLE group's tagged m-section", () => {

@@ -1,7 +1,7 @@
 export { StoreUnavailable } from "../store/errors.ts";
 
 /** What went wrong, independent of any surface: each surface maps a kind onto its own status and envelope. */
-export type ErrorKind = "invalid" | "unauthenticated" | "forbidden" | "not_found" | "conflict" | "rate_limited" | "unavailable";
+export type ErrorKind = "invalid" | "unauthenticated" | "forbidden" | "not_found" | "conflict" | "rate_limited" | "unavailable" | "internal";
 
 /** A failure the caller caused or must see, with the contract's code. The domain knows no HTTP status. */
 export class DomainError extends Error {

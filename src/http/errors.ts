@@ -32,6 +32,7 @@ export const STATUS_OF: Record<ErrorKind, ErrorStatus> = {
   conflict: 409,
   rate_limited: 429,
   unavailable: 503,
+  internal: 500,
 };
 
 /** Writes the contract's `ErrorResponse`. */

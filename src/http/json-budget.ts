@@ -42,26 +42,33 @@ export class JsonBudget {
 }
 
 /**
- * Large bodies in progress per caller: a caller may have `max` at once, so that one caller cannot
- * hold the node's memory with many 32 MiB bodies (eight valid ones took it to 3.9 GiB).
+ * Large bodies in progress, per caller and on the whole node: a caller may have `perCaller` at
+ * once and the node `total`, so that neither one caller nor many (registration may be open) can
+ * hold the node's memory with 32 MiB bodies (eight valid ones took it to 3.9 GiB).
  */
 export class LargeBodies {
   private readonly inFlight = new Map<string, number>();
-  readonly max: number;
+  private count = 0;
+  readonly perCaller: number;
+  readonly total: number;
 
-  constructor(max: number) {
-    this.max = max;
+  constructor(perCaller: number, total: number) {
+    this.perCaller = perCaller;
+    this.total = total;
   }
 
-  /** A release function, or undefined when `caller` already has `max` in progress. */
-  acquire(caller: string): (() => void) | undefined {
+  /** A release function, or why not: the caller's allowance or the node's is used up. */
+  acquire(caller: string): (() => void) | "caller" | "node" {
     const n = this.inFlight.get(caller) ?? 0;
-    if (n >= this.max) return undefined;
+    if (n >= this.perCaller) return "caller";
+    if (this.count >= this.total) return "node";
     this.inFlight.set(caller, n + 1);
+    this.count++;
     let released = false;
     return () => {
       if (released) return;
       released = true;
+      this.count--;
       const left = (this.inFlight.get(caller) ?? 1) - 1;
       if (left <= 0) this.inFlight.delete(caller);
       else this.inFlight.set(caller, left);

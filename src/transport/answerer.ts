@@ -5,7 +5,7 @@
 import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
 import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../protocol/channel.ts";
 import { guarded } from "./guard.ts";
-import { bundledCandidatesOnly, rewriteHostCandidates } from "./sdp.ts";
+import { bundledCandidatesOnly, MAX_ANSWER_BYTES, rewriteHostCandidates } from "./sdp.ts";
 
 export interface AnswererOptions {
   /** The UDP port every connection shares. */
@@ -52,6 +52,9 @@ export interface PeerLink {
 
 export class AnswerError extends Error {}
 
+/** The WebRTC stack refused the offer's SDP (the device's error, where AnswerError is this node's). */
+export class InvalidOffer extends Error {}
+
 let linkCounter = 0;
 const CLOSE_QUIET_MS = 15;
 /** Channel ids this side cycles through (fewer when the association has fewer streams). */
@@ -94,12 +97,17 @@ export class Answerer {
         });
       });
       gathered.catch(() => {});
-      pc.setRemoteDescription(bundledCandidatesOnly(offer.sdp), "offer");
+      try {
+        pc.setRemoteDescription(bundledCandidatesOnly(offer.sdp), "offer");
+      } catch (err) {
+        throw new InvalidOffer(`the WebRTC stack refused the offer: ${(err as Error).message}`.slice(0, 300));
+      }
       await gathered;
       pc.onGatheringStateChange(noop);
       const local = pc.localDescription();
       if (local?.type !== "answer") throw new AnswerError("no local answer");
       link.answer = rewriteHostCandidates(local.sdp, this.o.publicAddress);
+      if (Buffer.byteLength(link.answer) > MAX_ANSWER_BYTES) throw new InvalidOffer(`the answer to this offer would be over ${MAX_ANSWER_BYTES} bytes`);
       link.setDtlsRole(/^a=setup:passive/m.test(local.sdp) ? "server" : "client");
       return link;
     } catch (err) {
@@ -109,7 +117,7 @@ export class Answerer {
       } catch {}
       if (link) link.close();
       else pc.close();
-      throw err instanceof AnswerError ? err : new AnswerError((err as Error).message);
+      throw err instanceof AnswerError || err instanceof InvalidOffer ? err : new AnswerError((err as Error).message);
     }
   }
 }

@@ -9,7 +9,7 @@ import { createHttpServer } from "../http/listener.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
 import type { VoiceHost } from "../voice/port.ts";
-import { Answerer } from "./answerer.ts";
+import { Answerer, InvalidOffer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
 import { TransportMetrics } from "./metrics.ts";
@@ -107,11 +107,9 @@ export class WebRtcTransport implements ConnectionHost {
    */
   async answer(offer: AcceptedOffer, timing: (phase: string, ms: number) => void): Promise<string> {
     const shape = inspectOffer(offer.sdp);
-    if (shape === "INVALID_SDP") throw new DomainError("invalid", "INVALID_SDP", "the offer has no a=fingerprint: line");
-    if (shape === "MISSING_OPUS_AUDIO") {
-      throw new DomainError("invalid", "MISSING_OPUS_AUDIO", "the offer needs a sendrecv audio section with opus/48000 and a webrtc-datachannel section");
-    }
-    if (this.closing || this.all.size >= this.o.maxConnections) {
+    if ("code" in shape) throw new DomainError("invalid", shape.code, shape.message);
+    if (this.closing) throw new DomainError("unavailable", "UNAVAILABLE", "this node is shutting down", undefined, CAPACITY_RETRY_AFTER_S);
+    if (this.all.size >= this.o.maxConnections) {
       throw new DomainError("unavailable", "CAPACITY_EXCEEDED", "this node holds as many connections as it may", undefined, CAPACITY_RETRY_AFTER_S);
     }
     const started = performance.now();
@@ -119,8 +117,10 @@ export class WebRtcTransport implements ConnectionHost {
     try {
       link = await this.answerer.answer({ sdp: offer.sdp, ...shape });
     } catch (err) {
+      // The WebRTC stack refusing the offer's SDP is the device's error; anything else is this node's.
+      if (err instanceof InvalidOffer) throw new DomainError("invalid", "INVALID_SDP", err.message);
       this.logger.warn({ err, peer: offer.publicKey }, "answer failed");
-      throw new DomainError("unavailable", "ANSWER_FAILED", "the server could not create an answer");
+      throw new DomainError("internal", "ANSWER_FAILED", "the server could not create an answer");
     }
     timing("answer", performance.now() - started);
     const connection = new Connection(this, offer.publicKey, link);

@@ -16,8 +16,10 @@ export const MAX_JSON_VALUES = 100_000;
 /** A body over this many bytes is large: each caller may send MAX_LARGE_BODIES_PER_CALLER at once. */
 export const LARGE_BODY_BYTES = 1024 * 1024;
 export const MAX_LARGE_BODIES_PER_CALLER = 2;
+/** Large bodies in progress on the node at once, whoever sends them. */
+export const MAX_LARGE_BODIES = 8;
 
-const largeBodies = new LargeBodies(MAX_LARGE_BODIES_PER_CALLER);
+const largeBodies = new LargeBodies(MAX_LARGE_BODIES_PER_CALLER, MAX_LARGE_BODIES);
 
 function callerKey(c: Context): string {
   const caller = (c as Context<CompatEnv>).get("caller") as Caller | undefined;
@@ -26,14 +28,13 @@ function callerKey(c: Context): string {
 }
 
 const tooComplex = () => new OpenAIError(413, `The JSON body holds more than ${MAX_JSON_VALUES} values.`, { code: "request_too_complex" });
-const tooManyLarge = () =>
+const tooManyLarge = (who: "caller" | "node") =>
   new OpenAIError(
     429,
-    `You already have ${MAX_LARGE_BODIES_PER_CALLER} requests over ${LARGE_BODY_BYTES} bytes in progress; send this one when one has finished.`,
-    {
-      code: "too_many_large_requests",
-      retryAfter: 1,
-    },
+    who === "caller"
+      ? `You already have ${MAX_LARGE_BODIES_PER_CALLER} requests over ${LARGE_BODY_BYTES} bytes in progress; send this one when one has finished.`
+      : `The server has ${MAX_LARGE_BODIES} requests over ${LARGE_BODY_BYTES} bytes in progress; try again shortly.`,
+    { code: "too_many_large_requests", retryAfter: 1 },
   );
 
 /**
@@ -50,8 +51,9 @@ async function bodyText(c: Context): Promise<string> {
   /** Takes one of the caller's large-body slots once the body is large, until the response has gone. */
   const sized = (bytes: number) => {
     if (release || bytes <= LARGE_BODY_BYTES) return;
-    release = largeBodies.acquire(callerKey(c));
-    if (!release) throw tooManyLarge();
+    const slot = largeBodies.acquire(callerKey(c));
+    if (typeof slot === "string") throw tooManyLarge(slot);
+    release = slot;
     if (node) node.outgoing.once("close", release);
   };
   try {

@@ -1,5 +1,4 @@
 import { createRoute, z } from "@hono/zod-openapi";
-import { DomainError } from "../../domain/errors.ts";
 import type { Domain } from "../../domain/index.ts";
 import type { PrimaryPrincipal } from "../../domain/principal.ts";
 import type { AcceptedOffer } from "../../domain/signaling.ts";
@@ -82,13 +81,7 @@ export function registerWebRtcRoutes(app: App, domain: Domain, callers: Callers,
     const verifyStarted = performance.now();
     const accepted = await domain.signaling.accept(checked, body);
     phases.push(["verify", performance.now() - verifyStarted]);
-    let answer: string;
-    try {
-      answer = await webrtc.answer(accepted, (phase, ms) => phases.push([phase, ms]));
-    } catch (err) {
-      if (err instanceof DomainError && err.code === "ANSWER_FAILED") throw new ApiError(500, "ANSWER_FAILED", err.message);
-      throw err;
-    }
+    const answer = await webrtc.answer(accepted, (phase, ms) => phases.push([phase, ms]));
     const sealStarted = performance.now();
     const sealed = accepted.exchange.sealResponse(answer);
     phases.push(["seal", performance.now() - sealStarted], ["total", performance.now() - started]);
