@@ -11,7 +11,8 @@
  * node A, subscribers on node B.
  *
  * Sizes (environment): BENCH_EVENTS_DEVICES (2000), BENCH_EVENTS_SUBSCRIBERS (1000),
- * BENCH_EVENTS_WINDOW_S (20), BENCH_EVENTS_CROWD_PROCESSES (4).
+ * BENCH_EVENTS_WINDOW_S (20), BENCH_EVENTS_CROWD_PROCESSES (4), BENCH_EVENTS_BUS_RATE (2000 messages a second
+ * for the bus alone), BENCH_EVENTS_ONLY (`one node`, `two nodes` or `bus`: that part only).
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -174,7 +175,7 @@ function machineCpu(): { total: number; idle: number } {
  * whole machine was (other guests' work included), and this process's event-loop delay (a late
  * read here adds to every latency measured).
  */
-async function window(crowd: Crowd, nodes: Nodes, fps: number, subscribers?: Subscribers) {
+async function window(crowd: Crowd, nodes: Nodes, fps: number, subscribers?: Subscribers, probe?: string) {
   crowd.setRate(fps);
   await new Promise((r) => setTimeout(r, SETTLE_MS));
   const sentBefore = (await crowd.stats()).sent;
@@ -183,7 +184,18 @@ async function window(crowd: Crowd, nodes: Nodes, fps: number, subscribers?: Sub
   const loop = monitorEventLoopDelay({ resolution: 10 });
   loop.enable();
   if (subscribers) subscribers.recording = true;
-  await new Promise((r) => setTimeout(r, WINDOW_S * 1000));
+  // How far behind the store is: the newest stored sample of one device, read through the API.
+  const lags: number[] = [];
+  const until = Date.now() + WINDOW_S * 1000;
+  while (Date.now() < until) {
+    if (probe) {
+      const res = await fetch(`${nodes.phones.url}/side-control/telemetry/latest?fields=battery.percent`, { headers: { authorization: `Bearer ${probe}` } });
+      const latest = (await res.json()) as { values?: Array<{ observed_at_unix_ms: number }> };
+      const t = latest.values?.[0]?.observed_at_unix_ms;
+      if (t) lags.push(Date.now() - t);
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
   if (subscribers) subscribers.recording = false;
   loop.disable();
   const cpu = nodes.pids.reduce((n, p) => n + treeCpuSeconds(p), 0) - cpuBefore;
@@ -196,6 +208,8 @@ async function window(crowd: Crowd, nodes: Nodes, fps: number, subscribers?: Sub
     reports_sent: sent,
     machine_busy_percent: round((1 - (machine.idle - machineBefore.idle) / Math.max(1, machine.total - machineBefore.total)) * 100),
     bench_loop_delay_p99_ms: round(loop.percentile(99) / 1e6),
+    // The newest stored sample's age (one report interval of it is the device's own period).
+    ...(probe ? { store_lag_ms: percentiles(lags) } : {}),
   };
 }
 
@@ -236,10 +250,10 @@ async function manyDevices(kind: "one node" | "two nodes") {
         Date.now() + 240_000,
         all.map((d) => encodeKey(d.keyPair.privateKey)),
       );
-      const without = await window(crowd, nodes, 1);
+      const without = await window(crowd, nodes, 1, undefined, bearers[0]);
       const subs = new Subscribers();
       await lanes(bearers, 32, (b) => subs.open1(nodes.phones.url, b));
-      const withSubs = await window(crowd, nodes, 1, subs);
+      const withSubs = await window(crowd, nodes, 1, subs, bearers[0]);
       subs.close();
       return {
         name: `${kind}: ${connected.ok} devices reporting once a second, one subscriber each`,
@@ -250,6 +264,7 @@ async function manyDevices(kind: "one node" | "two nodes") {
         no_subscribers: without,
         with_subscribers: withSubs,
         cpu_increase_percent: round(((withSubs.server_cores - without.server_cores) / Math.max(0.001, without.server_cores)) * 100),
+        server_warnings: [...new Set([nodes.devices, nodes.phones])].map((n) => n.warnings),
       };
     });
   } finally {
@@ -283,8 +298,40 @@ async function manySubscribers(kind: "one node" | "two nodes") {
   }
 }
 
+/** The bus alone: two PostgreSQL buses (two nodes' listening connections), messages of telemetry's size from one to the other. */
+async function busAlone(perSecond: number) {
+  const { PgEventBus } = await import("../src/events/index.ts");
+  const url = await freshPgDatabase(PG_URL!);
+  const a = new PgEventBus({ url });
+  const b = new PgEventBus({ url });
+  await Promise.all([a.start(), b.start()]);
+  const lat: number[] = [];
+  const keys = Array.from({ length: 300 }, (_, i) => `device:${String(i).padStart(44, "k")}`);
+  for (const k of keys) b.subscribe(k, { message: (m) => lat.push(Date.now() - (m.t as number)) });
+  let sent = 0;
+  const perTick = Math.max(1, Math.round(perSecond / 20));
+  const timer = setInterval(() => {
+    for (let i = 0; i < perTick; i++) {
+      const k = keys[sent % keys.length] as string;
+      a.publish(k, { kind: "telemetry", t: Date.now(), values: [["battery.percent", 50, Date.now()]] });
+      sent++;
+    }
+  }, 50);
+  await new Promise((r) => setTimeout(r, WINDOW_S * 1000));
+  clearInterval(timer);
+  await new Promise((r) => setTimeout(r, 2000));
+  await Promise.all([a.close(), b.close()]);
+  return {
+    name: `the PostgreSQL bus alone: ${perTick * 20} messages a second between two nodes' connections`,
+    sent,
+    received: lat.length,
+    latency_ms: percentiles(lat),
+  };
+}
+
 export async function eventsBench(): Promise<unknown> {
-  const kinds: Array<"one node" | "two nodes"> = PG_URL ? ["one node", "two nodes"] : ["one node"];
+  const only = process.env.BENCH_EVENTS_ONLY;
+  const kinds = (PG_URL ? (["one node", "two nodes"] as const) : (["one node"] as const)).filter((k) => !only || k === only);
   const runs: unknown[] = [];
   for (const kind of kinds) {
     for (const run of [manyDevices, manySubscribers]) {
@@ -294,6 +341,7 @@ export async function eventsBench(): Promise<unknown> {
       runs.push(r);
     }
   }
+  if (PG_URL && (!only || only === "bus")) runs.push(await busAlone(Number(process.env.BENCH_EVENTS_BUS_RATE ?? 2000)));
   return {
     suite: "events",
     window_s: WINDOW_S,
