@@ -33,6 +33,7 @@ export async function outageBench(): Promise<unknown> {
   const phases: Array<{ name: string; from: number; to: number }> = [];
   const phase = async (name: string, event: () => Promise<unknown>, settleMs: number) => {
     const from = load.now();
+    process.stderr.write(`outage bench: ${name}\n`);
     await event();
     await sleep(settleMs);
     phases.push({ name, from, to: load.now() });
@@ -49,6 +50,7 @@ export async function outageBench(): Promise<unknown> {
     },
     5000,
   );
+  process.stderr.write("outage bench: stopping the load\n");
   const outcomes = await load.stop();
 
   // Every acknowledged contact must be stored (read from the database itself: the nodes may be gone).

@@ -197,6 +197,8 @@ describe("a hostile device opening streams", () => {
         "x".repeat(1000),
         "",
       ];
+      const held = await eventually(() => server.transport!.connection(conn.publicKey));
+      const before = held.link.heldChannels();
       const states = await Promise.all(labels.map((l) => settled(conn.pc.createDataChannel(l))));
       assert.deepEqual(
         states,
@@ -204,6 +206,8 @@ describe("a hostile device opening streams", () => {
       );
       assert.equal((await conn.http(1, "GET", "/me")).status, 200);
       assert.equal(server.transport!.size, 1);
+      // Refused channels are let go: the link holds what it held before them.
+      await eventually(() => held.link.heldChannels() <= before, 5_000, `the refused channels released (${held.link.heldChannels()} held, ${before} before)`);
     } finally {
       conn.close();
     }

@@ -55,6 +55,41 @@ describe("an HTTP stream is a whole socket to Node's HTTP server and Hono's adap
     await server.stop();
   });
 
+  test("/metrics: Node's process figures, connections by state and streams by service and state", async () => {
+    const device = await connect(server);
+    try {
+      const connection = await held(server, device);
+      const streams = await Promise.all([device.openStream(1), device.openStream(1), device.openStream(2)]);
+      for (const s of streams.slice(0, 2))
+        s.port.send(Buffer.from("PUT /me/status HTTP/1.1\r\nHost: perch\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"));
+      streams[2]!.port.send(
+        Buffer.from("POST /v1/chat/completions HTTP/1.1\r\nHost: perch\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"),
+      );
+      await eventually(() => connection.openStreams === 3, 5_000, "the streams at the server");
+      const text = await (await fetch(`${server.url}/metrics`)).text();
+      for (const name of [
+        "process_resident_memory_bytes",
+        "nodejs_heap_size_used_bytes",
+        "nodejs_eventloop_lag_p99_seconds",
+        "nodejs_gc_duration_seconds_count",
+        "nodejs_active_handles_total",
+        "process_open_fds",
+      ]) {
+        assert.match(text, new RegExp(`^${name}(\\{[^}]*\\})? \\d`, "m"), name);
+      }
+      assert.match(text, /^perch_webrtc_connections_by_state\{state="active"\} 1$/m);
+      assert.match(text, /^perch_webrtc_connections_by_state\{state="pending"\} 0$/m);
+      assert.match(text, /^perch_webrtc_streams\{service="public",state="open"\} 2$/m);
+      assert.match(text, /^perch_webrtc_streams\{service="compatible",state="open"\} 1$/m);
+      for (const s of streams) s.destroy();
+      await eventually(() => connection.openStreams === 0, 5_000, "the streams closed");
+      const after = await (await fetch(`${server.url}/metrics`)).text();
+      assert.match(after, /^perch_webrtc_streams\{service="public",state="open"\} 0$/m);
+    } finally {
+      device.close();
+    }
+  });
+
   test("partial bodies answered early while a speed test fills the link and the way back is cut: the node stays up, serves others, and releases the streams", async () => {
     const relay = await UdpRelay.start();
     const device = await connect(server, { rtc: relay.rtc() });

@@ -1,5 +1,5 @@
 import { monitorEventLoopDelay } from "node:perf_hooks";
-import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
 
 /** One per process: the event loop's delay, sampled every 10 ms. */
 const loopDelay = monitorEventLoopDelay({ resolution: 10 });
@@ -49,6 +49,8 @@ export class Metrics {
   });
 
   constructor(countActiveSessions: () => Promise<number>) {
+    // Node's own figures: resident memory, heap by space, event-loop lag, GC, handles, descriptors.
+    collectDefaultMetrics({ register: this.registry });
     new Gauge({
       name: "perch_event_loop_lag_max_seconds",
       help: "The longest the event loop was held (its delay beyond the 10 ms sampling interval) since the previous scrape",

@@ -1,7 +1,7 @@
 import { closeSync, mkdirSync, openSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
-import { Kysely, PostgresDialect, type SqliteDatabase, SqliteDialect, type SqliteStatement } from "kysely";
+import { Kysely, PostgresDialect, type SqliteDatabase, SqliteDialect, type SqliteStatement, sql } from "kysely";
 import { Migrator } from "kysely/migration";
 import pg from "pg";
 import { type DialectName, migrationProvider } from "./migrations.ts";
@@ -21,6 +21,12 @@ const PG_CONNECT_TIMEOUT_MS = 5_000;
 
 /** What every SQLite connection runs first. */
 export const SQLITE_PRAGMAS = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON;";
+/**
+ * The main connection's `busy_timeout` once migrated: node:sqlite waits for another process's lock
+ * on the event loop, so the group commit waits for the write lock itself, between short tries, and
+ * the node keeps serving meanwhile.
+ */
+const SQLITE_SERVING_BUSY_MS = 20;
 
 /** Adapts `node:sqlite` to the better-sqlite3 shape Kysely's SQLite dialect drives, caching statements. */
 function nodeSqlite(path: string): SqliteDatabase {
@@ -66,6 +72,7 @@ export async function openDatabase(url: string | undefined, dataDir: string, onE
     await db.destroy();
     throw new Error(`store migration failed${failed ? ` at ${failed.migrationName}` : ""}: ${String(error)}`);
   }
+  if (dialect === "sqlite") await sql`PRAGMA busy_timeout = ${sql.lit(SQLITE_SERVING_BUSY_MS)}`.execute(db);
   return database;
 }
 

@@ -17,6 +17,7 @@ parentPort!.on("message", (m: { id: number; sql: string; parameters: never[] }) 
     }
     parentPort!.postMessage({ id: m.id, rows: stmt.all(...m.parameters) });
   } catch (err) {
-    parentPort!.postMessage({ id: m.id, error: (err as Error).message });
+    const e = err as Error & { code?: string; errcode?: number };
+    parentPort!.postMessage({ id: m.id, error: e.message, code: e.code, errcode: e.errcode });
   }
 });

@@ -39,6 +39,8 @@ export interface PeerLink {
   /** Opens a channel to the device; resolves once it is open. */
   openChannel(label: string, timeoutMs: number): Promise<ChannelPort>;
   bytes(): { rx: number; tx: number };
+  /** Channels the link holds on to (open, or closing and not yet reported closed). */
+  heldChannels(): number;
   /** `ip:port` of the selected remote candidate, when there is one. */
   remoteAddress(): string | undefined;
   /**
@@ -272,6 +274,10 @@ class Link implements PeerLink {
     return this.lastChannelId;
   }
 
+  heldChannels(): number {
+    return this.channels.size;
+  }
+
   bytes(): { rx: number; tx: number } {
     if (!this.pc) return { rx: 0, tx: 0 };
     return { rx: this.pc.bytesReceived(), tx: this.pc.bytesSent() };
@@ -345,6 +351,7 @@ function closeQuietly(dc: DataChannel): void {
  * whatever reads it) closes this channel only: the sink is told it failed, and `fault` reports it.
  */
 function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => void): ChannelPort {
+  let attached = false;
   return {
     label: dc.getLabel(),
     send: (data) => {
@@ -358,11 +365,12 @@ function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => vo
       }
     },
     close: () => {
-      try {
-        dc.close();
-      } catch {}
+      closeQuietly(dc);
+      // A channel refused before it was attached reports its close to nobody: it is let go now.
+      if (!attached) forget();
     },
     attach(sink: ChannelSink) {
+      attached = true;
       dc.setBufferedAmountLowThreshold(LOW_WATER_BYTES);
       let lastMessage = 0;
       let failed = false;

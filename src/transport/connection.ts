@@ -65,6 +65,9 @@ export interface ConnectionHost {
   closed(c: Connection): Promise<void>;
 }
 
+type StreamService = "rpc" | "public" | "compatible";
+const SERVICE_NAMES: Record<number, StreamService> = { [SERVICE.RPC]: "rpc", [SERVICE.PUBLIC_API]: "public", [SERVICE.COMPATIBLE_API]: "compatible" };
+
 export type CloseReason =
   | "internal error"
   | "event stream closed"
@@ -81,7 +84,8 @@ export class Connection {
   readonly link: PeerLink;
   readonly audio: AudioSender;
   private readonly host: ConnectionHost;
-  private readonly streams = new Set<ChannelStream>();
+  /** Open service streams, with their service. */
+  private readonly streams = new Map<ChannelStream, StreamService>();
   private readonly waiting: ChannelPort[] = [];
   private events: ChannelStream | undefined;
   private deadline: NodeJS.Timeout | undefined;
@@ -141,6 +145,18 @@ export class Connection {
     return this.streams.size;
   }
 
+  /** The connection's state and its streams by service, open and waiting (for the metrics). */
+  census(): { state: "pending" | "activating" | "active" | "closed"; open: Record<StreamService, number>; waiting: Record<StreamService, number> } {
+    const open = { rpc: 0, public: 0, compatible: 0 };
+    const waiting = { rpc: 0, public: 0, compatible: 0 };
+    for (const service of this.streams.values()) open[service]++;
+    for (const port of this.waiting) {
+      const name = SERVICE_NAMES[serviceId(port.label) ?? -1];
+      if (name) waiting[name]++;
+    }
+    return { state: this.state, open, waiting };
+  }
+
   private channel(port: ChannelPort): void {
     if (this.state === "closed") {
       port.close();
@@ -161,8 +177,16 @@ export class Connection {
       return;
     }
     // Service streams wait for the event stream: until then the caller is not yet registered.
-    if (this.state !== "active") this.waiting.push(port);
-    else this.service(id, port);
+    if (this.state === "active") {
+      this.service(id, port);
+      return;
+    }
+    if (this.waiting.length >= MAX_SERVICE_STREAMS) {
+      this.host.metrics.streamRefused();
+      port.close();
+      return;
+    }
+    this.waiting.push(port);
   }
 
   private service(id: number, port: ChannelPort): void {
@@ -172,7 +196,7 @@ export class Connection {
       return;
     }
     if (id === SERVICE.RPC) {
-      const stream = this.track(new ChannelStream(port));
+      const stream = this.track(new ChannelStream(port), "rpc");
       detached(
         serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed")),
         (err) => {
@@ -181,13 +205,13 @@ export class Connection {
         },
       );
     } else {
-      this.host.serveHttp(id as 1 | 2, this.socket(port));
+      this.host.serveHttp(id as 1 | 2, this.socket(id, port));
     }
   }
 
   /** An HTTP stream: a socket with the device's address, marked as this connection's for the HTTP principal. */
-  private socket(port: ChannelPort): StreamSocket {
-    const stream = this.track(new StreamSocket(port));
+  private socket(id: number, port: ChannelPort): StreamSocket {
+    const stream = this.track(new StreamSocket(port), SERVICE_NAMES[id]!);
     const address = this.link.remoteAddress();
     if (address) {
       const m = /^\[?([^\]]+)\]?:(\d+)$/.exec(address);
@@ -200,8 +224,8 @@ export class Connection {
   }
 
   /** Counts a stream among the open ones (closed with the connection). */
-  private track<S extends ChannelStream>(stream: S): S {
-    this.streams.add(stream);
+  private track<S extends ChannelStream>(stream: S, service: StreamService): S {
+    this.streams.set(stream, service);
     stream.once("close", () => this.streams.delete(stream));
     return stream;
   }
@@ -298,7 +322,7 @@ export class Connection {
     if (this.streams.size >= MAX_SERVICE_STREAMS) throw new Error("too many open streams");
     const timeoutMs = o.timeoutMs ?? DEVICE_RPC_TIMEOUT_MS;
     const port = await this.link.openChannel(`${SERVICE_PREFIX}${SERVICE.RPC}`, timeoutMs);
-    return callRpc(this.track(new ChannelStream(port)), method, payload, { ...o, timeoutMs });
+    return callRpc(this.track(new ChannelStream(port), "rpc"), method, payload, { ...o, timeoutMs });
   }
 
   /** `client.info.get` and `client.identifiers.get`, once; a device without them answers −32601 and nothing changes. */
@@ -339,7 +363,7 @@ export class Connection {
       this.stopVoice();
       step("audio", () => this.audio.stop());
       for (const port of this.waiting.splice(0)) step("a waiting channel", () => port.close());
-      for (const s of this.streams) step("a stream", () => s.destroy());
+      for (const s of this.streams.keys()) step("a stream", () => s.destroy());
       step("the event stream", () => this.events?.destroy());
       step("the peer connection", () => this.link.close());
       if (wasActivating) await this.activation?.catch(() => {});

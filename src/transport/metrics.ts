@@ -1,6 +1,14 @@
 import { Counter, Gauge, type Registry } from "prom-client";
 import type { DropReason } from "./telemetry.ts";
 
+/** What the transport holds now, for the gauges (read at each scrape). */
+export interface TransportCensus {
+  /** Connections by state: pending (no event stream yet), activating, active. */
+  connections: Record<"pending" | "activating" | "active", number>;
+  /** Service streams by service and state: open (served), waiting (for the connection to become active). */
+  streams: Array<{ service: "rpc" | "public" | "compatible"; state: "open" | "waiting"; count: number }>;
+}
+
 /** The transport's Prometheus metrics, in the node's registry. */
 export class TransportMetrics {
   private readonly offers: Counter<"result">;
@@ -10,7 +18,7 @@ export class TransportMetrics {
   private readonly rtpBytes: Counter;
   private readonly refusedStreams: Counter;
 
-  constructor(registry: Registry, connections: () => number) {
+  constructor(registry: Registry, census: () => TransportCensus) {
     const registers = [registry];
     this.offers = new Counter({ name: "perch_webrtc_offers_total", help: "Offers by result (answered, or the error code)", labelNames: ["result"], registers });
     this.frames = new Counter({
@@ -27,7 +35,27 @@ export class TransportMetrics {
       help: "WebRTC connections this node holds",
       registers,
       collect() {
-        this.set(connections());
+        const c = census().connections;
+        this.set(c.pending + c.activating + c.active);
+      },
+    });
+    new Gauge({
+      name: "perch_webrtc_connections_by_state",
+      help: "WebRTC connections this node holds, by state (pending: no event stream yet)",
+      labelNames: ["state"],
+      registers,
+      collect() {
+        for (const [state, n] of Object.entries(census().connections)) this.set({ state }, n);
+      },
+    });
+    new Gauge({
+      name: "perch_webrtc_streams",
+      help: "Service streams held, by service and state (waiting: for the connection to become active)",
+      labelNames: ["service", "state"],
+      registers,
+      collect() {
+        this.reset();
+        for (const s of census().streams) this.set({ service: s.service, state: s.state }, s.count);
       },
     });
   }

@@ -12,7 +12,7 @@ import type { VoiceHost } from "../voice/port.ts";
 import { Answerer, InvalidOffer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
-import { TransportMetrics } from "./metrics.ts";
+import { type TransportCensus, TransportMetrics } from "./metrics.ts";
 import { inspectOffer } from "./sdp.ts";
 
 /** A web-standard application: the Public API's `fetch`, or the Compatible API's. */
@@ -69,7 +69,7 @@ export class WebRtcTransport implements ConnectionHost {
     this.domain = o.domain;
     this.logger = o.logger;
     this.voice = o.voice;
-    this.metrics = new TransportMetrics(o.registry, () => this.all.size);
+    this.metrics = new TransportMetrics(o.registry, () => this.census());
     this.telemetry = new TelemetryWriter({
       sink: o.domain.telemetry,
       bufferSamples: o.domain.ctx.config.telemetry.bufferSamples,
@@ -89,6 +89,28 @@ export class WebRtcTransport implements ConnectionHost {
   /** Connections held now. */
   get size(): number {
     return this.all.size;
+  }
+
+  /** Connections by state and streams by service and state, for the gauges. */
+  private census(): TransportCensus {
+    const connections = { pending: 0, activating: 0, active: 0 };
+    const streams = new Map<string, { service: "rpc" | "public" | "compatible"; state: "open" | "waiting"; count: number }>();
+    for (const c of this.all) {
+      const { state, open, waiting } = c.census();
+      if (state !== "closed") connections[state]++;
+      for (const [kind, counts] of [
+        ["open", open],
+        ["waiting", waiting],
+      ] as const) {
+        for (const [service, count] of Object.entries(counts) as Array<["rpc" | "public" | "compatible", number]>) {
+          const key = `${service}/${kind}`;
+          const entry = streams.get(key) ?? { service, state: kind, count: 0 };
+          entry.count += count;
+          streams.set(key, entry);
+        }
+      }
+    }
+    return { connections, streams: [...streams.values()] };
   }
 
   /** Start-up: a previous run of this node may have left peers recorded online. */

@@ -41,6 +41,13 @@ const ONSET_PAD_S = 0.2;
 const MAX_PENDING_SAMPLES = 4 * ENGINE_RATE;
 /** A conversation logs dropped audio at most this often. */
 const DROP_LOG_MS = 10_000;
+/** Quiet: below this share of the turn's loudest chunk, or below this floor (of 32767). */
+const QUIET_SHARE = 0.1;
+const QUIET_FLOOR = 100;
+/** Quiet this long starts the recognition the final transcript will most likely reuse. */
+const QUIET_BEFORE_RECOGNITION_S = 0.12;
+/** Partial words while speaking only in turns longer than this (a short question's final comes at once). */
+const PARTIALS_AFTER_S = 3;
 /** The jitter buffer's clock. */
 const TICK_MS = 20;
 
@@ -52,6 +59,12 @@ interface Turn {
   /** Text already sent as `TEXT_DELTA`. */
   partialSent: string;
   partialRunning: boolean;
+  /** The loudest chunk of the turn (RMS), the yardstick of quiet. */
+  peak: number;
+  /** Where the current quiet stretch began (timeline samples); undefined while the user speaks. */
+  quietSince: number | undefined;
+  /** A recognition was started in the current quiet stretch. */
+  speculated: boolean;
 }
 
 /**
@@ -167,7 +180,7 @@ export class Conversation {
         const turn = this.turn;
         if (turn && this.timeline - turn.startSample >= (this.o.config.turn.max_ms / 1000) * ENGINE_RATE) {
           for (const e of this.vad.flush()) this.vadEvent(e);
-        } else if (turn) this.partial(turn);
+        } else if (turn) this.listen(turn, pcm);
       }
     } finally {
       this.draining = false;
@@ -209,15 +222,36 @@ export class Conversation {
       if (end <= startSample) continue;
       recogniser.push(start >= startSample ? pcm : pcm.subarray(startSample - start));
     }
-    this.turn = { n, recogniser, startSample, partialSent: "", partialRunning: false };
+    this.turn = { n, recogniser, startSample, partialSent: "", partialRunning: false, peak: 0, quietSince: undefined, speculated: false };
     this.events.bos(`in-${n}`, "audio", "user.audio");
   }
 
-  /** Partial transcripts while the user speaks, as new words (TEXT_DELTA). */
-  private partial(turn: Turn): void {
+  /**
+   * When to recognise while the user speaks. As soon as the audio goes quiet (a likely end of the
+   * turn, before the detector's silence confirms it) the recogniser starts on everything so far:
+   * when the turn does end, its final transcript is that recognition, already under way. In long
+   * turns, partial words also go out every so often while the user speaks.
+   */
+  private listen(turn: Turn, pcm: Int16Array): void {
+    const level = rms(pcm);
+    turn.peak = Math.max(turn.peak, level);
+    if (level < Math.max(QUIET_FLOOR, turn.peak * QUIET_SHARE)) turn.quietSince ??= this.timeline - pcm.length;
+    else {
+      turn.quietSince = undefined;
+      turn.speculated = false;
+    }
+    if (turn.quietSince !== undefined && !turn.speculated && this.timeline - turn.quietSince >= QUIET_BEFORE_RECOGNITION_S * ENGINE_RATE) {
+      turn.speculated = true;
+      this.partial(turn, true);
+    } else if (this.timeline - turn.startSample >= PARTIALS_AFTER_S * ENGINE_RATE) this.partial(turn, false);
+  }
+
+  /** A recognition of the turn so far; its new words go out as TEXT_DELTA. */
+  private partial(turn: Turn, speculative: boolean): void {
     if (turn.partialRunning) return;
-    // Partials are a courtesy: one at a time per process, so that they never hold up a final transcript.
-    const release = this.o.partials.tryAcquire();
+    // Partials while speaking are a courtesy: one at a time per process, so that they never hold
+    // up a final transcript. The one at a pause is (likely) the final transcript itself.
+    const release = speculative ? () => {} : this.o.partials.tryAcquire();
     if (!release) return;
     turn.partialRunning = true;
     turn.recogniser.partial().then(
@@ -327,4 +361,10 @@ function concat(parts: Int16Array[]): Int16Array {
     at += p.length;
   }
   return out;
+}
+
+function rms(pcm: Int16Array): number {
+  let sum = 0;
+  for (const x of pcm) sum += x * x;
+  return Math.sqrt(sum / Math.max(1, pcm.length));
 }

@@ -182,7 +182,8 @@ async function withFfmpeg(
       ...["-t", String((maxSamples + 1) / DECODED_SAMPLE_RATE), "-f", "f32le", "pipe:1"],
     ];
     const command = prlimitPath ? prlimitPath : ffmpeg;
-    const argv = prlimitPath ? [`--cpu=${cpuSeconds}`, "--", ffmpeg, ...args] : args;
+    // RLIMIT_CPU counts whole seconds.
+    const argv = prlimitPath ? [`--cpu=${Math.max(1, Math.ceil(cpuSeconds))}`, "--", ffmpeg, ...args] : args;
     const child = startChild(command, argv, signal);
     child.proc.stdin.end();
     const deadline = setTimeout(() => child.kill(), wallLimitMs(cpuSeconds));

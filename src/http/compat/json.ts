@@ -38,6 +38,19 @@ const tooManyLarge = (who: "caller" | "node") =>
   );
 
 /**
+ * One of the caller's (and the node's) large-body slots when `bytes` makes the body large, held
+ * until the response has gone (through the Node adapter; otherwise until the returned function is
+ * called). Throws a 429 when none is free; undefined when the body is not large.
+ */
+export function largeBodySlot(c: Context, bytes: number): (() => void) | undefined {
+  if (bytes <= LARGE_BODY_BYTES) return undefined;
+  const slot = largeBodies.acquire(callerKey(c));
+  if (typeof slot === "string") throw tooManyLarge(slot);
+  nodeBindings(c)?.outgoing.once("close", slot);
+  return slot;
+}
+
+/**
  * The request body as text, its cost checked as it arrives: more than MAX_JSON_VALUES values, or
  * a large body beyond the caller's allowance, is refused before the rest is read (the rest is
  * drained unread). Through the Node adapter a body of declared length is read straight from the
@@ -48,13 +61,8 @@ async function bodyText(c: Context): Promise<string> {
   const budget = new JsonBudget(MAX_JSON_VALUES);
   const node = nodeBindings(c);
   let release: (() => void) | undefined;
-  /** Takes one of the caller's large-body slots once the body is large, until the response has gone. */
   const sized = (bytes: number) => {
-    if (release || bytes <= LARGE_BODY_BYTES) return;
-    const slot = largeBodies.acquire(callerKey(c));
-    if (typeof slot === "string") throw tooManyLarge(slot);
-    release = slot;
-    if (node) node.outgoing.once("close", release);
+    if (!release) release = largeBodySlot(c, bytes);
   };
   try {
     if (!node || node.incoming.headers["transfer-encoding"] !== undefined || node.incoming.readableEnded) {

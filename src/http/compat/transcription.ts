@@ -8,7 +8,7 @@ import type { Metrics } from "../metrics.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError, toOpenAIError } from "./errors.ts";
-import { clientGone } from "./json.ts";
+import { clientGone, largeBodySlot } from "./json.ts";
 import { byteStream } from "./speech.ts";
 
 const ROUTE = "/audio/transcriptions";
@@ -58,10 +58,14 @@ export function registerTranscriptionRoute(
     const started = performance.now();
     const type = c.req.header("content-type") ?? "";
     if (!/^multipart\/form-data/i.test(type)) throw new OpenAIError(400, "Send the audio as multipart/form-data.", { code: "invalid_content_type" });
+    // An upload over 1 MiB takes one of the caller's large-body slots (see json.ts).
+    const slot = largeBodySlot(c, Number(c.req.header("content-length") ?? 0));
     let form: FormData;
     try {
       form = await c.req.formData();
+      if (!(c.env as { outgoing?: unknown } | undefined)?.outgoing) slot?.();
     } catch {
+      slot?.();
       throw new OpenAIError(400, "The multipart body cannot be parsed.", { code: "invalid_multipart" });
     }
     for (const key of form.keys()) if (!FIELDS.has(key)) throw param(key, `Unrecognized request argument supplied: ${key}`, "unknown_parameter");
