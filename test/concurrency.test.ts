@@ -80,14 +80,18 @@ for (const entry of STORES) {
       await peer.login();
       // `perch peers remove`, run beside the server, lands between the login's checks and its transaction.
       const read = server.store.read.bind(server.store);
+      let removedBetween = false;
       server.store.read = async (fn) => {
         server.store.read = read;
         const result = await read(fn);
         assert.equal(await server.domain.peers.remove(peer.publicKey), true);
+        removedBetween = true;
         return result;
       };
       const again = new PerchClient({ baseUrl: server.url, keyPair: peer.keyPair });
       await again.login();
+      assert.equal(removedBetween, true, "the removal ran between the login's checks and its transaction");
+      assert.equal(server.store.read, read, "the patch is gone");
       assert.equal((await again.me()).public_key, peer.publicKey);
     });
   });

@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import http from "node:http";
+import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import { startTestServer, type TestServer } from "./support/server.ts";
 
@@ -58,11 +59,33 @@ describe("request bodies of bounded cost", () => {
   let server: TestServer;
   const chatUrl = () => `${server.url}/openai/v1/chat/completions`;
 
+  let upstream: http.Server;
+  let forwarded: Buffer | undefined;
+
   before(async () => {
+    // A provider that keeps what it was sent and answers briefly.
+    upstream = http.createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on("data", (c: Buffer) => chunks.push(c));
+      req.on("end", () => {
+        forwarded = Buffer.concat(chunks);
+        const message = { role: "assistant", content: "ok" };
+        res
+          .writeHead(200, { "content-type": "application/json" })
+          .end(JSON.stringify({ id: "c", object: "chat.completion", created: 1, model: "x", choices: [{ index: 0, message, finish_reason: "stop" }] }));
+      });
+    });
+    await new Promise<void>((resolve) => upstream.listen(0, "127.0.0.1", resolve));
     server = await startTestServer({
       config: {
-        providers: [{ id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1", max_retries: 0 }],
-        models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "x" }],
+        providers: [
+          { id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1", max_retries: 0 },
+          { id: "real", kind: "openai-compatible", base_url: `http://127.0.0.1:${(upstream.address() as AddressInfo).port}/v1`, max_retries: 0 },
+        ],
+        models: [
+          { id: "m", kind: "chat", provider: "p", upstream_model: "x" },
+          { id: "real-m", kind: "chat", provider: "real", upstream_model: "big" },
+        ],
         api_keys: [
           { name: "a", sha256: sha256(KEY) },
           { name: "b", sha256: sha256(OTHER_KEY) },
@@ -71,7 +94,27 @@ describe("request bodies of bounded cost", () => {
       },
     });
   });
-  after(() => server?.stop());
+  after(async () => {
+    await server?.stop();
+    upstream?.closeAllConnections();
+    await new Promise((r) => upstream?.close(r));
+  });
+
+  test("a large valid body (parsed and serialised off the main thread) reaches the provider intact", async () => {
+    const content = `${"héllo wörld ✓ ".repeat(200_000)}"quoted" \\ end`;
+    const res = await fetch(chatUrl(), {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ model: "real-m", messages: [{ role: "user", content }], temperature: null }),
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    assert.equal(((await res.json()) as { choices: Array<{ message: { content: string } }> }).choices[0]?.message.content, "ok");
+    const sent = JSON.parse(forwarded!.toString("utf8")) as { model: string; messages: Array<{ content: string }>; temperature?: unknown };
+    assert.equal(sent.model, "big");
+    assert.equal(sent.messages[0]?.content, content);
+    assert.equal("temperature" in sent, false);
+    assert.ok(forwarded!.length > 3 * 1024 * 1024);
+  });
 
   test("31 MiB of 2.5 million invalid messages: refused while still arriving; /healthz answered meanwhile", async () => {
     const body = Buffer.from(JSON.stringify({ model: "m", messages: Array.from({ length: 2_500_000 }, () => ({ role: "x" })) }));

@@ -170,3 +170,20 @@ describe("GET /side-control/events: the session expiring", () => {
     assert.deepEqual(stream.events().at(-1), { event: "session", data: { state: "expired" } });
   });
 });
+
+describe("GET /side-control/events: a stream outlives the request timeout", () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startTestServer({ config: { http: { requestTimeoutMs: 500, maxConnections: 100 } }, liveKeepAliveMs: 200 });
+  });
+  after(() => server.stop());
+
+  test("open for several request timeouts, it keeps getting keep-alives", async () => {
+    const { phone } = await pair(server);
+    const stream = await EventStream.must(server.url, phone.accessToken);
+    await new Promise((r) => setTimeout(r, 2_000));
+    assert.equal(stream.ended, false, "the server did not cut the stream");
+    assert.ok(stream.items.filter((i) => "comment" in i).length >= 3);
+    stream.close();
+  });
+});

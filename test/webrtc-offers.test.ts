@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
+import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { OfferError } from "../src/sdk/webrtc.ts";
 import { bundledCandidatesOnly, MAX_ANSWER_BYTES } from "../src/transport/sdp.ts";
-import { freshPostgresDatabase, startTestServer, TEST_DATABASE_URL, type TestServer, tempDir } from "./support/server.ts";
+import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
 async function expectError(res: Response, status: number, code: string): Promise<void> {
@@ -237,44 +238,48 @@ describe("offers: policy, blocked peers, capacity and the rate limit", () => {
   });
 });
 
-describe("two nodes on one PostgreSQL database", { skip: TEST_DATABASE_URL ? false : "PERCH_TEST_DATABASE_URL is not set" }, () => {
-  let a: TestServer;
-  let b: TestServer;
-  before(async () => {
-    const databaseUrl = await freshPostgresDatabase();
-    const dataDir = tempDir();
-    a = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "node-a" } });
-    b = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "node-b" } });
-  });
-  after(async () => {
-    await a?.stop();
-    await b?.stop();
-  });
+// Two nodes on one database: PostgreSQL, or one SQLite file that both open (WAL lets them).
+for (const store of STORES)
+  describe(`two nodes on one database (${store.name})`, () => {
+    let a: TestServer;
+    let b: TestServer;
+    let dataDir: string;
+    before(async () => {
+      const databaseUrl = await store.url();
+      dataDir = tempDir();
+      a = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "node-a" } });
+      b = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "node-b" } });
+    });
+    after(async () => {
+      await a?.stop();
+      await b?.stop();
+      rmSync(dataDir, { recursive: true, force: true });
+    });
 
-  test("the same sealed offer raced to both nodes is answered exactly once", async () => {
-    const serverKey = (await a.client().serverInfo()).public_key;
-    const sdp = await realOfferSdp();
-    for (let i = 0; i < 3; i++) {
-      const s = sealOffer(serverKey, generateKeyPair(), sdp);
-      const [ra, rb] = await Promise.all([postOffer(a.url, s.headers, s.body), postOffer(b.url, s.headers, s.body)]);
-      assert.deepEqual([ra.status, rb.status].sort(), [200, 409]);
-    }
-  });
+    test("the same sealed offer raced to both nodes is answered exactly once", async () => {
+      const serverKey = (await a.client().serverInfo()).public_key;
+      const sdp = await realOfferSdp();
+      for (let i = 0; i < 3; i++) {
+        const s = sealOffer(serverKey, generateKeyPair(), sdp);
+        const [ra, rb] = await Promise.all([postOffer(a.url, s.headers, s.body), postOffer(b.url, s.headers, s.body)]);
+        assert.deepEqual([ra.status, rb.status].sort(), [200, 409]);
+      }
+    });
 
-  test("a connection on the second node replaces the one on the first within a few seconds", async () => {
-    const keyPair = generateKeyPair();
-    const onA = await connect(a, { keyPair });
-    const onB = await connect(b, { keyPair });
-    try {
-      const started = Date.now();
-      await onA.closed();
-      assert.ok(Date.now() - started < 5000);
-      const runtime = (await onB.http(1, "GET", "/me/runtime")).json<{ online: boolean; node: string }>();
-      assert.deepEqual([runtime.online, runtime.node], [true, "node-b"]);
-      await eventually(() => a.transport!.connection(onA.publicKey) === undefined);
-    } finally {
-      onA.close();
-      onB.close();
-    }
+    test("a connection on the second node replaces the one on the first within a few seconds", async () => {
+      const keyPair = generateKeyPair();
+      const onA = await connect(a, { keyPair });
+      const onB = await connect(b, { keyPair });
+      try {
+        const started = Date.now();
+        await onA.closed();
+        assert.ok(Date.now() - started < 5000);
+        const runtime = (await onB.http(1, "GET", "/me/runtime")).json<{ online: boolean; node: string }>();
+        assert.deepEqual([runtime.online, runtime.node], [true, "node-b"]);
+        await eventually(() => a.transport!.connection(onA.publicKey) === undefined);
+      } finally {
+        onA.close();
+        onB.close();
+      }
+    });
   });
-});

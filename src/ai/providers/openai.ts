@@ -7,6 +7,7 @@
 import http, { type IncomingMessage } from "node:http";
 import https from "node:https";
 import type { ChatCompletion, Usage } from "../../protocol/compat.ts";
+import { stringifyJson } from "../json-thread.ts";
 import { DONE_EVENT, sseError } from "../sse.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
@@ -62,7 +63,7 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async complete(request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
-    const call = this.send("/chat/completions", JSON.stringify(withoutNulls(request)), "application/json", o.signal);
+    const call = this.send("/chat/completions", await requestBody(request), "application/json", o.signal);
     try {
       const res = await call.response;
       const text = await readBody(res, MAX_COMPLETION_BODY, call.touch).catch((err: unknown) => {
@@ -82,7 +83,7 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async stream(request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
-    const call = this.send("/chat/completions", JSON.stringify(withoutNulls(request)), "application/json", o.signal);
+    const call = this.send("/chat/completions", await requestBody(request), "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
     try {
@@ -249,6 +250,27 @@ function readBody(res: IncomingMessage, max: number, touch?: () => void): Promis
       if (!res.complete) reject(new ProviderError("the provider closed the connection before its answer ended"));
     });
   });
+}
+
+/** The request's JSON, serialised in the JSON thread when it is large (a request over a MiB). */
+function requestBody(request: ProviderRequest): Promise<Buffer> {
+  return stringifyJson(withoutNulls(request), approximateSize(request));
+}
+
+/** Characters the request's messages hold, roughly (text, image URLs, audio data): cheap, one pass over the parts. */
+function approximateSize(request: ProviderRequest): number {
+  let size = 0;
+  for (const m of request.messages) {
+    const content = (m as { content?: unknown }).content;
+    if (typeof content === "string") size += content.length;
+    else if (Array.isArray(content)) {
+      for (const part of content as Array<Record<string, any>>) {
+        size += part.text?.length ?? part.image_url?.url?.length ?? part.input_audio?.data?.length ?? 0;
+      }
+    }
+    for (const call of (m as { tool_calls?: Array<{ function: { arguments: string } }> }).tool_calls ?? []) size += call.function.arguments.length;
+  }
+  return size;
 }
 
 /** The request as the provider gets it: absent and null fields are left out (some servers refuse null). */

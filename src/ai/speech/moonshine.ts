@@ -84,6 +84,12 @@ export class MoonshineModel {
       next = argMaxLast(out.logits!.data as Float32Array, out.logits!.dims.at(-1)!);
       if (next === END_TOKEN) break;
       tokens.push(next);
+      // A decoder caught in a loop (on noise: "0000…", "the the the…") stops, keeping one repetition.
+      const loop = repetition(tokens);
+      if (loop > 0) {
+        tokens.length -= loop;
+        break;
+      }
       // The decoder's own cache grows every step; the cross-attention cache is computed once, at step 0.
       for (let layer = 0; layer < LAYERS; layer++) {
         for (const kind of ["key", "value"]) {
@@ -101,6 +107,23 @@ export class MoonshineModel {
       )
       .trim();
   }
+}
+
+/** How many tokens at the end repeat a phrase of 1–4 tokens already said at least 4 times in a row (0 when none). */
+export function repetition(tokens: readonly number[]): number {
+  for (let n = 1; n <= 4; n++) {
+    let times = 1;
+    while (n * (times + 1) <= tokens.length && sameRun(tokens, n, times)) times++;
+    if (times >= 4 && n * times >= 8) return n * (times - 1);
+  }
+  return 0;
+}
+
+/** Whether the n tokens before the last `times` phrases of n equal the last phrase. */
+function sameRun(tokens: readonly number[], n: number, times: number): boolean {
+  const end = tokens.length;
+  for (let i = 0; i < n; i++) if (tokens[end - n + i] !== tokens[end - n * (times + 1) + i]) return false;
+  return true;
 }
 
 function argMaxLast(logits: Float32Array, vocabulary: number): number {

@@ -30,7 +30,11 @@ import { type Region, SpeechTracker, speechRegions, toFloat32, type VadEvent, ty
 import { type Priority, WorkerPool } from "./worker-pool.ts";
 
 const RATE = DECODED_SAMPLE_RATE;
-/** Silence added around each region: Moonshine misses first and last words that touch the edge. */
+/**
+ * Silence added where audio starts or ends right at speech (a file's first and last region, a live
+ * utterance): Moonshine misses words that touch the edge. Inside a file, regions carry real audio
+ * around their speech instead (speechRegions), which does better in noise than silence does.
+ */
 const EDGE_PAD = 0.25;
 /** Live work goes ahead of file work. */
 const LIVE: Priority = 0;
@@ -57,6 +61,11 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? 2, maxQueued: options.maxQueued ?? 16 });
   }
 
+  /** Transcriptions running and waiting for a slot. */
+  get load(): { running: number; queued: number } {
+    return { running: this.queue.running, queued: this.queue.queued };
+  }
+
   /** Starts loading both models in their workers (once); resolves when they are ready. */
   start(): Promise<void> {
     if (!this.loading) {
@@ -78,11 +87,12 @@ export class MoonshineEngine implements TranscriptionEngine {
     await Promise.all([this.recogniserPool?.close(), this.vadPool?.close()]);
   }
 
-  /** The words of 16 kHz mono audio (one utterance of at most ~20 s), as the model writes them. */
-  async recognise(audio: Float32Array, priority: Priority = FILE): Promise<string> {
+  /** The words of 16 kHz mono audio (one utterance of at most ~20 s), as the model writes them; `pad` seconds of silence added around it. */
+  async recognise(audio: Float32Array, priority: Priority = FILE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<string> {
     await this.start();
-    const padded = new Float32Array(audio.length + 2 * EDGE_PAD * RATE);
-    padded.set(audio, EDGE_PAD * RATE);
+    const before = Math.round(pad.before * RATE);
+    const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
+    padded.set(audio, before);
     const result = await this.recogniserPool!.run({ op: "transcribe", audio: padded }, { priority, transfer: [padded.buffer] });
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
     return result.text;
@@ -119,7 +129,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     progress.onStart?.(duration);
     const segments: TranscriptSegment[] = [];
     for (const region of speechRegions(probabilities, duration)) {
-      const text = normaliseTranscript(await this.recognise(slice(audio, region)));
+      const pad = { before: region.start <= 0 ? EDGE_PAD : 0, after: region.end >= duration ? EDGE_PAD : 0 };
+      const text = normaliseTranscript(await this.recognise(slice(audio, region), FILE, pad));
       if (o.signal?.aborted) throw abortReason(o.signal);
       if (!text) continue;
       const segment = { id: segments.length, start: round(region.start), end: round(region.end), text };

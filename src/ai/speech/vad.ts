@@ -109,12 +109,21 @@ export interface Region {
 const REGION_PAD = 0.2;
 /** Moonshine is trained on utterances up to ~30 s and is best on shorter ones. */
 const MAX_REGION = 20;
+/**
+ * Sentences are recognised together up to this span. Measured on espeak-ng sentences (bench):
+ * one sentence at a time, WER 0.03 / 0.13 clean in two voices and 0.26 / 0.24 with white noise at
+ * 20 dB SNR; merged up to 8 s, 0.03 / 0.06 and 0.24 / 0.21, with segments still of a sentence or two.
+ */
+const MERGE_SPAN = 8;
+/** …when the pause between them is at most this long (a longer one ends what is said). */
+const MERGE_GAP = 1;
 /** A region longer than MAX_REGION is cut at its least speech-like frame past this length. */
 const MIN_CUT = 8;
 
 /**
  * The stretches of a file to recognise: speech as the tracker finds it (with `minSilenceMs` 200 ms:
- * a pause between sentences), padded, and cut at the quietest frame when longer than 20 s.
+ * a pause between sentences), padded, cut at the quietest frame when longer than 20 s, and joined
+ * with neighbours less than 1 s away while together they span at most 8 s.
  */
 export function speechRegions(probabilities: Float32Array, duration: number, o: VadOptions = {}): Region[] {
   const tracker = new SpeechTracker({ minSilenceMs: 200, ...o });
@@ -137,7 +146,14 @@ export function speechRegions(probabilities: Float32Array, duration: number, o: 
     }
     if (end > start) regions.push({ start, end });
   }
-  return regions;
+  // Neighbours are recognised together while they fit in MERGE_SPAN: the model hears more context.
+  const merged: Region[] = [];
+  for (const r of regions) {
+    const last = merged.at(-1);
+    if (last && r.end - last.start <= MERGE_SPAN && r.start - last.end <= MERGE_GAP) last.end = r.end;
+    else merged.push({ ...r });
+  }
+  return merged;
 }
 
 /** 16-bit samples to -1..1 floats. */

@@ -90,6 +90,7 @@ function processRunner(options: WorkerPoolOptions): Runner {
     terminate: async () => {
       if (child.exitCode !== null || child.signalCode !== null) return;
       const exited = new Promise((resolve) => child.once("exit", resolve));
+      child.ref();
       child.kill("SIGKILL");
       await exited;
     },
@@ -146,6 +147,8 @@ export class WorkerPool<Req, Res> {
   ready(): Promise<void> {
     if (this.failure) return Promise.reject(this.failure);
     if (this.readyCount >= this.options.size) return Promise.resolve();
+    // Someone waits: the workers still loading keep the process alive until they are ready.
+    for (const slot of this.slots) if (!slot.ready) slot.worker.ref();
     return new Promise((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
   }
 
@@ -198,6 +201,7 @@ export class WorkerPool<Req, Res> {
       const message = raw as PoolMessage<Res>;
       if (message.type === "ready") {
         slot.ready = true;
+        worker.unref();
         this.readyCount++;
         if (this.readyCount >= this.options.size) for (const w of this.readyWaiters.splice(0)) w.resolve();
         this.dispatch();

@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
+import { parseJson } from "../../ai/json-thread.ts";
 import { JsonBudget, LargeBodies } from "../json-budget.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError } from "./errors.ts";
@@ -51,13 +52,13 @@ export function largeBodySlot(c: Context, bytes: number): (() => void) | undefin
 }
 
 /**
- * The request body as text, its cost checked as it arrives: more than MAX_JSON_VALUES values, or
+ * The request body's bytes, their cost checked as it arrives: more than MAX_JSON_VALUES values, or
  * a large body beyond the caller's allowance, is refused before the rest is read (the rest is
  * drained unread). Through the Node adapter a body of declared length is read straight from the
  * socket: asking the web Request for it builds a full undici Request and a web stream, which cost
  * more than the rest of a relayed call.
  */
-async function bodyText(c: Context): Promise<string> {
+async function bodyBytes(c: Context): Promise<Buffer> {
   const budget = new JsonBudget(MAX_JSON_VALUES);
   const node = nodeBindings(c);
   let release: (() => void) | undefined;
@@ -75,13 +76,17 @@ async function bodyText(c: Context): Promise<string> {
         if (!budget.feed(chunk)) throw tooComplex();
         chunks.push(chunk);
       }
-      return Buffer.concat(chunks).toString("utf8");
+      return Buffer.concat(chunks);
     }
     const { incoming } = node;
     sized(Number(incoming.headers["content-length"] ?? 0));
     return await new Promise((resolve, reject) => {
       const chunks: Buffer[] = [];
       let size = 0;
+      // A large body of declared length is copied piece by piece into one buffer of its own as it
+      // arrives (no 30 MB concatenation at the end), which then moves to the JSON thread uncopied.
+      const declared = Number(incoming.headers["content-length"] ?? 0);
+      const whole = declared > LARGE_BODY_BYTES ? Buffer.allocUnsafeSlow(declared) : undefined;
       const onData = (chunk: Buffer) => {
         size += chunk.length;
         try {
@@ -94,10 +99,14 @@ async function bodyText(c: Context): Promise<string> {
           reject(err);
           return;
         }
-        chunks.push(chunk);
+        if (whole && size <= whole.length) chunk.copy(whole, size - chunk.length);
+        else chunks.push(chunk);
       };
       incoming.on("data", onData);
-      incoming.once("end", () => resolve(chunks.length === 1 ? chunks[0]!.toString("utf8") : Buffer.concat(chunks).toString("utf8")));
+      incoming.once("end", () => {
+        if (whole) resolve(size === whole.length ? whole : whole.subarray(0, size));
+        else resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
+      });
       incoming.once("error", reject);
       incoming.once("close", () => {
         if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
@@ -109,12 +118,21 @@ async function bodyText(c: Context): Promise<string> {
   }
 }
 
-/** The request body as JSON; any content type is read, as OpenAI does. */
+/** Whether `b` holds only JSON whitespace (it stops at the first byte that is not). */
+function blank(b: Uint8Array): boolean {
+  for (const byte of b) if (byte !== 0x20 && byte !== 0x0a && byte !== 0x0d && byte !== 0x09) return false;
+  return true;
+}
+
+/**
+ * The request body as JSON; any content type is read, as OpenAI does. A body over a MiB is parsed
+ * in a worker thread (json-thread.ts), so that it does not hold the event loop.
+ */
 export async function readJson(c: Context): Promise<unknown> {
-  const text = await bodyText(c);
-  if (!text.trim()) throw new OpenAIError(400, "The request body is empty: send a JSON object.", { code: "invalid_json" });
+  const bytes = await bodyBytes(c);
+  if (blank(bytes)) throw new OpenAIError(400, "The request body is empty: send a JSON object.", { code: "invalid_json" });
   try {
-    return JSON.parse(text);
+    return await parseJson(bytes);
   } catch {
     throw new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
   }

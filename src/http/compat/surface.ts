@@ -1,6 +1,7 @@
 import { Hono } from "hono";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { ChatService } from "../../ai/chat.ts";
+import { warmJsonThread } from "../../ai/json-thread.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import type { AppEnv } from "../env.ts";
@@ -46,6 +47,7 @@ export interface CompatSurfaceOptions {
 
 /** The Compatible API: OpenAI's routes, every error in OpenAI's envelope, 32 MiB bodies. */
 export function compatSurface(o: CompatSurfaceOptions): Surface {
+  warmJsonThread();
   const app = new Hono<CompatEnv>();
   const tooLarge = (c: Parameters<Parameters<typeof bodyLimit>[1]>[0]) =>
     openAIErrorResponse(c, new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" }));

@@ -1,0 +1,69 @@
+/**
+ * JSON.parse and JSON.stringify of large documents (request bodies over a MiB) in a worker thread,
+ * so that one request cannot hold the event loop for the hundreds of milliseconds 30 MB of JSON
+ * takes: the main thread only copies the result across (structured clone, or a transferred
+ * buffer). Small documents are handled in place, where a thread hop would cost more than it saves.
+ */
+import { Worker } from "node:worker_threads";
+import type { JsonReply, JsonTask } from "./json-thread-worker.ts";
+
+/** Below this many bytes (or characters), JSON is handled on the calling thread. */
+export const OFFLOAD_BYTES = 1024 * 1024;
+
+let worker: Worker | undefined;
+let nextId = 1;
+const pending = new Map<number, { resolve: (r: JsonReply) => void; reject: (e: unknown) => void }>();
+
+function thread(): Worker {
+  if (worker) return worker;
+  const w = new Worker(new URL("./json-thread-worker.ts", import.meta.url));
+  w.unref();
+  w.on("message", (r: JsonReply) => {
+    const p = pending.get(r.id);
+    pending.delete(r.id);
+    p?.resolve(r);
+  });
+  const fail = (err: unknown) => {
+    if (worker === w) worker = undefined;
+    for (const [id, p] of pending) {
+      pending.delete(id);
+      p.reject(err);
+    }
+  };
+  w.on("error", fail);
+  w.on("exit", (code) => fail(new Error(`the JSON thread exited (${code})`)));
+  worker = w;
+  return w;
+}
+
+function run(job: JsonTask, transfer: ArrayBuffer[] = []): Promise<JsonReply> {
+  const id = nextId++;
+  return new Promise((resolve, reject) => {
+    pending.set(id, { resolve, reject });
+    thread().postMessage({ ...job, id }, transfer);
+  });
+}
+
+/** Starts the thread (and compiles its code) before the first large body needs it. */
+export function warmJsonThread(): void {
+  void run({ kind: "parse", bytes: new Uint8Array([123, 125]) }).catch(() => {});
+}
+
+/** `JSON.parse` of UTF-8 `bytes`; throws SyntaxError as JSON.parse does. Large inputs are parsed in the worker (`bytes` is handed over). */
+export async function parseJson(bytes: Buffer): Promise<unknown> {
+  if (bytes.length < OFFLOAD_BYTES) return JSON.parse(bytes.toString("utf8"));
+  // Its own memory, so that it can be moved, not copied.
+  const own = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes : Buffer.from(bytes);
+  const r = await run({ kind: "parse", bytes: own }, [own.buffer as ArrayBuffer]);
+  if (!r.ok) throw r.syntax ? new SyntaxError(r.message) : new Error(r.message);
+  return r.value;
+}
+
+/** `JSON.stringify(value)` as UTF-8; `sizeHint` (bytes or characters the value holds, roughly) sends large ones to the worker. */
+export async function stringifyJson(value: unknown, sizeHint: number): Promise<Buffer> {
+  if (sizeHint < OFFLOAD_BYTES) return Buffer.from(JSON.stringify(value));
+  const r = await run({ kind: "stringify", value });
+  if (!r.ok) throw new Error(r.message);
+  const b = r.bytes!;
+  return Buffer.from(b.buffer, b.byteOffset, b.byteLength);
+}

@@ -1,0 +1,121 @@
+import assert from "node:assert/strict";
+import { rmSync } from "node:fs";
+import { after, describe, test } from "node:test";
+import { Store } from "../src/store/index.ts";
+import { type ServerProcess, STORES, spawnServer, startTestServer, tempDir } from "./support/server.ts";
+import { connect, eventually } from "./support/webrtc.ts";
+
+const battery = (at: number, percent = 50) => ({
+  observedAtUnixMs: BigInt(at),
+  observations: [{ observedAtDeltaMs: 0, body: { case: "battery" as const, value: { percent } } }],
+});
+
+/** The telemetry counters of a node's /metrics: frames stored, and dropped by reason. */
+async function counters(url: string): Promise<{ stored: number; dropped: Record<string, number> }> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const dropped: Record<string, number> = {};
+  for (const m of text.matchAll(/^perch_telemetry_frames_dropped_total\{reason="(\w+)"\} (\d+)/gm)) dropped[m[1]!] = Number(m[2]);
+  return { stored: Number(/^perch_telemetry_frames_total (\d+)/m.exec(text)?.[1] ?? 0), dropped };
+}
+
+/** Stored battery samples of `publicKey`. */
+async function storedSamples(store: Store, publicKey: string): Promise<number> {
+  const now = Date.now();
+  const range = await store.read((r) =>
+    r.telemetry.range({ publicKey, field: "battery.percent", start: now - 86_400_000, end: now + 1, order: "asc", limit: 100_000 }),
+  );
+  return range.length;
+}
+
+for (const entry of STORES) {
+  describe(`presence and telemetry across a node's life (${entry.name})`, () => {
+    const cleanup: Array<() => unknown> = [];
+    after(async () => {
+      for (const f of cleanup.reverse()) await f();
+    });
+
+    test("a node that crashed with a device connected marks it offline when it starts again", async () => {
+      const dataDir = tempDir();
+      cleanup.push(() => rmSync(dataDir, { recursive: true, force: true }));
+      const databaseUrl = (await entry.url()) ?? "";
+      const env = { PERCH_DATA_DIR: dataDir, PERCH_DATABASE_URL: databaseUrl, PERCH_NODE_NAME: "crashing", PERCH_LOG_LEVEL: "warn" };
+      let node: ServerProcess = await spawnServer(env);
+      const conn = await connect(node);
+      const store = await Store.open(databaseUrl || undefined, dataDir, { readWorkers: 0 });
+      cleanup.push(() => store.close());
+      try {
+        await eventually(async () => (await store.read((r) => r.runtime.get(conn.publicKey)))?.online === 1, 10_000, "the device online");
+        node.process.kill("SIGKILL");
+        await new Promise((r) => node.process.once("exit", r));
+        // The crash left the record online (only the heartbeat, now stale, says otherwise).
+        assert.equal((await store.read((r) => r.runtime.get(conn.publicKey)))?.online, 1);
+        node = await spawnServer(env);
+        assert.equal((await store.read((r) => r.runtime.get(conn.publicKey)))?.online, 0, "marked offline at start");
+      } finally {
+        conn.close();
+        await node.stop();
+      }
+    });
+
+    test("close() marks the node's peers offline, deletes its heartbeat and stores the telemetry it holds", async () => {
+      const dataDir = tempDir();
+      const databaseUrl = await entry.url();
+      const server = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "closing" } });
+      cleanup.push(() => rmSync(dataDir, { recursive: true, force: true }));
+      const conn = await connect(server);
+      let stopped = false;
+      try {
+        await eventually(() => server.transport!.connection(conn.publicKey)?.active, 10_000, "the connection active");
+        const t0 = Date.now() - 10_000;
+        for (let i = 0; i < 20; i++) conn.sendTelemetry(battery(t0 + i));
+        // Every frame has arrived: stored or held by the writer.
+        await eventually(
+          async () => (await storedSamples(server.store, conn.publicKey)) + server.transport!.telemetry.heldSamples === 20,
+          10_000,
+          "the frames",
+        );
+        await server.stop();
+        stopped = true;
+        const store = await Store.open(databaseUrl, dataDir, { readWorkers: 0 });
+        try {
+          assert.equal(await storedSamples(store, conn.publicKey), 20, "every frame received is stored");
+          const row = await store.read((r) => r.runtime.getWithBeat(conn.publicKey));
+          assert.deepEqual([row?.online, row?.beat_at], [0, null]);
+        } finally {
+          await store.close();
+        }
+      } finally {
+        conn.close();
+        if (!stopped) await server.stop();
+      }
+    });
+
+    test("frames beyond the telemetry buffer are dropped and counted as overload; the rest counted once stored", async () => {
+      const server = await startTestServer({ config: { databaseUrl: await entry.url(), telemetry: { bufferSamples: 1 } } });
+      const conn = await connect(server);
+      try {
+        await eventually(() => server.transport!.connection(conn.publicKey)?.active, 10_000, "the connection active");
+        const before = await counters(server.url);
+        const t0 = Date.now() - 10_000;
+        // A burst: the first frame fills the buffer (one sample) until it is stored; the others find it full.
+        for (let i = 0; i < 30; i++) conn.sendTelemetry(battery(t0 + i));
+        const after = await eventually(
+          async () => {
+            const c = await counters(server.url);
+            const counted = c.stored - before.stored + (c.dropped.overload ?? 0) - (before.dropped.overload ?? 0);
+            return counted === 30 ? c : undefined;
+          },
+          10_000,
+          "every frame counted",
+        );
+        const overload = (after.dropped.overload ?? 0) - (before.dropped.overload ?? 0);
+        assert.ok(overload > 0, "some frames found the buffer full");
+        assert.equal(after.dropped.store_unavailable ?? 0, 0, "the store was up: not counted as an outage");
+        assert.equal(await storedSamples(server.store, conn.publicKey), after.stored - before.stored, "counted as accepted = stored");
+      } finally {
+        conn.close();
+        await server.stop();
+      }
+    });
+  });
+}
