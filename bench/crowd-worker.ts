@@ -6,7 +6,7 @@
  * Environment: PERCH_URL, PERCH_SERVER_KEY, CROWD_BIND (the local address to gather on).
  */
 import { readdirSync, readFileSync } from "node:fs";
-import { generateKeyPair } from "../src/crypto/keys.ts";
+import { decodePrivateKey, generateKeyPair, keyPairFromPrivate } from "../src/crypto/keys.ts";
 import { CrowdDevice, telemetryPacket } from "./crowd-device.ts";
 
 export type WorkerCommand =
@@ -14,7 +14,7 @@ export type WorkerCommand =
    * Connects `count` more devices, `concurrency` at a time (1: one after the other, for latency);
    * no connect starts after `deadline` (Unix ms), so an overloaded server ends the step.
    */
-  | { type: "connect"; count: number; concurrency: number; deadline?: number; id: number }
+  | { type: "connect"; count: number; concurrency: number; deadline?: number; id: number; keys?: string[] }
   /** Every device sends `framesPerSecond` telemetry frames of `observations` observations each (0 stops). */
   | { type: "rate"; framesPerSecond: number; observations: number }
   | { type: "stats"; id: number }
@@ -63,8 +63,8 @@ function reply(message: ConnectReport | StatsReport | { type: "released"; id: nu
   process.send?.(message);
 }
 
-async function connectOne(report: ConnectReport, deadline: number): Promise<void> {
-  const keyPair = generateKeyPair();
+async function connectOne(report: ConnectReport, deadline: number, privateKey?: string): Promise<void> {
+  const keyPair = privateKey ? keyPairFromPrivate(decodePrivateKey(privateKey)) : generateKeyPair();
   for (let attempt = 1; ; attempt++) {
     try {
       const device = await CrowdDevice.connect({ baseUrl, serverPublicKey, keyPair, bindAddress, timeoutMs: 15_000 });
@@ -93,8 +93,9 @@ async function connect(command: Extract<WorkerCommand, { type: "connect" }>): Pr
   let next = 0;
   const lane = async () => {
     while (next < command.count && Date.now() < deadline) {
+      const key = command.keys?.[next];
       next++;
-      await connectOne(report, deadline);
+      await connectOne(report, deadline, key);
     }
   };
   await Promise.all(Array.from({ length: Math.max(1, command.concurrency) }, lane));

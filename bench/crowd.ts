@@ -77,12 +77,23 @@ export class Crowd {
   }
 
   /** Connects `count` more devices, spread over the workers, `concurrency` at a time in each, none started after `deadline`. */
-  async connect(count: number, concurrency: number, deadline?: number): Promise<Omit<ConnectReport, "type" | "id">> {
+  /** `keys`: the devices' private keys (base58), `count` of them, instead of new ones. */
+  async connect(count: number, concurrency: number, deadline?: number, keys?: string[]): Promise<Omit<ConnectReport, "type" | "id">> {
     const total = this.workers.reduce((n, w) => n + w.held, 0) + count;
     const shares = this.workers.map((w, i) => Math.max(0, Math.floor(total / this.workers.length) + (i < total % this.workers.length ? 1 : 0) - w.held));
+    const offsets = shares.map((_, i) => shares.slice(0, i).reduce((a, b) => a + b, 0));
     const reports = await Promise.all(
       this.workers.map((w, i) =>
-        shares[i]! > 0 ? w.ask<ConnectReport>({ type: "connect", count: shares[i]!, concurrency, deadline, id: w.id() }) : Promise.resolve(undefined),
+        shares[i]! > 0
+          ? w.ask<ConnectReport>({
+              type: "connect",
+              count: shares[i]!,
+              concurrency,
+              deadline,
+              id: w.id(),
+              ...(keys ? { keys: keys.slice(offsets[i], offsets[i]! + shares[i]!) } : {}),
+            })
+          : Promise.resolve(undefined),
       ),
     );
     const sum: Omit<ConnectReport, "type" | "id"> = { ok: 0, failed: 0, skipped: 0, retried: 0, ready: [], offerServer: [], errors: [] };

@@ -1,5 +1,6 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
 import { compatBench } from "./compat.ts";
+import { eventsBench } from "./events.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
@@ -14,6 +15,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   webrtc: webrtcBench,
   "webrtc-health": webrtcHealthBench,
   outage: outageBench,
+  events: eventsBench,
   voice: voiceBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));

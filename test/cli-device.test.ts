@@ -31,7 +31,16 @@ describe("perch device: the SDK from the command line", () => {
     assert.deepEqual(await server.domain.peers.status(publicKey), stored);
     assert.deepEqual(await perchJson<PeerStatus>([...args, "status"], {}), stored);
 
-    const token = await perchJson<DeviceToken>([...args, "token"], {});
+    const issued = await perch([...args, "token"], {});
+    assert.equal(issued.code, 0, issued.stderr);
+    const token = JSON.parse(issued.stdout) as DeviceToken & { link: string };
+    assert.equal(token.link, `${server.url}/app/#token=${token.token}`);
+    // The link as a QR code in the terminal (half-block characters), and in words.
+    assert.match(issued.stderr, /[▀▄█]{10,}/);
+    assert.ok(issued.stderr.includes(`Open on the phone (valid 5 minutes, once): ${token.link}`));
+    const quiet = await perch([...args, "token", "--no-qr", "--app-url", "https://phone.example/app/"], {});
+    assert.equal(quiet.stderr, "");
+    assert.match((JSON.parse(quiet.stdout) as { link: string }).link, /^https:\/\/phone\.example\/app\/#token=[A-Za-z0-9_-]{43}$/);
     const phone = server.client();
     await phone.login({ deviceToken: token.token });
     assert.equal((await phone.sideControl.status()).volume, 12);

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
 import { type BusMessage, CommandError, Commands, type EventBus, InProcessBus, MAX_MESSAGE_BYTES, PgEventBus } from "../src/events/index.ts";
+import { OwnCluster } from "./support/pg-cluster.ts";
 import { freshPostgresDatabase, TEST_DATABASE_URL } from "./support/server.ts";
 
 /** Collects what a topic receives, and resolves `next()` with the next message. */
@@ -170,5 +171,32 @@ describe("PostgreSQL event bus (LISTEN/NOTIFY)", { skip: TEST_DATABASE_URL ? fal
     await assert.rejects(bus.start());
     bus.publish("t", { queued: true });
     await bus.close();
+  });
+});
+
+describe("PostgreSQL event bus across a PostgreSQL restart", { skip: TEST_DATABASE_URL ? false : "PERCH_TEST_DATABASE_URL is not set" }, () => {
+  let cluster: OwnCluster;
+  before(async () => {
+    cluster = await OwnCluster.start();
+  });
+  after(async () => {
+    await cluster?.destroy();
+  });
+
+  test("both buses listen again after pg_ctl restart, report the gap, and carry messages again", async () => {
+    const a = new PgEventBus({ url: cluster.url });
+    const b = new PgEventBus({ url: cluster.url });
+    await Promise.all([a.start(), b.start()]);
+    try {
+      const onB = collector(b, "t");
+      await cluster.restart();
+      await onB.until(() => onB.gaps() >= 1, "b's gap after the restart", 30_000);
+      // a may still be reconnecting: publish until b hears one (a's queue is sent once it is back).
+      a.publish("t", { after: "restart" });
+      await onB.until(() => onB.got.some((m) => m.after === "restart"), "a message after the restart", 30_000);
+      onB.unsubscribe();
+    } finally {
+      await Promise.all([a.close(), b.close()]);
+    }
   });
 });

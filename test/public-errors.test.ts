@@ -584,6 +584,8 @@ interface BearerRoute {
   json?: unknown;
   /** Status with the right principal (routes whose ids are made up answer 404). */
   ok: number;
+  /** An event stream: with the right principal only its status and media type are read. */
+  stream?: true;
 }
 
 const ME_ROUTES: BearerRoute[] = [
@@ -611,6 +613,7 @@ const SIDE_CONTROL_ROUTES: BearerRoute[] = [
     path: "/side-control/telemetry/aggregate?field=battery.percent&bucket_ms=3600000&aggregate=avg",
     ok: 200,
   },
+  { method: "GET", template: "/side-control/events", path: "/side-control/events", ok: 200, stream: true },
   { method: "GET", template: "/side-control/contacts", path: "/side-control/contacts", ok: 200 },
   { method: "POST", template: "/side-control/contacts", path: "/side-control/contacts", json: { name: "table", display_name: "Table" }, ok: 201 },
   { method: "GET", template: "/side-control/contacts/{name}", path: "/side-control/contacts/nobody", ok: 404 },
@@ -634,7 +637,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     }
     const table = [...ME_ROUTES, ...SIDE_CONTROL_ROUTES].map((r) => `${r.method} ${r.template}`);
     assert.deepEqual([...table].sort(), [...documented].sort());
-    assert.equal(new Set(table).size, 20);
+    assert.equal(new Set(table).size, 21);
   });
 
   test("anonymous, unknown, wrong kind, revoked, mismatched key, then expired: refused everywhere, nothing written", async () => {
@@ -677,7 +680,15 @@ describe("bearer routes: every wrong principal on every route", () => {
 
     // The right principal gets through on every route (so the refusals above were about the principal).
     for (const r of all) {
-      const res = await send(r, { bearer: r.template.startsWith("/me") ? primary : sideControl });
+      const bearer = r.template.startsWith("/me") ? primary : sideControl;
+      if (r.stream) {
+        const res = await fetch(server.url + r.path, { headers: { authorization: `Bearer ${bearer}` } });
+        assert.equal(res.status, r.ok, `${r.method} ${r.path}`);
+        assert.match(res.headers.get("content-type") ?? "", /^text\/event-stream/);
+        await res.body?.cancel();
+        continue;
+      }
+      const res = await send(r, { bearer });
       assert.equal(res.status, r.ok, `${r.method} ${r.path}: ${JSON.stringify(res.body)}`);
     }
 

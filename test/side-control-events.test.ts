@@ -100,6 +100,16 @@ for (const store of STORES) {
       assert.equal(await refusal(await EventStream.open(server.url, phone.accessToken)), "401 INVALID_SESSION");
     });
 
+    test("the route is in the OpenAPI document as an event stream with its refusals", async () => {
+      const doc = (await (await fetch(`${server.url}/openapi.json`)).json()) as {
+        paths: Record<string, { get?: { responses: Record<string, { content?: object }> } }>;
+      };
+      const get = doc.paths["/side-control/events"]?.get;
+      assert.ok(get, "documented");
+      assert.deepEqual(Object.keys(get.responses["200"]?.content ?? {}), ["text/event-stream"]);
+      for (const status of ["401", "403", "429"]) assert.ok(get.responses[status], `documents ${status}`);
+    });
+
     test("a keep-alive comment on an idle stream", async () => {
       const { phone } = await pair(server);
       const stream = await EventStream.must(server.url, phone.accessToken);
@@ -168,5 +178,22 @@ describe("GET /side-control/events: the session expiring", () => {
     clock.advance(24 * 3600_000 + 1);
     await stream.end(3_000);
     assert.deepEqual(stream.events().at(-1), { event: "session", data: { state: "expired" } });
+  });
+});
+
+describe("GET /side-control/events: a stream outlives the request timeout", () => {
+  let server: TestServer;
+  before(async () => {
+    server = await startTestServer({ config: { http: { requestTimeoutMs: 500, maxConnections: 100 } }, liveKeepAliveMs: 200 });
+  });
+  after(() => server.stop());
+
+  test("open for several request timeouts, it keeps getting keep-alives", async () => {
+    const { phone } = await pair(server);
+    const stream = await EventStream.must(server.url, phone.accessToken);
+    await new Promise((r) => setTimeout(r, 2_000));
+    assert.equal(stream.ended, false, "the server did not cut the stream");
+    assert.ok(stream.items.filter((i) => "comment" in i).length >= 3);
+    stream.close();
   });
 });

@@ -4,6 +4,7 @@
  * written to `test-artifacts/` (git-ignored) as the test goes.
  */
 import assert from "node:assert/strict";
+import { createSocket } from "node:dgram";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -27,6 +28,17 @@ function report(conn: PerchConnection, battery: number, position?: [number, numb
   ];
   if (position) observations.push({ observedAtDeltaMs: 0, body: { case: "gnss", value: { latitude: position[0], longitude: position[1], accuracyM: 5 } } });
   conn.sendTelemetry({ observedAtUnixMs: BigInt(Date.now()), observations });
+}
+
+function freeUdpPort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const socket = createSocket("udp4");
+    socket.once("error", reject);
+    socket.bind(0, "127.0.0.1", () => {
+      const { port } = socket.address();
+      socket.close(() => resolve(port));
+    });
+  });
 }
 
 async function shot(page: Page, name: string): Promise<void> {
@@ -96,7 +108,7 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     await device.login();
     await conn.call(
       RpcMethod.SERVER_INFO_PUT,
-      toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value: { name: "Kitchen speaker", emoji: "🐦" } })),
+      toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value: { name: "Kitchen speaker", emoji: "★" } })),
     );
     report(conn, 80, [48.137, 11.575]);
   });
@@ -133,14 +145,14 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
   test("pairs from a token link; the device live; a chart and a track; contacts with a 409 beside the field", async () => {
     const token = await device.createDeviceToken();
     await page.goto(`${server.url}/app/#token=${token.token}`);
-    const deviceRegion = page.getByRole("region", { name: "Device" });
+    const deviceRegion = page.getByRole("region", { name: "Device", exact: true });
     await deviceRegion.waitFor();
     assert.equal(new URL(page.url()).hash, "", "the token is taken out of the address");
     await page.getByText("Live", { exact: true }).waitFor();
     await deviceRegion.getByText("Kitchen speaker").waitFor();
     await page.locator("#connection").getByText("Online").waitFor();
     await page.locator("#battery").getByText("80 %").waitFor();
-    for (const name of ["Telemetry", "Contacts"]) await page.getByRole("region", { name }).waitFor();
+    for (const name of ["Telemetry", "Contacts"]) await page.getByRole("region", { name, exact: true }).waitFor();
 
     // A report from the device changes the battery on the page, without reloading it.
     await page.evaluate("globalThis.__sameDocument = true");
@@ -163,7 +175,7 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     assert.deepEqual(await lowContrast(page), [], "every text passes WCAG AA contrast");
 
     // Contacts: add one; the same again is a 409 shown beside the field; delete it.
-    const contacts = page.getByRole("region", { name: "Contacts" });
+    const contacts = page.getByRole("region", { name: "Contacts", exact: true });
     await contacts.getByLabel("Name", { exact: true }).fill("mom");
     await contacts.getByLabel("Phone number").fill("+1 555 0100");
     await contacts.getByRole("button", { name: "Add contact" }).click();
@@ -193,15 +205,13 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     await server.stop();
     await page.getByText(/Reconnecting in \d+ s/).waitFor({ timeout: 10_000 });
     await shot(page, "reconnecting");
-    // The old UDP socket may take a moment to be released: try again for a few seconds, as an operator's restart would.
-    for (let attempt = 0; ; attempt++) {
-      try {
-        server = await startTestServer({ dataDir, config: { nodeName: "webapp-node", port } });
-        break;
-      } catch (err) {
-        if (attempt >= 20 || !/EADDRINUSE/.test(String(err))) throw err;
-        await new Promise((r) => setTimeout(r, 250));
-      }
+    // The same HTTP port (the page's origin). The WebRTC port is the HTTP port's number by
+    // default; another process may have taken that UDP port meanwhile, so then any free one is used.
+    try {
+      server = await startTestServer({ dataDir, config: { nodeName: "webapp-node", port } });
+    } catch (err) {
+      if (!/EADDRINUSE/.test(String(err))) throw err;
+      server = await startTestServer({ dataDir, config: { nodeName: "webapp-node", port, webrtc: { udpPort: await freeUdpPort() } } });
     }
     conn = await connect(server, { keyPair: conn.keyPair });
     await page.getByText("Live", { exact: true }).waitFor({ timeout: 40_000 });
@@ -232,9 +242,30 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     const key = await page.evaluate(() => localStorage.getItem("perch.controller-key"));
     await field.fill((await device.createDeviceToken()).token);
     await page.keyboard.press("Enter");
-    await page.getByRole("region", { name: "Device" }).waitFor();
+    await page.getByRole("region", { name: "Device", exact: true }).waitFor();
+    await page.getByText("Live", { exact: true }).waitFor();
     assert.equal(await page.evaluate(() => localStorage.getItem("perch.controller-key")), key);
-    const [again] = (await device.sideControlSessions()).items;
-    assert.equal(again?.controller_public_key, session.controller_public_key, "the same controller key paired again");
+    const sessions = (await device.sideControlSessions()).items;
+    assert.deepEqual(
+      sessions.map((s) => s.controller_public_key),
+      [session.controller_public_key],
+      `the same controller key paired again; page: ${await page.locator("main").innerText()}`,
+    );
+  });
+});
+
+describe("the web app with map tiles configured", () => {
+  test("the page names the tile server to the app and lets images come from it, and nothing else", async () => {
+    const server = await startTestServer({ config: { app: { tileUrl: "https://tiles.example.org/{z}/{x}/{y}.png?key=a&b=c" } } });
+    try {
+      const res = await fetch(`${server.url}/app/`);
+      const html = await res.text();
+      assert.ok(html.includes('<meta name="perch-tile-url" content="https://tiles.example.org/{z}/{x}/{y}.png?key=a&amp;b=c">'), html);
+      const csp = res.headers.get("content-security-policy") ?? "";
+      assert.match(csp, /img-src 'self' data: https:\/\/tiles\.example\.org(;|$)/);
+      assert.match(csp, /connect-src 'self'(;|$)/);
+    } finally {
+      await server.stop();
+    }
   });
 });

@@ -1,11 +1,11 @@
 import assert from "node:assert/strict";
-import { createSocket } from "node:dgram";
 import { after, before, describe, test } from "node:test";
 import wrtc from "@roamhq/wrtc";
 import type { ChannelPort } from "../src/protocol/channel.ts";
 import { StreamSocket } from "../src/protocol/stream-socket.ts";
 import { Answerer, type PeerLink } from "../src/transport/answerer.ts";
 import { inspectOffer } from "../src/transport/sdp.ts";
+import { freeUdpPort } from "./support/server.ts";
 import { eventually } from "./support/webrtc.ts";
 
 /**
@@ -14,14 +14,6 @@ import { eventually } from "./support/webrtc.ts";
  * Here each one is made to throw, over a real connection (a `@roamhq/wrtc` device and the
  * server's own `Answerer`), and only what it belonged to is closed.
  */
-
-async function freeUdpPort(): Promise<number> {
-  const s = createSocket("udp4");
-  await new Promise<void>((r) => s.bind(0, "127.0.0.1", r));
-  const { port } = s.address();
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
 
 /** Records what would end the process (the answerer runs in this one). */
 function watchCrashes(): { errors: unknown[]; stop(): void } {

@@ -3,7 +3,7 @@ import { useEffect } from "preact/hooks";
 import "./styles.css";
 import { forgetSession } from "./api.ts";
 import { startLive } from "./live.ts";
-import { ended, link, pairingRequested, session } from "./state.ts";
+import { ended, link, linkPending, session } from "./state.ts";
 import { Contacts } from "./views/Contacts.tsx";
 import { DeviceCard } from "./views/DeviceCard.tsx";
 import { Pairing } from "./views/Pairing.tsx";
@@ -60,21 +60,29 @@ function Paired({ bearer }: { bearer: string }) {
 function App() {
   const s = session.value;
   useEffect(() => (s ? startLive(s) : undefined), [s]);
-  // A new link token replaces a pairing this browser already had.
-  const pairing = !s || pairingRequested.value;
+  const pairing = !s;
   return (
     <>
       <header class="top">
         <h1>Perch</h1>
       </header>
       <main>
-        {pairing ? <Pairing initialToken={linkToken} autoPair={linkToken !== ""} /> : <Paired bearer={(s as { access_token: string }).access_token} />}
+        {pairing ? (
+          <Pairing initialToken={linkPending.value ? linkToken : ""} autoPair={linkPending.value} />
+        ) : (
+          <Paired bearer={(s as { access_token: string }).access_token} />
+        )}
       </main>
     </>
   );
 }
 
-pairingRequested.value = linkToken !== "";
+// A link's token replaces a pairing this browser already had; it is tried once.
+if (linkToken) {
+  forgetSession();
+  session.value = undefined;
+  linkPending.value = true;
+}
 
 const root = document.getElementById("root");
 if (root) {

@@ -7,8 +7,8 @@ export type Ended = "revoked" | "expired" | "invalid" | "blocked";
 
 export const session = signal<Session | undefined>(storedSession());
 export const ended = signal<Ended | undefined>(undefined);
-/** A pairing link was opened: its token is used even when this browser is paired already. */
-export const pairingRequested = signal(false);
+/** A pairing link's token waits to be tried (once: a used token is never sent again). */
+export const linkPending = signal(false);
 /** The event stream: `live`, or being (re)made; `retryAt` is when the next attempt starts. */
 export const link = signal<{ state: "connecting" | "live" | "retrying"; retryAt?: number; reason?: string }>({ state: "connecting" });
 export const info = signal<DeviceInfo>({});

@@ -1,5 +1,6 @@
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
+import { renderUnicodeCompact } from "uqr";
 import { decodePrivateKey, keyPairFromPrivate } from "../crypto/keys.ts";
 import type { PeerStatus } from "../protocol/public.ts";
 import { PerchApiError, PerchClient } from "../sdk/client.ts";
@@ -75,8 +76,17 @@ export function registerDeviceCommands(program: Command, print: (value: unknown)
     .action(run((c) => c.runtime()));
   device
     .command("token")
-    .description("issue a single-use Side Control device token (5 minutes) to hand to a phone")
-    .action(run((c) => c.createDeviceToken()));
+    .description("issue a single-use Side Control device token (5 minutes) to hand to a phone: its companion app link, and that link as a QR code (on stderr)")
+    .option("--app-url <url>", "the companion app's address as the phone reaches it (default: the server's /app/)")
+    .option("--no-qr", "print no QR code")
+    .action(async (opts: { appUrl?: string; qr: boolean }) => {
+      await run(async (c) => {
+        const token = await c.createDeviceToken();
+        const link = `${opts.appUrl ?? new URL("/app/", device.opts<DeviceOptions>().server).toString()}#token=${token.token}`;
+        if (opts.qr) process.stderr.write(`${renderUnicodeCompact(link, { border: 1 })}\nOpen on the phone (valid 5 minutes, once): ${link}\n`);
+        return { ...token, link };
+      })();
+    });
   device
     .command("sessions")
     .description("the live Side Control sessions aimed at this device")

@@ -203,36 +203,36 @@ class LiveStream {
     if (this.ended) return;
     const queued = this.queue ?? [];
     this.queue = undefined;
-    this.status(status, JSON.stringify(status));
-    this.runtime(runtime);
+    this.status({ event: "status", data: status }, JSON.stringify(status));
+    this.runtime({ event: "runtime", data: runtime });
     for (const e of queued) {
-      if (e.event === "status") this.status(e.data, JSON.stringify(e.data));
-      else if (e.event === "runtime") this.runtime(e.data);
+      if (e.event === "status") this.status(e, JSON.stringify(e.data));
+      else if (e.event === "runtime") this.runtime(e);
       else this.send(e);
     }
   }
 
-  /** Sent when the document differs from what this stream last sent. */
-  status(status: PeerStatus, text: string): void {
+  /** Sent when the document (`text`, its JSON) differs from what this stream last sent; `e` may be shared by many streams. */
+  status(e: Extract<LiveEvent, { event: "status" }>, text: string): void {
     if (this.queue) {
-      this.queue.push({ event: "status", data: status });
+      this.queue.push(e);
       return;
     }
     if (text === this.lastStatus) return;
     this.lastStatus = text;
-    this.write({ event: "status", data: status });
+    this.write(e);
   }
 
   /** Sent when `online` or the node differ from what this stream last sent (never for byte counters). */
-  runtime(runtime: Runtime): void {
+  runtime(e: Extract<LiveEvent, { event: "runtime" }>): void {
     if (this.queue) {
-      this.queue.push({ event: "runtime", data: runtime });
+      this.queue.push(e);
       return;
     }
-    const identity = `${runtime.online}:${runtime.node ?? ""}`;
+    const identity = `${e.data.online}:${e.data.node ?? ""}`;
     if (identity === this.lastRuntime) return;
     this.lastRuntime = identity;
-    this.write({ event: "runtime", data: runtime });
+    this.write(e);
   }
 
   send(e: LiveEvent): void {
@@ -327,7 +327,7 @@ class DeviceHub {
       case "status":
         if (m.v < this.statusVersion) return;
         this.statusVersion = m.v;
-        if (m.status) this.each((s) => s.status(m.status as PeerStatus, JSON.stringify(m.status)));
+        if (m.status) this.offerStatus(m.status);
         else this.read("status");
         return;
       case "runtime":
@@ -343,6 +343,13 @@ class DeviceHub {
         return;
       }
     }
+  }
+
+  /** One event object and one JSON text for every stream of the device. */
+  private offerStatus(status: PeerStatus): void {
+    const e = { event: "status" as const, data: status };
+    const text = JSON.stringify(status);
+    this.each((s) => s.status(e, text));
   }
 
   private each(fn: (s: LiveStream) => void): void {
@@ -383,11 +390,11 @@ class DeviceHub {
     };
     const work =
       kind === "status"
-        ? this.peers.status(this.key).then((status) => {
-            const text = JSON.stringify(status);
-            this.each((s) => s.status(status, text));
-          })
-        : this.peers.runtime(this.key).then((runtime) => this.each((s) => s.runtime(runtime)));
+        ? this.peers.status(this.key).then((status) => this.offerStatus(status))
+        : this.peers.runtime(this.key).then((runtime) => {
+            const e = { event: "runtime" as const, data: runtime };
+            this.each((s) => s.runtime(e));
+          });
     work.then(done, done);
   }
 }

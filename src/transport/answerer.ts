@@ -41,6 +41,8 @@ export interface PeerLink {
   bytes(): { rx: number; tx: number };
   /** Channels the link holds on to (open, or closing and not yet reported closed). */
   heldChannels(): number;
+  /** `performance.now()` of the last thing received from the device: a channel message, RTP or RTCP, a new channel. */
+  lastHeard(): number;
   /** `ip:port` of the selected remote candidate, when there is one. */
   remoteAddress(): string | undefined;
   /**
@@ -57,6 +59,9 @@ export class AnswerError extends Error {}
 /** The WebRTC stack refused the offer's SDP (the device's error, where AnswerError is this node's). */
 export class InvalidOffer extends Error {}
 
+/** The WebRTC stack could not gather this node's candidates. */
+class GatherError extends AnswerError {}
+
 let linkCounter = 0;
 const CLOSE_QUIET_MS = 15;
 /** Channel ids this side cycles through (fewer when the association has fewer streams). */
@@ -71,6 +76,16 @@ export class Answerer {
 
   /** Applies the offer and resolves with the complete answer; the link is closed on any failure. */
   async answer(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
+    try {
+      return await this.attempt(offer);
+    } catch (err) {
+      // libjuice's mux now and then fails to gather right after connections on it closed; once more.
+      if (err instanceof GatherError) return await this.attempt(offer);
+      throw err;
+    }
+  }
+
+  private async attempt(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
     const pc = new nodeDataChannel.PeerConnection(`perch-${++linkCounter}`, {
       iceServers: [],
       enableIceUdpMux: true,
@@ -102,7 +117,10 @@ export class Answerer {
       try {
         pc.setRemoteDescription(bundledCandidatesOnly(offer.sdp), "offer");
       } catch (err) {
-        throw new InvalidOffer(`the WebRTC stack refused the offer: ${(err as Error).message}`.slice(0, 300));
+        const message = (err as Error).message;
+        // Gathering this node's candidates (its UDP mux) failing is not the offer's fault.
+        if (/gather|local/i.test(message)) throw new GatherError(message);
+        throw new InvalidOffer(`the WebRTC stack refused the offer: ${message}`.slice(0, 300));
       }
       await gathered;
       pc.onGatheringStateChange(noop);
@@ -166,6 +184,7 @@ class Link implements PeerLink {
       guarded(
         (err) => this.faulted(err, "channel"),
         (dc: DataChannel) => {
+          this.heardAt = performance.now();
           this.channels.add(dc);
           if (!this.channelCb) return void this.early.push(dc);
           try {
@@ -179,6 +198,7 @@ class Link implements PeerLink {
     );
     track.onMessage(
       guarded(linkFault, (msg: Buffer) => {
+        this.heardAt = performance.now();
         // RTCP (payload types 200–204 in the second byte) shares the track; count only RTP.
         const pt = msg[1] ?? 0;
         if (pt < 200 || pt > 204) this.rtpCb?.(msg);
@@ -278,6 +298,12 @@ class Link implements PeerLink {
     return this.channels.size;
   }
 
+  private heardAt = performance.now();
+
+  lastHeard(): number {
+    return this.heardAt;
+  }
+
   bytes(): { rx: number; tx: number } {
     if (!this.pc) return { rx: 0, tx: 0 };
     return { rx: this.pc.bytesReceived(), tx: this.pc.bytesSent() };
@@ -326,6 +352,9 @@ class Link implements PeerLink {
       dc,
       () => this.channels.delete(dc),
       (err) => this.faulted(err, "channel"),
+      () => {
+        this.heardAt = performance.now();
+      },
     );
   }
 }
@@ -350,7 +379,7 @@ function closeQuietly(dc: DataChannel): void {
  * A channel as a port. A failure in what a message, the close or a drain calls (the stream and
  * whatever reads it) closes this channel only: the sink is told it failed, and `fault` reports it.
  */
-function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => void): ChannelPort {
+function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => void, heard: () => void): ChannelPort {
   let attached = false;
   return {
     label: dc.getLabel(),
@@ -387,6 +416,7 @@ function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => vo
         guarded(fail, (msg: string | Buffer | ArrayBuffer) => {
           if (failed) return;
           lastMessage = performance.now();
+          heard();
           sink.message(typeof msg === "string" ? Buffer.from(msg) : Buffer.from(msg as ArrayBuffer));
         }),
       );

@@ -1,4 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process";
+import { createSocket } from "node:dgram";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -53,6 +54,18 @@ export interface TestServer extends RunningServer {
 }
 
 /** Starts the real server in this process on a random port, with a temporary data directory. */
+/** A UDP port on the loopback address that no socket holds right now. */
+export async function freeUdpPort(): Promise<number> {
+  const socket = createSocket("udp4");
+  await new Promise<void>((resolve, reject) => {
+    socket.once("error", reject);
+    socket.bind(0, "127.0.0.1", resolve);
+  });
+  const { port } = socket.address();
+  await new Promise<void>((resolve) => socket.close(() => resolve()));
+  return port;
+}
+
 export async function startTestServer(
   o: {
     config?: ConfigInput;
@@ -66,6 +79,9 @@ export async function startTestServer(
   } = {},
 ): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
+  // The UDP port defaults to the HTTP port's number, which another process on this machine (a
+  // WebRTC peer of a test running beside) may hold as its UDP port: a free UDP port is picked here.
+  const udpPort = o.config?.webrtc?.udpPort ?? (await freeUdpPort());
   const config = loadConfig(
     {},
     {
@@ -75,6 +91,7 @@ export async function startTestServer(
       logLevel: "silent",
       rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 },
       ...o.config,
+      webrtc: { ...o.config?.webrtc, udpPort },
     },
   );
   const server = await startServer({

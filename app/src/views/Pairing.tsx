@@ -1,7 +1,7 @@
 import { useSignal } from "@preact/signals";
 import { useEffect } from "preact/hooks";
 import { ApiError, pair } from "../api.ts";
-import { type Ended, ended, pairingRequested, session } from "../state.ts";
+import { type Ended, ended, linkPending, session } from "../state.ts";
 
 const ENDED: Record<Ended, string> = {
   revoked: "The device ended this pairing. To watch it again, pair with a new device token from the device.",
@@ -42,10 +42,10 @@ export function Pairing({ initialToken, autoPair }: { initialToken: string; auto
     }
     busy.value = true;
     error.value = undefined;
+    linkPending.value = false;
     try {
       const s = await pair(value);
       ended.value = undefined;
-      pairingRequested.value = false;
       session.value = s;
     } catch (err) {
       error.value = explain(err);
