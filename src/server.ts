@@ -163,9 +163,11 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     });
   };
 
-  let port = config.port;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
-  const hostPort = (host: string) => (host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`);
+  // The port the listener is bound to (config.port may be 0: any free one), read where it is used,
+  // never captured before the listener has it.
+  const boundPort = () => (server.address() as AddressInfo | null)?.port ?? config.port;
+  const hostPort = (host: string) => (host.includes(":") ? `[${host}]:${boundPort()}` : `${host}:${boundPort()}`);
   const catalog = new Catalog(config, {
     ...(speech ? { speech: { voices: speech.voices } } : {}),
     ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
@@ -193,14 +195,22 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     logger,
     metrics,
   });
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(config.port, config.host, () => {
-      server.off("error", reject);
-      resolve();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(config.port, config.host, () => {
+        server.off("error", reject);
+        resolve();
+      });
     });
-  });
-  port = (server.address() as AddressInfo).port;
+  } catch (err) {
+    // The port is taken (or not ours): nothing that opened stays open.
+    commands.close();
+    await events.close();
+    await store.close();
+    throw err;
+  }
+  const port = boundPort();
   if (webrtcEnabled) {
     try {
       // Stream 1 serves this same application; stream 2 the Compatible API at `/v1`.

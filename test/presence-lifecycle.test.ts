@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
 import { after, describe, test } from "node:test";
+import pg from "pg";
 import { Store } from "../src/store/index.ts";
 import { type ServerProcess, STORES, spawnServer, startTestServer, tempDir } from "./support/server.ts";
 import { connect, eventually } from "./support/webrtc.ts";
@@ -117,5 +118,32 @@ for (const entry of STORES) {
         await server.stop();
       }
     });
+  });
+}
+
+for (const entry of STORES) {
+  test(`a node whose port is taken fails to start and leaves nothing of itself open (${entry.name})`, async () => {
+    const first = await startTestServer({ config: { databaseUrl: await entry.url() } });
+    const databaseUrl = await entry.url();
+    try {
+      await assert.rejects(startTestServer({ config: { databaseUrl, port: first.port, webrtc: { enabled: false } } }), /EADDRINUSE/);
+      if (databaseUrl) {
+        // The store's pool and the event bus's connection were closed: nothing connected to its database.
+        const admin = new pg.Client({ connectionString: databaseUrl.replace(/\/[^/]+$/, "/postgres") });
+        await admin.connect();
+        try {
+          const name = new URL(databaseUrl).pathname.slice(1);
+          await eventually(
+            async () => (await admin.query("select count(*)::int as n from pg_stat_activity where datname = $1", [name])).rows[0].n === 0,
+            5_000,
+            "no connection left to the database",
+          );
+        } finally {
+          await admin.end();
+        }
+      }
+    } finally {
+      await first.stop();
+    }
   });
 }

@@ -182,8 +182,12 @@ export const ConfigSchema = z
         udpPort: z.number().int().min(0).max(65535).optional(),
         /** Connections this node holds at most; more offers get 503 CAPACITY_EXCEEDED. */
         maxConnections: z.number().int().min(0).default(2000),
+        /** A device that sent nothing for this long is asked `all.ping` (see docs/decisions.md, liveness). */
+        livenessQuietMs: z.number().int().min(500).max(60_000).default(5_000),
+        /** A device that does not answer that ping within this is taken as gone and its connection closed. */
+        livenessProbeTimeoutMs: z.number().int().min(500).max(60_000).default(5_000),
       })
-      .default({ enabled: true, maxConnections: 2000 }),
+      .default({ enabled: true, maxConnections: 2000, livenessQuietMs: 5_000, livenessProbeTimeoutMs: 5_000 }),
     /** Growth bounds per device and per key (see docs/decisions.md). */
     limits: z
       .strictObject({

@@ -41,6 +41,8 @@ export interface PeerLink {
   bytes(): { rx: number; tx: number };
   /** Channels the link holds on to (open, or closing and not yet reported closed). */
   heldChannels(): number;
+  /** `performance.now()` of the last thing received from the device: a channel message, RTP or RTCP, a new channel. */
+  lastHeard(): number;
   /** `ip:port` of the selected remote candidate, when there is one. */
   remoteAddress(): string | undefined;
   /**
@@ -166,6 +168,7 @@ class Link implements PeerLink {
       guarded(
         (err) => this.faulted(err, "channel"),
         (dc: DataChannel) => {
+          this.heardAt = performance.now();
           this.channels.add(dc);
           if (!this.channelCb) return void this.early.push(dc);
           try {
@@ -179,6 +182,7 @@ class Link implements PeerLink {
     );
     track.onMessage(
       guarded(linkFault, (msg: Buffer) => {
+        this.heardAt = performance.now();
         // RTCP (payload types 200–204 in the second byte) shares the track; count only RTP.
         const pt = msg[1] ?? 0;
         if (pt < 200 || pt > 204) this.rtpCb?.(msg);
@@ -278,6 +282,12 @@ class Link implements PeerLink {
     return this.channels.size;
   }
 
+  private heardAt = performance.now();
+
+  lastHeard(): number {
+    return this.heardAt;
+  }
+
   bytes(): { rx: number; tx: number } {
     if (!this.pc) return { rx: 0, tx: 0 };
     return { rx: this.pc.bytesReceived(), tx: this.pc.bytesSent() };
@@ -326,6 +336,9 @@ class Link implements PeerLink {
       dc,
       () => this.channels.delete(dc),
       (err) => this.faulted(err, "channel"),
+      () => {
+        this.heardAt = performance.now();
+      },
     );
   }
 }
@@ -350,7 +363,7 @@ function closeQuietly(dc: DataChannel): void {
  * A channel as a port. A failure in what a message, the close or a drain calls (the stream and
  * whatever reads it) closes this channel only: the sink is told it failed, and `fault` reports it.
  */
-function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => void): ChannelPort {
+function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => void, heard: () => void): ChannelPort {
   let attached = false;
   return {
     label: dc.getLabel(),
@@ -387,6 +400,7 @@ function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => vo
         guarded(fail, (msg: string | Buffer | ArrayBuffer) => {
           if (failed) return;
           lastMessage = performance.now();
+          heard();
           sink.message(typeof msg === "string" ? Buffer.from(msg) : Buffer.from(msg as ArrayBuffer));
         }),
       );

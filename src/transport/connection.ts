@@ -69,6 +69,7 @@ type StreamService = "rpc" | "public" | "compatible";
 const SERVICE_NAMES: Record<number, StreamService> = { [SERVICE.RPC]: "rpc", [SERVICE.PUBLIC_API]: "public", [SERVICE.COMPATIBLE_API]: "compatible" };
 
 export type CloseReason =
+  | "unresponsive"
   | "internal error"
   | "event stream closed"
   | "event stream deadline"
@@ -138,6 +139,11 @@ export class Connection {
 
   get active(): boolean {
     return this.state === "active";
+  }
+
+  /** `performance.now()` of the last thing the device sent. */
+  lastHeard(): number {
+    return this.link.lastHeard();
   }
 
   /** Service streams open now (HTTP and Peer RPC, either side's). */

@@ -12,6 +12,7 @@ import type { VoiceHost } from "../voice/port.ts";
 import { Answerer, InvalidOffer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
+import { Liveness, type LivenessOptions } from "./liveness.ts";
 import { type TransportCensus, TransportMetrics } from "./metrics.ts";
 import { inspectOffer } from "./sdp.ts";
 
@@ -30,6 +31,8 @@ export interface TransportOptions {
   bindAddress: string | undefined;
   publicAddress: string | undefined;
   maxConnections: number;
+  /** When a quiet device is asked whether it is there, and how long it has to answer. */
+  liveness: LivenessOptions;
   /** Served on stream 1. */
   publicApi: FetchApp;
   /** Served on stream 2: the Compatible API, mounted at `/v1`. */
@@ -59,6 +62,7 @@ export class WebRtcTransport implements ConnectionHost {
   private readonly byKey = new Map<string, Connection>();
   private readonly http: Record<1 | 2, Server>;
   private readonly ticker: NodeJS.Timeout;
+  private readonly liveness: Liveness;
   private ticking = false;
   private lastRefresh = 0;
   private closing: Promise<void> | undefined;
@@ -84,6 +88,11 @@ export class WebRtcTransport implements ConnectionHost {
     this.http = { 1: this.streamServer(o.publicApi), 2: this.streamServer(o.compatibleApi) };
     this.ticker = setInterval(() => void this.tick(), OWNERSHIP_CHECK_MS);
     this.ticker.unref();
+    this.liveness = new Liveness(
+      o.liveness,
+      () => this.byKey.values(),
+      (err) => this.logger.error({ err }, "liveness check failed"),
+    );
   }
 
   /** Connections held now. */
@@ -254,6 +263,7 @@ export class WebRtcTransport implements ConnectionHost {
   close(): Promise<void> {
     this.closing ??= (async () => {
       clearInterval(this.ticker);
+      this.liveness.stop();
       this.heartbeat?.stop();
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
       await this.domain.presence.leave().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
