@@ -100,6 +100,16 @@ for (const store of STORES) {
       assert.equal(await refusal(await EventStream.open(server.url, phone.accessToken)), "401 INVALID_SESSION");
     });
 
+    test("the route is in the OpenAPI document as an event stream with its refusals", async () => {
+      const doc = (await (await fetch(`${server.url}/openapi.json`)).json()) as {
+        paths: Record<string, { get?: { responses: Record<string, { content?: object }> } }>;
+      };
+      const get = doc.paths["/side-control/events"]?.get;
+      assert.ok(get, "documented");
+      assert.deepEqual(Object.keys(get.responses["200"]?.content ?? {}), ["text/event-stream"]);
+      for (const status of ["401", "403", "429"]) assert.ok(get.responses[status], `documents ${status}`);
+    });
+
     test("a keep-alive comment on an idle stream", async () => {
       const { phone } = await pair(server);
       const stream = await EventStream.must(server.url, phone.accessToken);

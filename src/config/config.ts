@@ -186,8 +186,10 @@ export const ConfigSchema = z
         livenessQuietMs: z.number().int().min(500).max(60_000).default(5_000),
         /** A device that does not answer that ping within this is taken as gone and its connection closed. */
         livenessProbeTimeoutMs: z.number().int().min(500).max(60_000).default(5_000),
+        /** On SQLite: how often the node looks for another process's commit (a peer blocked or removed with the command line). */
+        peerPollMs: z.number().int().min(0).max(60_000).default(500),
       })
-      .default({ enabled: true, maxConnections: 2000, livenessQuietMs: 5_000, livenessProbeTimeoutMs: 5_000 }),
+      .default({ enabled: true, maxConnections: 2000, livenessQuietMs: 5_000, livenessProbeTimeoutMs: 5_000, peerPollMs: 500 }),
     /** Growth bounds per device and per key (see docs/decisions.md). */
     limits: z
       .strictObject({

@@ -62,6 +62,10 @@ export interface StoreOptions {
  */
 export class Store {
   readonly dialect: DialectName;
+  /** The SQLite file (for a connection of one's own, as the transport's watch of other processes' commits), if any. */
+  get sqliteFile(): string | undefined {
+    return this.database.file;
+  }
   /** SQLite has one connection, so its transactions are grouped into shared commits. */
   private readonly groupCommit: GroupCommit | undefined;
   private readonly readers: Repositories;

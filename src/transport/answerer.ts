@@ -59,6 +59,9 @@ export class AnswerError extends Error {}
 /** The WebRTC stack refused the offer's SDP (the device's error, where AnswerError is this node's). */
 export class InvalidOffer extends Error {}
 
+/** The WebRTC stack could not gather this node's candidates. */
+class GatherError extends AnswerError {}
+
 let linkCounter = 0;
 const CLOSE_QUIET_MS = 15;
 /** Channel ids this side cycles through (fewer when the association has fewer streams). */
@@ -73,6 +76,16 @@ export class Answerer {
 
   /** Applies the offer and resolves with the complete answer; the link is closed on any failure. */
   async answer(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
+    try {
+      return await this.attempt(offer);
+    } catch (err) {
+      // libjuice's mux now and then fails to gather right after connections on it closed; once more.
+      if (err instanceof GatherError) return await this.attempt(offer);
+      throw err;
+    }
+  }
+
+  private async attempt(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
     const pc = new nodeDataChannel.PeerConnection(`perch-${++linkCounter}`, {
       iceServers: [],
       enableIceUdpMux: true,
@@ -104,7 +117,10 @@ export class Answerer {
       try {
         pc.setRemoteDescription(bundledCandidatesOnly(offer.sdp), "offer");
       } catch (err) {
-        throw new InvalidOffer(`the WebRTC stack refused the offer: ${(err as Error).message}`.slice(0, 300));
+        const message = (err as Error).message;
+        // Gathering this node's candidates (its UDP mux) failing is not the offer's fault.
+        if (/gather|local/i.test(message)) throw new GatherError(message);
+        throw new InvalidOffer(`the WebRTC stack refused the offer: ${message}`.slice(0, 300));
       }
       await gathered;
       pc.onGatheringStateChange(noop);

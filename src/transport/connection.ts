@@ -69,6 +69,8 @@ type StreamService = "rpc" | "public" | "compatible";
 const SERVICE_NAMES: Record<number, StreamService> = { [SERVICE.RPC]: "rpc", [SERVICE.PUBLIC_API]: "public", [SERVICE.COMPATIBLE_API]: "compatible" };
 
 export type CloseReason =
+  | "blocked"
+  | "removed"
   | "unresponsive"
   | "internal error"
   | "event stream closed"

@@ -65,6 +65,7 @@ export async function startTransport(
     bindAddress,
     publicAddress,
     maxConnections: config.webrtc.maxConnections,
+    peerPollMs: config.webrtc.peerPollMs,
     liveness: { quietMs: config.webrtc.livenessQuietMs, probeTimeoutMs: config.webrtc.livenessProbeTimeoutMs, checkEveryMs: 1_000 },
     publicApi: o.publicApi,
     compatibleApi: o.compatibleApi,

@@ -14,6 +14,7 @@ import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
 import { Liveness, type LivenessOptions } from "./liveness.ts";
 import { type TransportCensus, TransportMetrics } from "./metrics.ts";
+import { PeerWatch } from "./peer-watch.ts";
 import { inspectOffer } from "./sdp.ts";
 
 /** A web-standard application: the Public API's `fetch`, or the Compatible API's. */
@@ -33,6 +34,8 @@ export interface TransportOptions {
   maxConnections: number;
   /** When a quiet device is asked whether it is there, and how long it has to answer. */
   liveness: LivenessOptions;
+  /** On SQLite: how often another process's commits are looked for (peers blocked or removed). */
+  peerPollMs: number;
   /** Served on stream 1. */
   publicApi: FetchApp;
   /** Served on stream 2: the Compatible API, mounted at `/v1`. */
@@ -63,6 +66,7 @@ export class WebRtcTransport implements ConnectionHost {
   private readonly http: Record<1 | 2, Server>;
   private readonly ticker: NodeJS.Timeout;
   private readonly liveness: Liveness;
+  private readonly peerWatch: PeerWatch;
   private ticking = false;
   private lastRefresh = 0;
   private closing: Promise<void> | undefined;
@@ -93,6 +97,18 @@ export class WebRtcTransport implements ConnectionHost {
       () => this.byKey.values(),
       (err) => this.logger.error({ err }, "liveness check failed"),
     );
+    this.peerWatch = new PeerWatch({
+      domain: o.domain,
+      connected: () => [...this.byKey.keys()],
+      cut: (key, why) => {
+        const c = this.byKey.get(key);
+        if (!c) return;
+        this.logger.info({ peer: key, why }, "closing the connection of a peer blocked or removed");
+        void c.close(why);
+      },
+      pollMs: o.peerPollMs,
+      onError: (err) => this.logger.warn({ err }, "watching for blocked and removed peers failed"),
+    });
   }
 
   /** Connections held now. */
@@ -264,6 +280,7 @@ export class WebRtcTransport implements ConnectionHost {
     this.closing ??= (async () => {
       clearInterval(this.ticker);
       this.liveness.stop();
+      this.peerWatch.stop();
       this.heartbeat?.stop();
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
       await this.domain.presence.leave().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
