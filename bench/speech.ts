@@ -1,17 +1,39 @@
 /**
  * `npm run bench -- speech`: the embedded engines measured in this process, without HTTP.
- * Speech: time to first byte and total time per format for a 30-word sentence, per voice kind
- * (alloy is flite's diphone voice, nova a clustergen one). Transcription: real-time factor
- * (recognition wall time over audio duration) and word error rate on synthesized sentences.
+ *
+ * Speech (flite): time to first byte and total time per format for a 30-word sentence (alloy and
+ * nova), time to first byte per voice, and each voice's round-trip word error rate (synthesise,
+ * then recognise with the embedded recogniser) — what the voice mapping is chosen by.
+ *
+ * Transcription (Moonshine + Silero): word error rate on sentences espeak-ng speaks in two voices
+ * (a synthesiser Perch was not tuned on), clean and with white noise at 20 dB SNR; real-time factor
+ * one request at a time and four at once; model load time and the worker processes' resident
+ * memory; and the end-of-turn latency of live recognition: a 2 s utterance pushed in 20 ms packets
+ * with partials as a conversation asks for them, 300 ms of silence in real time (the turn
+ * detector's), then `finish()` timed; "cold" is `finish()` with nothing recognised before.
  */
+import { readFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
-import { createSpeechEngine, createTranscriptionEngine, ffmpegPath, SPEECH_FORMATS } from "../src/ai/speech/index.ts";
-import { ROUND_TRIP_SENTENCES as SENTENCES, wordErrorRate } from "../test/support/speech.ts";
+import { setImmediate, setTimeout as sleep } from "node:timers/promises";
+import { createSpeechEngine, createTranscriptionEngine, ffmpegPath, SPEECH_FORMATS, VOICES } from "../src/ai/speech/index.ts";
+import { concatSamples, ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES as SENTENCES, silence, wavFile, withNoise, wordErrorRate } from "../test/support/speech.ts";
 import { percentiles, round } from "./support.ts";
 
-const RUNS = Number(process.env.BENCH_SPEECH_RUNS ?? 7);
+const RUNS = Number(process.env.BENCH_SPEECH_RUNS ?? 5);
 const SENTENCE =
   "The small device on the kitchen table reports its battery level, its temperature and its location to the server every minute, and it answers questions about the weather for today.";
+const SNR_DB = 20;
+
+function rssMb(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, "utf8");
+  return round(Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0) / 1024);
+}
+
+async function bytesOf(audio: AsyncIterable<Uint8Array>): Promise<Buffer> {
+  const parts: Uint8Array[] = [];
+  for await (const p of audio) parts.push(p);
+  return Buffer.concat(parts);
+}
 
 export async function speechBench(): Promise<unknown> {
   const words = SENTENCE.split(" ").length;
@@ -21,65 +43,128 @@ export async function speechBench(): Promise<unknown> {
   await speech.warmUp();
   const warmUpMs = performance.now() - warmUpStarted;
 
+  const timeSynthesis = async (voice: string, format: (typeof SPEECH_FORMATS)[number]) => {
+    const first: number[] = [];
+    const total: number[] = [];
+    let bytes = 0;
+    for (let i = 0; i < RUNS; i++) {
+      const started = performance.now();
+      let firstByte = 0;
+      bytes = 0;
+      for await (const chunk of speech.synthesize({ text: SENTENCE, voice, format, speed: 1 })) {
+        if (bytes === 0) firstByte = performance.now() - started;
+        bytes += chunk.length;
+      }
+      first.push(firstByte);
+      total.push(performance.now() - started);
+    }
+    return { first_byte_ms: { p50: percentiles(first).p50, max: round(Math.max(...first)) }, total_ms: { p50: percentiles(total).p50 }, bytes };
+  };
+
   const synthesis: Record<string, Record<string, unknown>> = {};
   for (const voice of ["alloy", "nova"]) {
     synthesis[voice] = {};
-    for (const format of SPEECH_FORMATS) {
-      const first: number[] = [];
-      // Headers (ID3, OggS/OpusHead, RIFF, fLaC) are written once the first audio reaches ffmpeg; 1 KiB is audio in every format.
-      const firstKib: number[] = [];
-      const total: number[] = [];
-      let bytes = 0;
-      for (let i = 0; i < RUNS; i++) {
-        const started = performance.now();
-        let firstByte = 0;
-        let kib = 0;
-        bytes = 0;
-        for await (const chunk of speech.synthesize({ text: SENTENCE, voice, format, speed: 1 })) {
-          if (bytes === 0) firstByte = performance.now() - started;
-          bytes += chunk.length;
-          if (kib === 0 && bytes >= 1024) kib = performance.now() - started;
-        }
-        first.push(firstByte);
-        firstKib.push(kib);
-        total.push(performance.now() - started);
-      }
-      const f = percentiles(first);
-      const t = percentiles(total);
-      synthesis[voice][format] = {
-        first_byte_ms: { p50: round(f.p50), max: round(Math.max(...first)) },
-        first_kib_ms: { p50: percentiles(firstKib).p50 },
-        total_ms: { p50: round(t.p50), max: round(Math.max(...total)) },
-        bytes,
-      };
-    }
+    for (const format of SPEECH_FORMATS) synthesis[voice][format] = await timeSynthesis(voice, format);
   }
 
   const recogniser = createTranscriptionEngine();
-  let transcription: unknown;
-  {
-    const text = SENTENCES.join(" ");
-    const chunks: Uint8Array[] = [];
-    for await (const chunk of speech.synthesize({ text, voice: "echo", format: "wav", speed: 1 })) chunks.push(chunk);
-    const audio = Buffer.concat(chunks);
-    const factors: number[] = [];
-    let wer = 0;
-    let duration = 0;
-    for (let i = 0; i < 3; i++) {
-      const started = performance.now();
-      const transcript = await recogniser.transcribe({ audio });
-      factors.push((performance.now() - started) / 1000 / transcript.duration);
-      wer = wordErrorRate(text, transcript.text);
-      duration = transcript.duration;
-    }
-    transcription = {
-      available: true,
-      audio_seconds: round(duration),
-      real_time_factor: { min: round(Math.min(...factors)), p50: percentiles(factors).p50 },
-      word_error_rate: round(wer),
-      goal_real_time_factor: 0.3,
+  const loadStarted = performance.now();
+  await recogniser.start();
+  const loadMs = performance.now() - loadStarted;
+
+  // Per voice: time to first byte (mp3) and the round trip through the recogniser.
+  const voices: Record<string, unknown> = {};
+  const roundTripText = SENTENCES.join(" ");
+  for (const [voice, flite] of Object.entries(VOICES)) {
+    const timing = await timeSynthesis(voice, "mp3");
+    const wav = await bytesOf(speech.synthesize({ text: roundTripText, voice, format: "wav", speed: 1 }));
+    const heard = await recogniser.transcribe({ audio: wav });
+    voices[voice] = {
+      flite_voice: flite.name,
+      ...(flite.features ? { features: flite.features } : {}),
+      first_byte_ms: timing.first_byte_ms,
+      round_trip_wer: round(wordErrorRate(roundTripText, heard.text)),
     };
   }
+
+  // espeak-ng: the ten sentences half a second apart, per voice.
+  const sets: Array<{ name: string; clean: Float32Array; noisy: Float32Array }> = [];
+  for (const v of ESPEAK_VOICES) {
+    const parts: Float32Array[] = [silence(0.5)];
+    for (const s of SENTENCES) parts.push(await espeak(s, v.args), silence(0.5));
+    const clean = concatSamples(parts);
+    sets.push({ name: v.name, clean, noisy: withNoise(clean, SNR_DB) });
+  }
+  const werOf = async (audio: Float32Array) => wordErrorRate(roundTripText, (await recogniser.transcribe({ audio: wavFile(audio) })).text);
+  const accuracy: Record<string, unknown> = {};
+  let cleanSum = 0;
+  let noisySum = 0;
+  for (const set of sets) {
+    const clean = await werOf(set.clean);
+    const noisy = await werOf(set.noisy);
+    cleanSum += clean;
+    noisySum += noisy;
+    accuracy[set.name] = { clean: round(clean), noisy: round(noisy) };
+  }
+
+  // Real-time factor: wall time over audio duration, one at a time, then four at once.
+  const files = sets.map((s) => wavFile(s.clean));
+  const audioSeconds = sets.reduce((n, s) => n + s.clean.length / 16_000, 0);
+  const sequential: number[] = [];
+  for (let r = 0; r < 2; r++) {
+    const started = performance.now();
+    for (const f of files) await recogniser.transcribe({ audio: f });
+    sequential.push((performance.now() - started) / 1000 / audioSeconds);
+  }
+  const concurrent = createTranscriptionEngine({ concurrency: 4, maxQueued: 4 });
+  await concurrent.start();
+  const four = [...files, ...files];
+  const concurrentStarted = performance.now();
+  await Promise.all(four.map((f) => concurrent.transcribe({ audio: f })));
+  const concurrentRtf = (performance.now() - concurrentStarted) / 1000 / (audioSeconds * 2);
+  await concurrent.close();
+
+  // End of turn: a 2 s utterance, as a conversation feeds it.
+  const endOfTurn: number[] = [];
+  const coldFinish: number[] = [];
+  let utteranceSeconds = 0;
+  let heardText = "";
+  const utteranceText = "Turn on the kitchen lights.";
+  for (const v of ESPEAK_VOICES) {
+    const utterance = await espeak(utteranceText, v.args);
+    utteranceSeconds = utterance.length / 16_000;
+    for (let r = 0; r < 3; r++) {
+      const asr = recogniser.createIncrementalRecogniser();
+      // 20 ms packets; a conversation asks for a partial every 0.5 s of audio and does not wait for it.
+      for (let at = 0; at < utterance.length; at += 320) {
+        asr.push(utterance.subarray(at, at + 320));
+        if (at % 8000 < 320) void asr.partial().catch(() => {});
+        await setImmediate();
+      }
+      // The turn detector reports the end of speech after 300 ms of silence, arriving in real time.
+      for (let i = 0; i < 15; i++) {
+        asr.push(silence(0.02));
+        await sleep(20);
+      }
+      const started = performance.now();
+      heardText = await asr.finish();
+      endOfTurn.push(performance.now() - started);
+      const cold = recogniser.createIncrementalRecogniser();
+      cold.push(utterance);
+      const coldStarted = performance.now();
+      await cold.finish();
+      coldFinish.push(performance.now() - coldStarted);
+    }
+  }
+
+  const pids = recogniser.pids();
+  const memory = {
+    recogniser_process_rss_mb: pids.recogniser.map(rssMb)[0],
+    vad_process_rss_mb: pids.vad.map(rssMb)[0],
+    server_process_rss_mb: round(process.memoryUsage().rss / 1024 / 1024),
+  };
+  await recogniser.close();
+
   return {
     suite: "speech",
     cpus: availableParallelism(),
@@ -91,6 +176,22 @@ export async function speechBench(): Promise<unknown> {
     warm_up_ms: round(warmUpMs),
     goal_first_byte_ms: 150,
     synthesis,
-    transcription,
+    voices,
+    transcription: {
+      engine: "moonshine base int8 + silero vad v5 (onnxruntime-node, cpu)",
+      load_ms: round(loadMs),
+      memory,
+      espeak_sentences: SENTENCES.length,
+      audio_seconds: round(audioSeconds),
+      word_error_rate: { clean: round(cleanSum / sets.length), noisy: round(noisySum / sets.length), noise: `white, ${SNR_DB} dB SNR`, per_voice: accuracy },
+      real_time_factor: { one_at_a_time: percentiles(sequential).p50, four_concurrent: round(concurrentRtf) },
+      end_of_turn_ms: {
+        utterance_seconds: round(utteranceSeconds),
+        after_partials: { p50: percentiles(endOfTurn).p50, max: round(Math.max(...endOfTurn)) },
+        cold: { p50: percentiles(coldFinish).p50, max: round(Math.max(...coldFinish)) },
+        text: heardText,
+      },
+      goals: { wer_clean: 0.08, wer_noisy: 0.15, real_time_factor: 0.1, end_of_turn_ms: 150 },
+    },
   };
 }

@@ -86,18 +86,36 @@ function createLogger(config: Config): Logger {
   return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: 4096 }));
 }
 
-/** Opens the store, builds the domain and the HTTP app, and listens. */
-export async function startServer(o: StartOptions): Promise<RunningServer> {
-  const { config } = o;
-  const clock = o.clock ?? systemClock;
-  const logger = o.logger ?? createLogger(config);
-  // An agent's voice (for the device's audio) must be one the speech engine has; checked before anything opens.
-  const { speech, transcription } = o.engines ?? embeddedEngines();
+/** An agent's voice (for the device's audio) must be one the speech engine has: checked before anything opens. */
+function checkConfig(config: Config, speech: SpeechEngine | undefined): void {
   config.agents.forEach((a, i) => {
     if (a.voice !== undefined && speech && !speech.voices.includes(a.voice)) {
       throw new ConfigError(`invalid configuration at agents.${i}.voice: unknown voice ${a.voice}; tts-1 has ${speech.voices.join(", ")}`);
     }
   });
+}
+
+/** A node built but not yet listening: its store and event bus are open, nothing accepts connections. */
+export interface BuiltServer {
+  domain: Domain;
+  store: Store;
+  events: EventBus;
+  commands: Commands;
+  /** The HTTP server, not yet listening. */
+  httpServer: Server;
+  /** Listens on `config.port` (0: any free one), starts the WebRTC transport when enabled, and the node's timers. Once only. */
+  listen(): Promise<RunningServer>;
+  /** Closes what `buildServer` opened, for a node that never listened (a failed `listen()` does this itself). */
+  close(): Promise<void>;
+}
+
+/** Validates the configuration, opens the store and the event bus, and builds the domain and the HTTP app; listens on nothing. */
+export async function buildServer(o: StartOptions): Promise<BuiltServer> {
+  const { config } = o;
+  const clock = o.clock ?? systemClock;
+  const logger = o.logger ?? createLogger(config);
+  const { speech, transcription } = o.engines ?? embeddedEngines();
+  checkConfig(config, speech);
   const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
   const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
   const store = await Store.open(config.databaseUrl, config.dataDir, {
@@ -119,6 +137,7 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
   const build = buildInfo();
   const webrtcEnabled = config.webrtc.enabled;
   const identity = { version: build.version, buildCommit: build.commit, ice: { udp: webrtcEnabled, tcp: false } };
+  // Set by listen() once the transport runs; the WebRTC port and the command handler read it when called.
   let transport: WebRtcTransport | undefined;
   const webrtc: WebRtcPort = {
     answer: (offer, timing) => {
@@ -195,104 +214,145 @@ export async function startServer(o: StartOptions): Promise<RunningServer> {
     logger,
     metrics,
   });
-  try {
-    await new Promise<void>((resolve, reject) => {
-      server.once("error", reject);
-      server.listen(config.port, config.host, () => {
-        server.off("error", reject);
-        resolve();
-      });
-    });
-  } catch (err) {
-    // The port is taken (or not ours): nothing that opened stays open.
-    commands.close();
-    await events.close();
-    await store.close();
-    throw err;
-  }
-  const port = boundPort();
-  if (webrtcEnabled) {
-    try {
-      // Stream 1 serves this same application; stream 2 the Compatible API at `/v1`.
-      const compatibleApi = createSurfacesApp({ domain, logger, metrics }, (callers) => [compat("/v1")(callers)]);
-      const voice = await startVoice();
-      transport = await startTransport(config, {
-        voice,
-        domain,
-        logger,
-        registry: metrics.registry,
-        httpMetrics: metrics,
-        httpPort: port,
-        publicApi: app.fetch,
-        compatibleApi: compatibleApi.fetch,
-      });
-    } catch (err) {
-      server.close();
+
+  let closed: Promise<void> | undefined;
+  /** What was opened before listening, closed in reverse order. */
+  const closeOpened = () => {
+    closed ??= (async () => {
       commands.close();
       await events.close();
       await store.close();
+    })();
+    return closed;
+  };
+  let listening = false;
+
+  const listen = async (): Promise<RunningServer> => {
+    if (listening) throw new Error("listen() was already called on this server");
+    listening = true;
+    try {
+      await new Promise<void>((resolve, reject) => {
+        server.once("error", reject);
+        server.listen(config.port, config.host, () => {
+          server.off("error", reject);
+          resolve();
+        });
+      });
+    } catch (err) {
+      // The port is taken (or not ours): nothing that opened stays open.
+      await closeOpened();
       throw err;
     }
-  }
+    if (webrtcEnabled) {
+      try {
+        // Stream 1 serves this same application; stream 2 the Compatible API at `/v1`.
+        const compatibleApi = createSurfacesApp({ domain, logger, metrics }, (callers) => [compat("/v1")(callers)]);
+        const voice = await startVoice();
+        transport = await startTransport(config, {
+          voice,
+          domain,
+          logger,
+          registry: metrics.registry,
+          httpMetrics: metrics,
+          httpPort: boundPort(),
+          publicApi: app.fetch,
+          compatibleApi: compatibleApi.fetch,
+        });
+      } catch (err) {
+        server.close();
+        await closeOpened();
+        throw err;
+      }
+    }
 
-  let cleaning = false;
-  const cleanup = setInterval(() => {
-    if (cleaning) return;
-    cleaning = true;
-    const now = clock.now();
-    store
-      .deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS)
-      .catch((err) => logger.warn({ err }, "cleanup of expired rows failed"))
-      .finally(() => (cleaning = false));
-  }, o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS);
-  cleanup.unref();
+    let cleaning = false;
+    const cleanup = setInterval(() => {
+      if (cleaning) return;
+      cleaning = true;
+      const now = clock.now();
+      store
+        .deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS)
+        .catch((err) => logger.warn({ err }, "cleanup of expired rows failed"))
+        .finally(() => (cleaning = false));
+    }, o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS);
+    cleanup.unref();
 
-  const url = `http://${hostPort(wildcard ? "127.0.0.1" : config.host)}`;
-  // The start-up line is written at any level but "silent": operators and scripts look for it.
-  const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
-  startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
-  // The recogniser's models load in their worker threads while the server already answers.
-  transcription?.start?.().catch((err: unknown) => logger.error({ err }, "the transcription engine could not load its models"));
-  if (o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
-    (speech.warmUp as () => Promise<void>)().catch((err: unknown) => logger.warn({ err }, "speech engine warm-up failed"));
-  }
-  logger.flush();
-  const logFlush = setInterval(() => logger.flush(), LOG_FLUSH_INTERVAL_MS);
-  logFlush.unref();
+    // The start-up line is written at any level but "silent": operators and scripts look for it.
+    const startup = logger.level === "silent" ? logger : logger.child({}, { level: "info" });
+    startup.info({ address: hostPort(config.host), server_public_key: serverKey.publicKeyText, store: store.dialect }, "perch listening");
+    // The recogniser's models load in their worker threads while the server already answers.
+    transcription?.start?.().catch((err: unknown) => logger.error({ err }, "the transcription engine could not load its models"));
+    if (o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
+      (speech.warmUp as () => Promise<void>)().catch((err: unknown) => logger.warn({ err }, "speech engine warm-up failed"));
+    }
+    logger.flush();
+    const logFlush = setInterval(() => logger.flush(), LOG_FLUSH_INTERVAL_MS);
+    logFlush.unref();
 
-  let closing: Promise<void> | undefined;
+    let closing: Promise<void> | undefined;
+    return {
+      url: `http://${hostPort(wildcard ? "127.0.0.1" : config.host)}`,
+      port: boundPort(),
+      domain,
+      store,
+      httpServer: server,
+      transport,
+      events,
+      commands,
+      close() {
+        closing ??= shutdown({ server, domain, transport, closeOpened, logger, cleanup, logFlush });
+        return closing;
+      },
+    };
+  };
+
   return {
-    url,
-    port,
     domain,
     store,
-    httpServer: server,
-    transport,
     events,
     commands,
-    close() {
-      closing ??= (async () => {
-        clearInterval(cleanup);
-        // Stop accepting first; then close the WebRTC connections while requests finish.
-        const stopped = new Promise<void>((resolve) => {
-          server.close(() => resolve());
-          server.closeIdleConnections();
-          // A kept-alive connection whose in-flight response finishes later is closed too: close()
-          // waits for requests, not for idle clients to hang up (up to the keep-alive timeout).
-          const sweep = setInterval(() => server.closeIdleConnections(), 50);
-          server.once("close", () => clearInterval(sweep));
-        });
-        // Event streams never finish by themselves: they end here, and their clients reconnect elsewhere.
-        domain.live.close();
-        await transport?.close();
-        await stopped;
-        commands.close();
-        await events.close();
-        await store.close();
-        clearInterval(logFlush);
-        logger.flush();
-      })();
-      return closing;
+    httpServer: server,
+    listen,
+    close: () => {
+      if (listening) return Promise.reject(new Error("the server listens: close the RunningServer that listen() returned"));
+      return closeOpened();
     },
   };
+}
+
+/**
+ * Stops accepting first; closes the event streams and the WebRTC connections while in-flight
+ * requests finish; then closes the bus and the store, and flushes the log.
+ */
+async function shutdown(n: {
+  server: Server;
+  domain: Domain;
+  transport: WebRtcTransport | undefined;
+  closeOpened: () => Promise<void>;
+  logger: Logger;
+  cleanup: NodeJS.Timeout;
+  logFlush: NodeJS.Timeout;
+}): Promise<void> {
+  const { server } = n;
+  clearInterval(n.cleanup);
+  const stopped = new Promise<void>((resolve) => {
+    server.close(() => resolve());
+    server.closeIdleConnections();
+    // A kept-alive connection whose in-flight response finishes later is closed too: close()
+    // waits for requests, not for idle clients to hang up (up to the keep-alive timeout).
+    const sweep = setInterval(() => server.closeIdleConnections(), 50);
+    server.once("close", () => clearInterval(sweep));
+  });
+  // Event streams never finish by themselves: they end here, and their clients reconnect elsewhere.
+  n.domain.live.close();
+  await n.transport?.close();
+  await stopped;
+  await n.closeOpened();
+  clearInterval(n.logFlush);
+  n.logger.flush();
+}
+
+/** Builds the node and listens: `buildServer(o)` then `listen()`. */
+export async function startServer(o: StartOptions): Promise<RunningServer> {
+  return (await buildServer(o)).listen();
 }

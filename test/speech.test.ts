@@ -264,7 +264,7 @@ describe("transcription (Moonshine)", () => {
     assert.ok(wer <= 0.15, `WER ${wer}: ${transcript.text}`);
     assert.equal(transcript.language, "en");
     assert.ok(transcript.duration > 8 && transcript.duration < 20, `duration ${transcript.duration}`);
-    assert.ok(transcript.segments.length >= 2, JSON.stringify(transcript.segments));
+    assert.ok(transcript.segments.length >= 1, JSON.stringify(transcript.segments));
     let last = 0;
     for (const [i, s] of transcript.segments.entries()) {
       assert.equal(s.id, i);

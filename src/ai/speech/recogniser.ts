@@ -16,7 +16,8 @@
  *   const text = await asr.finish();                 // final text of everything pushed; starts a new utterance
  *
  * `partial()` recognises again only once ≥ 0.5 s of new audio has arrived and at most the last 10 s;
- * `finish()` reuses the last partial when nothing but silence came after it.
+ * 150 ms of silence after speech starts recognising the whole utterance on its own, and `finish()`
+ * reuses that (or the last partial) when nothing but silence came after it.
  */
 import { availableParallelism } from "node:os";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
@@ -64,6 +65,11 @@ export class MoonshineEngine implements TranscriptionEngine {
   /** Transcriptions running and waiting for a slot. */
   get load(): { running: number; queued: number } {
     return { running: this.queue.running, queued: this.queue.queued };
+  }
+
+  /** The worker processes holding the models. */
+  pids(): { recogniser: number[]; vad: number[] } {
+    return { recogniser: this.recogniserPool?.pids() ?? [], vad: this.vadPool?.pids() ?? [] };
   }
 
   /** Starts loading both models in their workers (once); resolves when they are ready. */
@@ -189,10 +195,19 @@ export class LiveVad {
 const PARTIAL_STEP = 0.5;
 /** Partial text covers at most this much of the latest audio. */
 const PARTIAL_WINDOW = 10;
-/** Below this RMS (of 1) new audio is silence for `finish()`'s reuse of the last partial. */
+/** Below this RMS (of 1) audio is silence: for `finish()`'s reuse and the end-of-speech guess. */
 const SILENCE_RMS = 0.01;
+/** This much silence after speech starts recognising the utterance before anyone asks. */
+const SPECULATE_AFTER = 0.15;
+/** Energy is judged in blocks of 20 ms. */
+const BLOCK = 320;
 const MAX_UTTERANCE = 20;
 
+/**
+ * One live stream's utterance. Recognition of the whole utterance starts on its own as soon as
+ * 150 ms of silence follow speech (the turn detector reports the end of speech only after its own
+ * silence, 300 ms or more): `finish()` then has the text already, or soon, instead of starting then.
+ */
 export class IncrementalRecogniser {
   private readonly engine: MoonshineEngine;
   private chunks: Float32Array[] = [];
@@ -200,6 +215,12 @@ export class IncrementalRecogniser {
   private last: { samples: number; text: string } | undefined;
   private running: Promise<string> | undefined;
   private runningSamples = 0;
+  /** Samples of silence at the end of the utterance so far. */
+  private quietTail = 0;
+  /** Whether speech (loud audio) arrived after the audio the last recognition covered. */
+  private spokeSinceJob = false;
+  /** A block's worth of samples not yet judged. */
+  private pending = new Float32Array(0);
 
   constructor(engine: MoonshineEngine) {
     this.engine = engine;
@@ -215,6 +236,19 @@ export class IncrementalRecogniser {
     const audio = pcm instanceof Float32Array ? pcm.slice() : toFloat32(pcm);
     this.chunks.push(audio);
     this.samples += audio.length;
+    const blocks = concat(this.pending, audio);
+    let at = 0;
+    for (; at + BLOCK <= blocks.length; at += BLOCK) {
+      if (quiet(blocks.subarray(at, at + BLOCK))) this.quietTail += BLOCK;
+      else {
+        this.quietTail = 0;
+        this.spokeSinceJob = true;
+      }
+    }
+    this.pending = blocks.slice(at);
+    if (this.spokeSinceJob && !this.running && this.quietTail >= SPECULATE_AFTER * RATE && this.samples <= PARTIAL_WINDOW * RATE) {
+      this.recognise(this.audio(), this.samples).catch(() => {});
+    }
   }
 
   /** The text of the utterance so far: recognised again at most every 0.5 s of audio, over at most the last 10 s. */
@@ -231,12 +265,15 @@ export class IncrementalRecogniser {
     const audio = this.audio();
     this.chunks = [];
     this.samples = 0;
+    this.quietTail = 0;
+    this.spokeSinceJob = false;
+    this.pending = new Float32Array(0);
     const last = this.last;
     this.last = undefined;
     const running = this.running;
     const runningSamples = this.runningSamples;
     this.running = undefined;
-    // A partial of everything but trailing silence is the final text already.
+    // A recognition of everything but trailing silence is the final text already.
     if (running && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(runningSamples))) return running;
     if (running) await running.catch(() => {});
     if (last && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(last.samples))) return last.text;
@@ -250,6 +287,7 @@ export class IncrementalRecogniser {
 
   private recognise(window: Float32Array, samples: number): Promise<string> {
     this.runningSamples = samples;
+    this.spokeSinceJob = false;
     const job = this.engine
       .recognise(window.slice(), LIVE)
       .then((raw) => {

@@ -43,6 +43,8 @@ interface Runner {
   ref(): void;
   unref(): void;
   terminate(): Promise<void>;
+  /** The child's process id (process isolation only). */
+  pid?: number | undefined;
 }
 
 function threadRunner(options: WorkerPoolOptions): Runner {
@@ -71,6 +73,7 @@ function processRunner(options: WorkerPoolOptions): Runner {
   });
   const channel = () => child.channel as { ref(): void; unref(): void } | null | undefined;
   return {
+    pid: child.pid,
     post: (message) => {
       if (child.connected) child.send(message as object);
     },
@@ -150,6 +153,11 @@ export class WorkerPool<Req, Res> {
     // Someone waits: the workers still loading keep the process alive until they are ready.
     for (const slot of this.slots) if (!slot.ready) slot.worker.ref();
     return new Promise((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
+  }
+
+  /** The process ids of process workers (for measuring their memory). */
+  pids(): number[] {
+    return this.slots.flatMap((s) => (s.worker.pid !== undefined ? [s.worker.pid] : []));
   }
 
   /** Jobs waiting for a worker. */

@@ -1,0 +1,63 @@
+/** `buildServer` opens and builds without listening; `listen()` listens once; each half closes what it opened. */
+import assert from "node:assert/strict";
+import { rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { test } from "node:test";
+import { loadConfig } from "../src/config/config.ts";
+import { buildServer } from "../src/server.ts";
+import { STORES, tempDir } from "./support/server.ts";
+
+/** A TCP port on the loopback address that no socket holds right now. */
+async function freeTcpPort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((resolve) => s.listen(0, "127.0.0.1", resolve));
+  const { port } = s.address() as { port: number };
+  await new Promise<void>((resolve) => s.close(() => resolve()));
+  return port;
+}
+
+for (const entry of STORES) {
+  test(`a built node accepts nothing until listen(), listens once, and closes its store either way (${entry.name})`, async () => {
+    const dataDir = tempDir();
+    try {
+      const port = await freeTcpPort();
+      const databaseUrl = await entry.url();
+      const config = loadConfig(
+        {},
+        { port, host: "127.0.0.1", dataDir, logLevel: "silent", webrtc: { enabled: false }, ...(databaseUrl ? { databaseUrl } : {}) },
+      );
+
+      const built = await buildServer({ config });
+      assert.equal(built.httpServer.listening, false);
+      await assert.rejects(fetch(`http://127.0.0.1:${port}/healthz`), "nothing accepts on the port before listen()");
+      // The store is open and usable before listening.
+      assert.equal(typeof (await built.store.read((r) => r.sessions.countLive(Date.now()))), "number");
+
+      const running = await built.listen();
+      try {
+        assert.equal(running.port, port);
+        assert.equal(running.url, `http://127.0.0.1:${port}`);
+        assert.equal((await fetch(`${running.url}/healthz`)).status, 200);
+        await assert.rejects(built.listen(), /already called/);
+        await assert.rejects(built.close(), /listens/);
+      } finally {
+        await running.close();
+      }
+      await assert.rejects(fetch(`http://127.0.0.1:${port}/healthz`), "closed: nothing accepts");
+      await assert.rejects(
+        running.store.read((r) => r.sessions.countLive(Date.now())),
+        "the store is closed",
+      );
+
+      // A node built and never listened: close() closes its store.
+      const idle = await buildServer({ config });
+      await idle.close();
+      await assert.rejects(
+        idle.store.read((r) => r.sessions.countLive(Date.now())),
+        "the store is closed",
+      );
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+}
