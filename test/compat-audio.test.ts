@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { readdirSync, readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import OpenAI, { toFile } from "openai";
 import { engines } from "./support/engines.ts";
@@ -7,6 +8,21 @@ import { startTestServer, type TestServer } from "./support/server.ts";
 
 const KEY = "sk-perch-audio-test";
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
+
+/** This process's children called `name`, from /proc. */
+function children(name: string): number[] {
+  const pids: number[] = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      const close = stat.lastIndexOf(")");
+      const ppid = Number(stat.slice(close + 2).split(" ")[1]);
+      if (ppid === process.pid && stat.slice(stat.indexOf("(") + 1, close) === name) pids.push(Number(entry));
+    } catch {}
+  }
+  return pids;
+}
 
 /** A 0.1 s silent WAV: a real container for the routes' content checks. */
 function wav(): Buffer {
@@ -105,6 +121,25 @@ describe("Compatible API: audio routes, HTTP side", () => {
     const done = events.at(-1);
     assert.equal(done.type, "speech.audio.done");
     assert.deepEqual(Object.keys(done.usage).sort(), ["input_tokens", "output_tokens", "total_tokens"]);
+  });
+
+  test("speech that fails mid-stream ends in an error the client sees, not a short file", async () => {
+    const input = "The small device on the kitchen table reports its battery level and its temperature every minute. ".repeat(30);
+    const res = await fetch(url("/audio/speech"), {
+      method: "POST",
+      headers: { ...auth, "content-type": "application/json" },
+      body: JSON.stringify({ model: "tts-1", input, voice: "nova", response_format: "mp3" }),
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    assert.ok(!(await reader.read()).done);
+    // The request's encoder dies (a real failure of the engine, not a fake one).
+    const encoders = children("ffmpeg");
+    assert.equal(encoders.length, 1, `ffmpeg children: ${encoders}`);
+    process.kill(encoders[0]!, "SIGKILL");
+    await assert.rejects(async () => {
+      for (;;) if ((await reader.read()).done) break;
+    });
   });
 
   const transcription = async (fields: Record<string, string | Blob | undefined>, headers: Record<string, string> = {}) => {

@@ -2,17 +2,18 @@ import { create, toBinary } from "@bufbuild/protobuf";
 import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
 import type { TelemetryWriter } from "../domain/telemetry-writer.ts";
-import { bindConnection } from "../http/connection.ts";
+import type { ConnectionContext } from "../http/connection.ts";
 import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
 import { encodeFrame, FrameType } from "../protocol/frames.ts";
 import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { callRpc, RpcCode, RpcError, type RpcHandlers, serveRpc } from "../protocol/rpc.ts";
-import { StreamSocket } from "../protocol/stream-socket.ts";
+import type { StreamSocket } from "../protocol/stream-socket.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "../voice/port.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
 import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "./device-rpc.ts";
 import { detached } from "./guard.ts";
+import { StreamHttpServer } from "./http-streams.ts";
 import type { TransportMetrics } from "./metrics.ts";
 import { decodeTelemetry, InvalidFrame, TELEMETRY_PACKET } from "./telemetry.ts";
 
@@ -59,7 +60,7 @@ export interface ConnectionHost {
   /** Voice conversations over the audio track, when configured. */
   voice?: VoiceHost | undefined;
   /** Serves an HTTP stream (service 1 or 2). */
-  serveHttp(service: 1 | 2, stream: StreamSocket): void;
+  serveHttp(service: 1 | 2, stream: StreamSocket, context: ConnectionContext): void;
   /** The connection became active: the host makes it the key's only one and marks it online. */
   activated(c: Connection): Promise<void>;
   closed(c: Connection): Promise<void>;
@@ -213,22 +214,14 @@ export class Connection {
         },
       );
     } else {
-      this.host.serveHttp(id as 1 | 2, this.socket(id, port));
+      this.serveHttp(id as 1 | 2, port);
     }
   }
 
-  /** An HTTP stream: a socket with the device's address, marked as this connection's for the HTTP principal. */
-  private socket(id: number, port: ChannelPort): StreamSocket {
-    const stream = this.track(new StreamSocket(port), SERVICE_NAMES[id]!);
-    const address = this.link.remoteAddress();
-    if (address) {
-      const m = /^\[?([^\]]+)\]?:(\d+)$/.exec(address);
-      stream.remoteAddress = m?.[1];
-      stream.remotePort = m ? Number(m[2]) : undefined;
-      stream.remoteFamily = m?.[1]?.includes(":") ? "IPv6" : "IPv4";
-    }
-    bindConnection(stream, { peerKey: this.publicKey, remoteAddress: stream.remoteAddress ?? "unknown" });
-    return stream;
+  /** An HTTP stream: a socket with the device's address, served as this connection's peer. */
+  private serveHttp(id: 1 | 2, port: ChannelPort): void {
+    const socket = this.track(StreamHttpServer.socket(port, this.link.remoteAddress()), SERVICE_NAMES[id]!);
+    this.host.serveHttp(id, socket, { peerKey: this.publicKey, remoteAddress: socket.remoteAddress ?? "unknown" });
   }
 
   /** Counts a stream among the open ones (closed with the connection). */

@@ -1,24 +1,23 @@
-import type { Server } from "node:http";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import { DomainError, StoreUnavailable } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
 import type { AcceptedOffer } from "../domain/signaling.ts";
 import { TelemetryWriter } from "../domain/telemetry-writer.ts";
-import { createHttpServer } from "../http/listener.ts";
+import type { ConnectionContext } from "../http/connection.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
 import type { VoiceHost } from "../voice/port.ts";
 import { Answerer, InvalidOffer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost } from "./connection.ts";
+import { type FetchApp, StreamHttpServer } from "./http-streams.ts";
 import { Liveness, type LivenessOptions } from "./liveness.ts";
 import { type TransportCensus, TransportMetrics } from "./metrics.ts";
 import { PeerWatch } from "./peer-watch.ts";
 import { inspectOffer } from "./sdp.ts";
 
-/** A web-standard application: the Public API's `fetch`, or the Compatible API's. */
-export type FetchApp = (request: Request, env?: any) => Response | Promise<Response>;
+export type { FetchApp } from "./http-streams.ts";
 
 export interface TransportOptions {
   domain: Domain;
@@ -63,7 +62,7 @@ export class WebRtcTransport implements ConnectionHost {
   private readonly all = new Set<Connection>();
   /** The active connection of each key. */
   private readonly byKey = new Map<string, Connection>();
-  private readonly http: Record<1 | 2, Server>;
+  private readonly http: Record<1 | 2, StreamHttpServer>;
   private readonly ticker: NodeJS.Timeout;
   private readonly liveness: Liveness;
   private readonly peerWatch: PeerWatch;
@@ -89,7 +88,8 @@ export class WebRtcTransport implements ConnectionHost {
           : o.logger.error({ err }, "telemetry write failed"),
     });
     this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
-    this.http = { 1: this.streamServer(o.publicApi), 2: this.streamServer(o.compatibleApi) };
+    const streams = { requestTimeoutMs: o.requestTimeoutMs, logger: o.logger, metrics: o.httpMetrics };
+    this.http = { 1: new StreamHttpServer(o.publicApi, streams), 2: new StreamHttpServer(o.compatibleApi, streams) };
     this.ticker = setInterval(() => void this.tick(), OWNERSHIP_CHECK_MS);
     this.ticker.unref();
     this.liveness = new Liveness(
@@ -176,38 +176,8 @@ export class WebRtcTransport implements ConnectionHost {
     return link.answer;
   }
 
-  /**
-   * The HTTP server of one stream service: the TCP listener's (framing errors in the envelope, the
-   * request timeout), with one exchange per stream: the response closes the stream whatever the
-   * request asked, so a kept-alive stream cannot hold one of the 256 slots, and a second request
-   * on the stream is never run.
-   */
-  private streamServer(app: FetchApp): Server {
-    // A request pipelined after the first is parsed but not run: its answer would never be sent.
-    const served = new WeakSet<object>();
-    const firstOnly: FetchApp = (request, env) => {
-      const stream = env?.incoming?.socket;
-      if (stream && served.has(stream)) return new Response(null, { status: 400 });
-      if (stream) served.add(stream);
-      return app(request, env);
-    };
-    const server = createHttpServer({
-      fetch: firstOnly,
-      requestTimeoutMs: this.o.requestTimeoutMs,
-      maxConnections: Number.MAX_SAFE_INTEGER,
-      logger: this.logger,
-      metrics: this.o.httpMetrics,
-    });
-    server.prependListener("request", (_req, res) => {
-      res.shouldKeepAlive = false;
-    });
-    // Node times requests only on servers that listen (it starts its checker on "listening"); these never do.
-    server.emit("listening");
-    return server;
-  }
-
-  serveHttp(service: 1 | 2, stream: StreamSocket): void {
-    this.http[service].emit("connection", stream);
+  serveHttp(service: 1 | 2, stream: StreamSocket, context: ConnectionContext): void {
+    this.http[service].serve(stream, context);
   }
 
   /** Makes `c` its key's only connection (closing an older one first) and marks the peer online here. */

@@ -44,6 +44,8 @@ const DROP_LOG_MS = 10_000;
 /** Quiet: below this share of the turn's loudest chunk, or below this floor (of 32767). */
 const QUIET_SHARE = 0.1;
 const QUIET_FLOOR = 100;
+/** Near-digital silence longer than this between turns is not given to the detector. */
+const SKIP_QUIET_AFTER_S = 0.5;
 /** Quiet this long starts the recognition the final transcript will most likely reuse. */
 const QUIET_BEFORE_RECOGNITION_S = 0.12;
 /** Partial words while speaking only in turns longer than this (a short question's final comes at once). */
@@ -83,6 +85,12 @@ export class Conversation {
   private readonly history: ChatMessage[] = [];
   /** Samples pushed to the detector; with `pushedAt`, maps the timeline to the clock. */
   private timeline = 0;
+  /** Samples not given to the detector (silence between turns): its seconds + this = our timeline. */
+  private vadSkipped = 0;
+  /** Samples of near-digital silence in a row, up to now. */
+  private quietRun = 0;
+  /** The detector is inside speech (whether or not a turn was started for it). */
+  private vadSpeaking = false;
   private pushedAt = performance.now();
   private readonly pending: Int16Array[] = [];
   private pendingSamples = 0;
@@ -168,12 +176,15 @@ export class Conversation {
         this.pushedAt = performance.now();
         this.remember(start, pcm);
         this.turn?.recogniser.push(pcm);
-        let events: VadEvent[];
+        let events: VadEvent[] = [];
+        this.quietRun = rms(pcm) < QUIET_FLOOR ? this.quietRun + pcm.length : 0;
         try {
-          events = await this.vad.push(pcm);
+          // Near-digital silence between turns (half a second of it and more) cannot start speech:
+          // the neural detector is spared it. Its clock then runs behind ours by what it skipped.
+          if (!this.turn && !this.vadSpeaking && this.quietRun > SKIP_QUIET_AFTER_S * ENGINE_RATE) this.vadSkipped += pcm.length;
+          else events = await this.vad.push(pcm);
         } catch (err) {
           this.o.logger.warn({ err, peer: this.o.port.publicKey }, "voice activity detection failed");
-          events = [];
         }
         if (this.closed) return;
         for (const e of events) this.vadEvent(e);
@@ -192,12 +203,18 @@ export class Conversation {
     while (this.recent.length > 0 && this.recent[0]![0] + this.recent[0]![1].length < this.timeline - PREROLL_S * ENGINE_RATE) this.recent.shift();
   }
 
-  /** The clock time (performance.now) of a timeline position, in seconds from the first sample. */
-  private clockAt(seconds: number): number {
-    return this.pushedAt - ((this.timeline - seconds * ENGINE_RATE) / ENGINE_RATE) * 1000;
+  /** Our timeline position (samples) of a detector time (seconds from the first sample it was given). */
+  private position(vadSeconds: number): number {
+    return vadSeconds * ENGINE_RATE + this.vadSkipped;
+  }
+
+  /** The clock time (performance.now) of a timeline position (samples). */
+  private clockAt(position: number): number {
+    return this.pushedAt - ((this.timeline - position) / ENGINE_RATE) * 1000;
   }
 
   private vadEvent(e: VadEvent): void {
+    this.vadSpeaking = e.type === "start";
     if (e.type === "start") this.speechStarted(e.at);
     else this.speechEnded(e.at);
   }
@@ -215,7 +232,7 @@ export class Conversation {
     }
     const n = ++this.turns;
     const recogniser = this.o.recognition.createIncrementalRecogniser();
-    const startSample = Math.max(0, Math.round((at - ONSET_PAD_S) * ENGINE_RATE));
+    const startSample = Math.max(0, Math.round(this.position(at) - ONSET_PAD_S * ENGINE_RATE));
     // What was said since the onset: the detector confirms speech only after min_speech_ms of it.
     for (const [start, pcm] of this.recent) {
       const end = start + pcm.length;
@@ -282,7 +299,7 @@ export class Conversation {
     if (!turn) return;
     this.turn = undefined;
     const decided = performance.now();
-    const lastVoiced = Math.min(decided, this.clockAt(at));
+    const lastVoiced = Math.min(decided, this.clockAt(this.position(at)));
     this.events.eos(`in-${turn.n}`, "audio", "user.audio");
     void this.respond(turn, { lastVoiced, decided }).catch((err) => this.o.logger.error({ err, peer: this.o.port.publicKey }, "voice turn failed"));
   }

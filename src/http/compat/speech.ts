@@ -79,8 +79,14 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
             next = first ?? (await it.next());
           } catch (err) {
             done(200, "api_error");
-            if (sse) controller.enqueue(sseEvent({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
-            controller.close();
+            if (sse) {
+              controller.enqueue(sseEvent({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
+              controller.close();
+            } else {
+              // Audio that broke off must not end like a whole file: the response is aborted (no
+              // final chunk), which every HTTP client reports as an error.
+              controller.error(err);
+            }
             return;
           }
           first = undefined as never;
