@@ -430,7 +430,10 @@ async function removedPeerTelemetry(server: TestServer): Promise<void> {
     // The operator removes the peer from another process while it is connected.
     assert.equal(await server.domain.peers.remove(removed.publicKey), true);
     for (let i = 0; i < 3; i++) {
-      removed.sendTelemetry(battery(11));
+      // The node cuts the removed peer off at once: its frames race the close, or cannot be sent at all.
+      try {
+        removed.sendTelemetry(battery(11));
+      } catch {}
       other.sendTelemetry(battery(22 + i));
       await new Promise((r) => setTimeout(r, 300));
     }

@@ -21,11 +21,15 @@ export class RateLimiter {
 
   private readonly perMinute: number;
   private readonly clock: Clock;
+  /** Milliseconds of requests a key may have ahead of the clock: `burst` requests' worth. */
+  private readonly window: number;
 
-  constructor(perMinute: number, clock: Clock, maxKeys: number) {
+  /** `burst`: requests a key may make at once (default `perMinute`, a minute's worth). */
+  constructor(perMinute: number, clock: Clock, maxKeys: number, burst = perMinute) {
     this.perMinute = perMinute;
     this.clock = clock;
     this.interval = perMinute > 0 ? MINUTE_MS / perMinute : 0;
+    this.window = burst * this.interval;
     this.arrivals = new LRUCache({ max: Math.max(1, maxKeys) });
   }
 
@@ -49,7 +53,7 @@ export class RateLimiter {
     const now = this.clock.now();
     const stored = this.arrivals.get(key);
     const next = Math.max(stored ?? now, now) + this.interval;
-    const excess = next - now - MINUTE_MS;
+    const excess = next - now - this.window;
     // A thousandth of a millisecond of slack: `interval` is not always a whole number.
     if (excess > 0.001) return Math.max(1, Math.ceil(excess / 1000));
     if (count) this.arrivals.set(key, next);

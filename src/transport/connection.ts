@@ -15,48 +15,19 @@ import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "
 import { detached } from "./guard.ts";
 import { StreamHttpServer } from "./http-streams.ts";
 import type { TransportMetrics } from "./metrics.ts";
-import { decodeTelemetry, InvalidFrame, TELEMETRY_PACKET } from "./telemetry.ts";
+import type { TelemetryIngest } from "./telemetry-ingest.ts";
 
 export const EVENT_STREAM_DEADLINE_MS = 10_000;
 export const MAX_SERVICE_STREAMS = 256;
 const DEVICE_RPC_TIMEOUT_MS = 5_000;
-const MAX_PACKET_BYTES = 64 * 1024;
-/** Telemetry frames a connection may send per second; more are dropped (a flood must not starve the node). */
-const TELEMETRY_FRAMES_PER_SECOND = 100;
-/**
- * Frames a connection may send at once above the rate: a device sending 100 a second has its
- * frames arrive in bunches (its own timers, the network, this node's busy moments), and a fixed
- * one-second window dropped half of them under load.
- */
-const TELEMETRY_BURST_FRAMES = 200;
-
-/** `rate` a second on average, up to `burst` at once. */
-class TokenBucket {
-  private tokens: number;
-  private at = performance.now();
-  private readonly rate: number;
-  private readonly burst: number;
-  constructor(rate: number, burst: number) {
-    this.rate = rate;
-    this.burst = burst;
-    this.tokens = burst;
-  }
-  take(): boolean {
-    const now = performance.now();
-    this.tokens = Math.min(this.burst, this.tokens + ((now - this.at) / 1000) * this.rate);
-    this.at = now;
-    if (this.tokens < 1) return false;
-    this.tokens--;
-    return true;
-  }
-}
-
 /** What a connection needs from the transport that holds it. */
 export interface ConnectionHost {
   domain: Domain;
   logger: Logger;
   metrics: TransportMetrics;
   telemetry: TelemetryWriter;
+  /** The packet channel's telemetry: checked, limited per peer, decoded, written. */
+  ingest: TelemetryIngest;
   /** Voice conversations over the audio track, when configured. */
   voice?: VoiceHost | undefined;
   /** Serves an HTTP stream (service 1 or 2). */
@@ -96,7 +67,6 @@ export class Connection {
   private state: "pending" | "activating" | "active" | "closed" = "pending";
   private closing: Promise<void> | undefined;
   private activation: Promise<void> | undefined;
-  private readonly telemetryAllowance = new TokenBucket(TELEMETRY_FRAMES_PER_SECOND, TELEMETRY_BURST_FRAMES);
   /** What this connection serves on stream 0 (its state, one speed test at a time, spans the streams). */
   private readonly rpc: RpcHandlers;
   closeReason: CloseReason | undefined;
@@ -270,17 +240,10 @@ export class Connection {
     port.attach({
       message: (data) => {
         if (this.state !== "active" && this.state !== "activating") return;
-        if (data.length === 0) return this.host.metrics.dropped("empty");
-        if (data.length > MAX_PACKET_BYTES) return this.host.metrics.dropped("out_of_range");
-        if (data[0] !== TELEMETRY_PACKET) return this.host.metrics.dropped("unknown_type");
-        if (!this.telemetryAllowance.take()) return this.host.metrics.dropped("rate_limited");
         try {
-          const samples = decodeTelemetry(data.subarray(1), this.host.domain.ctx.clock.now());
-          // The writer counts the frame: accepted once stored, or dropped by reason.
-          this.host.telemetry.add(this.publicKey, samples);
+          this.host.ingest.packet(this.publicKey, data);
         } catch (err) {
-          if (err instanceof InvalidFrame) this.host.metrics.dropped(err.reason);
-          else this.host.logger.error({ err, peer: this.publicKey }, "a telemetry frame could not be taken");
+          this.host.logger.error({ err, peer: this.publicKey }, "a telemetry frame could not be taken");
         }
       },
       closed: () => {},

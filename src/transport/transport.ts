@@ -16,6 +16,7 @@ import { Liveness, type LivenessOptions } from "./liveness.ts";
 import { type TransportCensus, TransportMetrics } from "./metrics.ts";
 import { PeerWatch } from "./peer-watch.ts";
 import { inspectOffer } from "./sdp.ts";
+import { TelemetryIngest } from "./telemetry-ingest.ts";
 
 export type { FetchApp } from "./http-streams.ts";
 
@@ -55,6 +56,7 @@ export class WebRtcTransport implements ConnectionHost {
   readonly logger: Logger;
   readonly metrics: TransportMetrics;
   readonly telemetry: TelemetryWriter;
+  readonly ingest: TelemetryIngest;
   readonly voice: VoiceHost | undefined;
   private readonly o: TransportOptions;
   private readonly answerer: Answerer;
@@ -87,6 +89,7 @@ export class WebRtcTransport implements ConnectionHost {
           ? o.logger.warn({ err: err.message }, "telemetry waits for the store")
           : o.logger.error({ err }, "telemetry write failed"),
     });
+    this.ingest = new TelemetryIngest({ writer: this.telemetry, metrics: this.metrics, clock: o.domain.ctx.clock, maxPeers: Math.max(1, o.maxConnections) });
     this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
     const streams = { requestTimeoutMs: o.requestTimeoutMs, logger: o.logger, metrics: o.httpMetrics };
     this.http = { 1: new StreamHttpServer(o.publicApi, streams), 2: new StreamHttpServer(o.compatibleApi, streams) };

@@ -1,4 +1,5 @@
 import type { Hono } from "hono";
+import { z } from "zod";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import type { ChatRouter } from "../../ai/router.ts";
@@ -7,7 +8,7 @@ import { sseEvent } from "../../ai/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
-import { OpenAIError, toOpenAIError } from "./errors.ts";
+import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, largeBodySlot } from "./json.ts";
 import { byteStream } from "./speech.ts";
 
@@ -16,9 +17,60 @@ const ROUTE = "/audio/transcriptions";
 /** OpenAI's upload limit, 25 MB. */
 export const MAX_AUDIO_BYTES = 25 * 1000 * 1000;
 
-const FIELDS = new Set(["file", "model", "language", "prompt", "temperature", "response_format", "timestamp_granularities[]", "stream"]);
 const FORMATS = ["json", "text", "srt", "vtt", "verbose_json"] as const;
 type Format = (typeof FORMATS)[number];
+
+/** The text fields of the multipart form (the file is checked on its own). */
+export const TranscriptionFields = z.strictObject({
+  model: z.string().min(1, "you must provide a model parameter"),
+  language: z
+    .string()
+    .regex(/^[a-z]{2}$/, "language must be an ISO-639-1 code such as `en`")
+    .optional(),
+  prompt: z.string().optional(),
+  temperature: z
+    .string()
+    .regex(/^\d+(\.\d+)?$/, "temperature must be a number from 0 to 1")
+    .refine((t) => Number(t) <= 1, "temperature must be a number from 0 to 1")
+    .optional(),
+  response_format: z.enum(FORMATS).default("json"),
+  "timestamp_granularities[]": z.array(z.enum(["segment", "word"])).default([]),
+  stream: z.enum(["true", "false"]).optional(),
+});
+type Fields = z.infer<typeof TranscriptionFields>;
+
+/** The form's text fields as an object: each once (granularities as a list), files only as `file`. */
+function formFields(form: FormData): Record<string, unknown> {
+  const fields: Record<string, unknown> = {};
+  for (const key of new Set(form.keys())) {
+    if (key === "file") continue;
+    const values = form.getAll(key);
+    if (values.some((v) => typeof v !== "string")) throw param(key, `${key} must be a text field`);
+    if (key === "timestamp_granularities[]") fields[key] = values;
+    else if (values.length > 1) throw param(key, `${key} was given more than once`);
+    else fields[key] = values[0];
+  }
+  return fields;
+}
+
+/** One renderer per response format. */
+const RENDERERS: Record<Format, (t: Transcript, f: Fields) => { body: string; contentType: string }> = {
+  json: (t) => ({ body: JSON.stringify({ text: t.text }), contentType: "application/json" }),
+  text: (t) => ({ body: `${t.text}\n`, contentType: "text/plain; charset=UTF-8" }),
+  srt: (t) => ({ body: srt(t), contentType: "text/plain; charset=UTF-8" }),
+  vtt: (t) => ({ body: vtt(t), contentType: "text/vtt; charset=utf-8" }),
+  verbose_json: (t, f) => {
+    const body: Record<string, unknown> = {
+      task: "transcribe",
+      language: t.language,
+      duration: t.duration,
+      text: t.text,
+      segments: t.segments.map((s) => ({ id: s.id, seek: 0, start: s.start, end: s.end, text: s.text })),
+    };
+    if (f["timestamp_granularities[]"].includes("word")) body.words = t.words ?? [];
+    return { body: JSON.stringify(body), contentType: "application/json" };
+  },
+};
 
 /** The containers the contract accepts; what the content says wins, then the part's type, then the file name. */
 const EXTENSIONS = new Set(["flac", "mp3", "mp4", "mpeg", "mpga", "m4a", "ogg", "oga", "opus", "wav", "webm"]);
@@ -68,16 +120,17 @@ export function registerTranscriptionRoute(
       slot?.();
       throw new OpenAIError(400, "The multipart body cannot be parsed.", { code: "invalid_multipart" });
     }
-    for (const key of form.keys()) if (!FIELDS.has(key)) throw param(key, `Unrecognized request argument supplied: ${key}`, "unknown_parameter");
-    const text = (name: string): string | undefined => {
-      const values = form.getAll(name);
-      if (values.length > 1) throw param(name, `${name} was given more than once`);
-      const v = values[0];
-      if (v !== undefined && typeof v !== "string") throw param(name, `${name} must be a text field`);
-      return v;
-    };
-    const model = text("model");
-    if (!model) throw param("model", "you must provide a model parameter", "missing_required_parameter");
+    const parsed = TranscriptionFields.safeParse(formFields(form));
+    if (!parsed.success) {
+      const e = invalidParameter(parsed.error);
+      if (e.code === "invalid_value" && e.param === "model") throw param("model", "you must provide a model parameter", "missing_required_parameter");
+      // The form field's name, not the element's path in the list.
+      if (e.param?.startsWith("timestamp_granularities[]")) throw param("timestamp_granularities[]", "timestamp_granularities[] takes segment and word");
+      throw e;
+    }
+    const fields = parsed.data;
+    const { model, language, prompt, stream } = fields;
+    const format = fields.response_format;
     const entry = transcriptionModel(catalog, c.get("caller"), model);
     const id = entry.id;
     // The catalog offers the embedded model only when its engine exists.
@@ -95,26 +148,12 @@ export function registerTranscriptionRoute(
     if (!acceptedFile(file, audio))
       throw param("file", "Unsupported file format: send flac, mp3, mp4, mpeg, mpga, m4a, ogg, opus, wav or webm.", "unsupported_format");
 
-    const language = text("language");
-    if (language !== undefined && !/^[a-z]{2}$/.test(language)) throw param("language", "language must be an ISO-639-1 code such as `en`");
     if (language !== undefined && languages && !languages.includes(language)) {
       throw param("language", `language \`${language}\` is not supported by ${id}; supported: ${languages.join(", ")}`, "unsupported_language");
     }
-    const temperature = text("temperature");
-    if (temperature !== undefined && !(/^\d+(\.\d+)?$/.test(temperature) && Number(temperature) <= 1))
-      throw param("temperature", "temperature must be a number from 0 to 1");
-    const format = (text("response_format") ?? "json") as Format;
-    if (!FORMATS.includes(format)) throw param("response_format", `response_format must be one of ${FORMATS.join(", ")}`);
-    const granularities = form.getAll("timestamp_granularities[]");
-    for (const g of granularities) {
-      if (g !== "segment" && g !== "word") throw param("timestamp_granularities[]", "timestamp_granularities[] takes segment and word");
-      if (g === "word" && (format !== "verbose_json" || !wordTimestamps)) {
-        throw param("timestamp_granularities[]", wordTimestamps ? "word timestamps need response_format verbose_json" : `${id} has no word timestamps`);
-      }
+    if (fields["timestamp_granularities[]"].includes("word") && (format !== "verbose_json" || !wordTimestamps)) {
+      throw param("timestamp_granularities[]", wordTimestamps ? "word timestamps need response_format verbose_json" : `${id} has no word timestamps`);
     }
-    const stream = text("stream");
-    if (stream !== undefined && stream !== "true" && stream !== "false") throw param("stream", "stream must be `true` or `false`");
-    const prompt = text("prompt");
     const signal = clientGone(c);
     const done = (status: number, error?: string) => metrics.observeAi(ROUTE, id, status, (performance.now() - started) / 1000, error);
 
@@ -201,27 +240,8 @@ export function registerTranscriptionRoute(
       throw e;
     }
     done(200);
-    switch (format) {
-      case "text":
-        return c.text(`${transcript.text}\n`);
-      case "srt":
-        return c.text(srt(transcript));
-      case "vtt":
-        return c.body(vtt(transcript), 200, { "content-type": "text/vtt; charset=utf-8" });
-      case "verbose_json": {
-        const body: Record<string, unknown> = {
-          task: "transcribe",
-          language: transcript.language,
-          duration: transcript.duration,
-          text: transcript.text,
-          segments: transcript.segments.map((s) => ({ id: s.id, seek: 0, start: s.start, end: s.end, text: s.text })),
-        };
-        if (granularities.includes("word")) body.words = transcript.words ?? [];
-        return c.json(body);
-      }
-      default:
-        return c.json({ text: transcript.text });
-    }
+    const rendered = RENDERERS[format](transcript, fields);
+    return c.body(rendered.body, 200, { "content-type": rendered.contentType });
   });
 }
 
