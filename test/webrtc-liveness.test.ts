@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { RpcMethod } from "../src/protocol/gen/rpc_pb.ts";
 import { commonHandlers, RpcCode, RpcError } from "../src/protocol/rpc.ts";
+import { checkTimings } from "../src/transport/timings.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { UdpRelay } from "./support/udp-relay.ts";
 import { connect, eventually } from "./support/webrtc.ts";
@@ -71,5 +72,17 @@ describe("a device that vanishes is noticed; one that answers is kept", () => {
       answering.close();
       refusing.close();
     }
+  });
+});
+
+describe("the transport's timings are checked at start", () => {
+  test("a staleness window not above twice the heartbeat, or an ownership check slower than it, refuses to start", async () => {
+    const timings = { ownershipCheckMs: 2_000, runtimeRefreshMs: 5_000, gatherTimeoutMs: 5_000, livenessQuietMs: 5_000, livenessProbeTimeoutMs: 5_000 };
+    assert.doesNotThrow(() => checkTimings(timings));
+    assert.throws(
+      () => checkTimings(timings, { beatMs: 5_000, staleMs: 8_000 }),
+      /staleness window \(8000 ms\) must exceed twice the node heartbeat interval \(5000 ms\)/,
+    );
+    await assert.rejects(startTestServer({ config: { webrtc: { ownershipCheckMs: 9_000 } } }), /inconsistent WebRTC timings: webrtc.ownershipCheckMs \(9000\)/);
   });
 });

@@ -188,8 +188,23 @@ export const ConfigSchema = z
         livenessProbeTimeoutMs: z.number().int().min(500).max(60_000).default(5_000),
         /** On SQLite: how often the node looks for another process's commit (a peer blocked or removed with the command line). */
         peerPollMs: z.number().int().min(0).max(60_000).default(500),
+        /** How often the node checks which of its peers connected to another node since (replacement across nodes). */
+        ownershipCheckMs: z.number().int().min(100).max(60_000).default(2_000),
+        /** How often connected peers' rx/tx bytes and address are written (the contract: at least every 10 s). */
+        runtimeRefreshMs: z.number().int().min(100).max(10_000).default(5_000),
+        /** How long gathering this node's candidates may take before an offer is answered 500 ANSWER_FAILED. */
+        gatherTimeoutMs: z.number().int().min(100).max(60_000).default(5_000),
       })
-      .default({ enabled: true, maxConnections: 2000, livenessQuietMs: 5_000, livenessProbeTimeoutMs: 5_000, peerPollMs: 500 }),
+      .default({
+        enabled: true,
+        maxConnections: 2000,
+        livenessQuietMs: 5_000,
+        livenessProbeTimeoutMs: 5_000,
+        peerPollMs: 500,
+        ownershipCheckMs: 2_000,
+        runtimeRefreshMs: 5_000,
+        gatherTimeoutMs: 5_000,
+      }),
     /** Growth bounds per device and per key (see docs/decisions.md). */
     limits: z
       .strictObject({

@@ -7,6 +7,7 @@ import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { VoiceHost } from "../voice/port.ts";
+import { checkTimings, type TransportTimings } from "./timings.ts";
 import { type FetchApp, WebRtcTransport } from "./transport.ts";
 
 /** The host part of `host:port` (brackets of an IPv6 literal removed). */
@@ -41,6 +42,14 @@ export async function startTransport(
     voice?: VoiceHost;
   },
 ): Promise<WebRtcTransport> {
+  const timings: TransportTimings = {
+    ownershipCheckMs: config.webrtc.ownershipCheckMs,
+    runtimeRefreshMs: config.webrtc.runtimeRefreshMs,
+    gatherTimeoutMs: config.webrtc.gatherTimeoutMs,
+    livenessQuietMs: config.webrtc.livenessQuietMs,
+    livenessProbeTimeoutMs: config.webrtc.livenessProbeTimeoutMs,
+  };
+  checkTimings(timings);
   const udpPort = config.webrtc.udpPort ?? o.httpPort;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
   const bindAddress = wildcard ? undefined : config.host;
@@ -66,6 +75,7 @@ export async function startTransport(
     publicAddress,
     maxConnections: config.webrtc.maxConnections,
     peerPollMs: config.webrtc.peerPollMs,
+    timings,
     liveness: { quietMs: config.webrtc.livenessQuietMs, probeTimeoutMs: config.webrtc.livenessProbeTimeoutMs, checkEveryMs: 1_000 },
     publicApi: o.publicApi,
     compatibleApi: o.compatibleApi,

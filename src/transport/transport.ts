@@ -17,6 +17,7 @@ import { type TransportCensus, TransportMetrics } from "./metrics.ts";
 import { PeerWatch } from "./peer-watch.ts";
 import { inspectOffer } from "./sdp.ts";
 import { TelemetryIngest } from "./telemetry-ingest.ts";
+import type { TransportTimings } from "./timings.ts";
 
 export type { FetchApp } from "./http-streams.ts";
 
@@ -36,6 +37,8 @@ export interface TransportOptions {
   liveness: LivenessOptions;
   /** On SQLite: how often another process's commits are looked for (peers blocked or removed). */
   peerPollMs: number;
+  /** The transport's timings (configuration `webrtc.*Ms`), checked by `checkTimings` at start. */
+  timings: TransportTimings;
   /** Served on stream 1. */
   publicApi: FetchApp;
   /** Served on stream 2: the Compatible API, mounted at `/v1`. */
@@ -44,10 +47,6 @@ export interface TransportOptions {
   voice?: VoiceHost | undefined;
 }
 
-/** How often ownership is checked (replacement on another node) and how often counters are written. */
-const OWNERSHIP_CHECK_MS = 2_000;
-const RUNTIME_REFRESH_MS = 5_000;
-const GATHER_TIMEOUT_MS = 5_000;
 const CAPACITY_RETRY_AFTER_S = 5;
 
 /** The WebRTC transport of one node: answers offers, holds connections, serves their streams. */
@@ -90,10 +89,15 @@ export class WebRtcTransport implements ConnectionHost {
           : o.logger.error({ err }, "telemetry write failed"),
     });
     this.ingest = new TelemetryIngest({ writer: this.telemetry, metrics: this.metrics, clock: o.domain.ctx.clock, maxPeers: Math.max(1, o.maxConnections) });
-    this.answerer = new Answerer({ udpPort: o.udpPort, bindAddress: o.bindAddress, publicAddress: o.publicAddress, gatherTimeoutMs: GATHER_TIMEOUT_MS });
+    this.answerer = new Answerer({
+      udpPort: o.udpPort,
+      bindAddress: o.bindAddress,
+      publicAddress: o.publicAddress,
+      gatherTimeoutMs: o.timings.gatherTimeoutMs,
+    });
     const streams = { requestTimeoutMs: o.requestTimeoutMs, logger: o.logger, metrics: o.httpMetrics };
     this.http = { 1: new StreamHttpServer(o.publicApi, streams), 2: new StreamHttpServer(o.compatibleApi, streams) };
-    this.ticker = setInterval(() => void this.tick(), OWNERSHIP_CHECK_MS);
+    this.ticker = setInterval(() => void this.tick(), o.timings.ownershipCheckMs);
     this.ticker.unref();
     this.liveness = new Liveness(
       o.liveness,
@@ -229,7 +233,7 @@ export class WebRtcTransport implements ConnectionHost {
       const active = [...this.byKey.values()].filter((c) => c.active);
       const keys = active.map((c) => c.publicKey);
       for (const key of await this.domain.presence.replacedElsewhere(keys)) void this.byKey.get(key)?.close("replaced");
-      if (Date.now() - this.lastRefresh >= RUNTIME_REFRESH_MS) {
+      if (Date.now() - this.lastRefresh >= this.o.timings.runtimeRefreshMs) {
         this.lastRefresh = Date.now();
         const live = active.filter((c) => c.active);
         const entries = live.map((c) => {
