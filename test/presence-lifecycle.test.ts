@@ -61,7 +61,8 @@ for (const entry of STORES) {
     test("close() marks the node's peers offline, deletes its heartbeat and stores the telemetry it holds", async () => {
       const dataDir = tempDir();
       const databaseUrl = await entry.url();
-      const server = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "closing" } });
+      // Frames wait in the writer (a write at most every minute, or at 500 samples): only close() can store them.
+      const server = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "closing", telemetry: { writeIntervalMs: 60_000 } } });
       cleanup.push(() => rmSync(dataDir, { recursive: true, force: true }));
       const conn = await connect(server);
       let stopped = false;
@@ -69,12 +70,9 @@ for (const entry of STORES) {
         await eventually(() => server.transport!.connection(conn.publicKey)?.active, 10_000, "the connection active");
         const t0 = Date.now() - 10_000;
         for (let i = 0; i < 20; i++) conn.sendTelemetry(battery(t0 + i));
-        // Every frame has arrived: stored or held by the writer.
-        await eventually(
-          async () => (await storedSamples(server.store, conn.publicKey)) + server.transport!.telemetry.heldSamples === 20,
-          10_000,
-          "the frames",
-        );
+        // Every frame has arrived and waits in the writer: none is stored before close().
+        await eventually(() => server.transport!.telemetry.heldSamples === 20, 10_000, "the frames held");
+        assert.equal(await storedSamples(server.store, conn.publicKey), 0, "nothing stored before close()");
         await server.stop();
         stopped = true;
         const store = await Store.open(databaseUrl, dataDir, { readWorkers: 0 });

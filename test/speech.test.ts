@@ -22,6 +22,7 @@ import {
 } from "../src/ai/speech/index.ts";
 import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
+import { WorkerPool } from "../src/ai/speech/worker-pool.ts";
 import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
 
 const SENTENCE = "The small device reports its battery level and its temperature to the server.";
@@ -240,6 +241,36 @@ describe("work queue", () => {
     await Promise.all([first, third]);
     assert.deepEqual(order, [1, 3]);
     assert.equal(queue.running, 0);
+  });
+});
+
+describe("worker pool (flite's and the recogniser's)", () => {
+  const script = new URL("./support/pool-worker.ts", import.meta.url);
+
+  test("a worker that dies mid-job fails that job only and is replaced", async () => {
+    const pool = new WorkerPool<string, string>({ script, size: 1, name: "test" });
+    try {
+      const waiting = pool.run("after");
+      const dying = pool.run("die", { priority: 0 });
+      await assert.rejects(dying, /the test worker exited with code 3/);
+      assert.equal(await waiting, "echo after");
+      assert.equal(pool.restarts, 1);
+      await assert.rejects(pool.run("throw"), /asked to fail/);
+      assert.equal(await pool.run("again"), "echo again");
+    } finally {
+      await pool.close();
+    }
+  });
+
+  test("a worker that cannot load fails the pool: waiting and later jobs are refused", async () => {
+    const pool = new WorkerPool<string, string>({ script, workerData: "fail-start", size: 2, name: "test" });
+    try {
+      await assert.rejects(pool.run("x"), /the test worker could not start: no model here/);
+      await assert.rejects(pool.ready(), /could not start/);
+      await assert.rejects(pool.run("y"), /could not start/);
+    } finally {
+      await pool.close();
+    }
   });
 });
 

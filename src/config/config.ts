@@ -227,8 +227,10 @@ export const ConfigSchema = z
          * reached); frames beyond are dropped and counted (`perch_telemetry_frames_dropped_total`).
          */
         bufferSamples: z.number().int().min(1).max(10_000_000).default(100_000),
+        /** At most this long between a frame's arrival and the transaction that stores it (fewer than 500 samples waiting). */
+        writeIntervalMs: z.number().int().min(1).max(60_000).default(250),
       })
-      .default({ retentionDays: 30, bufferSamples: 100_000 }),
+      .default({ retentionDays: 30, bufferSamples: 100_000, writeIntervalMs: 250 }),
     /** Bounds of the Compatible API against hostile callers (see docs/decisions.md, issue 17). */
     compat: z
       .strictObject({
@@ -347,6 +349,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
   PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
+  PERCH_TELEMETRY_WRITE_INTERVAL_MS: (v) => ({ telemetry: { writeIntervalMs: Number(v) } }),
   PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };

@@ -1,12 +1,13 @@
 /**
- * A worker thread that runs flite (compiled to WASI) for one text at a time, so that synthesis
- * never blocks the event loop. Instantiating the module costs 10–40 ms (its memory image is
+ * A worker thread of a WorkerPool (worker-pool.ts) that runs flite (compiled to WASI) for one text
+ * at a time, so that synthesis never blocks the event loop. Instantiating the module costs 10–40 ms (its memory image is
  * large), so the next instance is prepared as soon as a job is answered, before it is needed.
  */
 import { openSync, readFileSync, rmSync } from "node:fs";
 import { devNull } from "node:os";
 import { join } from "node:path";
 import { parentPort, workerData } from "node:worker_threads";
+import type { PoolJob, PoolMessage } from "./worker-pool.ts";
 
 // node:wasi warns that it is experimental in every thread that loads it; the server's log needs
 // no such line per worker.
@@ -18,12 +19,14 @@ const { WASI } = await import("node:wasi");
 process.emitWarning = emitWarning;
 
 export interface FliteJob {
-  id: number;
   /** flite's arguments after the program name, without `-o`. */
   args: string[];
 }
 
-export type FliteResult = { id: number; pcm: ArrayBuffer; sampleRate: number } | { id: number; error: string };
+export interface FliteResult {
+  pcm: ArrayBuffer;
+  sampleRate: number;
+}
 
 export interface FliteWorkerData {
   module: WebAssembly.Module;
@@ -100,21 +103,29 @@ function readWav(file: Buffer): { pcm: ArrayBuffer; sampleRate: number } {
   throw new Error("flite wrote a WAVE file without data");
 }
 
-let spare = prepare();
+const port = parentPort!;
+let spare: Prepared;
+try {
+  spare = prepare();
+} catch (error) {
+  port.postMessage({ type: "failed", error: error instanceof Error ? error.message : String(error) } satisfies PoolMessage<FliteResult>);
+  throw error;
+}
 
-parentPort!.on("message", (job: FliteJob) => {
+port.on("message", ({ id, request }: PoolJob<FliteJob>) => {
   const current = spare;
-  const name = `${job.id}.wav`;
-  current.argv = ["flite", ...job.args, "-o", `/out/${name}`].map((a) => Buffer.from(`${a}\0`));
+  const name = `${id}.wav`;
+  current.argv = ["flite", ...request.args, "-o", `/out/${name}`].map((a) => Buffer.from(`${a}\0`));
   try {
     const code = current.wasi.start(current.instance);
     if (code !== 0) throw new Error(`flite exited with status ${code}`);
     const { pcm, sampleRate } = readWav(readFileSync(join(dir, name)));
-    parentPort!.postMessage({ id: job.id, pcm, sampleRate } satisfies FliteResult, [pcm]);
+    port.postMessage({ type: "done", id, result: { pcm, sampleRate } } satisfies PoolMessage<FliteResult>, [pcm]);
   } catch (error) {
-    parentPort!.postMessage({ id: job.id, error: error instanceof Error ? error.message : String(error) } satisfies FliteResult);
+    port.postMessage({ type: "error", id, error: error instanceof Error ? error.message : String(error) } satisfies PoolMessage<FliteResult>);
   } finally {
     rmSync(join(dir, name), { force: true });
   }
   spare = prepare();
 });
+port.postMessage({ type: "ready" } satisfies PoolMessage<FliteResult>);

@@ -1,0 +1,14 @@
+/** A WorkerPool worker for tests: echoes, fails, or dies (exits its thread) on request; "fail-start" in workerData makes it fail to load. */
+import { parentPort, workerData } from "node:worker_threads";
+import type { PoolJob, PoolMessage } from "../../src/ai/speech/worker-pool.ts";
+
+const port = parentPort!;
+if (workerData === "fail-start") port.postMessage({ type: "failed", error: "no model here" } satisfies PoolMessage<string>);
+else {
+  port.on("message", ({ id, request }: PoolJob<string>) => {
+    if (request === "die") process.exit(3);
+    if (request === "throw") port.postMessage({ type: "error", id, error: "asked to fail" } satisfies PoolMessage<string>);
+    else setTimeout(() => port.postMessage({ type: "done", id, result: `echo ${request}` } satisfies PoolMessage<string>), 20);
+  });
+  port.postMessage({ type: "ready" } satisfies PoolMessage<string>);
+}
