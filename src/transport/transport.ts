@@ -112,7 +112,8 @@ export class WebRtcTransport implements ConnectionHost {
         const c = this.byKey.get(key);
         if (!c) return;
         this.logger.info({ peer: key, why }, "closing the connection of a peer blocked or removed");
-        void c.close(why);
+        // Not inside the bus's delivery (the publisher's call stack): on a turn of its own.
+        setImmediate(() => void c.close(why));
       },
       pollMs: o.peerPollMs,
       onError: (err) => this.logger.warn({ err }, "watching for blocked and removed peers failed"),
