@@ -81,6 +81,7 @@ export class WebRtcTransport implements ConnectionHost {
     this.telemetry = new TelemetryWriter({
       sink: o.domain.telemetry,
       bufferSamples: o.domain.ctx.config.telemetry.bufferSamples,
+      intervalMs: o.domain.ctx.config.telemetry.writeIntervalMs,
       onStored: (frames) => this.metrics.frame(frames),
       onDropped: (reason, frames) => this.metrics.dropped(reason, frames),
       onError: (err) =>
