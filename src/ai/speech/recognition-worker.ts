@@ -15,7 +15,11 @@ export type RecognitionRequest = { op: "transcribe"; audio: Float32Array } | { o
 export type RecognitionResult = { op: "transcribe"; text: string; ms: number } | { op: "vad"; probabilities: Float32Array; state: VadState };
 
 const data = JSON.parse(process.env.PERCH_WORKER_DATA ?? "null") as RecognitionWorkerData;
-const post = (message: PoolMessage<RecognitionResult>) => process.send?.(message);
+// With a callback, a send to a parent that has just gone (EPIPE) is reported there instead of as
+// an unhandled 'error' event; the 'disconnect' handler below then ends this process.
+const post = (message: PoolMessage<RecognitionResult>) => {
+  if (process.connected) process.send?.(message, undefined, undefined, () => {});
+};
 // The server is gone (exited, killed): so is this process.
 process.on("disconnect", () => process.exit(0));
 
