@@ -4,29 +4,8 @@ import { after, describe, test } from "node:test";
 import pg from "pg";
 import { Store } from "../src/store/index.ts";
 import { type ServerProcess, STORES, spawnServer, startTestServer, tempDir } from "./support/server.ts";
+import { battery, counters, storedSamples } from "./support/telemetry.ts";
 import { connect, eventually } from "./support/webrtc.ts";
-
-const battery = (at: number, percent = 50) => ({
-  observedAtUnixMs: BigInt(at),
-  observations: [{ observedAtDeltaMs: 0, body: { case: "battery" as const, value: { percent } } }],
-});
-
-/** The telemetry counters of a node's /metrics: frames stored, and dropped by reason. */
-async function counters(url: string): Promise<{ stored: number; dropped: Record<string, number> }> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const dropped: Record<string, number> = {};
-  for (const m of text.matchAll(/^perch_telemetry_frames_dropped_total\{reason="(\w+)"\} (\d+)/gm)) dropped[m[1]!] = Number(m[2]);
-  return { stored: Number(/^perch_telemetry_frames_total (\d+)/m.exec(text)?.[1] ?? 0), dropped };
-}
-
-/** Stored battery samples of `publicKey`. */
-async function storedSamples(store: Store, publicKey: string): Promise<number> {
-  const now = Date.now();
-  const range = await store.read((r) =>
-    r.telemetry.range({ publicKey, field: "battery.percent", start: now - 86_400_000, end: now + 1, order: "asc", limit: 100_000 }),
-  );
-  return range.length;
-}
 
 for (const entry of STORES) {
   describe(`presence and telemetry across a node's life (${entry.name})`, () => {

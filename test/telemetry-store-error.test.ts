@@ -7,30 +7,9 @@ import assert from "node:assert/strict";
 import { DatabaseSync } from "node:sqlite";
 import { after, describe, test } from "node:test";
 import pg from "pg";
-import type { Store } from "../src/store/index.ts";
 import { STORES, startTestServer, type TestServer } from "./support/server.ts";
+import { battery, counters, storedSamples } from "./support/telemetry.ts";
 import { connect, eventually } from "./support/webrtc.ts";
-
-const battery = (at: number, percent = 50) => ({
-  observedAtUnixMs: BigInt(at),
-  observations: [{ observedAtDeltaMs: 0, body: { case: "battery" as const, value: { percent } } }],
-});
-
-/** The telemetry counters of a node's /metrics: frames stored, and dropped by reason. */
-async function counters(url: string): Promise<{ stored: number; dropped: Record<string, number> }> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const dropped: Record<string, number> = {};
-  for (const m of text.matchAll(/^perch_telemetry_frames_dropped_total\{reason="(\w+)"\} (\d+)/gm)) dropped[m[1]!] = Number(m[2]);
-  return { stored: Number(/^perch_telemetry_frames_total (\d+)/m.exec(text)?.[1] ?? 0), dropped };
-}
-
-async function storedSamples(store: Store, publicKey: string): Promise<number> {
-  const now = Date.now();
-  const range = await store.read((r) =>
-    r.telemetry.range({ publicKey, field: "battery.percent", start: now - 86_400_000, end: now + 1, order: "asc", limit: 100_000 }),
-  );
-  return range.length;
-}
 
 /**
  * A trigger in the real database that refuses every sample of `publicKey` (an error that is not the

@@ -5,6 +5,7 @@ import type { ChannelPort } from "../src/protocol/channel.ts";
 import { StreamSocket } from "../src/protocol/stream-socket.ts";
 import { Answerer, type PeerLink } from "../src/transport/answerer.ts";
 import { inspectOffer } from "../src/transport/sdp.ts";
+import { watchCrashes } from "./support/crashes.ts";
 import { freeUdpPort } from "./support/server.ts";
 import { eventually } from "./support/webrtc.ts";
 
@@ -14,21 +15,6 @@ import { eventually } from "./support/webrtc.ts";
  * Here each one is made to throw, over a real connection (a `@roamhq/wrtc` device and the
  * server's own `Answerer`), and only what it belonged to is closed.
  */
-
-/** Records what would end the process (the answerer runs in this one). */
-function watchCrashes(): { errors: unknown[]; stop(): void } {
-  const errors: unknown[] = [];
-  const record = (err: unknown) => errors.push(err);
-  process.on("uncaughtException", record);
-  process.on("unhandledRejection", record);
-  return {
-    errors,
-    stop() {
-      process.off("uncaughtException", record);
-      process.off("unhandledRejection", record);
-    },
-  };
-}
 
 interface Device {
   pc: RTCPeerConnection;

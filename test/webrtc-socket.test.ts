@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import type { StreamSocket } from "../src/protocol/stream-socket.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
+import { watchCrashes } from "./support/crashes.ts";
 import { parseRawResponse } from "./support/raw-http.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { UdpRelay } from "./support/udp-relay.ts";
@@ -16,21 +17,6 @@ function collect(stream: StreamSocket): { raw: () => string; closed: Promise<voi
     stream.once("close", resolve);
   });
   return { raw: () => raw, closed };
-}
-
-/** Records what would end a server process (it runs in this one): uncaught exceptions and unhandled rejections. */
-function watchCrashes(): { errors: unknown[]; stop(): void } {
-  const errors: unknown[] = [];
-  const record = (err: unknown) => errors.push(err);
-  process.on("uncaughtException", record);
-  process.on("unhandledRejection", record);
-  return {
-    errors,
-    stop() {
-      process.off("uncaughtException", record);
-      process.off("unhandledRejection", record);
-    },
-  };
 }
 
 /** The server side of `conn`: its connection object, once active. */
