@@ -409,8 +409,9 @@ describe("transcription (Moonshine)", () => {
     const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
     const samples = new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength));
     // Other callers' long recognitions hold the one recogniser process: one runs, two wait.
+    const spoken = Float32Array.from(samples, (x) => x / 32768);
     const long = new Float32Array(16000 * 19);
-    for (let at = 0; at + samples.length <= long.length; at += samples.length + 8000) long.set(Array.from(samples, (x) => x / 32768), at);
+    for (let at = 0; at + spoken.length <= long.length; at += spoken.length + 8000) long.set(spoken, at);
     const busy = Promise.all([0, 1, 2].map(() => recogniser.recognise(long)));
     await sleep(0);
     assert.equal(recogniser.recogniserIdle, false, "the long recognitions are running");
