@@ -22,7 +22,7 @@ import {
 } from "../src/ai/speech/index.ts";
 import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
-import { WorkerPool } from "../src/ai/speech/worker-pool.ts";
+import { WorkerPool } from "../src/workers/pool.ts";
 import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
 
 const SENTENCE = "The small device reports its battery level and its temperature to the server.";

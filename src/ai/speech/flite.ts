@@ -4,7 +4,7 @@ import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { FliteJob, FliteResult, FliteWorkerData } from "./flite-worker.ts";
-import { WorkerPool } from "./worker-pool.ts";
+import { WorkerPool } from "../../workers/pool.ts";
 
 /** A flite voice and the settings that make it one of ours. */
 export interface FliteVoice {

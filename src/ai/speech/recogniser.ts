@@ -28,7 +28,7 @@ import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } fro
 import { initialVadState, VAD_FRAME, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
 import { type Region, SpeechTracker, speechRegions, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
-import { type Priority, WorkerPool } from "./worker-pool.ts";
+import { type Priority, WorkerPool } from "../../workers/pool.ts";
 
 const RATE = DECODED_SAMPLE_RATE;
 /**
