@@ -244,7 +244,7 @@ describe("work queue", () => {
   });
 });
 
-describe("worker pool (flite's and the recogniser's)", () => {
+describe("worker pool (flite's, the recogniser's, the store's reads)", () => {
   const script = new URL("./support/pool-worker.ts", import.meta.url);
 
   test("a worker that dies mid-job fails that job only and is replaced", async () => {
