@@ -404,4 +404,30 @@ describe("transcription (Moonshine)", () => {
     assert.match(await asr.finish(), /door/i);
     assert.equal(await asr.finish(), "");
   });
+
+  test("incremental recognition while the recogniser is busy: nothing speculative queues, the final text still comes", async () => {
+    const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
+    const samples = new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength));
+    // Other callers' long recognitions hold the one recogniser process: one runs, two wait.
+    const spoken = Float32Array.from(samples, (x) => x / 32768);
+    const long = new Float32Array(16000 * 19);
+    for (let at = 0; at + spoken.length <= long.length; at += spoken.length + 8000) long.set(spoken, at);
+    const busy = Promise.all([0, 1, 2].map(() => recogniser.recognise(long)));
+    await sleep(0);
+    assert.equal(recogniser.recogniserIdle, false, "the long recognitions are running");
+    const waiting = recogniser.recognitionsWaiting;
+    assert.equal(waiting, 2);
+    const asr = recogniser.createIncrementalRecogniser();
+    // The phrase and then half a second of silence: idle, this would start a speculative recognition.
+    for (let at = 0; at < samples.length; at += 320) asr.push(samples.subarray(at, at + 320));
+    for (let i = 0; i < 25; i++) asr.push(new Int16Array(320));
+    assert.equal(await asr.partial(), "", "no partial recognition while busy");
+    assert.equal(recogniser.recognitionsWaiting, waiting, "nothing queued behind the busy recogniser");
+    const final = asr.finish();
+    await sleep(0);
+    assert.equal(recogniser.recognitionsWaiting, waiting + 1, "the final recognition waits its turn");
+    assert.match(await final, /door/i);
+    await busy;
+    assert.equal(recogniser.recogniserIdle, true);
+  });
 });

@@ -233,6 +233,11 @@ export class WorkerPool<Req, Res> {
     return this.backlog.length;
   }
 
+  /** Whether a job run now would start at once: nothing waits and a loaded worker is free. */
+  get idle(): boolean {
+    return this.backlog.length === 0 && this.slots.some((s) => s.ready && !s.job);
+  }
+
   run(request: Req, options: { priority?: Priority; transfer?: Transferable[] } = {}): Promise<Res> {
     if (this.failure) return Promise.reject(this.failure);
     if (this.closed) return Promise.reject(new Error(`the ${this.options.name} pool is closed`));

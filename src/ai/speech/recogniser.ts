@@ -17,7 +17,8 @@
  *
  * `partial()` recognises again only once ≥ 0.5 s of new audio has arrived and at most the last 10 s;
  * 150 ms of silence after speech starts recognising the whole utterance on its own, and `finish()`
- * reuses that (or the last partial) when nothing but silence came after it.
+ * reuses that (or the last partial) when nothing but silence came after it. Both run only while the
+ * recogniser is idle: under load each turn costs one recognition, its final one.
  */
 import { availableParallelism } from "node:os";
 import { type Priority, WorkerPool } from "../../workers/pool.ts";
@@ -65,6 +66,20 @@ export class MoonshineEngine implements TranscriptionEngine {
   /** Transcriptions running and waiting for a slot. */
   get load(): { running: number; queued: number } {
     return { running: this.queue.running, queued: this.queue.queued };
+  }
+
+  /**
+   * Whether a recognition asked for now would start at once. Speculative work (recognising an
+   * utterance before its end is confirmed, partial text) runs only then: under load it would
+   * queue ahead of other conversations' final transcripts and multiply the work per turn.
+   */
+  get recogniserIdle(): boolean {
+    return this.recogniserPool?.idle ?? false;
+  }
+
+  /** Recognitions waiting for the recogniser process. */
+  get recognitionsWaiting(): number {
+    return this.recogniserPool?.waiting ?? 0;
   }
 
   /** The worker processes holding the models. */
@@ -246,15 +261,25 @@ export class IncrementalRecogniser {
       }
     }
     this.pending = blocks.slice(at);
-    if (this.spokeSinceJob && !this.running && this.quietTail >= SPECULATE_AFTER * RATE && this.samples <= PARTIAL_WINDOW * RATE) {
+    if (
+      this.spokeSinceJob &&
+      !this.running &&
+      this.quietTail >= SPECULATE_AFTER * RATE &&
+      this.samples <= PARTIAL_WINDOW * RATE &&
+      this.engine.recogniserIdle
+    ) {
       this.recognise(this.audio(), this.samples).catch(() => {});
     }
   }
 
-  /** The text of the utterance so far: recognised again at most every 0.5 s of audio, over at most the last 10 s. */
+  /**
+   * The text of the utterance so far: recognised again at most every 0.5 s of audio, over at most
+   * the last 10 s, and only while the recogniser is idle (otherwise the last text, possibly "").
+   */
   partial(): Promise<string> {
     if (this.running) return this.running;
     if (this.last && this.samples - this.last.samples < PARTIAL_STEP * RATE) return Promise.resolve(this.last.text);
+    if (!this.engine.recogniserIdle) return Promise.resolve(this.last?.text ?? "");
     const audio = this.audio();
     const window = audio.subarray(Math.max(0, audio.length - PARTIAL_WINDOW * RATE));
     return this.recognise(window, audio.length);
