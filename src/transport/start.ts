@@ -81,6 +81,5 @@ export async function startTransport(
     compatibleApi: o.compatibleApi,
     voice: o.voice,
   });
-  await transport.start();
   return transport;
 }

@@ -70,7 +70,6 @@ export class WebRtcTransport implements ConnectionHost {
   private ticking = false;
   private lastRefresh = 0;
   private closing: Promise<void> | undefined;
-  private heartbeat: { stop(): void } | undefined;
 
   constructor(o: TransportOptions) {
     this.o = o;
@@ -145,16 +144,6 @@ export class WebRtcTransport implements ConnectionHost {
       }
     }
     return { connections, streams: [...streams.values()] };
-  }
-
-  /** Start-up: a previous run of this node may have left peers recorded online. */
-  async start(): Promise<void> {
-    await this.domain.presence.nodeOffline();
-    await this.domain.presence.beat();
-    this.heartbeat = this.domain.presence.startHeartbeat({
-      onError: (err) => this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
-      onRecovered: () => this.logger.info("node heartbeat written again"),
-    });
   }
 
   /**
@@ -260,9 +249,8 @@ export class WebRtcTransport implements ConnectionHost {
       clearInterval(this.ticker);
       this.liveness.stop();
       this.peerWatch.stop();
-      this.heartbeat?.stop();
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
-      await this.domain.presence.leave().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
+      await this.domain.presence.nodeOffline().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
       await this.telemetry.close();
       for (const s of Object.values(this.http)) s.close();
     })();
