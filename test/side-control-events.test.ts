@@ -4,6 +4,7 @@ import { after, before, describe, test } from "node:test";
 import pg from "pg";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { ManualClock } from "../src/domain/clock.ts";
+import { SILENT_NODE_ROWS_MS } from "../src/domain/stream-slots.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import {
   freshPostgresDatabase,
@@ -222,6 +223,35 @@ describe("GET /side-control/events: the session expiring", () => {
     assert.deepEqual(stream.events().at(-1), { event: "session", data: { state: "expired" } });
   });
 });
+
+for (const store of STORES) {
+  describe(`GET /side-control/events: rows of a node that never came back are swept (${store.name})`, () => {
+    const clock = new ManualClock();
+    let server: TestServer;
+    before(async () => {
+      server = await startTestServer({ clock, cleanupIntervalMs: 50, config: { databaseUrl: await store.url(), nodeName: "sweeper" } });
+    });
+    after(() => server.stop());
+
+    test("the cleanup job deletes them once the node has been silent for 5 minutes, never this node's own", async () => {
+      const { phone, sessionId } = await pair(server);
+      const own = await EventStream.must(server.url, phone.accessToken);
+      await own.until((s) => s.events().length >= 2, "the first events");
+      // A node that held a stream of this session, beat once and died.
+      await server.store.transaction(async (tx) => {
+        await tx.runtime.beat("gone", clock.now());
+        await tx.liveStreams.insert({ id: "gone-stream", session_id: sessionId, node: "gone", opened_at: clock.now() });
+      });
+      const rows = (node: string) => server.store.read((r) => r.liveStreams.countNode(node));
+      assert.deepEqual([await rows("gone"), await rows("sweeper")], [1, 1]);
+      clock.advance(SILENT_NODE_ROWS_MS + 1);
+      await eventually(async () => (await rows("gone")) === 0, 10_000, "the silent node's row swept");
+      assert.equal(await rows("sweeper"), 1, "this node's own stream keeps its row");
+      own.close();
+      await eventually(async () => (await rows("sweeper")) === 0, 10_000, "the closed stream's row deleted");
+    });
+  });
+}
 
 describe("GET /side-control/events: a stream outlives the request timeout", () => {
   let server: TestServer;

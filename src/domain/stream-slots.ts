@@ -54,12 +54,13 @@ export class StreamSlots {
 
   /**
    * Upkeep, now and then: slots whose release failed are released again, and rows of nodes silent
-   * for `SILENT_NODE_ROWS_MS` (they died and never came back under their name) are deleted.
+   * for `SILENT_NODE_ROWS_MS` (they died and never came back under their name) are deleted; never
+   * this node's own (it deletes them itself as its streams end).
    */
   async sweep(): Promise<void> {
     await this.deleteUnreleased();
     const now = this.ctx.clock.now();
-    await this.ctx.store.transaction((tx) => tx.liveStreams.deleteOfSilentNodes(now - SILENT_NODE_ROWS_MS));
+    await this.ctx.store.transaction((tx) => tx.liveStreams.deleteOfSilentNodes(now - SILENT_NODE_ROWS_MS, this.node));
   }
 
   private async deleteUnreleased(): Promise<void> {

@@ -58,10 +58,11 @@ export class LiveStreamRepository {
     await this.db.deleteFrom("live_streams").where("node", "=", node).execute();
   }
 
-  /** Rows of nodes with no heartbeat row, or none later than `beatAfter` (nodes that died and never came back). */
-  async deleteOfSilentNodes(beatAfter: number): Promise<void> {
+  /** Rows of nodes other than `except` with no heartbeat row, or none later than `beatAfter` (nodes that died and never came back). */
+  async deleteOfSilentNodes(beatAfter: number, except: string): Promise<void> {
     await this.db
       .deleteFrom("live_streams")
+      .where("node", "<>", except)
       .where("node", "not in", (eb) => eb.selectFrom("node_heartbeats").select("node").where("beat_at", ">", beatAfter))
       .execute();
   }
