@@ -1,12 +1,10 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { duplexPair } from "node:stream";
 import { after, before, describe, test } from "node:test";
 import OpenAI, { toFile } from "openai";
-import { bindConnection } from "../src/http/connection.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
-import { exchange, parseRawResponse } from "./support/raw-http.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
+import { connect } from "./support/webrtc.ts";
 
 const APP_KEY = "sk-perch-test-app-key";
 const LIMITED_KEY = "sk-perch-test-limited-key";
@@ -18,7 +16,6 @@ describe("Compatible API: chat", () => {
   let primary: FakeUpstream;
   let backup: FakeUpstream;
   let deviceToken: string;
-  let devicePublicKey: string;
   let sideControlToken: string;
   let app: OpenAI;
   let device: OpenAI;
@@ -66,7 +63,6 @@ describe("Compatible API: chat", () => {
     const peer = server.client();
     await peer.login();
     deviceToken = peer.accessToken!;
-    devicePublicKey = (await peer.me()).public_key;
     await peer.putStatus({ volume: 33, battery_percent: 81 });
     const phone = server.client();
     await phone.login({ deviceToken: (await peer.createDeviceToken()).token });
@@ -489,20 +485,22 @@ describe("Compatible API: chat", () => {
   });
 
   test("a request on a device's connection (no bearer) runs as that device: its agent tools act on it", async () => {
-    primary.reply({ tool_calls: [{ id: "s", name: "device_status", arguments: "{}" }] }, { content: "ok" });
-    const before = primary.received.length;
-    const body = JSON.stringify({ model: "helper", messages: [{ role: "user", content: "status?" }] });
-    const [ours, theirs] = duplexPair();
-    bindConnection(theirs, { peerKey: devicePublicKey, remoteAddress: "192.0.2.7" });
-    server.httpServer.emit("connection", theirs);
-    const { raw } = await exchange(
-      ours,
-      `POST /openai/v1/chat/completions HTTP/1.1\r\nHost: peer\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
-    );
-    const res = parseRawResponse(raw);
-    assert.equal(res?.status, 200, raw);
-    assert.equal(JSON.parse(res!.body).choices[0].message.content, "ok");
-    assert.equal(JSON.parse(primary.received[before + 1]!.body.messages.at(-1).content).volume, 33);
+    // A real device on its WebRTC connection; the Compatible API is its stream 2, mounted at /v1.
+    const conn = await connect(server);
+    try {
+      const put = await conn.http(1, "PUT", "/me/status", { body: '{"volume":44}', headers: { "content-type": "application/json" } });
+      assert.equal(put.status, 200);
+      primary.reply({ tool_calls: [{ id: "s", name: "device_status", arguments: "{}" }] }, { content: "ok" });
+      const before = primary.received.length;
+      const body = JSON.stringify({ model: "helper", messages: [{ role: "user", content: "status?" }] });
+      const res = await conn.http(2, "POST", "/v1/chat/completions", { body, headers: { "content-type": "application/json" } });
+      assert.equal(res.status, 200, res.body.toString());
+      assert.equal(res.json<{ choices: Array<{ message: { content: string } }> }>().choices[0]!.message.content, "ok");
+      // The tool read the connection's device (volume 44), not another device (33, the bearer device of these tests).
+      assert.equal(JSON.parse(primary.received[before + 1]!.body.messages.at(-1).content).volume, 44);
+    } finally {
+      conn.close();
+    }
   });
 
   test("upstream speech and transcription models: the request relayed with the upstream model, the answer's bytes back", async () => {

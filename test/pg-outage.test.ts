@@ -210,9 +210,17 @@ describe("nodes survive their PostgreSQL", { skip: TEST_DATABASE_URL ? false : "
     for (const d of devices) d.conn.close();
   });
 
-  test("a node killed with devices connected: the other shows them offline within the heartbeat bound", async () => {
+  test("a node killed with devices connected: the other shows them offline once the dead node's heartbeat is stale", async () => {
     const victim = await spawnServer({ PERCH_DATA_DIR: dataDir, PERCH_DATABASE_URL: cluster.url, PERCH_LOG_LEVEL: "warn", PERCH_NODE_NAME: "node-c" });
     const conns = [await connect(victim), await connect(victim), await connect(victim)];
+    const keys = conns.map((c) => c.publicKey);
+    // The devices' runtime records and the age of their node's heartbeat, by the database's clock.
+    const records = () =>
+      cluster.query<{ online: number; node: string; beat_age_ms: number | null }>(
+        `select r.online, r.node, (extract(epoch from clock_timestamp()) * 1000 - h.beat_at)::float8 as beat_age_ms
+           from peer_runtime r left join node_heartbeats h on h.node = r.node where r.public_key = any($1)`,
+        [keys],
+      );
     try {
       // A Side Control session per device, on the surviving node.
       const phones: PerchClient[] = [];
@@ -224,12 +232,26 @@ describe("nodes survive their PostgreSQL", { skip: TEST_DATABASE_URL ? false : "
         phones.push(phone);
       }
       for (const phone of phones) await until("the device to show online", async () => (await phone.sideControl.runtime()).online);
+      // Online on node-c, whose heartbeat is fresh.
+      const before = await records();
+      assert.equal(before.length, 3);
+      for (const r of before) {
+        assert.deepEqual([r.online, r.node], [1, "node-c"]);
+        assert.ok(r.beat_age_ms !== null && r.beat_age_ms < NODE_STALE_MS, `heartbeat ${r.beat_age_ms} ms old`);
+      }
       const killedAt = Date.now();
       victim.process.kill("SIGKILL");
       for (const phone of phones) await until("the device to show offline", async () => !(await phone.sideControl.runtime()).online);
-      const ms = Date.now() - killedAt;
-      console.log(`devices of a killed node shown offline by the other ${ms} ms after the kill`);
-      assert.ok(ms <= 10_000, `offline ${ms} ms after the kill (bound ${NODE_STALE_MS} ms after the last heartbeat)`);
+      // A diagnostic only (the figure is the `outage` benchmark's).
+      console.log(`devices of a killed node shown offline by the other ${Date.now() - killedAt} ms after the kill`);
+      // Offline only because node-c stopped beating: nobody wrote them offline (the records still
+      // say online on node-c), and node-c's last heartbeat is now older than the staleness window.
+      const afterKill = await records();
+      assert.equal(afterKill.length, 3);
+      for (const r of afterKill) {
+        assert.deepEqual([r.online, r.node], [1, "node-c"], "the records were left as the dead node wrote them");
+        assert.ok(r.beat_age_ms !== null && r.beat_age_ms >= NODE_STALE_MS, `heartbeat ${r.beat_age_ms} ms old, stale from ${NODE_STALE_MS} ms`);
+      }
     } finally {
       for (const c of conns) c.close();
       if (victim.process.exitCode === null && victim.process.signalCode === null) await victim.stop();

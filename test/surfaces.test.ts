@@ -3,19 +3,19 @@
  * root routes by base path, and the caller is resolved in one place (connection, then bearer).
  */
 import assert from "node:assert/strict";
-import { duplexPair } from "node:stream";
 import { after, before, describe, test } from "node:test";
 import type { Context } from "hono";
 import { Hono } from "hono";
 import pino from "pino";
 import { DomainError } from "../src/domain/errors.ts";
-import { bindConnection } from "../src/http/connection.ts";
 import type { AppEnv } from "../src/http/env.ts";
 import { bodyLimit } from "../src/http/middleware.ts";
 import type { Surface } from "../src/http/surface.ts";
-import type { PerchClient } from "../src/sdk/client.ts";
-import { exchange, parseRawResponse } from "./support/raw-http.ts";
+import { PerchApiError, PerchClient } from "../src/sdk/client.ts";
+import type { HttpResponse, PerchConnection } from "../src/sdk/webrtc.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
+import { UdpRelay } from "./support/udp-relay.ts";
+import { connect, eventually } from "./support/webrtc.ts";
 
 const JSON_UTF8 = "application/json; charset=utf-8";
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,128}$/;
@@ -178,9 +178,18 @@ describe("surfaces", () => {
   });
 });
 
+/**
+ * Who is calling over a device's own connection: real devices, connected over WebRTC, their
+ * requests on stream 1 served as production serves them. Each device reaches the server through a
+ * UDP relay that sends from a loopback address of its own (127.0.0.2, 127.0.0.3), so the address
+ * the server sees for a connection is not the 127.0.0.1 every TCP client here has (or is, when the
+ * relay sends from 127.0.0.1).
+ */
 describe("who is calling", () => {
   let server: TestServer;
   let log = "";
+  const relays: UdpRelay[] = [];
+  const conns: PerchConnection[] = [];
   before(async () => {
     const logger = pino(
       { level: "info" },
@@ -190,64 +199,73 @@ describe("who is calling", () => {
         },
       },
     );
-    server = await startTestServer({ logger });
+    // The watch for blocked and removed peers polls SQLite off: a block written to the store below
+    // reaches the open connection only through its requests' own checks, as one written by another
+    // node whose notice has not arrived yet would.
+    server = await startTestServer({ logger, config: { webrtc: { peerPollMs: 0 } } });
   });
-  after(() => server.stop());
+  after(async () => {
+    for (const c of conns) c.close();
+    for (const r of relays) r.close();
+    await server.stop();
+  });
 
-  /** One HTTP exchange over a stream bound to a connection of `peerKey`, the way the transport serves service streams. */
-  async function overConnection(peerKey: string, request: string, remoteAddress = "198.51.100.7") {
-    const [ours, theirs] = duplexPair();
-    bindConnection(theirs, { peerKey, remoteAddress });
-    server.httpServer.emit("connection", theirs);
-    const { raw } = await exchange(ours, request);
-    const res = parseRawResponse(raw);
-    assert.ok(res, `no response in ${JSON.stringify(raw)}`);
-    return { ...res, json: res.body ? (JSON.parse(res.body) as Record<string, any>) : undefined };
+  /** A device connected to `s` from `address`; the server sees the connection there. */
+  async function deviceFrom(s: TestServer, address: string): Promise<PerchConnection> {
+    const relay = await UdpRelay.start({ source: address });
+    relays.push(relay);
+    const conn = await connect(s, { rtc: relay.rtc() });
+    conns.push(conn);
+    const held = await eventually(() => s.transport!.connection(conn.publicKey));
+    assert.equal(held.link.remoteAddress()?.replace(/:\d+$/, ""), address, "the connection's address");
+    return conn;
   }
-  const get = (path: string, headers = "") => `GET ${path} HTTP/1.1\r\nHost: peer\r\nConnection: close\r\n${headers}\r\n`;
+
+  const json = { "content-type": "application/json" };
+  const error = (res: HttpResponse) => res.json<{ error: { code: string } }>().error.code;
 
   test("a connection's peer is a primary principal on the Public API without a bearer", async () => {
-    const device = server.client();
-    await device.login();
-    await device.putStatus({ volume: 21 });
+    const conn = await deviceFrom(server, "127.0.0.2");
+    assert.equal((await conn.http(1, "PUT", "/me/status", { body: '{"volume":21}', headers: json })).status, 200);
 
-    let res = await overConnection(device.publicKey, get("/me/status", "X-Request-ID: over-stream.1\r\n"));
+    let res = await conn.http(1, "GET", "/me/status", { headers: { "x-request-id": "over-stream.1" } });
     assert.equal(res.status, 200);
     assert.equal(res.headers["content-type"], JSON_UTF8);
     assert.equal(res.headers["x-request-id"], "over-stream.1");
-    assert.equal(res.json?.volume, 21);
+    assert.equal(res.json<{ volume: number }>().volume, 21);
 
-    const body = '{"volume":22}';
-    res = await overConnection(
-      device.publicKey,
-      `PUT /me/status HTTP/1.1\r\nHost: peer\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
-    );
+    // Written as the connection's peer: the same key's session over TCP reads it.
+    const tcp = new PerchClient({ baseUrl: server.url, keyPair: conn.keyPair });
+    await tcp.login();
+    assert.equal((await tcp.status()).volume, 21);
+    res = await conn.http(1, "PUT", "/me/status", { body: '{"volume":22}', headers: json });
     assert.equal(res.status, 200);
-    assert.equal((await device.status()).volume, 22, "written as the connection's peer");
+    assert.equal((await tcp.status()).volume, 22, "written as the connection's peer");
 
     // The connection decides, whatever bearer the request carries.
     const other = server.client();
     await other.login();
-    res = await overConnection(device.publicKey, get("/me", `Authorization: Bearer ${other.accessToken}\r\n`));
+    res = await conn.http(1, "GET", "/me", { headers: { authorization: `Bearer ${other.accessToken}` } });
     assert.equal(res.status, 200);
-    assert.equal(res.json?.public_key, device.publicKey);
+    assert.equal(res.json<{ public_key: string }>().public_key, conn.publicKey);
 
     // It is a primary principal: Side Control routes refuse it; a contradicting X-Public-Key is refused.
-    res = await overConnection(device.publicKey, get("/side-control/status"));
+    res = await conn.http(1, "GET", "/side-control/status");
     assert.equal(res.status, 403);
-    assert.equal(res.json?.error.code, "SIDE_CONTROL_SESSION_REQUIRED");
-    res = await overConnection(device.publicKey, get("/me", `X-Public-Key: ${other.publicKey}\r\n`));
+    assert.equal(error(res), "SIDE_CONTROL_SESSION_REQUIRED");
+    res = await conn.http(1, "GET", "/me", { headers: { "x-public-key": other.publicKey } });
     assert.equal(res.status, 401);
-    assert.equal(res.json?.error.code, "PUBLIC_KEY_MISMATCH");
+    assert.equal(error(res), "PUBLIC_KEY_MISMATCH");
 
-    // The peer is re-checked on every request.
-    assert.equal(await server.domain.peers.setBlocked(device.publicKey, true), true);
-    res = await overConnection(device.publicKey, get("/me/status"));
+    // The peer is re-checked on every request: blocked, then removed, in the store while its connection is open.
+    assert.equal(await server.store.transaction((tx) => tx.peers.setStatus(conn.publicKey, "blocked", Date.now())), true);
+    res = await conn.http(1, "GET", "/me/status");
     assert.equal(res.status, 403);
-    assert.equal(res.json?.error.code, "PEER_BLOCKED");
-    res = await overConnection(server.client().publicKey, get("/me/status"));
+    assert.equal(error(res), "PEER_BLOCKED");
+    assert.equal(await server.store.transaction((tx) => tx.peers.remove(conn.publicKey)), true);
+    res = await conn.http(1, "GET", "/me/status");
     assert.equal(res.status, 401);
-    assert.equal(res.json?.error.code, "INVALID_SESSION");
+    assert.equal(error(res), "INVALID_SESSION");
 
     // Logs carry the connection's address, not a socket's.
     const line = log
@@ -255,30 +273,30 @@ describe("who is calling", () => {
       .split("\n")
       .map((l) => JSON.parse(l) as Record<string, unknown>)
       .find((l) => l.req_id === "over-stream.1");
-    assert.equal(line?.client, "198.51.100.7");
+    assert.equal(line?.client, "127.0.0.2");
   });
 
-  test("per-address limits use the connection's address", async () => {
+  test("per-address limits count a stream's login under its connection's address: apart from TCP's, or with it when the same", async () => {
     const s = await startTestServer({ config: { rateLimits: { loginPerKey: 0, loginPerAddress: 2, deviceTokenPerDevice: 0 } } });
     try {
-      const login = async (address: string) => {
-        const c = s.client();
-        const assertion = await c.assertion();
-        const [ours, theirs] = duplexPair();
-        bindConnection(theirs, { peerKey: c.publicKey, remoteAddress: address });
-        s.httpServer.emit("connection", theirs);
-        const { raw } = await exchange(
-          ours,
-          `POST /login HTTP/1.1\r\nHost: peer\r\nConnection: close\r\nAuthorization: Bearer ${assertion}\r\nX-Public-Key: ${c.publicKey}\r\nContent-Length: 0\r\n\r\n`,
-        );
-        return parseRawResponse(raw)?.status;
+      const login = async (conn: PerchConnection) => {
+        const assertion = await new PerchClient({ baseUrl: s.url, keyPair: conn.keyPair }).assertion();
+        const res = await conn.http(1, "POST", "/login", { headers: { authorization: `Bearer ${assertion}`, "x-public-key": conn.publicKey } });
+        return res.status;
       };
-      assert.equal(await login("203.0.113.1"), 200);
-      assert.equal(await login("203.0.113.1"), 200);
-      assert.equal(await login("203.0.113.1"), 429);
-      assert.equal(await login("203.0.113.2"), 200, "another connection address has its own count");
+      const a = await deviceFrom(s, "127.0.0.2");
+      assert.equal(await login(a), 200);
+      assert.equal(await login(a), 200);
+      assert.equal(await login(a), 429);
+      const b = await deviceFrom(s, "127.0.0.3");
+      assert.equal(await login(b), 200, "another connection address has its own count");
       const tcp = s.client();
       await tcp.login(); // 127.0.0.1 over TCP: not counted with the streams' addresses
+      // A device whose connection comes from 127.0.0.1 is counted with TCP's logins from there: the limit is the address's.
+      const c = await deviceFrom(s, "127.0.0.1");
+      assert.equal(await login(c), 200);
+      await assert.rejects(s.client().login(), (err: unknown) => err instanceof PerchApiError && err.status === 429);
+      assert.equal(await login(c), 429);
     } finally {
       await s.stop();
     }

@@ -43,13 +43,42 @@ describe("spoken text", () => {
   });
 });
 
+/** Waits until `check` holds (a liveness guard: it fails only after 5 s). */
+async function until(check: () => boolean, what: string): Promise<void> {
+  const end = Date.now() + 5_000;
+  while (!check()) {
+    if (Date.now() > end) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/**
+ * The playout's clock is injected: frames go out as it says they are due, however the timers
+ * run on a loaded machine, so pacing is checked against it rather than against wall time.
+ */
 describe("playout", () => {
-  test("sends 20 ms Opus frames of everything written, the first marked, and finishes", async () => {
+  test("sends 20 ms Opus frames of everything written, each when due (at most 80 ms ahead), the first marked, and finishes", async () => {
     const codec = new OpusCodec();
-    const sent: Array<{ bytes: number; first: boolean; at: number }> = [];
-    const p = new Playout({ codec, send: (opus, first) => sent.push({ bytes: opus.length, first, at: performance.now() }) > 0 });
+    let clock = 0;
+    const sent: Array<{ bytes: number; first: boolean }> = [];
+    const p = new Playout({ codec, now: () => clock, send: (opus, first) => sent.push({ bytes: opus.length, first }) > 0 });
     p.write(new Int16Array(FRAME_SAMPLES * 19 + 100).fill(1000));
     p.end();
+    // Paced, never all at once: with the clock standing still, the frames due within 80 ms (0, 20, 40, 60, 80) and no more.
+    assert.equal(sent.length, 5);
+    await new Promise((r) => setTimeout(r, 50)); // the playout's timer runs (more than once), the clock still at 0
+    assert.equal(sent.length, 5, "nothing more while the clock stands still");
+    clock = 20;
+    await until(() => sent.length === 6, "the frame due at 100 ms");
+    clock = 60;
+    await until(() => sent.length === 8, "the frames due up to 140 ms");
+    // The clock runs on: everything is sent.
+    let finished = false;
+    void p.done.then(() => (finished = true));
+    while (!finished) {
+      clock += 20;
+      await new Promise((r) => setTimeout(r, 1));
+    }
     const played = await p.done;
     assert.equal(played, FRAME_SAMPLES * 19 + 100);
     assert.equal(sent.length, 20, "the last partial frame is padded");
@@ -57,36 +86,39 @@ describe("playout", () => {
       sent.map((s) => s.first),
       [true, ...Array(19).fill(false)],
     );
-    // Paced, never all at once: the last frame is due 380 ms after the first, and goes at most 80 ms early.
-    assert.ok(sent.at(-1)!.at - sent[0]!.at >= 250, `${sent.at(-1)!.at - sent[0]!.at} ms`);
     codec.close();
   });
 
   test("stop() sends nothing more and reports what was played", async () => {
     const codec = new OpusCodec();
+    let clock = 0;
     let frames = 0;
-    const p = new Playout({ codec, send: () => ++frames > 0 });
+    const p = new Playout({ codec, now: () => clock, send: () => ++frames > 0 });
     p.write(new Int16Array(48_000));
-    await new Promise((r) => setTimeout(r, 100));
+    clock = 40;
+    await until(() => frames === 7, "the frames due up to 120 ms");
     const played = p.stop();
-    const at = frames;
-    assert.ok(at > 0 && at < 50);
-    assert.equal(played, at * FRAME_SAMPLES);
-    await new Promise((r) => setTimeout(r, 100));
-    assert.equal(frames, at);
+    assert.equal(played, 7 * FRAME_SAMPLES);
+    clock = 2_000;
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal(frames, 7, "nothing after stop()");
     assert.equal(await p.done, played);
     codec.close();
   });
 
   test("while synthesis lags, silence keeps the stream going without counting as played", async () => {
     const codec = new OpusCodec();
+    let clock = 0;
     let frames = 0;
-    const p = new Playout({ codec, send: () => ++frames > 0 });
+    const p = new Playout({ codec, now: () => clock, send: () => ++frames > 0 });
     p.write(new Int16Array(FRAME_SAMPLES));
-    await new Promise((r) => setTimeout(r, 120));
-    assert.ok(frames >= 3, `${frames} frames`);
+    assert.equal(frames, 5, "the one frame written, then silence up to 80 ms ahead");
+    clock = 200;
+    await until(() => frames === 15, "silence up to 280 ms while nothing more is written");
+    assert.equal(p.played, FRAME_SAMPLES, "silence is not counted as played");
     p.write(new Int16Array(FRAME_SAMPLES));
     p.end();
+    clock = 400;
     assert.equal(await p.done, 2 * FRAME_SAMPLES);
     codec.close();
   });

@@ -77,7 +77,14 @@ describe("a device that vanishes is noticed; one that answers is kept", () => {
 
 describe("the transport's timings are checked at start", () => {
   test("a staleness window not above twice the heartbeat, or an ownership check slower than it, refuses to start", async () => {
-    const timings = { ownershipCheckMs: 2_000, runtimeRefreshMs: 5_000, gatherTimeoutMs: 5_000, livenessQuietMs: 5_000, livenessProbeTimeoutMs: 5_000 };
+    const timings = {
+      ownershipCheckMs: 2_000,
+      runtimeRefreshMs: 5_000,
+      gatherTimeoutMs: 5_000,
+      livenessQuietMs: 5_000,
+      livenessProbeTimeoutMs: 5_000,
+      rpcRequestTimeoutMs: 10_000,
+    };
     assert.doesNotThrow(() => checkTimings(timings));
     assert.throws(
       () => checkTimings(timings, { beatMs: 5_000, staleMs: 8_000 }),

@@ -194,6 +194,8 @@ export const ConfigSchema = z
         runtimeRefreshMs: z.number().int().min(100).max(10_000).default(5_000),
         /** How long gathering this node's candidates may take before an offer is answered 500 ANSWER_FAILED. */
         gatherTimeoutMs: z.number().int().min(100).max(60_000).default(5_000),
+        /** A Peer RPC request (stream 0) that has not arrived whole, end-of-stream included, within this has its stream closed. */
+        rpcRequestTimeoutMs: z.number().int().min(100).max(60_000).default(10_000),
       })
       .default({
         enabled: true,
@@ -204,6 +206,7 @@ export const ConfigSchema = z
         ownershipCheckMs: 2_000,
         runtimeRefreshMs: 5_000,
         gatherTimeoutMs: 5_000,
+        rpcRequestTimeoutMs: 10_000,
       }),
     /** Growth bounds per device and per key (see docs/decisions.md). */
     limits: z

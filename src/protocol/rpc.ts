@@ -29,7 +29,7 @@ export const RpcCode = {
 const MAX_ENVELOPE_BYTES = 1024 * 1024;
 /** The most bytes a speed test moves each way. */
 export const MAX_SPEED_TEST_BYTES = 64 * 1024 * 1024;
-/** How long a provider waits for a whole request. */
+/** How long a provider waits for a whole request, unless told otherwise. */
 const REQUEST_TIMEOUT_MS = 10_000;
 const PROVIDER_CLOSE_GRACE_MS = 2_000;
 
@@ -176,10 +176,15 @@ export type RpcHandlers = Partial<Record<RpcMethod, RpcHandler>>;
  * Serves one call on `stream`: reads the request, answers with a payload or an error (−32601 for
  * a method without a handler) and closes. A malformed stream is destroyed; it never throws.
  */
-export async function serveRpc(stream: Duplex, handlers: RpcHandlers, onError?: (err: unknown, method: RpcMethod | undefined) => void): Promise<void> {
+export async function serveRpc(
+  stream: Duplex,
+  handlers: RpcHandlers,
+  onError?: (err: unknown, method: RpcMethod | undefined) => void,
+  requestTimeoutMs = REQUEST_TIMEOUT_MS,
+): Promise<void> {
   let request: RpcRequest | undefined;
   try {
-    const message = await readMessage(stream, REQUEST_TIMEOUT_MS);
+    const message = await readMessage(stream, requestTimeoutMs);
     let response: RpcResponse;
     let dataBytes = 0;
     let sent: (() => void) | undefined;

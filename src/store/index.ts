@@ -80,7 +80,7 @@ export class Store {
     this.dialect = database.dialect;
     this.readPool = readPool;
     this.groupCommit = database.dialect === "sqlite" ? new GroupCommit(database.db) : undefined;
-    this.readers = new Repositories(database.db, database.dialect, readPool && ((query) => readPool.run(query)));
+    this.readers = new Repositories(database.db, database.dialect, readPool && ((query) => readPool.query(query)));
   }
 
   static async open(url: string | undefined, dataDir: string, options: StoreOptions = {}): Promise<Store> {

@@ -30,6 +30,8 @@ export interface ConnectionHost {
   ingest: TelemetryIngest;
   /** Voice conversations over the audio track, when configured. */
   voice?: VoiceHost | undefined;
+  /** Time for a whole Peer RPC request (`webrtc.rpcRequestTimeoutMs`); its stream is closed after it. */
+  readonly rpcRequestTimeoutMs: number;
   /** Serves an HTTP stream (service 1 or 2). */
   serveHttp(service: 1 | 2, stream: StreamSocket, context: ConnectionContext): void;
   /** The connection became active: the host makes it the key's only one and marks it online. */
@@ -177,7 +179,7 @@ export class Connection {
     if (id === SERVICE.RPC) {
       const stream = this.track(new ChannelStream(port), "rpc");
       detached(
-        serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed")),
+        serveRpc(stream, this.rpc, (err, method) => this.host.logger.warn({ err, method }, "rpc handler failed"), this.host.rpcRequestTimeoutMs),
         (err) => {
           this.host.logger.error({ err, peer: this.publicKey }, "rpc stream failed");
           stream.destroy();

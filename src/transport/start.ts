@@ -48,6 +48,7 @@ export async function startTransport(
     gatherTimeoutMs: config.webrtc.gatherTimeoutMs,
     livenessQuietMs: config.webrtc.livenessQuietMs,
     livenessProbeTimeoutMs: config.webrtc.livenessProbeTimeoutMs,
+    rpcRequestTimeoutMs: config.webrtc.rpcRequestTimeoutMs,
   };
   checkTimings(timings);
   const udpPort = config.webrtc.udpPort ?? o.httpPort;

@@ -7,6 +7,8 @@ export interface TransportTimings {
   gatherTimeoutMs: number;
   livenessQuietMs: number;
   livenessProbeTimeoutMs: number;
+  /** Time for a whole Peer RPC request on stream 0; its stream is closed after it. */
+  rpcRequestTimeoutMs: number;
 }
 
 /** The contract keeps rx/tx bytes current at least this often. */

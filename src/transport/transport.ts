@@ -57,6 +57,7 @@ export class WebRtcTransport implements ConnectionHost {
   readonly telemetry: TelemetryWriter;
   readonly ingest: TelemetryIngest;
   readonly voice: VoiceHost | undefined;
+  readonly rpcRequestTimeoutMs: number;
   private readonly o: TransportOptions;
   private readonly answerer: Answerer;
   /** Every connection, pending or active. */
@@ -76,6 +77,7 @@ export class WebRtcTransport implements ConnectionHost {
     this.domain = o.domain;
     this.logger = o.logger;
     this.voice = o.voice;
+    this.rpcRequestTimeoutMs = o.timings.rpcRequestTimeoutMs;
     this.metrics = new TransportMetrics(o.registry, () => this.census());
     this.telemetry = new TelemetryWriter({
       sink: o.domain.telemetry,

@@ -17,15 +17,20 @@ export class UdpRelay {
   /** Packets relayed to the server, and to the device. */
   readonly relayed = { toServer: 0, toDevice: 0 };
 
-  private constructor(front: Socket) {
+  /** The loopback address the relay sends to the server from: the device's address as the server sees it. */
+  private readonly source: string;
+
+  private constructor(front: Socket, source: string) {
     this.front = front;
+    this.source = source;
     front.on("message", (msg, from) => this.fromDevice(msg, from));
   }
 
-  static async start(): Promise<UdpRelay> {
+  /** `source`: another loopback address (127.0.0.2, …) gives the device an address of its own, apart from 127.0.0.1. */
+  static async start(o: { source?: string } = {}): Promise<UdpRelay> {
     const front = createSocket("udp4");
     await new Promise<void>((resolve) => front.bind(0, "127.0.0.1", resolve));
-    return new UdpRelay(front);
+    return new UdpRelay(front, o.source ?? "127.0.0.1");
   }
 
   get port(): number {
@@ -93,7 +98,7 @@ export class UdpRelay {
         this.front.send(reply, from.port, from.address);
       });
       socket.on("error", () => {});
-      socket.bind(0, "127.0.0.1");
+      socket.bind(0, this.source);
       this.upstream.set(key, socket);
       up = socket;
     }
