@@ -9,9 +9,7 @@ export interface HeldConnection {
 }
 
 /**
- * This node's share of presence, kept while it runs:
- * - its heartbeat (other nodes read its peers as online only while it beats), after marking
- *   offline whatever a previous run of this node left online;
+ * This node's share of presence while its transport runs (the node's heartbeat is the server's):
  * - every `ownershipCheckMs`, the check that each peer connected here is still recorded here (a
  *   newer connection on another node replaced it: ours is closed);
  * - every `runtimeRefreshMs`, the peers' runtime (address, byte counters), which also tells of
@@ -28,7 +26,6 @@ export class PresenceUpkeep {
     replaced: (key: string) => void;
   };
   private readonly ticker: NodeJS.Timeout;
-  private heartbeat: { stop(): void } | undefined;
   private ticking = false;
   private stopped = false;
   private lastRefresh = 0;
@@ -39,23 +36,10 @@ export class PresenceUpkeep {
     this.ticker.unref();
   }
 
-  async start(): Promise<void> {
-    const { presence } = this.o.domain;
-    await presence.nodeOffline();
-    await presence.beat();
-    if (this.stopped) return;
-    this.heartbeat = presence.startHeartbeat({
-      onError: (err) => this.o.logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
-      onRecovered: () => this.o.logger.info("node heartbeat written again"),
-    });
-  }
-
   stop(): void {
     this.stopped = true;
     clearInterval(this.ticker);
-    this.heartbeat?.stop();
   }
-
   private async tick(): Promise<void> {
     if (this.ticking || this.stopped) return;
     this.ticking = true;

@@ -156,11 +156,6 @@ export class WebRtcTransport implements ConnectionHost {
     return { connections, streams: [...streams.values()] };
   }
 
-  /** Start-up: a previous run of this node may have left peers recorded online. */
-  start(): Promise<void> {
-    return this.presence.start();
-  }
-
   /**
    * Checks 10–13 of the contract for an offer that passed 1–9, and answers it. `timing` receives
    * the phases for `Server-Timing`.
@@ -239,7 +234,7 @@ export class WebRtcTransport implements ConnectionHost {
       this.liveness.stop();
       this.peerWatch.stop();
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
-      await this.domain.presence.leave().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
+      await this.domain.presence.nodeOffline().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
       await this.telemetry.close();
       for (const s of Object.values(this.http)) s.close();
     })();
