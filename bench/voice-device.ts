@@ -22,6 +22,8 @@ export interface BargeReport {
   type: "barge";
   /** Onset of the interrupting speech handed to the stack → last audible sample of the reply heard, ms. */
   onset_to_silence_ms: number | undefined;
+  /** Onset → the interrupted reply's EOS, stamped by the server as its last audio packet went out (one machine, one wall clock). */
+  onset_to_last_packet_ms: number | undefined;
   interrupted: boolean;
 }
 export type DeviceMessage = TurnReport | BargeReport | { type: "ready" } | { type: "done" } | { type: "error"; message: string };
@@ -41,7 +43,7 @@ function next(
   conn: PerchConnection,
   match: (e: { type: number; stream: string; label: string; text?: string }) => boolean,
   ms = 60_000,
-): Promise<{ text?: string }> {
+): Promise<{ text?: string; timestampUnixMs?: bigint | number }> {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {
       off();
@@ -73,15 +75,21 @@ async function conversation(index: number): Promise<void> {
         await mic.say(question);
         await audio;
         await sleep(700);
+        const onsetUnixMs = Date.now();
         const onset = performance.now();
         const said = mic.say(question);
         const eos = await end.then(
-          () => true,
-          () => false,
+          (e) => e,
+          () => undefined,
         );
         await sleep(300);
         const last = conn.speaker.lastAudibleAt;
-        send({ type: "barge", onset_to_silence_ms: last !== undefined && last > onset ? last - onset : 0, interrupted: eos });
+        send({
+          type: "barge",
+          onset_to_silence_ms: last !== undefined && last > onset ? last - onset : 0,
+          onset_to_last_packet_ms: eos?.timestampUnixMs !== undefined ? Number(eos.timestampUnixMs) - onsetUnixMs : undefined,
+          interrupted: eos !== undefined,
+        });
         await said;
         await next(conn, (e) => e.type === PeerEventType.TEXT_DONE && e.stream === `out-${n1 + 1}` && e.label === "turn.metrics");
         await sleep(3000);

@@ -3,8 +3,9 @@
  * `perch serve`, and devices on `@roamhq/wrtc` in separate processes speaking a synthesised
  * question. Figures: end of speech → first reply packet at the server (`turn.metrics`) and at the
  * device (last voiced sample sent → first audible sample heard), for 1 conversation and for 20
- * concurrent ones taking turns; barge-in (speech onset → last reply sample heard); the share of
- * downlink frames sent late; the server's CPU and memory per conversation.
+ * concurrent ones taking turns; barge-in (speech onset → last reply packet sent, from the server's
+ * EOS stamp; and → last reply sample heard); the share of downlink frames sent late; the server's
+ * CPU and memory per conversation.
  *
  * BENCH_VOICE_TURNS (default 8), BENCH_VOICE_CONVERSATIONS (20), BENCH_VOICE_PROCESSES (4).
  */
@@ -158,6 +159,7 @@ export async function voiceBench(): Promise<unknown> {
         trials: barge.length,
         interrupted: barge.filter((b) => b.type === "barge" && b.interrupted).length,
         onset_to_last_reply_sample_ms: pct(barge.map((b) => (b.type === "barge" ? (b.onset_to_silence_ms ?? Number.NaN) : Number.NaN)).filter(Number.isFinite)),
+        onset_to_last_reply_packet_ms: pct(barge.map((b) => (b.type === "barge" ? (b.onset_to_last_packet_ms ?? Number.NaN) : Number.NaN)).filter(Number.isFinite)),
       },
       server_warnings: { count: server.warnings.count, last: server.warnings.last },
     };
