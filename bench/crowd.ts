@@ -1,5 +1,6 @@
 /** The WebRTC crowd seen from the bench: worker processes of node-datachannel devices, commanded over IPC. */
 import { type ChildProcess, fork } from "node:child_process";
+import { setPriority } from "node:os";
 import { join } from "node:path";
 import type { ConnectReport, StatsReport, WorkerCommand } from "./crowd-worker.ts";
 import { ROOT } from "./support.ts";
@@ -20,6 +21,10 @@ class Worker {
       env: { ...process.env, ...env },
       stdio: ["ignore", "inherit", "inherit", "ipc"],
     });
+    // The simulated devices stand for other machines: on a shared machine they yield the CPU to
+    // the server under test (it is measured, they only load it). BENCH_CROWD_NICE=0 turns it off.
+    const nice = Number(process.env.BENCH_CROWD_NICE ?? 10);
+    if (nice && this.child.pid !== undefined) setPriority(this.child.pid, nice);
     this.child.on("message", (r: Reply) => {
       const done = "id" in r ? this.waiting.get(r.id) : undefined;
       if (done) {

@@ -230,7 +230,21 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
   const listen = async (): Promise<RunningServer> => {
     if (listening) throw new Error("listen() was already called on this server");
     listening = true;
+    let heartbeat: { stop(): void } | undefined;
+    /** Undoes what listening began when a later step fails: nothing that opened stays open. */
+    const abandon = async () => {
+      heartbeat?.stop();
+      if (heartbeat) await domain.presence.leave().catch((err) => logger.warn({ err }, "could not clear this node's records"));
+      await closeOpened();
+    };
     try {
+      // The node joins before it accepts anything: what a crashed run of it left is cleared, and
+      // its heartbeat (which makes its peers' records and its event streams count) starts.
+      await domain.presence.join();
+      heartbeat = domain.presence.startHeartbeat({
+        onError: (err) => logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
+        onRecovered: () => logger.info("node heartbeat written again"),
+      });
       await new Promise<void>((resolve, reject) => {
         server.once("error", reject);
         server.listen(config.port, config.host, () => {
@@ -239,8 +253,8 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
         });
       });
     } catch (err) {
-      // The port is taken (or not ours): nothing that opened stays open.
-      await closeOpened();
+      // The store failed, or the port is taken (or not ours).
+      await abandon();
       throw err;
     }
     if (webrtcEnabled) {
@@ -260,7 +274,7 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
         });
       } catch (err) {
         server.close();
-        await closeOpened();
+        await abandon();
         throw err;
       }
     }
@@ -272,6 +286,7 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
       const now = clock.now();
       store
         .deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS)
+        .then(() => domain.live.sweep())
         .catch((err) => logger.warn({ err }, "cleanup of expired rows failed"))
         .finally(() => (cleaning = false));
     }, o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS);
@@ -300,7 +315,7 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
       events,
       commands,
       close() {
-        closing ??= shutdown({ server, domain, transport, closeOpened, logger, cleanup, logFlush });
+        closing ??= shutdown({ server, domain, transport, heartbeat, closeOpened, logger, cleanup, logFlush });
         return closing;
       },
     };
@@ -322,12 +337,14 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
 
 /**
  * Stops accepting first; closes the event streams and the WebRTC connections while in-flight
- * requests finish; then closes the bus and the store, and flushes the log.
+ * requests finish; then the node leaves the store (`presence.leave`), closes the bus and the
+ * store, and flushes the log.
  */
 async function shutdown(n: {
   server: Server;
   domain: Domain;
   transport: WebRtcTransport | undefined;
+  heartbeat: { stop(): void } | undefined;
   closeOpened: () => Promise<void>;
   logger: Logger;
   cleanup: NodeJS.Timeout;
@@ -347,6 +364,9 @@ async function shutdown(n: {
   n.domain.live.close();
   await n.transport?.close();
   await stopped;
+  // The node leaves: its peers offline, its event stream rows and its heartbeat gone.
+  n.heartbeat?.stop();
+  await n.domain.presence.leave().catch((err) => n.logger.error({ err }, "could not clear this node's records"));
   await n.closeOpened();
   clearInterval(n.logFlush);
   n.logger.flush();

@@ -1,10 +1,23 @@
 import assert from "node:assert/strict";
+import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
+import pg from "pg";
+import { generateKeyPair } from "../src/crypto/keys.ts";
 import { ManualClock } from "../src/domain/clock.ts";
-import type { PerchClient } from "../src/sdk/client.ts";
-import { STORES, startTestServer, type TestServer } from "./support/server.ts";
+import { SILENT_NODE_ROWS_MS } from "../src/domain/stream-slots.ts";
+import { PerchClient } from "../src/sdk/client.ts";
+import {
+  freshPostgresDatabase,
+  type ServerProcess,
+  STORES,
+  spawnServer,
+  startTestServer,
+  TEST_DATABASE_URL,
+  type TestServer,
+  tempDir,
+} from "./support/server.ts";
 import { EventStream } from "./support/sse.ts";
-import { connect } from "./support/webrtc.ts";
+import { connect, eventually } from "./support/webrtc.ts";
 
 /** A device (primary session) and a phone paired with it (Side Control session). */
 async function pair(server: TestServer, device: PerchClient = server.client()): Promise<{ device: PerchClient; phone: PerchClient; sessionId: string }> {
@@ -12,6 +25,30 @@ async function pair(server: TestServer, device: PerchClient = server.client()): 
   const phone = server.client();
   const login = await phone.login({ deviceToken: (await device.createDeviceToken()).token });
   return { device, phone, sessionId: login.session_id };
+}
+
+/** Opens streams at once, one per URL, with one bearer: those opened and the refusals. */
+async function race(urls: string[], bearer: string): Promise<{ open: EventStream[]; refused: Response[] }> {
+  const results = await Promise.all(urls.map((url) => EventStream.open(url, bearer)));
+  return {
+    open: results.filter((r): r is EventStream => r instanceof EventStream),
+    refused: results.filter((r): r is Response => !(r instanceof EventStream)),
+  };
+}
+
+/** Opens a stream, trying again while the session's slots are all taken (429), until one frees. */
+async function openWhenFree(url: string, bearer: string, what = "a free slot"): Promise<EventStream> {
+  return eventually(
+    async () => {
+      const s = await EventStream.open(url, bearer);
+      if (s instanceof EventStream) return s;
+      assert.equal(await refusal(s), "429 RATE_LIMITED");
+      await new Promise((r) => setTimeout(r, 100));
+      return undefined;
+    },
+    30_000,
+    what,
+  );
 }
 
 async function refusal(res: EventStream | Response): Promise<string> {
@@ -129,19 +166,25 @@ for (const store of STORES) {
       assert.equal(await refusal(await EventStream.open(server.url, phone.accessToken, { "x-public-key": device.publicKey })), "401 PUBLIC_KEY_MISMATCH");
     });
 
-    test("at most four open streams per session: the fifth is refused, one closing makes room", async () => {
+    test("ten racing opens of one session: exactly four streams, the rest 429 with Retry-After; one closing frees a slot", async () => {
       const { phone } = await pair(server);
-      const open = await Promise.all([1, 2, 3, 4].map(() => EventStream.must(server.url, phone.accessToken)));
-      const fifth = await EventStream.open(server.url, phone.accessToken);
-      assert.ok(!(fifth instanceof EventStream));
-      assert.equal(fifth.headers.get("retry-after"), "1");
-      assert.equal(await refusal(fifth), "429 RATE_LIMITED");
+      const { open, refused } = await race(
+        Array.from({ length: 10 }, () => server.url),
+        phone.accessToken!,
+      );
+      assert.equal(open.length, 4, "exactly four streams open");
+      assert.equal(refused.length, 6);
+      for (const res of refused) {
+        assert.equal(res.headers.get("retry-after"), "1");
+        assert.equal(await refusal(res), "429 RATE_LIMITED");
+      }
       // Another session of the same device is not limited by this one's streams.
       const other = await pair(server);
       (await EventStream.must(server.url, other.phone.accessToken)).close();
+      // One closing: its slot comes back (once the server saw the client leave), and only one.
       open[0]?.close();
-      await new Promise((r) => setTimeout(r, 200));
-      const again = await EventStream.must(server.url, phone.accessToken);
+      const again = await openWhenFree(server.url, phone.accessToken!);
+      assert.equal(await refusal(await EventStream.open(server.url, phone.accessToken)), "429 RATE_LIMITED");
       for (const s of [...open, again]) s.close();
     });
 
@@ -181,6 +224,35 @@ describe("GET /side-control/events: the session expiring", () => {
   });
 });
 
+for (const store of STORES) {
+  describe(`GET /side-control/events: rows of a node that never came back are swept (${store.name})`, () => {
+    const clock = new ManualClock();
+    let server: TestServer;
+    before(async () => {
+      server = await startTestServer({ clock, cleanupIntervalMs: 50, config: { databaseUrl: await store.url(), nodeName: "sweeper" } });
+    });
+    after(() => server.stop());
+
+    test("the cleanup job deletes them once the node has been silent for 5 minutes, never this node's own", async () => {
+      const { phone, sessionId } = await pair(server);
+      const own = await EventStream.must(server.url, phone.accessToken);
+      await own.until((s) => s.events().length >= 2, "the first events");
+      // A node that held a stream of this session, beat once and died.
+      await server.store.transaction(async (tx) => {
+        await tx.runtime.beat("gone", clock.now());
+        await tx.liveStreams.insert({ id: "gone-stream", session_id: sessionId, node: "gone", opened_at: clock.now() });
+      });
+      const rows = (node: string) => server.store.read((r) => r.liveStreams.countNode(node));
+      assert.deepEqual([await rows("gone"), await rows("sweeper")], [1, 1]);
+      clock.advance(SILENT_NODE_ROWS_MS + 1);
+      await eventually(async () => (await rows("gone")) === 0, 10_000, "the silent node's row swept");
+      assert.equal(await rows("sweeper"), 1, "this node's own stream keeps its row");
+      own.close();
+      await eventually(async () => (await rows("sweeper")) === 0, 10_000, "the closed stream's row deleted");
+    });
+  });
+}
+
 describe("GET /side-control/events: a stream outlives the request timeout", () => {
   let server: TestServer;
   before(async () => {
@@ -195,5 +267,104 @@ describe("GET /side-control/events: a stream outlives the request timeout", () =
     assert.equal(stream.ended, false, "the server did not cut the stream");
     assert.ok(stream.items.filter((i) => "comment" in i).length >= 3);
     stream.close();
+  });
+});
+
+describe("GET /side-control/events: a session's streams counted across two nodes on one PostgreSQL", {
+  skip: TEST_DATABASE_URL ? false : "PERCH_TEST_DATABASE_URL is not set",
+}, () => {
+  let dataDir: string;
+  let env: Record<string, string>;
+  let a: ServerProcess;
+  let b: ServerProcess;
+  const envA = () => ({ ...env, PERCH_NODE_NAME: "node-a" });
+
+  before(async () => {
+    dataDir = tempDir();
+    env = { PERCH_DATA_DIR: dataDir, PERCH_DATABASE_URL: await freshPostgresDatabase(), PERCH_LOG_LEVEL: "warn" };
+    [a, b] = await Promise.all([spawnServer(envA()), spawnServer({ ...env, PERCH_NODE_NAME: "node-b" })]);
+  });
+  after(async () => {
+    await Promise.all([a?.stop(), b?.stop()]);
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  /** A device logged in on A and a phone paired with it: the phone's bearer works on both nodes. */
+  async function pairOn(node: ServerProcess): Promise<string> {
+    const device = new PerchClient({ baseUrl: node.url, keyPair: generateKeyPair() });
+    await device.login();
+    const phone = new PerchClient({ baseUrl: node.url, keyPair: generateKeyPair() });
+    await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+    return phone.accessToken!;
+  }
+
+  async function streamRows(node: string): Promise<number> {
+    const c = new pg.Client({ connectionString: env.PERCH_DATABASE_URL });
+    await c.connect();
+    try {
+      return Number((await c.query("select count(*) as n from live_streams where node = $1", [node])).rows[0].n);
+    } finally {
+      await c.end();
+    }
+  }
+
+  test("ten opens racing over both nodes: exactly four streams", async () => {
+    const bearer = await pairOn(a);
+    const { open, refused } = await race(
+      Array.from({ length: 10 }, (_, i) => (i % 2 === 0 ? a.url : b.url)),
+      bearer,
+    );
+    assert.equal(open.length, 4, "exactly four streams open over both nodes");
+    for (const res of refused) assert.equal(await refusal(res), "429 RATE_LIMITED");
+    for (const s of open) s.close();
+  });
+
+  test("a stream on A and three on B are the session's four; one closing on A frees a slot on B", async () => {
+    const bearer = await pairOn(a);
+    const onA = await EventStream.must(a.url, bearer);
+    const onB = await Promise.all([1, 2, 3].map(() => EventStream.must(b.url, bearer)));
+    for (const node of [a, b]) {
+      const fifth = await EventStream.open(node.url, bearer);
+      assert.ok(!(fifth instanceof EventStream));
+      assert.equal(fifth.headers.get("retry-after"), "1");
+      assert.equal(await refusal(fifth), "429 RATE_LIMITED");
+    }
+    onA.close();
+    const again = await openWhenFree(b.url, bearer, "the slot A's stream gave back");
+    assert.equal(await refusal(await EventStream.open(a.url, bearer)), "429 RATE_LIMITED");
+    for (const s of [...onB, again]) s.close();
+  });
+
+  test("a killed node's streams stop counting once its heartbeat is stale; started again, it clears its rows", async () => {
+    const bearer = await pairOn(b);
+    const onA = await Promise.all([1, 2].map(() => EventStream.must(a.url, bearer)));
+    const onB = await Promise.all([1, 2].map(() => EventStream.must(b.url, bearer)));
+    assert.equal(await refusal(await EventStream.open(b.url, bearer)), "429 RATE_LIMITED");
+    assert.equal(await streamRows("node-a"), 2);
+
+    a.process.kill("SIGKILL");
+    await new Promise((r) => a.process.once("exit", r));
+    // Its two rows stay (nothing removed them) but stop counting once node-a's heartbeat is stale.
+    const freed = [await openWhenFree(b.url, bearer, "node-a's slots freed"), await openWhenFree(b.url, bearer, "node-a's second slot")];
+    assert.equal(await refusal(await EventStream.open(b.url, bearer)), "429 RATE_LIMITED", "and no more than those two");
+    assert.equal(await streamRows("node-a"), 2);
+
+    a = await spawnServer(envA());
+    assert.equal(await streamRows("node-a"), 0, "node-a started again and cleared what its crashed run left");
+    assert.equal(await refusal(await EventStream.open(a.url, bearer)), "429 RATE_LIMITED", "B's four streams count on A");
+    for (const s of [...onA, ...onB, ...freed]) s.close();
+  });
+
+  test("a node stopping cleanly removes its rows at once", async () => {
+    const bearer = await pairOn(a);
+    const onA = await Promise.all([1, 2, 3, 4].map(() => EventStream.must(a.url, bearer)));
+    assert.equal(await streamRows("node-a"), 4);
+    assert.equal(await a.stop(), 0);
+    await Promise.all(onA.map((s) => s.end()));
+    assert.equal(await streamRows("node-a"), 0);
+    // Without waiting for any heartbeat to go stale, B admits the session's four streams.
+    const onB = await Promise.all([1, 2, 3, 4].map(() => EventStream.must(b.url, bearer)));
+    for (const s of onB) s.close();
+    a = await spawnServer(envA());
   });
 });

@@ -22,7 +22,7 @@ import {
 } from "../src/ai/speech/index.ts";
 import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
-import { WorkerPool } from "../src/ai/speech/worker-pool.ts";
+import { WorkerPool } from "../src/workers/pool.ts";
 import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
 
 const SENTENCE = "The small device reports its battery level and its temperature to the server.";
@@ -244,7 +244,7 @@ describe("work queue", () => {
   });
 });
 
-describe("worker pool (flite's and the recogniser's)", () => {
+describe("worker pool (flite's, the recogniser's, the store's reads)", () => {
   const script = new URL("./support/pool-worker.ts", import.meta.url);
 
   test("a worker that dies mid-job fails that job only and is replaced", async () => {

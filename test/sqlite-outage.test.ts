@@ -1,10 +1,13 @@
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
-import { closeSync, openSync, rmSync, unlinkSync, writeSync } from "node:fs";
+import { closeSync, openSync, renameSync, rmSync, unlinkSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, test } from "node:test";
+import { CompiledQuery } from "kysely";
 import { PerchApiError, type PerchClient } from "../src/sdk/client.ts";
+import { StoreUnavailable } from "../src/store/errors.ts";
+import type { ReadPool } from "../src/store/read-pool.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 
 /** The answer of a write the store could not take: 503 UNAVAILABLE with Retry-After. */
@@ -149,43 +152,74 @@ describe("SQLite: the database file locked by another process past the wait", ()
   });
 });
 
-describe("SQLite: the read pool", () => {
+describe("SQLite: the read pool (a WorkerPool of read workers)", () => {
   let server: TestServer;
+  let phone: PerchClient;
+  let pool: ReadPool;
+  /** A telemetry range: a long read, run on the read pool. */
+  const range = () => phone.sideControl.telemetry({ field: "battery.percent" });
   before(async () => {
     server = await startTestServer();
+    const device = server.client();
+    await device.login();
+    phone = server.client();
+    await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+    await server.domain.telemetry.record(device.publicKey, [{ field: "battery.percent", observedAt: Date.now() - 1000, value: 42 }]);
+    pool = (server.store as unknown as { readPool: ReadPool }).readPool;
   });
   after(() => server.stop());
 
-  test("a read worker that ends is replaced; reads go on", async () => {
-    const device = server.client();
-    await device.login();
-    const phone = server.client();
-    await phone.login({ deviceToken: (await device.createDeviceToken()).token });
-    await server.domain.telemetry.record(device.publicKey, [{ field: "battery.percent", observedAt: Date.now() - 1000, value: 42 }]);
-    const range = () => phone.sideControl.telemetry({ field: "battery.percent" });
+  test("a read worker that ends mid-query fails that query only, as unavailable; it is replaced and reads go on", async () => {
     assert.equal((await range()).points.length, 1);
-    const pool = (server.store as unknown as { readPool: { workers: Array<{ terminate(): Promise<number>; threadId: number }> } }).readPool;
-    const [first] = pool.workers;
-    assert.ok(first, "a read worker runs");
+    const restarts = pool.restarts;
+    const [worker] = pool.workers();
+    assert.ok(worker && pool.workers().length === 1, "one read worker, ready");
+    // A query that runs a while (so that it is still running when its worker ends), and one that
+    // waits behind it for the pool's only worker.
+    const lost = pool.query(CompiledQuery.raw("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) SELECT count(*) AS n FROM c"));
+    const waiting = pool.query(CompiledQuery.raw("SELECT 42 AS n"));
+    assert.equal(worker.busy, true, "the long query is out to the worker");
+    assert.equal(pool.waiting, 1, "the short one waits for it");
+    await worker.terminate();
+    await assert.rejects(lost, (e) => e instanceof StoreUnavailable && /a database read worker ended/.test(e.message));
+    assert.deepEqual(await waiting, [{ n: 42 }], "the query that waited is run by the new worker");
+    assert.equal(pool.restarts, restarts + 1);
+    assert.notEqual(pool.workers()[0]?.id, worker.id, "a new worker serves");
+    assert.equal((await range()).points.length, 1);
+  });
+
+  test("a read worker that keeps ending is replaced each time (with back-off); reads go on", async () => {
+    await pool.ready();
+    const restarts = pool.restarts;
+    const ended = new Set<number>();
     for (let i = 0; i < 3; i++) {
-      const [worker] = pool.workers;
-      if (!worker) {
-        await new Promise((r) => setTimeout(r, 300));
-        continue;
-      }
+      const [worker] = pool.workers();
+      assert.ok(worker, "a read worker is ready");
+      ended.add(worker.id);
       await worker.terminate();
+      // Its replacement: ready again (no query answered in between, so each waits longer).
+      await pool.ready();
     }
-    // Replaced (with back-off after repeated ends): reads come back.
-    for (let i = 0; ; i++) {
-      try {
-        assert.equal((await range()).points.length, 1);
-        break;
-      } catch (e) {
-        assert.ok(e instanceof PerchApiError && e.status === 503, String(e));
-        assert.ok(i < 100, "reads came back");
-        await new Promise((r) => setTimeout(r, 100));
-      }
+    assert.equal(pool.restarts, restarts + 3);
+    assert.equal((await range()).points.length, 1);
+    assert.ok(!ended.has(pool.workers()[0]!.id), "a new worker serves");
+  });
+
+  test("a read worker that cannot open the database answers 503, and opens it on a later read", async () => {
+    // The file is away while a new worker starts and takes its first query.
+    const file = join(server.dataDir, "perch.db");
+    await pool.ready();
+    renameSync(file, `${file}.away`);
+    try {
+      const [worker] = pool.workers();
+      await worker!.terminate();
+      await pool.ready();
+      await assert.rejects(range(), unavailable);
+      await assert.rejects(range(), unavailable);
+    } finally {
+      renameSync(`${file}.away`, file);
     }
-    assert.notEqual(pool.workers[0]?.threadId, first.threadId, "a new worker serves");
+    assert.equal((await range()).points.length, 1);
+    assert.equal((await range()).points.length, 1);
   });
 });

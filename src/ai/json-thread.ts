@@ -4,44 +4,18 @@
  * takes: the main thread only copies the result across (structured clone, or a transferred
  * buffer). Small documents are handled in place, where a thread hop would cost more than it saves.
  */
-import { Worker } from "node:worker_threads";
-import type { JsonReply, JsonTask } from "./json-thread-worker.ts";
+import { WorkerPool } from "../workers/pool.ts";
+import type { JsonResult, JsonTask } from "./json-thread-worker.ts";
 
 /** Below this many bytes (or characters), JSON is handled on the calling thread. */
 export const OFFLOAD_BYTES = 1024 * 1024;
 
-let worker: Worker | undefined;
-let nextId = 1;
-const pending = new Map<number, { resolve: (r: JsonReply) => void; reject: (e: unknown) => void }>();
+/** One thread, started when first needed; the pool's rules apply (a thread that dies fails its job only and is replaced). */
+let pool: WorkerPool<JsonTask, JsonResult> | undefined;
 
-function thread(): Worker {
-  if (worker) return worker;
-  const w = new Worker(new URL("./json-thread-worker.ts", import.meta.url));
-  w.unref();
-  w.on("message", (r: JsonReply) => {
-    const p = pending.get(r.id);
-    pending.delete(r.id);
-    p?.resolve(r);
-  });
-  const fail = (err: unknown) => {
-    if (worker === w) worker = undefined;
-    for (const [id, p] of pending) {
-      pending.delete(id);
-      p.reject(err);
-    }
-  };
-  w.on("error", fail);
-  w.on("exit", (code) => fail(new Error(`the JSON thread exited (${code})`)));
-  worker = w;
-  return w;
-}
-
-function run(job: JsonTask, transfer: ArrayBuffer[] = []): Promise<JsonReply> {
-  const id = nextId++;
-  return new Promise((resolve, reject) => {
-    pending.set(id, { resolve, reject });
-    thread().postMessage({ ...job, id }, transfer);
-  });
+function run(task: JsonTask, transfer: ArrayBuffer[] = []): Promise<JsonResult> {
+  pool ??= new WorkerPool<JsonTask, JsonResult>({ script: new URL("./json-thread-worker.ts", import.meta.url), size: 1, name: "JSON" });
+  return pool.run(task, { transfer });
 }
 
 /** Starts the thread (and compiles its code) before the first large body needs it. */
@@ -55,7 +29,7 @@ export async function parseJson(bytes: Buffer): Promise<unknown> {
   // Its own memory, so that it can be moved, not copied.
   const own = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes : Buffer.from(bytes);
   const r = await run({ kind: "parse", bytes: own }, [own.buffer as ArrayBuffer]);
-  if (!r.ok) throw r.syntax ? new SyntaxError(r.message) : new Error(r.message);
+  if (!r.ok) throw new SyntaxError(r.message);
   return r.value;
 }
 

@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import { topics } from "../events/index.ts";
 import type { PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts";
 import type { DomainContext } from "./context.ts";
@@ -5,8 +6,8 @@ import { DomainError } from "./errors.ts";
 import type { DeviceMessage, PeerMessage } from "./events.ts";
 import type { PeerService } from "./peers.ts";
 import type { SideControlPrincipal } from "./principal.ts";
+import { StreamSlots } from "./stream-slots.ts";
 
-export const MAX_STREAMS_PER_SESSION = 4;
 /** Telemetry events of one device go out at most this often (values in between are batched). */
 export const TELEMETRY_BATCH_MS = 250;
 export const KEEP_ALIVE_MS = 15_000;
@@ -47,7 +48,8 @@ export class LiveService {
   private readonly peers: PeerService;
   private readonly hubs = new Map<string, DeviceHub>();
   private readonly streams = new Set<LiveStream>();
-  private readonly perSession = new Map<string, number>();
+  private readonly slots: StreamSlots;
+  private closed = false;
   private readonly keepAliveMs: number;
   private ticker: NodeJS.Timeout | undefined;
   private unsubscribePeers: (() => void) | undefined;
@@ -56,6 +58,7 @@ export class LiveService {
     this.ctx = ctx;
     this.peers = peers;
     this.keepAliveMs = o.keepAliveMs ?? KEEP_ALIVE_MS;
+    this.slots = new StreamSlots(ctx);
   }
 
   /** Open streams on this node (for metrics and tests). */
@@ -65,14 +68,10 @@ export class LiveService {
 
   /**
    * Opens a stream for a Side Control session: the current status and runtime first, then changes.
-   * 429 `RATE_LIMITED` when the session already has 4 open streams on this node.
+   * 429 `RATE_LIMITED` when the session already has 4 open streams on the nodes sharing the store.
    */
   async open(principal: SideControlPrincipal, sink: LiveSink): Promise<{ close(): void }> {
-    const open = this.perSession.get(principal.sessionId) ?? 0;
-    if (open >= MAX_STREAMS_PER_SESSION) {
-      throw new DomainError("rate_limited", "RATE_LIMITED", `at most ${MAX_STREAMS_PER_SESSION} event streams may be open per session`, undefined, 1);
-    }
-    this.perSession.set(principal.sessionId, open + 1);
+    if (this.closed) throw new DomainError("unavailable", "UNAVAILABLE", "this node is shutting down", undefined, 1);
     this.start();
     const hub = this.hub(principal.targetKey);
     const stream = new LiveStream(principal, sink, () => this.forget(stream, hub));
@@ -84,6 +83,18 @@ export class LiveService {
       },
     });
     try {
+      // Subscribed first: a revocation committed after the slot's transaction (which sees the
+      // session live) ends the stream.
+      stream.slot = "taking";
+      try {
+        await this.slots.take(principal.sessionId, stream.id);
+      } catch (err) {
+        stream.slot = "none";
+        throw err;
+      }
+      stream.slot = "held";
+      // Ended meanwhile (revoked, shutdown): its `forget` ran before the slot was held.
+      if (stream.ended) this.release(stream);
       // Subscribed before reading: a change committed meanwhile is queued and follows the snapshot.
       const [status, runtime] = await Promise.all([this.peers.status(principal.targetKey), this.peers.runtime(principal.targetKey)]);
       stream.begin(status, runtime);
@@ -94,10 +105,25 @@ export class LiveService {
     return { close: () => stream.finish(undefined) };
   }
 
-  /** Ends every stream (the node is shutting down); clients reconnect to a node that runs. */
+  /**
+   * Ends every stream (the node is shutting down); clients reconnect to a node that runs. Their
+   * slots are not given back one by one: the node's rows all go when it leaves (`presence.leave`).
+   */
   close(): void {
+    this.closed = true;
     for (const s of [...this.streams]) s.finish(undefined);
     this.stop();
+  }
+
+  /** Upkeep of the slots (see `StreamSlots.sweep`); the server calls it with its other cleanups. */
+  sweep(): Promise<void> {
+    return this.slots.sweep();
+  }
+
+  private release(stream: LiveStream): void {
+    if (stream.slot !== "held") return;
+    stream.slot = "none";
+    if (!this.closed) this.slots.release(stream.id);
   }
 
   private hub(key: string): DeviceHub {
@@ -112,9 +138,7 @@ export class LiveService {
   private forget(stream: LiveStream, hub: DeviceHub): void {
     this.streams.delete(stream);
     stream.unsubscribeSession?.();
-    const left = (this.perSession.get(stream.principal.sessionId) ?? 1) - 1;
-    if (left > 0) this.perSession.set(stream.principal.sessionId, left);
-    else this.perSession.delete(stream.principal.sessionId);
+    this.release(stream);
     if (hub.remove(stream)) this.hubs.delete(hub.key);
     if (this.streams.size === 0) this.stop();
   }
@@ -181,11 +205,15 @@ export class LiveService {
 /** One stream: its session's bounds and what it last sent. */
 class LiveStream {
   readonly principal: SideControlPrincipal;
+  /** Its slot's id in the store. */
+  readonly id = randomUUID();
+  /** Whether it holds a slot of its session (see `StreamSlots`). */
+  slot: "none" | "taking" | "held" = "none";
   private readonly sink: LiveSink;
   private readonly onEnd: () => void;
   /** Events that came before the snapshot was sent. */
   private queue: LiveEvent[] | undefined = [];
-  private ended = false;
+  ended = false;
   /** When something was last written (wall clock, for keep-alives). */
   lastWrite = Date.now();
   private lastStatus: string | undefined;

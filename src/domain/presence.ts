@@ -2,18 +2,20 @@ import { newPeer } from "./auth.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 
-/** How often a node holding connections writes its heartbeat. */
+/** How often a serving node writes its heartbeat. */
 export const NODE_BEAT_MS = 2_000;
 /**
- * A peer recorded online on a node whose last heartbeat is older than this is offline: the node
- * died (a node that stops cleanly marks its peers offline itself). Readers compare the node's one
+ * A peer recorded online on a node whose last heartbeat is older than this is offline, and an event
+ * stream held there no longer counts: the node died (a node that stops cleanly clears both itself). Readers compare the node's one
  * heartbeat row, so a dead node's peers show offline within this bound without per-peer writes.
  */
 export const NODE_STALE_MS = 8_000;
 
 /**
- * WebRTC presence: the runtime records a node writes for the connections it holds. A node only
- * writes peers it owns (`node` = its name), so nodes sharing one database need distinct names.
+ * A node's presence in the store: its heartbeat (every serving node beats, so that what it holds
+ * counts only while it lives: its peers' online records and its event streams) and the runtime
+ * records it writes for the WebRTC connections it holds. A node only writes peers it owns (`node` =
+ * its name), so nodes sharing one database need distinct names.
  */
 export class PresenceService {
   private readonly ctx: DomainContext;
@@ -64,7 +66,20 @@ export class PresenceService {
     this.ctx.events.runtime(publicKey, false, this.node);
   }
 
-  /** Every peer recorded online on this node goes offline (start after a crash). */
+  /**
+   * This node starts: what a previous run of it left (after a crash) goes, the peers recorded online
+   * here go offline and the event stream rows held here are deleted, and its first heartbeat is written.
+   */
+  async join(): Promise<void> {
+    const now = this.ctx.clock.now();
+    await this.ctx.store.transaction(async (tx) => {
+      await tx.runtime.markNodeOffline(this.node, now);
+      await tx.liveStreams.deleteNode(this.node);
+      await tx.runtime.beat(this.node, now);
+    });
+  }
+
+  /** Every peer recorded online on this node goes offline (its WebRTC transport stops). */
   async nodeOffline(): Promise<void> {
     const now = this.ctx.clock.now();
     await this.ctx.store.transaction((tx) => tx.runtime.markNodeOffline(this.node, now));
@@ -76,11 +91,12 @@ export class PresenceService {
     await this.ctx.store.transaction((tx) => tx.runtime.beat(this.node, now));
   }
 
-  /** This node leaves (shutdown): its peers go offline and its heartbeat row goes. */
+  /** This node leaves (shutdown): its peers go offline, its event stream rows and its heartbeat row go. */
   async leave(): Promise<void> {
     const now = this.ctx.clock.now();
     await this.ctx.store.transaction(async (tx) => {
       await tx.runtime.markNodeOffline(this.node, now);
+      await tx.liveStreams.deleteNode(this.node);
       await tx.runtime.endBeat(this.node);
     });
   }

@@ -5,6 +5,7 @@ import { type Database, type Db, openDatabase } from "./database.ts";
 import { DeviceTokenRepository } from "./device-tokens.ts";
 import { classify } from "./errors.ts";
 import { GroupCommit } from "./group-commit.ts";
+import { LiveStreamRepository } from "./live-streams.ts";
 import { LockRepository } from "./locks.ts";
 import type { DialectName } from "./migrations.ts";
 import { NonceRepository } from "./nonces.ts";
@@ -30,6 +31,7 @@ export class Repositories {
   readonly telemetry: TelemetryRepository;
   readonly contacts: ContactRepository;
   readonly locks: LockRepository;
+  readonly liveStreams: LiveStreamRepository;
 
   constructor(db: Db, dialect: DialectName, longReads?: QueryRunner) {
     this.peers = new PeerRepository(db, dialect);
@@ -42,6 +44,7 @@ export class Repositories {
     this.telemetry = new TelemetryRepository(db, dialect, longReads);
     this.contacts = new ContactRepository(db, dialect);
     this.locks = new LockRepository(db, dialect);
+    this.liveStreams = new LiveStreamRepository(db, dialect);
   }
 }
 
@@ -77,7 +80,7 @@ export class Store {
     this.dialect = database.dialect;
     this.readPool = readPool;
     this.groupCommit = database.dialect === "sqlite" ? new GroupCommit(database.db) : undefined;
-    this.readers = new Repositories(database.db, database.dialect, readPool && ((query) => readPool.run(query)));
+    this.readers = new Repositories(database.db, database.dialect, readPool && ((query) => readPool.query(query)));
   }
 
   static async open(url: string | undefined, dataDir: string, options: StoreOptions = {}): Promise<Store> {

@@ -120,6 +120,22 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
         .execute();
     },
   },
+  // One row per open Side Control event stream, written by the node that holds it: the streams of a
+  // session are counted across every node sharing the store (only rows of nodes whose heartbeat is
+  // fresh count). A session's deletion takes its rows with it.
+  "0005_live_streams": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("live_streams")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("session_id", "text", (c) => c.notNull().references("sessions.id").onDelete("cascade"))
+        .addColumn("node", "text", (c) => c.notNull())
+        .addColumn("opened_at", "bigint", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("live_streams_session").on("live_streams").column("session_id").execute();
+      await db.schema.createIndex("live_streams_node").on("live_streams").column("node").execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

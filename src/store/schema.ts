@@ -34,8 +34,10 @@ export interface Tables {
   assertion_nonces: { public_key: string; nonce: string; expires_at: number };
   signaling_nonces: { public_key: string; nonce: string; expires_at: number };
   peer_status: { public_key: string; document: string; updated_at: number };
-  /** The last heartbeat of each node holding WebRTC connections (Unix ms, its clock). */
+  /** The last heartbeat of each serving node (Unix ms, its clock). */
   node_heartbeats: { node: string; beat_at: number };
+  /** An open Side Control event stream: its session and the node that holds it. */
+  live_streams: { id: string; session_id: string; node: string; opened_at: number };
   peer_runtime: {
     public_key: string;
     online: number;

@@ -82,6 +82,5 @@ export async function startTransport(
     compatibleApi: o.compatibleApi,
     voice: o.voice,
   });
-  await transport.start();
   return transport;
 }

@@ -15,6 +15,7 @@ import { type FetchApp, StreamHttpServer } from "./http-streams.ts";
 import { Liveness, type LivenessOptions } from "./liveness.ts";
 import { type TransportCensus, TransportMetrics } from "./metrics.ts";
 import { PeerWatch } from "./peer-watch.ts";
+import { PresenceUpkeep } from "./presence-upkeep.ts";
 import { inspectOffer } from "./sdp.ts";
 import { TelemetryIngest } from "./telemetry-ingest.ts";
 import type { TransportTimings } from "./timings.ts";
@@ -65,13 +66,10 @@ export class WebRtcTransport implements ConnectionHost {
   /** The active connection of each key. */
   private readonly byKey = new Map<string, Connection>();
   private readonly http: Record<1 | 2, StreamHttpServer>;
-  private readonly ticker: NodeJS.Timeout;
   private readonly liveness: Liveness;
   private readonly peerWatch: PeerWatch;
-  private ticking = false;
-  private lastRefresh = 0;
+  private readonly presence: PresenceUpkeep;
   private closing: Promise<void> | undefined;
-  private heartbeat: { stop(): void } | undefined;
 
   constructor(o: TransportOptions) {
     this.o = o;
@@ -100,8 +98,17 @@ export class WebRtcTransport implements ConnectionHost {
     });
     const streams = { requestTimeoutMs: o.requestTimeoutMs, logger: o.logger, metrics: o.httpMetrics };
     this.http = { 1: new StreamHttpServer(o.publicApi, streams), 2: new StreamHttpServer(o.compatibleApi, streams) };
-    this.ticker = setInterval(() => void this.tick(), o.timings.ownershipCheckMs);
-    this.ticker.unref();
+    this.presence = new PresenceUpkeep({
+      domain: o.domain,
+      logger: o.logger,
+      ownershipCheckMs: o.timings.ownershipCheckMs,
+      runtimeRefreshMs: o.timings.runtimeRefreshMs,
+      held: () => this.byKey.values(),
+      replaced: (key) => {
+        const c = this.byKey.get(key);
+        if (c?.active) void c.close("replaced");
+      },
+    });
     this.liveness = new Liveness(
       o.liveness,
       () => this.byKey.values(),
@@ -147,16 +154,6 @@ export class WebRtcTransport implements ConnectionHost {
       }
     }
     return { connections, streams: [...streams.values()] };
-  }
-
-  /** Start-up: a previous run of this node may have left peers recorded online. */
-  async start(): Promise<void> {
-    await this.domain.presence.nodeOffline();
-    await this.domain.presence.beat();
-    this.heartbeat = this.domain.presence.startHeartbeat({
-      onError: (err) => this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
-      onRecovered: () => this.logger.info("node heartbeat written again"),
-    });
   }
 
   /**
@@ -230,41 +227,14 @@ export class WebRtcTransport implements ConnectionHost {
     return this.byKey.get(publicKey);
   }
 
-  private async tick(): Promise<void> {
-    if (this.ticking || this.closing) return;
-    this.ticking = true;
-    try {
-      const active = [...this.byKey.values()].filter((c) => c.active);
-      const keys = active.map((c) => c.publicKey);
-      for (const key of await this.domain.presence.replacedElsewhere(keys)) void this.byKey.get(key)?.close("replaced");
-      if (Date.now() - this.lastRefresh >= this.o.timings.runtimeRefreshMs) {
-        this.lastRefresh = Date.now();
-        const live = active.filter((c) => c.active);
-        const entries = live.map((c) => {
-          const { rx, tx } = c.link.bytes();
-          return { publicKey: c.publicKey, lastAddr: c.link.remoteAddress() ?? null, rxBytes: rx, txBytes: tx };
-        });
-        for (const key of await this.domain.presence.refresh(entries)) {
-          const c = this.byKey.get(key);
-          if (c?.active) void c.close("replaced");
-        }
-      }
-    } catch (err) {
-      this.logger.warn({ err }, "runtime upkeep failed");
-    } finally {
-      this.ticking = false;
-    }
-  }
-
   /** Closes every connection (marking its peer offline), then flushes telemetry. */
   close(): Promise<void> {
     this.closing ??= (async () => {
-      clearInterval(this.ticker);
+      this.presence.stop();
       this.liveness.stop();
       this.peerWatch.stop();
-      this.heartbeat?.stop();
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
-      await this.domain.presence.leave().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
+      await this.domain.presence.nodeOffline().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
       await this.telemetry.close();
       for (const s of Object.values(this.http)) s.close();
     })();

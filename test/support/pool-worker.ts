@@ -1,6 +1,6 @@
 /** A WorkerPool worker for tests: echoes, fails, or dies (exits its thread) on request; "fail-start" in workerData makes it fail to load. */
 import { parentPort, workerData } from "node:worker_threads";
-import type { PoolJob, PoolMessage } from "../../src/ai/speech/worker-pool.ts";
+import type { PoolJob, PoolMessage } from "../../src/workers/pool.ts";
 
 const port = parentPort!;
 if (workerData === "fail-start") port.postMessage({ type: "failed", error: "no model here" } satisfies PoolMessage<string>);

@@ -1,5 +1,5 @@
 /**
- * A worker thread of a WorkerPool (worker-pool.ts) that runs flite (compiled to WASI) for one text
+ * A worker thread of a WorkerPool (src/workers/pool.ts) that runs flite (compiled to WASI) for one text
  * at a time, so that synthesis never blocks the event loop. Instantiating the module costs 10–40 ms (its memory image is
  * large), so the next instance is prepared as soon as a job is answered, before it is needed.
  */
@@ -7,7 +7,7 @@ import { openSync, readFileSync, rmSync } from "node:fs";
 import { devNull } from "node:os";
 import { join } from "node:path";
 import { parentPort, workerData } from "node:worker_threads";
-import type { PoolJob, PoolMessage } from "./worker-pool.ts";
+import { jobError, type PoolJob, type PoolMessage } from "../../workers/pool.ts";
 
 // node:wasi warns that it is experimental in every thread that loads it; the server's log needs
 // no such line per worker.
@@ -122,7 +122,7 @@ port.on("message", ({ id, request }: PoolJob<FliteJob>) => {
     const { pcm, sampleRate } = readWav(readFileSync(join(dir, name)));
     port.postMessage({ type: "done", id, result: { pcm, sampleRate } } satisfies PoolMessage<FliteResult>, [pcm]);
   } catch (error) {
-    port.postMessage({ type: "error", id, error: error instanceof Error ? error.message : String(error) } satisfies PoolMessage<FliteResult>);
+    port.postMessage(jobError(id, error) satisfies PoolMessage<FliteResult>);
   } finally {
     rmSync(join(dir, name), { force: true });
   }

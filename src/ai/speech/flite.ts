@@ -3,8 +3,8 @@ import { readFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { WorkerPool } from "../../workers/pool.ts";
 import type { FliteJob, FliteResult, FliteWorkerData } from "./flite-worker.ts";
-import { WorkerPool } from "./worker-pool.ts";
 
 /** A flite voice and the settings that make it one of ours. */
 export interface FliteVoice {

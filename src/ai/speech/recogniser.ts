@@ -21,6 +21,7 @@
  * recogniser is idle: under load each turn costs one recognition, its final one.
  */
 import { availableParallelism } from "node:os";
+import { type Priority, WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 import { normaliseTranscript } from "./normalise.ts";
@@ -29,7 +30,6 @@ import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } fro
 import { initialVadState, VAD_FRAME, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
 import { type Region, SpeechTracker, speechRegions, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
-import { type Priority, WorkerPool } from "./worker-pool.ts";
 
 const RATE = DECODED_SAMPLE_RATE;
 /**

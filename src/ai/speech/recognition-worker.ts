@@ -1,12 +1,13 @@
 /**
  * A child process holding one model — Moonshine (recognition) or Silero (voice activity) — loaded
- * once when it starts; it then runs one job at a time for a WorkerPool (worker-pool.ts). A process,
+ * once when it starts; it then runs one job at a time for a WorkerPool (src/workers/pool.ts). A process,
  * not a thread: onnxruntime-node aborts the whole process when a thread holding a session is
  * terminated (as at the server's exit), and a crash here must never take the server down.
  */
+
+import { jobError, type PoolJob, type PoolMessage } from "../../workers/pool.ts";
 import { MoonshineModel } from "./moonshine.ts";
 import { SileroVad, type VadState } from "./silero.ts";
-import type { PoolJob, PoolMessage } from "./worker-pool.ts";
 
 export type RecognitionWorkerData = { model: "moonshine"; threads: number } | { model: "silero" };
 
@@ -42,7 +43,7 @@ try {
           post({ type: "done", id: job.id, result: { op: "vad", probabilities, state } });
         }
       } catch (error) {
-        post({ type: "error", id: job.id, error: error instanceof Error ? error.message : String(error) });
+        post(jobError(job.id, error));
       }
     })();
   });

@@ -2,14 +2,29 @@ import { type ChildProcess, fork } from "node:child_process";
 import { type Transferable, Worker } from "node:worker_threads";
 
 /**
+ * A job's failure as a worker reports it. `code` and `errcode` are the error's own (node:sqlite
+ * sets both; a Node system error sets `code`), so that the caller can tell one failure from
+ * another (a busy or full database from a bad query).
+ */
+export type JobError = { type: "error"; id: number; error: string; code?: string; errcode?: number };
+
+/**
  * What a pooled worker says: once `ready` (its model is loaded) or `failed` (it never will be),
  * then one `done` or `error` per job, in any order.
  */
-export type PoolMessage<Res> =
-  | { type: "ready" }
-  | { type: "failed"; error: string }
-  | { type: "done"; id: number; result: Res }
-  | { type: "error"; id: number; error: string };
+export type PoolMessage<Res> = { type: "ready" } | { type: "failed"; error: string } | { type: "done"; id: number; result: Res } | JobError;
+
+/** The `error` message for job `id` that failed with `error` (for workers to post). */
+export function jobError(id: number, error: unknown): JobError {
+  const e = error as { code?: unknown; errcode?: unknown } | null | undefined;
+  return {
+    type: "error",
+    id,
+    error: error instanceof Error ? error.message : String(error),
+    ...(typeof e?.code === "string" ? { code: e.code } : {}),
+    ...(typeof e?.errcode === "number" ? { errcode: e.errcode } : {}),
+  };
+}
 
 /** What a pooled worker receives: one job at a time. */
 export interface PoolJob<Req> {
@@ -24,8 +39,13 @@ export interface WorkerPoolOptions {
   workerData?: unknown;
   /** Workers started; each runs one job at a time. */
   size: number;
-  /** A name for error messages ("flite", "recogniser"). */
+  /** A name for error messages ("flite", "recogniser", "database read"). */
   name: string;
+  /**
+   * The error a job gets when its worker ends under it (default: the worker's exit as an Error);
+   * the store answers such a job with its own "unavailable" error.
+   */
+  lostError?: (cause: Error) => Error;
   /**
    * Where each worker runs: a thread (the default), or a child process for native code that must
    * not take the server down with it (onnxruntime aborts the whole process when a thread holding
@@ -43,13 +63,26 @@ interface Runner {
   ref(): void;
   unref(): void;
   terminate(): Promise<void>;
+  /** The thread's id, or the child's process id. */
+  id: number;
   /** The child's process id (process isolation only). */
   pid?: number | undefined;
+}
+
+/** A worker as tests and measurements see it. */
+export interface PoolWorker {
+  /** The thread's id, or the child's process id. */
+  id: number;
+  /** Whether it runs a job now. */
+  readonly busy: boolean;
+  /** Ends it at once, as a crash would. */
+  terminate(): Promise<void>;
 }
 
 function threadRunner(options: WorkerPoolOptions): Runner {
   const worker = new Worker(options.script, { workerData: options.workerData });
   return {
+    id: worker.threadId,
     post: (message, transfer) => worker.postMessage(message, transfer),
     onMessage: (listener) => worker.on("message", listener),
     onGone: (listener) => {
@@ -73,6 +106,7 @@ function processRunner(options: WorkerPoolOptions): Runner {
   });
   const channel = () => child.channel as { ref(): void; unref(): void } | null | undefined;
   return {
+    id: child.pid ?? -1,
     pid: child.pid,
     post: (message) => {
       if (child.connected) child.send(message as object);
@@ -100,6 +134,18 @@ function processRunner(options: WorkerPoolOptions): Runner {
   };
 }
 
+/** The wait before replacing a worker that died, while workers keep dying with no job answered in between. */
+const REPLACE_MIN_MS = 100;
+const REPLACE_MAX_MS = 5_000;
+
+/** A job's failure as the worker reported it, with its `code` and `errcode`. */
+function errorOf(message: JobError): Error {
+  const error: Error & { code?: string; errcode?: number } = new Error(message.error);
+  if (message.code !== undefined) error.code = message.code;
+  if (message.errcode !== undefined) error.errcode = message.errcode;
+  return error;
+}
+
 /** Lower runs first; within a priority, first come first served. */
 export type Priority = 0 | 1;
 
@@ -119,13 +165,20 @@ interface Slot<Res> {
 }
 
 /**
- * Worker threads that each load something once (a model, a WebAssembly module) and then run jobs
- * one at a time. Every worker is started with the pool; jobs wait in a backlog ordered by
- * priority. The rules on failure are the same for every use:
- * - a worker that dies (crash, `process.exit`, uncaught error) fails only the job it was running,
- *   and a new worker takes its place;
- * - a worker that reports `failed` while loading fails the pool: every waiting and later job is
- *   rejected with that error (a model that cannot load will not load on the next try either).
+ * Worker threads (or processes) that each load something once (a model, a WebAssembly module, a
+ * database connection) and then run jobs one at a time. Every worker is started with the pool;
+ * jobs wait in a backlog ordered by priority and go to the first worker free. The rules on
+ * failure are the same for every use (flite, the recogniser, the store's reads):
+ * - a job's own failure (the worker answers `error`) fails that job only, with the worker's
+ *   message and its `code`/`errcode`;
+ * - a worker that dies (crash, `process.exit`, uncaught error, terminated) fails only the job it
+ *   was running (with `lostError`), and a new worker takes its place: at once the first time, then
+ *   after 100 ms, doubling to 5 s, while workers keep dying with no job answered in between (so
+ *   workers that keep dying cannot spin the CPU). Waiting jobs stay in the backlog meanwhile;
+ * - a worker that reports `failed` while loading, or dies before it is ready, fails the pool:
+ *   every waiting and later job is rejected with that error (a model that cannot load will not
+ *   load on the next try either). A worker whose start can fail for a passing reason must not
+ *   report it so: it reports `ready` and fails the jobs (as the store's read worker does).
  * The backlog is not bounded here: callers bound it (see WorkQueue) before they add to it.
  */
 export class WorkerPool<Req, Res> {
@@ -139,6 +192,8 @@ export class WorkerPool<Req, Res> {
   private readonly readyWaiters: Array<{ resolve: () => void; reject: (e: Error) => void }> = [];
   /** Workers replaced after dying, since the pool started. */
   restarts = 0;
+  /** Workers that died since a job was last answered (sets the wait before the next replacement). */
+  private deathsInARow = 0;
 
   constructor(options: WorkerPoolOptions) {
     if (!(options.size >= 1)) throw new RangeError("a worker pool needs at least one worker");
@@ -158,6 +213,19 @@ export class WorkerPool<Req, Res> {
   /** The process ids of process workers (for measuring their memory). */
   pids(): number[] {
     return this.slots.flatMap((s) => (s.worker.pid !== undefined ? [s.worker.pid] : []));
+  }
+
+  /** The workers that have loaded (tests: to end one as a crash would). */
+  workers(): PoolWorker[] {
+    return this.slots
+      .filter((s) => s.ready)
+      .map((s) => ({
+        id: s.worker.id,
+        get busy() {
+          return s.job !== undefined;
+        },
+        terminate: () => s.worker.terminate(),
+      }));
   }
 
   /** Jobs waiting for a worker. */
@@ -227,9 +295,10 @@ export class WorkerPool<Req, Res> {
       const job = slot.job;
       if (!job || job.id !== message.id) return;
       slot.job = undefined;
+      this.deathsInARow = 0;
       worker.unref();
       if (message.type === "done") job.resolve(message.result);
-      else job.reject(new Error(message.error));
+      else job.reject(errorOf(message));
       this.dispatch();
     });
     const died = (error: Error) => {
@@ -240,7 +309,7 @@ export class WorkerPool<Req, Res> {
       if (slot.ready) this.readyCount--;
       const job = slot.job;
       slot.job = undefined;
-      job?.reject(error);
+      job?.reject(this.options.lostError ? this.options.lostError(error) : error);
       if (this.closed || this.failure) return;
       // A worker that died before it was ever ready would die again: the pool has failed.
       if (!slot.ready) {
@@ -248,9 +317,21 @@ export class WorkerPool<Req, Res> {
         return;
       }
       this.restarts++;
-      this.spawn();
+      const wait = this.deathsInARow === 0 ? 0 : Math.min(REPLACE_MAX_MS, REPLACE_MIN_MS * 2 ** (this.deathsInARow - 1));
+      this.deathsInARow++;
+      if (wait === 0) this.replace();
+      else setTimeout(() => this.replace(), wait).unref();
     };
     worker.onGone(died);
+  }
+
+  /** Starts a worker in place of one that died; a worker that cannot even be created fails the pool. */
+  private replace(): void {
+    try {
+      this.spawn();
+    } catch (error) {
+      this.fail(new Error(`the ${this.options.name} worker could not start: ${error instanceof Error ? error.message : String(error)}`));
+    }
   }
 
   private fail(error: Error): void {
