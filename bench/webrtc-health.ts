@@ -10,7 +10,11 @@
  * - liveness: SDK devices reach the server through UDP relays (test/support/udp-relay.ts) that
  *   are then cut both ways at once, as a device that lost power would go; the time from the cut
  *   to the server dropping each connection (its `perch_webrtc_connections` gauge, read every
- *   100 ms).
+ *   100 ms);
+ * - tones: the longest the server's event loop is held (`perch_event_loop_lag_max_seconds`, the
+ *   most since the previous scrape) while 20 requests for a 10 s tone arrive at once on one device
+ *   (each replacing the one before), and while 20 devices each play one; tones are encoded frame
+ *   by frame as they are sent, which the tests check by counting the encoder's calls.
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -29,6 +33,8 @@ const LIVENESS_DEVICES = env("BENCH_HEALTH_LIVENESS_DEVICES", 4);
 const LIVENESS_ROUNDS = env("BENCH_HEALTH_LIVENESS_ROUNDS", 3);
 /** Past this a vanished device is counted as never noticed. */
 const LIVENESS_LIMIT_S = env("BENCH_HEALTH_LIVENESS_LIMIT_S", 60);
+const TONES = env("BENCH_HEALTH_TONES", 20);
+const TONE_ROUNDS = env("BENCH_HEALTH_TONE_ROUNDS", 3);
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -155,6 +161,72 @@ async function liveness(server: Server) {
   };
 }
 
+/** The server's longest event-loop hold since the previous read, in ms (each read starts a new window). */
+async function lagMaxMs(server: Server): Promise<number> {
+  return round(((await gauges(server)).get("perch_event_loop_lag_max_seconds") ?? Number.NaN) * 1000);
+}
+
+/** Asks `conn` for a 10 s tone over stream 1; the HTTP status. */
+async function tone(conn: PerchConnection): Promise<number> {
+  const res = await conn.http(1, "POST", "/me/audio/tone", {
+    body: JSON.stringify({ frequency_hz: 440 + Math.random(), duration_ms: 10_000 }),
+    headers: { "content-type": "application/json" },
+  });
+  return res.status;
+}
+
+/**
+ * The event loop while tones are asked for and played: `TONES` requests at once on one device
+ * (each replaces the tone before it on the device's track), then one tone on each of `TONES`
+ * devices at once, each followed by 3 s of the tones playing; `TONE_ROUNDS` rounds.
+ */
+async function tones(server: Server) {
+  const devices = await Promise.all(Array.from({ length: TONES }, () => PerchConnection.connect({ baseUrl: server.url, keyPair: generateKeyPair() })));
+  try {
+    await tone(devices[0]!); // the first tone pays for loading the encoder
+    await sleep(1_000);
+    type Round = {
+      accepted: number;
+      other_statuses: number[];
+      one_device_lag_max_ms_while_asked: number;
+      one_device_lag_max_ms_while_playing: number;
+      each_device_lag_max_ms_while_asked: number;
+      each_device_lag_max_ms_while_playing: number;
+    };
+    const rounds: Round[] = [];
+    for (let r = 0; r < TONE_ROUNDS; r++) {
+      await lagMaxMs(server);
+      const oneDevice = await Promise.all(Array.from({ length: TONES }, () => tone(devices[0]!)));
+      const oneDeviceAsked = await lagMaxMs(server);
+      await sleep(3_000);
+      const oneDevicePlaying = await lagMaxMs(server);
+      const each = await Promise.all(devices.map((d) => tone(d)));
+      const eachAsked = await lagMaxMs(server);
+      await sleep(3_000);
+      const eachPlaying = await lagMaxMs(server);
+      const statuses = [...oneDevice, ...each];
+      rounds.push({
+        accepted: statuses.filter((status) => status === 202).length,
+        other_statuses: statuses.filter((status) => status !== 202),
+        one_device_lag_max_ms_while_asked: oneDeviceAsked,
+        one_device_lag_max_ms_while_playing: oneDevicePlaying,
+        each_device_lag_max_ms_while_asked: eachAsked,
+        each_device_lag_max_ms_while_playing: eachPlaying,
+      });
+    }
+    const max = (key: Exclude<keyof Round, "accepted" | "other_statuses">) => Math.max(...rounds.map((r) => r[key]));
+    return {
+      tones: TONES,
+      rounds: TONE_ROUNDS,
+      one_device_lag_max_ms: Math.max(max("one_device_lag_max_ms_while_asked"), max("one_device_lag_max_ms_while_playing")),
+      each_device_lag_max_ms: Math.max(max("each_device_lag_max_ms_while_asked"), max("each_device_lag_max_ms_while_playing")),
+      per_round: rounds,
+    };
+  } finally {
+    for (const d of devices) d.close();
+  }
+}
+
 export async function webrtcHealthBench(): Promise<unknown> {
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-health-"));
   const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { webrtc: { maxConnections: 10_000 } }) });
@@ -177,10 +249,13 @@ export async function webrtcHealthBench(): Promise<unknown> {
     progress(`refused channels measured: ${channels.rss_bytes_per_channel} B RSS each`);
     const live = await liveness(server);
     progress(`liveness measured: ${JSON.stringify(live.seconds)}`);
+    const toneLag = await tones(server);
+    progress(`tones measured: event loop held at most ${toneLag.one_device_lag_max_ms} ms (one device), ${toneLag.each_device_lag_max_ms} ms (each device)`);
     return {
       suite: "webrtc-health",
       note: "one run; the machine's two cores are shared with other work, figures move with it",
       liveness: live,
+      tones: toneLag,
       memory_per_connection: memoryPerConnection,
       refused_channels: channels,
       server_warnings: server.warnings,

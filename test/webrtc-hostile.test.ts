@@ -376,7 +376,7 @@ describe("a hostile device on Peer RPC (stream 0)", () => {
   test("requests that never finish (a frame cut short, a huge declared length, no end-of-stream) are held open, then closed by the server at its deadline", {
     timeout: 20_000,
   }, async () => {
-    const held = server.transport!.connection(conn.publicKey)!;
+    const held = await eventually(() => server.transport!.connection(conn.publicKey));
     const rpcStreams = () => held.census().open.rpc;
     const settled: boolean[] = [false, false, false, false];
     const pending = [
