@@ -1,4 +1,4 @@
-import OpusScript from "opusscript";
+import { LibOpus } from "../audio/opus.ts";
 import type { AudioTrack } from "./answerer.ts";
 
 const RATE = 48_000;
@@ -17,18 +17,18 @@ export function toneFrameCount(durationMs: number): number {
  * stopped.
  */
 export function* toneFrames(frequencyHz: number, durationMs: number): Generator<Buffer, void, undefined> {
-  const encoder = new OpusScript(RATE, 1, OpusScript.Application.AUDIO);
+  const encoder = new LibOpus("audio");
   try {
-    const pcm = Buffer.alloc(FRAME_SAMPLES * 2);
+    const pcm = new Int16Array(FRAME_SAMPLES);
     for (let f = 0, count = toneFrameCount(durationMs); f < count; f++) {
       for (let i = 0; i < FRAME_SAMPLES; i++) {
         const t = (f * FRAME_SAMPLES + i) / RATE;
-        pcm.writeInt16LE(Math.round(Math.sin(2 * Math.PI * frequencyHz * t) * 12_000), i * 2);
+        pcm[i] = Math.round(Math.sin(2 * Math.PI * frequencyHz * t) * 12_000);
       }
-      yield Buffer.from(encoder.encode(pcm, FRAME_SAMPLES));
+      yield encoder.encode(pcm);
     }
   } finally {
-    encoder.delete();
+    encoder.close();
   }
 }
 

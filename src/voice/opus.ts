@@ -1,6 +1,6 @@
-import OpusScript from "opusscript";
+import { LibOpus, MAX_PACKET_BYTES, OPUS_RATE } from "../audio/opus.ts";
 
-export const OPUS_RATE = 48_000;
+export { OPUS_RATE };
 /** 20 ms at 48 kHz. */
 export const FRAME_SAMPLES = 960;
 export const FRAME_MS = 20;
@@ -10,23 +10,23 @@ export const FRAME_MS = 20;
  * the encoder of the replies, created together and freed together.
  */
 export class OpusCodec {
-  private codec: OpusScript | undefined;
+  private codec: LibOpus | undefined;
   /** The last good packet's table-of-contents byte, for concealment in the same mode. */
   private lastToc: number | undefined;
 
   constructor() {
-    this.codec = new OpusScript(OPUS_RATE, 1, OpusScript.Application.VOIP);
+    this.codec = new LibOpus("voip");
     this.codec.setBitrate(32_000);
   }
 
   /** Decodes one packet to 48 kHz samples; undefined for a packet libopus refuses (the device's bytes). */
   decode(payload: Buffer): Int16Array | undefined {
     const codec = this.open();
-    if (payload.length < 1 || payload.length > OpusScript.MAX_PACKET_SIZE) return undefined;
+    if (payload.length < 1 || payload.length > MAX_PACKET_BYTES) return undefined;
     try {
       const pcm = codec.decode(payload);
       this.lastToc = payload[0]!;
-      return toSamples(pcm);
+      return pcm;
     } catch {
       return undefined;
     }
@@ -46,7 +46,7 @@ export class OpusCodec {
     while (at < samples) {
       let pcm: Int16Array;
       try {
-        pcm = toSamples(codec.decode(empty));
+        pcm = codec.decode(empty);
       } catch {
         break;
       }
@@ -60,22 +60,16 @@ export class OpusCodec {
   /** Encodes exactly one 20 ms frame of 48 kHz samples. */
   encode(frame: Int16Array): Buffer {
     if (frame.length !== FRAME_SAMPLES) throw new RangeError(`a frame has ${FRAME_SAMPLES} samples, not ${frame.length}`);
-    return this.open().encode(Buffer.from(frame.buffer, frame.byteOffset, frame.byteLength), FRAME_SAMPLES);
+    return this.open().encode(frame);
   }
 
   close(): void {
-    this.codec?.delete();
+    this.codec?.close();
     this.codec = undefined;
   }
 
-  private open(): OpusScript {
+  private open(): LibOpus {
     if (!this.codec) throw new Error("the codec is closed");
     return this.codec;
   }
-}
-
-function toSamples(pcm: Buffer): Int16Array {
-  const out = new Int16Array(pcm.length >> 1);
-  for (let i = 0; i < out.length; i++) out[i] = pcm.readInt16LE(i * 2);
-  return out;
 }
