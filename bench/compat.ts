@@ -145,6 +145,7 @@ export async function compatBench(): Promise<unknown> {
             : {}),
         },
       };
+      result.large_valid_bodies = await largeBodyHolds(perch.url, through);
       if (sdk) result.in_process_pass_through_vs_ai_sdk = await passThroughVsSdk(upstream.url);
       return result;
     } finally {
@@ -158,6 +159,47 @@ export async function compatBench(): Promise<unknown> {
 }
 
 type Timings = Record<string, { p50: number; p99: number }>;
+
+/**
+ * How long the node's event loop was held while it took one valid chat body of 30 MiB (the issue's
+ * bound: about 50 ms), read from its own `perch_event_loop_lag_max_seconds` (reading resets it),
+ * `BENCH_LARGE_BODY_RUNS` (5) of each shape, one at a time.
+ */
+async function largeBodyHolds(perchUrl: string, t: Target) {
+  const runs = Number(process.env.BENCH_LARGE_BODY_RUNS ?? 5);
+  const lagMs = async () => {
+    const text = await (await fetch(`${perchUrl}/metrics`)).text();
+    return Number(/^perch_event_loop_lag_max_seconds (\S+)$/m.exec(text)?.[1] ?? Number.NaN) * 1000;
+  };
+  const shapes: Record<string, () => string> = {
+    one_message_of_30_mib: () => JSON.stringify({ model: t.short, messages: [{ role: "user", content: "hello world ".repeat(2_600_000) }] }),
+    messages_4000_of_7_5_kib: () =>
+      JSON.stringify({
+        model: t.short,
+        messages: Array.from({ length: 4000 }, (_, i) => ({ role: i % 2 ? "assistant" : "user", content: "hello world ".repeat(650) })),
+      }),
+  };
+  const out: Record<string, unknown> = {};
+  for (const [name, make] of Object.entries(shapes)) {
+    const body = make();
+    const holds: number[] = [];
+    const statuses = new Set<number>();
+    for (let r = 0; r < runs; r++) {
+      await lagMs();
+      const res = await fetch(`${t.base}/chat/completions`, { method: "POST", headers: { ...t.headers, "content-type": "application/json" }, body });
+      await res.arrayBuffer();
+      statuses.add(res.status);
+      holds.push(await lagMs());
+    }
+    holds.sort((a, b) => a - b);
+    out[name] = {
+      mib: round(body.length / 2 ** 20),
+      statuses: [...statuses],
+      event_loop_held_ms: { p50: round(holds[Math.floor(holds.length / 2)]!), max: round(holds.at(-1)!) },
+    };
+  }
+  return out;
+}
 
 /** A target's p50 and p99 minus the direct call's (milliseconds). */
 function overhead(m: Timings, name: string): { p50: number; p99: number } {
