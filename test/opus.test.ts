@@ -72,7 +72,7 @@ test("a packet of 120 ms (six 20 ms frames, as RFC 6716 allows) decodes whole an
   const receiver = codecs[0]!;
   try {
     // 400 Hz: 8 whole cycles a frame. The receiver hears the sender's first frames, as a call would.
-    let last = Buffer.alloc(0);
+    let last: Buffer = Buffer.alloc(0);
     for (let f = 0; f < 10; f++) {
       last = sender.encode(tone(400, f));
       if (f < 9) receiver.decode(last);
@@ -87,7 +87,7 @@ test("a packet of 120 ms (six 20 ms frames, as RFC 6716 allows) decodes whole an
     // Its encoder and decoder still work, and so do the codecs allocated beside it.
     for (const [i, c] of codecs.entries()) {
       const hz = 300 + 100 * i;
-      let heard = new Int16Array(0);
+      let heard: Int16Array = new Int16Array(0);
       for (let f = 0; f < 5; f++) heard = c.decode(c.encode(tone(hz, f)));
       assert.ok(energyAt(heard, hz) > 0.8, `codec ${i} still round-trips its ${hz} Hz tone`);
     }
