@@ -159,7 +159,9 @@ export async function voiceBench(): Promise<unknown> {
         trials: barge.length,
         interrupted: barge.filter((b) => b.type === "barge" && b.interrupted).length,
         onset_to_last_reply_sample_ms: pct(barge.map((b) => (b.type === "barge" ? (b.onset_to_silence_ms ?? Number.NaN) : Number.NaN)).filter(Number.isFinite)),
-        onset_to_last_reply_packet_ms: pct(barge.map((b) => (b.type === "barge" ? (b.onset_to_last_packet_ms ?? Number.NaN) : Number.NaN)).filter(Number.isFinite)),
+        onset_to_last_reply_packet_ms: pct(
+          barge.map((b) => (b.type === "barge" ? (b.onset_to_last_packet_ms ?? Number.NaN) : Number.NaN)).filter(Number.isFinite),
+        ),
       },
       server_warnings: { count: server.warnings.count, last: server.warnings.last },
     };
