@@ -213,8 +213,17 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
     serverInfo: (host) => serverInfo(domain.ctx, identity, config.publicEndpoint ?? (wildcard ? (host ?? hostPort("127.0.0.1")) : hostPort(config.host))),
   });
 
+  /**
+   * While the node joins the store (right after it took its port), requests wait for it: what they
+   * write (an event stream's slot) must come after what the join clears.
+   */
+  let joining: Promise<void> | undefined;
   const server = createHttpServer({
-    fetch: app.fetch,
+    fetch: (request, env) => {
+      if (!joining) return app.fetch(request, env);
+      const go = () => app.fetch(request, env);
+      return joining.then(go, go);
+    },
     requestTimeoutMs: config.http.requestTimeoutMs,
     maxConnections: config.http.maxConnections,
     logger,
@@ -244,13 +253,8 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
       await closeOpened();
     };
     try {
-      // The node joins before it accepts anything: what a crashed run of it left is cleared, and
-      // its heartbeat (which makes its peers' records and its event streams count) starts.
-      await domain.presence.join();
-      heartbeat = domain.presence.startHeartbeat({
-        onError: (err) => logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
-        onRecovered: () => logger.info("node heartbeat written again"),
-      });
+      // The port first: a node that cannot take it (the same node already runs there) must not
+      // touch the store, where joining clears what the running one holds.
       await new Promise<void>((resolve, reject) => {
         server.once("error", reject);
         server.listen(config.port, config.host, () => {
@@ -259,9 +263,27 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
         });
       });
     } catch (err) {
-      // The store failed, or the port is taken (or not ours).
+      // The port is taken (or not ours).
       await abandon();
       throw err;
+    }
+    try {
+      // The node joins before it serves anything (requests wait for it): what a crashed run of it
+      // left is cleared, and its heartbeat (which makes its peers' records and its event streams
+      // count) starts.
+      joining = domain.presence.join();
+      await joining;
+      heartbeat = domain.presence.startHeartbeat({
+        onError: (err) => logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
+        onRecovered: () => logger.info("node heartbeat written again"),
+      });
+    } catch (err) {
+      // The store failed.
+      server.close();
+      await abandon();
+      throw err;
+    } finally {
+      joining = undefined;
     }
     if (webrtcEnabled) {
       try {

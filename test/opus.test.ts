@@ -65,3 +65,33 @@ test("a packet libopus refuses throws and leaves the codec usable; sizes outside
   }
   codec.close(); // twice is harmless
 });
+
+test("a packet of 120 ms (six 20 ms frames, as RFC 6716 allows) decodes whole and leaves the codec and its neighbours working", () => {
+  const sender = new LibOpus("voip");
+  const codecs = Array.from({ length: 3 }, () => new LibOpus("voip"));
+  const receiver = codecs[0]!;
+  try {
+    // 400 Hz: 8 whole cycles a frame. The receiver hears the sender's first frames, as a call would.
+    let last: Buffer = Buffer.alloc(0);
+    for (let f = 0; f < 10; f++) {
+      last = sender.encode(tone(400, f));
+      if (f < 9) receiver.decode(last);
+    }
+    assert.equal(last[0]! & 0x03, 0, "one frame per packet");
+    const frame = last.subarray(1);
+    // Code 3, constant bitrate: six frames of the same size after the frame-count byte.
+    const long = Buffer.concat([Buffer.from([(last[0]! & 0xfc) | 3, 6]), ...Array.from({ length: 6 }, () => frame)]);
+    const pcm = receiver.decode(long);
+    assert.equal(pcm.length, 6 * FRAME);
+    for (let k = 0; k < 6; k++) assert.ok(energyAt(pcm.subarray(k * FRAME, (k + 1) * FRAME), 400) > 0.8, `frame ${k} of the packet is the 400 Hz tone`);
+    // Its encoder and decoder still work, and so do the codecs allocated beside it.
+    for (const [i, c] of codecs.entries()) {
+      const hz = 300 + 100 * i;
+      let heard: Int16Array = new Int16Array(0);
+      for (let f = 0; f < 5; f++) heard = c.decode(c.encode(tone(hz, f)));
+      assert.ok(energyAt(heard, hz) > 0.8, `codec ${i} still round-trips its ${hz} Hz tone`);
+    }
+  } finally {
+    for (const c of [sender, ...codecs]) c.close();
+  }
+});

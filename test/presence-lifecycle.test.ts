@@ -4,6 +4,7 @@ import { after, describe, test } from "node:test";
 import pg from "pg";
 import { Store } from "../src/store/index.ts";
 import { type ServerProcess, STORES, spawnServer, startTestServer, tempDir } from "./support/server.ts";
+import { EventStream } from "./support/sse.ts";
 import { battery, counters, storedSamples } from "./support/telemetry.ts";
 import { connect, eventually } from "./support/webrtc.ts";
 
@@ -121,6 +122,44 @@ for (const entry of STORES) {
       }
     } finally {
       await first.stop();
+    }
+  });
+}
+
+for (const entry of STORES) {
+  test(`a second start of a running node (its name, its store, its port) fails and leaves the running node's records alone (${entry.name})`, async () => {
+    const dataDir = tempDir();
+    const databaseUrl = await entry.url();
+    const config = { databaseUrl, nodeName: "started-twice" };
+    const running = await startTestServer({ dataDir, config });
+    const conn = await connect(running);
+    const streams: EventStream[] = [];
+    try {
+      await eventually(() => running.transport!.connection(conn.publicKey)?.active, 10_000, "the connection active");
+      const device = running.client();
+      await device.login();
+      const phone = running.client();
+      await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+      for (let i = 0; i < 4; i++) streams.push(await EventStream.must(running.url, phone.accessToken));
+
+      // The same node started again by mistake (same name, same store): the port is the running one's.
+      await assert.rejects(startTestServer({ dataDir, config: { ...config, port: running.port, webrtc: { enabled: false } } }), /EADDRINUSE/);
+
+      // What the running node holds is still recorded as its own: its session's four streams, its device online.
+      const fifth = await EventStream.open(running.url, phone.accessToken);
+      if (fifth instanceof EventStream) {
+        fifth.close();
+        assert.fail("a fifth stream of the session was admitted: the running node's four no longer count");
+      }
+      assert.equal(fifth.status, 429);
+      const record = await running.store.read((r) => r.runtime.getWithBeat(conn.publicKey));
+      assert.deepEqual([record?.online, record?.node, typeof record?.beat_at], [1, "started-twice", "number"], "the device still online on the running node");
+      assert.equal(running.transport!.connection(conn.publicKey)?.active, true);
+    } finally {
+      for (const s of streams) s.close();
+      conn.close();
+      await running.stop();
+      rmSync(dataDir, { recursive: true, force: true });
     }
   });
 }

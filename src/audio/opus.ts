@@ -30,11 +30,16 @@ const require = createRequire(import.meta.url);
 const instantiate = require("opusscript/build/opusscript_native_wasm.js") as () => NativeModule;
 
 export const OPUS_RATE = 48_000;
-/** The longest frame libopus handles: 60 ms at 48 kHz. */
+/** The longest frame libopus encodes: 60 ms at 48 kHz. */
 const MAX_FRAME_SAMPLES = 2880;
+/**
+ * The most samples one packet decodes to: 120 ms at 48 kHz (a packet of several frames, RFC 6716
+ * §3.2.5), which the compiled decoder writes in full (it decodes up to 5760 samples a channel).
+ */
+const MAX_PACKET_SAMPLES = 5760;
 /** The largest packet (three 20 ms frames of the highest rate), as opusscript sizes it. */
 export const MAX_PACKET_BYTES = 1276 * 3;
-/** Codecs on one module instance: each takes about 60 KB of state and 31 KB of buffers. */
+/** Codecs on one module instance: each takes about 60 KB of state and 42 KB of buffers. */
 const CODECS_PER_MODULE = 64;
 
 const APPLICATIONS = { voip: 2048, audio: 2049 } as const;
@@ -90,8 +95,8 @@ export class LibOpus {
     const { native } = slot;
     const pointers: number[] = [];
     try {
-      // PCM: 2 bytes a sample, each byte in a 16-bit slot.
-      for (const bytes of [MAX_FRAME_SAMPLES * 4, MAX_PACKET_BYTES, MAX_PACKET_BYTES, MAX_FRAME_SAMPLES * 4]) {
+      // PCM: 2 bytes a sample, each byte in a 16-bit slot. The decoder's output holds a whole packet.
+      for (const bytes of [MAX_FRAME_SAMPLES * 4, MAX_PACKET_BYTES, MAX_PACKET_BYTES, MAX_PACKET_SAMPLES * 4]) {
         const p = native._malloc(bytes);
         if (!p) throw new Error("libopus is out of memory");
         pointers.push(p);
@@ -120,7 +125,7 @@ export class LibOpus {
     return Buffer.from(heap.subarray(this.packetOut, this.packetOut + bytes));
   }
 
-  /** One packet to its samples; throws on a packet libopus refuses. */
+  /** One packet to its samples (up to 120 ms of them); throws on a packet libopus refuses. */
   decode(packet: Uint8Array): Int16Array {
     const heap = this.heap();
     if (packet.length < 1 || packet.length > MAX_PACKET_BYTES) throw new RangeError(`a packet has 1 to ${MAX_PACKET_BYTES} bytes`);
