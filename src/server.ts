@@ -69,9 +69,15 @@ export interface RunningServer {
 
 let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: TranscriptionEngine } | undefined;
 
-/** The embedded engines, one pair per process (each has its own queue and worker threads), however many servers it starts. */
-export function embeddedEngines(): { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine } {
-  engines ??= { speech: createSpeechEngine(), transcription: createTranscriptionEngine() };
+/**
+ * The embedded engines, one pair per process (each has its own queue and workers), however many
+ * servers it starts: the first caller's settings apply.
+ */
+export function embeddedEngines(settings: { recogniserProcesses?: number } = {}): {
+  speech: SpeechEngine & { warmUp(): Promise<void> };
+  transcription: TranscriptionEngine;
+} {
+  engines ??= { speech: createSpeechEngine(), transcription: createTranscriptionEngine({ processes: settings.recogniserProcesses ?? 1 }) };
   return engines;
 }
 
@@ -114,7 +120,7 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
   const { config } = o;
   const clock = o.clock ?? systemClock;
   const logger = o.logger ?? createLogger(config);
-  const { speech, transcription } = o.engines ?? embeddedEngines();
+  const { speech, transcription } = o.engines ?? embeddedEngines(config.engines);
   checkConfig(config, speech);
   const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
   const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };

@@ -60,3 +60,9 @@ test("invalid catalogs stop start-up with a message naming the field", () => {
   refused({ api_keys: [{ name: "k", sha256: HASH, models: ["ghost"] }] }, "api_keys.0.models.0");
   refused({ providers: [{ ...provider, api_key: "sk-inline" }] }, "providers.0");
 });
+
+test("engines.recogniserProcesses: 1 by default, from PERCH_RECOGNISER_PROCESSES, and 1–16 only", () => {
+  assert.equal(loadConfig({}).engines.recogniserProcesses, 1);
+  assert.equal(loadConfig({ PERCH_RECOGNISER_PROCESSES: "2" }).engines.recogniserProcesses, 2);
+  for (const bad of ["0", "17", "1.5", "two"]) assert.throws(() => loadConfig({ PERCH_RECOGNISER_PROCESSES: bad }), ConfigError, bad);
+});

@@ -405,6 +405,24 @@ describe("transcription (Moonshine)", () => {
     assert.equal(await asr.finish(), "");
   });
 
+  test("two recogniser processes recognise side by side", async () => {
+    const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
+    const spoken = Float32Array.from(new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength)), (x) => x / 32768);
+    const two = createTranscriptionEngine({ processes: 2 });
+    try {
+      await two.start();
+      assert.equal(two.pids().recogniser.length, 2);
+      const both = Promise.all([two.recognise(spoken), two.recognise(spoken)]);
+      await sleep(0);
+      assert.equal(two.recognitionsWaiting, 0, "neither waits for the other");
+      assert.equal(two.recogniserIdle, false);
+      for (const text of await both) assert.match(text, /door/i);
+      assert.equal(two.recogniserIdle, true);
+    } finally {
+      await two.close();
+    }
+  });
+
   test("incremental recognition while the recogniser is busy: nothing speculative queues, the final text still comes", async () => {
     const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
     const samples = new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength));

@@ -243,6 +243,17 @@ export const ConfigSchema = z
         writeTimeoutMs: z.number().int().min(1).max(3_600_000).default(30_000),
       })
       .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000 }),
+    /** The embedded engines (one set per process, however many servers it starts; the first server's settings apply). */
+    engines: z
+      .strictObject({
+        /**
+         * Recogniser processes (Moonshine, about 420 MB resident each). One uses every core for each
+         * recognition; more run recognitions side by side, one core each, which shortens the queue
+         * when many conversations end their turns at once (docs/benchmarks.md, voice).
+         */
+        recogniserProcesses: z.number().int().min(1).max(16).default(1),
+      })
+      .default({ recogniserProcesses: 1 }),
     /** The companion web app (`/app/`). */
     app: z
       .strictObject({
@@ -354,6 +365,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
   PERCH_TELEMETRY_WRITE_INTERVAL_MS: (v) => ({ telemetry: { writeIntervalMs: Number(v) } }),
   PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
+  PERCH_RECOGNISER_PROCESSES: (v) => ({ engines: { recogniserProcesses: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 

@@ -107,9 +107,13 @@ export function numbersToDigits(text: string): string {
   return out.join(" ");
 }
 
+/** Moonshine learnt some words from old books: "to-day", "to-morrow", "to-night". */
+const ARCHAIC = /\b([Tt])o-(day|morrow|night)\b/g;
+
 export function normaliseTranscript(raw: string): string {
   let text = raw.replace(/\s+/g, " ").trim();
   if (!text || !/[\p{L}\p{N}]/u.test(text)) return "";
+  text = text.replace(ARCHAIC, "$1o$2");
   text = numbersToDigits(text);
   text = text[0]!.toUpperCase() + text.slice(1);
   text = text.replace(/[\s,;:-]+$/, "");

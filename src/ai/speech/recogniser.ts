@@ -43,7 +43,9 @@ const LIVE: Priority = 0;
 const FILE: Priority = 1;
 
 export interface MoonshineEngineOptions extends Partial<QueueLimits> {
-  /** Threads of one recognition (onnxruntime's intra-op pool). Default: every core. */
+  /** Recogniser processes, each one recognition at a time. Default 1. */
+  processes?: number;
+  /** Threads of one recognition (onnxruntime's intra-op pool). Default: the cores shared among the processes. */
   threads?: number;
 }
 
@@ -51,6 +53,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   readonly languages: readonly string[] = ["en"];
   readonly wordTimestamps = false;
   private readonly queue: WorkQueue;
+  private readonly processes: number;
   private readonly threads: number;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
@@ -59,8 +62,9 @@ export class MoonshineEngine implements TranscriptionEngine {
   loadMs: number | undefined;
 
   constructor(options: MoonshineEngineOptions = {}) {
-    this.threads = options.threads ?? availableParallelism();
-    this.queue = new WorkQueue({ concurrency: options.concurrency ?? 2, maxQueued: options.maxQueued ?? 16 });
+    this.processes = options.processes ?? 1;
+    this.threads = options.threads ?? Math.max(1, Math.floor(availableParallelism() / this.processes));
+    this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
   }
 
   /** Transcriptions running and waiting for a slot. */
@@ -94,7 +98,7 @@ export class MoonshineEngine implements TranscriptionEngine {
       const script = new URL("./recognition-worker.ts", import.meta.url);
       const moonshine: RecognitionWorkerData = { model: "moonshine", threads: this.threads };
       const silero: RecognitionWorkerData = { model: "silero" };
-      this.recogniserPool = new WorkerPool({ script, workerData: moonshine, size: 1, name: "recogniser", isolation: "process" });
+      this.recogniserPool = new WorkerPool({ script, workerData: moonshine, size: this.processes, name: "recogniser", isolation: "process" });
       this.vadPool = new WorkerPool({ script, workerData: silero, size: 1, name: "voice activity", isolation: "process" });
       this.loading = Promise.all([this.recogniserPool.ready(), this.vadPool.ready()]).then(() => {
         this.loadMs = performance.now() - started;
