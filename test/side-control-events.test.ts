@@ -1,5 +1,7 @@
 import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
+import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
 import { generateKeyPair } from "../src/crypto/keys.ts";
@@ -249,6 +251,66 @@ for (const store of STORES) {
       assert.equal(await rows("sweeper"), 1, "this node's own stream keeps its row");
       own.close();
       await eventually(async () => (await rows("sweeper")) === 0, 10_000, "the closed stream's row deleted");
+    });
+  });
+}
+
+for (const store of STORES) {
+  describe(`GET /side-control/events: a client that leaves while its stream opens (${store.name})`, () => {
+    let server: TestServer;
+    let databaseUrl: string | undefined;
+    before(async () => {
+      databaseUrl = await store.url();
+      server = await startTestServer({ config: { databaseUrl, nodeName: "left" } });
+    });
+    after(() => server.stop());
+
+    /** Holds up the slot's transaction: the session's row locked (PostgreSQL), or the write lock taken (SQLite). */
+    async function holdStore(sessionId: string): Promise<() => Promise<void>> {
+      if (!databaseUrl) {
+        const blocker = new DatabaseSync(join(server.dataDir, "perch.db"));
+        blocker.exec("begin immediate");
+        return async () => {
+          blocker.exec("commit");
+          blocker.close();
+        };
+      }
+      const blocker = new pg.Client({ connectionString: databaseUrl });
+      await blocker.connect();
+      await blocker.query("begin");
+      await blocker.query("select id from sessions where id = $1 for update", [sessionId]);
+      return async () => {
+        await blocker.query("commit");
+        await blocker.end();
+      };
+    }
+
+    const connections = () => new Promise<number>((resolve, reject) => server.httpServer.getConnections((err, n) => (err ? reject(err) : resolve(n))));
+
+    test("the stream it asked for ends and its slot is given back once the store answers", async () => {
+      const { phone, sessionId } = await pair(server);
+      const release = await holdStore(sessionId);
+      let released = false;
+      try {
+        const abort = new AbortController();
+        const opening = fetch(`${server.url}/side-control/events`, {
+          headers: { authorization: `Bearer ${phone.accessToken}` },
+          signal: abort.signal,
+        }).catch(() => undefined);
+        // The stream is registered, and waits for its slot.
+        await eventually(() => server.domain.live.size === 1, 5_000, "the open waiting for the store");
+        abort.abort();
+        await opening;
+        await eventually(async () => (await connections()) === 0, 5_000, "the server saw the client leave");
+        await release();
+        released = true;
+        const rows = () => server.store.read((r) => r.liveStreams.countNode("left"));
+        await eventually(async () => server.domain.live.size === 0 && (await rows()) === 0, 5_000, "no stream and no slot left of the client that left");
+      } finally {
+        if (!released) await release();
+      }
+      const four = await Promise.all([1, 2, 3, 4].map(() => EventStream.must(server.url, phone.accessToken)));
+      for (const s of four) s.close();
     });
   });
 }

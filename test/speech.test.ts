@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -259,6 +259,28 @@ describe("worker pool (flite's, the recogniser's, the store's reads)", () => {
       assert.equal(await pool.run("again"), "echo again");
     } finally {
       await pool.close();
+    }
+  });
+
+  test("a replacement that dies before it is ready does not fail the pool: jobs fail while none can start, and run again once one does", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "perch-pool-"));
+    const marker = join(dir, "die-at-start");
+    const pool = new WorkerPool<string, string>({ script, workerData: { dieAtStartIf: marker }, size: 1, name: "test" });
+    try {
+      assert.equal(await pool.run("first"), "echo first");
+      // From now on a starting worker exits before it is ready (a passing trouble: out of memory, of file descriptors).
+      await writeFile(marker, "");
+      await assert.rejects(pool.run("die"), /the test worker exited with code 3/);
+      await assert.rejects(pool.run("while none can start"), /the test worker could not start: the test worker exited with code 4/);
+      // The trouble passes: a later replacement loads and the pool serves again.
+      await rm(marker);
+      let answer: string | undefined;
+      for (let i = 0; i < 20 && answer === undefined; i++) answer = await pool.run("later").catch(() => undefined);
+      assert.equal(answer, "echo later");
+      assert.ok(pool.restarts >= 2);
+    } finally {
+      await pool.close();
+      await rm(dir, { recursive: true, force: true });
     }
   });
 

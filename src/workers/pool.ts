@@ -175,10 +175,14 @@ interface Slot<Res> {
  *   was running (with `lostError`), and a new worker takes its place: at once the first time, then
  *   after 100 ms, doubling to 5 s, while workers keep dying with no job answered in between (so
  *   workers that keep dying cannot spin the CPU). Waiting jobs stay in the backlog meanwhile;
- * - a worker that reports `failed` while loading, or dies before it is ready, fails the pool:
- *   every waiting and later job is rejected with that error (a model that cannot load will not
- *   load on the next try either). A worker whose start can fail for a passing reason must not
- *   report it so: it reports `ready` and fails the jobs (as the store's read worker does).
+ * - a worker that reports `failed` while loading, or dies before the pool's first worker was
+ *   ready, fails the pool: every waiting and later job is rejected with that error (a model that
+ *   cannot load will not load on the next try either). A worker whose start can fail for a passing
+ *   reason must not report it so: it reports `ready` and fails the jobs (as the store's read
+ *   worker does);
+ * - a replacement that dies before it is ready (the pool's workers loaded before: a passing
+ *   trouble, such as memory or file descriptors) is replaced in turn, with the same back-off;
+ *   while no worker is ready, the jobs waiting fail (with `lostError`) rather than wait for one.
  * The backlog is not bounded here: callers bound it (see WorkQueue) before they add to it.
  */
 export class WorkerPool<Req, Res> {
@@ -194,6 +198,8 @@ export class WorkerPool<Req, Res> {
   restarts = 0;
   /** Workers that died since a job was last answered (sets the wait before the next replacement). */
   private deathsInARow = 0;
+  /** Whether a worker of this pool was ever ready (its model loads). */
+  private loadedOnce = false;
 
   constructor(options: WorkerPoolOptions) {
     if (!(options.size >= 1)) throw new RangeError("a worker pool needs at least one worker");
@@ -282,6 +288,7 @@ export class WorkerPool<Req, Res> {
       const message = raw as PoolMessage<Res>;
       if (message.type === "ready") {
         slot.ready = true;
+        this.loadedOnce = true;
         worker.unref();
         this.readyCount++;
         if (this.readyCount >= this.options.size) for (const w of this.readyWaiters.splice(0)) w.resolve();
@@ -311,10 +318,15 @@ export class WorkerPool<Req, Res> {
       slot.job = undefined;
       job?.reject(this.options.lostError ? this.options.lostError(error) : error);
       if (this.closed || this.failure) return;
-      // A worker that died before it was ever ready would die again: the pool has failed.
       if (!slot.ready) {
-        this.fail(new Error(`the ${this.options.name} worker could not start: ${error.message}`));
-        return;
+        const cause = new Error(`the ${this.options.name} worker could not start: ${error.message}`);
+        // No worker of this pool ever loaded: it would die again, the pool has failed.
+        if (!this.loadedOnce) {
+          this.fail(cause);
+          return;
+        }
+        // A replacement that could not start: with no worker ready, the waiting jobs fail now.
+        if (this.readyCount === 0) for (const waiting of this.backlog.splice(0)) waiting.reject(this.options.lostError ? this.options.lostError(cause) : cause);
       }
       this.restarts++;
       const wait = this.deathsInARow === 0 ? 0 : Math.min(REPLACE_MAX_MS, REPLACE_MIN_MS * 2 ** (this.deathsInARow - 1));

@@ -1,9 +1,16 @@
-/** A WorkerPool worker for tests: echoes, fails, or dies (exits its thread) on request; "fail-start" in workerData makes it fail to load. */
+/**
+ * A WorkerPool worker for tests: echoes, fails, or dies (exits its thread) on request; "fail-start"
+ * in workerData makes it fail to load; `{ dieAtStartIf: file }` makes it exit before it is ready
+ * while that file exists (a passing trouble at start).
+ */
+import { existsSync } from "node:fs";
 import { parentPort, workerData } from "node:worker_threads";
 import type { PoolJob, PoolMessage } from "../../src/workers/pool.ts";
 
 const port = parentPort!;
+const dieAtStartIf = (workerData as { dieAtStartIf?: string } | null)?.dieAtStartIf;
 if (workerData === "fail-start") port.postMessage({ type: "failed", error: "no model here" } satisfies PoolMessage<string>);
+else if (dieAtStartIf !== undefined && existsSync(dieAtStartIf)) process.exit(4);
 else {
   port.on("message", ({ id, request }: PoolJob<string>) => {
     if (request === "die") process.exit(3);

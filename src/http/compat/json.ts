@@ -1,16 +1,12 @@
-import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
 import { parseJson } from "../../ai/json-thread.ts";
+import { clientGone, nodeBindings } from "../client-gone.ts";
 import { JsonBudget, LargeBodies } from "../json-budget.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError } from "./errors.ts";
 
-/** The Node request and response behind `c`, when it came through the Node adapter (not over a DataChannel stream). */
-function nodeBindings(c: Context): { incoming: IncomingMessage; outgoing: ServerResponse } | undefined {
-  const env = c.env as { incoming?: IncomingMessage; outgoing?: ServerResponse } | undefined;
-  return env?.incoming && env.outgoing ? { incoming: env.incoming, outgoing: env.outgoing } : undefined;
-}
+export { clientGone };
 
 /** A JSON body with more values than this is refused before it is parsed (see json-budget.ts). */
 export const MAX_JSON_VALUES = 100_000;
@@ -136,15 +132,4 @@ export async function readJson(c: Context): Promise<unknown> {
   } catch {
     throw new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
   }
-}
-
-/** Aborted when the client goes away before the response is complete (the Node adapter's own signal needs a full Request). */
-export function clientGone(c: Context): AbortSignal {
-  const node = nodeBindings(c);
-  if (!node) return c.req.raw.signal;
-  const controller = new AbortController();
-  node.outgoing.once("close", () => {
-    if (!node.outgoing.writableFinished) controller.abort(new Error("the client closed the connection"));
-  });
-  return controller.signal;
 }

@@ -18,6 +18,7 @@ import {
   TelemetryRange,
   TelemetryRangeQuery,
 } from "../../protocol/public.ts";
+import { clientGone } from "../client-gone.ts";
 import type { App } from "../env.ts";
 import { invalid } from "../errors.ts";
 import { JSON_UTF8 } from "../json.ts";
@@ -97,8 +98,14 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       },
     }),
     async (c) => {
+      // A client that leaves while its stream opens (its slot is taken in the store) never reads
+      // the body, whose cancellation would end the stream: its leaving ends it instead.
+      const gone = clientGone(c);
       const { body, sink, attach } = eventStream();
-      attach(await domain.live.open(c.get("principal") as SideControlPrincipal, sink));
+      const handle = await domain.live.open(c.get("principal") as SideControlPrincipal, sink);
+      attach(handle);
+      if (gone.aborted) handle.close();
+      else gone.addEventListener("abort", () => handle.close(), { once: true });
       return c.body(body, 200, SSE_HEADERS);
     },
   );
