@@ -6,11 +6,13 @@ import { createRequire } from "node:module";
  * at a byte address. opusscript's JavaScript allocates N bytes for N such slots (2N bytes) and
  * indexes its 16-bit view with the byte address, so every PCM buffer lies at twice its allocated
  * address: codecs write over each other's memory, and with about 77 codecs alive at once the
- * addresses leave the module's fixed 16 MiB heap. Here each PCM buffer is allocated at its full
- * size and used at the address `_malloc` returned.
+ * addresses leave the module's 16 MiB heap. Here each PCM buffer is allocated at its full size and
+ * used at the address `_malloc` returned.
  *
  * A module instance (its own 16 MiB of memory) serves up to CODECS_PER_MODULE codecs; another is
- * instantiated when all are full, and one left empty is dropped (the first is kept).
+ * instantiated when all are full, and one left empty is dropped (the first is kept). The build lets
+ * a module's memory grow (in `_malloc`), which replaces its views: they are taken anew on every
+ * call, and none is kept across a call that allocates.
  */
 
 interface Handler {
