@@ -245,10 +245,10 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
   const listen = async (): Promise<RunningServer> => {
     if (listening) throw new Error("listen() was already called on this server");
     listening = true;
-    let heartbeat: { stop(): void } | undefined;
+    let heartbeat: { stop(): Promise<void> } | undefined;
     /** Undoes what listening began when a later step fails: nothing that opened stays open. */
     const abandon = async () => {
-      heartbeat?.stop();
+      await heartbeat?.stop();
       if (heartbeat) await domain.presence.leave().catch((err) => logger.warn({ err }, "could not clear this node's records"));
       await closeOpened();
     };
@@ -372,7 +372,7 @@ async function shutdown(n: {
   server: Server;
   domain: Domain;
   transport: WebRtcTransport | undefined;
-  heartbeat: { stop(): void } | undefined;
+  heartbeat: { stop(): Promise<void> } | undefined;
   closeOpened: () => Promise<void>;
   logger: Logger;
   cleanup: NodeJS.Timeout;
@@ -393,7 +393,7 @@ async function shutdown(n: {
   await n.transport?.close();
   await stopped;
   // The node leaves: its peers offline, its event stream rows and its heartbeat gone.
-  n.heartbeat?.stop();
+  await n.heartbeat?.stop();
   await n.domain.presence.leave().catch((err) => n.logger.error({ err }, "could not clear this node's records"));
   await n.closeOpened();
   clearInterval(n.logFlush);

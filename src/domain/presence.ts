@@ -105,13 +105,13 @@ export class PresenceService {
    * Beats every `NODE_BEAT_MS` until stopped. A failed beat (the store unreachable) is reported
    * once per outage through `onError` and tried again at the next beat.
    */
-  startHeartbeat(o: { onError: (err: unknown) => void; onRecovered?: () => void }): { stop(): void } {
-    let beating = false;
+  /** Beats every NODE_BEAT_MS; `stop()` resolves once no beat is under way (one finishing after `leave()` would bring the row back). */
+  startHeartbeat(o: { onError: (err: unknown) => void; onRecovered?: () => void }): { stop(): Promise<void> } {
+    let beating: Promise<void> | undefined;
     let failing = false;
     const timer = setInterval(() => {
       if (beating) return;
-      beating = true;
-      this.beat()
+      beating = this.beat()
         .then(
           () => {
             if (failing) o.onRecovered?.();
@@ -122,10 +122,15 @@ export class PresenceService {
             failing = true;
           },
         )
-        .finally(() => (beating = false));
+        .finally(() => (beating = undefined));
     }, NODE_BEAT_MS);
     timer.unref();
-    return { stop: () => clearInterval(timer) };
+    return {
+      stop: async () => {
+        clearInterval(timer);
+        await beating;
+      },
+    };
   }
 
   /** Of `keys`, those now recorded online on another node: their connections here were replaced. */
