@@ -15,7 +15,13 @@ let pool: WorkerPool<JsonTask, JsonResult> | undefined;
 
 function run(task: JsonTask, transfer: ArrayBuffer[] = []): Promise<JsonResult> {
   pool ??= new WorkerPool<JsonTask, JsonResult>({ script: new URL("./json-thread-worker.ts", import.meta.url), size: 1, name: "JSON" });
-  return pool.run(task, { transfer });
+  const current = pool;
+  return current.run(task, { transfer }).catch((err: unknown) => {
+    // A thread with nothing to load that could not start hit a passing limit (memory, threads):
+    // the next large body starts a new one rather than every later one being refused.
+    if (pool === current && current.failed) pool = undefined;
+    throw err;
+  });
 }
 
 /** Starts the thread (and compiles its code) before the first large body needs it. */

@@ -234,6 +234,11 @@ export class WorkerPool<Req, Res> {
       }));
   }
 
+  /** Whether the pool has failed for good (its workers could not start): every job is refused. */
+  get failed(): boolean {
+    return this.failure !== undefined;
+  }
+
   /** Jobs waiting for a worker. */
   get waiting(): number {
     return this.backlog.length;

@@ -129,7 +129,9 @@ export async function readJson(c: Context): Promise<unknown> {
   if (blank(bytes)) throw new OpenAIError(400, "The request body is empty: send a JSON object.", { code: "invalid_json" });
   try {
     return await parseJson(bytes);
-  } catch {
-    throw new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
+  } catch (err) {
+    if (err instanceof SyntaxError) throw new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
+    // The JSON thread failed (it is replaced): the node's fault, not the body's.
+    throw new OpenAIError(503, "The server could not read this large body just now; try again shortly.", { code: "unavailable", retryAfter: 1 });
   }
 }
