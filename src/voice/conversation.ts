@@ -97,6 +97,8 @@ export class Conversation {
   private draining = false;
   private dropped = 0;
   private droppedLoggedAt = Number.NEGATIVE_INFINITY;
+  private overrunSamples = 0;
+  private overrunLoggedAt = Number.NEGATIVE_INFINITY;
   /** The last PREROLL_S of audio, as [start sample, samples]. */
   private readonly recent: Array<[number, Int16Array]> = [];
   private turns = 0;
@@ -111,7 +113,13 @@ export class Conversation {
     this.events = new VoiceEvents(o.port);
     this.down = new Resampler(o.resampler, OPUS_RATE, ENGINE_RATE);
     this.vad = o.recognition.createVad({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.silence_ms });
-    this.uplink = new Uplink({ codec: this.codec, resampler: this.down, payloadType: o.port.payloadType, pcm: (pcm) => this.heard(pcm) });
+    this.uplink = new Uplink({
+      codec: this.codec,
+      resampler: this.down,
+      payloadType: o.port.payloadType,
+      pcm: (pcm) => this.heard(pcm),
+      overrun: (samples) => this.overrun(samples),
+    });
     o.port.onPacket((packet) => {
       if (this.closed || !o.agent()) return;
       try {
@@ -141,6 +149,20 @@ export class Conversation {
     this.history.length = 0;
     this.down.close();
     this.codec.close();
+  }
+
+  /** The device claimed more audio than real time allows; logged at most every DROP_LOG_MS, not per packet. */
+  private overrun(samples: number): void {
+    this.o.metrics.uplinkDropped(samples / OPUS_RATE);
+    this.overrunSamples += samples;
+    const now = performance.now();
+    if (now - this.overrunLoggedAt <= DROP_LOG_MS) return;
+    this.overrunLoggedAt = now;
+    this.o.logger.warn(
+      { peer: this.o.port.publicKey, dropped_ms: Math.round((this.overrunSamples / OPUS_RATE) * 1000) },
+      "the device sends audio ahead of real time; the excess is dropped",
+    );
+    this.overrunSamples = 0;
   }
 
   /** 16 kHz audio from the uplink, in order. */

@@ -10,6 +10,7 @@ export class VoiceMetrics {
   private readonly stages: Histogram<"stage">;
   private readonly late: Counter;
   private readonly frames: Counter;
+  private readonly dropped: Counter;
 
   constructor(registry: Registry, conversations: () => number) {
     this.turns = new Counter({ name: "perch_voice_turns_total", help: "Voice turns by result", labelNames: ["result"], registers: [registry] });
@@ -33,6 +34,11 @@ export class VoiceMetrics {
       help: "Downlink voice frames sent (the denominator of the late share)",
       registers: [registry],
     });
+    this.dropped = new Counter({
+      name: "perch_voice_uplink_dropped_seconds_total",
+      help: "Uplink audio dropped undecoded: what devices claimed beyond real time",
+      registers: [registry],
+    });
     this.late = new Counter({
       name: "perch_voice_frames_late_total",
       help: "Downlink voice frames sent more than 20 ms after their time",
@@ -47,6 +53,10 @@ export class VoiceMetrics {
 
   frameLate(): void {
     this.late.inc();
+  }
+
+  uplinkDropped(seconds: number): void {
+    this.dropped.inc(seconds);
   }
 
   frameSent(): void {
