@@ -19,7 +19,7 @@ import { connect } from "./support/webrtc.ts";
 describe("voice conversations against a hostile uplink", { skip: engines().transcription ? false : "no transcription engine" }, () => {
   let upstream: FakeUpstream;
   let server: TestServer;
-  const lines: Array<{ level: number; msg: string; dropped_ms?: number; peer?: string }> = [];
+  const lines: Array<{ level: number; msg: string; dropped_ms?: number; peer?: string; result?: string; transcript?: string }> = [];
 
   before(async () => {
     upstream = await startFakeUpstream();
@@ -30,7 +30,7 @@ describe("voice conversations against a hostile uplink", { skip: engines().trans
       },
     });
     server = await startTestServer({
-      logger: pino({ level: "info" }, sink),
+      logger: pino({ level: "debug" }, sink),
       config: {
         providers: [{ id: "local", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
         models: [{ id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" }],
@@ -102,5 +102,66 @@ describe("voice conversations against a hostile uplink", { skip: engines().trans
     assert.ok((await fetch(`${server.url}/healthz`)).ok);
     conn.close();
     attacker.close();
+  });
+
+  test("garbage of every kind on the uplink (each table of contents, random bytes, a new SSRC per packet, broken headers) is logged not per packet, and the same device's speech is answered after it", async () => {
+    const device = await RtpDevice.connect(server);
+    let sequence = 0;
+    let timestamp = 0;
+    const next = (payload: Buffer, ssrc?: number) =>
+      device.send(rtpPacket({ sequence: ++sequence, timestamp: (timestamp += 960), ...(ssrc ? { ssrc } : {}) }, payload));
+    let sent = 0;
+    const pace = async () => {
+      if (++sent % 100 === 0) await sleep(5);
+    };
+    for (let toc = 0; toc < 256; toc++) {
+      for (const bytes of [1, 2, 3, 40, 1275]) {
+        for (const second of [0, 1, 48, 63, 0xff]) {
+          const payload = Buffer.alloc(bytes, 0x5a);
+          payload[0] = toc;
+          if (bytes > 1) payload[1] = second;
+          next(payload);
+          await pace();
+        }
+      }
+    }
+    for (let i = 0; i < 1000; i++) {
+      const payload = Buffer.alloc(1 + ((i * 7919) % 1400));
+      for (let j = 0; j < payload.length; j++) payload[j] = (i * 31 + j * 17) & 0xff;
+      next(payload, i % 2 ? i : undefined);
+      const header = Buffer.alloc(12 + (i % 90));
+      for (let j = 0; j < header.length; j++) header[j] = (i * 13 + j * 29) & 0xff;
+      header[0] = 0x80 | (header[0]! & 0x3f);
+      header[1] = (header[1]! & 0x80) | 111;
+      device.send(header);
+      await pace();
+    }
+    // Then the device speaks properly: Opus frames of a question, 20 ms apart, continuing its stream.
+    upstream.reply({ content: "It is sunny." }, { content: "It is sunny." }, { content: "It is sunny." });
+    const { samples, sampleRate } = await (engines().speech as FliteSpeechEngine).speak("What is the weather like today?", "nova");
+    const question = await resample(samples, sampleRate, 48_000);
+    const speech = new Int16Array(question.length + 48_000);
+    speech.set(question);
+    const encoder = new LibOpus("voip");
+    const started = performance.now();
+    for (let f = 0; (f + 1) * 960 <= speech.length; f++) {
+      next(encoder.encode(speech.subarray(f * 960, (f + 1) * 960)), 0x1234);
+      const due = started + (f + 1) * 20;
+      await sleep(Math.max(0, due - performance.now()));
+    }
+    encoder.close();
+    const answered = () => lines.some((l) => l.peer === device.publicKey && l.msg === "voice turn" && l.result === "answered");
+    for (let i = 0; i < 150 && !answered(); i++) await sleep(100);
+    assert.ok(answered(), "the device's question was answered");
+    const heard = lines.filter((l) => l.peer === device.publicKey && l.msg === "voice turn transcript").map((l) => l.transcript);
+    assert.ok(
+      heard.some((t) => /weather/i.test(t ?? "")),
+      `transcripts: ${JSON.stringify(heard)}`,
+    );
+    const mine = lines.filter((l) => l.peer === device.publicKey && l.level >= 40);
+    // At most the overrun notice (120 ms packets of garbage claim more than real time) and nothing per packet.
+    assert.ok(mine.length <= 3, `warnings: ${JSON.stringify(mine.map((l) => l.msg))}`);
+    assert.ok((await fetch(`${server.url}/healthz`)).ok);
+    device.close();
   });
 });
