@@ -108,8 +108,11 @@ describe("voice conversations against a hostile uplink", { skip: engines().trans
     const device = await RtpDevice.connect(server);
     let sequence = 0;
     let timestamp = 0;
-    const next = (payload: Buffer, ssrc?: number) =>
-      device.send(rtpPacket({ sequence: ++sequence, timestamp: (timestamp += 960), ...(ssrc ? { ssrc } : {}) }, payload));
+    const next = (payload: Buffer, ssrc?: number) => {
+      sequence++;
+      timestamp += 960;
+      return device.send(rtpPacket({ sequence, timestamp, ...(ssrc ? { ssrc } : {}) }, payload));
+    };
     let sent = 0;
     const pace = async () => {
       if (++sent % 100 === 0) await sleep(5);
