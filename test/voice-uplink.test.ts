@@ -189,4 +189,31 @@ describe("uplink", () => {
     codec.close();
     resampler.close();
   });
+
+  test("a packet libopus refuses is concealed for as long as it says it lasts: the timeline holds, and refused packets claim no more audio than good ones", async () => {
+    const encoder = new OpusCodec();
+    const good = encoder.encode(sine(FRAME_SAMPLES, 48_000, 300));
+    encoder.close();
+    const codec = new OpusCodec();
+    const resampler = new Resampler(await loadResampler(), 48_000, 16_000);
+    let samples = 0;
+    let now = 0;
+    const uplink = new Uplink({ codec, resampler, payloadType: 111, pcm: (s) => (samples += s.length), now: () => now });
+    // Two 2.5 ms CELT frames (code 1) of unequal halves: 5 ms that libopus refuses.
+    const refused = Buffer.from([(16 << 3) | 1, 1, 2, 3]);
+    uplink.packet(rtp(0, 0, good));
+    for (let i = 0; i < 100; i++) {
+      now += 5;
+      uplink.packet(rtp(1 + i, FRAME_SAMPLES + i * 240, refused));
+    }
+    uplink.packet(rtp(101, FRAME_SAMPLES + 100 * 240, good));
+    uplink.jitter.flush();
+    assert.equal(uplink.stats.rejected, 100);
+    assert.equal(uplink.stats.dropped, 0);
+    // 20 ms + 100 × 5 ms + 20 ms at 16 kHz, less the resampler's delay.
+    const expected = (2 * FRAME_SAMPLES + 100 * 240) / 3;
+    assert.ok(samples > expected - 100 && samples <= expected, `${samples} samples, ${expected} expected`);
+    codec.close();
+    resampler.close();
+  });
 });

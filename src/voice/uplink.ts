@@ -62,8 +62,10 @@ export class Uplink {
         if (out.kind === "packet") {
           pcm = o.codec.decode(out.payload);
           if (!pcm) {
+            // Concealed for as long as the packet says (the timeline the jitter buffer keeps), not a
+            // whole frame: refused 2.5 ms packets would otherwise claim eight times what they cost.
             this.rejected++;
-            pcm = o.codec.conceal(FRAME_SAMPLES);
+            pcm = o.codec.conceal(samples);
           }
         } else if (out.kind === "lost") pcm = o.codec.conceal(out.samples);
         else pcm = new Int16Array(out.samples);
