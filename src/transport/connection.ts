@@ -277,8 +277,16 @@ export class Connection {
   sendEvent(make: (sequence: bigint, timestampUnixMs: bigint) => Uint8Array): boolean {
     const events = this.events;
     if (this.state !== "active" || !events || events.destroyed || !events.writable) return false;
+    let frame: Buffer;
+    try {
+      frame = encodeFrame(FrameType.BINARY, make(this.eventSequence + 1n, BigInt(Date.now())));
+    } catch (err) {
+      // An event that cannot be one frame is dropped; the caller's work (a reply) goes on.
+      this.host.logger.warn({ err, peer: this.publicKey }, "an event too large for one frame was not sent");
+      return false;
+    }
     this.eventSequence++;
-    events.write(encodeFrame(FrameType.BINARY, make(this.eventSequence, BigInt(Date.now()))));
+    events.write(frame);
     return true;
   }
 

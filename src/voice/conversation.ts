@@ -182,7 +182,7 @@ export class Conversation {
     }
     this.pending.push(pcm);
     this.pendingSamples += pcm.length;
-    if (!this.draining) void this.drain();
+    if (!this.draining) this.drain().catch((err: unknown) => this.o.logger.error({ err, peer: this.o.port.publicKey }, "voice audio handling failed"));
   }
 
   private async drain(): Promise<void> {

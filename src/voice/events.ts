@@ -10,6 +10,32 @@ export interface EventFailure {
 
 const KIND = { text: StreamKind.TEXT, audio: StreamKind.AUDIO } as const;
 
+/**
+ * An event is one frame of at most 65,535 bytes (transport contract §7): the text of one event
+ * stays under this many bytes, the rest of the event far below the difference.
+ */
+export const MAX_EVENT_TEXT_BYTES = 60_000;
+
+/** `text` in pieces of at most MAX_EVENT_TEXT_BYTES of UTF-8, cut between characters. */
+export function textPieces(text: string): string[] {
+  if (Buffer.byteLength(text) <= MAX_EVENT_TEXT_BYTES) return [text];
+  const pieces: string[] = [];
+  let piece = "";
+  let bytes = 0;
+  for (const ch of text) {
+    const n = Buffer.byteLength(ch);
+    if (bytes + n > MAX_EVENT_TEXT_BYTES) {
+      pieces.push(piece);
+      piece = "";
+      bytes = 0;
+    }
+    piece += ch;
+    bytes += n;
+  }
+  pieces.push(piece);
+  return pieces;
+}
+
 /** The voice contract's events (voice.md §3) on one connection's event stream. */
 export class VoiceEvents {
   private readonly port: AudioPort;
@@ -54,20 +80,24 @@ export class VoiceEvents {
     );
   }
 
+  /** New text; a delta too large for one event goes as several (their concatenation is the same). */
   delta(streamId: string, label: string, text: string): void {
-    this.port.sendEvent((sequence, timestampUnixMs) =>
-      toBinary(
-        PeerEventSchema,
-        create(PeerEventSchema, {
-          version: 1,
-          type: PeerEventType.TEXT_DELTA,
-          payload: { case: "textDelta", value: { streamId, sequence, timestampUnixMs, label, text } },
-        }),
-      ),
-    );
+    for (const piece of textPieces(text))
+      this.port.sendEvent((sequence, timestampUnixMs) =>
+        toBinary(
+          PeerEventSchema,
+          create(PeerEventSchema, {
+            version: 1,
+            type: PeerEventType.TEXT_DELTA,
+            payload: { case: "textDelta", value: { streamId, sequence, timestampUnixMs, label, text: piece } },
+          }),
+        ),
+      );
   }
 
-  done(streamId: string, label: string, text: string): void {
+  /** The whole text, or its first MAX_EVENT_TEXT_BYTES when longer (the deltas carried all of it). */
+  done(streamId: string, label: string, whole: string): void {
+    const text = textPieces(whole)[0]!;
     this.port.sendEvent((sequence, timestampUnixMs) =>
       toBinary(
         PeerEventSchema,
