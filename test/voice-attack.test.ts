@@ -9,7 +9,7 @@ import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { RtpDevice, rtpPacket } from "./support/rtp-device.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
-import { EventLog, resample } from "./support/voice.ts";
+import { EventLog, resample, talkerConfig } from "./support/voice.ts";
 import { connect } from "./support/webrtc.ts";
 
 /**
@@ -31,12 +31,7 @@ describe("voice conversations against a hostile uplink", { skip: engines().trans
     });
     server = await startTestServer({
       logger: pino({ level: "debug" }, sink),
-      config: {
-        providers: [{ id: "local", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
-        models: [{ id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" }],
-        agents: [{ id: "talker", model: "chat", instructions: "You speak briefly.", voice: "alloy" }],
-        voice: { agent: "talker" },
-      },
+      config: talkerConfig(upstream.url),
     });
   });
 

@@ -12,7 +12,7 @@ import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
-import { EventLog, resample } from "./support/voice.ts";
+import { EventLog, resample, talkerConfig } from "./support/voice.ts";
 import { connect } from "./support/webrtc.ts";
 
 const ANSWER = "It is sunny and warm today. Is there anything else you would like to know?";
@@ -46,12 +46,7 @@ describe("voice conversations", () => {
   before(async () => {
     upstream = await startFakeUpstream();
     server = await startTestServer({
-      config: {
-        providers: [{ id: "local", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
-        models: [{ id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" }],
-        agents: [{ id: "talker", model: "chat", instructions: "You speak briefly.", voice: "alloy" }],
-        voice: { agent: "talker" },
-      },
+      config: talkerConfig(upstream.url),
     });
   });
 

@@ -94,3 +94,13 @@ export async function resample(pcm: Int16Array, from: number, to: number): Promi
     r.close();
   }
 }
+
+/** A server configuration where devices converse with agent `talker` over the scripted upstream at `upstreamUrl`. */
+export function talkerConfig(upstreamUrl: string) {
+  return {
+    providers: [{ id: "local", kind: "openai-compatible" as const, base_url: upstreamUrl, max_retries: 0 }],
+    models: [{ id: "chat", kind: "chat" as const, provider: "local", upstream_model: "scripted" }],
+    agents: [{ id: "talker", model: "chat", instructions: "You speak briefly.", voice: "alloy" }],
+    voice: { agent: "talker" },
+  };
+}
