@@ -16,7 +16,8 @@ import { readFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
 import { setImmediate, setTimeout as sleep } from "node:timers/promises";
 import { createSpeechEngine, createTranscriptionEngine, ffmpegPath, SPEECH_FORMATS, VOICES } from "../src/ai/speech/index.ts";
-import { concatSamples, ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES as SENTENCES, silence, wavFile, withNoise, wordErrorRate } from "../test/support/speech.ts";
+import { concatFloat32 } from "../src/audio/samples.ts";
+import { ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES as SENTENCES, silence, wavFile, withNoise, wordErrorRate } from "../test/support/speech.ts";
 import { percentiles, round } from "./support.ts";
 
 const RUNS = Number(process.env.BENCH_SPEECH_RUNS ?? 5);
@@ -92,7 +93,7 @@ export async function speechBench(): Promise<unknown> {
   for (const v of ESPEAK_VOICES) {
     const parts: Float32Array[] = [silence(0.5)];
     for (const s of SENTENCES) parts.push(await espeak(s, v.args), silence(0.5));
-    const clean = concatSamples(parts);
+    const clean = concatFloat32(parts);
     sets.push({ name: v.name, clean, noisy: withNoise(clean, SNR_DB) });
   }
   const werOf = async (audio: Float32Array) => wordErrorRate(roundTripText, (await recogniser.transcribe({ audio: wavFile(audio) })).text);

@@ -1,46 +1,18 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { readdirSync, readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import OpenAI, { toFile } from "openai";
+import { wavFile } from "../src/audio/samples.ts";
 import { engines } from "./support/engines.ts";
+import { childProcesses } from "./support/processes.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 
 const KEY = "sk-perch-audio-test";
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
-/** This process's children called `name`, from /proc. */
-function children(name: string): number[] {
-  const pids: number[] = [];
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
-      const close = stat.lastIndexOf(")");
-      const ppid = Number(stat.slice(close + 2).split(" ")[1]);
-      if (ppid === process.pid && stat.slice(stat.indexOf("(") + 1, close) === name) pids.push(Number(entry));
-    } catch {}
-  }
-  return pids;
-}
-
 /** A 0.1 s silent WAV: a real container for the routes' content checks. */
 function wav(): Buffer {
-  const samples = 1600;
-  const b = Buffer.alloc(44 + samples * 2);
-  b.write("RIFF", 0);
-  b.writeUInt32LE(36 + samples * 2, 4);
-  b.write("WAVEfmt ", 8);
-  b.writeUInt32LE(16, 16);
-  b.writeUInt16LE(1, 20);
-  b.writeUInt16LE(1, 22);
-  b.writeUInt32LE(16000, 24);
-  b.writeUInt32LE(32000, 28);
-  b.writeUInt16LE(2, 32);
-  b.writeUInt16LE(16, 34);
-  b.write("data", 36);
-  b.writeUInt32LE(samples * 2, 40);
-  return b;
+  return wavFile(new Int16Array(1600), 16_000);
 }
 
 describe("Compatible API: audio routes, HTTP side", () => {
@@ -134,7 +106,9 @@ describe("Compatible API: audio routes, HTTP side", () => {
     const reader = res.body!.getReader();
     assert.ok(!(await reader.read()).done);
     // The request's encoder dies (a real failure of the engine, not a fake one).
-    const encoders = children("ffmpeg");
+    const encoders = childProcesses()
+      .filter((c) => c.name === "ffmpeg")
+      .map((c) => c.pid);
     assert.equal(encoders.length, 1, `ffmpeg children: ${encoders}`);
     process.kill(encoders[0]!, "SIGKILL");
     await assert.rejects(async () => {

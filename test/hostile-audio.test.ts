@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import { after, before, describe, test } from "node:test";
 import { decodeAudio } from "../src/ai/speech/decode.ts";
 import { AudioDecodeError, AudioTooLongError } from "../src/ai/speech/errors.ts";
+import { wavFile } from "../src/audio/samples.ts";
 import { engines } from "./support/engines.ts";
 import { BOMB_BLOCK, BOMB_RATE, flacBomb } from "./support/flac-bomb.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
@@ -19,22 +20,8 @@ const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
 /** A mono 16-bit WAV of `seconds` of a quiet tone at `rate`. */
 function wav(seconds: number, rate = 16_000): Buffer {
-  const samples = Math.round(seconds * rate);
-  const b = Buffer.alloc(44 + samples * 2);
-  b.write("RIFF", 0);
-  b.writeUInt32LE(36 + samples * 2, 4);
-  b.write("WAVEfmt ", 8);
-  b.writeUInt32LE(16, 16);
-  b.writeUInt16LE(1, 20);
-  b.writeUInt16LE(1, 22);
-  b.writeUInt32LE(rate, 24);
-  b.writeUInt32LE(rate * 2, 28);
-  b.writeUInt16LE(2, 32);
-  b.writeUInt16LE(16, 34);
-  b.write("data", 36);
-  b.writeUInt32LE(samples * 2, 40);
-  for (let i = 0; i < samples; i++) b.writeInt16LE(Math.round(3000 * Math.sin((2 * Math.PI * 440 * i) / rate)), 44 + 2 * i);
-  return b;
+  const tone = Int16Array.from({ length: Math.round(seconds * rate) }, (_, i) => Math.round(3000 * Math.sin((2 * Math.PI * 440 * i) / rate)));
+  return wavFile(tone, rate);
 }
 
 /** Entries in the temporary directory that a decode may have left (ffmpeg's or the recogniser's). */

@@ -1,6 +1,5 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { readdirSync, readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -23,6 +22,7 @@ import {
 import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
 import { WorkerPool } from "../src/workers/pool.ts";
+import { childProcesses } from "./support/processes.ts";
 import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
 
 const SENTENCE = "The small device reports its battery level and its temperature to the server.";
@@ -69,25 +69,20 @@ function rms(pcm: Buffer): number {
   return Math.sqrt(sum / Math.max(1, pcm.length / 2));
 }
 
-/** The names of this process's child processes, from /proc. */
-function children(): string[] {
-  const names: string[] = [];
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
-      const close = stat.lastIndexOf(")");
-      const ppid = Number(stat.slice(close + 2).split(" ")[1]);
-      if (ppid === process.pid) names.push(stat.slice(stat.indexOf("(") + 1, close));
-    } catch {}
-  }
-  return names;
-}
-
 async function waitForNoChildren(prefix: string): Promise<void> {
-  for (let i = 0; i < 50 && children().some((n) => n.startsWith(prefix)); i++) await sleep(20);
+  for (
+    let i = 0;
+    i < 50 &&
+    childProcesses()
+      .map((c) => c.name)
+      .some((n) => n.startsWith(prefix));
+    i++
+  )
+    await sleep(20);
   assert.deepEqual(
-    children().filter((n) => n.startsWith(prefix)),
+    childProcesses()
+      .map((c) => c.name)
+      .filter((n) => n.startsWith(prefix)),
     [],
   );
 }
@@ -187,7 +182,12 @@ describe("speech synthesis (flite)", () => {
     const text = ROUND_TRIP.join(" ").repeat(8).slice(0, 4096);
     const stream = engine.synthesize({ text, voice: "echo", format: "flac", speed: 0.5, signal: controller.signal })[Symbol.asyncIterator]();
     assert.ok(!(await stream.next()).done);
-    assert.ok(children().includes("ffmpeg"), "the encoder runs");
+    assert.ok(
+      childProcesses()
+        .map((c) => c.name)
+        .includes("ffmpeg"),
+      "the encoder runs",
+    );
     controller.abort();
     await assert.rejects(async () => {
       while (!(await stream.next()).done);

@@ -9,9 +9,10 @@ import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import OpenAI, { toFile } from "openai";
 import { createSpeechEngine, createTranscriptionEngine, type MoonshineEngine } from "../src/ai/speech/index.ts";
+import { concatFloat32 } from "../src/audio/samples.ts";
 import { engines } from "./support/engines.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
-import { concatSamples, ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES, seededRandom, silence, wavFile, withNoise, wordErrorRate } from "./support/speech.ts";
+import { ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES, seededRandom, silence, wavFile, withNoise, wordErrorRate } from "./support/speech.ts";
 
 const KEY = "sk-perch-transcription-test";
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
@@ -31,7 +32,7 @@ interface Verbose {
 async function spoken(args: readonly string[], sentences = SENTENCES): Promise<Float32Array> {
   const parts: Float32Array[] = [silence(0.5)];
   for (const s of sentences) parts.push(await espeak(s, args), silence(0.5));
-  return concatSamples(parts);
+  return concatFloat32(parts);
 }
 
 function assertSegmentsInside(v: Verbose): void {
@@ -144,7 +145,7 @@ describe("transcription through the openai client (Moonshine)", () => {
       placed.push({ at, seconds: end / 16_000 });
     }
     parts.push(silence(60 - length / 16_000));
-    const audio = concatSamples(parts);
+    const audio = concatFloat32(parts);
     assert.equal(audio.length, 60 * 16_000);
     const verbose = (await openai.audio.transcriptions.create({
       model: "whisper-1",

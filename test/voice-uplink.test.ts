@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { concatInt16 } from "../src/audio/samples.ts";
 import { JitterBuffer, type JitterOutput } from "../src/voice/jitter.ts";
 import { FRAME_SAMPLES, OpusCodec } from "../src/voice/opus.ts";
 import { loadResampler, Resampler } from "../src/voice/resampler.ts";
@@ -24,16 +25,6 @@ function rtp(seq: number, ts: number, payload: Buffer, pt = 111, ssrc = 0x1234):
 
 function packet(seq: number, ts: number, payload = Buffer.from([0xf8, 1, 2])): RtpPacket {
   return parseRtp(rtp(seq, ts, payload))!;
-}
-
-function concat(parts: Int16Array[]): Int16Array {
-  const out = new Int16Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
 }
 
 describe("RTP parsing", () => {
@@ -135,7 +126,7 @@ describe("resampler", () => {
       at += n;
     }
     pieces.close();
-    const joined = concat(parts);
+    const joined = concatInt16(parts);
     assert.deepEqual(joined, reference);
     // A third of the samples, less the filter's delay (held back at the end: the start is aligned), and the same tone.
     assert.ok(joined.length > 15_900 && joined.length <= 16_000, `${joined.length} samples`);
@@ -178,7 +169,7 @@ describe("uplink", () => {
       }
     }
     uplink.jitter.flush();
-    const pcm = concat(out);
+    const pcm = concatInt16(out);
     assert.equal(uplink.stats.lost, 1);
     assert.equal(uplink.stats.rejected, 1, "the other payload type");
     // Every 20 ms is there (the lost one concealed), less the resampler's delay.

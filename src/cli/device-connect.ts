@@ -1,10 +1,10 @@
 import { writeFileSync } from "node:fs";
 import { create, toBinary } from "@bufbuild/protobuf";
 import type { Command } from "commander";
+import { wavFile } from "../audio/samples.ts";
 import type { KeyPair } from "../crypto/keys.ts";
 import { ClientGetIdentifiersResponseSchema, ClientGetInfoResponseSchema, RpcMethod, ServerPutInfoRequestSchema } from "../protocol/gen/rpc_pb.ts";
 import type { RpcHandlers } from "../protocol/rpc.ts";
-import { wavFile } from "../sdk/voice.ts";
 import { OfferError, PerchConnection } from "../sdk/webrtc.ts";
 
 interface ConnectOptions {

@@ -4,6 +4,7 @@
  * as a real microphone sends), and the downlink's decoded PCM recorded.
  */
 import { fromBinary } from "@bufbuild/protobuf";
+import { concatInt16 } from "../audio/samples.ts";
 import { FrameDecoder, FrameType } from "../protocol/frames.ts";
 import { type PeerEvent, PeerEventSchema } from "../protocol/gen/event_pb.ts";
 
@@ -122,34 +123,10 @@ export class Loudspeaker {
 
   /** Everything recorded, and forgets it. */
   take(): Int16Array {
-    const out = new Int16Array(this.chunks.reduce((n, c) => n + c.length, 0));
-    let at = 0;
-    for (const c of this.chunks) {
-      out.set(c, at);
-      at += c.length;
-    }
+    const out = concatInt16(this.chunks);
     this.chunks = [];
     return out;
   }
-}
-
-/** A 16-bit mono WAV file of `samples`. */
-export function wavFile(samples: Int16Array, rate: number): Buffer {
-  const header = Buffer.alloc(44);
-  header.write("RIFF", 0);
-  header.writeUInt32LE(36 + samples.byteLength, 4);
-  header.write("WAVE", 8);
-  header.write("fmt ", 12);
-  header.writeUInt32LE(16, 16);
-  header.writeUInt16LE(1, 20);
-  header.writeUInt16LE(1, 22);
-  header.writeUInt32LE(rate, 24);
-  header.writeUInt32LE(rate * 2, 28);
-  header.writeUInt16LE(2, 32);
-  header.writeUInt16LE(16, 34);
-  header.write("data", 36);
-  header.writeUInt32LE(samples.byteLength, 40);
-  return Buffer.concat([header, Buffer.from(samples.buffer, samples.byteOffset, samples.byteLength)]);
 }
 
 /** The `PeerEvent`s of the event stream (service 32), one per binary frame; other frames are ignored. */

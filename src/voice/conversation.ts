@@ -1,5 +1,6 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
+import { concatInt16 } from "../audio/samples.ts";
 import type { VoiceConfig } from "../config/config.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
 import { ENGINE_RATE, type LiveRecogniser, type LiveVad, type Recognition, type Speaker, type VadEvent } from "./engines.ts";
@@ -191,7 +192,7 @@ export class Conversation {
       while (this.pending.length > 0 && !this.closed) {
         // Everything that arrived while the detector worked goes in one push: under load the
         // batches grow instead of the backlog.
-        const pcm = concat(this.pending.splice(0));
+        const pcm = concatInt16(this.pending.splice(0));
         this.pendingSamples = 0;
         const start = this.timeline;
         this.timeline += pcm.length;
@@ -389,17 +390,6 @@ export class Conversation {
     this.o.metrics.turn(result, stages);
     this.o.logger.info({ peer: this.o.port.publicKey, turn: n, result, ...rounded }, "voice turn");
   }
-}
-
-function concat(parts: Int16Array[]): Int16Array {
-  if (parts.length === 1) return parts[0]!;
-  const out = new Int16Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
 }
 
 function rms(pcm: Int16Array): number {

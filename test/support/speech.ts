@@ -1,4 +1,5 @@
 import { numbersToDigits } from "../../src/ai/speech/normalise.ts";
+import { wavFile as wav } from "../../src/audio/samples.ts";
 
 /**
  * Word error rate: the word-level edit distance from `reference` to `hypothesis`, over the
@@ -104,31 +105,10 @@ export function silence(seconds: number): Float32Array {
   return new Float32Array(Math.round(seconds * 16_000));
 }
 
-export function concatSamples(parts: readonly Float32Array[]): Float32Array {
-  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
-
 /** A 16-bit mono WAV file of 16 kHz samples. */
 export function wavFile(samples: Float32Array, rate = 16_000): Buffer {
-  const b = Buffer.alloc(44 + samples.length * 2);
-  b.write("RIFF", 0, "latin1");
-  b.writeUInt32LE(36 + samples.length * 2, 4);
-  b.write("WAVEfmt ", 8, "latin1");
-  b.writeUInt32LE(16, 16);
-  b.writeUInt16LE(1, 20);
-  b.writeUInt16LE(1, 22);
-  b.writeUInt32LE(rate, 24);
-  b.writeUInt32LE(rate * 2, 28);
-  b.writeUInt16LE(2, 32);
-  b.writeUInt16LE(16, 34);
-  b.write("data", 36, "latin1");
-  b.writeUInt32LE(samples.length * 2, 40);
-  for (let i = 0; i < samples.length; i++) b.writeInt16LE(Math.max(-32768, Math.min(32767, Math.round(samples[i]! * 32767))), 44 + 2 * i);
-  return b;
+  return wav(
+    Int16Array.from(samples, (x) => Math.max(-32768, Math.min(32767, Math.round(x * 32767)))),
+    rate,
+  );
 }

@@ -21,6 +21,7 @@
  * recogniser is idle: under load each turn costs one recognition, its final one.
  */
 import { availableParallelism } from "node:os";
+import { concatFloat32 } from "../../audio/samples.ts";
 import { type Priority, WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
@@ -195,7 +196,7 @@ export class LiveVad {
 
   /** Adds 16 kHz mono audio; the speech that started or ended in it. Do not overlap calls. */
   async push(pcm: Float32Array | Int16Array): Promise<VadEvent[]> {
-    const audio = concat(this.rest, toFloat32(pcm));
+    const audio = concatFloat32([this.rest, toFloat32(pcm)]);
     const usable = audio.length - (audio.length % VAD_FRAME);
     this.rest = audio.slice(usable);
     if (usable === 0) return [];
@@ -255,7 +256,7 @@ export class IncrementalRecogniser {
     const audio = pcm instanceof Float32Array ? pcm.slice() : toFloat32(pcm);
     this.chunks.push(audio);
     this.samples += audio.length;
-    const blocks = concat(this.pending, audio);
+    const blocks = concatFloat32([this.pending, audio]);
     let at = 0;
     for (; at + BLOCK <= blocks.length; at += BLOCK) {
       if (quiet(blocks.subarray(at, at + BLOCK))) this.quietTail += BLOCK;
@@ -333,7 +334,7 @@ export class IncrementalRecogniser {
   }
 
   private audio(): Float32Array {
-    if (this.chunks.length !== 1) this.chunks = [concat(...this.chunks)];
+    if (this.chunks.length !== 1) this.chunks = [concatFloat32(this.chunks)];
     return this.chunks[0]!;
   }
 }
@@ -342,16 +343,6 @@ function quiet(audio: Float32Array): boolean {
   let sum = 0;
   for (const x of audio) sum += x * x;
   return audio.length === 0 || Math.sqrt(sum / audio.length) < SILENCE_RMS;
-}
-
-function concat(...parts: Float32Array[]): Float32Array {
-  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
 }
 
 function slice(audio: Float32Array, region: Region): Float32Array {
