@@ -8,8 +8,7 @@ import type { ChannelPort } from "../src/protocol/channel.ts";
 import type { StreamSocket } from "../src/protocol/stream-socket.ts";
 import { Answerer, type PeerLink } from "../src/transport/answerer.ts";
 import { StreamHttpServer } from "../src/transport/http-streams.ts";
-import { inspectOffer } from "../src/transport/sdp.ts";
-import { eventually } from "./support/webrtc.ts";
+import { answeredBy, eventually } from "./support/webrtc.ts";
 
 /**
  * The seam between DataChannel streams and Node's HTTP server with Hono's adapter
@@ -72,15 +71,7 @@ describe("the seam Node's HTTP server and Hono's adapter rely on", () => {
     pc = new (wrtc as unknown as { RTCPeerConnection: typeof RTCPeerConnection }).RTCPeerConnection({ iceServers: [] });
     pc.addTransceiver("audio", { direction: "sendrecv" });
     pc.createDataChannel("giznet/v1/service/32");
-    const gathered = new Promise<void>((resolve) => pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve()));
-    await pc.setLocalDescription(await pc.createOffer());
-    await gathered;
-    const sdp = pc.localDescription!.sdp;
-    const shape = inspectOffer(sdp);
-    if ("code" in shape) throw new Error(shape.message);
-    link = await answerer.answer({ sdp, ...shape });
-    link.onChannel((port) => ports.push(port));
-    await pc.setRemoteDescription({ type: "answer", sdp: link.answer });
+    link = await answeredBy(answerer, pc, (l) => l.onChannel((port) => ports.push(port)));
   });
   after(() => {
     pc.close();

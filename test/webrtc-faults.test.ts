@@ -4,10 +4,9 @@ import wrtc from "@roamhq/wrtc";
 import type { ChannelPort } from "../src/protocol/channel.ts";
 import { StreamSocket } from "../src/protocol/stream-socket.ts";
 import { Answerer, type PeerLink } from "../src/transport/answerer.ts";
-import { inspectOffer } from "../src/transport/sdp.ts";
 import { watchCrashes } from "./support/crashes.ts";
 import { freeUdpPort } from "./support/server.ts";
-import { eventually } from "./support/webrtc.ts";
+import { answeredBy, eventually } from "./support/webrtc.ts";
 
 /**
  * Every callback the WebRTC library (node-datachannel) makes into the transport, and the timers
@@ -34,17 +33,11 @@ async function device(answerer: Answerer, setup: (link: PeerLink) => void): Prom
   const source = new rtc.nonstandard.RTCAudioSource();
   pc.addTransceiver(source.createTrack(), { direction: "sendrecv" });
   pc.createDataChannel("giznet/v1/service/32");
-  const gathered = new Promise<void>((resolve) => pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve()));
-  await pc.setLocalDescription(await pc.createOffer());
-  await gathered;
-  const sdp = pc.localDescription!.sdp;
-  const shape = inspectOffer(sdp);
-  if ("code" in shape) throw new Error(shape.message);
-  const link = await answerer.answer({ sdp, ...shape });
   const faults: Device["faults"] = [];
-  link.onFault((err, scope) => faults.push({ err, scope }));
-  setup(link);
-  await pc.setRemoteDescription({ type: "answer", sdp: link.answer });
+  const link = await answeredBy(answerer, pc, (l) => {
+    l.onFault((err, scope) => faults.push({ err, scope }));
+    setup(l);
+  });
   const samples = new Int16Array(480).map((_, i) => Math.round(Math.sin(i / 5) * 8000));
   return { pc, link, faults, speak: () => source.onData({ samples, sampleRate: 48_000, bitsPerSample: 16, channelCount: 1, numberOfFrames: 480 }) };
 }

@@ -2,7 +2,17 @@ import wrtc from "@roamhq/wrtc";
 import { decodeKey, encodeKey, generateKeyPair, type KeyPair, privateKeyObject, sharedSecret } from "../../src/crypto/keys.ts";
 import { SealedExchange } from "../../src/crypto/sealed-offer.ts";
 import { type ConnectOptions, PerchConnection } from "../../src/sdk/webrtc.ts";
+import type { Answerer, PeerLink } from "../../src/transport/answerer.ts";
+import { inspectOffer } from "../../src/transport/sdp.ts";
 import type { TestServer } from "./server.ts";
+
+/** `pc`'s offer with every candidate gathered (no trickle), set as its local description. */
+export async function gatheredOffer(pc: RTCPeerConnection): Promise<string> {
+  const gathered = new Promise<void>((resolve) => pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve()));
+  await pc.setLocalDescription(await pc.createOffer());
+  await gathered;
+  return pc.localDescription!.sdp;
+}
 
 /** A real offer SDP from libwebrtc: a sendrecv audio transceiver and a DataChannel. */
 export async function realOfferSdp(): Promise<string> {
@@ -10,13 +20,21 @@ export async function realOfferSdp(): Promise<string> {
   try {
     pc.addTransceiver("audio", { direction: "sendrecv" });
     pc.createDataChannel("giznet/v1/packet");
-    const gathered = new Promise<void>((resolve) => pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve()));
-    await pc.setLocalDescription(await pc.createOffer());
-    await gathered;
-    return pc.localDescription!.sdp;
+    return await gatheredOffer(pc);
   } finally {
     pc.close();
   }
+}
+
+/** `pc`'s offer answered by a real `Answerer` (checked as the offer route checks it); `setup` sees the link before `pc` takes the answer. */
+export async function answeredBy(answerer: Answerer, pc: RTCPeerConnection, setup: (link: PeerLink) => void = () => {}): Promise<PeerLink> {
+  const sdp = await gatheredOffer(pc);
+  const shape = inspectOffer(sdp);
+  if ("code" in shape) throw new Error(shape.message);
+  const link = await answerer.answer({ sdp, ...shape });
+  setup(link);
+  await pc.setRemoteDescription({ type: "answer", sdp: link.answer });
+  return link;
 }
 
 export interface SealedRequest {
