@@ -103,9 +103,9 @@ export class PresenceService {
 
   /**
    * Beats every `NODE_BEAT_MS` until stopped. A failed beat (the store unreachable) is reported
-   * once per outage through `onError` and tried again at the next beat.
+   * once per outage through `onError` and tried again at the next beat. `stop()` resolves once no
+   * beat is under way: one finishing after `leave()` would bring the row back.
    */
-  /** Beats every NODE_BEAT_MS; `stop()` resolves once no beat is under way (one finishing after `leave()` would bring the row back). */
   startHeartbeat(o: { onError: (err: unknown) => void; onRecovered?: () => void }): { stop(): Promise<void> } {
     let beating: Promise<void> | undefined;
     let failing = false;
