@@ -166,8 +166,8 @@ describe("speech synthesis (flite)", () => {
     assert.ok(rms(typographic.bytes) > 500);
   });
 
-  test("a full queue refuses at once; a slot frees when the listener leaves", async () => {
-    const busy = createSpeechEngine({ concurrency: 1, maxQueued: 0 });
+  test("beyond its streams the engine refuses at once; a stream frees when the listener leaves", async () => {
+    const busy = createSpeechEngine({ concurrency: 1, maxStreams: 1 });
     const first = busy.synthesize({ text: SENTENCE, voice: "alloy", format: "wav", speed: 1 })[Symbol.asyncIterator]();
     assert.ok(!(await first.next()).done);
     assert.throws(() => busy.synthesize({ text: SENTENCE, voice: "alloy", format: "wav", speed: 1 }), EngineBusyError);

@@ -105,7 +105,7 @@ const ApiKeyConfig = z.strictObject({
 });
 
 const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
-const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, turn: TURN_DEFAULTS };
+const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, max_reply_delay_ms: 2_000, turn: TURN_DEFAULTS };
 
 /** Voice conversations over a connected device's audio (voice.md). */
 const VoiceConfig = z.strictObject({
@@ -115,6 +115,11 @@ const VoiceConfig = z.strictObject({
   barge_in: z.boolean().default(true),
   /** Turns of history kept per conversation (in memory, for the connection's life). */
   history_turns: z.number().int().min(1).max(200).default(20),
+  /**
+   * A turn whose final transcript or first reply sentence cannot start on the embedded engines
+   * within this ends with `overloaded` error events instead of answering late.
+   */
+  max_reply_delay_ms: z.number().int().min(1).max(60_000).default(2_000),
   turn: z
     .strictObject({
       /** Voice activity shorter than this is a noise, not speech. */
@@ -241,8 +246,10 @@ export const ConfigSchema = z
         maxAudioSeconds: z.number().positive().max(86_400).default(600),
         /** A client that takes none of a response's waiting bytes for this long is disconnected. */
         writeTimeoutMs: z.number().int().min(1).max(3_600_000).default(30_000),
+        /** An embedded-engine request (speech, transcription) that cannot start within this is refused at once: 429 with Retry-After. */
+        maxQueueWaitMs: z.number().int().min(1).max(600_000).default(10_000),
       })
-      .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000 }),
+      .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000, maxQueueWaitMs: 10_000 }),
     /** The embedded engines (one set per process, however many servers it starts; the first server's settings apply). */
     engines: z
       .strictObject({

@@ -8,7 +8,7 @@ import { VoiceEvents } from "./events.ts";
 import type { Stage, VoiceMetrics } from "./metrics.ts";
 import { OPUS_RATE, OpusCodec } from "./opus.ts";
 import type { AudioPort } from "./port.ts";
-import { Reply } from "./reply.ts";
+import { failureCode, Reply } from "./reply.ts";
 import { Resampler } from "./resampler.ts";
 import { Uplink } from "./uplink.ts";
 
@@ -332,10 +332,10 @@ export class Conversation {
     const stages: Partial<Record<Stage, number>> = { end_of_speech: t.decided - t.lastVoiced };
     let transcript: string;
     try {
-      transcript = (await turn.recogniser.finish()).trim();
+      transcript = (await turn.recogniser.finish({ maxWaitMs: this.o.config.max_reply_delay_ms })).trim();
     } catch (err) {
       if (this.closed) return;
-      this.events.eos(`out-${n}`, "text", "assistant.text", { code: "failed", message: `recognition failed: ${(err as Error).message}` });
+      this.events.eos(`out-${n}`, "text", "assistant.text", { code: failureCode(err), message: `recognition failed: ${(err as Error).message}` });
       return this.finishTurn(n, "failed", stages, false);
     }
     const transcribed = performance.now();
@@ -361,6 +361,7 @@ export class Conversation {
       },
       events: this.events,
       late: () => this.o.metrics.frameLate(),
+      maxWaitMs: this.o.config.max_reply_delay_ms,
     });
     this.reply = reply;
     const outcome = await reply.outcome;

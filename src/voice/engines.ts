@@ -18,8 +18,8 @@ export interface LiveRecogniser {
   push(pcm: Int16Array): void;
   /** The text so far (recognised again only when enough new audio arrived). */
   partial(): Promise<string>;
-  /** The final text of everything pushed. */
-  finish(): Promise<string>;
+  /** The final text of everything pushed; throws EngineBusyError when it cannot start within `maxWaitMs`. */
+  finish(o?: { maxWaitMs?: number }): Promise<string>;
 }
 
 export interface Recognition {
@@ -29,8 +29,8 @@ export interface Recognition {
 
 export interface Speaker {
   readonly voices: readonly string[];
-  /** 16-bit mono samples of one sentence. */
-  speak(text: string, voice: string, signal?: AbortSignal): Promise<{ samples: Int16Array; sampleRate: number }>;
+  /** 16-bit mono samples of one sentence, ahead of other work; throws EngineBusyError when it cannot start within `maxWaitMs`. */
+  speak(text: string, voice: string, signal?: AbortSignal, o?: { maxWaitMs?: number }): Promise<{ samples: Int16Array; sampleRate: number }>;
 }
 
 /** The rate the recogniser hears. */

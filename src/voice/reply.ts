@@ -1,4 +1,5 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
+import { EngineBusyError } from "../ai/speech/errors.ts";
 import type { Speaker } from "./engines.ts";
 import type { VoiceEvents } from "./events.ts";
 import type { OpusCodec } from "./opus.ts";
@@ -23,6 +24,13 @@ export interface ReplyOptions {
   send: (opus: Buffer, first: boolean) => boolean;
   events: VoiceEvents;
   late: () => void;
+  /** The first sentence's synthesis must start within this (ms), else the reply fails as `overloaded`. */
+  maxWaitMs?: number;
+}
+
+/** The error code of a turn that failed: `overloaded` when the engines could not take the work in time. */
+export function failureCode(err: unknown): "overloaded" | "failed" {
+  return err instanceof EngineBusyError ? "overloaded" : "failed";
 }
 
 export interface ReplyOutcome {
@@ -83,11 +91,13 @@ export class Reply {
     let synthesis: Promise<void> = Promise.resolve();
     let failure: unknown;
     const speak = (sentence: string) => {
+      const first = this.at.firstSentence === undefined;
       this.at.firstSentence ??= performance.now();
       synthesis = synthesis.then(async () => {
         if (signal.aborted || failure) return;
         try {
-          const { samples, sampleRate } = await o.speaker.speak(sentence, o.voice, signal);
+          const admission = first && o.maxWaitMs !== undefined ? { maxWaitMs: o.maxWaitMs } : {};
+          const { samples, sampleRate } = await o.speaker.speak(sentence, o.voice, signal, admission);
           if (signal.aborted) return;
           if (sampleRate !== 16_000) throw new Error(`the synthesiser spoke at ${sampleRate} Hz`);
           const padded = new Int16Array(samples.length + Math.round(SENTENCE_GAP_S * sampleRate));
@@ -127,24 +137,30 @@ export class Reply {
       playout.stop();
       if (this.interrupted) return this.finish("interrupted", spoken.heard(playout.played), { textStarted, audioStarted });
       const message = (err as Error)?.message ?? String(err);
-      return this.finish("failed", spoken.heard(playout.played), { textStarted, audioStarted }, message);
+      return this.finish("failed", spoken.heard(playout.played), { textStarted, audioStarted }, message, failureCode(err));
     } finally {
       this.abort.abort();
       resampler.close();
     }
   }
 
-  private finish(result: ReplyOutcome["result"], heard: string, s: { textStarted: boolean; audioStarted: boolean }, error?: string): ReplyOutcome {
+  private finish(
+    result: ReplyOutcome["result"],
+    heard: string,
+    s: { textStarted: boolean; audioStarted: boolean },
+    error?: string,
+    code: "failed" | "overloaded" = "failed",
+  ): ReplyOutcome {
     const { events } = this.o;
     const out = `out-${this.o.n}`;
     if (s.textStarted) events.done(out, "assistant.text", heard);
-    if (result === "failed" && (!s.textStarted || !s.audioStarted)) events.eos(out, "text", "assistant.text", { code: "failed", message: error ?? "failed" });
+    if (result === "failed" && (!s.textStarted || !s.audioStarted)) events.eos(out, "text", "assistant.text", { code, message: error ?? "failed" });
     if (s.audioStarted) {
       events.eos(
         out,
         "audio",
         "assistant.audio",
-        result === "interrupted" ? { code: "interrupted" } : result === "failed" ? { code: "failed", message: error ?? "failed" } : undefined,
+        result === "interrupted" ? { code: "interrupted" } : result === "failed" ? { code, message: error ?? "failed" } : undefined,
       );
     }
     return { result, heard, ...(error ? { error } : {}), at: this.at };

@@ -1,5 +1,6 @@
 import type { Hono } from "hono";
 import { z } from "zod";
+import { callerKey } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import type { ChatRouter } from "../../ai/router.ts";
@@ -105,6 +106,7 @@ export function registerTranscriptionRoute(
   router: ChatRouter,
   metrics: Metrics,
   maxAudioSeconds = DEFAULT_MAX_AUDIO_SECONDS,
+  maxQueueWaitMs?: number,
 ): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
@@ -180,6 +182,8 @@ export function registerTranscriptionRoute(
       ...(prompt !== undefined ? { prompt } : {}),
       maxSeconds: maxAudioSeconds,
       signal,
+      caller: callerKey(c.get("caller")),
+      ...(maxQueueWaitMs !== undefined ? { maxWaitMs: maxQueueWaitMs } : {}),
     };
 
     if (stream === "true") {
