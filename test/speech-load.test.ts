@@ -170,15 +170,17 @@ describe("speech under load: conversations first, callers in turn", () => {
 describe("a client that never reads", () => {
   let server: TestServer;
   before(async () => {
-    server = await startTestServer({ config: { api_keys: API_KEYS, compat: { writeTimeoutMs: 2_000 } }, engines: engines() });
+    // Long enough that without a bound on the read-ahead the whole text would be synthesised first.
+    server = await startTestServer({ config: { api_keys: API_KEYS, compat: { writeTimeoutMs: 15_000 } }, engines: engines() });
   });
   after(() => server?.stop());
 
   test("synthesis stops after the bounded read-ahead, and the write timeout still ends the request", { timeout: 300_000 }, async () => {
     const jobs = () => metric(server, "perch_engine_jobs_total", 'engine="speech",class="api"');
+    const gaveUp = () => metric(server, "perch_ai_requests_total", 'route="/audio/speech",model="tts-1",status="499"');
     const before = await jobs();
-    // ~10 MB of PCM: far more than the sockets' buffers hold.
-    const json = JSON.stringify({ model: "tts-1", input: LONG, voice: "alloy", response_format: "pcm" });
+    // At a quarter of the speed, ~40 MB of PCM: far more than the sockets' buffers take (a few MB).
+    const json = JSON.stringify({ model: "tts-1", input: LONG, voice: "alloy", response_format: "pcm", speed: 0.25 });
     const socket = net.connect(Number(new URL(server.url).port), "127.0.0.1", () => {
       socket.write(
         `POST /openai/v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${KEYS.a}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(json)}\r\n\r\n${json}`,
@@ -188,14 +190,29 @@ describe("a client that never reads", () => {
     socket.on("error", () => {});
     const closed = new Promise<void>((resolve) => socket.once("close", () => resolve()));
     try {
-      // The server gives up on the client (write timeout) rather than the client on the server.
-      await closed;
-      const spent = (await jobs()) - before;
+      // Synthesis stops for it: nothing of it runs or waits, and no job starts for a while (a few
+      // polls), all before the write timeout ends the request.
+      let spent = -1;
+      for (let still = 0; still < 5; ) {
+        assert.equal(await gaveUp(), 0, "synthesis was still going when the write timeout ended the request");
+        const now = (await jobs()) - before;
+        const idle =
+          (await metric(server, "perch_engine_jobs_running", 'engine="speech"')) === 0 &&
+          (await metric(server, "perch_engine_queue_depth", 'engine="speech",class="api"')) === 0;
+        still = idle && now === spent ? still + 1 : 0;
+        spent = now;
+        await new Promise((r) => setTimeout(r, 500));
+      }
       const chunks = speechChunks(LONG).length;
       assert.ok(spent > 0, "synthesis started");
       assert.ok(spent < chunks / 2, `${spent} of the text's ${chunks} sentences were synthesised for a client that read none`);
-      // Nothing more is synthesised for it once it is gone.
-      await eventually(async () => (await metric(server, "perch_engine_queue_depth", 'engine="speech",class="api"')) === 0, 10_000, "an empty queue");
+      // Then the write timeout ends the request, which cancels the synthesis.
+      await eventually(async () => (await gaveUp()) === 1, 120_000, "the write timeout");
+      // What the client had been sent is still there to read, then the connection ends.
+      socket.resume();
+      await closed;
+      // Nothing more was synthesised for it.
+      assert.equal(await metric(server, "perch_engine_queue_depth", 'engine="speech",class="api"'), 0);
       assert.equal((await jobs()) - before, spent);
     } finally {
       socket.destroy();

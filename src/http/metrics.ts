@@ -127,6 +127,16 @@ function engineQueueMetrics(registry: Registry): void {
         each((labels, s) => this.inc(labels, value(s)));
       },
     });
+  new Gauge({
+    name: "perch_engine_jobs_running",
+    help: "Jobs running on an embedded engine's workers now, by engine",
+    labelNames: ["engine"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const scheduler of schedulers()) this.inc({ engine: scheduler.name }, scheduler.busy);
+    },
+  });
   gauge("perch_engine_queue_depth", "Jobs waiting for an embedded engine, by engine and class (conversation, api, partial)", (s) => s.depth);
   gauge("perch_engine_queue_oldest_wait_seconds", "How long the oldest waiting job has waited, by engine and class", (s) => s.oldestWait);
   counter(
