@@ -372,6 +372,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
   PERCH_TELEMETRY_WRITE_INTERVAL_MS: (v) => ({ telemetry: { writeIntervalMs: Number(v) } }),
   PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
+  PERCH_MAX_QUEUE_WAIT_MS: (v) => ({ compat: { maxQueueWaitMs: Number(v) } }),
   PERCH_RECOGNISER_PROCESSES: (v) => ({ engines: { recogniserProcesses: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
