@@ -315,6 +315,7 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
       store
         .deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS)
         .then(() => domain.live.sweep())
+        .then(() => domain.conversations.sweep())
         .catch((err) => logger.warn({ err }, "cleanup of expired rows failed"))
         .finally(() => (cleaning = false));
     }, o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS);
