@@ -129,7 +129,15 @@ for (const store of STORES) {
       assert.deepEqual(seen, [...last, ...ids.slice(0, 4).reverse()]);
       assert.equal((await list(phone)).items.length, 6, "limit defaults to 20");
 
-      for (const query of [{ limit: 0 }, { limit: 101 }, { limit: "ten" }, { cursor: "not-a-cursor" }, { cursor: "WzEsMl0" }, { order: "asc" }]) {
+      const bad: Array<Record<string, string | number>> = [
+        { limit: 0 },
+        { limit: 101 },
+        { limit: "ten" },
+        { cursor: "not-a-cursor" },
+        { cursor: "WzEsMl0" },
+        { order: "asc" },
+      ];
+      for (const query of bad) {
         await assert.rejects(list(phone, query), refused(400, "INVALID_REQUEST"), JSON.stringify(query));
       }
       await assert.rejects(one(phone, "no-such-conversation"), refused(404, "CONVERSATION_NOT_FOUND"));
