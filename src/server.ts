@@ -129,7 +129,7 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
   });
   let events: EventBus;
   try {
-    events = await openEventBus(config.databaseUrl, { log: logger });
+    events = await openEventBus(config.databaseUrl, { log: logger, sqlite: { file: store.sqliteFile, pollMs: config.webrtc.peerPollMs } });
   } catch (err) {
     await store.close();
     throw err;
