@@ -84,6 +84,18 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
 
   app.openapi(
     createRoute({
+      ...route("delete", "/side-control/session"),
+      summary: "End the caller's own Side Control session (the app's \"forget this device\"); its event streams end on every node",
+      responses: { 204: noContent, ...authErrors },
+    }),
+    async (c) => {
+      await domain.sideControl.endOwnSession(c.get("principal") as SideControlPrincipal);
+      return c.body(null, 204);
+    },
+  );
+
+  app.openapi(
+    createRoute({
       ...route("get", "/side-control/events"),
       summary: "The target device's changes, live (server-sent events; bearer header only)",
       description:
