@@ -3,6 +3,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import pino, { type Logger } from "pino";
 import { Catalog } from "./ai/catalog.ts";
+import { startToolbox } from "./ai/agents/toolbox.ts";
 import { ChatService } from "./ai/chat.ts";
 import { ChatRouter, type ProviderFactory } from "./ai/router.ts";
 import { createSpeechEngine, createTranscriptionEngine, type SpeechEngine, type TranscriptionEngine } from "./ai/speech/index.ts";
@@ -198,7 +199,8 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
     ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
   });
   const router = new ChatRouter(config, o.env, o.providerFactory);
-  const chat = new ChatService({ router, catalog, domain });
+  const tools = startToolbox(config, { domain, env: o.env ?? process.env, logger, registry: metrics.registry, devices: (key) => transport?.deviceTools(key) });
+  const chat = new ChatService({ router, catalog, tools });
   const compat = (base?: string) => (callers: Parameters<typeof compatSurface>[0]["callers"]) =>
     compatSurface({ callers, catalog, chat, router, metrics, speech, transcription, limits: config.compat, ...(base ? { base } : {}) });
   const app = createApp({
@@ -235,6 +237,7 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
   const closeOpened = () => {
     closed ??= (async () => {
       commands.close();
+      await tools.close();
       await events.close();
       await store.close();
     })();
