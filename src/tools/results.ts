@@ -24,7 +24,8 @@ export function fromCallResult(value: unknown): ToolOutcome {
   for (const item of content) {
     if (!isObject(item)) continue;
     if (item.type === "text" && typeof item.text === "string") texts.push(item.text);
-    else if (item.type === "image" && typeof item.data === "string" && typeof item.mimeType === "string") images.push({ mimeType: item.mimeType, data: item.data });
+    else if (item.type === "image" && typeof item.data === "string" && typeof item.mimeType === "string")
+      images.push({ mimeType: item.mimeType, data: item.data });
     else texts.push(`[${typeof item.type === "string" ? item.type : "unknown"} content omitted]`);
   }
   const isError = isObject(value) && value.isError === true;

@@ -86,8 +86,9 @@ class McpServerLink {
     const mcp = this.mcp;
     if (!this.up || !mcp) return failed(`the MCP server ${this.config.id} is away`, "error", true);
     const outcome = await mcp.call(name, args, { ...o, timeoutMs: Math.min(o.timeoutMs, this.config.timeout_ms) });
-    if (outcome.unreachable && !o.signal.aborted) this.away(mcp, new Error(outcome.text));
-    return outcome;
+    if (!outcome.unreachable || o.signal.aborted) return outcome;
+    this.away(mcp, new Error(outcome.text));
+    return { ...outcome, text: `the MCP server ${this.config.id} is away: ${outcome.text}` };
   }
 
   async close(): Promise<void> {

@@ -7,7 +7,7 @@ import type { ChatStream, ProviderRequest } from "../providers/provider.ts";
 import type { ChatRouter } from "../router.ts";
 import { parseEvents, sseError, sseEvent } from "../sse.ts";
 import { checkedToolCalls, InvalidToolCallError, ToolCallCollector } from "./tool-calls.ts";
-import { type ToolDefinition, type ToolKit, type Toolbox, type ToolObserver, toolMessageText } from "./toolbox.ts";
+import { type Toolbox, type ToolDefinition, type ToolKit, type ToolObserver, toolMessageText } from "./toolbox.ts";
 
 export interface AgentRun {
   agent: AgentConfig;

@@ -51,7 +51,12 @@ export function startToolbox(
 /** `*` as a wildcard within a tool name. */
 function nameMatcher(pattern: string): (name: string) => boolean {
   if (!pattern.includes("*")) return (name) => name === pattern;
-  const re = new RegExp(`^${pattern.split("*").map((p) => p.replace(/[.\-]/g, "\\$&")).join(".*")}$`);
+  const re = new RegExp(
+    `^${pattern
+      .split("*")
+      .map((p) => p.replace(/[.-]/g, "\\$&"))
+      .join(".*")}$`,
+  );
   return (name) => re.test(name);
 }
 
