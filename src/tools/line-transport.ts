@@ -43,7 +43,10 @@ export class LineTransport implements Transport {
       if (nl === -1) break;
       const piece = chunk.subarray(start, nl);
       start = nl + 1;
-      if (this.partBytes + piece.length > MAX_LINE_BYTES) return this.violate("a line over 1 MiB");
+      if (this.partBytes + piece.length > MAX_LINE_BYTES) {
+        this.violate("a line over 1 MiB");
+        return;
+      }
       const line = this.parts.length ? Buffer.concat([...this.parts, piece]) : piece;
       this.parts = [];
       this.partBytes = 0;
@@ -51,7 +54,10 @@ export class LineTransport implements Transport {
     }
     if (this.closed || start >= chunk.length) return;
     const rest = chunk.subarray(start);
-    if (this.partBytes + rest.length > MAX_LINE_BYTES) return this.violate("a line over 1 MiB");
+    if (this.partBytes + rest.length > MAX_LINE_BYTES) {
+      this.violate("a line over 1 MiB");
+      return;
+    }
     this.parts.push(rest);
     this.partBytes += rest.length;
   }
@@ -63,7 +69,8 @@ export class LineTransport implements Transport {
     try {
       message = JSONRPCMessageSchema.parse(JSON.parse(text));
     } catch {
-      return this.violate("a line that is not a JSON-RPC message");
+      this.violate("a line that is not a JSON-RPC message");
+      return;
     }
     try {
       this.onmessage?.(message);
