@@ -48,6 +48,8 @@ export function startToolbox(
   return new Toolbox({ domain: o.domain, servers, devices: o.devices, metrics, providers: config.providers, models: config.models });
 }
 
+const APPLICATION_REFUSAL = "device tools are not available to this caller: it is an application, not a device";
+
 /** `*` as a wildcard within a tool name. */
 function nameMatcher(pattern: string): (name: string) => boolean {
   if (!pattern.includes("*")) return (name) => name === pattern;
@@ -147,7 +149,10 @@ export class ToolKit {
   async run(call: ToolCall, signal: AbortSignal): Promise<ToolOutcome> {
     const name = call.function.name;
     const target = this.offered.get(name);
-    if (!target) return failed(`no tool named ${name}`);
+    if (!target) {
+      const deviceTool = (this.agent.tools.includes(name) && name in BUILTIN_TOOLS) || /^device(\.|__)/.test(name);
+      return failed(deviceTool && this.caller.kind !== "device" ? APPLICATION_REFUSAL : `no tool named ${name}`);
+    }
     const source = target.source === "server" ? target.server : target.source;
     const started = performance.now();
     const outcome = await this.dispatch(target, call.function.arguments, signal);
@@ -157,7 +162,7 @@ export class ToolKit {
 
   private async dispatch(target: Target, argumentsText: string, signal: AbortSignal): Promise<ToolOutcome> {
     if (this.caller.kind !== "device" && target.source !== "server") {
-      return failed("device tools are not available to this caller: it is an application, not a device");
+      return failed(APPLICATION_REFUSAL);
     }
     let args: Record<string, unknown>;
     try {
