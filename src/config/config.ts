@@ -224,7 +224,7 @@ export const ConfigSchema = z
         livenessQuietMs: z.number().int().min(500).max(60_000).default(5_000),
         /** A device that does not answer that ping within this is taken as gone and its connection closed. */
         livenessProbeTimeoutMs: z.number().int().min(500).max(60_000).default(5_000),
-        /** On SQLite: how often the node looks for another process's commit (a peer blocked or removed with the command line). */
+        /** On SQLite: how often the node looks for another process's commit (a session revoked, a peer blocked or removed with the command line). */
         peerPollMs: z.number().int().min(0).max(60_000).default(500),
         /** How often the node checks which of its peers connected to another node since (replacement across nodes). */
         ownershipCheckMs: z.number().int().min(100).max(60_000).default(2_000),

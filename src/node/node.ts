@@ -149,7 +149,7 @@ export class Node {
     });
     closers.defer(() => store.close());
     try {
-      const events = await openEventBus(config.databaseUrl, { log: logger });
+      const events = await openEventBus(config.databaseUrl, { log: logger, sqlite: { file: store.sqliteFile, pollMs: config.webrtc.peerPollMs } });
       closers.defer(() => events.close());
       return new Node(o, engines, { logger, serverKey, store, events, closers });
     } catch (err) {

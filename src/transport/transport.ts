@@ -37,8 +37,6 @@ export interface TransportOptions {
   maxConnections: number;
   /** When a quiet device is asked whether it is there, and how long it has to answer. */
   liveness: LivenessOptions;
-  /** On SQLite: how often another process's commits are looked for (peers blocked or removed). */
-  peerPollMs: number;
   /** The transport's timings (configuration `webrtc.*Ms`), checked by `checkTimings` at start. */
   timings: TransportTimings;
   /** Served on stream 1. */
@@ -125,7 +123,6 @@ export class WebRtcTransport implements ConnectionHost {
         // Not inside the bus's delivery (the publisher's call stack): on a turn of its own.
         setImmediate(() => void c.close(why));
       },
-      pollMs: o.peerPollMs,
       onError: (err) => this.logger.warn({ err }, "watching for blocked and removed peers failed"),
     });
   }
