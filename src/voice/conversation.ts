@@ -294,7 +294,7 @@ export class Conversation {
     const release = speculative ? () => {} : this.o.partials.tryAcquire();
     if (!release) return;
     turn.partialRunning = true;
-    turn.recogniser.partial().then(
+    (speculative ? turn.recogniser.speculate() : turn.recogniser.partial()).then(
       (text) => {
         release();
         turn.partialRunning = false;

@@ -18,6 +18,8 @@ export interface LiveRecogniser {
   push(pcm: Int16Array): void;
   /** The text so far (recognised again only when enough new audio arrived). */
   partial(): Promise<string>;
+  /** The same at a pause (likely the final text): ahead of other work, as a final transcript. */
+  speculate(): Promise<string>;
   /** The final text of everything pushed; throws EngineBusyError when it cannot start within `maxWaitMs`. */
   finish(o?: { maxWaitMs?: number }): Promise<string>;
 }

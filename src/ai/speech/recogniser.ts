@@ -304,12 +304,21 @@ export class IncrementalRecogniser {
    * the last 10 s, and only while the recogniser is idle (otherwise the last text, possibly "").
    */
   partial(): Promise<string> {
+    return this.soFar(PARTIAL);
+  }
+
+  /** The same at a pause in speech, where the text is likely the final one: its job is as urgent as a final transcript's. */
+  speculate(): Promise<string> {
+    return this.soFar(LIVE);
+  }
+
+  private soFar(job: JobOptions): Promise<string> {
     if (this.running) return this.running;
     if (this.last && this.samples - this.last.samples < PARTIAL_STEP * RATE) return Promise.resolve(this.last.text);
     if (!this.engine.recogniserIdle) return Promise.resolve(this.last?.text ?? "");
     const audio = this.audio();
     const window = audio.subarray(Math.max(0, audio.length - PARTIAL_WINDOW * RATE));
-    return this.recognise(window, audio.length, PARTIAL);
+    return this.recognise(window, audio.length, job);
   }
 
   /**
