@@ -197,4 +197,62 @@ describe("engine scheduler", () => {
     await finish("y");
     await Promise.all(runs);
   });
+
+  test("batching: waiting jobs of a batched class run together when they fit the first, up to the most a batch takes", async () => {
+    const clock = new FakeClock();
+    const batches: number[][] = [];
+    const finishers: Array<() => void> = [];
+    const scheduler = new Scheduler({
+      name: "batched",
+      slots: 1,
+      initialJobMs: 100,
+      clock,
+      batching: {
+        classes: ["conversation"],
+        max: 4,
+        fits: (a, b) => Math.max(a as number, b as number) <= 2 * Math.min(a as number, b as number),
+        run: (payloads) => {
+          batches.push(payloads as number[]);
+          return new Promise((resolve) => finishers.push(() => resolve((payloads as number[]).map((p) => p * 10))));
+        },
+      },
+    });
+    const first = scheduler.runBatched<number, number>(10, { class: "conversation" });
+    const waiting = [12, 30, 11, 9, 10].map((n) => scheduler.runBatched<number, number>(n, { class: "conversation" }));
+    // Five wait: two batches' worth, at the mean time of a run, after the one running.
+    assert.equal(scheduler.estimate("conversation"), 300);
+    const api = scheduler.runBatched<number, number>(12, { class: "api" });
+    finishers.shift()!();
+    await settled();
+    assert.deepEqual(batches, [[10], [12, 11, 9, 10]]);
+    finishers.shift()!();
+    await settled();
+    finishers.shift()!();
+    await settled();
+    finishers.shift()!();
+    assert.deepEqual(batches, [[10], [12, 11, 9, 10], [30], [12]], "one that does not fit waits its own turn; another class is never batched in");
+    assert.deepEqual(await Promise.all([first, ...waiting, api]), [100, 120, 300, 110, 90, 100, 120]);
+    assert.equal(scheduler.runs, 4);
+    assert.equal(scheduler.stats().conversation.started, 6);
+  });
+
+  test("a failing batch fails every job in it, and only those", async () => {
+    const clock = new FakeClock();
+    let fail = true;
+    const scheduler = new Scheduler({
+      name: "batched",
+      slots: 1,
+      initialJobMs: 100,
+      clock,
+      batching: { classes: ["conversation"], max: 4, fits: () => true, run: async (p) => (fail ? Promise.reject(new Error("crashed")) : p) },
+    });
+    let open!: () => void;
+    const gate = scheduler.run(() => new Promise<void>((resolve) => (open = resolve)), { class: "api" });
+    const batch = [1, 2].map((n) => scheduler.runBatched<number, number>(n, { class: "conversation" }));
+    open();
+    await gate;
+    for (const job of batch) await assert.rejects(job, /crashed/);
+    fail = false;
+    assert.equal(await scheduler.runBatched<number, number>(3, { class: "conversation" }), 3);
+  });
 });

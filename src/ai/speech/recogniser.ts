@@ -46,6 +46,13 @@ const PARTIAL: JobOptions = { class: "partial" };
 const FILE: JobOptions = { class: "api" };
 /** What a job is assumed to take before any was measured: an utterance's recognition, a batch of voice activity. */
 const INITIAL_RECOGNITION_MS = 400;
+/**
+ * Conversations' utterances waiting together are recognised in one batch of at most this many,
+ * when their lengths are within a factor of 2 (a batch is padded to its longest): on 2 cores four
+ * short utterances take about half as long in one batch as one after another.
+ */
+const BATCH_MAX = 4;
+const BATCH_LENGTH_RATIO = 2;
 const INITIAL_VAD_MS = 10;
 
 /** `concurrency`: files decoded at once; `maxQueued`: files waiting to be decoded (one more is refused). */
@@ -76,7 +83,17 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.processes = options.processes ?? 1;
     this.threads = options.threads ?? Math.max(1, Math.floor(availableParallelism() / this.processes));
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
-    this.recognitions = new Scheduler({ name: "recognition", slots: this.processes, initialJobMs: INITIAL_RECOGNITION_MS });
+    this.recognitions = new Scheduler({
+      name: "recognition",
+      slots: this.processes,
+      initialJobMs: INITIAL_RECOGNITION_MS,
+      batching: {
+        classes: ["conversation"],
+        max: BATCH_MAX,
+        fits: (a, b) => alike((a as Float32Array).length, (b as Float32Array).length),
+        run: (audios) => this.recogniseBatch(audios as Float32Array[]),
+      },
+    });
     this.activity = new Scheduler({ name: "voice_activity", slots: 1, initialJobMs: INITIAL_VAD_MS });
   }
 
@@ -134,9 +151,14 @@ export class MoonshineEngine implements TranscriptionEngine {
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
     padded.set(audio, before);
-    const result = await this.recognitions.run(() => this.recogniserPool!.run({ op: "transcribe", audio: padded }, { transfer: [padded.buffer] }), job);
+    return this.recognitions.runBatched<Float32Array, string>(padded, job);
+  }
+
+  /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
+  private async recogniseBatch(audios: Float32Array[]): Promise<string[]> {
+    const result = await this.recogniserPool!.run({ op: "transcribe", audios }, { transfer: audios.map((a) => a.buffer as ArrayBuffer) });
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
-    return result.text;
+    return result.texts;
   }
 
   /** Speech probabilities of each whole 512-sample frame of `audio`, continuing from `state`. */
@@ -372,6 +394,11 @@ export class IncrementalRecogniser {
     if (this.chunks.length !== 1) this.chunks = [concatFloat32(this.chunks)];
     return this.chunks[0]!;
   }
+}
+
+/** Whether two utterances' lengths are close enough to share a batch. */
+function alike(a: number, b: number): boolean {
+  return Math.max(a, b) <= BATCH_LENGTH_RATIO * Math.min(a, b);
 }
 
 function quiet(audio: Float32Array): boolean {

@@ -11,6 +11,10 @@
  * A job is never interrupted once it runs (flite and onnxruntime cannot be), so a request that is
  * given up only loses its place in the queue.
  *
+ * Batching (optional): jobs given as payloads of a class the engine batches run together, up to
+ * `max` of them waiting in that class one after another (and `fits` the first), as one job on one
+ * worker: a recogniser decodes several utterances in one pass for little more than one costs.
+ *
  * Admission: a job may carry `maxWaitMs`. When the queue's own estimate (the jobs ahead of it, at
  * the measured time a job takes) says it cannot start within that, it is refused at once with
  * OverloadedError (and a `retryAfter` from the same estimate); when the estimate was wrong and the
@@ -56,6 +60,18 @@ const systemClock: SchedulerClock = {
   clearTimeout: (handle) => clearTimeout(handle as NodeJS.Timeout),
 };
 
+/** How an engine runs several waiting jobs' payloads as one job. */
+export interface Batching<P = unknown, R = unknown> {
+  /** The classes whose jobs are batched. */
+  classes: readonly JobClass[];
+  /** Most payloads in one batch. */
+  max: number;
+  /** Whether `other` may run in a batch with `first` (lengths alike: a batch is padded to its longest). */
+  fits(first: P, other: P): boolean;
+  /** The results of `payloads`, in order. */
+  run(payloads: P[]): Promise<R[]>;
+}
+
 export interface SchedulerOptions {
   /** For messages and metrics: "speech", "recognition", "voice_activity". */
   name: string;
@@ -64,6 +80,7 @@ export interface SchedulerOptions {
   /** What a job is assumed to take before any has run, in ms. */
   initialJobMs: number;
   clock?: SchedulerClock;
+  batching?: Batching;
 }
 
 /** Counters of one class, since the scheduler started (for /metrics). */
@@ -85,7 +102,8 @@ interface Job {
   caller: string;
   /** An `api` job's virtual start: its caller's previous job's tag + 1, or the virtual time now if later. */
   tag: number;
-  work: () => Promise<unknown>;
+  /** What the job runs, or its payload for the engine's batch runner. */
+  work: (() => Promise<unknown>) | { payload: unknown };
   resolve: (value: unknown) => void;
   reject: (error: unknown) => void;
   queuedAt: number;
@@ -109,7 +127,10 @@ export class Scheduler {
   readonly name: string;
   private readonly slots: number;
   private readonly clock: SchedulerClock;
+  private readonly batching: Batching | undefined;
   private running = 0;
+  /** Jobs handed to workers, a batch counting once. */
+  private dispatched = 0;
   private meanMs: number;
   private readonly conversation: Job[] = [];
   private readonly partial: Job[] = [];
@@ -128,6 +149,7 @@ export class Scheduler {
     this.slots = o.slots;
     this.meanMs = o.initialJobMs;
     this.clock = o.clock ?? systemClock;
+    this.batching = o.batching;
     all.add(this);
   }
 
@@ -146,6 +168,11 @@ export class Scheduler {
     return this.running;
   }
 
+  /** Runs handed to the workers since the start (a batch of jobs counts once). */
+  get runs(): number {
+    return this.dispatched;
+  }
+
   /** The measured mean time of a job, in ms. */
   get jobMs(): number {
     return this.meanMs;
@@ -157,7 +184,9 @@ export class Scheduler {
    * cannot start at once waits at least for the first slot to free (by the same mean).
    */
   estimate(cls: JobClass, caller = ""): number {
-    let ahead = this.conversation.length;
+    // Waiting jobs of a batched class run `max` at a time.
+    const batches = (n: number, c: JobClass) => (this.batching?.classes.includes(c) ? Math.ceil(n / this.batching.max) : n);
+    let ahead = batches(this.conversation.length, "conversation");
     if (cls === "api") {
       const tag = this.tagFor(caller);
       for (const job of this.api) if (job.tag <= tag) ahead++;
@@ -190,17 +219,27 @@ export class Scheduler {
 
   /** Runs `work` when its turn comes; see the top of this file. */
   run<T>(work: () => Promise<T>, o: JobOptions): Promise<T> {
+    return this.submit(work, o) as Promise<T>;
+  }
+
+  /** Runs `payload` through the engine's batch runner when its turn comes, with others of its class when they fit. */
+  runBatched<P, R>(payload: P, o: JobOptions): Promise<R> {
+    if (!this.batching) throw new Error(`the ${this.name} scheduler does not batch`);
+    return this.submit({ payload }, o) as Promise<R>;
+  }
+
+  private submit(work: Job["work"], o: JobOptions): Promise<unknown> {
     if (o.signal?.aborted) return Promise.reject(abortReason(o.signal));
     const caller = o.caller ?? "";
     const refusal = this.admit(o);
     if (refusal) return Promise.reject(refusal);
-    return new Promise<T>((resolve, reject) => {
+    return new Promise<unknown>((resolve, reject) => {
       const job: Job = {
         cls: o.class,
         caller,
         tag: 0,
         work,
-        resolve: resolve as (value: unknown) => void,
+        resolve,
         reject,
         queuedAt: this.clock.now(),
         maxWaitMs: o.maxWaitMs,
@@ -285,24 +324,53 @@ export class Scheduler {
     if (job.timer !== undefined) this.clock.clearTimeout(job.timer);
   }
 
+  /** Waiting jobs that run in one batch with `first` (itself included). */
+  private batchWith(first: Job): Job[] {
+    const batching = this.batching;
+    if (!batching || typeof first.work === "function" || !batching.classes.includes(first.cls)) return [first];
+    const head = first.work.payload;
+    const batch = [first];
+    const queue = this.queueOf(first);
+    for (let i = 0; i < queue.length && batch.length < batching.max; ) {
+      const other = queue[i]!;
+      if (typeof other.work !== "function" && batching.fits(head, other.work.payload)) {
+        queue.splice(i, 1);
+        batch.push(other);
+      } else i++;
+    }
+    return batch;
+  }
+
   private dispatch(): void {
     while (this.running < this.slots) {
-      const job = this.next();
-      if (!job) return;
-      this.settle(job);
+      const first = this.next();
+      if (!first) return;
+      const jobs = this.batchWith(first);
       const started = this.clock.now();
-      const counter = this.counters.get(job.cls)!;
-      counter.started++;
-      counter.waited += (started - job.queuedAt) / 1000;
+      for (const job of jobs) {
+        this.settle(job);
+        const counter = this.counters.get(job.cls)!;
+        counter.started++;
+        counter.waited += (started - job.queuedAt) / 1000;
+      }
       this.running++;
+      this.dispatched++;
       let work: Promise<unknown>;
       try {
-        work = job.work();
+        work = typeof first.work === "function" ? first.work() : this.batching!.run(jobs.map((j) => (j.work as { payload: unknown }).payload));
       } catch (error) {
         work = Promise.reject(error);
       }
       work
-        .then(job.resolve, job.reject)
+        .then(
+          (result) => {
+            if (typeof first.work === "function") first.resolve(result);
+            else jobs.forEach((job, i) => job.resolve((result as unknown[])[i]));
+          },
+          (error) => {
+            for (const job of jobs) job.reject(error);
+          },
+        )
         .finally(() => {
           this.running--;
           this.meanMs += SMOOTHING * (this.clock.now() - started - this.meanMs);
