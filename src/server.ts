@@ -26,7 +26,8 @@ import type { Surface } from "./http/surface.ts";
 import { Store } from "./store/index.ts";
 import { startTransport } from "./transport/start.ts";
 import type { WebRtcTransport } from "./transport/transport.ts";
-import { voiceEngines } from "./voice/engines.ts";
+import { embeddedPorts } from "./voice/embedded-engines.ts";
+import { engineChooser } from "./voice/engine-choice.ts";
 import { loadResampler } from "./voice/resampler.ts";
 import { VoiceService } from "./voice/service.ts";
 
@@ -172,16 +173,17 @@ export async function buildServer(o: StartOptions): Promise<BuiltServer> {
   /** Voice conversations, when an agent may answer devices and the engines can hear and speak. */
   const startVoice = async (): Promise<VoiceService | undefined> => {
     if (config.agents.length === 0) return undefined;
-    const found = voiceEngines(speech, transcription);
-    if (typeof found === "string") {
-      if (config.voice.agent) logger.warn({ reason: found }, "voice conversations are off");
+    const embedded = embeddedPorts(speech, transcription);
+    if (!embedded.activity) {
+      if (config.voice.agent) logger.warn({ reason: "voice activity detection needs the embedded recogniser" }, "voice conversations are off");
       return undefined;
     }
     return new VoiceService({
       config,
       domain,
       chat,
-      ...found,
+      activity: embedded.activity,
+      engineFor: engineChooser({ catalog, embedded }),
       resampler: await loadResampler(),
       registry: metrics.registry,
       logger: logger.child({ component: "voice" }),

@@ -89,6 +89,8 @@ const AgentConfig = z.strictObject({
   voice: z.string().min(1).optional(),
   tools: z.array(z.enum(AGENT_TOOLS)).default([]),
   max_steps: z.number().int().min(1).max(32).default(4),
+  /** The most tokens one model call of this agent writes (sent as `max_tokens`; a request's own lower limit wins). */
+  max_tokens: z.number().int().min(1).max(1_000_000).optional(),
 });
 
 const ApiKeyConfig = z.strictObject({
@@ -105,16 +107,18 @@ const ApiKeyConfig = z.strictObject({
 });
 
 const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
-const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, turn: TURN_DEFAULTS };
+const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, max_reply_chars: 2_000, turn: TURN_DEFAULTS };
 
 /** Voice conversations over a connected device's audio (voice.md). */
-const VoiceConfig = z.strictObject({
+export const VoiceConfig = z.strictObject({
   /** The agent (`agents[].id`) that answers every connected device by default; absent, no device converses. */
   agent: ID.optional(),
   /** Speech during a reply interrupts it; devices without echo cancellation need false. */
   barge_in: z.boolean().default(true),
   /** Turns of history kept per conversation (in memory, for the connection's life). */
   history_turns: z.number().int().min(1).max(200).default(20),
+  /** Characters of a reply spoken at most: the rest is not, and the model call ends there. */
+  max_reply_chars: z.number().int().min(1).max(100_000).default(2_000),
   turn: z
     .strictObject({
       /** Voice activity shorter than this is a noise, not speech. */
