@@ -84,7 +84,10 @@ describe("voice turns (fake engines, fake clock)", () => {
     await r.talk(600, false);
     const m = await untilTurn(r, 1);
     assert.equal(m.turn_cut, true);
-    assert.ok(r.of("out-1").some((e) => e.label === "assistant.audio" && e.type === "EOS" && !e.error), "the cut turn was answered");
+    assert.ok(
+      r.of("out-1").some((e) => e.label === "assistant.audio" && e.type === "EOS" && !e.error),
+      "the cut turn was answered",
+    );
     assert.equal(r.stt.turns.length, 1, "no second turn for the speech after the cut");
     assert.ok(Math.abs(r.stt.turns[0]!.samples - 5 * 16_000) <= 0.1 * 16_000, `the first 5 s transcribed: ${r.stt.turns[0]!.samples}`);
     const counted = await r.metrics.getSingleMetricAsString("perch_voice_turns_total");
@@ -171,7 +174,7 @@ describe("voice turns (fake engines, fake clock)", () => {
     const heard = r.model.calls[1]!.messages[1]!.content as string;
     assert.ok(heard.length > 0 && heard.length < long.join("").length / 2, `only what was heard: ${heard}`);
     const assistant = r.observed.find((e) => e.type === "assistant" && e.turn === 1);
-    assert.deepEqual(assistant && { interrupted: assistant.interrupted, text: assistant.text }, { interrupted: true, text: heard });
+    assert.deepEqual(assistant?.type === "assistant" && { interrupted: assistant.interrupted, text: assistant.text }, { interrupted: true, text: heard });
     r.close();
   });
 
@@ -206,7 +209,10 @@ describe("voice turns (fake engines, fake clock)", () => {
     r.tts.sampleRate = 96_000;
     await ask(r);
     await untilTurn(r, 3);
-    assert.ok(r.of("out-3").some((e) => e.type === "EOS" && /96000 Hz/.test(e.error?.message ?? "")), "an impossible sample rate fails the reply");
+    assert.ok(
+      r.of("out-3").some((e) => e.type === "EOS" && /96000 Hz/.test(e.error?.message ?? "")),
+      "an impossible sample rate fails the reply",
+    );
     r.tts.sampleRate = 24_000;
     await ask(r);
     await untilTurn(r, 4);

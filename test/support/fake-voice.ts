@@ -122,7 +122,8 @@ export const loudnessVad: VoiceActivityPort = {
         return events;
       },
       flush() {
-        const events: VadEvent[] = confirmed && speechStart !== undefined ? [{ type: "end", start: seconds(speechStart), at: seconds(silenceStart ?? block) }] : [];
+        const events: VadEvent[] =
+          confirmed && speechStart !== undefined ? [{ type: "end", start: seconds(speechStart), at: seconds(silenceStart ?? block) }] : [];
         speechStart = undefined;
         silenceStart = undefined;
         confirmed = false;
