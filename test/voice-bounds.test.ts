@@ -47,6 +47,8 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     JSON.parse(log.all.find((s) => s.stream === `out-${n}` && s.label === "turn.metrics")!.text!) as Record<string, unknown>;
 
   before(async () => {
+    // The models load before the first question (on a loaded machine their first load outlasts the detector's 4 s backlog).
+    await engines().transcription?.start?.();
     upstream = await startFakeUpstream();
     const config = talkerConfig(upstream.url);
     server = await startTestServer({ config: { ...config, agents: [{ ...config.agents[0]!, max_tokens: 700 }] } });
@@ -63,7 +65,7 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     const sentence = "This is one sentence of a reply that goes on and on without an end in sight. ";
     const huge = sentence.repeat(Math.ceil(MB / sentence.length));
     const pieces = huge.match(/[\s\S]{1,4096}/g)!;
-    upstream.reply({ chunks: pieces });
+    upstream.reply({ chunks: pieces, delayMs: 5 });
     const baseline = held();
     const question = await spoken("Tell me a very long story please.");
     await (await a.conn.microphone()).say(question);

@@ -56,7 +56,7 @@ export interface ReplyOutcome {
  */
 export class Reply {
   readonly outcome: Promise<ReplyOutcome>;
-  /** Aborted when the reply ends early (barge-in, failure): seams for work tied to this reply. */
+  /** Aborted once the reply ends (done, interrupted, cut or failed): work tied to the reply (a tool call) ends with it. */
   readonly signal: AbortSignal;
   private readonly o: ReplyOptions;
   private readonly abort = new AbortController();
