@@ -6,12 +6,12 @@ import { parseEvents } from "../ai/sse.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
 import type { ChatChunk, ChatMessage, ChatRequest } from "../protocol/compat.ts";
-import type { ConversationEvent } from "./activity.ts";
 import { type AgentChoice, Conversation } from "./conversation.ts";
 import type { EngineFor } from "./engine-choice.ts";
 import type { VoiceActivityPort, VoiceEngines } from "./engine-ports.ts";
 import { VoiceMetrics } from "./metrics.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
+import { observeTranscript } from "./transcript.ts";
 
 /** How long a device's stored choice of agent is trusted before it is read again (so a change reaches every node). */
 export const AGENT_REFRESH_MS = 2_000;
@@ -26,8 +26,6 @@ export interface VoiceServiceOptions {
   /** Each agent's engines (src/voice/engine-choice.ts). */
   engineFor: EngineFor;
   resampler: SpeexModule;
-  /** Observes every conversation's finished transcripts and replies. */
-  observe?: (publicKey: string, e: ConversationEvent) => void;
   registry: Registry;
   logger: Logger;
 }
@@ -55,9 +53,18 @@ export class VoiceService implements VoiceHost {
     return this.open_.size;
   }
 
-  open(port: AudioPort): VoiceSession {
-    const choice = new AgentLookup(port.publicKey, this.o, this.engines);
-    const { observe } = this.o;
+  open(devicePort: AudioPort): VoiceSession {
+    const choice = new AgentLookup(devicePort.publicKey, this.o, this.engines);
+    // The conversation's entries for the device's Side Control, read from the events it sends.
+    // Only the error's message: a row the store refused may be quoted in its details, and transcripts stay out of logs above debug.
+    const recorder = this.o.domain.conversations.open(devicePort.publicKey, (err) =>
+      this.o.logger.warn({ error: err instanceof Error ? err.message : String(err), peer: devicePort.publicKey }, "a conversation entry could not be stored"),
+    );
+    const transcript = observeTranscript(devicePort, (entry) => {
+      this.o.logger.debug({ peer: devicePort.publicKey, conversation: recorder.id, ...entry }, "conversation entry");
+      recorder.add(entry);
+    });
+    const port = transcript.port;
     const conversation = new Conversation({
       port,
       config: this.o.config.voice,
@@ -67,7 +74,6 @@ export class VoiceService implements VoiceHost {
       logger: this.o.logger,
       agent: () => choice.current(),
       run: (agentId, messages, signal) => this.reply(port.publicKey, agentId, messages, signal),
-      ...(observe ? { observe: (e: ConversationEvent) => observe(port.publicKey, e) } : {}),
     });
     this.open_.add(conversation);
     return {
@@ -75,6 +81,8 @@ export class VoiceService implements VoiceHost {
         this.open_.delete(conversation);
         choice.close();
         conversation.close();
+        transcript.close();
+        recorder.close();
       },
     };
   }
