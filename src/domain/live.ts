@@ -4,6 +4,7 @@ import type { PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts"
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 import type { DeviceMessage, PeerMessage } from "./events.ts";
+import { NodeDeadlines, type NodeWatcher } from "./node-deadlines.ts";
 import type { PeerService } from "./peers.ts";
 import type { SideControlPrincipal } from "./principal.ts";
 import { StreamSlots } from "./stream-slots.ts";
@@ -49,6 +50,7 @@ export class LiveService {
   private readonly hubs = new Map<string, DeviceHub>();
   private readonly streams = new Set<LiveStream>();
   private readonly slots: StreamSlots;
+  private readonly deadlines: NodeDeadlines;
   private closed = false;
   private readonly keepAliveMs: number;
   private ticker: NodeJS.Timeout | undefined;
@@ -59,6 +61,7 @@ export class LiveService {
     this.peers = peers;
     this.keepAliveMs = o.keepAliveMs ?? KEEP_ALIVE_MS;
     this.slots = new StreamSlots(ctx);
+    this.deadlines = new NodeDeadlines(ctx.clock, peers);
   }
 
   /** Open streams on this node (for metrics and tests). */
@@ -96,7 +99,8 @@ export class LiveService {
       // Ended meanwhile (revoked, shutdown): its `forget` ran before the slot was held.
       if (stream.ended) this.release(stream);
       // Subscribed before reading: a change committed meanwhile is queued and follows the snapshot.
-      const [status, runtime] = await Promise.all([this.peers.status(principal.targetKey), this.peers.runtime(principal.targetKey)]);
+      const [status, { runtime, offlineAt }] = await Promise.all([this.peers.status(principal.targetKey), this.peers.runtimeUntil(principal.targetKey)]);
+      hub.follow(runtime, offlineAt);
       stream.begin(status, runtime);
     } catch (err) {
       stream.finish(undefined);
@@ -129,7 +133,7 @@ export class LiveService {
   private hub(key: string): DeviceHub {
     let hub = this.hubs.get(key);
     if (!hub) {
-      hub = new DeviceHub(key, this.ctx, this.peers);
+      hub = new DeviceHub(key, this.ctx, this.peers, this.deadlines);
       this.hubs.set(key, hub);
     }
     return hub;
@@ -303,10 +307,15 @@ class LiveStream {
   }
 }
 
-/** This node's subscription to one device's topic, shared by the streams watching the device. */
-class DeviceHub {
+/**
+ * This node's subscription to one device's topic, shared by the streams watching the device. While
+ * the device is online on a node, that node's heartbeat deadline is watched (`NodeDeadlines`): a
+ * node that dies publishes nothing, and its devices' offline event follows the store's view.
+ */
+class DeviceHub implements NodeWatcher {
   readonly key: string;
   private readonly peers: PeerService;
+  private readonly deadlines: NodeDeadlines;
   private readonly streams = new Set<LiveStream>();
   private readonly unsubscribe: () => void;
   private statusVersion = Number.NEGATIVE_INFINITY;
@@ -320,9 +329,10 @@ class DeviceHub {
   };
   private runtimeReadAt = 0;
 
-  constructor(key: string, ctx: DomainContext, peers: PeerService) {
+  constructor(key: string, ctx: DomainContext, peers: PeerService, deadlines: NodeDeadlines) {
     this.key = key;
     this.peers = peers;
+    this.deadlines = deadlines;
     this.runtimeReadAt = Date.now();
     this.unsubscribe = ctx.events.bus.subscribe(topics.device(key), {
       message: (m) => this.message(m as unknown as DeviceMessage),
@@ -342,8 +352,18 @@ class DeviceHub {
     this.streams.delete(s);
     if (this.streams.size > 0) return false;
     this.unsubscribe();
+    this.deadlines.unwatch(this);
     clearTimeout(this.flushTimer);
     return true;
+  }
+
+  nodeStale(): void {
+    this.read("runtime");
+  }
+
+  /** What was read of the device's runtime: while online, its node's deadline is watched. */
+  follow(runtime: Runtime, offlineAt: number | undefined): void {
+    if (this.streams.size > 0) this.deadlines.watch(this, runtime.online ? runtime.node : undefined, offlineAt);
   }
 
   tick(now: number): void {
@@ -419,7 +439,8 @@ class DeviceHub {
     const work =
       kind === "status"
         ? this.peers.status(this.key).then((status) => this.offerStatus(status))
-        : this.peers.runtime(this.key).then((runtime) => {
+        : this.peers.runtimeUntil(this.key).then(({ runtime, offlineAt }) => {
+            this.follow(runtime, offlineAt);
             const e = { event: "runtime" as const, data: runtime };
             this.each((s) => s.runtime(e));
           });
