@@ -3,6 +3,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import pino, { type Logger } from "pino";
+import { startToolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
@@ -178,7 +179,15 @@ export class Node {
       ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
     });
     const router = new ChatRouter(config, o.env, o.providerFactory);
-    this.chat = new ChatService({ router, catalog, domain: this.domain });
+    const tools = startToolbox(config, {
+      domain: this.domain,
+      logger: this.logger,
+      env: o.env ?? process.env,
+      registry: this.metrics.registry,
+      devices: (key) => this.transport?.deviceTools(key),
+    });
+    this.closers.defer(() => tools.close());
+    this.chat = new ChatService({ router, catalog, tools });
     this.compat = (base) => (callers) =>
       compatSurface({
         callers,
@@ -321,6 +330,7 @@ export class Node {
       await store.deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS);
       await this.domain.live.sweep();
     });
+    this.jobs.every("transcript retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.conversations.sweep());
     this.jobs.every("log flush", LOG_FLUSH_INTERVAL_MS, () => this.logger.flush());
   }
 
