@@ -137,8 +137,9 @@ function wavHeader(b: Buffer): { dataOffset: number } | string {
 
 /** Printable text (an HTML page, a JSON error) where audio samples should be. */
 function looksLikeText(head: Buffer): boolean {
-  const text = head.subarray(0, 64).toString("latin1").trimStart();
-  return /^(<!doctype|<html|<\?xml|<[a-z]|\{"|\{\s|\[)/i.test(text) && /^[\x09\x0a\x0d\x20-\x7e]*$/.test(head.subarray(0, 64).toString("latin1"));
+  const start = head.subarray(0, 64);
+  const printable = start.every((b) => b === 9 || b === 10 || b === 13 || (b >= 32 && b < 127));
+  return printable && /^(<!doctype|<html|<\?xml|<[a-z]|\{"|\{\s|\[)/i.test(start.toString("latin1").trimStart());
 }
 
 /** Bytes as 16-bit little-endian samples, an odd byte carried over to the next piece. */
