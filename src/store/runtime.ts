@@ -76,9 +76,19 @@ export class RuntimeRepository {
       .execute();
   }
 
-  /** Marks every peer `node` holds offline (its shutdown, or its start after a crash). */
-  async markNodeOffline(node: string, now: number): Promise<void> {
-    await this.db.updateTable("peer_runtime").set({ online: 0, updated_at: now }).where("node", "=", node).where("online", "=", 1).execute();
+  /**
+   * Marks every peer `node` holds offline; returns their keys. `seen`: the node held them until now
+   * (its shutdown), so `last_seen_at` is `now`; after a crash it is left as the node last wrote it.
+   */
+  async markNodeOffline(node: string, now: number, o: { seen: boolean }): Promise<string[]> {
+    const rows = await this.db
+      .updateTable("peer_runtime")
+      .set(o.seen ? { online: 0, last_seen_at: now, updated_at: now } : { online: 0, updated_at: now })
+      .where("node", "=", node)
+      .where("online", "=", 1)
+      .returning("public_key")
+      .execute();
+    return rows.map((r) => r.public_key);
   }
 
   /** Which node each of `keys` is recorded online on (absent: offline or unknown). */

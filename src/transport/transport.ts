@@ -203,8 +203,9 @@ export class WebRtcTransport implements ConnectionHost {
     this.all.delete(c);
     const current = this.byKey.get(c.publicKey) === c;
     if (current) this.byKey.delete(c.publicKey);
-    // A connection replaced here must not mark its successor offline; one replaced elsewhere no longer owns the record.
-    if (c.closeReason !== "replaced" && (current || c.closeReason === "refused")) {
+    // A connection replaced here must not mark its successor offline; one replaced elsewhere no longer
+    // owns the record; at shutdown the node's leave (presence.leave) marks all its peers offline at once.
+    if (c.closeReason !== "replaced" && c.closeReason !== "shutdown" && (current || c.closeReason === "refused")) {
       try {
         await this.domain.presence.disconnected(c.publicKey);
       } catch (err) {
@@ -227,14 +228,13 @@ export class WebRtcTransport implements ConnectionHost {
     return this.byKey.get(publicKey);
   }
 
-  /** Closes every connection (marking its peer offline), then flushes telemetry. */
+  /** Closes every connection, then flushes telemetry; the node's leave then marks the peers offline. */
   close(): Promise<void> {
     this.closing ??= (async () => {
       this.presence.stop();
       this.liveness.stop();
       this.peerWatch.stop();
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
-      await this.domain.presence.nodeOffline().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
       await this.telemetry.close();
       for (const s of Object.values(this.http)) s.close();
     })();
