@@ -53,8 +53,12 @@ const TrustProxy = z.union([z.string(), z.array(z.string()), z.boolean()]).trans
 
 const ID = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/, "must be 1–128 letters, digits or . _ : / -");
 
-/** Names of the tools an agent may list (see src/ai/agents/tools.ts). */
+/** The built-in tools an agent may list (see src/ai/agents/tools.ts). */
 export const AGENT_TOOLS = ["device_status", "device_runtime", "device_telemetry", "contacts_list"] as const;
+/** A tool's name as MCP offers it (tools.md §1). */
+export const TOOL_NAME = /^[a-zA-Z0-9_.-]{1,64}$/;
+/** An `agents[].tools` entry naming MCP tools: `device.<name>` or `<server id>.<name>`, `*` a wildcard within the name. */
+const TOOL_PATTERN = /^([A-Za-z0-9_-]{1,64})\.([a-zA-Z0-9_.*-]{1,64})$/;
 
 const ProviderConfig = z.strictObject({
   id: ID,
@@ -72,6 +76,11 @@ const ProviderConfig = z.strictObject({
   retry_backoff_ms: z.number().int().min(0).max(60_000).default(250),
   /** Voice conversations' calls (synthesis, recognition) in flight to this provider at once; one more fails its turn at once. */
   voice_max_in_flight: z.number().int().min(1).max(10_000).default(32),
+  /**
+   * Whether the provider takes dots in tool names. OpenAI and Anthropic refuse them: their models
+   * see `device.set_volume` as `device__set_volume` (tools.md §1) and Perch maps the name back.
+   */
+  dotted_tool_names: z.boolean().optional(),
 });
 
 /** The embedded engines' model ids: always in the catalog when the engine exists. */
@@ -106,8 +115,30 @@ const AgentConfig = z.strictObject({
   transcription_model: ID.default(EMBEDDED_TRANSCRIPTION_MODEL),
   /** The language the device's user speaks, sent to the transcription model. */
   language: LanguageTag.optional(),
-  tools: z.array(z.enum(AGENT_TOOLS)).default([]),
+  /** Built-in tool names, `device.*` / `device.<name>` (the calling device's own), `<server id>.<name>` with `*` as a wildcard (tools.md §2). */
+  tools: z
+    .array(
+      z.string().refine((t) => (AGENT_TOOLS as readonly string[]).includes(t) || TOOL_PATTERN.test(t), {
+        message: `must be a built-in tool (${AGENT_TOOLS.join(", ")}), device.* or device.<name>, or <server id>.<name> (* a wildcard)`,
+      }),
+    )
+    .default([]),
+  /** How long a device or MCP server tool call may take before it fails as a tool error. */
+  tool_timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
   max_steps: z.number().int().min(1).max(32).default(4),
+});
+
+/** An MCP server whose tools agents may use (Streamable HTTP; tools.md §2). */
+const McpServerConfig = z.strictObject({
+  id: z
+    .string()
+    .regex(/^[A-Za-z0-9_-]{1,64}$/, "must be 1–64 letters, digits, _ or -")
+    .refine((id) => id !== "device", "device names the calling device's own tools"),
+  url: z.url({ protocol: /^https?$/ }),
+  /** Header name → the environment variable holding its value (values never written in the file). */
+  headers_env: z.record(z.string().regex(/^[A-Za-z0-9-]{1,128}$/, "must be a header name"), z.string().min(1)).default({}),
+  /** Connecting, listing and each call wait at most this long. */
+  timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
 });
 
 const ApiKeyConfig = z.strictObject({
@@ -151,6 +182,13 @@ export type ModelConfig = z.infer<typeof ModelConfig>;
 export type AgentConfig = z.infer<typeof AgentConfig>;
 export type ApiKeyConfig = z.infer<typeof ApiKeyConfig>;
 export type VoiceConfig = z.infer<typeof VoiceConfig>;
+export type McpServerConfig = z.infer<typeof McpServerConfig>;
+
+/** Splits an `agents[].tools` entry naming MCP tools into its source (`device` or a server id) and name pattern. */
+export function toolPattern(entry: string): { source: string; name: string } | undefined {
+  const m = TOOL_PATTERN.exec(entry);
+  return m ? { source: m[1]!, name: m[2]! } : undefined;
+}
 
 /** Every setting. A config file (YAML or JSON) supplies any of them; environment variables win. */
 export const ConfigSchema = z
@@ -205,7 +243,7 @@ export const ConfigSchema = z
         livenessQuietMs: z.number().int().min(500).max(60_000).default(5_000),
         /** A device that does not answer that ping within this is taken as gone and its connection closed. */
         livenessProbeTimeoutMs: z.number().int().min(500).max(60_000).default(5_000),
-        /** On SQLite: how often the node looks for another process's commit (a peer blocked or removed with the command line). */
+        /** On SQLite: how often the node looks for another process's commit (a session revoked, a peer blocked or removed with the command line). */
         peerPollMs: z.number().int().min(0).max(60_000).default(500),
         /** How often the node checks which of its peers connected to another node since (replacement across nodes). */
         ownershipCheckMs: z.number().int().min(100).max(60_000).default(2_000),
@@ -287,6 +325,7 @@ export const ConfigSchema = z
     providers: z.array(ProviderConfig).default([]),
     models: z.array(ModelConfig).default([]),
     agents: z.array(AgentConfig).default([]),
+    mcp_servers: z.array(McpServerConfig).default([]),
     api_keys: z.array(ApiKeyConfig).default([]),
     voice: VoiceConfig.default(VOICE_DEFAULTS),
   })
@@ -294,7 +333,14 @@ export const ConfigSchema = z
 
 /** Cross-references of the Compatible API's catalog: every id it names must exist, with the right kind. */
 function checkCatalog(
-  c: { providers: ProviderConfig[]; models: ModelConfig[]; agents: AgentConfig[]; api_keys: ApiKeyConfig[]; voice: VoiceConfig },
+  c: {
+    providers: ProviderConfig[];
+    models: ModelConfig[];
+    agents: AgentConfig[];
+    mcp_servers: McpServerConfig[];
+    api_keys: ApiKeyConfig[];
+    voice: VoiceConfig;
+  },
   ctx: z.RefinementCtx,
 ): void {
   const issue = (path: (string | number)[], message: string) => ctx.addIssue({ code: "custom", path, message });
@@ -349,6 +395,18 @@ function checkCatalog(
       } else if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);
       else if (f === m.id) issue(["models", i, "fallbacks", j], "a model cannot be its own fallback");
       else if (target.kind !== m.kind) issue(["models", i, "fallbacks", j], `${f} is a ${target.kind} model, not ${m.kind}`);
+    });
+  });
+  unique(
+    c.mcp_servers.map((m) => m.id),
+    "mcp_servers",
+    "id",
+  );
+  const servers = new Set(c.mcp_servers.map((m) => m.id));
+  c.agents.forEach((a, i) => {
+    a.tools.forEach((t, j) => {
+      const p = toolPattern(t);
+      if (p && p.source !== "device" && !servers.has(p.source)) issue(["agents", i, "tools", j], `unknown MCP server ${p.source} (mcp_servers)`);
     });
   });
   c.agents.forEach((a, i) => {

@@ -1,5 +1,6 @@
 import { type BusMessage, type EventBus, topics } from "../events/index.ts";
 import type { PeerStatus, TelemetryField } from "../protocol/public.ts";
+import type { Repositories } from "../store/index.ts";
 
 /** A status document larger than this is not carried in its message; subscribers read it from the store. */
 const INLINE_STATUS_BYTES = 4_000;
@@ -48,12 +49,24 @@ export class DomainEvents {
     this.device(key, { kind: "contacts", name, change });
   }
 
-  sessionRevoked(sessionId: string): void {
-    this.bus.publish(topics.session(sessionId), { kind: "revoked" } satisfies SessionMessage);
+  /** From inside the transaction that revoked the session; see `announce`. */
+  sessionRevoked(tx: Repositories, sessionId: string): Promise<() => void> {
+    return this.announce(tx, topics.session(sessionId), { kind: "revoked" } satisfies SessionMessage);
   }
 
-  peer(key: string, kind: PeerMessage["kind"]): void {
-    this.bus.publish(topics.peers, { kind, key } satisfies PeerMessage);
+  /** From inside the transaction that blocked, unblocked or removed the peer; see `announce`. */
+  peer(tx: Repositories, key: string, kind: PeerMessage["kind"]): Promise<() => void> {
+    return this.announce(tx, topics.peers, { kind, key } satisfies PeerMessage);
+  }
+
+  /**
+   * A change that ends access, announced from inside its transaction: the message is written
+   * there for the other processes sharing a SQLite file (`bus_messages`, read by their
+   * `SqliteBus`), and the returned function publishes it on the bus; call it once committed.
+   */
+  private async announce(tx: Repositories, topic: string, message: SessionMessage | PeerMessage): Promise<() => void> {
+    await tx.busMessages.add(this.bus.instance, topic, message, Date.now());
+    return () => this.bus.publish(topic, message);
   }
 
   private device(key: string, message: DeviceMessage): void {

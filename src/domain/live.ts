@@ -177,9 +177,10 @@ export class LiveService {
     if (m.kind === "unblocked") return;
     for (const s of [...this.streams]) {
       if (s.principal.targetKey !== m.key && s.principal.publicKey !== m.key) continue;
-      // A removed peer's sessions are deleted with it; a blocked one's are refused from now on
-      // (403 `PEER_BLOCKED` when the client comes back).
-      s.finish(m.kind === "removed" ? "revoked" : undefined);
+      // Access ended either way (a removed peer's sessions are deleted with it; a blocked one's are
+      // refused, 403 `PEER_BLOCKED`, while it stays blocked): the contract's `session` event says
+      // `revoked`, the one state that tells the client its pairing no longer works.
+      s.finish("revoked");
     }
   }
 
@@ -194,8 +195,7 @@ export class LiveService {
       })
       .then(
         ({ live, blocked }) => {
-          if (!live) s.finish("revoked");
-          else if (blocked) s.finish(undefined);
+          if (!live || blocked) s.finish("revoked");
         },
         () => {},
       );

@@ -71,11 +71,15 @@ export class PeerService {
     return this.ctx.store.transaction((tx) => tx.peers.register(newPeer(publicKey, this.ctx.clock.now(), role)));
   }
 
-  /** Every node holding the peer's connection or its sessions' streams hears of it (`topics.peers`). */
+  /** Every node holding the peer's connection or its sessions' streams hears of it (`topics.peers`), whichever process runs this. */
   async setBlocked(publicKey: string, blocked: boolean): Promise<boolean> {
-    const changed = await this.ctx.store.transaction((tx) => tx.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now()));
-    if (changed) this.ctx.events.peer(publicKey, blocked ? "blocked" : "unblocked");
-    return changed;
+    const publish = await this.ctx.store.transaction(async (tx) =>
+      (await tx.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now()))
+        ? this.ctx.events.peer(tx, publicKey, blocked ? "blocked" : "unblocked")
+        : undefined,
+    );
+    publish?.();
+    return publish !== undefined;
   }
 
   /** The device's voice agent: an agent id, `off`, or null for the configured default (`voice.agent`). */
@@ -89,9 +93,11 @@ export class PeerService {
   }
 
   async remove(publicKey: string): Promise<boolean> {
-    const removed = await this.ctx.store.transaction((tx) => tx.peers.remove(publicKey));
-    if (removed) this.ctx.events.peer(publicKey, "removed");
-    return removed;
+    const publish = await this.ctx.store.transaction(async (tx) =>
+      (await tx.peers.remove(publicKey)) ? this.ctx.events.peer(tx, publicKey, "removed") : undefined,
+    );
+    publish?.();
+    return publish !== undefined;
   }
 }
 

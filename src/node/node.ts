@@ -3,6 +3,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import pino, { type Logger } from "pino";
+import { startToolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
@@ -141,7 +142,7 @@ export class Node {
     });
     closers.defer(() => store.close());
     try {
-      const events = await openEventBus(config.databaseUrl, { log: logger });
+      const events = await openEventBus(config.databaseUrl, { log: logger, sqlite: { file: store.sqliteFile, pollMs: config.webrtc.peerPollMs } });
       closers.defer(() => events.close());
       return new Node(o, engines, { logger, serverKey, store, events, closers });
     } catch (err) {
@@ -171,7 +172,15 @@ export class Node {
       ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
     });
     const router = new ChatRouter(config, o.env, o.providerFactory);
-    this.chat = new ChatService({ router, catalog, domain: this.domain });
+    const tools = startToolbox(config, {
+      domain: this.domain,
+      logger: this.logger,
+      env: o.env ?? process.env,
+      registry: this.metrics.registry,
+      devices: (key) => this.transport?.deviceTools(key),
+    });
+    this.closers.defer(() => tools.close());
+    this.chat = new ChatService({ router, catalog, tools });
     this.compat = (base) => (callers) =>
       compatSurface({
         callers,

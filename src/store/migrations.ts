@@ -136,6 +136,22 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
       await db.schema.createIndex("live_streams_node").on("live_streams").column("node").execute();
     },
   },
+  // Bus messages written by a process inside the transaction whose change they announce (a session
+  // revoked, a peer blocked or removed), read by the other processes sharing a SQLite file, which
+  // have no bus between them (PostgreSQL's NOTIFY carries them there). Kept a minute.
+  "0006_bus_messages": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("bus_messages")
+        // AUTOINCREMENT: ids never come back after the newest rows are deleted, so "after id N" stays true.
+        .addColumn("id", dialect === "sqlite" ? "integer" : "bigserial", (c) => (dialect === "sqlite" ? c.primaryKey().autoIncrement() : c.primaryKey()))
+        .addColumn("origin", "text", (c) => c.notNull())
+        .addColumn("topic", "text", (c) => c.notNull())
+        .addColumn("message", "text", (c) => c.notNull())
+        .addColumn("created_at", "bigint", (c) => c.notNull())
+        .execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

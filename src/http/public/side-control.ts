@@ -25,7 +25,7 @@ import { JSON_UTF8 } from "../json.ts";
 import { requireJson } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import { jsonBodyLimit } from "./limits.ts";
-import { bearerSecurity, errors, json, jsonBody } from "./responses.ts";
+import { bearerSecurity, errors, json, jsonBody, noContent } from "./responses.ts";
 
 /** The `/side-control/*` routes: a Side Control session acting on its bound target device. */
 export function registerSideControlRoutes(app: App, domain: Domain, callers: Callers): void {
@@ -77,6 +77,18 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       responses: { 200: json(PeerStatus, "Status"), ...authErrors },
     }),
     async (c) => c.json(await domain.peers.status(target(c)), 200, JSON_UTF8),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("delete", "/side-control/session"),
+      summary: "End the caller's own Side Control session (the app's \"forget this device\"); its event streams end on every node",
+      responses: { 204: noContent, ...authErrors },
+    }),
+    async (c) => {
+      await domain.sideControl.endOwnSession(c.get("principal") as SideControlPrincipal);
+      return c.body(null, 204);
+    },
   );
 
   app.openapi(
