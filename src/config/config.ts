@@ -155,7 +155,7 @@ const ApiKeyConfig = z.strictObject({
 });
 
 const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
-const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, turn: TURN_DEFAULTS };
+const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, store_transcripts: false, transcript_retention_days: 30, turn: TURN_DEFAULTS };
 
 /** Voice conversations over a connected device's audio (voice.md). */
 const VoiceConfig = z.strictObject({
@@ -165,6 +165,10 @@ const VoiceConfig = z.strictObject({
   barge_in: z.boolean().default(true),
   /** Turns of history kept per conversation (in memory, for the connection's life). */
   history_turns: z.number().int().min(1).max(200).default(20),
+  /** Conversations' transcripts are stored for the device's Side Control (public-api.md, "Conversations"); off, they are only live. */
+  store_transcripts: z.boolean().default(false),
+  /** Stored conversations are deleted this many days after their last entry. */
+  transcript_retention_days: z.number().int().min(1).max(3_650).default(30),
   turn: z
     .strictObject({
       /** Voice activity shorter than this is a noise, not speech. */
@@ -450,6 +454,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WEBRTC_UDP_PORT: (v) => ({ webrtc: { udpPort: Number(v) } }),
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
+  PERCH_VOICE_STORE_TRANSCRIPTS: (v) => ({ voice: { store_transcripts: v === "true" ? true : v === "false" ? false : (v as unknown as boolean) } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
   PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
   PERCH_TELEMETRY_WRITE_INTERVAL_MS: (v) => ({ telemetry: { writeIntervalMs: Number(v) } }),

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { topics } from "../events/index.ts";
-import type { PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts";
+import type { ConversationEntry, PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 import type { DeviceMessage, PeerMessage } from "./events.ts";
@@ -11,6 +11,8 @@ import { StreamSlots } from "./stream-slots.ts";
 /** Telemetry events of one device go out at most this often (values in between are batched). */
 export const TELEMETRY_BATCH_MS = 250;
 export const KEEP_ALIVE_MS = 15_000;
+/** Conversation entries of one device being put together from their parts at once (a part lost on the bus leaves one behind). */
+const MAX_PARTIAL_ENTRIES = 8;
 /** How often a device's runtime is read again while streams watch it (a node that died stops refreshing it). */
 const RUNTIME_RECHECK_MS = 15_000;
 
@@ -22,7 +24,8 @@ export type LiveEvent =
   | { event: "runtime"; data: Runtime }
   | { event: "telemetry"; data: { values: TelemetryValue[] } }
   | { event: "contacts"; data: { name: string; change: "created" | "updated" | "deleted" } }
-  | { event: "session"; data: { state: "revoked" | "expired" } };
+  | { event: "session"; data: { state: "revoked" | "expired" } }
+  | { event: "conversation"; data: ConversationEntry };
 
 /** Where a stream's events go (the HTTP response). Events handed out may be shared between streams: never mutate them. */
 export interface LiveSink {
@@ -319,6 +322,8 @@ class DeviceHub {
     again: { status: false, runtime: false },
   };
   private runtimeReadAt = 0;
+  /** Conversation entries whose text came in parts, by conversation and place, until the last part. */
+  private readonly partial = new Map<string, string[]>();
 
   constructor(key: string, ctx: DomainContext, peers: PeerService) {
     this.key = key;
@@ -370,7 +375,35 @@ class DeviceHub {
         this.each((s) => s.send(e));
         return;
       }
+      case "conversation":
+        this.conversationPart(m);
+        return;
     }
+  }
+
+  /** An entry goes out once all of its text came (one message usually; a publisher's messages arrive in order). */
+  private conversationPart(m: Extract<DeviceMessage, { kind: "conversation" }>): void {
+    let text = m.t;
+    if (m.parts > 1) {
+      const id = `${m.e.conversation_id}:${m.s}`;
+      let parts = this.partial.get(id);
+      if (!parts) {
+        if (m.p !== 0) return;
+        if (this.partial.size >= MAX_PARTIAL_ENTRIES) this.partial.delete(this.partial.keys().next().value!);
+        parts = [];
+        this.partial.set(id, parts);
+      }
+      if (m.p !== parts.length) {
+        this.partial.delete(id);
+        return;
+      }
+      parts.push(m.t);
+      if (parts.length < m.parts) return;
+      this.partial.delete(id);
+      text = parts.join("");
+    }
+    const e: LiveEvent = { event: "conversation", data: { ...m.e, text } };
+    this.each((s) => s.send(e));
   }
 
   /** One event object and one JSON text for every stream of the device. */

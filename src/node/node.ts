@@ -323,6 +323,7 @@ export class Node {
       await store.deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS);
       await this.domain.live.sweep();
     });
+    this.jobs.every("transcript retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.conversations.sweep());
     this.jobs.every("log flush", LOG_FLUSH_INTERVAL_MS, () => this.logger.flush());
   }
 
