@@ -133,7 +133,7 @@ class AgentLookup {
     const agent = this.o.config.agents.find((a) => a.id === id);
     const engines = agent && this.engines.get(agent.id);
     if (!agent || !engines) return undefined;
-    return { id: agent.id, voice: agent.voice ?? DEFAULT_VOICE, engines };
+    return { id: agent.id, voice: agent.voice ?? DEFAULT_VOICE, engines, ...(agent.language ? { language: agent.language } : {}) };
   }
 
   close(): void {
