@@ -1,11 +1,16 @@
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { after, before, beforeEach, describe, test } from "node:test";
 import { GenerationError } from "../src/ai/errors.ts";
 import { InFlight } from "../src/ai/in-flight.ts";
 import { PROVIDER_PCM_RATE, type RemoteContext, remoteSpeech, remoteTranscription } from "../src/ai/remote-speech.ts";
 import { ChatRouter, embeddedFallback } from "../src/ai/router.ts";
+import { concatInt16 } from "../src/audio/samples.ts";
 import { type Config, loadConfig } from "../src/config/config.ts";
+import { engines } from "./support/engines.ts";
 import { type FakeSpeechProvider, startFakeSpeechProvider, tone } from "./support/fake-speech.ts";
+import { startTestServer, type TestServer } from "./support/server.ts";
+import { resample } from "./support/voice.ts";
 
 /** Two providers (the second a fallback's) on two fake servers, a speech and a transcription model on each. */
 function config(primary: string, second: string, o: { timeoutMs?: number; maxInFlight?: number; stream?: boolean } = {}): Config {
@@ -220,5 +225,51 @@ describe("provider speech and transcription for conversations", () => {
     abort.abort(new Error("speech resumed"));
     await assert.rejects(pending, /speech resumed/);
     await fake.of("/audio/transcriptions").at(-1)!.closedEarly;
+  });
+});
+
+describe("a second Perch as the speech provider (its embedded tts-1 and whisper-1 on its Compatible API)", () => {
+  const KEY = "sk-speech-node";
+  let nodeA: TestServer;
+  let cfg: Config;
+  let ctx: RemoteContext;
+
+  before(async () => {
+    nodeA = await startTestServer({
+      config: { api_keys: [{ name: "front", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["tts-1", "whisper-1"] }] },
+      engines: engines(),
+    });
+    cfg = loadConfig(
+      {},
+      {
+        providers: [{ id: "node-a", kind: "openai-compatible", base_url: `${nodeA.url}/openai/v1`, api_key_env: "NODE_A_KEY", max_retries: 0 }],
+        models: [
+          { id: "remote-tts", kind: "speech", provider: "node-a", upstream_model: "tts-1" },
+          { id: "remote-stt", kind: "transcription", provider: "node-a", upstream_model: "whisper-1", stream: true },
+        ],
+      },
+    );
+    ctx = { router: new ChatRouter(cfg, { NODE_A_KEY: KEY }), inFlight: new InFlight() };
+  });
+  after(() => nodeA?.stop());
+
+  test("its pcm is accepted as 24 kHz audio, and what it says it hears back, partial words first", async () => {
+    const speech = await remoteSpeech(ctx, model(cfg, "remote-tts"), "Please turn on the kitchen lights.", "nova", new AbortController().signal);
+    const pieces: Int16Array[] = [];
+    for await (const s of speech.samples) pieces.push(s);
+    const pcm24 = concatInt16(pieces);
+    assert.ok(pcm24.length > 24_000, `${pcm24.length} samples`);
+    // Through 48 kHz: the Speex wrapper gives nothing for 24 kHz → 16 kHz directly (noted in the decisions).
+    const pcm16 = await resample(await resample(pcm24, 24_000, 48_000), 48_000, 16_000);
+    const deltas: string[] = [];
+    const heard = await remoteTranscription(
+      ctx,
+      model(cfg, "remote-stt"),
+      pcm16,
+      { language: "en", onDelta: (d) => deltas.push(d) },
+      new AbortController().signal,
+    );
+    assert.match(heard.text.toLowerCase(), /kitchen/);
+    assert.ok(deltas.length > 0, "whisper-1 streamed its segments");
   });
 });
