@@ -48,12 +48,12 @@ export class ChatRouter {
   relay(
     model: ModelConfig,
     path: string,
-    body: (upstreamModel: string) => { body: string | Buffer; contentType: string },
+    body: (upstreamModel: string) => Promise<{ body: string | Buffer; contentType: string }> | { body: string | Buffer; contentType: string },
     signal: AbortSignal,
   ): Promise<RawAnswer> {
-    return this.attempt(model, signal, (provider, upstream) => {
+    return this.attempt(model, signal, async (provider, upstream) => {
       if (!(provider instanceof OpenAIProvider)) throw new GenerationError("invalid", `\`${model.id}\` has no provider for ${path}`, { param: "model" });
-      const b = body(upstream);
+      const b = await body(upstream);
       return provider.relay(path, b.body, b.contentType, signal);
     });
   }
