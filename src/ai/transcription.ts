@@ -1,8 +1,10 @@
 import { EventEmitter, on } from "node:events";
+import { EMBEDDED_TRANSCRIPTION_MODEL } from "../config/config.ts";
 import type { CatalogEntry } from "./catalog.ts";
 import { GenerationError } from "./errors.ts";
+import { encodeForm } from "./multipart.ts";
 import type { RawAnswer } from "./providers/openai.ts";
-import type { ChatRouter } from "./router.ts";
+import { type ChatRouter, embeddedFallback } from "./router.ts";
 import { DEFAULT_MAX_AUDIO_SECONDS, type Transcript, type TranscriptionEngine } from "./speech/index.ts";
 
 const PATH = "/audio/transcriptions";
@@ -65,36 +67,45 @@ export class TranscriptionService {
   }
 
   async transcribe(entry: Extract<CatalogEntry, { kind: "transcription" }>, r: TranscriptionRequest, signal: AbortSignal): Promise<TranscriptionOutcome> {
-    // The catalog offers the embedded model only when its engine exists.
-    const engine = entry.model ? undefined : this.engine;
-    if (!entry.model && !engine)
-      throw new GenerationError("unavailable", "No transcription engine is available on this server.", { code: "engine_unavailable" });
     const audio = new Uint8Array(await r.file.arrayBuffer());
     if (audio.length === 0) throw invalid("file", "the audio file is empty");
     if (!acceptedFile(r.file, audio))
       throw invalid("file", "Unsupported file format: send flac, mp3, mp4, mpeg, mpga, m4a, ogg, opus, wav or webm.", "unsupported_format");
-    if (r.language !== undefined && engine && !engine.languages.includes(r.language)) {
-      throw invalid(
-        "language",
-        `language \`${r.language}\` is not supported by ${entry.id}; supported: ${engine.languages.join(", ")}`,
-        "unsupported_language",
-      );
+    const engine = this.engine;
+    if (entry.model) {
+      try {
+        return { kind: "relayed", answer: await this.router.relay(entry.model, PATH, (name) => withModel(r.form, name), signal) };
+      } catch (err) {
+        // The embedded recogniser closing the model's fallbacks answers when every provider failed, if it can serve the request.
+        if (!engine || !embeddedFallback(entry.model, err) || refusal(engine, r, EMBEDDED_TRANSCRIPTION_MODEL)) throw err;
+      }
+    } else {
+      // The catalog offers the embedded model only when its engine exists.
+      if (!engine) throw new GenerationError("unavailable", "No transcription engine is available on this server.", { code: "engine_unavailable" });
+      const refused = refusal(engine, r, entry.id);
+      if (refused) throw refused;
     }
-    if (r.words && engine && engine.wordTimestamps !== true) throw invalid("timestamp_granularities[]", `${entry.id} has no word timestamps`);
-    if (entry.model) return { kind: "relayed", answer: await this.router.relay(entry.model, PATH, (name) => withModel(r.form, name), signal) };
     const options = { audio, language: r.language, prompt: r.prompt, maxSeconds: this.maxAudioSeconds, signal };
-    if (!r.stream) return { kind: "transcript", transcript: await engine!.transcribe(options) };
-    return { kind: "events", events: await recognitionEvents(engine!, options) };
+    if (!r.stream) return { kind: "transcript", transcript: await engine.transcribe(options) };
+    return { kind: "events", events: await recognitionEvents(engine, options) };
   }
 }
 
+/** Why the engine cannot take the request (a language it lacks, word timings it has not), or undefined when it can. */
+function refusal(engine: TranscriptionEngine, r: TranscriptionRequest, id: string): GenerationError | undefined {
+  if (r.language !== undefined && !engine.languages.includes(r.language)) {
+    return invalid("language", `language \`${r.language}\` is not supported by ${id}; supported: ${engine.languages.join(", ")}`, "unsupported_language");
+  }
+  if (r.words && engine.wordTimestamps !== true) return invalid("timestamp_granularities[]", `${id} has no word timestamps`);
+  return undefined;
+}
+
 /** The form with the upstream model's name, encoded by Node's own `FormData` (its boundary in the content type). */
-async function withModel(form: FormData, name: string): Promise<{ body: Buffer; contentType: string }> {
+function withModel(form: FormData, name: string): Promise<{ body: Buffer; contentType: string }> {
   const upstream = new FormData();
   for (const [key, value] of form) if (key !== "model") upstream.append(key, value);
   upstream.set("model", name);
-  const encoded = new Response(upstream);
-  return { body: Buffer.from(await encoded.arrayBuffer()), contentType: encoded.headers.get("content-type")! };
+  return encodeForm(upstream);
 }
 
 /**

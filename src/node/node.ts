@@ -3,12 +3,14 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import pino, { type Logger } from "pino";
+import { startToolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
+import { checkVoiceModels } from "../ai/voice-models.ts";
 import { buildInfo } from "../build-info.ts";
-import { type Config, ConfigError } from "../config/config.ts";
+import type { Config } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
 import { encodeKey, privateKeyObject } from "../crypto/keys.ts";
 import { type Clock, systemClock } from "../domain/clock.ts";
@@ -82,15 +84,6 @@ function createLogger(config: Config): Logger {
   return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: 4096 }));
 }
 
-/** An agent's voice (for the device's audio) must be one the speech engine has: checked before anything opens. */
-function checkConfig(config: Config, speech: SpeechEngine | undefined): void {
-  config.agents.forEach((a, i) => {
-    if (a.voice !== undefined && speech && !speech.voices.includes(a.voice)) {
-      throw new ConfigError(`invalid configuration at agents.${i}.voice: unknown voice ${a.voice}; tts-1 has ${speech.voices.join(", ")}`);
-    }
-  });
-}
-
 /** What `Node.build` opened before the node's parts are wired: the store and the event bus. */
 interface Opened {
   logger: Logger;
@@ -139,7 +132,8 @@ export class Node {
     const { config } = o;
     const logger = o.logger ?? createLogger(config);
     const engines = o.engines ?? embeddedEngines(config.engines);
-    checkConfig(config, engines.speech);
+    const { speech, transcription } = engines;
+    checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
     const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
     const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
     const closers = new Closers();
@@ -148,7 +142,7 @@ export class Node {
     });
     closers.defer(() => store.close());
     try {
-      const events = await openEventBus(config.databaseUrl, { log: logger });
+      const events = await openEventBus(config.databaseUrl, { log: logger, sqlite: { file: store.sqliteFile, pollMs: config.webrtc.peerPollMs } });
       closers.defer(() => events.close());
       return new Node(o, engines, { logger, serverKey, store, events, closers });
     } catch (err) {
@@ -178,7 +172,15 @@ export class Node {
       ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
     });
     const router = new ChatRouter(config, o.env, o.providerFactory);
-    this.chat = new ChatService({ router, catalog, domain: this.domain });
+    const tools = startToolbox(config, {
+      domain: this.domain,
+      logger: this.logger,
+      env: o.env ?? process.env,
+      registry: this.metrics.registry,
+      devices: (key) => this.transport?.deviceTools(key),
+    });
+    this.closers.defer(() => tools.close());
+    this.chat = new ChatService({ router, catalog, tools });
     this.compat = (base) => (callers) =>
       compatSurface({
         callers,
@@ -321,6 +323,7 @@ export class Node {
       await store.deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS);
       await this.domain.live.sweep();
     });
+    this.jobs.every("transcript retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.conversations.sweep());
     this.jobs.every("log flush", LOG_FLUSH_INTERVAL_MS, () => this.logger.flush());
   }
 
