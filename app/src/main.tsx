@@ -1,7 +1,7 @@
 import { render } from "preact";
-import { useEffect } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import "./styles.css";
-import { forgetSession } from "./api.ts";
+import { forgetSession, unpair } from "./api.ts";
 import { startLive } from "./live.ts";
 import { ended, link, linkPending, session } from "./state.ts";
 import { Contacts } from "./views/Contacts.tsx";
@@ -34,6 +34,16 @@ function LinkState() {
 }
 
 function Paired({ bearer }: { bearer: string }) {
+  const [unpairing, setUnpairing] = useState<"idle" | "busy" | "failed">("idle");
+  const forget = async () => {
+    setUnpairing("busy");
+    if (!(await unpair(bearer))) {
+      setUnpairing("failed");
+      return;
+    }
+    ended.value = undefined;
+    session.value = undefined;
+  };
   return (
     <>
       <LinkState />
@@ -41,18 +51,15 @@ function Paired({ bearer }: { bearer: string }) {
       <Telemetry bearer={bearer} />
       <Contacts bearer={bearer} />
       <p class="unpair">
-        <button
-          type="button"
-          class="secondary"
-          onClick={() => {
-            forgetSession();
-            ended.value = undefined;
-            session.value = undefined;
-          }}
-        >
+        <button type="button" class="secondary" disabled={unpairing === "busy"} onClick={() => void forget()}>
           Forget this device
         </button>
       </p>
+      {unpairing === "failed" && (
+        <p class="error" role="alert">
+          The server could not be reached, so the pairing was not ended. Try again.
+        </p>
+      )}
     </>
   );
 }
