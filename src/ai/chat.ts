@@ -34,7 +34,7 @@ export class ChatService {
       const hint = this.catalog.hasChat
         ? ""
         : " No chat model is configured on this server: add a provider under `providers` and a chat model under `models` in the configuration file (PERCH_CONFIG).";
-      throw new GenerationError("model_not_found", `The model \`${id}\` does not exist or you do not have access to it.${hint}`, {
+      throw new GenerationError("not_found", `The model \`${id}\` does not exist or you do not have access to it.${hint}`, {
         param: "model",
         code: "model_not_found",
       });
