@@ -81,7 +81,7 @@ export class MoonshineModel {
     const n = heard.length;
     const longest = Math.max(...heard.map((i) => audios[i]!.length));
     const input = new Float32Array(n * longest);
-    heard.forEach((i, row) => input.set(audios[i]!, row * longest));
+    for (const [row, i] of heard.entries()) input.set(audios[i]!, row * longest);
     const maxTokens = heard.map((i) => Math.max(4, Math.ceil((audios[i]!.length / MOONSHINE_SAMPLE_RATE) * TOKENS_PER_SECOND)));
     const { last_hidden_state: hidden } = await this.encoder.run({ input_values: new ort.Tensor("float32", input, [n, longest]) });
     const past: Record<string, ort.Tensor> = {};

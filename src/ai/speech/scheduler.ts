@@ -365,7 +365,7 @@ export class Scheduler {
         .then(
           (result) => {
             if (typeof first.work === "function") first.resolve(result);
-            else jobs.forEach((job, i) => job.resolve((result as unknown[])[i]));
+            else for (const [i, job] of jobs.entries()) job.resolve((result as unknown[])[i]);
           },
           (error) => {
             for (const job of jobs) job.reject(error);

@@ -3,7 +3,7 @@ import { z } from "zod";
 import { callerKey } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
-import type { ChatRouter } from "../../ai/router.ts";
+import { type ChatRouter, embeddedFallback } from "../../ai/router.ts";
 import { MAX_BYTES_PER_SECOND, SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
 import { sseEvent } from "../../ai/sse.ts";
 import type { Metrics } from "../metrics.ts";
@@ -12,6 +12,7 @@ import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, readJson } from "./json.ts";
 import { readAhead } from "./read-ahead.ts";
+import { asIs, EVENT_STREAM, type StreamEnd, startingWith, streamBody, streamHeaders } from "./stream-body.ts";
 
 const ROUTE = "/audio/speech";
 /**
@@ -51,15 +52,18 @@ export function registerSpeechRoute(
     const done = (status: number, error?: string) => metrics.observeAi(ROUTE, model, status, (performance.now() - started) / 1000, error);
     if (entry.model) {
       const upstream = entry.model;
-      let answer: RawAnswer;
+      let answer: RawAnswer | undefined;
       try {
         answer = await router.relay(upstream, ROUTE, (name) => ({ body: JSON.stringify({ ...r, model: name }), contentType: "application/json" }), signal);
       } catch (err) {
-        const e = toOpenAIError(err);
-        done(e.status, e.type);
-        throw e;
+        // The embedded engine closing the model's fallbacks answers when every provider failed.
+        if (!engine || !embeddedFallback(upstream, err)) {
+          const e = toOpenAIError(err);
+          done(e.status, e.type);
+          throw e;
+        }
       }
-      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
+      if (answer) return c.body(relayedBody(answer, done), 200, streamHeaders(answer.contentType));
     }
     if (!engine) throw new OpenAIError(503, "No speech engine is available on this server.", { code: "engine_unavailable" });
     if (r.instructions !== undefined) {
@@ -69,9 +73,8 @@ export function registerSpeechRoute(
       throw new OpenAIError(400, `Unknown voice \`${r.voice}\`; this model has ${engine.voices.join(", ")}.`, { param: "voice", code: "invalid_value" });
     }
     let it: AsyncIterator<Uint8Array>;
-    let first: IteratorResult<Uint8Array>;
     try {
-      it = engine
+      const synthesis = engine
         .synthesize({
           text: r.input,
           voice: r.voice,
@@ -83,83 +86,28 @@ export function registerSpeechRoute(
         })
         [Symbol.asyncIterator]();
       // The first piece is awaited before answering, so that an overloaded engine is still a 429.
-      first = await it.next();
+      const first = await synthesis.next();
       // Then a few seconds of audio are read ahead of the client (see READ_AHEAD_SECONDS).
-      it = readAhead(it, READ_AHEAD_SECONDS * MAX_BYTES_PER_SECOND[r.response_format]);
+      it = startingWith(first, readAhead(synthesis, READ_AHEAD_SECONDS * MAX_BYTES_PER_SECOND[r.response_format]));
     } catch (err) {
       const e = toOpenAIError(err);
       done(e.status, e.type);
       throw e;
     }
-    const sse = r.stream_format === "sse";
-    const body = new ReadableStream<Uint8Array>(
-      {
-        async pull(controller) {
-          let next: IteratorResult<Uint8Array>;
-          try {
-            next = first ?? (await it.next());
-          } catch (err) {
-            done(200, "api_error");
-            if (sse) {
-              controller.enqueue(sseEvent({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
-              controller.close();
-            } else {
-              // Audio that broke off must not end like a whole file: the response is aborted (no
-              // final chunk), which every HTTP client reports as an error.
-              controller.error(err);
-            }
-            return;
-          }
-          first = undefined as never;
-          if (next.done) {
-            if (sse) {
-              const input = Math.ceil(r.input.length / 4);
-              controller.enqueue(sseEvent({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }));
-            }
-            done(200);
-            controller.close();
-            return;
-          }
-          controller.enqueue(sse ? sseEvent({ type: "speech.audio.delta", audio: Buffer.from(next.value).toString("base64") }) : next.value);
-        },
-        async cancel() {
-          done(499);
-          await it.return?.();
-        },
-      },
-      { highWaterMark: 0 },
-    );
-    // `transfer-encoding` declared: the Node adapter then writes the first audio at once (see chat.ts).
-    const headers: Record<string, string> = sse
-      ? { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" }
-      : { "content-type": SPEECH_CONTENT_TYPES[r.response_format] };
-    return c.body(body, 200, { ...headers, "transfer-encoding": "chunked" });
+    if (r.stream_format === "audio")
+      return c.body(streamBody(it, { sse: false, encode: asIs, done }), 200, streamHeaders(SPEECH_CONTENT_TYPES[r.response_format]));
+    const input = Math.ceil(r.input.length / 4);
+    const body = streamBody(it, {
+      sse: true,
+      encode: (audio) => sseEvent({ type: "speech.audio.delta", audio: Buffer.from(audio).toString("base64") }),
+      last: () => sseEvent({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }),
+      done,
+    });
+    return c.body(body, 200, streamHeaders(EVENT_STREAM));
   });
 }
 
-/** Relayed bytes as a response body, pulled as the client reads. */
-export function byteStream(it: AsyncIterator<Uint8Array>, done: (status: number, error?: string) => void): ReadableStream<Uint8Array> {
-  return new ReadableStream<Uint8Array>(
-    {
-      async pull(controller) {
-        let next: IteratorResult<Uint8Array>;
-        try {
-          next = await it.next();
-        } catch {
-          done(200, "api_error");
-          controller.error(new Error("the provider's answer broke off"));
-          return;
-        }
-        if (next.done) {
-          done(200);
-          controller.close();
-        } else controller.enqueue(next.value);
-      },
-      async cancel() {
-        done(499);
-        await it.return?.();
-      },
-    },
-    { highWaterMark: 0 },
-  );
+/** A provider's relayed answer as a response body, pulled as the client reads; one that breaks off is aborted. */
+export function relayedBody(answer: RawAnswer, done: StreamEnd): ReadableStream<Uint8Array> {
+  return streamBody(answer.body[Symbol.asyncIterator](), { sse: false, encode: asIs, done });
 }
