@@ -24,27 +24,12 @@ import { Domain } from "../src/domain/index.ts";
 import { openEventBus } from "../src/events/index.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { Store } from "../src/store/index.ts";
-import { benchConfig, percentiles, round, type Server, startServer } from "./support.ts";
+import { benchConfig, freshPgDatabase, percentiles, round, type Server, startServer } from "./support.ts";
 
 const TRIALS = Number(process.env.BENCH_REVOCATION_TRIALS ?? 10);
 const PG_URL = process.env.PERCH_BENCH_DATABASE_URL || process.env.PERCH_TEST_DATABASE_URL || undefined;
 const ACTIONS = ["sessions revoke", "peers block", "peers remove", "DELETE /side-control/session"] as const;
 type Action = (typeof ACTIONS)[number];
-
-async function freshPgDatabase(url: string): Promise<string> {
-  const pg = (await import("pg")).default;
-  const name = `perch_bench_rev_${Date.now().toString(36)}`;
-  const admin = new pg.Client({ connectionString: url });
-  await admin.connect();
-  try {
-    await admin.query(`create database ${name}`);
-  } finally {
-    await admin.end();
-  }
-  const u = new URL(url);
-  u.pathname = `/${name}`;
-  return u.toString();
-}
 
 /** A stream whose `session` event's arrival time is kept. */
 async function openStream(url: string, bearer: string): Promise<{ ended: Promise<number>; close(): void }> {
