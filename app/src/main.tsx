@@ -5,6 +5,7 @@ import { forgetSession, unpair } from "./api.ts";
 import { startLive } from "./live.ts";
 import { ended, link, linkPending, session } from "./state.ts";
 import { Contacts } from "./views/Contacts.tsx";
+import { Conversations } from "./views/Conversations.tsx";
 import { DeviceCard } from "./views/DeviceCard.tsx";
 import { Pairing } from "./views/Pairing.tsx";
 import { Telemetry } from "./views/Telemetry.tsx";
@@ -48,6 +49,7 @@ function Paired({ bearer }: { bearer: string }) {
     <>
       <LinkState />
       <DeviceCard />
+      <Conversations bearer={bearer} />
       <Telemetry bearer={bearer} />
       <Contacts bearer={bearer} />
       <p class="unpair">
