@@ -349,7 +349,9 @@ describe("Compatible API: chat", () => {
   });
 
   // Bounded well below the provider's 60 s idle timeout, which would close the call too.
-  test("agent: a step the provider breaks (an invalid tool call) ends the stream with an error event and closes the provider's call", { timeout: 30_000 }, async () => {
+  test("agent: a step the provider breaks (an invalid tool call) ends the stream with an error event and closes the provider's call", {
+    timeout: 30_000,
+  }, async () => {
     primary.reply({ tool_calls: [{ id: "call_x", name: "x".repeat(300), arguments: "{}" }], after: "hold" });
     const stream = await device.chat.completions.create({ model: "helper", messages: [{ role: "user", content: "Hi" }], stream: true });
     const call = primary.received.at(-1)!;
