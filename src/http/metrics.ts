@@ -105,28 +105,20 @@ function engineQueueMetrics(registry: Registry): void {
       for (const cls of JOB_CLASSES) fill({ engine: scheduler.name, class: cls }, stats[cls]);
     }
   };
-  const gauge = (name: string, help: string, value: (s: ClassStats) => number) =>
-    new Gauge({
+  // Gauges and counters alike are filled from the schedulers' own figures when scraped.
+  const metric = (Kind: typeof Gauge | typeof Counter) => (name: string, help: string, value: (s: ClassStats) => number) =>
+    new Kind({
       name,
       help,
       labelNames,
       registers: [registry],
-      collect() {
+      collect(this: Gauge<"engine" | "class"> | Counter<"engine" | "class">) {
         this.reset();
         each((labels, s) => this.inc(labels, value(s)));
       },
     });
-  const counter = (name: string, help: string, value: (s: ClassStats) => number) =>
-    new Counter({
-      name,
-      help,
-      labelNames,
-      registers: [registry],
-      collect() {
-        this.reset();
-        each((labels, s) => this.inc(labels, value(s)));
-      },
-    });
+  const gauge = metric(Gauge);
+  const counter = metric(Counter);
   new Gauge({
     name: "perch_engine_jobs_running",
     help: "Jobs running on an embedded engine's workers now, by engine",

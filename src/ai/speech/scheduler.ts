@@ -361,22 +361,24 @@ export class Scheduler {
       } catch (error) {
         work = Promise.reject(error);
       }
-      work
-        .then(
-          (result) => {
-            if (typeof first.work === "function") first.resolve(result);
-            else for (const [i, job] of jobs.entries()) job.resolve((result as unknown[])[i]);
-          },
-          (error) => {
-            for (const job of jobs) job.reject(error);
-          },
-        )
-        .finally(() => {
-          this.running--;
-          this.meanMs += SMOOTHING * (this.clock.now() - started - this.meanMs);
+      // The slot is free before the jobs' callers hear back, so that what they ask next sees it free.
+      const ended = () => {
+        this.running--;
+        this.meanMs += SMOOTHING * (this.clock.now() - started - this.meanMs);
+      };
+      work.then(
+        (result) => {
+          ended();
+          if (typeof first.work === "function") first.resolve(result);
+          else for (const [i, job] of jobs.entries()) job.resolve((result as unknown[])[i]);
           this.dispatch();
-        })
-        .catch(() => {});
+        },
+        (error) => {
+          ended();
+          for (const job of jobs) job.reject(error);
+          this.dispatch();
+        },
+      );
     }
   }
 }
