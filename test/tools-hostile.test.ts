@@ -53,7 +53,15 @@ describe("tools: hostile devices", () => {
     });
     good = await connect(server);
     await good.offerTools([
-      { name: "beep", description: "Beeps.", inputSchema: { type: "object", properties: {} }, handler: () => void goodCalls.push(1) || "beep" },
+      {
+        name: "beep",
+        description: "Beeps.",
+        inputSchema: { type: "object", properties: {} },
+        handler: () => {
+          goodCalls.push(1);
+          return "beep";
+        },
+      },
     ]);
     await eventually(() => tools(good).length === 1, 5000, "the good device's tools");
   });

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import pino, { type Logger } from "pino";
 import { startToolbox } from "../ai/agents/toolbox.ts";
+import { toolSummary } from "../tools/device.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
@@ -187,6 +188,7 @@ export class Node {
       devices: (key) => this.transport?.deviceTools(key),
     });
     this.closers.defer(() => tools.close());
+    this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
     this.chat = new ChatService({ router, catalog, tools });
     this.compat = (base) => (callers) =>
       compatSurface({
