@@ -4,6 +4,7 @@ import { eventsBench } from "./events.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
+import { toolsBench } from "./tools.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcHealthBench } from "./webrtc-health.ts";
@@ -17,6 +18,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   outage: outageBench,
   events: eventsBench,
   voice: voiceBench,
+  tools: toolsBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
