@@ -74,12 +74,22 @@ const ProviderConfig = z.strictObject({
   max_retries: z.number().int().min(0).max(10).default(2),
   /** First back-off; doubled on each retry (with jitter), or the provider's `Retry-After` when shorter than 10 s. */
   retry_backoff_ms: z.number().int().min(0).max(60_000).default(250),
+  /** Voice conversations' calls (synthesis, recognition) in flight to this provider at once; one more fails its turn at once. */
+  voice_max_in_flight: z.number().int().min(1).max(10_000).default(32),
   /**
    * Whether the provider takes dots in tool names. OpenAI and Anthropic refuse them: their models
    * see `device.set_volume` as `device__set_volume` (tools.md §1) and Perch maps the name back.
    */
   dotted_tool_names: z.boolean().optional(),
 });
+
+/** The embedded engines' model ids: always in the catalog when the engine exists. */
+export const EMBEDDED_SPEECH_MODEL = "tts-1";
+export const EMBEDDED_TRANSCRIPTION_MODEL = "whisper-1";
+const EMBEDDED_MODEL = { speech: EMBEDDED_SPEECH_MODEL, transcription: EMBEDDED_TRANSCRIPTION_MODEL } as const;
+
+/** A BCP-47 language tag (`es`, `pt-BR`, `zh-Hans`): its first subtag is the language. */
+const LanguageTag = z.string().regex(/^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$/, "must be a BCP-47 language tag such as es or pt-BR");
 
 const ModelConfig = z.strictObject({
   id: ID,
@@ -89,13 +99,22 @@ const ModelConfig = z.strictObject({
   fallbacks: z.array(ID).default([]),
   /** Content parts a chat model accepts besides text. */
   input: z.array(z.enum(["image", "audio"])).default([]),
+  /** A transcription model whose provider streams partial text (`transcript.text.delta` events). */
+  stream: z.boolean().default(false),
 });
 
 const AgentConfig = z.strictObject({
   id: ID,
   model: ID,
   instructions: z.string().default(""),
+  /** The voice of the agent's speech model, passed to it as is. */
   voice: z.string().min(1).optional(),
+  /** The speech model (kind `speech`) a conversation's replies are spoken with. */
+  speech_model: ID.default(EMBEDDED_SPEECH_MODEL),
+  /** The transcription model (kind `transcription`) a conversation's turns are heard with. */
+  transcription_model: ID.default(EMBEDDED_TRANSCRIPTION_MODEL),
+  /** The language the device's user speaks, sent to the transcription model. */
+  language: LanguageTag.optional(),
   /** Built-in tool names, `device.*` / `device.<name>` (the calling device's own), `<server id>.<name>` with `*` as a wildcard (tools.md §2). */
   tools: z
     .array(
@@ -136,7 +155,7 @@ const ApiKeyConfig = z.strictObject({
 });
 
 const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
-const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, turn: TURN_DEFAULTS };
+const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, store_transcripts: false, transcript_retention_days: 30, turn: TURN_DEFAULTS };
 
 /** Voice conversations over a connected device's audio (voice.md). */
 const VoiceConfig = z.strictObject({
@@ -146,6 +165,10 @@ const VoiceConfig = z.strictObject({
   barge_in: z.boolean().default(true),
   /** Turns of history kept per conversation (in memory, for the connection's life). */
   history_turns: z.number().int().min(1).max(200).default(20),
+  /** Conversations' transcripts are stored for the device's Side Control (public-api.md, "Conversations"); off, they are only live. */
+  store_transcripts: z.boolean().default(false),
+  /** Stored conversations are deleted this many days after their last entry. */
+  transcript_retention_days: z.number().int().min(1).max(3_650).default(30),
   turn: z
     .strictObject({
       /** Voice activity shorter than this is a noise, not speech. */
@@ -367,9 +390,13 @@ function checkCatalog(
       issue(["models", i, "provider"], `${m.kind} models need an openai or openai-compatible provider`);
     }
     if (m.kind !== "chat" && m.input.length > 0) issue(["models", i, "input"], "only chat models take input kinds");
+    if (m.kind !== "transcription" && m.stream) issue(["models", i, "stream"], "only transcription models stream");
     m.fallbacks.forEach((f, j) => {
       const target = models.get(f);
-      if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);
+      // The embedded engine may close a speech or transcription model's list: it answers when every provider failed.
+      if (m.kind !== "chat" && f === EMBEDDED_MODEL[m.kind]) {
+        if (j !== m.fallbacks.length - 1) issue(["models", i, "fallbacks", j], `${f} (the embedded engine) can only be the last fallback`);
+      } else if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);
       else if (f === m.id) issue(["models", i, "fallbacks", j], "a model cannot be its own fallback");
       else if (target.kind !== m.kind) issue(["models", i, "fallbacks", j], `${f} is a ${target.kind} model, not ${m.kind}`);
     });
@@ -390,6 +417,14 @@ function checkCatalog(
     const model = models.get(a.model);
     if (!model) issue(["agents", i, "model"], `unknown model ${a.model}`);
     else if (model.kind !== "chat") issue(["agents", i, "model"], `${a.model} is not a chat model`);
+    for (const kind of ["speech", "transcription"] as const) {
+      const id = kind === "speech" ? a.speech_model : a.transcription_model;
+      const field = `${kind}_model`;
+      if (id === EMBEDDED_MODEL[kind]) continue;
+      const m = models.get(id);
+      if (!m) issue(["agents", i, field], `unknown model ${id}`);
+      else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
+    }
   });
   if (c.voice.agent !== undefined && !c.agents.some((a) => a.id === c.voice.agent)) issue(["voice", "agent"], `unknown agent ${c.voice.agent}`);
   const ids = new Set([...models.keys(), ...c.agents.map((a) => a.id), "tts-1", "whisper-1"]);
@@ -419,6 +454,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WEBRTC_UDP_PORT: (v) => ({ webrtc: { udpPort: Number(v) } }),
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
+  PERCH_VOICE_STORE_TRANSCRIPTS: (v) => ({ voice: { store_transcripts: v === "true" ? true : v === "false" ? false : (v as unknown as boolean) } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
   PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
   PERCH_TELEMETRY_WRITE_INTERVAL_MS: (v) => ({ telemetry: { writeIntervalMs: Number(v) } }),

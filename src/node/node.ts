@@ -9,8 +9,9 @@ import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
+import { checkVoiceModels } from "../ai/voice-models.ts";
 import { buildInfo } from "../build-info.ts";
-import { type Config, ConfigError } from "../config/config.ts";
+import type { Config } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
 import { encodeKey, privateKeyObject } from "../crypto/keys.ts";
 import { type Clock, systemClock } from "../domain/clock.ts";
@@ -84,15 +85,6 @@ function createLogger(config: Config): Logger {
   return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: 4096 }));
 }
 
-/** An agent's voice (for the device's audio) must be one the speech engine has: checked before anything opens. */
-function checkConfig(config: Config, speech: SpeechEngine | undefined): void {
-  config.agents.forEach((a, i) => {
-    if (a.voice !== undefined && speech && !speech.voices.includes(a.voice)) {
-      throw new ConfigError(`invalid configuration at agents.${i}.voice: unknown voice ${a.voice}; tts-1 has ${speech.voices.join(", ")}`);
-    }
-  });
-}
-
 /** What `Node.build` opened before the node's parts are wired: the store and the event bus. */
 interface Opened {
   logger: Logger;
@@ -141,7 +133,8 @@ export class Node {
     const { config } = o;
     const logger = o.logger ?? createLogger(config);
     const engines = o.engines ?? embeddedEngines(config.engines);
-    checkConfig(config, engines.speech);
+    const { speech, transcription } = engines;
+    checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
     const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
     const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
     const closers = new Closers();
@@ -332,6 +325,7 @@ export class Node {
       await store.deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS);
       await this.domain.live.sweep();
     });
+    this.jobs.every("transcript retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.conversations.sweep());
     this.jobs.every("log flush", LOG_FLUSH_INTERVAL_MS, () => this.logger.flush());
   }
 

@@ -2,6 +2,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import { sql } from "kysely";
 import { BUS_MESSAGE_KEEP_MS, BusMessageRepository } from "./bus-messages.ts";
 import { ContactRepository } from "./contacts.ts";
+import { ConversationRepository } from "./conversations.ts";
 import { type Database, type Db, openDatabase } from "./database.ts";
 import { DeviceTokenRepository } from "./device-tokens.ts";
 import { classify } from "./errors.ts";
@@ -31,6 +32,7 @@ export class Repositories {
   readonly runtime: RuntimeRepository;
   readonly telemetry: TelemetryRepository;
   readonly contacts: ContactRepository;
+  readonly conversations: ConversationRepository;
   readonly locks: LockRepository;
   readonly liveStreams: LiveStreamRepository;
   readonly busMessages: BusMessageRepository;
@@ -45,6 +47,7 @@ export class Repositories {
     this.runtime = new RuntimeRepository(db);
     this.telemetry = new TelemetryRepository(db, dialect, longReads);
     this.contacts = new ContactRepository(db, dialect);
+    this.conversations = new ConversationRepository(db);
     this.locks = new LockRepository(db, dialect);
     this.liveStreams = new LiveStreamRepository(db, dialect);
     this.busMessages = new BusMessageRepository(db, dialect);

@@ -152,6 +152,41 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
         .execute();
     },
   },
+  // Stored voice transcripts (public-api.md, "Conversations"): one row per conversation (a device's
+  // connection) with what the list shows, and its entries in order. Listing reads one index range
+  // (device, start time, id) newest first; a conversation's entries are one primary-key range; the
+  // retention job reads `last_at`. Both go with their device (cascade).
+  "0007_conversations": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("conversations")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("public_key", "text", (c) => c.notNull().references("peers.public_key").onDelete("cascade"))
+        .addColumn("started_at", "bigint", (c) => c.notNull())
+        .addColumn("ended_at", "bigint")
+        .addColumn("last_at", "bigint", (c) => c.notNull())
+        .addColumn("turns", "integer", (c) => c.notNull())
+        .addColumn("entries", "integer", (c) => c.notNull())
+        .addColumn("last_text", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("conversations_peer").on("conversations").columns(["public_key", "started_at", "id"]).execute();
+      await db.schema.createIndex("conversations_last").on("conversations").column("last_at").execute();
+      await db.schema
+        .createTable("conversation_entries")
+        .addColumn("conversation_id", "text", (c) => c.notNull().references("conversations.id").onDelete("cascade"))
+        .addColumn("seq", "integer", (c) => c.notNull())
+        .addColumn("turn", "integer", (c) => c.notNull())
+        .addColumn("role", "text", (c) => c.notNull())
+        .addColumn("text", "text", (c) => c.notNull())
+        .addColumn("at", "bigint", (c) => c.notNull())
+        .addColumn("interrupted", "integer", (c) => c.notNull())
+        .addColumn("tool_name", "text")
+        .addColumn("tool_is_error", "integer")
+        .addPrimaryKeyConstraint("conversation_entries_pk", ["conversation_id", "seq"])
+        .$call((b) => (dialect === "sqlite" ? b.modifyEnd(sql`without rowid`) : b))
+        .execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

@@ -63,4 +63,26 @@ export interface Tables {
     created_at: number;
     updated_at: number;
   };
+  /** A stored voice conversation (one connection of the device); `entries` counts its entries (the next one's `seq`). */
+  conversations: {
+    id: string;
+    public_key: string;
+    started_at: number;
+    ended_at: number | null;
+    last_at: number;
+    turns: number;
+    entries: number;
+    last_text: string;
+  };
+  conversation_entries: {
+    conversation_id: string;
+    seq: number;
+    turn: number;
+    role: string;
+    text: string;
+    at: number;
+    interrupted: number;
+    tool_name: string | null;
+    tool_is_error: number | null;
+  };
 }
