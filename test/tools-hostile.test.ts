@@ -39,7 +39,14 @@ describe("tools: hostile devices", () => {
 
   before(async () => {
     model = await startFakeUpstream();
-    const logger = pino({ level: "info" }, { write: (line: string) => void (log += line) });
+    const logger = pino(
+      { level: "info" },
+      {
+        write: (line: string) => {
+          log += line;
+        },
+      },
+    );
     server = await startTestServer({
       logger,
       config: {

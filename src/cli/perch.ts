@@ -127,7 +127,9 @@ peers
   .action(async (key: string) => {
     const config = loadConfig();
     if (!config.databaseUrl || !/^postgres(ql)?:\/\//.test(config.databaseUrl)) {
-      fail("asking a node needs the PostgreSQL store's event bus (PERCH_DATABASE_URL=postgres://…); with SQLite the device's tools are in the server process only");
+      fail(
+        "asking a node needs the PostgreSQL store's event bus (PERCH_DATABASE_URL=postgres://…); with SQLite the device's tools are in the server process only",
+      );
     }
     const peer = keyArg(key);
     const { Commands } = await import("../events/index.ts");
