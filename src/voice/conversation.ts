@@ -30,8 +30,8 @@ export interface ConversationOptions {
   agent: () => AgentChoice | undefined;
   /** Admits a partial recognition (shared by the process's conversations); undefined when one is already running. */
   partials: { tryAcquire(): (() => void) | undefined };
-  /** The agent's reply to `messages` as text deltas; throws on failure. */
-  reply: (agentId: string, messages: ChatMessage[], signal: AbortSignal) => Promise<AsyncIterable<string>>;
+  /** The agent's reply to `messages` in turn `n` as text deltas; throws on failure. */
+  reply: (agentId: string, messages: ChatMessage[], signal: AbortSignal, n: number) => Promise<AsyncIterable<string>>;
 }
 
 /** Audio kept from before speech was confirmed, so that the recogniser hears the turn's first word. */
@@ -351,7 +351,7 @@ export class Conversation {
     const reply = new Reply({
       n,
       voice: agent.voice,
-      text: (signal) => this.o.reply(agent.id, messages, signal),
+      text: (signal) => this.o.reply(agent.id, messages, signal, n),
       speaker: this.o.speaker,
       resampler: this.o.resampler,
       codec: this.codec,
