@@ -21,6 +21,14 @@ describe("tools: hostile devices", () => {
     const conn = await connect(server);
     return { conn, stream: new RawToolStream(await conn.openStream(SERVICE.TOOLS)) };
   };
+  /** A raw device that has answered initialize and listed `offered`, once Perch has taken them. */
+  const listed = async (offered: unknown[], expected = offered.length) => {
+    const r = await raw();
+    await r.stream.initialize();
+    await r.stream.list(offered);
+    await eventually(() => tools(r.conn).length === expected, 5000, "listed");
+    return r;
+  };
   const tools = (conn: PerchConnection) => server.transport!.deviceTools(conn.publicKey)?.tools.map((t) => t.name) ?? [];
   const ask = (conn: PerchConnection, agent = "talker") =>
     conn.http(2, "POST", "/v1/chat/completions", {
@@ -152,11 +160,8 @@ describe("tools: hostile devices", () => {
     ["a JSON line that is not JSON-RPC", (s: RawToolStream) => s.write('{"hello":"world"}\n')],
   ] as const) {
     test(`${what}: the stream is closed, the device loses its tools, its connection and the node go on`, async () => {
-      const { conn, stream } = await raw();
+      const { conn, stream } = await listed([tool("mine")]);
       try {
-        await stream.initialize();
-        await stream.list([tool("mine")]);
-        await eventually(() => tools(conn).length === 1, 5000, "listed");
         send(stream);
         await stream.whenClosed();
         await eventually(() => tools(conn).length === 0, 5000, "tools gone");
@@ -183,11 +188,8 @@ describe("tools: hostile devices", () => {
   });
 
   test("a device that never answers a call: the call fails as a tool error after tool_timeout_ms, the device is told it is cancelled", async () => {
-    const { conn, stream } = await raw();
+    const { conn, stream } = await listed([tool("slow")]);
     try {
-      await stream.initialize();
-      await stream.list([tool("slow")]);
-      await eventually(() => tools(conn).length === 1, 5000, "listed");
       model.reply({ tool_calls: [{ id: "s", name: "device.slow", arguments: "{}" }] }, { content: "it timed out" });
       const before = model.received.length;
       const res = await ask(conn);
@@ -209,11 +211,8 @@ describe("tools: hostile devices", () => {
   });
 
   test("a caller that goes away cancels the device's call (notifications/cancelled)", async () => {
-    const { conn, stream } = await raw();
+    const { conn, stream } = await listed([tool("slow")]);
     try {
-      await stream.initialize();
-      await stream.list([tool("slow")]);
-      await eventually(() => tools(conn).length === 1, 5000, "listed");
       model.reply({ tool_calls: [{ id: "s", name: "device.slow", arguments: "{}" }] }, { content: "never read" });
       const http = await conn.openStream(SERVICE.COMPATIBLE_API);
       const body = JSON.stringify({ model: "patient", messages: [{ role: "user", content: "go" }] });
@@ -230,10 +229,8 @@ describe("tools: hostile devices", () => {
   });
 
   test("requests from the device to Perch (sampling, roots, elicitation) are answered −32601", async () => {
-    const { conn, stream } = await raw();
+    const { conn, stream } = await listed([tool("x")]);
     try {
-      await stream.initialize();
-      await stream.list([tool("x")]);
       for (const [id, method] of [
         [101, "sampling/createMessage"],
         [102, "roots/list"],
