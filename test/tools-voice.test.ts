@@ -27,7 +27,7 @@ describe("tools in voice conversations", () => {
     upstream = await startFakeUpstream();
     const config = talkerConfig(upstream.url);
     config.agents[0] = { ...config.agents[0]!, tools: ["device.*"] } as (typeof config.agents)[0];
-    server = await startTestServer({ config, ...(process.env.I25_DEBUG ? { logger: (await import("pino")).default({ level: "info" }) } : {}) });
+    server = await startTestServer({ config });
   });
 
   after(async () => {
