@@ -10,7 +10,8 @@
  *   `transcription` stage.)
  * - Reads at 1,000,000 stored entries of one device (50,000 conversations of 20 entries), on
  *   SQLite and on PostgreSQL: the first page, a page deep in the list (by its cursor), and one
- *   conversation, each over HTTP one at a time.
+ *   conversation, each over HTTP one at a time; beside them `GET /side-control/status` with the
+ *   same bearer (what any Side Control read costs here) and the list's store reads alone.
  *
  * Sizes: BENCH_CONV_DEVICES (50), BENCH_CONV_INTERVAL_MS (1000: an entry per device this often),
  * BENCH_CONV_ENTRIES (1000000), BENCH_CONV_READS (200).
@@ -184,7 +185,7 @@ async function fill(store: "sqlite" | "postgres", dir: string, databaseUrl: stri
   const c = new pg.Client({ connectionString: databaseUrl });
   await c.connect();
   try {
-    const ns = `with ns as (select n, lpad(n::text, 9, '0') as lpad_n from generate_series(0, ${conversations - 1}) n),
+    const ns = `with ns as (select n, lpad(n::text, 9, '0') as lpad_n from generate_series(0::bigint, ${conversations - 1}) n),
       ss as (select s from generate_series(0, ${PER_CONVERSATION - 1}) s) `;
     for (const s of statements) await c.query(ns + s);
     await c.query("analyze conversations; analyze conversation_entries");
@@ -232,6 +233,11 @@ async function reads(store: "sqlite" | "postgres", databaseUrl: string | undefin
       first_page_ms: await timed(READS, async () => void (await get<Page>("/side-control/conversations"))),
       deep_page_ms: await timed(READS, async () => void (await get<Page>(`/side-control/conversations?limit=100&cursor=${cursor}`))),
       one_conversation_ms: await timed(READS, async () => void (await get(`/side-control/conversations/${middleId}`))),
+      // Side by side: the same bearer's cheapest Side Control read (the HTTP, session and load share of the figures above) ...
+      baseline_status_ms: await timed(READS, async () => void (await get("/side-control/status"))),
+      // ... and the list's own store reads, without HTTP.
+      store_first_page_ms: await timed(READS, async () => void (await server.domain.conversations.list(key, undefined))),
+      store_deep_page_ms: await timed(READS, async () => void (await server.domain.conversations.list(key, cursor, 100))),
       goal_p50_ms: 20,
     };
   } finally {
