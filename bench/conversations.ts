@@ -51,7 +51,8 @@ async function node(dir: string, databaseUrl: string | undefined, nodeName: stri
       ...(databaseUrl ? { databaseUrl } : {}),
     },
   );
-  return startServer({ config });
+  // No speech engines: their models would load (on every core) while the reads are measured.
+  return startServer({ config, engines: {} });
 }
 
 /** A registered device on `a` and a phone's Side Control bearer for it. */
@@ -194,14 +195,17 @@ async function fill(store: "sqlite" | "postgres", dir: string, databaseUrl: stri
   }
 }
 
-async function timed(n: number, fn: () => Promise<void>): Promise<{ p50: number; p99: number }> {
-  const ms: number[] = [];
+/** Each of `runs` timed `n` times, taking turns; percentiles per run. */
+async function sideBySide(n: number, runs: Record<string, () => Promise<void>>): Promise<Record<string, { p50: number; p99: number }>> {
+  const ms: Record<string, number[]> = Object.fromEntries(Object.keys(runs).map((k) => [k, []]));
   for (let i = 0; i < n; i++) {
-    const t = performance.now();
-    await fn();
-    ms.push(performance.now() - t);
+    for (const [name, fn] of Object.entries(runs)) {
+      const t = performance.now();
+      await fn();
+      ms[name]!.push(performance.now() - t);
+    }
   }
-  return percentiles(ms);
+  return Object.fromEntries(Object.entries(ms).map(([k, v]) => [k, percentiles(v)]));
 }
 
 async function reads(store: "sqlite" | "postgres", databaseUrl: string | undefined) {
@@ -227,17 +231,21 @@ async function reads(store: "sqlite" | "postgres", databaseUrl: string | undefin
     const cursor = Buffer.from(JSON.stringify([rows!.started_at, rows!.id])).toString("base64url");
     const first = await get<Page>("/side-control/conversations");
     if (first.items.length !== 20) throw new Error("the first page is not full");
+    // Round-robin, so that whatever else the machine does weighs on each alike.
+    const figures = await sideBySide(READS, {
+      first_page_ms: async () => void (await get<Page>("/side-control/conversations")),
+      deep_page_ms: async () => void (await get<Page>(`/side-control/conversations?limit=100&cursor=${cursor}`)),
+      one_conversation_ms: async () => void (await get(`/side-control/conversations/${middleId}`)),
+      // The same bearer's cheapest Side Control read: what HTTP, the session and the machine's load add to each.
+      baseline_status_ms: async () => void (await get("/side-control/status")),
+      // The list's own store reads, without HTTP.
+      store_first_page_ms: async () => void (await server.domain.conversations.list(key, undefined)),
+      store_deep_page_ms: async () => void (await server.domain.conversations.list(key, cursor, 100)),
+    });
     return {
       name: `${store}: reads at ${ENTRIES.toLocaleString("en")} stored entries of one device (${ENTRIES / PER_CONVERSATION} conversations)`,
       fill_s: Math.round(fillS * 10) / 10,
-      first_page_ms: await timed(READS, async () => void (await get<Page>("/side-control/conversations"))),
-      deep_page_ms: await timed(READS, async () => void (await get<Page>(`/side-control/conversations?limit=100&cursor=${cursor}`))),
-      one_conversation_ms: await timed(READS, async () => void (await get(`/side-control/conversations/${middleId}`))),
-      // Side by side: the same bearer's cheapest Side Control read (the HTTP, session and load share of the figures above) ...
-      baseline_status_ms: await timed(READS, async () => void (await get("/side-control/status"))),
-      // ... and the list's own store reads, without HTTP.
-      store_first_page_ms: await timed(READS, async () => void (await server.domain.conversations.list(key, undefined))),
-      store_deep_page_ms: await timed(READS, async () => void (await server.domain.conversations.list(key, cursor, 100))),
+      ...figures,
       goal_p50_ms: 20,
     };
   } finally {
