@@ -97,7 +97,7 @@ async function run(kind: "sqlite" | "postgres"): Promise<Record<string, unknown>
         // The node that takes the DELETE ends its own streams before it answers: timed from the request sent.
         const committed = action === "DELETE /side-control/session" ? sent : performance.now();
         const ends = await Promise.all(streams.map((s) => s.ended));
-        ends.forEach((end, i) => times[i]!.push(end - committed));
+        for (const [i, end] of ends.entries()) times[i]!.push(end - committed);
         for (const s of streams) s.close();
       }
       results[action] = Object.fromEntries(
