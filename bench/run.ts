@@ -4,6 +4,7 @@ import { eventsBench } from "./events.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { speechBench } from "./speech.ts";
+import { telemetryIngestBench } from "./telemetry-ingest.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcHealthBench } from "./webrtc-health.ts";
@@ -16,6 +17,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   "webrtc-health": webrtcHealthBench,
   outage: outageBench,
   events: eventsBench,
+  "telemetry-ingest": telemetryIngestBench,
   voice: voiceBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));

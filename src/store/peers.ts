@@ -10,10 +10,13 @@ const peerByKey = compiled((db, key: string) => db.selectFrom("peers").selectAll
 export class PeerRepository {
   private readonly db: Db;
   private readonly dialect: DialectName;
+  /** Told of every write that can end a session's authentication (status, removal). */
+  private readonly authChanged: () => void;
 
-  constructor(db: Db, dialect: DialectName) {
+  constructor(db: Db, dialect: DialectName, authChanged: () => void = () => {}) {
     this.db = db;
     this.dialect = dialect;
+    this.authChanged = authChanged;
   }
 
   async get(publicKey: string): Promise<PeerRow | undefined> {
@@ -44,6 +47,7 @@ export class PeerRepository {
   }
 
   async setStatus(publicKey: string, status: string, now: number): Promise<boolean> {
+    this.authChanged();
     const r = await this.db.updateTable("peers").set({ status, updated_at: now }).where("public_key", "=", publicKey).executeTakeFirst();
     return r.numUpdatedRows > 0n;
   }
@@ -79,6 +83,7 @@ export class PeerRepository {
    * a controller of other devices are not the other devices' data, so they are deleted here.
    */
   async remove(publicKey: string): Promise<boolean> {
+    this.authChanged();
     const r = await this.db.deleteFrom("peers").where("public_key", "=", publicKey).executeTakeFirst();
     if (r.numDeletedRows === 0n) return false;
     await this.db.deleteFrom("sessions").where("public_key", "=", publicKey).execute();

@@ -15,8 +15,14 @@ export class StatusRepository {
   }
 
   async get(publicKey: string): Promise<Record<string, unknown> | undefined> {
+    const text = await this.getText(publicKey);
+    return text === undefined ? undefined : (JSON.parse(text) as Record<string, unknown>);
+  }
+
+  /** The document as stored: JSON text, written only by `put` (so already what a reader would serialise). */
+  async getText(publicKey: string): Promise<string | undefined> {
     const [row] = await documentByKey(this.db, this.dialect, publicKey);
-    return row ? (JSON.parse(row.document) as Record<string, unknown>) : undefined;
+    return row?.document;
   }
 
   /**
