@@ -53,6 +53,7 @@ for (const entry of STORES) {
         // Every frame has arrived and waits in the writer: none is stored before close().
         await eventually(() => server.transport!.telemetry.heldSamples === 20, 10_000, "the frames held");
         assert.equal(await storedSamples(server.store, conn.publicKey), 0, "nothing stored before close()");
+        const closedAt = Date.now();
         await server.stop();
         stopped = true;
         const store = await Store.open(databaseUrl, dataDir, { readWorkers: 0 });
@@ -60,6 +61,7 @@ for (const entry of STORES) {
           assert.equal(await storedSamples(store, conn.publicKey), 20, "every frame received is stored");
           const row = await store.read((r) => r.runtime.getWithBeat(conn.publicKey));
           assert.deepEqual([row?.online, row?.beat_at], [0, null]);
+          assert.ok((row?.last_seen_at ?? 0) >= closedAt, "seen until the node left");
         } finally {
           await store.close();
         }

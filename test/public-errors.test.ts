@@ -619,6 +619,10 @@ const SIDE_CONTROL_ROUTES: BearerRoute[] = [
   { method: "GET", template: "/side-control/contacts/{name}", path: "/side-control/contacts/nobody", ok: 404 },
   { method: "PUT", template: "/side-control/contacts/{name}", path: "/side-control/contacts/nobody", json: { display_name: "N" }, ok: 404 },
   { method: "DELETE", template: "/side-control/contacts/{name}", path: "/side-control/contacts/nobody", ok: 404 },
+  { method: "GET", template: "/side-control/conversations", path: "/side-control/conversations", ok: 200 },
+  { method: "GET", template: "/side-control/conversations/{id}", path: "/side-control/conversations/none", ok: 404 },
+  { method: "DELETE", template: "/side-control/conversations/{id}", path: "/side-control/conversations/none", ok: 404 },
+  { method: "DELETE", template: "/side-control/conversations", path: "/side-control/conversations", ok: 204 },
 ];
 
 describe("bearer routes: every wrong principal on every route", () => {
@@ -637,7 +641,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     }
     const table = [...ME_ROUTES, ...SIDE_CONTROL_ROUTES].map((r) => `${r.method} ${r.template}`);
     assert.deepEqual([...table].sort(), [...documented].sort());
-    assert.equal(new Set(table).size, 21);
+    assert.equal(new Set(table).size, 25);
   });
 
   test("anonymous, unknown, wrong kind, revoked, mismatched key, then expired: refused everywhere, nothing written", async () => {

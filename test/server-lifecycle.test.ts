@@ -1,10 +1,10 @@
-/** `buildServer` opens and builds without listening; `listen()` listens once; each half closes what it opened. */
+/** `Node.build` opens and wires without listening; `listen()` listens once; `close()` closes what the steps reached. */
 import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { test } from "node:test";
 import { loadConfig } from "../src/config/config.ts";
-import { buildServer } from "../src/server.ts";
+import { Node } from "../src/server.ts";
 import { STORES, tempDir } from "./support/server.ts";
 
 /** A TCP port on the loopback address that no socket holds right now. */
@@ -27,7 +27,7 @@ for (const entry of STORES) {
         { port, host: "127.0.0.1", dataDir, logLevel: "silent", webrtc: { enabled: false }, ...(databaseUrl ? { databaseUrl } : {}) },
       );
 
-      const built = await buildServer({ config });
+      const built = await Node.build({ config });
       assert.equal(built.httpServer.listening, false);
       await assert.rejects(fetch(`http://127.0.0.1:${port}/healthz`), "nothing accepts on the port before listen()");
       // The store is open and usable before listening.
@@ -39,10 +39,12 @@ for (const entry of STORES) {
         assert.equal(running.url, `http://127.0.0.1:${port}`);
         assert.equal((await fetch(`${running.url}/healthz`)).status, 200);
         await assert.rejects(built.listen(), /already called/);
-        await assert.rejects(built.close(), /listens/);
       } finally {
+        // The node's close and the running server's are one shutdown.
+        assert.equal(built.close(), running.close());
         await running.close();
       }
+      await assert.rejects(built.listen(), /already called/, "a closed node does not listen again");
       await assert.rejects(fetch(`http://127.0.0.1:${port}/healthz`), "closed: nothing accepts");
       await assert.rejects(
         running.store.read((r) => r.sessions.countLive(Date.now())),
@@ -50,7 +52,7 @@ for (const entry of STORES) {
       );
 
       // A node built and never listened: close() closes its store.
-      const idle = await buildServer({ config });
+      const idle = await Node.build({ config });
       await idle.close();
       await assert.rejects(
         idle.store.read((r) => r.sessions.countLive(Date.now())),

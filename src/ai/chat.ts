@@ -1,6 +1,6 @@
-import type { Domain } from "../domain/index.ts";
 import type { ChatCompletion, ChatRequest } from "../protocol/compat.ts";
 import { AgentRunner } from "./agents/agent.ts";
+import type { Toolbox, ToolObserver } from "./agents/toolbox.ts";
 import type { Caller } from "./caller.ts";
 import type { Catalog, CatalogEntry } from "./catalog.ts";
 import { GenerationError } from "./errors.ts";
@@ -12,7 +12,7 @@ export type ChatResult = { kind: "completion"; completion: ChatCompletion } | { 
 export interface ChatServiceOptions {
   router: ChatRouter;
   catalog: Catalog;
-  domain: Domain;
+  tools: Toolbox;
 }
 
 /** Chat completions for a caller: resolves the model or agent, checks what it accepts, and runs it. */
@@ -24,7 +24,7 @@ export class ChatService {
   constructor(o: ChatServiceOptions) {
     this.catalog = o.catalog;
     this.router = o.router;
-    this.agents = new AgentRunner(this.router, o.domain);
+    this.agents = new AgentRunner(this.router, o.tools);
   }
 
   /** The chat model or agent `id` as `caller` may use it; throws `model_not_found` otherwise. */
@@ -45,13 +45,14 @@ export class ChatService {
     return entry;
   }
 
-  async chat(caller: Caller, request: ChatRequest, signal: AbortSignal): Promise<ChatResult> {
+  /** `observer` sees an agent's tool calls as they run. */
+  async chat(caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver): Promise<ChatResult> {
     const entry = this.resolve(caller, request.model);
     checkParts(request, entry.model.input);
     const o = { signal, publicModel: entry.id };
     if (entry.kind === "agent") {
       if (request.tools?.length) throw new GenerationError("invalid", "an agent runs its own tools: `tools` cannot be given with an agent", { param: "tools" });
-      const run = { agent: entry.agent, model: entry.model, caller, request, signal };
+      const run = { agent: entry.agent, model: entry.model, caller, request, signal, observer };
       return request.stream ? { kind: "stream", stream: await this.agents.stream(run) } : { kind: "completion", completion: await this.agents.complete(run) };
     }
     return request.stream

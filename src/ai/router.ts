@@ -1,6 +1,7 @@
-import type { Config, ModelConfig, ProviderConfig } from "../config/config.ts";
+import { type Config, EMBEDDED_SPEECH_MODEL, EMBEDDED_TRANSCRIPTION_MODEL, type ModelConfig, type ProviderConfig } from "../config/config.ts";
 import type { ChatCompletion } from "../protocol/compat.ts";
 import { GenerationError } from "./errors.ts";
+import type { InFlight } from "./in-flight.ts";
 import { AiSdkProvider } from "./providers/ai-sdk.ts";
 import { OpenAIProvider, type RawAnswer } from "./providers/openai.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest } from "./providers/provider.ts";
@@ -44,28 +45,47 @@ export class ChatRouter {
     return this.attempt(model, o.signal, (provider, upstream) => provider.stream({ ...request, model: upstream }, o));
   }
 
-  /** A speech or transcription call relayed to the model's OpenAI-style provider (`path`: `/audio/speech`, `/audio/transcriptions`). */
+  /**
+   * A speech or transcription call relayed to the model's OpenAI-style provider (`path`:
+   * `/audio/speech`, `/audio/transcriptions`), with the model that answered (one of the fallbacks,
+   * maybe). Resolves once the answer's first bytes are in (and `o.accept` took them).
+   */
   relay(
     model: ModelConfig,
     path: string,
-    body: (upstreamModel: string) => { body: string | Buffer; contentType: string },
+    body: (upstreamModel: string, model: ModelConfig) => { body: string | Buffer; contentType: string },
     signal: AbortSignal,
-  ): Promise<RawAnswer> {
-    return this.attempt(model, signal, (provider, upstream) => {
+    o: RelayOptions = {},
+  ): Promise<RawAnswer & { model: ModelConfig }> {
+    return this.attempt(model, signal, async (provider, upstream, m) => {
       if (!(provider instanceof OpenAIProvider)) throw new GenerationError("invalid", `\`${model.id}\` has no provider for ${path}`, { param: "model" });
-      const b = body(upstream);
-      return provider.relay(path, b.body, b.contentType, signal);
+      const release = o.inFlight ? acquire(o.inFlight, this.providers.get(m.provider)!.config) : undefined;
+      let answer: RawAnswer;
+      try {
+        const b = body(upstream, m);
+        answer = await provider.relay(path, b.body, b.contentType, signal);
+        if (o.accept) answer = await o.accept(answer);
+      } catch (err) {
+        release?.();
+        throw err;
+      }
+      return { ...answer, body: release ? releasing(answer.body, release) : answer.body, model: m };
     });
   }
 
-  private async attempt<T>(model: ModelConfig, signal: AbortSignal, call: (provider: ChatProvider, upstreamModel: string) => Promise<T>): Promise<T> {
-    const chain = [model, ...model.fallbacks.map((id) => this.models.get(id)!)];
+  private async attempt<T>(
+    model: ModelConfig,
+    signal: AbortSignal,
+    call: (provider: ChatProvider, upstreamModel: string, model: ModelConfig) => Promise<T>,
+  ): Promise<T> {
+    // The embedded engine a speech or transcription model may fall back to last is not a provider's: its caller runs it.
+    const chain = [model, ...model.fallbacks.flatMap((id) => this.models.get(id) ?? [])];
     let last: ProviderError | undefined;
     for (const m of chain) {
       const { config, provider } = this.providers.get(m.provider)!;
       for (let attempt = 0; ; attempt++) {
         try {
-          return await call(provider, m.upstream_model);
+          return await call(provider, m.upstream_model, m);
         } catch (err) {
           if (signal.aborted) throw signal.reason;
           if (!(err instanceof ProviderError)) throw err;
@@ -88,6 +108,39 @@ export class ChatRouter {
       throw new GenerationError("upstream_timeout", `the model provider did not answer in time: ${last.message}`, { code: "upstream_timeout" });
     throw new GenerationError("upstream_failed", `the model provider failed: ${last?.message ?? "no provider"}`, { code: "upstream_error" });
   }
+}
+
+export interface RelayOptions {
+  /** Bounds the calls in flight per provider (`voice_max_in_flight`): a provider at its bound is passed over like a failed one. */
+  inFlight?: InFlight;
+  /** Checks the answer (its type, its first bytes); a ProviderError it throws moves on to the next fallback. It closes the answer it refuses. */
+  accept?: (answer: RawAnswer) => Promise<RawAnswer>;
+}
+
+/** One more voice call to `provider`, or a failure that moves on to the next fallback. */
+function acquire(inFlight: InFlight, provider: ProviderConfig): () => void {
+  const release = inFlight.tryAcquire(provider.id, provider.voice_max_in_flight);
+  if (!release) throw new ProviderError(`provider ${provider.id} has ${provider.voice_max_in_flight} voice calls in flight already`, { retryable: false });
+  return release;
+}
+
+/** `body`, calling `release` once it ends, fails or is left. */
+async function* releasing(body: AsyncIterable<Uint8Array>, release: () => void): AsyncGenerator<Uint8Array> {
+  try {
+    yield* body;
+  } finally {
+    release();
+  }
+}
+
+/**
+ * Whether the embedded engine should answer for `model` after `err`: it closes the model's
+ * fallbacks and every provider failed (not refused the request itself, nor was the call cancelled).
+ */
+export function embeddedFallback(model: ModelConfig, err: unknown): boolean {
+  const last = model.fallbacks.at(-1);
+  if (last === undefined || model.kind === "chat" || last !== (model.kind === "speech" ? EMBEDDED_SPEECH_MODEL : EMBEDDED_TRANSCRIPTION_MODEL)) return false;
+  return err instanceof GenerationError && (err.kind === "upstream_failed" || err.kind === "upstream_timeout" || err.kind === "rate_limited");
 }
 
 /** Exponential back-off with full jitter, or the provider's `Retry-After`; undefined when that is too long to wait. */

@@ -5,6 +5,7 @@ import { wavFile } from "../audio/samples.ts";
 import type { KeyPair } from "../crypto/keys.ts";
 import { ClientGetIdentifiersResponseSchema, ClientGetInfoResponseSchema, RpcMethod, ServerPutInfoRequestSchema } from "../protocol/gen/rpc_pb.ts";
 import type { RpcHandlers } from "../protocol/rpc.ts";
+import type { DeviceTool } from "../sdk/tools.ts";
 import { OfferError, PerchConnection } from "../sdk/webrtc.ts";
 
 interface ConnectOptions {
@@ -20,7 +21,35 @@ interface ConnectOptions {
   say?: string;
   voice: string;
   replyWav?: string;
+  tool: string[];
 }
+
+/** The demo tools `--tool` offers, each given the terminal's printer. */
+const DEMO_TOOLS: Record<string, (say: (what: string, detail?: Record<string, unknown>) => void) => DeviceTool[]> = {
+  volume: (say) => {
+    // The device's volume, kept in memory: what a speaker's firmware would set.
+    let level = 5;
+    say("volume", { level });
+    return [
+      {
+        name: "set_volume",
+        description: "Sets the device's speaker volume, from 0 (silent) to 10 (loudest).",
+        inputSchema: { type: "object", properties: { level: { type: "integer", minimum: 0, maximum: 10 } }, required: ["level"] },
+        handler: (args) => {
+          level = args.level as number;
+          say("volume set", { level });
+          return `The volume is now ${level}.`;
+        },
+      },
+      {
+        name: "get_volume",
+        description: "The device's speaker volume now, from 0 (silent) to 10 (loudest).",
+        inputSchema: { type: "object", properties: {} },
+        handler: () => `The volume is ${level}.`,
+      },
+    ];
+  },
+};
 
 /**
  * `perch device connect`: a device from the terminal over WebRTC. It reports telemetry every N
@@ -42,8 +71,15 @@ export function registerConnectCommand(device: Command, load: () => { server: st
     .option("--say <text>", "speak this (synthesised) into the microphone, print the conversation's events, and leave after the reply")
     .option("--voice <name>", "the voice --say speaks with (alloy, echo, fable, onyx, nova, shimmer)", "nova")
     .option("--reply-wav <file>", "with --say: save what the device heard as a WAV file")
+    .option(
+      "--tool <name>",
+      `offer a demo tool to the server's agents over service stream 3 (${Object.keys(DEMO_TOOLS).join(", ")}); repeatable`,
+      (v: string, all: string[]) => [...all, v],
+      [],
+    )
     .action(async (opts: ConnectOptions) => {
       if (opts.replyWav && opts.say === undefined) fail("--reply-wav needs --say");
+      for (const t of opts.tool) if (!DEMO_TOOLS[t]) fail(`unknown --tool ${t}; tools: ${Object.keys(DEMO_TOOLS).join(", ")}`);
       const { server, keyPair } = load();
       const say = (what: string, detail: Record<string, unknown> = {}) =>
         process.stdout.write(`${new Date().toISOString()} ${what}${Object.keys(detail).length ? ` ${JSON.stringify(detail)}` : ""}\n`);
@@ -73,6 +109,11 @@ export function registerConnectCommand(device: Command, load: () => { server: st
         const value = { ...(opts.name !== undefined ? { name: opts.name } : {}), ...(opts.emoji !== undefined ? { emoji: opts.emoji } : {}) };
         await conn.call(RpcMethod.SERVER_INFO_PUT, toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value })));
         say("server.info.put", value);
+      }
+      if (opts.tool.length) {
+        const tools = opts.tool.flatMap((t) => DEMO_TOOLS[t]!(say));
+        await conn.offerTools(tools);
+        say("tools offered over service 3", { tools: tools.map((t) => `device.${t.name}`) });
       }
       const me = await conn.http(1, "GET", "/me");
       say("GET /me over stream 1", { status: me.status, body: me.json() });

@@ -135,8 +135,20 @@ peers
     }),
   );
 peers
+  .command("transcripts <key>")
+  .description("print the device's stored voice conversations with their entries, newest first; --delete deletes them all for good")
+  .option("--delete", "delete every stored conversation of the device")
+  .action((key: string, opts: { delete?: boolean }) =>
+    withDomain(async (d) => {
+      const publicKey = keyArg(key);
+      if ((await d.peers.voiceAgent(publicKey)) === undefined) fail(`no registered peer ${key}`);
+      if (opts.delete) print({ public_key: publicKey, deleted: await d.conversations.deleteAll(publicKey) });
+      else print({ public_key: publicKey, stored: d.conversations.storing, conversations: await d.conversations.transcripts(publicKey) });
+    }),
+  );
+peers
   .command("remove <key>")
-  .description("remove the peer with its sessions, tokens, status, telemetry and contacts")
+  .description("remove the peer with its sessions, tokens, status, telemetry, contacts and stored conversations")
   .action((key: string) =>
     withDomain(async (d) => {
       if (!(await d.peers.remove(keyArg(key)))) fail(`no registered peer ${key}`);

@@ -53,8 +53,12 @@ const TrustProxy = z.union([z.string(), z.array(z.string()), z.boolean()]).trans
 
 const ID = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/, "must be 1–128 letters, digits or . _ : / -");
 
-/** Names of the tools an agent may list (see src/ai/agents/tools.ts). */
+/** The built-in tools an agent may list (see src/ai/agents/tools.ts). */
 export const AGENT_TOOLS = ["device_status", "device_runtime", "device_telemetry", "contacts_list"] as const;
+/** A tool's name as MCP offers it (tools.md §1). */
+export const TOOL_NAME = /^[a-zA-Z0-9_.-]{1,64}$/;
+/** An `agents[].tools` entry naming MCP tools: `device.<name>` or `<server id>.<name>`, `*` a wildcard within the name. */
+const TOOL_PATTERN = /^([A-Za-z0-9_-]{1,64})\.([a-zA-Z0-9_.*-]{1,64})$/;
 
 const ProviderConfig = z.strictObject({
   id: ID,
@@ -70,7 +74,22 @@ const ProviderConfig = z.strictObject({
   max_retries: z.number().int().min(0).max(10).default(2),
   /** First back-off; doubled on each retry (with jitter), or the provider's `Retry-After` when shorter than 10 s. */
   retry_backoff_ms: z.number().int().min(0).max(60_000).default(250),
+  /** Voice conversations' calls (synthesis, recognition) in flight to this provider at once; one more fails its turn at once. */
+  voice_max_in_flight: z.number().int().min(1).max(10_000).default(32),
+  /**
+   * Whether the provider takes dots in tool names. OpenAI and Anthropic refuse them: their models
+   * see `device.set_volume` as `device__set_volume` (tools.md §1) and Perch maps the name back.
+   */
+  dotted_tool_names: z.boolean().optional(),
 });
+
+/** The embedded engines' model ids: always in the catalog when the engine exists. */
+export const EMBEDDED_SPEECH_MODEL = "tts-1";
+export const EMBEDDED_TRANSCRIPTION_MODEL = "whisper-1";
+const EMBEDDED_MODEL = { speech: EMBEDDED_SPEECH_MODEL, transcription: EMBEDDED_TRANSCRIPTION_MODEL } as const;
+
+/** A BCP-47 language tag (`es`, `pt-BR`, `zh-Hans`): its first subtag is the language. */
+const LanguageTag = z.string().regex(/^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$/, "must be a BCP-47 language tag such as es or pt-BR");
 
 const ModelConfig = z.strictObject({
   id: ID,
@@ -80,15 +99,46 @@ const ModelConfig = z.strictObject({
   fallbacks: z.array(ID).default([]),
   /** Content parts a chat model accepts besides text. */
   input: z.array(z.enum(["image", "audio"])).default([]),
+  /** A transcription model whose provider streams partial text (`transcript.text.delta` events). */
+  stream: z.boolean().default(false),
 });
 
 const AgentConfig = z.strictObject({
   id: ID,
   model: ID,
   instructions: z.string().default(""),
+  /** The voice of the agent's speech model, passed to it as is. */
   voice: z.string().min(1).optional(),
-  tools: z.array(z.enum(AGENT_TOOLS)).default([]),
+  /** The speech model (kind `speech`) a conversation's replies are spoken with. */
+  speech_model: ID.default(EMBEDDED_SPEECH_MODEL),
+  /** The transcription model (kind `transcription`) a conversation's turns are heard with. */
+  transcription_model: ID.default(EMBEDDED_TRANSCRIPTION_MODEL),
+  /** The language the device's user speaks, sent to the transcription model. */
+  language: LanguageTag.optional(),
+  /** Built-in tool names, `device.*` / `device.<name>` (the calling device's own), `<server id>.<name>` with `*` as a wildcard (tools.md §2). */
+  tools: z
+    .array(
+      z.string().refine((t) => (AGENT_TOOLS as readonly string[]).includes(t) || TOOL_PATTERN.test(t), {
+        message: `must be a built-in tool (${AGENT_TOOLS.join(", ")}), device.* or device.<name>, or <server id>.<name> (* a wildcard)`,
+      }),
+    )
+    .default([]),
+  /** How long a device or MCP server tool call may take before it fails as a tool error. */
+  tool_timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
   max_steps: z.number().int().min(1).max(32).default(4),
+});
+
+/** An MCP server whose tools agents may use (Streamable HTTP; tools.md §2). */
+const McpServerConfig = z.strictObject({
+  id: z
+    .string()
+    .regex(/^[A-Za-z0-9_-]{1,64}$/, "must be 1–64 letters, digits, _ or -")
+    .refine((id) => id !== "device", "device names the calling device's own tools"),
+  url: z.url({ protocol: /^https?$/ }),
+  /** Header name → the environment variable holding its value (values never written in the file). */
+  headers_env: z.record(z.string().regex(/^[A-Za-z0-9-]{1,128}$/, "must be a header name"), z.string().min(1)).default({}),
+  /** Connecting, listing and each call wait at most this long. */
+  timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
 });
 
 const ApiKeyConfig = z.strictObject({
@@ -105,7 +155,7 @@ const ApiKeyConfig = z.strictObject({
 });
 
 const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
-const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, turn: TURN_DEFAULTS };
+const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, store_transcripts: false, transcript_retention_days: 30, turn: TURN_DEFAULTS };
 
 /** Voice conversations over a connected device's audio (voice.md). */
 const VoiceConfig = z.strictObject({
@@ -115,6 +165,10 @@ const VoiceConfig = z.strictObject({
   barge_in: z.boolean().default(true),
   /** Turns of history kept per conversation (in memory, for the connection's life). */
   history_turns: z.number().int().min(1).max(200).default(20),
+  /** Conversations' transcripts are stored for the device's Side Control (public-api.md, "Conversations"); off, they are only live. */
+  store_transcripts: z.boolean().default(false),
+  /** Stored conversations are deleted this many days after their last entry. */
+  transcript_retention_days: z.number().int().min(1).max(3_650).default(30),
   turn: z
     .strictObject({
       /** Voice activity shorter than this is a noise, not speech. */
@@ -132,6 +186,13 @@ export type ModelConfig = z.infer<typeof ModelConfig>;
 export type AgentConfig = z.infer<typeof AgentConfig>;
 export type ApiKeyConfig = z.infer<typeof ApiKeyConfig>;
 export type VoiceConfig = z.infer<typeof VoiceConfig>;
+export type McpServerConfig = z.infer<typeof McpServerConfig>;
+
+/** Splits an `agents[].tools` entry naming MCP tools into its source (`device` or a server id) and name pattern. */
+export function toolPattern(entry: string): { source: string; name: string } | undefined {
+  const m = TOOL_PATTERN.exec(entry);
+  return m ? { source: m[1]!, name: m[2]! } : undefined;
+}
 
 /** Every setting. A config file (YAML or JSON) supplies any of them; environment variables win. */
 export const ConfigSchema = z
@@ -186,7 +247,7 @@ export const ConfigSchema = z
         livenessQuietMs: z.number().int().min(500).max(60_000).default(5_000),
         /** A device that does not answer that ping within this is taken as gone and its connection closed. */
         livenessProbeTimeoutMs: z.number().int().min(500).max(60_000).default(5_000),
-        /** On SQLite: how often the node looks for another process's commit (a peer blocked or removed with the command line). */
+        /** On SQLite: how often the node looks for another process's commit (a session revoked, a peer blocked or removed with the command line). */
         peerPollMs: z.number().int().min(0).max(60_000).default(500),
         /** How often the node checks which of its peers connected to another node since (replacement across nodes). */
         ownershipCheckMs: z.number().int().min(100).max(60_000).default(2_000),
@@ -268,6 +329,7 @@ export const ConfigSchema = z
     providers: z.array(ProviderConfig).default([]),
     models: z.array(ModelConfig).default([]),
     agents: z.array(AgentConfig).default([]),
+    mcp_servers: z.array(McpServerConfig).default([]),
     api_keys: z.array(ApiKeyConfig).default([]),
     voice: VoiceConfig.default(VOICE_DEFAULTS),
   })
@@ -275,7 +337,14 @@ export const ConfigSchema = z
 
 /** Cross-references of the Compatible API's catalog: every id it names must exist, with the right kind. */
 function checkCatalog(
-  c: { providers: ProviderConfig[]; models: ModelConfig[]; agents: AgentConfig[]; api_keys: ApiKeyConfig[]; voice: VoiceConfig },
+  c: {
+    providers: ProviderConfig[];
+    models: ModelConfig[];
+    agents: AgentConfig[];
+    mcp_servers: McpServerConfig[];
+    api_keys: ApiKeyConfig[];
+    voice: VoiceConfig;
+  },
   ctx: z.RefinementCtx,
 ): void {
   const issue = (path: (string | number)[], message: string) => ctx.addIssue({ code: "custom", path, message });
@@ -321,17 +390,41 @@ function checkCatalog(
       issue(["models", i, "provider"], `${m.kind} models need an openai or openai-compatible provider`);
     }
     if (m.kind !== "chat" && m.input.length > 0) issue(["models", i, "input"], "only chat models take input kinds");
+    if (m.kind !== "transcription" && m.stream) issue(["models", i, "stream"], "only transcription models stream");
     m.fallbacks.forEach((f, j) => {
       const target = models.get(f);
-      if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);
+      // The embedded engine may close a speech or transcription model's list: it answers when every provider failed.
+      if (m.kind !== "chat" && f === EMBEDDED_MODEL[m.kind]) {
+        if (j !== m.fallbacks.length - 1) issue(["models", i, "fallbacks", j], `${f} (the embedded engine) can only be the last fallback`);
+      } else if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);
       else if (f === m.id) issue(["models", i, "fallbacks", j], "a model cannot be its own fallback");
       else if (target.kind !== m.kind) issue(["models", i, "fallbacks", j], `${f} is a ${target.kind} model, not ${m.kind}`);
+    });
+  });
+  unique(
+    c.mcp_servers.map((m) => m.id),
+    "mcp_servers",
+    "id",
+  );
+  const servers = new Set(c.mcp_servers.map((m) => m.id));
+  c.agents.forEach((a, i) => {
+    a.tools.forEach((t, j) => {
+      const p = toolPattern(t);
+      if (p && p.source !== "device" && !servers.has(p.source)) issue(["agents", i, "tools", j], `unknown MCP server ${p.source} (mcp_servers)`);
     });
   });
   c.agents.forEach((a, i) => {
     const model = models.get(a.model);
     if (!model) issue(["agents", i, "model"], `unknown model ${a.model}`);
     else if (model.kind !== "chat") issue(["agents", i, "model"], `${a.model} is not a chat model`);
+    for (const kind of ["speech", "transcription"] as const) {
+      const id = kind === "speech" ? a.speech_model : a.transcription_model;
+      const field = `${kind}_model`;
+      if (id === EMBEDDED_MODEL[kind]) continue;
+      const m = models.get(id);
+      if (!m) issue(["agents", i, field], `unknown model ${id}`);
+      else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
+    }
   });
   if (c.voice.agent !== undefined && !c.agents.some((a) => a.id === c.voice.agent)) issue(["voice", "agent"], `unknown agent ${c.voice.agent}`);
   const ids = new Set([...models.keys(), ...c.agents.map((a) => a.id), "tts-1", "whisper-1"]);
@@ -361,6 +454,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WEBRTC_UDP_PORT: (v) => ({ webrtc: { udpPort: Number(v) } }),
   PERCH_WEBRTC_MAX_CONNECTIONS: (v) => ({ webrtc: { maxConnections: Number(v) } }),
   PERCH_VOICE_AGENT: (v) => ({ voice: { agent: v } }),
+  PERCH_VOICE_STORE_TRANSCRIPTS: (v) => ({ voice: { store_transcripts: v === "true" ? true : v === "false" ? false : (v as unknown as boolean) } }),
   PERCH_MAX_AUDIO_SECONDS: (v) => ({ compat: { maxAudioSeconds: Number(v) } }),
   PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
   PERCH_TELEMETRY_WRITE_INTERVAL_MS: (v) => ({ telemetry: { writeIntervalMs: Number(v) } }),

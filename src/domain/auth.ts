@@ -175,7 +175,7 @@ export class AuthService {
 
   /** Revokes any live session by id (operator action); false when there is none. */
   revokeSession(id: string): Promise<boolean> {
-    return this.ctx.store.transaction((tx) => tx.sessions.revoke(id, this.ctx.clock.now()));
+    return revokeSession(this.ctx, id);
   }
 
   /** Resolves a bearer access token, re-checking the session and the peers behind it. */
@@ -237,7 +237,18 @@ function limit(retryAfter: number): void {
   if (retryAfter > 0) throw new DomainError("rate_limited", "RATE_LIMITED", "too many requests", undefined, retryAfter);
 }
 
-function invalidSession(message: string): DomainError {
+/**
+ * Revokes a live session (with `targetKey`: only a Side Control session aimed at that device);
+ * its event streams end on every node, whichever process this runs in. False when there was none.
+ */
+export async function revokeSession(ctx: DomainContext, id: string, targetKey?: string): Promise<boolean> {
+  const now = ctx.clock.now();
+  const publish = await ctx.store.transaction(async (tx) => ((await tx.sessions.revoke(id, now, targetKey)) ? ctx.events.sessionRevoked(tx, id) : undefined));
+  publish?.();
+  return publish !== undefined;
+}
+
+export function invalidSession(message: string): DomainError {
   return new DomainError("unauthenticated", "INVALID_SESSION", message);
 }
 

@@ -1,5 +1,6 @@
 import { type BusMessage, type EventBus, topics } from "../events/index.ts";
-import type { PeerStatus, TelemetryField } from "../protocol/public.ts";
+import type { ConversationEntry, PeerStatus, TelemetryField } from "../protocol/public.ts";
+import type { Repositories } from "../store/index.ts";
 
 /** A status document larger than this is not carried in its message; subscribers read it from the store. */
 const INLINE_STATUS_BYTES = 4_000;
@@ -12,13 +13,41 @@ export type DeviceMessage =
   | { kind: "status"; v: number; status?: PeerStatus }
   | { kind: "runtime"; online: boolean; node: string | null }
   | { kind: "telemetry"; values: Array<[field: TelemetryField, value: number, observedAt: number]> }
-  | { kind: "contacts"; name: string; change: "created" | "updated" | "deleted" };
+  | { kind: "contacts"; name: string; change: "created" | "updated" | "deleted" }
+  /**
+   * A conversation entry, its text in `parts` messages (one when it fits): `e` is the entry without
+   * its text, `s` its place in the conversation, `p` this part (from 0), `t` this part's text.
+   */
+  | { kind: "conversation"; e: Omit<ConversationEntry, "text">; s: number; p: number; parts: number; t: string };
 
 /** A session's end, on `topics.session(id)`. */
 export type SessionMessage = { kind: "revoked" };
 
 /** On `topics.peers`: an operator blocked, unblocked or removed a peer (from any process sharing the database). */
 export type PeerMessage = { kind: "blocked" | "unblocked" | "removed"; key: string };
+
+/** Text of a conversation entry per message (as JSON), leaving room within the bus's limit for the rest of the entry. */
+const CONVERSATION_PART_BYTES = 5_000;
+
+/** `text` in pieces whose JSON string forms are each at most `max` bytes, cut between characters. */
+export function splitJsonText(text: string, max: number): string[] {
+  if (Buffer.byteLength(JSON.stringify(text)) <= max) return [text];
+  const pieces: string[] = [];
+  let piece = "";
+  let bytes = 2;
+  for (const ch of text) {
+    const n = Buffer.byteLength(JSON.stringify(ch)) - 2;
+    if (bytes + n > max) {
+      pieces.push(piece);
+      piece = "";
+      bytes = 2;
+    }
+    piece += ch;
+    bytes += n;
+  }
+  pieces.push(piece);
+  return pieces;
+}
 
 /** The domain's side of the event bus: typed publishing of what changed. */
 export class DomainEvents {
@@ -48,12 +77,31 @@ export class DomainEvents {
     this.device(key, { kind: "contacts", name, change });
   }
 
-  sessionRevoked(sessionId: string): void {
-    this.bus.publish(topics.session(sessionId), { kind: "revoked" } satisfies SessionMessage);
+  /** A conversation entry (number `seq` of its conversation); a long text goes in several messages. */
+  conversation(key: string, entry: ConversationEntry, seq: number): void {
+    const { text, ...e } = entry;
+    const pieces = splitJsonText(text, CONVERSATION_PART_BYTES);
+    for (const [p, t] of pieces.entries()) this.device(key, { kind: "conversation", e, s: seq, p, parts: pieces.length, t });
   }
 
-  peer(key: string, kind: PeerMessage["kind"]): void {
-    this.bus.publish(topics.peers, { kind, key } satisfies PeerMessage);
+  /** From inside the transaction that revoked the session; see `announce`. */
+  sessionRevoked(tx: Repositories, sessionId: string): Promise<() => void> {
+    return this.announce(tx, topics.session(sessionId), { kind: "revoked" } satisfies SessionMessage);
+  }
+
+  /** From inside the transaction that blocked, unblocked or removed the peer; see `announce`. */
+  peer(tx: Repositories, key: string, kind: PeerMessage["kind"]): Promise<() => void> {
+    return this.announce(tx, topics.peers, { kind, key } satisfies PeerMessage);
+  }
+
+  /**
+   * A change that ends access, announced from inside its transaction: the message is written
+   * there for the other processes sharing a SQLite file (`bus_messages`, read by their
+   * `SqliteBus`), and the returned function publishes it on the bus; call it once committed.
+   */
+  private async announce(tx: Repositories, topic: string, message: SessionMessage | PeerMessage): Promise<() => void> {
+    await tx.busMessages.add(this.bus.instance, topic, message, Date.now());
+    return () => this.bus.publish(topic, message);
   }
 
   private device(key: string, message: DeviceMessage): void {

@@ -2,6 +2,7 @@ import { ApiKeyService } from "./api-keys.ts";
 import { AuthService } from "./auth.ts";
 import { ContactService } from "./contacts.ts";
 import type { DomainContext } from "./context.ts";
+import { ConversationService } from "./conversations.ts";
 import { StoreUnavailable } from "./errors.ts";
 import { type LiveOptions, LiveService } from "./live.ts";
 import { PeerService } from "./peers.ts";
@@ -22,6 +23,7 @@ export class Domain {
   readonly sideControl: SideControlService;
   readonly telemetry: TelemetryService;
   readonly contacts: ContactService;
+  readonly conversations: ConversationService;
   readonly signaling: SignalingService;
   readonly presence: PresenceService;
   readonly live: LiveService;
@@ -36,6 +38,7 @@ export class Domain {
     this.sideControl = new SideControlService(ctx);
     this.telemetry = new TelemetryService(ctx);
     this.contacts = new ContactService(ctx);
+    this.conversations = new ConversationService(ctx);
     this.signaling = new SignalingService(ctx, this.auth);
     this.presence = new PresenceService(ctx);
     this.live = new LiveService(ctx, this.peers, o.live);

@@ -1,9 +1,10 @@
 import { randomUUID } from "node:crypto";
 import { topics } from "../events/index.ts";
-import type { PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts";
+import type { ConversationEntry, PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 import type { DeviceMessage, PeerMessage } from "./events.ts";
+import { NodeDeadlines, type NodeWatcher } from "./node-deadlines.ts";
 import type { PeerService } from "./peers.ts";
 import type { SideControlPrincipal } from "./principal.ts";
 import { StreamSlots } from "./stream-slots.ts";
@@ -11,6 +12,8 @@ import { StreamSlots } from "./stream-slots.ts";
 /** Telemetry events of one device go out at most this often (values in between are batched). */
 export const TELEMETRY_BATCH_MS = 250;
 export const KEEP_ALIVE_MS = 15_000;
+/** Conversation entries of one device being put together from their parts at once (a part lost on the bus leaves one behind). */
+const MAX_PARTIAL_ENTRIES = 8;
 /** How often a device's runtime is read again while streams watch it (a node that died stops refreshing it). */
 const RUNTIME_RECHECK_MS = 15_000;
 
@@ -22,7 +25,8 @@ export type LiveEvent =
   | { event: "runtime"; data: Runtime }
   | { event: "telemetry"; data: { values: TelemetryValue[] } }
   | { event: "contacts"; data: { name: string; change: "created" | "updated" | "deleted" } }
-  | { event: "session"; data: { state: "revoked" | "expired" } };
+  | { event: "session"; data: { state: "revoked" | "expired" } }
+  | { event: "conversation"; data: ConversationEntry };
 
 /** Where a stream's events go (the HTTP response). Events handed out may be shared between streams: never mutate them. */
 export interface LiveSink {
@@ -49,6 +53,7 @@ export class LiveService {
   private readonly hubs = new Map<string, DeviceHub>();
   private readonly streams = new Set<LiveStream>();
   private readonly slots: StreamSlots;
+  private readonly deadlines: NodeDeadlines;
   private closed = false;
   private readonly keepAliveMs: number;
   private ticker: NodeJS.Timeout | undefined;
@@ -59,6 +64,7 @@ export class LiveService {
     this.peers = peers;
     this.keepAliveMs = o.keepAliveMs ?? KEEP_ALIVE_MS;
     this.slots = new StreamSlots(ctx);
+    this.deadlines = new NodeDeadlines(ctx.clock, peers);
   }
 
   /** Open streams on this node (for metrics and tests). */
@@ -96,7 +102,8 @@ export class LiveService {
       // Ended meanwhile (revoked, shutdown): its `forget` ran before the slot was held.
       if (stream.ended) this.release(stream);
       // Subscribed before reading: a change committed meanwhile is queued and follows the snapshot.
-      const [status, runtime] = await Promise.all([this.peers.status(principal.targetKey), this.peers.runtime(principal.targetKey)]);
+      const [status, { runtime, offlineAt }] = await Promise.all([this.peers.status(principal.targetKey), this.peers.runtimeUntil(principal.targetKey)]);
+      hub.follow(runtime, offlineAt);
       stream.begin(status, runtime);
     } catch (err) {
       stream.finish(undefined);
@@ -129,7 +136,7 @@ export class LiveService {
   private hub(key: string): DeviceHub {
     let hub = this.hubs.get(key);
     if (!hub) {
-      hub = new DeviceHub(key, this.ctx, this.peers);
+      hub = new DeviceHub(key, this.ctx, this.peers, this.deadlines);
       this.hubs.set(key, hub);
     }
     return hub;
@@ -177,9 +184,10 @@ export class LiveService {
     if (m.kind === "unblocked") return;
     for (const s of [...this.streams]) {
       if (s.principal.targetKey !== m.key && s.principal.publicKey !== m.key) continue;
-      // A removed peer's sessions are deleted with it; a blocked one's are refused from now on
-      // (403 `PEER_BLOCKED` when the client comes back).
-      s.finish(m.kind === "removed" ? "revoked" : undefined);
+      // Access ended either way (a removed peer's sessions are deleted with it; a blocked one's are
+      // refused, 403 `PEER_BLOCKED`, while it stays blocked): the contract's `session` event says
+      // `revoked`, the one state that tells the client its pairing no longer works.
+      s.finish("revoked");
     }
   }
 
@@ -194,8 +202,7 @@ export class LiveService {
       })
       .then(
         ({ live, blocked }) => {
-          if (!live) s.finish("revoked");
-          else if (blocked) s.finish(undefined);
+          if (!live || blocked) s.finish("revoked");
         },
         () => {},
       );
@@ -303,10 +310,15 @@ class LiveStream {
   }
 }
 
-/** This node's subscription to one device's topic, shared by the streams watching the device. */
-class DeviceHub {
+/**
+ * This node's subscription to one device's topic, shared by the streams watching the device. While
+ * the device is online on a node, that node's heartbeat deadline is watched (`NodeDeadlines`): a
+ * node that dies publishes nothing, and its devices' offline event follows the store's view.
+ */
+class DeviceHub implements NodeWatcher {
   readonly key: string;
   private readonly peers: PeerService;
+  private readonly deadlines: NodeDeadlines;
   private readonly streams = new Set<LiveStream>();
   private readonly unsubscribe: () => void;
   private statusVersion = Number.NEGATIVE_INFINITY;
@@ -319,10 +331,13 @@ class DeviceHub {
     again: { status: false, runtime: false },
   };
   private runtimeReadAt = 0;
+  /** Conversation entries whose text came in parts, by conversation and place, until the last part. */
+  private readonly partial = new Map<string, string[]>();
 
-  constructor(key: string, ctx: DomainContext, peers: PeerService) {
+  constructor(key: string, ctx: DomainContext, peers: PeerService, deadlines: NodeDeadlines) {
     this.key = key;
     this.peers = peers;
+    this.deadlines = deadlines;
     this.runtimeReadAt = Date.now();
     this.unsubscribe = ctx.events.bus.subscribe(topics.device(key), {
       message: (m) => this.message(m as unknown as DeviceMessage),
@@ -342,8 +357,18 @@ class DeviceHub {
     this.streams.delete(s);
     if (this.streams.size > 0) return false;
     this.unsubscribe();
+    this.deadlines.unwatch(this);
     clearTimeout(this.flushTimer);
     return true;
+  }
+
+  nodeStale(): void {
+    this.read("runtime");
+  }
+
+  /** What was read of the device's runtime: while online, its node's deadline is watched. */
+  follow(runtime: Runtime, offlineAt: number | undefined): void {
+    if (this.streams.size > 0) this.deadlines.watch(this, runtime.online ? runtime.node : undefined, offlineAt);
   }
 
   tick(now: number): void {
@@ -370,7 +395,35 @@ class DeviceHub {
         this.each((s) => s.send(e));
         return;
       }
+      case "conversation":
+        this.conversationPart(m);
+        return;
     }
+  }
+
+  /** An entry goes out once all of its text came (one message usually; a publisher's messages arrive in order). */
+  private conversationPart(m: Extract<DeviceMessage, { kind: "conversation" }>): void {
+    let text = m.t;
+    if (m.parts > 1) {
+      const id = `${m.e.conversation_id}:${m.s}`;
+      let parts = this.partial.get(id);
+      if (!parts) {
+        if (m.p !== 0) return;
+        if (this.partial.size >= MAX_PARTIAL_ENTRIES) this.partial.delete(this.partial.keys().next().value!);
+        parts = [];
+        this.partial.set(id, parts);
+      }
+      if (m.p !== parts.length) {
+        this.partial.delete(id);
+        return;
+      }
+      parts.push(m.t);
+      if (parts.length < m.parts) return;
+      this.partial.delete(id);
+      text = parts.join("");
+    }
+    const e: LiveEvent = { event: "conversation", data: { ...m.e, text } };
+    this.each((s) => s.send(e));
   }
 
   /** One event object and one JSON text for every stream of the device. */
@@ -419,7 +472,8 @@ class DeviceHub {
     const work =
       kind === "status"
         ? this.peers.status(this.key).then((status) => this.offerStatus(status))
-        : this.peers.runtime(this.key).then((runtime) => {
+        : this.peers.runtimeUntil(this.key).then(({ runtime, offlineAt }) => {
+            this.follow(runtime, offlineAt);
             const e = { event: "runtime" as const, data: runtime };
             this.each((s) => s.runtime(e));
           });

@@ -61,8 +61,21 @@ export class PeerService {
   }
 
   async runtime(publicKey: string): Promise<Runtime> {
+    return (await this.runtimeUntil(publicKey)).runtime;
+  }
+
+  /** The runtime, and while it says online the time it turns offline unless the peer's node beats again. */
+  async runtimeUntil(publicKey: string): Promise<{ runtime: Runtime; offlineAt?: number }> {
     const row = await this.ctx.store.read((r) => r.runtime.getWithBeat(publicKey));
-    return row ? runtimeView(row, this.ctx.clock.now()) : { online: false };
+    if (!row) return { runtime: { online: false } };
+    const runtime = runtimeView(row, this.ctx.clock.now());
+    return runtime.online && row.beat_at !== null ? { runtime, offlineAt: Number(row.beat_at) + NODE_STALE_MS } : { runtime };
+  }
+
+  /** When the peers recorded online on `node` turn offline unless it beats again; undefined once it stopped beating for good (it left). */
+  async nodeOfflineAt(node: string): Promise<number | undefined> {
+    const beat = await this.ctx.store.read((r) => r.runtime.beatAt(node));
+    return beat === undefined ? undefined : beat + NODE_STALE_MS;
   }
 
   // Operator actions (command line).
@@ -76,11 +89,15 @@ export class PeerService {
     return this.ctx.store.transaction((tx) => tx.peers.register(newPeer(publicKey, this.ctx.clock.now(), role)));
   }
 
-  /** Every node holding the peer's connection or its sessions' streams hears of it (`topics.peers`). */
+  /** Every node holding the peer's connection or its sessions' streams hears of it (`topics.peers`), whichever process runs this. */
   async setBlocked(publicKey: string, blocked: boolean): Promise<boolean> {
-    const changed = await this.ctx.store.transaction((tx) => tx.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now()));
-    if (changed) this.ctx.events.peer(publicKey, blocked ? "blocked" : "unblocked");
-    return changed;
+    const publish = await this.ctx.store.transaction(async (tx) =>
+      (await tx.peers.setStatus(publicKey, blocked ? "blocked" : "active", this.ctx.clock.now()))
+        ? this.ctx.events.peer(tx, publicKey, blocked ? "blocked" : "unblocked")
+        : undefined,
+    );
+    publish?.();
+    return publish !== undefined;
   }
 
   /** The device's voice agent: an agent id, `off`, or null for the configured default (`voice.agent`). */
@@ -94,9 +111,11 @@ export class PeerService {
   }
 
   async remove(publicKey: string): Promise<boolean> {
-    const removed = await this.ctx.store.transaction((tx) => tx.peers.remove(publicKey));
-    if (removed) this.ctx.events.peer(publicKey, "removed");
-    return removed;
+    const publish = await this.ctx.store.transaction(async (tx) =>
+      (await tx.peers.remove(publicKey)) ? this.ctx.events.peer(tx, publicKey, "removed") : undefined,
+    );
+    publish?.();
+    return publish !== undefined;
   }
 }
 

@@ -73,16 +73,10 @@ export class PresenceService {
   async join(): Promise<void> {
     const now = this.ctx.clock.now();
     await this.ctx.store.transaction(async (tx) => {
-      await tx.runtime.markNodeOffline(this.node, now);
+      await tx.runtime.markNodeOffline(this.node, now, { seen: false });
       await tx.liveStreams.deleteNode(this.node);
       await tx.runtime.beat(this.node, now);
     });
-  }
-
-  /** Every peer recorded online on this node goes offline (its WebRTC transport stops). */
-  async nodeOffline(): Promise<void> {
-    const now = this.ctx.clock.now();
-    await this.ctx.store.transaction((tx) => tx.runtime.markNodeOffline(this.node, now));
   }
 
   /** This node is alive: one write, however many peers it holds. */
@@ -91,14 +85,19 @@ export class PresenceService {
     await this.ctx.store.transaction((tx) => tx.runtime.beat(this.node, now));
   }
 
-  /** This node leaves (shutdown): its peers go offline, its event stream rows and its heartbeat row go. */
+  /**
+   * This node leaves (shutdown): its peers go offline (the one place that writes them so at
+   * shutdown, and tells their subscribers), its event stream rows and its heartbeat row go.
+   */
   async leave(): Promise<void> {
     const now = this.ctx.clock.now();
-    await this.ctx.store.transaction(async (tx) => {
-      await tx.runtime.markNodeOffline(this.node, now);
+    const offline = await this.ctx.store.transaction(async (tx) => {
+      const keys = await tx.runtime.markNodeOffline(this.node, now, { seen: true });
       await tx.liveStreams.deleteNode(this.node);
       await tx.runtime.endBeat(this.node);
+      return keys;
     });
+    for (const key of offline) this.ctx.events.runtime(key, false, this.node);
   }
 
   /**

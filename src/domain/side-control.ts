@@ -1,7 +1,9 @@
 import { hashToken, newId, newToken } from "../crypto/tokens.ts";
 import type { DeviceToken, SideControlSessionList } from "../protocol/public.ts";
+import { invalidSession, revokeSession } from "./auth.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
+import type { SideControlPrincipal } from "./principal.ts";
 import { RateLimiter } from "./rate-limiter.ts";
 
 export const DEVICE_TOKEN_TTL_MS = 5 * 60 * 1000;
@@ -51,10 +53,14 @@ export class SideControlService {
   }
 
   async revokeSession(deviceKey: string, id: string): Promise<void> {
-    const now = this.ctx.clock.now();
-    if (!ISSUED_ID.test(id) || !(await this.ctx.store.transaction((tx) => tx.sessions.revoke(id, now, deviceKey)))) {
+    if (!ISSUED_ID.test(id) || !(await revokeSession(this.ctx, id, deviceKey))) {
       throw new DomainError("not_found", "SIDE_CONTROL_SESSION_NOT_FOUND", "no live Side Control session of this device has that id");
     }
-    this.ctx.events.sessionRevoked(id);
+  }
+
+  /** The controller ends its own session (`DELETE /side-control/session`, the app's "forget this device"). */
+  async endOwnSession(principal: SideControlPrincipal): Promise<void> {
+    // Revoked or expired since the request was authenticated: as if it had been before.
+    if (!(await revokeSession(this.ctx, principal.sessionId, principal.targetKey))) throw invalidSession("the session is unknown, expired or revoked");
   }
 }

@@ -8,7 +8,7 @@ export const LOW_WATER_BYTES = 256 * 1024;
 
 export const PACKET_LABEL = "giznet/v1/packet";
 export const SERVICE_PREFIX = "giznet/v1/service/";
-export const SERVICE = { RPC: 0, PUBLIC_API: 1, COMPATIBLE_API: 2, EVENTS: 32 } as const;
+export const SERVICE = { RPC: 0, PUBLIC_API: 1, COMPATIBLE_API: 2, TOOLS: 3, EVENTS: 32 } as const;
 
 /** The service id of a DataChannel label, or null when it is not `giznet/v1/service/<decimal id>`. */
 export function serviceId(label: string): number | null {

@@ -309,6 +309,47 @@ export const ContactListQuery = z.strictObject({
     .optional(),
 });
 
+/** One entry of a device's voice conversation: live as the `conversation` event, stored in `Conversation.items`. */
+export const ConversationEntry = z
+  .object({
+    conversation_id: z.string().openapi({ description: "one connection of the device" }),
+    turn: z.number().int().min(1).openapi({ description: "the conversation's turn, from 1" }),
+    role: z.enum(["user", "assistant", "tool"]),
+    text: z.string().openapi({ description: "the user's transcript, what the device said, or the tool's result" }),
+    at_unix_ms: Millis,
+    interrupted: z.boolean().optional().openapi({ description: "a reply cut short by the user (barge-in): `text` is what was spoken" }),
+    tool: z.object({ name: z.string(), is_error: z.boolean() }).optional(),
+  })
+  .openapi("ConversationEntry");
+
+export const ConversationSummary = z
+  .object({
+    id: z.string(),
+    started_at_unix_ms: Millis,
+    ended_at_unix_ms: Millis.optional(),
+    turns: z.number().int(),
+    last_text: z.string(),
+  })
+  .openapi("ConversationSummary");
+
+export const ConversationList = z
+  .object({
+    stored: z.boolean().openapi({ description: "false while the server does not store transcripts (then no items)" }),
+    items: z.array(ConversationSummary),
+    has_next: z.boolean(),
+    next_cursor: z.string().optional(),
+  })
+  .openapi("ConversationList");
+
+export const Conversation = z.object({ id: z.string(), started_at_unix_ms: Millis, items: z.array(ConversationEntry) }).openapi("Conversation");
+
+export const ConversationListQuery = z.strictObject({
+  cursor: z.string().optional(),
+  limit: intParam("default 20, at most 100")
+    .refine((n) => n >= 1 && n <= 100, "limit must be 1..100")
+    .optional(),
+});
+
 export type ServerInfo = z.infer<typeof ServerInfo>;
 export type LoginRequest = z.infer<typeof LoginRequest>;
 export type LoginResult = z.infer<typeof LoginResult>;
@@ -328,3 +369,7 @@ export type ContactCreate = z.infer<typeof ContactCreate>;
 export type ContactUpdate = z.infer<typeof ContactUpdate>;
 export type ContactList = z.infer<typeof ContactList>;
 export type ErrorResponse = z.infer<typeof ErrorResponse>;
+export type ConversationEntry = z.infer<typeof ConversationEntry>;
+export type ConversationSummary = z.infer<typeof ConversationSummary>;
+export type ConversationList = z.infer<typeof ConversationList>;
+export type Conversation = z.infer<typeof Conversation>;

@@ -182,6 +182,8 @@ export class PerchClient {
     info: (): Promise<DeviceInfo> => this.request("GET", "/side-control/info"),
     runtime: (): Promise<Runtime> => this.request("GET", "/side-control/runtime"),
     status: (): Promise<PeerStatus> => this.request("GET", "/side-control/status"),
+    /** Ends this Side Control session on the server (the bearer stops working, its event streams end). */
+    endSession: (): Promise<void> => this.request("DELETE", "/side-control/session"),
     telemetryLatest: (fields?: TelemetryField[]): Promise<TelemetryLatest> =>
       this.request("GET", "/side-control/telemetry/latest", { query: { fields: fields?.join(",") } }),
     telemetry: (q: {

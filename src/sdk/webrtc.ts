@@ -13,6 +13,7 @@ import { RpcMethod as Methods } from "../protocol/gen/rpc_pb.ts";
 import { TelemetryFrameSchema } from "../protocol/gen/telemetry_pb.ts";
 import { callRpc, commonHandlers, type RpcHandlers, rpcPayload, serveRpc } from "../protocol/rpc.ts";
 import { StreamSocket } from "../protocol/stream-socket.ts";
+import { type DeviceTool, OfferedTools } from "./tools.ts";
 import { type AudioSourceLike, EventReader, Loudspeaker, Microphone } from "./voice.ts";
 
 export const TELEMETRY_PACKET = 0x40;
@@ -336,6 +337,13 @@ export class PerchConnection {
   /** Calls a method the server provides (or `all.*`); throws `RpcError` for an error answer. */
   async call(method: RpcMethod, payload: Uint8Array, o: { timeoutMs?: number; upBytes?: number } = {}) {
     return callRpc(await this.openStream(SERVICE.RPC), method, payload, { timeoutMs: this.timeoutMs, ...o });
+  }
+
+  /** Offers `tools` to the server's agents over a new service stream 3 (see `OfferedTools`). */
+  async offerTools(tools: readonly DeviceTool[]): Promise<OfferedTools> {
+    const offered = new OfferedTools(tools);
+    await offered.serve(await this.openStream(SERVICE.TOOLS));
+    return offered;
   }
 
   /** `all.ping`: the round trip in milliseconds and the server's clock. */

@@ -1,6 +1,8 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import { sql } from "kysely";
+import { BUS_MESSAGE_KEEP_MS, BusMessageRepository } from "./bus-messages.ts";
 import { ContactRepository } from "./contacts.ts";
+import { ConversationRepository } from "./conversations.ts";
 import { type Database, type Db, openDatabase } from "./database.ts";
 import { DeviceTokenRepository } from "./device-tokens.ts";
 import { classify } from "./errors.ts";
@@ -30,8 +32,10 @@ export class Repositories {
   readonly runtime: RuntimeRepository;
   readonly telemetry: TelemetryRepository;
   readonly contacts: ContactRepository;
+  readonly conversations: ConversationRepository;
   readonly locks: LockRepository;
   readonly liveStreams: LiveStreamRepository;
+  readonly busMessages: BusMessageRepository;
 
   /** `authChanged`: told of each write that can end a session's authentication (see `Store.authStamp`). */
   constructor(db: Db, dialect: DialectName, authChanged: () => void, longReads?: QueryRunner) {
@@ -44,8 +48,10 @@ export class Repositories {
     this.runtime = new RuntimeRepository(db);
     this.telemetry = new TelemetryRepository(db, dialect, longReads);
     this.contacts = new ContactRepository(db, dialect);
+    this.conversations = new ConversationRepository(db);
     this.locks = new LockRepository(db, dialect);
     this.liveStreams = new LiveStreamRepository(db, dialect);
+    this.busMessages = new BusMessageRepository(db, dialect);
   }
 }
 
@@ -143,7 +149,7 @@ export class Store {
   }
 
   /**
-   * Drops rows whose time has passed: nonces, expired sessions and device tokens, and telemetry
+   * Drops rows whose time has passed: nonces, expired sessions and device tokens, read bus messages, and telemetry
    * older than `telemetryBefore`, the latter in batches of at most `batch` rows, each its own
    * transaction, so that cleanup never holds the database for long.
    */
@@ -153,6 +159,7 @@ export class Store {
       await tx.signalingNonces.deleteExpired(now);
       await tx.sessions.deleteExpired(now);
       await tx.deviceTokens.deleteExpired(now);
+      await tx.busMessages.deleteBefore(Date.now() - BUS_MESSAGE_KEEP_MS);
     });
     if (telemetryBefore === undefined) return;
     let cursor: number | undefined = 0;

@@ -136,6 +136,57 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
       await db.schema.createIndex("live_streams_node").on("live_streams").column("node").execute();
     },
   },
+  // Bus messages written by a process inside the transaction whose change they announce (a session
+  // revoked, a peer blocked or removed), read by the other processes sharing a SQLite file, which
+  // have no bus between them (PostgreSQL's NOTIFY carries them there). Kept a minute.
+  "0006_bus_messages": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("bus_messages")
+        // AUTOINCREMENT: ids never come back after the newest rows are deleted, so "after id N" stays true.
+        .addColumn("id", dialect === "sqlite" ? "integer" : "bigserial", (c) => (dialect === "sqlite" ? c.primaryKey().autoIncrement() : c.primaryKey()))
+        .addColumn("origin", "text", (c) => c.notNull())
+        .addColumn("topic", "text", (c) => c.notNull())
+        .addColumn("message", "text", (c) => c.notNull())
+        .addColumn("created_at", "bigint", (c) => c.notNull())
+        .execute();
+    },
+  },
+  // Stored voice transcripts (public-api.md, "Conversations"): one row per conversation (a device's
+  // connection) with what the list shows, and its entries in order. Listing reads one index range
+  // (device, start time, id) newest first; a conversation's entries are one primary-key range; the
+  // retention job reads `last_at`. Both go with their device (cascade).
+  "0007_conversations": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("conversations")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("public_key", "text", (c) => c.notNull().references("peers.public_key").onDelete("cascade"))
+        .addColumn("started_at", "bigint", (c) => c.notNull())
+        .addColumn("ended_at", "bigint")
+        .addColumn("last_at", "bigint", (c) => c.notNull())
+        .addColumn("turns", "integer", (c) => c.notNull())
+        .addColumn("entries", "integer", (c) => c.notNull())
+        .addColumn("last_text", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("conversations_peer").on("conversations").columns(["public_key", "started_at", "id"]).execute();
+      await db.schema.createIndex("conversations_last").on("conversations").column("last_at").execute();
+      await db.schema
+        .createTable("conversation_entries")
+        .addColumn("conversation_id", "text", (c) => c.notNull().references("conversations.id").onDelete("cascade"))
+        .addColumn("seq", "integer", (c) => c.notNull())
+        .addColumn("turn", "integer", (c) => c.notNull())
+        .addColumn("role", "text", (c) => c.notNull())
+        .addColumn("text", "text", (c) => c.notNull())
+        .addColumn("at", "bigint", (c) => c.notNull())
+        .addColumn("interrupted", "integer", (c) => c.notNull())
+        .addColumn("tool_name", "text")
+        .addColumn("tool_is_error", "integer")
+        .addPrimaryKeyConstraint("conversation_entries_pk", ["conversation_id", "seq"])
+        .$call((b) => (dialect === "sqlite" ? b.modifyEnd(sql`without rowid`) : b))
+        .execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

@@ -39,6 +39,12 @@ export class RuntimeRepository {
       .execute();
   }
 
+  /** `node`'s last heartbeat; undefined when it never beat, or left. */
+  async beatAt(node: string): Promise<number | undefined> {
+    const row = await this.db.selectFrom("node_heartbeats").select("beat_at").where("node", "=", node).executeTakeFirst();
+    return row === undefined ? undefined : Number(row.beat_at);
+  }
+
   /** `node` left: its heartbeat row goes. */
   async endBeat(node: string): Promise<void> {
     await this.db.deleteFrom("node_heartbeats").where("node", "=", node).execute();
@@ -76,9 +82,19 @@ export class RuntimeRepository {
       .execute();
   }
 
-  /** Marks every peer `node` holds offline (its shutdown, or its start after a crash). */
-  async markNodeOffline(node: string, now: number): Promise<void> {
-    await this.db.updateTable("peer_runtime").set({ online: 0, updated_at: now }).where("node", "=", node).where("online", "=", 1).execute();
+  /**
+   * Marks every peer `node` holds offline; returns their keys. `seen`: the node held them until now
+   * (its shutdown), so `last_seen_at` is `now`; after a crash it is left as the node last wrote it.
+   */
+  async markNodeOffline(node: string, now: number, o: { seen: boolean }): Promise<string[]> {
+    const rows = await this.db
+      .updateTable("peer_runtime")
+      .set(o.seen ? { online: 0, last_seen_at: now, updated_at: now } : { online: 0, updated_at: now })
+      .where("node", "=", node)
+      .where("online", "=", 1)
+      .returning("public_key")
+      .execute();
+    return rows.map((r) => r.public_key);
   }
 
   /** Which node each of `keys` is recorded online on (absent: offline or unknown). */

@@ -36,6 +36,8 @@ export interface Tables {
   peer_status: { public_key: string; document: string; updated_at: number };
   /** The last heartbeat of each serving node (Unix ms, its clock). */
   node_heartbeats: { node: string; beat_at: number };
+  /** A bus message for the other processes sharing a SQLite file; `origin` is the writer's bus instance. */
+  bus_messages: { id: Generated<number>; origin: string; topic: string; message: string; created_at: number };
   /** An open Side Control event stream: its session and the node that holds it. */
   live_streams: { id: string; session_id: string; node: string; opened_at: number };
   peer_runtime: {
@@ -60,5 +62,27 @@ export interface Tables {
     phone_digits: string | null;
     created_at: number;
     updated_at: number;
+  };
+  /** A stored voice conversation (one connection of the device); `entries` counts its entries (the next one's `seq`). */
+  conversations: {
+    id: string;
+    public_key: string;
+    started_at: number;
+    ended_at: number | null;
+    last_at: number;
+    turns: number;
+    entries: number;
+    last_text: string;
+  };
+  conversation_entries: {
+    conversation_id: string;
+    seq: number;
+    turn: number;
+    role: string;
+    text: string;
+    at: number;
+    interrupted: number;
+    tool_name: string | null;
+    tool_is_error: number | null;
   };
 }

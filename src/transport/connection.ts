@@ -8,6 +8,7 @@ import { encodeFrame, FrameType } from "../protocol/frames.ts";
 import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { callRpc, RpcCode, RpcError, type RpcHandlers, serveRpc } from "../protocol/rpc.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
+import { DeviceToolSession } from "../tools/device.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "../voice/port.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
@@ -39,8 +40,13 @@ export interface ConnectionHost {
   closed(c: Connection): Promise<void>;
 }
 
-type StreamService = "rpc" | "public" | "compatible";
-const SERVICE_NAMES: Record<number, StreamService> = { [SERVICE.RPC]: "rpc", [SERVICE.PUBLIC_API]: "public", [SERVICE.COMPATIBLE_API]: "compatible" };
+export type StreamService = "rpc" | "public" | "compatible" | "tools";
+const SERVICE_NAMES: Record<number, StreamService> = {
+  [SERVICE.RPC]: "rpc",
+  [SERVICE.PUBLIC_API]: "public",
+  [SERVICE.COMPATIBLE_API]: "compatible",
+  [SERVICE.TOOLS]: "tools",
+};
 
 export type CloseReason =
   | "blocked"
@@ -76,6 +82,8 @@ export class Connection {
   private voice: VoiceSession | undefined;
   private audioIn: ((packet: Buffer) => void) | undefined;
   private eventSequence = 0n;
+  /** The tools the device offers over service 3, while that stream is open. */
+  tools: DeviceToolSession | undefined;
 
   constructor(host: ConnectionHost, publicKey: string, link: PeerLink) {
     this.host = host;
@@ -128,8 +136,8 @@ export class Connection {
 
   /** The connection's state and its streams by service, open and waiting (for the metrics). */
   census(): { state: "pending" | "activating" | "active" | "closed"; open: Record<StreamService, number>; waiting: Record<StreamService, number> } {
-    const open = { rpc: 0, public: 0, compatible: 0 };
-    const waiting = { rpc: 0, public: 0, compatible: 0 };
+    const open = { rpc: 0, public: 0, compatible: 0, tools: 0 };
+    const waiting = { rpc: 0, public: 0, compatible: 0, tools: 0 };
     for (const service of this.streams.values()) open[service]++;
     for (const port of this.waiting) {
       const name = SERVICE_NAMES[serviceId(port.label) ?? -1];
@@ -152,7 +160,7 @@ export class Connection {
       this.eventStream(port);
       return;
     }
-    if (id === null || (id !== SERVICE.RPC && id !== SERVICE.PUBLIC_API && id !== SERVICE.COMPATIBLE_API)) {
+    if (id === null || SERVICE_NAMES[id] === undefined) {
       this.host.logger.debug({ label: port.label }, "channel refused: unknown label or service");
       port.close();
       return;
@@ -185,9 +193,20 @@ export class Connection {
           stream.destroy();
         },
       );
+    } else if (id === SERVICE.TOOLS) {
+      this.openTools(port);
     } else {
       this.serveHttp(id as 1 | 2, port);
     }
+  }
+
+  /** The device's tools (service 3): an MCP client session; a second stream replaces the first. */
+  private openTools(port: ChannelPort): void {
+    const previous = this.tools;
+    if (previous) void previous.close();
+    const session = new DeviceToolSession(this.track(new ChannelStream(port), "tools"), { publicKey: this.publicKey, logger: this.host.logger });
+    this.tools = session;
+    void session.start();
   }
 
   /** An HTTP stream: a socket with the device's address, served as this connection's peer. */
@@ -335,6 +354,7 @@ export class Connection {
         }
       };
       this.stopVoice();
+      step("the tool session", () => void this.tools?.close());
       step("audio", () => this.audio.stop());
       for (const port of this.waiting.splice(0)) step("a waiting channel", () => port.close());
       for (const s of this.streams.keys()) step("a stream", () => s.destroy());

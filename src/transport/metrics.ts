@@ -6,7 +6,7 @@ export interface TransportCensus {
   /** Connections by state: pending (no event stream yet), activating, active. */
   connections: Record<"pending" | "activating" | "active", number>;
   /** Service streams by service and state: open (served), waiting (for the connection to become active). */
-  streams: Array<{ service: "rpc" | "public" | "compatible"; state: "open" | "waiting"; count: number }>;
+  streams: Array<{ service: "rpc" | "public" | "compatible" | "tools"; state: "open" | "waiting"; count: number }>;
 }
 
 /** The transport's Prometheus metrics, in the node's registry. */

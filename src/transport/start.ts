@@ -75,7 +75,6 @@ export async function startTransport(
     bindAddress,
     publicAddress,
     maxConnections: config.webrtc.maxConnections,
-    peerPollMs: config.webrtc.peerPollMs,
     timings,
     liveness: { quietMs: config.webrtc.livenessQuietMs, probeTimeoutMs: config.webrtc.livenessProbeTimeoutMs, checkEveryMs: 1_000 },
     publicApi: o.publicApi,

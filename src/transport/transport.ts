@@ -7,10 +7,11 @@ import { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import type { ConnectionContext } from "../http/connection.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
+import type { DeviceToolSession } from "../tools/device.ts";
 import type { VoiceHost } from "../voice/port.ts";
 import { Answerer, InvalidOffer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
-import { Connection, type ConnectionHost } from "./connection.ts";
+import { Connection, type ConnectionHost, type StreamService } from "./connection.ts";
 import { type FetchApp, StreamHttpServer } from "./http-streams.ts";
 import { Liveness, type LivenessOptions } from "./liveness.ts";
 import { type TransportCensus, TransportMetrics } from "./metrics.ts";
@@ -36,8 +37,6 @@ export interface TransportOptions {
   maxConnections: number;
   /** When a quiet device is asked whether it is there, and how long it has to answer. */
   liveness: LivenessOptions;
-  /** On SQLite: how often another process's commits are looked for (peers blocked or removed). */
-  peerPollMs: number;
   /** The transport's timings (configuration `webrtc.*Ms`), checked by `checkTimings` at start. */
   timings: TransportTimings;
   /** Served on stream 1. */
@@ -124,7 +123,6 @@ export class WebRtcTransport implements ConnectionHost {
         // Not inside the bus's delivery (the publisher's call stack): on a turn of its own.
         setImmediate(() => void c.close(why));
       },
-      pollMs: o.peerPollMs,
       onError: (err) => this.logger.warn({ err }, "watching for blocked and removed peers failed"),
     });
   }
@@ -137,7 +135,7 @@ export class WebRtcTransport implements ConnectionHost {
   /** Connections by state and streams by service and state, for the gauges. */
   private census(): TransportCensus {
     const connections = { pending: 0, activating: 0, active: 0 };
-    const streams = new Map<string, { service: "rpc" | "public" | "compatible"; state: "open" | "waiting"; count: number }>();
+    const streams = new Map<string, { service: StreamService; state: "open" | "waiting"; count: number }>();
     for (const c of this.all) {
       const { state, open, waiting } = c.census();
       if (state !== "closed") connections[state]++;
@@ -145,7 +143,7 @@ export class WebRtcTransport implements ConnectionHost {
         ["open", open],
         ["waiting", waiting],
       ] as const) {
-        for (const [service, count] of Object.entries(counts) as Array<["rpc" | "public" | "compatible", number]>) {
+        for (const [service, count] of Object.entries(counts) as Array<[StreamService, number]>) {
           const key = `${service}/${kind}`;
           const entry = streams.get(key) ?? { service, state: kind, count: 0 };
           entry.count += count;
@@ -203,8 +201,9 @@ export class WebRtcTransport implements ConnectionHost {
     this.all.delete(c);
     const current = this.byKey.get(c.publicKey) === c;
     if (current) this.byKey.delete(c.publicKey);
-    // A connection replaced here must not mark its successor offline; one replaced elsewhere no longer owns the record.
-    if (c.closeReason !== "replaced" && (current || c.closeReason === "refused")) {
+    // A connection replaced here must not mark its successor offline; one replaced elsewhere no longer
+    // owns the record; at shutdown the node's leave (presence.leave) marks all its peers offline at once.
+    if (c.closeReason !== "replaced" && c.closeReason !== "shutdown" && (current || c.closeReason === "refused")) {
       try {
         await this.domain.presence.disconnected(c.publicKey);
       } catch (err) {
@@ -222,19 +221,24 @@ export class WebRtcTransport implements ConnectionHost {
     return { frames: toneFrameCount(durationMs) };
   }
 
+  /** The tools the key's device offers over its connection on this node (service 3); undefined when it has none here. */
+  deviceTools(publicKey: string): DeviceToolSession | undefined {
+    const c = this.byKey.get(publicKey);
+    return c?.active ? c.tools : undefined;
+  }
+
   /** The key's active connection on this node (tests and the benchmark call its RPCs). */
   connection(publicKey: string): Connection | undefined {
     return this.byKey.get(publicKey);
   }
 
-  /** Closes every connection (marking its peer offline), then flushes telemetry. */
+  /** Closes every connection, then flushes telemetry; the node's leave then marks the peers offline. */
   close(): Promise<void> {
     this.closing ??= (async () => {
       this.presence.stop();
       this.liveness.stop();
       this.peerWatch.stop();
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
-      await this.domain.presence.nodeOffline().catch((err) => this.logger.error({ err }, "could not mark this node's peers offline"));
       await this.telemetry.close();
       for (const s of Object.values(this.http)) s.close();
     })();

@@ -10,6 +10,7 @@ import { type AgentChoice, Conversation } from "./conversation.ts";
 import type { Recognition, Speaker } from "./engines.ts";
 import { VoiceMetrics } from "./metrics.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
+import { observeTranscript } from "./transcript.ts";
 
 /** How long a device's stored choice of agent is trusted before it is read again (so a change reaches every node). */
 export const AGENT_REFRESH_MS = 2_000;
@@ -58,8 +59,18 @@ export class VoiceService implements VoiceHost {
     return this.open_.size;
   }
 
-  open(port: AudioPort): VoiceSession {
-    const choice = new AgentLookup(port.publicKey, this.o);
+  open(devicePort: AudioPort): VoiceSession {
+    const choice = new AgentLookup(devicePort.publicKey, this.o);
+    // The conversation's entries for the device's Side Control, read from the events it sends.
+    // Only the error's message: a row the store refused may be quoted in its details, and transcripts stay out of logs above debug.
+    const recorder = this.o.domain.conversations.open(devicePort.publicKey, (err) =>
+      this.o.logger.warn({ error: err instanceof Error ? err.message : String(err), peer: devicePort.publicKey }, "a conversation entry could not be stored"),
+    );
+    const transcript = observeTranscript(devicePort, (entry) => {
+      this.o.logger.debug({ peer: devicePort.publicKey, conversation: recorder.id, ...entry }, "conversation entry");
+      recorder.add(entry);
+    });
+    const port = transcript.port;
     const conversation = new Conversation({
       port,
       config: this.o.config.voice,
@@ -78,6 +89,8 @@ export class VoiceService implements VoiceHost {
         this.open_.delete(conversation);
         choice.close();
         conversation.close();
+        transcript.close();
+        recorder.close();
       },
     };
   }

@@ -1,5 +1,4 @@
 import type { AgentConfig, ModelConfig } from "../../config/config.ts";
-import type { Domain } from "../../domain/index.ts";
 import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
 import type { Caller } from "../caller.ts";
 import { ChunkWriter } from "../chunks.ts";
@@ -8,7 +7,7 @@ import type { ChatStream, ProviderRequest } from "../providers/provider.ts";
 import type { ChatRouter } from "../router.ts";
 import { parseEvents, sseError, sseEvent } from "../sse.ts";
 import { checkedToolCalls, InvalidToolCallError, ToolCallCollector } from "./tool-calls.ts";
-import { agentTools, runTool, type ToolDefinition } from "./tools.ts";
+import { type Toolbox, type ToolDefinition, type ToolKit, type ToolObserver, toolMessageText } from "./toolbox.ts";
 
 export interface AgentRun {
   agent: AgentConfig;
@@ -16,6 +15,8 @@ export interface AgentRun {
   caller: Caller;
   request: ProviderRequest;
   signal: AbortSignal;
+  /** Sees the tool calls as they run (a voice turn's events). */
+  observer?: ToolObserver | undefined;
 }
 
 /**
@@ -24,20 +25,20 @@ export interface AgentRun {
  */
 export class AgentRunner {
   private readonly router: ChatRouter;
-  private readonly domain: Domain;
+  private readonly tools: Toolbox;
 
-  constructor(router: ChatRouter, domain: Domain) {
+  constructor(router: ChatRouter, tools: Toolbox) {
     this.router = router;
-    this.domain = domain;
+    this.tools = tools;
   }
 
   async complete(run: AgentRun): Promise<ChatCompletion> {
     const { agent, model } = run;
     const messages = initialMessages(run);
-    const tools = agentTools(agent, run.caller);
+    const kit = this.tools.forRun(agent, model, run.caller);
     const total = emptyUsage();
     for (let step = 1; ; step++) {
-      const offered = step < agent.max_steps ? tools : [];
+      const offered = step < agent.max_steps ? kit.definitions() : [];
       const completion = await this.router.complete(model, stepRequest(run.request, messages, offered), { signal: run.signal, publicModel: agent.id });
       addUsage(total, completion.usage);
       const message = completion.choices[0]?.message;
@@ -54,7 +55,7 @@ export class AgentRunner {
         return completion;
       }
       messages.push({ role: "assistant", content: message?.content ?? null, tool_calls: calls });
-      await this.runCalls(run, calls, messages);
+      await this.runCalls(run, kit, calls, messages);
     }
   }
 
@@ -62,7 +63,7 @@ export class AgentRunner {
   async stream(run: AgentRun): Promise<ChatStream> {
     const { agent, model, request } = run;
     const messages = initialMessages(run);
-    const tools = agentTools(agent, run.caller);
+    const kit = this.tools.forRun(agent, model, run.caller);
     const includeUsage = request.stream_options?.include_usage === true;
     const stats: ChatStream["stats"] = {};
     const total = emptyUsage();
@@ -73,7 +74,7 @@ export class AgentRunner {
       stream_options: { include_usage: true },
     });
     let step = 1;
-    let offered = step < agent.max_steps ? tools : [];
+    let offered = step < agent.max_steps ? kit.definitions() : [];
     let current = await this.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id });
     const self = this;
     async function* events(): AsyncGenerator<Uint8Array> {
@@ -117,9 +118,10 @@ export class AgentRunner {
           return;
         }
         messages.push({ role: "assistant", content: content || null, tool_calls: made });
-        await self.runCalls(run, made, messages);
+        await self.runCalls(run, kit, made, messages);
+        if (run.signal.aborted) return;
         step++;
-        offered = step < agent.max_steps ? tools : [];
+        offered = step < agent.max_steps ? kit.definitions() : [];
         try {
           current = await self.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id });
         } catch (err) {
@@ -132,11 +134,29 @@ export class AgentRunner {
     return { events: events(), stats };
   }
 
-  private async runCalls(run: AgentRun, calls: ToolCall[], messages: ChatMessage[]): Promise<void> {
-    const results = await Promise.all(calls.map((call) => runTool(this.domain, run.agent, run.caller, call.function.name, call.function.arguments)));
+  /** Runs one step's calls side by side; their results (and images, for a model that takes them) join the messages. */
+  private async runCalls(run: AgentRun, kit: ToolKit, calls: ToolCall[], messages: ChatMessage[]): Promise<void> {
+    const outcomes = await Promise.all(
+      calls.map(async (call) => {
+        run.observer?.called(call.function.name, call.function.arguments);
+        const outcome = await kit.run(call, run.signal);
+        run.observer?.finished(call.function.name, outcome);
+        return outcome;
+      }),
+    );
     calls.forEach((call, i) => {
-      messages.push({ role: "tool", tool_call_id: call.id, content: results[i]! });
+      messages.push({ role: "tool", tool_call_id: call.id, content: toolMessageText(outcomes[i]!, kit.images) });
     });
+    const images = kit.images ? outcomes.flatMap((o) => o.images) : [];
+    if (images.length) {
+      messages.push({
+        role: "user",
+        content: [
+          { type: "text", text: "The images the tools returned:" },
+          ...images.map((i) => ({ type: "image_url" as const, image_url: { url: `data:${i.mimeType};base64,${i.data}` } })),
+        ],
+      });
+    }
   }
 }
 

@@ -1,19 +1,21 @@
-import type { AgentConfig } from "../../config/config.ts";
+import type { AGENT_TOOLS } from "../../config/config.ts";
 import type { Domain } from "../../domain/index.ts";
 import { TELEMETRY_FIELDS, type TelemetryField } from "../../protocol/public.ts";
-import type { Caller } from "../caller.ts";
+import { failed, type ToolOutcome } from "../../tools/results.ts";
 
-/** A tool an agent runs on the server, always on behalf of the calling device. */
-interface DeviceTool {
+/** A built-in tool: it runs on the server, always on behalf of the calling device. */
+interface BuiltinTool {
   description: string;
   parameters: Record<string, unknown>;
   run(domain: Domain, device: string, args: Record<string, unknown>): Promise<unknown>;
 }
 
+export type BuiltinName = (typeof AGENT_TOOLS)[number];
+
 const NO_PARAMETERS = { type: "object", properties: {}, additionalProperties: false };
 const MAX_CONTACTS = 200;
 
-const DEVICE_TOOLS: Record<AgentConfig["tools"][number], DeviceTool> = {
+export const BUILTIN_TOOLS: Record<BuiltinName, BuiltinTool> = {
   device_status: {
     description: "The calling device's status document: volume, battery, charging, location and labels it last reported.",
     parameters: NO_PARAMETERS,
@@ -43,38 +45,11 @@ const DEVICE_TOOLS: Record<AgentConfig["tools"][number], DeviceTool> = {
   },
 };
 
-export interface ToolDefinition {
-  type: "function";
-  function: { name: string; description: string; parameters: Record<string, unknown> };
-}
-
-/**
- * The tools of `agent` that `caller` can use. Device tools need a calling device: for an
- * application (API key) they are withheld from the model, and refused if it calls one anyway.
- */
-export function agentTools(agent: AgentConfig, caller: Caller): ToolDefinition[] {
-  if (caller.kind !== "device") return [];
-  return agent.tools.map((name) => ({
-    type: "function",
-    function: { name, description: DEVICE_TOOLS[name].description, parameters: DEVICE_TOOLS[name].parameters },
-  }));
-}
-
-/** Runs one tool call; the result (or the error) is what the model reads, as JSON text. */
-export async function runTool(domain: Domain, agent: AgentConfig, caller: Caller, name: string, argumentsText: string): Promise<string> {
-  const tool = (agent.tools as string[]).includes(name) ? DEVICE_TOOLS[name as AgentConfig["tools"][number]] : undefined;
-  if (!tool) return JSON.stringify({ error: `no tool named ${name}` });
-  if (caller.kind !== "device") return JSON.stringify({ error: "device tools are not available to this caller: it is an application, not a device" });
-  let args: Record<string, unknown> = {};
+/** Runs a built-in tool for `device`; its result (or error) as JSON text. */
+export async function runBuiltin(domain: Domain, name: BuiltinName, device: string, args: Record<string, unknown>): Promise<ToolOutcome> {
   try {
-    const parsed = argumentsText.trim() ? JSON.parse(argumentsText) : {};
-    if (parsed && typeof parsed === "object" && !Array.isArray(parsed)) args = parsed as Record<string, unknown>;
-  } catch {
-    return JSON.stringify({ error: "the arguments are not JSON" });
-  }
-  try {
-    return JSON.stringify(await tool.run(domain, caller.publicKey, args));
+    return { text: JSON.stringify(await BUILTIN_TOOLS[name].run(domain, device, args)), isError: false, images: [], result: "ok" };
   } catch (err) {
-    return JSON.stringify({ error: (err as Error).message });
+    return failed((err as Error).message);
   }
 }

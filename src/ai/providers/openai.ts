@@ -141,7 +141,13 @@ export class OpenAIProvider implements ChatProvider {
         if (first.done) return;
         yield first.value;
         for (;;) {
-          const r = await it.next();
+          let r: IteratorResult<Buffer>;
+          try {
+            r = await it.next();
+          } catch (err) {
+            // Our own timeout or deadline cut it: say that, not the socket's "aborted".
+            throw call.failure() ?? err;
+          }
           if (r.done) return;
           call.touch();
           yield r.value;

@@ -2,7 +2,7 @@ import type { Hono } from "hono";
 import { z } from "zod";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
-import type { ChatRouter } from "../../ai/router.ts";
+import { type ChatRouter, embeddedFallback } from "../../ai/router.ts";
 import { SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
 import { sseEvent } from "../../ai/sse.ts";
 import type { Metrics } from "../metrics.ts";
@@ -39,15 +39,19 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
     const done = (status: number, error?: string) => metrics.observeAi(ROUTE, model, status, (performance.now() - started) / 1000, error);
     if (entry.model) {
       const upstream = entry.model;
-      let answer: RawAnswer;
+      let answer: RawAnswer | undefined;
       try {
         answer = await router.relay(upstream, ROUTE, (name) => ({ body: JSON.stringify({ ...r, model: name }), contentType: "application/json" }), signal);
       } catch (err) {
-        const e = toOpenAIError(err);
-        done(e.status, e.type);
-        throw e;
+        // The embedded engine closing the model's fallbacks answers when every provider failed.
+        if (!engine || !embeddedFallback(upstream, err)) {
+          const e = toOpenAIError(err);
+          done(e.status, e.type);
+          throw e;
+        }
       }
-      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
+      if (answer)
+        return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
     }
     if (!engine) throw new OpenAIError(503, "No speech engine is available on this server.", { code: "engine_unavailable" });
     if (r.instructions !== undefined) {

@@ -1,10 +1,12 @@
 import type { Hono } from "hono";
 import { z } from "zod";
 import type { Catalog } from "../../ai/catalog.ts";
+import { multipart } from "../../ai/multipart.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
-import type { ChatRouter } from "../../ai/router.ts";
+import { type ChatRouter, embeddedFallback } from "../../ai/router.ts";
 import { DEFAULT_MAX_AUDIO_SECONDS, type Transcript, type TranscriptionEngine } from "../../ai/speech/index.ts";
 import { sseEvent } from "../../ai/sse.ts";
+import { EMBEDDED_TRANSCRIPTION_MODEL } from "../../config/config.ts";
 import type { Metrics } from "../metrics.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
@@ -148,12 +150,18 @@ export function registerTranscriptionRoute(
     if (!acceptedFile(file, audio))
       throw param("file", "Unsupported file format: send flac, mp3, mp4, mpeg, mpga, m4a, ogg, opus, wav or webm.", "unsupported_format");
 
-    if (language !== undefined && languages && !languages.includes(language)) {
-      throw param("language", `language \`${language}\` is not supported by ${id}; supported: ${languages.join(", ")}`, "unsupported_language");
-    }
-    if (fields["timestamp_granularities[]"].includes("word") && (format !== "verbose_json" || !wordTimestamps)) {
-      throw param("timestamp_granularities[]", wordTimestamps ? "word timestamps need response_format verbose_json" : `${id} has no word timestamps`);
-    }
+    /** Why a model with these abilities cannot take the request (or undefined when it can). */
+    const refusal = (languages: readonly string[] | undefined, wordTimestamps: boolean, id: string): OpenAIError | undefined => {
+      if (language !== undefined && languages && !languages.includes(language)) {
+        return param("language", `language \`${language}\` is not supported by ${id}; supported: ${languages.join(", ")}`, "unsupported_language");
+      }
+      if (fields["timestamp_granularities[]"].includes("word") && (format !== "verbose_json" || !wordTimestamps)) {
+        return param("timestamp_granularities[]", wordTimestamps ? "word timestamps need response_format verbose_json" : `${id} has no word timestamps`);
+      }
+      return undefined;
+    };
+    const refused = refusal(languages, wordTimestamps, id);
+    if (refused) throw refused;
     const signal = clientGone(c);
     const done = (status: number, error?: string) => metrics.observeAi(ROUTE, id, status, (performance.now() - started) / 1000, error);
 
@@ -161,15 +169,21 @@ export function registerTranscriptionRoute(
       // The validated fields go on as they came, with the upstream model's name.
       const fields = [...form.entries()].filter((e): e is [string, string] => e[0] !== "model" && typeof e[1] === "string");
       const upload = { name: file.name || "audio", type: file.type || "application/octet-stream", bytes: audio };
-      let answer: RawAnswer;
+      let answer: RawAnswer | undefined;
       try {
         answer = await router.relay(entry.model, ROUTE, (name) => multipart([["model", name], ...fields], upload), signal);
       } catch (err) {
-        const e = toOpenAIError(err);
-        done(e.status, e.type);
-        throw e;
+        // The embedded recogniser closing the model's fallbacks answers when every provider failed, if it can serve the request.
+        const embedded =
+          engine && embeddedFallback(entry.model, err) && !refusal(engine.languages, engine.wordTimestamps === true, EMBEDDED_TRANSCRIPTION_MODEL);
+        if (!embedded) {
+          const e = toOpenAIError(err);
+          done(e.status, e.type);
+          throw e;
+        }
       }
-      return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
+      if (answer)
+        return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
     }
 
     // Engine failures (busy, undecodable, too long, language) are kinds of GenerationError, mapped in one place.
@@ -243,21 +257,6 @@ export function registerTranscriptionRoute(
     const rendered = RENDERERS[format](transcript, fields);
     return c.body(rendered.body, 200, { "content-type": rendered.contentType });
   });
-}
-
-/** Text fields and one file as multipart/form-data, with its boundary. */
-function multipart(fields: Array<[string, string]>, file: { name: string; type: string; bytes: Uint8Array }): { body: Buffer; contentType: string } {
-  const boundary = `----perch${crypto.randomUUID().replaceAll("-", "")}`;
-  const quote = (s: string) => s.replace(/["\r\n]/g, (ch) => encodeURIComponent(ch));
-  const parts: Buffer[] = fields.map(([key, value]) =>
-    Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="${quote(key)}"\r\n\r\n${value}\r\n`),
-  );
-  parts.push(
-    Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${quote(file.name)}"\r\nContent-Type: ${file.type}\r\n\r\n`),
-    Buffer.from(file.bytes.buffer, file.bytes.byteOffset, file.bytes.byteLength),
-    Buffer.from(`\r\n--${boundary}--\r\n`),
-  );
-  return { body: Buffer.concat(parts), contentType: `multipart/form-data; boundary=${boundary}` };
 }
 
 function timestamp(seconds: number, separator: "," | "."): string {

@@ -8,6 +8,9 @@ import {
   ContactList,
   ContactListQuery,
   ContactUpdate,
+  Conversation,
+  ConversationList,
+  ConversationListQuery,
   DeviceInfo,
   PeerStatus,
   Runtime,
@@ -25,7 +28,7 @@ import { JSON_UTF8, jsonText } from "../json.ts";
 import { requireJson } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import { jsonBodyLimit } from "./limits.ts";
-import { bearerSecurity, errors, json, jsonBody } from "./responses.ts";
+import { bearerSecurity, errors, json, jsonBody, noContent } from "./responses.ts";
 
 /** The `/side-control/*` routes: a Side Control session acting on its bound target device. */
 export function registerSideControlRoutes(app: App, domain: Domain, callers: Callers): void {
@@ -81,12 +84,25 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
 
   app.openapi(
     createRoute({
+      ...route("delete", "/side-control/session"),
+      summary: "End the caller's own Side Control session (the app's \"forget this device\"); its event streams end on every node",
+      responses: { 204: noContent, ...authErrors },
+    }),
+    async (c) => {
+      await domain.sideControl.endOwnSession(c.get("principal") as SideControlPrincipal);
+      return c.body(null, 204);
+    },
+  );
+
+  app.openapi(
+    createRoute({
       ...route("get", "/side-control/events"),
       summary: "The target device's changes, live (server-sent events; bearer header only)",
       description:
         "Events `status` (PeerStatus) and `runtime` (Runtime) at once, then `status` on every change, `runtime` when `online` or the node " +
         "changes, `telemetry` ({values: [{field, value, observed_at_unix_ms}]}, at most every 250 ms), `contacts` ({name, change}), and " +
-        "`session` ({state: revoked | expired}) after which the stream ends. A comment line after 15 s without an event. " +
+        "`conversation` (ConversationEntry: each finished user transcript, reply and tool call of the device's voice conversation, " +
+        "whether or not transcripts are stored), and `session` ({state: revoked | expired}) after which the stream ends. A comment line after 15 s without an event. " +
         "At most 4 open streams per session (429 `RATE_LIMITED`).",
       responses: {
         200: {
@@ -199,6 +215,57 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       responses: { 200: json(Contact, "The deleted contact"), ...authErrors, ...errors(404) },
     }),
     async (c) => c.json(await domain.contacts.delete(target(c), nameOf(c)), 200, JSON_UTF8),
+  );
+
+  const conversationId = z.object({ id: z.string().openapi({ description: "the conversation's id" }) });
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/conversations"),
+      summary: "The target device's stored conversations, newest first (`stored: false` and no items while the server stores none)",
+      request: { query: ConversationListQuery },
+      responses: { 200: json(ConversationList, "A page of conversations"), ...authErrors, ...errors(400) },
+    }),
+    async (c) => {
+      const { cursor, limit } = c.req.valid("query");
+      return c.json(await domain.conversations.list(target(c), cursor, limit), 200, JSON_UTF8);
+    },
+    invalid("INVALID_REQUEST"),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/conversations/{id}"),
+      summary: "One stored conversation with its entries in order",
+      request: { params: conversationId },
+      responses: { 200: json(Conversation, "The conversation"), ...authErrors, ...errors(404) },
+    }),
+    async (c) => c.json(await domain.conversations.get(target(c), c.req.valid("param").id), 200, JSON_UTF8),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("delete", "/side-control/conversations/{id}"),
+      summary: "Delete a stored conversation for good",
+      request: { params: conversationId },
+      responses: { 204: noContent, ...authErrors, ...errors(404) },
+    }),
+    async (c) => {
+      await domain.conversations.delete(target(c), c.req.valid("param").id);
+      return c.body(null, 204);
+    },
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("delete", "/side-control/conversations"),
+      summary: "Delete every stored conversation of the target device for good",
+      responses: { 204: noContent, ...authErrors },
+    }),
+    async (c) => {
+      await domain.conversations.deleteAll(target(c));
+      return c.body(null, 204);
+    },
   );
 }
 

@@ -1,0 +1,394 @@
+import type { Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { join } from "node:path";
+import type { OpenAPIHono } from "@hono/zod-openapi";
+import pino, { type Logger } from "pino";
+import { startToolbox } from "../ai/agents/toolbox.ts";
+import { Catalog } from "../ai/catalog.ts";
+import { ChatService } from "../ai/chat.ts";
+import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
+import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
+import { checkVoiceModels } from "../ai/voice-models.ts";
+import { buildInfo } from "../build-info.ts";
+import type { Config } from "../config/config.ts";
+import { loadOrCreateServerKey } from "../config/server-key.ts";
+import { encodeKey, privateKeyObject } from "../crypto/keys.ts";
+import { type Clock, systemClock } from "../domain/clock.ts";
+import { DAY_MS, type DomainContext } from "../domain/context.ts";
+import { DomainEvents } from "../domain/events.ts";
+import { Domain } from "../domain/index.ts";
+import { serverInfo } from "../domain/server-info.ts";
+import { Commands, type EventBus, openEventBus } from "../events/index.ts";
+import { createApp, createSurfacesApp } from "../http/app.ts";
+import { compatSurface } from "../http/compat/surface.ts";
+import type { AppEnv } from "../http/env.ts";
+import { createHttpServer } from "../http/listener.ts";
+import { Metrics } from "../http/metrics.ts";
+import type { Callers } from "../http/principal.ts";
+import type { Surface } from "../http/surface.ts";
+import { Store } from "../store/index.ts";
+import { startTransport } from "../transport/start.ts";
+import type { WebRtcTransport } from "../transport/transport.ts";
+import { voiceEngines } from "../voice/engines.ts";
+import { loadResampler } from "../voice/resampler.ts";
+import { VoiceService } from "../voice/service.ts";
+import { embeddedEngines } from "./engines.ts";
+import { Closers, Jobs } from "./jobs.ts";
+import { nodeWebRtcPort } from "./webrtc-port.ts";
+
+export interface StartOptions {
+  config: Config;
+  clock?: Clock;
+  logger?: Logger;
+  /** Surfaces mounted beside the Compatible API, the Public API and operations, each at its own base path. */
+  surfaces?: () => Surface[];
+  /** Where provider keys (`api_key_env`) are read; default the process environment. */
+  env?: NodeJS.ProcessEnv;
+  providerFactory?: ProviderFactory;
+  /** The embedded speech engines; default the process's own (see `embeddedEngines`). */
+  engines?: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
+  /** Warm the speech engine up in the background once listening (the command line does). */
+  warmUp?: boolean;
+  /** How often expired rows and old telemetry are deleted (default a minute). */
+  cleanupIntervalMs?: number;
+  /** After how long without an event a Side Control event stream gets a keep-alive comment (default 15 s). */
+  liveKeepAliveMs?: number;
+}
+
+export interface RunningServer {
+  /** `http://host:port` of the listener. */
+  url: string;
+  port: number;
+  domain: Domain;
+  store: Store;
+  /** The HTTP server: a transport hands it further connections (`emit("connection", stream)`). */
+  httpServer: Server;
+  /** The WebRTC transport, when this node answers offers. */
+  transport: WebRtcTransport | undefined;
+  /** The event bus (PostgreSQL `LISTEN`/`NOTIFY` when the store is PostgreSQL, else in process). */
+  events: EventBus;
+  /** Commands to the node that holds a connection (over `events`). */
+  commands: Commands;
+  /** Stops accepting, lets in-flight requests finish, then the node leaves and closes the store. */
+  close(): Promise<void>;
+}
+
+const CLEANUP_INTERVAL_MS = 60_000;
+const LOG_FLUSH_INTERVAL_MS = 250;
+
+/**
+ * JSON lines on standard output, buffered and written in batches (at 4 KiB, every 250 ms, at
+ * start-up, shutdown and exit): a write per request line cost about a fifth of a `GET /me/status`.
+ */
+function createLogger(config: Config): Logger {
+  return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: 4096 }));
+}
+
+/** What `Node.build` opened before the node's parts are wired: the store and the event bus. */
+interface Opened {
+  logger: Logger;
+  serverKey: DomainContext["serverKey"];
+  store: Store;
+  events: EventBus;
+  closers: Closers;
+}
+
+/**
+ * One Perch node, in three steps: `build` (configuration checked, store and event bus open, domain
+ * and HTTP application wired; nothing accepts connections), `listen` (the port, the node's presence
+ * in the store, the WebRTC transport, the periodic jobs) and `close` (the reverse, from any step).
+ */
+export class Node {
+  readonly config: Config;
+  readonly clock: Clock;
+  readonly logger: Logger;
+  readonly store: Store;
+  readonly events: EventBus;
+  readonly commands: Commands;
+  readonly domain: Domain;
+  readonly metrics: Metrics;
+  readonly chat: ChatService;
+  /** The HTTP server; it listens once `listen()` took the port. */
+  readonly httpServer: Server;
+  /** The periodic jobs, started by `listen()` and stopped first at shutdown. */
+  readonly jobs: Jobs;
+  /** Set by `listen()` when the configuration enables WebRTC. */
+  transport: WebRtcTransport | undefined;
+  private readonly o: StartOptions;
+  private readonly engines: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
+  private readonly serverKey: DomainContext["serverKey"];
+  private readonly app: OpenAPIHono<AppEnv>;
+  private readonly compat: (base?: string) => (callers: Callers) => Surface;
+  /** What `build` opened (store, bus, command handlers), closed last. */
+  private readonly closers: Closers;
+  private heartbeat: { stop(): Promise<void> } | undefined;
+  /** While the node joins the store, requests wait for it (see `listen`). */
+  private joining: Promise<void> | undefined;
+  private listening = false;
+  private closing: Promise<void> | undefined;
+
+  /** Checks the configuration, opens the store and the event bus, and wires the node; listens on nothing. */
+  static async build(o: StartOptions): Promise<Node> {
+    const { config } = o;
+    const logger = o.logger ?? createLogger(config);
+    const engines = o.engines ?? embeddedEngines(config.engines);
+    const { speech, transcription } = engines;
+    checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
+    const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
+    const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
+    const closers = new Closers();
+    const store = await Store.open(config.databaseUrl, config.dataDir, {
+      onError: (err) => logger.warn({ err: err.message }, "a database connection failed; it is replaced on next use"),
+    });
+    closers.defer(() => store.close());
+    try {
+      const events = await openEventBus(config.databaseUrl, { log: logger, sqlite: { file: store.sqliteFile, pollMs: config.webrtc.peerPollMs } });
+      closers.defer(() => events.close());
+      return new Node(o, engines, { logger, serverKey, store, events, closers });
+    } catch (err) {
+      await closers.close();
+      throw err;
+    }
+  }
+
+  private constructor(o: StartOptions, engines: Node["engines"], opened: Opened) {
+    const { config } = o;
+    this.o = o;
+    this.config = config;
+    this.engines = engines;
+    this.clock = o.clock ?? systemClock;
+    ({ logger: this.logger, serverKey: this.serverKey, store: this.store, events: this.events, closers: this.closers } = opened);
+    this.commands = new Commands(this.events, config.nodeName);
+    this.closers.defer(() => this.commands.close());
+    this.domain = new Domain(
+      { store: this.store, clock: this.clock, config, serverKey: this.serverKey, events: new DomainEvents(this.events) },
+      { live: o.liveKeepAliveMs ? { keepAliveMs: o.liveKeepAliveMs } : {} },
+    );
+    this.metrics = new Metrics(() => this.store.read((r) => r.sessions.countLive(this.clock.now())));
+    this.jobs = new Jobs(this.logger);
+    const { speech, transcription } = engines;
+    const catalog = new Catalog(config, {
+      ...(speech ? { speech: { voices: speech.voices } } : {}),
+      ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
+    });
+    const router = new ChatRouter(config, o.env, o.providerFactory);
+    const tools = startToolbox(config, {
+      domain: this.domain,
+      logger: this.logger,
+      env: o.env ?? process.env,
+      registry: this.metrics.registry,
+      devices: (key) => this.transport?.deviceTools(key),
+    });
+    this.closers.defer(() => tools.close());
+    this.chat = new ChatService({ router, catalog, tools });
+    this.compat = (base) => (callers) =>
+      compatSurface({
+        callers,
+        catalog,
+        chat: this.chat,
+        router,
+        metrics: this.metrics,
+        speech,
+        transcription,
+        limits: config.compat,
+        ...(base ? { base } : {}),
+      });
+    this.app = this.createApp();
+    this.httpServer = createHttpServer({
+      // Requests wait while the node joins: what they write (an event stream's slot) must come after what the join clears.
+      fetch: (request, env) => {
+        const go = () => this.app.fetch(request, env);
+        return this.joining ? this.joining.then(go, go) : go();
+      },
+      requestTimeoutMs: config.http.requestTimeoutMs,
+      maxConnections: config.http.maxConnections,
+      logger: this.logger,
+      metrics: this.metrics,
+    });
+  }
+
+  private createApp(): OpenAPIHono<AppEnv> {
+    const build = buildInfo();
+    const webrtcEnabled = this.config.webrtc.enabled;
+    const identity = { version: build.version, buildCommit: build.commit, ice: { udp: webrtcEnabled, tcp: false } };
+    const { host, publicEndpoint } = this.config;
+    const wildcard = host === "0.0.0.0" || host === "::";
+    return createApp({
+      domain: this.domain,
+      logger: this.logger,
+      metrics: this.metrics,
+      version: build.version,
+      webrtc: webrtcEnabled ? nodeWebRtcPort(this) : undefined,
+      // Test surfaces first: of surfaces sharing a base, the first mounted answers its unrouted paths.
+      surfaces: (callers) => [...(this.o.surfaces?.() ?? []), this.compat()(callers)],
+      // A wildcard listen address is not one a client can dial, so then the request's Host is used.
+      serverInfo: (requestHost) =>
+        serverInfo(this.domain.ctx, identity, publicEndpoint ?? (wildcard ? (requestHost ?? this.hostPort("127.0.0.1")) : this.hostPort(host))),
+    });
+  }
+
+  /** The port the listener is bound to (`config.port` may be 0: any free one). */
+  get port(): number {
+    return (this.httpServer.address() as AddressInfo | null)?.port ?? this.config.port;
+  }
+
+  private hostPort(host: string): string {
+    return host.includes(":") ? `[${host}]:${this.port}` : `${host}:${this.port}`;
+  }
+
+  /**
+   * Takes the port, joins the store, starts the WebRTC transport when enabled and the periodic
+   * jobs. Once only; when a step fails, what the earlier ones began is closed and the error thrown.
+   */
+  async listen(): Promise<RunningServer> {
+    if (this.listening || this.closing) throw new Error("listen() was already called on this server");
+    this.listening = true;
+    try {
+      // The port first: a node that cannot take it (the same node already runs there) must not
+      // touch the store, where joining clears what the running one holds.
+      await new Promise<void>((resolve, reject) => {
+        this.httpServer.once("error", reject);
+        this.httpServer.listen(this.config.port, this.config.host, () => {
+          this.httpServer.off("error", reject);
+          resolve();
+        });
+      });
+      await this.join();
+      if (this.config.webrtc.enabled) this.transport = await this.startTransport();
+    } catch (err) {
+      await this.close();
+      throw err;
+    }
+    this.startJobs();
+    this.announce();
+    return this.running();
+  }
+
+  /**
+   * The node joins before it serves anything (requests wait for it): what a crashed run of it left
+   * is cleared, and its heartbeat (which makes its peers' records and its event streams count) starts.
+   */
+  private async join(): Promise<void> {
+    this.joining = this.domain.presence.join();
+    try {
+      await this.joining;
+    } finally {
+      this.joining = undefined;
+    }
+    this.heartbeat = this.domain.presence.startHeartbeat({
+      onError: (err) => this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
+      onRecovered: () => this.logger.info("node heartbeat written again"),
+    });
+  }
+
+  /** The WebRTC transport: stream 1 serves this same application, stream 2 the Compatible API at `/v1`. */
+  private async startTransport(): Promise<WebRtcTransport> {
+    const compatibleApi = createSurfacesApp({ domain: this.domain, logger: this.logger, metrics: this.metrics }, (callers) => [this.compat("/v1")(callers)]);
+    return startTransport(this.config, {
+      voice: await this.startVoice(),
+      domain: this.domain,
+      logger: this.logger,
+      registry: this.metrics.registry,
+      httpMetrics: this.metrics,
+      httpPort: this.port,
+      publicApi: this.app.fetch,
+      compatibleApi: compatibleApi.fetch,
+    });
+  }
+
+  /** Voice conversations, when an agent may answer devices and the engines can hear and speak. */
+  private async startVoice(): Promise<VoiceService | undefined> {
+    if (this.config.agents.length === 0) return undefined;
+    const found = voiceEngines(this.engines.speech, this.engines.transcription);
+    if (typeof found === "string") {
+      if (this.config.voice.agent) this.logger.warn({ reason: found }, "voice conversations are off");
+      return undefined;
+    }
+    return new VoiceService({
+      config: this.config,
+      domain: this.domain,
+      chat: this.chat,
+      ...found,
+      resampler: await loadResampler(),
+      registry: this.metrics.registry,
+      logger: this.logger.child({ component: "voice" }),
+    });
+  }
+
+  /** The periodic jobs of a listening node; a capability with a job of its own adds one line here. */
+  private startJobs(): void {
+    const { config, clock, store } = this;
+    this.jobs.every("cleanup of expired rows", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, async () => {
+      const now = clock.now();
+      await store.deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS);
+      await this.domain.live.sweep();
+    });
+    this.jobs.every("transcript retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.conversations.sweep());
+    this.jobs.every("log flush", LOG_FLUSH_INTERVAL_MS, () => this.logger.flush());
+  }
+
+  /** The start-up line, then the engines' background loading. */
+  private announce(): void {
+    // Written at any level but "silent": operators and scripts look for it.
+    const startup = this.logger.level === "silent" ? this.logger : this.logger.child({}, { level: "info" });
+    startup.info({ address: this.hostPort(this.config.host), server_public_key: this.serverKey.publicKeyText, store: this.store.dialect }, "perch listening");
+    const { speech, transcription } = this.engines;
+    // The recogniser's models load in their worker threads while the server already answers.
+    transcription?.start?.().catch((err: unknown) => this.logger.error({ err }, "the transcription engine could not load its models"));
+    if (this.o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
+      (speech.warmUp as () => Promise<void>)().catch((err: unknown) => this.logger.warn({ err }, "speech engine warm-up failed"));
+    }
+    this.logger.flush();
+  }
+
+  private running(): RunningServer {
+    const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
+    const { domain, store, httpServer, transport, events, commands } = this;
+    return {
+      url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
+      port: this.port,
+      domain,
+      store,
+      httpServer,
+      transport,
+      events,
+      commands,
+      close: () => this.close(),
+    };
+  }
+
+  /** Shuts the node down from whatever step it reached; once (later calls get the same promise). */
+  close(): Promise<void> {
+    this.closing ??= this.shutdown();
+    return this.closing;
+  }
+
+  /**
+   * Stops accepting first; closes the event streams and the WebRTC connections while in-flight
+   * requests finish; then the node leaves the store (`presence.leave`, the one writer of its peers'
+   * offline records at shutdown), closes what `build` opened, and flushes the log.
+   */
+  private async shutdown(): Promise<void> {
+    await this.jobs.stop();
+    const server = this.httpServer;
+    const stopped = new Promise<void>((resolve) => {
+      if (!server.listening) return resolve();
+      server.close(() => resolve());
+      server.closeIdleConnections();
+      // A kept-alive connection whose in-flight response finishes later is closed too: close()
+      // waits for requests, not for idle clients to hang up (up to the keep-alive timeout).
+      const sweep = setInterval(() => server.closeIdleConnections(), 50);
+      server.once("close", () => clearInterval(sweep));
+    });
+    // Event streams never finish by themselves: they end here, and their clients reconnect elsewhere.
+    this.domain.live.close();
+    await this.transport?.close();
+    await stopped;
+    if (this.heartbeat) {
+      await this.heartbeat.stop();
+      await this.domain.presence.leave().catch((err) => this.logger.error({ err }, "could not clear this node's records"));
+    }
+    await this.closers.close();
+    this.logger.flush();
+  }
+}

@@ -1,0 +1,35 @@
+import { DomainError } from "../domain/errors.ts";
+import type { Domain } from "../domain/index.ts";
+import { CommandError, type Commands } from "../events/index.ts";
+import type { WebRtcPort } from "../http/public/webrtc.ts";
+import type { WebRtcTransport } from "../transport/transport.ts";
+
+/**
+ * The Public API's side of a node's WebRTC transport. The transport is read when called (it runs
+ * only once the node listens); a tone for a device connected to another node goes there as a
+ * command over the bus, which this node answers in turn for its own connections.
+ */
+export function nodeWebRtcPort(node: { domain: Domain; commands: Commands; transport: WebRtcTransport | undefined; config: { nodeName: string } }): WebRtcPort {
+  node.commands.handle("audio.tone", ({ key, frequency, duration }) =>
+    typeof key === "string" && typeof frequency === "number" && typeof duration === "number" ? node.transport?.playTone(key, frequency, duration) : undefined,
+  );
+  return {
+    answer: (offer, timing) => {
+      if (!node.transport)
+        throw new DomainError("unavailable", "UNAVAILABLE", "this node does not answer offers (its WebRTC transport is not running)", undefined, 1);
+      return node.transport.answer(offer, timing);
+    },
+    playTone: async (key, frequency, duration) => {
+      const here = node.transport?.playTone(key, frequency, duration);
+      if (here) return here;
+      const { online, node: holder } = await node.domain.peers.runtime(key);
+      if (!online || holder === undefined || holder === node.config.nodeName) return undefined;
+      try {
+        return (await node.commands.call(holder, "audio.tone", { key, frequency, duration })) as { frames: number } | undefined;
+      } catch (err) {
+        if (err instanceof CommandError) return undefined;
+        throw err;
+      }
+    },
+  };
+}

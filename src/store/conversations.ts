@@ -1,0 +1,87 @@
+import { sql } from "kysely";
+import type { Db } from "./database.ts";
+import type { Tables } from "./schema.ts";
+
+export type ConversationRow = Tables["conversations"];
+export type ConversationEntryRow = Tables["conversation_entries"];
+
+/** Stored voice transcripts: a device's conversations and their entries. */
+export class ConversationRepository {
+  private readonly db: Db;
+
+  constructor(db: Db) {
+    this.db = db;
+  }
+
+  /**
+   * Appends an entry (its `seq` is the conversation's count so far), creating the conversation on
+   * its first entry; false when the device is no longer registered (nothing is written).
+   */
+  async append(c: { id: string; publicKey: string; startedAt: number }, e: Omit<ConversationEntryRow, "conversation_id" | "seq">): Promise<boolean> {
+    const peer = await this.db.selectFrom("peers").select("public_key").where("public_key", "=", c.publicKey).executeTakeFirst();
+    if (!peer) return false;
+    await this.db
+      .insertInto("conversations")
+      .values({ id: c.id, public_key: c.publicKey, started_at: c.startedAt, ended_at: null, last_at: e.at, turns: 0, entries: 0, last_text: "" })
+      .onConflict((oc) => oc.column("id").doNothing())
+      .execute();
+    // One statement takes the entry's sequence number and moves the summary on.
+    const row = await this.db
+      .updateTable("conversations")
+      .set((eb) => ({
+        entries: eb("entries", "+", 1),
+        turns: sql<number>`case when turns > ${e.turn} then turns else ${e.turn} end`,
+        last_text: e.text,
+        last_at: e.at,
+      }))
+      .where("id", "=", c.id)
+      .returning("entries")
+      .executeTakeFirstOrThrow();
+    await this.db
+      .insertInto("conversation_entries")
+      .values({ ...e, conversation_id: c.id, seq: row.entries - 1 })
+      .execute();
+    return true;
+  }
+
+  /** Marks the conversation ended (its connection closed); nothing when it was never stored. */
+  async end(id: string, at: number): Promise<void> {
+    await this.db.updateTable("conversations").set({ ended_at: at }).where("id", "=", id).where("ended_at", "is", null).execute();
+  }
+
+  /** The device's conversations newest first, strictly before `before` (start time, id) when given. */
+  list(publicKey: string, before: { startedAt: number; id: string } | undefined, limit: number): Promise<ConversationRow[]> {
+    let q = this.db.selectFrom("conversations").selectAll().where("public_key", "=", publicKey);
+    if (before) q = q.where((eb) => eb(eb.refTuple("started_at", "id"), "<", eb.tuple(before.startedAt, before.id)));
+    return q.orderBy("started_at", "desc").orderBy("id", "desc").limit(limit).execute();
+  }
+
+  get(publicKey: string, id: string): Promise<ConversationRow | undefined> {
+    return this.db.selectFrom("conversations").selectAll().where("id", "=", id).where("public_key", "=", publicKey).executeTakeFirst();
+  }
+
+  entries(id: string): Promise<ConversationEntryRow[]> {
+    return this.db.selectFrom("conversation_entries").selectAll().where("conversation_id", "=", id).orderBy("seq").execute();
+  }
+
+  /** Deletes one of the device's conversations with its entries; false when it has none of that id. */
+  async delete(publicKey: string, id: string): Promise<boolean> {
+    const r = await this.db.deleteFrom("conversations").where("id", "=", id).where("public_key", "=", publicKey).executeTakeFirst();
+    return r.numDeletedRows > 0n;
+  }
+
+  /** Deletes every conversation of the device; returns how many. */
+  async deleteAll(publicKey: string): Promise<number> {
+    const r = await this.db.deleteFrom("conversations").where("public_key", "=", publicKey).executeTakeFirst();
+    return Number(r.numDeletedRows);
+  }
+
+  /** Deletes up to `batch` conversations whose last entry is older than `before`; returns how many. */
+  async deleteOlderThan(before: number, batch: number): Promise<number> {
+    const r = await this.db
+      .deleteFrom("conversations")
+      .where("id", "in", (eb) => eb.selectFrom("conversations").select("id").where("last_at", "<", before).limit(batch))
+      .executeTakeFirst();
+    return Number(r.numDeletedRows);
+  }
+}

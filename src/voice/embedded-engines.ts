@@ -1,0 +1,126 @@
+import type { MoonshineEngine } from "../ai/speech/recogniser.ts";
+import type { FliteSpeechEngine } from "../ai/speech/speech.ts";
+import {
+  EMBEDDED,
+  RECOGNITION_RATE,
+  type SpeechChunk,
+  type SpeechPort,
+  type SynthesisRequest,
+  type TranscriptionPort,
+  type TurnTranscription,
+  type TurnTranscriptionOptions,
+  type VoiceActivityPort,
+} from "./engine-ports.ts";
+
+/** flite speaks a whole sentence at once; it is handed on in pieces this long, so that playout pulls it as it plays. */
+const PIECE_S = 0.25;
+/** Partial words while speaking only in turns longer than this (a short question's final comes at once). */
+const PARTIALS_AFTER_S = 3;
+
+/** The embedded synthesiser (flite) as a speech port. */
+export function embeddedSpeech(engine: Pick<FliteSpeechEngine, "speak">): SpeechPort {
+  return {
+    engine: EMBEDDED,
+    async *synthesize(r: SynthesisRequest): AsyncGenerator<SpeechChunk> {
+      const { samples, sampleRate } = await engine.speak(r.text, r.voice, r.signal);
+      const step = Math.round(PIECE_S * sampleRate);
+      for (let at = 0; at < samples.length; at += step) {
+        r.signal.throwIfAborted();
+        yield { pcm: samples.subarray(at, at + step), sampleRate };
+      }
+    },
+  };
+}
+
+/** Admits one partial recognition at a time in the process (a final must never wait behind many partials). */
+export class PartialGate {
+  private running = 0;
+  private readonly max: number;
+
+  constructor(max = 1) {
+    this.max = max;
+  }
+
+  tryAcquire(): (() => void) | undefined {
+    if (this.running >= this.max) return undefined;
+    this.running++;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      this.running--;
+    };
+  }
+}
+
+/** The embedded recogniser (Moonshine) as a transcription port; `gate` is shared by the process's conversations. */
+export function embeddedTranscription(engine: Pick<MoonshineEngine, "createIncrementalRecogniser" | "languages">, gate: PartialGate): TranscriptionPort {
+  return {
+    engine: EMBEDDED,
+    languages: engine.languages,
+    streamsPartials: true,
+    open: (o) => new EmbeddedTurn(engine.createIncrementalRecogniser(), gate, o),
+  };
+}
+
+/** The embedded detector (Silero) as the voice activity port. */
+export function embeddedVoiceActivity(engine: Pick<MoonshineEngine, "createVad">): VoiceActivityPort {
+  return { create: (o) => engine.createVad(o) };
+}
+
+/**
+ * One turn on the incremental recogniser: it recognises on its own after a short silence (and
+ * `finish()` reuses that); a pause asks for the same at once; in long turns, partial words go out
+ * while the user speaks, one recognition at a time in the process.
+ */
+class EmbeddedTurn implements TurnTranscription {
+  private readonly recogniser: ReturnType<MoonshineEngine["createIncrementalRecogniser"]>;
+  private readonly gate: PartialGate;
+  private readonly o: TurnTranscriptionOptions;
+  private samples = 0;
+  private running = false;
+
+  constructor(recogniser: EmbeddedTurn["recogniser"], gate: PartialGate, o: TurnTranscriptionOptions) {
+    this.recogniser = recogniser;
+    this.gate = gate;
+    this.o = o;
+  }
+
+  push(pcm: Int16Array): void {
+    this.recogniser.push(pcm);
+    this.samples += pcm.length;
+    if (this.samples >= PARTIALS_AFTER_S * RECOGNITION_RATE) this.partial(this.gate.tryAcquire());
+  }
+
+  pause(): void {
+    // The recognition at a pause is (likely) the final transcript itself: it is not gated.
+    this.partial(() => {});
+  }
+
+  async finish(): Promise<string> {
+    this.o.signal.throwIfAborted();
+    const text = await this.recogniser.finish();
+    this.o.signal.throwIfAborted();
+    return text.trim();
+  }
+
+  private partial(release: (() => void) | undefined): void {
+    if (!release) return;
+    if (this.running || this.o.signal.aborted) {
+      release();
+      return;
+    }
+    this.running = true;
+    this.recogniser.partial().then(
+      (text) => {
+        release();
+        this.running = false;
+        if (!this.o.signal.aborted) this.o.partial(text);
+      },
+      () => {
+        release();
+        this.running = false;
+      },
+    );
+  }
+}
