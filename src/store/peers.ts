@@ -6,6 +6,8 @@ import type { Tables } from "./schema.ts";
 export type PeerRow = Tables["peers"];
 
 const peerByKey = compiled((db, key: string) => db.selectFrom("peers").selectAll().where("public_key", "=", key), "");
+/** PostgreSQL only (SQLite has no row locks). */
+const peerByKeyForShare = compiled((db, key: string) => db.selectFrom("peers").selectAll().where("public_key", "=", key).forKeyShare(), "");
 
 export class PeerRepository {
   private readonly db: Db;
@@ -27,9 +29,8 @@ export class PeerRepository {
    * The peer, kept from removal until the transaction ends (a key-share lock on PostgreSQL, which
    * still lets it be blocked; SQLite write transactions run one at a time).
    */
-  getForShare(publicKey: string): Promise<PeerRow | undefined> {
-    const q = this.db.selectFrom("peers").selectAll().where("public_key", "=", publicKey);
-    return (this.dialect === "postgres" ? q.forKeyShare() : q).executeTakeFirst();
+  async getForShare(publicKey: string): Promise<PeerRow | undefined> {
+    return (await (this.dialect === "postgres" ? peerByKeyForShare : peerByKey)(this.db, this.dialect, publicKey))[0];
   }
 
   list(): Promise<PeerRow[]> {
