@@ -3,6 +3,7 @@ import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
+import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
 import { telemetryIngestBench } from "./telemetry-ingest.ts";
 import { voiceBench } from "./voice.ts";
@@ -19,6 +20,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   events: eventsBench,
   "telemetry-ingest": telemetryIngestBench,
   voice: voiceBench,
+  revocation: revocationBench,
 };
 const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);

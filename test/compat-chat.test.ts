@@ -52,6 +52,7 @@ describe("Compatible API: chat", () => {
             tools: ["device_status", "device_runtime", "device_telemetry", "contacts_list"],
             max_steps: 4,
           },
+          { id: "terse", model: "my-chat", max_tokens: 50 },
         ],
         api_keys: [
           { name: "app", sha256: sha256(APP_KEY), models: ["*"] },
@@ -94,6 +95,7 @@ describe("Compatible API: chat", () => {
       "other-chat",
       "safe-chat",
       "slow-chat",
+      "terse",
       "vision-chat",
     ]);
     assert.ok(ids.includes("tts-1"));
@@ -393,6 +395,19 @@ describe("Compatible API: chat", () => {
     assert.equal(sent.length, 4);
     assert.equal(sent[3]!.body.tools, undefined);
     assert.deepEqual(JSON.parse(sent[1]!.body.messages.at(-1).content), []);
+  });
+
+  test("agent max_tokens: sent to the model when the request gives none or more; a request asking for fewer keeps its own", async () => {
+    const sent = async (extra: Record<string, number>) => {
+      primary.reply({ content: "ok" });
+      await device.chat.completions.create({ model: "terse", messages: [{ role: "user", content: "hi" }], ...extra });
+      const body = primary.received.at(-1)!.body;
+      return { max_tokens: body.max_tokens, max_completion_tokens: body.max_completion_tokens };
+    };
+    assert.deepEqual(await sent({}), { max_tokens: 50, max_completion_tokens: undefined });
+    assert.deepEqual(await sent({ max_tokens: 500 }), { max_tokens: 50, max_completion_tokens: undefined });
+    assert.deepEqual(await sent({ max_completion_tokens: 500 }), { max_tokens: 50, max_completion_tokens: undefined });
+    assert.deepEqual(await sent({ max_tokens: 20 }), { max_tokens: 20, max_completion_tokens: undefined });
   });
 
   test("agent with an API key: device tools are withheld and refused", async () => {
