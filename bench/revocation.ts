@@ -101,7 +101,7 @@ async function run(kind: "sqlite" | "postgres"): Promise<Record<string, unknown>
         for (const s of streams) s.close();
       }
       results[action] = Object.fromEntries(
-        nodes.map((_node, i) => {
+        nodes.map((_, i) => {
           const ms = times[i]!;
           return [i === 0 ? "node A" : "node B", { ...percentiles(ms), max: round(Math.max(...ms)), mean: round(ms.reduce((x, y) => x + y, 0) / ms.length) }];
         }),

@@ -275,7 +275,8 @@ describe("Compatible API: chat", () => {
     });
   });
 
-  test("client disconnect cancels the upstream call: the provider sees its connection closed", async () => {
+  // Bounded well below the provider's 60 s idle timeout, which would close the call too: only the cancellation closes it in time.
+  test("client disconnect cancels the upstream call: the provider sees its connection closed", { timeout: 30_000 }, async () => {
     primary.reply({ hang: true });
     const controller = new AbortController();
     const stream = await app.chat.completions.create(
@@ -324,10 +325,46 @@ describe("Compatible API: chat", () => {
         }
       })(),
       (err: any) => {
-        assert.match(String(err.message), /stream failed|ended early/);
+        assert.match(String(err.message), /the provider's stream failed/);
         return true;
       },
     );
+    await call.aborted;
+  });
+
+  test("an upstream stream that ends with no finish and no [DONE] ends with an error event after the content it sent", async () => {
+    primary.reply({ chunks: ["Once upon ", "a time"], after: "close" });
+    const stream = await app.chat.completions.create({ model: "my-chat", messages: [{ role: "user", content: "Hi" }], stream: true });
+    let content = "";
+    await assert.rejects(
+      (async () => {
+        for await (const c of stream) content += c.choices[0]?.delta.content ?? "";
+      })(),
+      (err: any) => {
+        assert.match(String(err.message), /the provider's stream ended early/);
+        return true;
+      },
+    );
+    assert.equal(content, "Once upon a time");
+  });
+
+  // Bounded well below the provider's 60 s idle timeout, which would close the call too.
+  test("agent: a step the provider breaks (an invalid tool call) ends the stream with an error event and closes the provider's call", {
+    timeout: 30_000,
+  }, async () => {
+    primary.reply({ tool_calls: [{ id: "call_x", name: "x".repeat(300), arguments: "{}" }], after: "hold" });
+    const stream = await device.chat.completions.create({ model: "helper", messages: [{ role: "user", content: "Hi" }], stream: true });
+    const call = primary.received.at(-1)!;
+    await assert.rejects(
+      (async () => {
+        for await (const _ of stream);
+      })(),
+      (err: any) => {
+        assert.match(String(err.message), /invalid tool call: a tool name is over 256 characters/);
+        return true;
+      },
+    );
+    // The client is still connected: the agent left the provider's stream, and leaving it closes the call.
     await call.aborted;
   });
 
