@@ -4,6 +4,7 @@ import type { ConversationEntry, PeerStatus, Runtime, TelemetryField } from "../
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 import type { DeviceMessage, PeerMessage } from "./events.ts";
+import { NodeDeadlines, type NodeWatcher } from "./node-deadlines.ts";
 import type { PeerService } from "./peers.ts";
 import type { SideControlPrincipal } from "./principal.ts";
 import { StreamSlots } from "./stream-slots.ts";
@@ -52,6 +53,7 @@ export class LiveService {
   private readonly hubs = new Map<string, DeviceHub>();
   private readonly streams = new Set<LiveStream>();
   private readonly slots: StreamSlots;
+  private readonly deadlines: NodeDeadlines;
   private closed = false;
   private readonly keepAliveMs: number;
   private ticker: NodeJS.Timeout | undefined;
@@ -62,6 +64,7 @@ export class LiveService {
     this.peers = peers;
     this.keepAliveMs = o.keepAliveMs ?? KEEP_ALIVE_MS;
     this.slots = new StreamSlots(ctx);
+    this.deadlines = new NodeDeadlines(ctx.clock, peers);
   }
 
   /** Open streams on this node (for metrics and tests). */
@@ -99,7 +102,8 @@ export class LiveService {
       // Ended meanwhile (revoked, shutdown): its `forget` ran before the slot was held.
       if (stream.ended) this.release(stream);
       // Subscribed before reading: a change committed meanwhile is queued and follows the snapshot.
-      const [status, runtime] = await Promise.all([this.peers.status(principal.targetKey), this.peers.runtime(principal.targetKey)]);
+      const [status, { runtime, offlineAt }] = await Promise.all([this.peers.status(principal.targetKey), this.peers.runtimeUntil(principal.targetKey)]);
+      hub.follow(runtime, offlineAt);
       stream.begin(status, runtime);
     } catch (err) {
       stream.finish(undefined);
@@ -132,7 +136,7 @@ export class LiveService {
   private hub(key: string): DeviceHub {
     let hub = this.hubs.get(key);
     if (!hub) {
-      hub = new DeviceHub(key, this.ctx, this.peers);
+      hub = new DeviceHub(key, this.ctx, this.peers, this.deadlines);
       this.hubs.set(key, hub);
     }
     return hub;
@@ -306,10 +310,15 @@ class LiveStream {
   }
 }
 
-/** This node's subscription to one device's topic, shared by the streams watching the device. */
-class DeviceHub {
+/**
+ * This node's subscription to one device's topic, shared by the streams watching the device. While
+ * the device is online on a node, that node's heartbeat deadline is watched (`NodeDeadlines`): a
+ * node that dies publishes nothing, and its devices' offline event follows the store's view.
+ */
+class DeviceHub implements NodeWatcher {
   readonly key: string;
   private readonly peers: PeerService;
+  private readonly deadlines: NodeDeadlines;
   private readonly streams = new Set<LiveStream>();
   private readonly unsubscribe: () => void;
   private statusVersion = Number.NEGATIVE_INFINITY;
@@ -325,9 +334,10 @@ class DeviceHub {
   /** Conversation entries whose text came in parts, by conversation and place, until the last part. */
   private readonly partial = new Map<string, string[]>();
 
-  constructor(key: string, ctx: DomainContext, peers: PeerService) {
+  constructor(key: string, ctx: DomainContext, peers: PeerService, deadlines: NodeDeadlines) {
     this.key = key;
     this.peers = peers;
+    this.deadlines = deadlines;
     this.runtimeReadAt = Date.now();
     this.unsubscribe = ctx.events.bus.subscribe(topics.device(key), {
       message: (m) => this.message(m as unknown as DeviceMessage),
@@ -347,8 +357,18 @@ class DeviceHub {
     this.streams.delete(s);
     if (this.streams.size > 0) return false;
     this.unsubscribe();
+    this.deadlines.unwatch(this);
     clearTimeout(this.flushTimer);
     return true;
+  }
+
+  nodeStale(): void {
+    this.read("runtime");
+  }
+
+  /** What was read of the device's runtime: while online, its node's deadline is watched. */
+  follow(runtime: Runtime, offlineAt: number | undefined): void {
+    if (this.streams.size > 0) this.deadlines.watch(this, runtime.online ? runtime.node : undefined, offlineAt);
   }
 
   tick(now: number): void {
@@ -452,7 +472,8 @@ class DeviceHub {
     const work =
       kind === "status"
         ? this.peers.status(this.key).then((status) => this.offerStatus(status))
-        : this.peers.runtime(this.key).then((runtime) => {
+        : this.peers.runtimeUntil(this.key).then(({ runtime, offlineAt }) => {
+            this.follow(runtime, offlineAt);
             const e = { event: "runtime" as const, data: runtime };
             this.each((s) => s.runtime(e));
           });

@@ -56,8 +56,21 @@ export class PeerService {
   }
 
   async runtime(publicKey: string): Promise<Runtime> {
+    return (await this.runtimeUntil(publicKey)).runtime;
+  }
+
+  /** The runtime, and while it says online the time it turns offline unless the peer's node beats again. */
+  async runtimeUntil(publicKey: string): Promise<{ runtime: Runtime; offlineAt?: number }> {
     const row = await this.ctx.store.read((r) => r.runtime.getWithBeat(publicKey));
-    return row ? runtimeView(row, this.ctx.clock.now()) : { online: false };
+    if (!row) return { runtime: { online: false } };
+    const runtime = runtimeView(row, this.ctx.clock.now());
+    return runtime.online && row.beat_at !== null ? { runtime, offlineAt: Number(row.beat_at) + NODE_STALE_MS } : { runtime };
+  }
+
+  /** When the peers recorded online on `node` turn offline unless it beats again; undefined once it stopped beating for good (it left). */
+  async nodeOfflineAt(node: string): Promise<number | undefined> {
+    const beat = await this.ctx.store.read((r) => r.runtime.beatAt(node));
+    return beat === undefined ? undefined : beat + NODE_STALE_MS;
   }
 
   // Operator actions (command line).

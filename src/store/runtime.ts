@@ -39,6 +39,12 @@ export class RuntimeRepository {
       .execute();
   }
 
+  /** `node`'s last heartbeat; undefined when it never beat, or left. */
+  async beatAt(node: string): Promise<number | undefined> {
+    const row = await this.db.selectFrom("node_heartbeats").select("beat_at").where("node", "=", node).executeTakeFirst();
+    return row === undefined ? undefined : Number(row.beat_at);
+  }
+
   /** `node` left: its heartbeat row goes. */
   async endBeat(node: string): Promise<void> {
     await this.db.deleteFrom("node_heartbeats").where("node", "=", node).execute();
