@@ -56,6 +56,8 @@ describe("a device's conversation reaches its phone on another node", { skip: TE
 
   before(async () => {
     upstream = await startFakeUpstream();
+    // The recogniser's and the voice detector's models loaded before the first turn (a loaded machine takes long).
+    await engines().transcription?.start?.();
     databaseUrl = await freshPostgresDatabase();
     a = await node("node-a");
     b = await node("node-b");

@@ -44,6 +44,8 @@ describe("voice conversations", () => {
   }
 
   before(async () => {
+    // The models load before the first question (on a loaded machine their first load outlasts the detector's 4 s backlog).
+    await engines().transcription?.start?.();
     upstream = await startFakeUpstream();
     server = await startTestServer({
       config: talkerConfig(upstream.url),
@@ -91,9 +93,10 @@ describe("voice conversations", () => {
     assert.equal(log.all.find((s) => s.type === "TEXT_DONE" && s.label === "assistant.text")!.text, ANSWER);
     assert.equal(log.all.find((s) => s.type === "BOS" && s.label === "assistant.audio")!.mime, "audio/opus");
     assert.equal(log.all.find((s) => s.type === "EOS" && s.label === "assistant.audio")!.error, undefined);
-    const m = JSON.parse(metrics.text!) as Record<string, number | boolean>;
+    const m = JSON.parse(metrics.text!) as Record<string, unknown>;
     for (const k of ["end_of_speech", "transcription", "first_token", "first_audio", "speech_to_audio"]) assert.equal(typeof m[k], "number", k);
     assert.equal(m.interrupted, false);
+    assert.deepEqual(m.engines, { transcription: "embedded", speech: "embedded" });
     // The agent ran with its instructions and the transcript, the device as its caller.
     const first = upstream.received.at(-1)!.body;
     assert.deepEqual(first.messages, [
@@ -119,7 +122,8 @@ describe("voice conversations", () => {
     // Metrics of the turns.
     const text = await (await fetch(`${server.url}/metrics`)).text();
     assert.match(text, /perch_voice_turns_total\{result="answered"\} 2/);
-    assert.match(text, /perch_voice_stage_seconds_count\{stage="speech_to_audio"\} 2/);
+    assert.match(text, /perch_voice_stage_seconds_count\{stage="speech_to_audio",engine="embedded"\} 2/);
+    assert.match(text, /perch_voice_stage_seconds_count\{stage="transcription",engine="embedded"\} 2/);
     assert.match(text, /perch_voice_conversations 1/);
     conn.close();
   });

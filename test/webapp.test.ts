@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
+import { encodeKey } from "../src/crypto/keys.ts";
 import { RpcMethod, ServerPutInfoRequestSchema } from "../src/protocol/gen/rpc_pb.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
@@ -49,6 +50,19 @@ async function shot(page: Page, name: string): Promise<void> {
  * The contrast ratio of every visible text element against the background it sits on (WCAG 2
  * formula): the texts below AA. A string, so that the test runner's transform adds nothing the page lacks.
  */
+/** The controller key as the app keeps it (IndexedDB `perch`, store `keys`), and what the page's script can do with it. */
+const STORED_KEY = `(async () => {
+  const db = await new Promise((resolve, reject) => { const r = indexedDB.open("perch"); r.onsuccess = () => resolve(r.result); r.onerror = () => reject(r.error); });
+  const v = await new Promise((resolve, reject) => { const r = db.transaction("keys").objectStore("keys").get("controller"); r.onsuccess = () => resolve(r.result); r.onerror = () => reject(r.error); });
+  db.close();
+  if (!v) return null;
+  let exported = "refused";
+  try { await crypto.subtle.exportKey("pkcs8", v.privateKey); exported = "exported"; } catch {}
+  return { kind: v.kind, cryptoKey: v.privateKey instanceof CryptoKey, extractable: v.privateKey.extractable, type: v.privateKey.type,
+    algorithm: v.privateKey.algorithm.name, exported, publicKey: Array.from(v.publicKey) };
+})()`;
+type StoredKey = { kind: string; cryptoKey: boolean; extractable: boolean; type: string; algorithm: string; exported: string; publicKey: number[] };
+
 const LOW_CONTRAST = `(() => {
   const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
   const lum = ([r, g, b]) => {
@@ -238,19 +252,56 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     assert.equal(await field.getAttribute("aria-invalid"), "true");
     await shot(page, "wrong-token");
 
-    // Pairing again with a fresh token works (the controller key kept in local storage).
-    const key = await page.evaluate(() => localStorage.getItem("perch.controller-key"));
+    // Pairing again with a fresh token works (the controller key kept in IndexedDB).
+    const key = ((await page.evaluate(STORED_KEY)) as StoredKey).publicKey;
     await field.fill((await device.createDeviceToken()).token);
     await page.keyboard.press("Enter");
     await page.getByRole("region", { name: "Device", exact: true }).waitFor();
     await page.getByText("Live", { exact: true }).waitFor();
-    assert.equal(await page.evaluate(() => localStorage.getItem("perch.controller-key")), key);
+    assert.deepEqual(((await page.evaluate(STORED_KEY)) as StoredKey).publicKey, key);
     const sessions = (await device.sideControlSessions()).items;
     assert.deepEqual(
       sessions.map((s) => s.controller_public_key),
       [session.controller_public_key],
       `the same controller key paired again; page: ${await page.locator("main").innerText()}`,
     );
+  });
+
+  test("Forget this device ends the session on the server (kept, with a notice, while the server cannot be reached); the key is non-extractable, in IndexedDB", async () => {
+    const [paired] = (await device.sideControlSessions()).items;
+    assert.ok(paired, "paired by the test before");
+    const bearer = (await page.evaluate(() => JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token)) as string;
+    const forget = page.getByRole("button", { name: "Forget this device" });
+
+    // The server out of reach: nothing is forgotten, the page says so.
+    await page.route("**/side-control/session", (route) => route.abort("connectionrefused"));
+    await forget.click();
+    await page.getByText("the pairing was not ended").waitFor();
+    assert.equal((await device.sideControlSessions()).items.length, 1);
+    assert.equal(await page.evaluate(() => JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token), bearer);
+    await page.unroute("**/side-control/session");
+
+    await forget.click();
+    await page.getByLabel("Device token").waitFor();
+    assert.deepEqual((await device.sideControlSessions()).items, [], "no live session on the server");
+    const res = await fetch(`${server.url}/side-control/status`, { headers: { authorization: `Bearer ${bearer}` } });
+    assert.equal(res.status, 401, "the bearer is refused");
+    assert.equal(await page.evaluate(() => localStorage.getItem("perch.session")), null);
+
+    const key = (await page.evaluate(STORED_KEY)) as StoredKey;
+    assert.deepEqual(
+      { ...key, publicKey: encodeKey(Uint8Array.from(key.publicKey)) },
+      {
+        kind: "webcrypto",
+        cryptoKey: true,
+        extractable: false,
+        type: "private",
+        algorithm: "X25519",
+        exported: "refused",
+        publicKey: paired.controller_public_key,
+      },
+    );
+    assert.deepEqual(await page.evaluate(() => Object.keys(localStorage).filter((k) => k.includes("key"))), [], "no key in local storage");
   });
 });
 

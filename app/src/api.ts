@@ -39,6 +39,22 @@ export function forgetSession(): void {
   localStorage.removeItem(SESSION);
 }
 
+/**
+ * "Forget this device": the session ends on the server (`DELETE /side-control/session`), then here.
+ * False when the server could not end it (unreachable, or unavailable): the pairing is kept, so
+ * that forgetting never leaves a bearer valid on the server unknowingly. A 401 or 403 means it is
+ * over there already.
+ */
+export async function unpair(bearer: string): Promise<boolean> {
+  try {
+    await request("DELETE", "/side-control/session", { bearer });
+  } catch (err) {
+    if (!(err instanceof ApiError) || err.status === 0 || err.status >= 500) return false;
+  }
+  forgetSession();
+  return true;
+}
+
 async function errorOf(res: Response): Promise<ApiError> {
   try {
     const body = (await res.json()) as { error?: { code?: string; message?: string; details?: Record<string, unknown> } };

@@ -1,6 +1,6 @@
 import { ApiError, request, type Session } from "./api.ts";
-import { connectedCount, contactsChanged, emitTelemetry, endSession, info, link, runtime, status } from "./state.ts";
-import type { DeviceInfo, PeerStatus, Runtime, TelemetryValue } from "./types.ts";
+import { addConversationEntry, connectedCount, contactsChanged, emitTelemetry, endSession, info, link, runtime, status } from "./state.ts";
+import type { ConversationEntry, DeviceInfo, PeerStatus, Runtime, TelemetryValue } from "./types.ts";
 
 const BACKOFF_MIN_MS = 1_000;
 const BACKOFF_MAX_MS = 30_000;
@@ -33,6 +33,9 @@ function dispatch(event: string, data: unknown): void {
       break;
     case "contacts":
       contactsChanged.value++;
+      break;
+    case "conversation":
+      addConversationEntry(data as ConversationEntry);
       break;
     case "session":
       endSession((data as { state: "revoked" | "expired" }).state === "expired" ? "expired" : "revoked");

@@ -1,10 +1,11 @@
 import { render } from "preact";
-import { useEffect } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import "./styles.css";
-import { forgetSession } from "./api.ts";
+import { forgetSession, unpair } from "./api.ts";
 import { startLive } from "./live.ts";
 import { ended, link, linkPending, session } from "./state.ts";
 import { Contacts } from "./views/Contacts.tsx";
+import { Conversations } from "./views/Conversations.tsx";
 import { DeviceCard } from "./views/DeviceCard.tsx";
 import { Pairing } from "./views/Pairing.tsx";
 import { Telemetry } from "./views/Telemetry.tsx";
@@ -34,25 +35,33 @@ function LinkState() {
 }
 
 function Paired({ bearer }: { bearer: string }) {
+  const [unpairing, setUnpairing] = useState<"idle" | "busy" | "failed">("idle");
+  const forget = async () => {
+    setUnpairing("busy");
+    if (!(await unpair(bearer))) {
+      setUnpairing("failed");
+      return;
+    }
+    ended.value = undefined;
+    session.value = undefined;
+  };
   return (
     <>
       <LinkState />
       <DeviceCard />
+      <Conversations bearer={bearer} />
       <Telemetry bearer={bearer} />
       <Contacts bearer={bearer} />
       <p class="unpair">
-        <button
-          type="button"
-          class="secondary"
-          onClick={() => {
-            forgetSession();
-            ended.value = undefined;
-            session.value = undefined;
-          }}
-        >
+        <button type="button" class="secondary" disabled={unpairing === "busy"} onClick={() => void forget()}>
           Forget this device
         </button>
       </p>
+      {unpairing === "failed" && (
+        <p class="error" role="alert">
+          The server could not be reached, so the pairing was not ended. Try again.
+        </p>
+      )}
     </>
   );
 }

@@ -1,6 +1,6 @@
 import { signal } from "@preact/signals";
 import { forgetSession, type Session, storedSession } from "./api.ts";
-import type { DeviceInfo, PeerStatus, Runtime, TelemetryValue } from "./types.ts";
+import type { ConversationEntry, DeviceInfo, PeerStatus, Runtime, TelemetryValue } from "./types.ts";
 
 /** Why the app is not (or no longer) paired, in words for the person holding the phone. */
 export type Ended = "revoked" | "expired" | "invalid" | "blocked";
@@ -17,6 +17,16 @@ export const runtime = signal<Runtime>({ online: false });
 /** Bumped on every (re)connect of the stream and every contacts event: views re-read then. */
 export const connectedCount = signal(0);
 export const contactsChanged = signal(0);
+/** The device's conversation while the app watches: the entries of its newest conversation (the last 200). */
+export const liveConversation = signal<ConversationEntry[]>([]);
+const LIVE_ENTRIES = 200;
+
+export function addConversationEntry(e: ConversationEntry): void {
+  const current = liveConversation.value;
+  // A new conversation (the device connected again) replaces the one shown; the earlier one is in the stored list.
+  const same = current.length > 0 && current[0]!.conversation_id === e.conversation_id;
+  liveConversation.value = same ? [...current, e].slice(-LIVE_ENTRIES) : [e];
+}
 
 type TelemetryListener = (values: TelemetryValue[]) => void;
 const telemetryListeners = new Set<TelemetryListener>();

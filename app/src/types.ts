@@ -40,3 +40,21 @@ export interface ContactList {
   has_next: boolean;
   next_cursor?: string;
 }
+
+/** One entry of the device's voice conversation (the `conversation` event; a stored conversation's items). */
+export interface ConversationEntry {
+  conversation_id: string;
+  turn: number;
+  role: "user" | "assistant" | "tool";
+  text: string;
+  at_unix_ms: number;
+  interrupted?: boolean;
+  tool?: { name: string; is_error: boolean };
+}
+
+export interface ConversationList {
+  stored: boolean;
+  items: Array<{ id: string; started_at_unix_ms: number; ended_at_unix_ms?: number; turns: number; last_text: string }>;
+  has_next: boolean;
+  next_cursor?: string;
+}

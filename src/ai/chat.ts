@@ -34,7 +34,7 @@ export class ChatService {
       const hint = this.catalog.hasChat
         ? ""
         : " No chat model is configured on this server: add a provider under `providers` and a chat model under `models` in the configuration file (PERCH_CONFIG).";
-      throw new GenerationError("model_not_found", `The model \`${id}\` does not exist or you do not have access to it.${hint}`, {
+      throw new GenerationError("not_found", `The model \`${id}\` does not exist or you do not have access to it.${hint}`, {
         param: "model",
         code: "model_not_found",
       });
@@ -52,13 +52,22 @@ export class ChatService {
     const o = { signal, publicModel: entry.id };
     if (entry.kind === "agent") {
       if (request.tools?.length) throw new GenerationError("invalid", "an agent runs its own tools: `tools` cannot be given with an agent", { param: "tools" });
-      const run = { agent: entry.agent, model: entry.model, caller, request, signal, observer };
+      const run = { agent: entry.agent, model: entry.model, caller, request: withTokenLimit(request, entry.agent.max_tokens), signal, observer };
       return request.stream ? { kind: "stream", stream: await this.agents.stream(run) } : { kind: "completion", completion: await this.agents.complete(run) };
     }
     return request.stream
       ? { kind: "stream", stream: await this.router.stream(entry.model, request, o) }
       : { kind: "completion", completion: await this.router.complete(entry.model, request, o) };
   }
+}
+
+/** The request with the agent's `max_tokens`, unless it asks for fewer itself. */
+function withTokenLimit(request: ChatRequest, max: number | undefined): ChatRequest {
+  if (max === undefined) return request;
+  const own = request.max_completion_tokens ?? request.max_tokens;
+  if (own != null && own <= max) return request;
+  const { max_completion_tokens: _, ...rest } = request;
+  return { ...rest, max_tokens: max };
 }
 
 /** Image and audio parts reach only models configured to accept them. */

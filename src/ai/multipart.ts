@@ -1,14 +1,16 @@
-/** Text fields and one file as multipart/form-data, with its boundary. */
-export function multipart(fields: Array<[string, string]>, file: { name: string; type: string; bytes: Uint8Array }): { body: Buffer; contentType: string } {
-  const boundary = `----perch${crypto.randomUUID().replaceAll("-", "")}`;
-  const quote = (s: string) => s.replace(/["\r\n]/g, (ch) => encodeURIComponent(ch));
-  const parts: Buffer[] = fields.map(([key, value]) =>
-    Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="${quote(key)}"\r\n\r\n${value}\r\n`),
-  );
-  parts.push(
-    Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="${quote(file.name)}"\r\nContent-Type: ${file.type}\r\n\r\n`),
-    Buffer.from(file.bytes.buffer, file.bytes.byteOffset, file.bytes.byteLength),
-    Buffer.from(`\r\n--${boundary}--\r\n`),
-  );
-  return { body: Buffer.concat(parts), contentType: `multipart/form-data; boundary=${boundary}` };
+/** A form as multipart/form-data bytes, encoded by Node's own `FormData` (its boundary in the content type). */
+export async function encodeForm(form: FormData): Promise<{ body: Buffer; contentType: string }> {
+  const encoded = new Response(form);
+  return { body: Buffer.from(await encoded.arrayBuffer()), contentType: encoded.headers.get("content-type")! };
+}
+
+/** Text fields and one file as multipart/form-data. */
+export function multipart(
+  fields: Array<[string, string]>,
+  file: { name: string; type: string; bytes: Uint8Array },
+): Promise<{ body: Buffer; contentType: string }> {
+  const form = new FormData();
+  for (const [key, value] of fields) form.append(key, value);
+  form.append("file", new File([file.bytes as Uint8Array<ArrayBuffer>], file.name, { type: file.type }));
+  return encodeForm(form);
 }

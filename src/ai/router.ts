@@ -53,7 +53,10 @@ export class ChatRouter {
   relay(
     model: ModelConfig,
     path: string,
-    body: (upstreamModel: string, model: ModelConfig) => { body: string | Buffer; contentType: string },
+    body: (
+      upstreamModel: string,
+      model: ModelConfig,
+    ) => Promise<{ body: string | Buffer; contentType: string }> | { body: string | Buffer; contentType: string },
     signal: AbortSignal,
     o: RelayOptions = {},
   ): Promise<RawAnswer & { model: ModelConfig }> {
@@ -62,7 +65,7 @@ export class ChatRouter {
       const release = o.inFlight ? acquire(o.inFlight, this.providers.get(m.provider)!.config) : undefined;
       let answer: RawAnswer;
       try {
-        const b = body(upstream, m);
+        const b = await body(upstream, m);
         answer = await provider.relay(path, b.body, b.contentType, signal);
         if (o.accept) answer = await o.accept(answer);
       } catch (err) {

@@ -6,10 +6,6 @@ export function sseEvent(value: unknown): Buffer {
   return Buffer.from(`data: ${JSON.stringify(value)}\n\n`);
 }
 
-export function sseError(message: string, type = "api_error", code = "upstream_error"): Buffer {
-  return sseEvent({ error: { message, type, param: null, code } });
-}
-
 /** The `data:` payloads of the whole events in `block`: parsed JSON, or the string `[DONE]`. */
 export function parseEvents(block: Uint8Array): unknown[] {
   const out: unknown[] = [];

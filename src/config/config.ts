@@ -126,6 +126,8 @@ const AgentConfig = z.strictObject({
   /** How long a device or MCP server tool call may take before it fails as a tool error. */
   tool_timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
   max_steps: z.number().int().min(1).max(32).default(4),
+  /** The most tokens one model call of this agent writes (sent as `max_tokens`; a request's own lower limit wins). */
+  max_tokens: z.number().int().min(1).max(1_000_000).optional(),
 });
 
 /** An MCP server whose tools agents may use (Streamable HTTP; tools.md §2). */
@@ -155,16 +157,25 @@ const ApiKeyConfig = z.strictObject({
 });
 
 const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
-const VOICE_DEFAULTS = { barge_in: true, history_turns: 20, store_transcripts: false, transcript_retention_days: 30, turn: TURN_DEFAULTS };
+const VOICE_DEFAULTS = {
+  barge_in: true,
+  history_turns: 20,
+  max_reply_chars: 2_000,
+  store_transcripts: false,
+  transcript_retention_days: 30,
+  turn: TURN_DEFAULTS,
+};
 
 /** Voice conversations over a connected device's audio (voice.md). */
-const VoiceConfig = z.strictObject({
+export const VoiceConfig = z.strictObject({
   /** The agent (`agents[].id`) that answers every connected device by default; absent, no device converses. */
   agent: ID.optional(),
   /** Speech during a reply interrupts it; devices without echo cancellation need false. */
   barge_in: z.boolean().default(true),
   /** Turns of history kept per conversation (in memory, for the connection's life). */
   history_turns: z.number().int().min(1).max(200).default(20),
+  /** Characters of a reply spoken at most: the rest is not, and the model call ends there. */
+  max_reply_chars: z.number().int().min(1).max(100_000).default(2_000),
   /** Conversations' transcripts are stored for the device's Side Control (public-api.md, "Conversations"); off, they are only live. */
   store_transcripts: z.boolean().default(false),
   /** Stored conversations are deleted this many days after their last entry. */

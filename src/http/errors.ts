@@ -1,10 +1,10 @@
 import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
-import { DomainError, type ErrorKind, StoreUnavailable } from "../domain/errors.ts";
+import { PerchError, statusOf } from "../errors.ts";
 import { JSON_UTF8 } from "./json.ts";
 
-export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 408 | 409 | 413 | 415 | 429 | 431 | 500 | 503;
+export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 408 | 409 | 413 | 415 | 429 | 431 | 500 | 502 | 503 | 504;
 
 /** An error of the Public API's (and operations') `ErrorResponse` envelope, with its status. */
 export class ApiError extends Error {
@@ -22,18 +22,6 @@ export class ApiError extends Error {
     this.retryAfter = retryAfter;
   }
 }
-
-/** The HTTP status of each domain error kind, the same on every surface (each has its own envelope). */
-export const STATUS_OF: Record<ErrorKind, ErrorStatus> = {
-  invalid: 400,
-  unauthenticated: 401,
-  forbidden: 403,
-  not_found: 404,
-  conflict: 409,
-  rate_limited: 429,
-  unavailable: 503,
-  internal: 500,
-};
 
 /** Writes the contract's `ErrorResponse`. */
 export function errorResponse(c: Context, err: ApiError): Response {
@@ -55,8 +43,11 @@ export function unroutedResponse(c: Context, allow: string[]): Response {
 /** Maps anything thrown while handling a request onto `ErrorResponse`; unexpected errors become 500. */
 export function toApiError(err: unknown): ApiError {
   if (err instanceof ApiError) return err;
-  if (err instanceof DomainError) return new ApiError(STATUS_OF[err.kind], err.code, err.message, err.details, err.retryAfter);
-  if (err instanceof StoreUnavailable) return new ApiError(503, "UNAVAILABLE", `${err.message}; try again later`, undefined, err.retryAfter);
+  if (err instanceof PerchError) {
+    const code = (err.code ?? err.kind).toUpperCase();
+    const details = err.details ?? (err.param ? { field: err.param } : undefined);
+    return new ApiError(statusOf(err) as ErrorStatus, code, err.message, details, err.retryAfter);
+  }
   if (err instanceof HTTPException) {
     if (err.status === 400) return new ApiError(400, "INVALID_REQUEST", err.message || "malformed request");
     if (err.status === 413) return new ApiError(413, "PAYLOAD_TOO_LARGE", "request body is too large");

@@ -72,15 +72,17 @@ export function observe(logger: Logger, metrics: Metrics, callers: Callers): Mid
   };
 }
 
-/** The status recorded for a request its client abandoned before it was received whole ("client closed request"). */
+/** The status recorded for a request its client abandoned ("client closed request"). */
 export const CLIENT_CLOSED_REQUEST = 499;
 
 /**
- * Whether the client went away before its request arrived whole: reading the body then fails, which
- * is the client's doing, not a server error.
+ * Whether the client went away before its answer: before its request arrived whole (reading the
+ * body then fails) or while the answer was being made (a call to a provider then ends aborted).
+ * Either is the client's doing, not a server error, and nobody reads the answer.
  */
 export function clientClosedRequest(c: Context<AppEnv>): boolean {
-  const incoming = c.env?.incoming;
+  const { incoming, outgoing } = c.env ?? {};
+  if (outgoing?.destroyed && !outgoing.writableFinished) return true;
   if (incoming) return !incoming.complete && (incoming.destroyed || incoming.socket?.destroyed === true);
   return c.req.raw.signal?.aborted === true;
 }

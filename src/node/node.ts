@@ -6,6 +6,7 @@ import pino, { type Logger } from "pino";
 import { startToolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
+import { InFlight } from "../ai/in-flight.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
 import { checkVoiceModels } from "../ai/voice-models.ts";
@@ -29,7 +30,9 @@ import type { Surface } from "../http/surface.ts";
 import { Store } from "../store/index.ts";
 import { startTransport } from "../transport/start.ts";
 import type { WebRtcTransport } from "../transport/transport.ts";
-import { voiceEngines } from "../voice/engines.ts";
+import { embeddedPorts } from "../voice/embedded-engines.ts";
+import { type EngineFor, engineChooser } from "../voice/engine-choice.ts";
+import type { VoiceActivityPort } from "../voice/engine-ports.ts";
 import { loadResampler } from "../voice/resampler.ts";
 import { VoiceService } from "../voice/service.ts";
 import { embeddedEngines } from "./engines.ts";
@@ -119,6 +122,8 @@ export class Node {
   private readonly serverKey: DomainContext["serverKey"];
   private readonly app: OpenAPIHono<AppEnv>;
   private readonly compat: (base?: string) => (callers: Callers) => Surface;
+  /** The node's voice activity detector, and each agent's voice engines (from the catalog). */
+  private readonly voiceEngines: { activity: VoiceActivityPort | undefined; engineFor: EngineFor };
   /** What `build` opened (store, bus, command handlers), closed last. */
   private readonly closers: Closers;
   private heartbeat: { stop(): Promise<void> } | undefined;
@@ -172,6 +177,11 @@ export class Node {
       ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
     });
     const router = new ChatRouter(config, o.env, o.providerFactory);
+    const embeddedVoice = embeddedPorts(speech, transcription);
+    this.voiceEngines = {
+      activity: embeddedVoice.activity,
+      engineFor: engineChooser({ catalog, embedded: embeddedVoice, providers: { config, remote: { router, inFlight: new InFlight() } } }),
+    };
     const tools = startToolbox(config, {
       domain: this.domain,
       logger: this.logger,
@@ -299,16 +309,17 @@ export class Node {
   /** Voice conversations, when an agent may answer devices and the engines can hear and speak. */
   private async startVoice(): Promise<VoiceService | undefined> {
     if (this.config.agents.length === 0) return undefined;
-    const found = voiceEngines(this.engines.speech, this.engines.transcription);
-    if (typeof found === "string") {
-      if (this.config.voice.agent) this.logger.warn({ reason: found }, "voice conversations are off");
+    const { activity, engineFor } = this.voiceEngines;
+    if (!activity) {
+      if (this.config.voice.agent) this.logger.warn({ reason: "voice activity detection needs the embedded recogniser" }, "voice conversations are off");
       return undefined;
     }
     return new VoiceService({
       config: this.config,
       domain: this.domain,
       chat: this.chat,
-      ...found,
+      activity,
+      engineFor,
       resampler: await loadResampler(),
       registry: this.metrics.registry,
       logger: this.logger.child({ component: "voice" }),

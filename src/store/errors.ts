@@ -1,3 +1,5 @@
+import { PerchError } from "../errors.ts";
+
 /** Seconds a client is told to wait (`Retry-After`) when the store cannot be reached. */
 export const STORE_RETRY_AFTER_S = 2;
 
@@ -6,11 +8,9 @@ export const STORE_RETRY_AFTER_S = 2;
  * full or locked by another process past the wait (SQLite). Nothing was written by the operation
  * that failed so (a transaction is rolled back whole); trying again later may succeed.
  */
-export class StoreUnavailable extends Error {
-  readonly retryAfter = STORE_RETRY_AFTER_S;
+export class StoreUnavailable extends PerchError {
   constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = "StoreUnavailable";
+    super("unavailable", message, { code: "UNAVAILABLE", retryAfter: STORE_RETRY_AFTER_S, cause: options?.cause });
   }
 }
 

@@ -1,5 +1,5 @@
-import type { MoonshineEngine } from "../ai/speech/recogniser.ts";
-import type { FliteSpeechEngine } from "../ai/speech/speech.ts";
+import { MoonshineEngine } from "../ai/speech/recogniser.ts";
+import { FliteSpeechEngine } from "../ai/speech/speech.ts";
 import {
   EMBEDDED,
   RECOGNITION_RATE,
@@ -123,4 +123,17 @@ class EmbeddedTurn implements TurnTranscription {
       },
     );
   }
+}
+
+/** The process's engines as voice ports, for those that are the embedded ones (they alone speak raw samples and hear live audio). */
+export function embeddedPorts(
+  speech: unknown,
+  transcription: unknown,
+): { speech?: SpeechPort; transcription?: TranscriptionPort; activity?: VoiceActivityPort } {
+  return {
+    ...(speech instanceof FliteSpeechEngine ? { speech: embeddedSpeech(speech) } : {}),
+    ...(transcription instanceof MoonshineEngine
+      ? { transcription: embeddedTranscription(transcription, new PartialGate()), activity: embeddedVoiceActivity(transcription) }
+      : {}),
+  };
 }

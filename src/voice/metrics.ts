@@ -7,7 +7,7 @@ export type Stage = (typeof STAGES)[number];
 /** voice.md §4. */
 export class VoiceMetrics {
   private readonly turns: Counter<"result">;
-  private readonly stages: Histogram<"stage">;
+  private readonly stages: Histogram<"stage" | "engine">;
   private readonly late: Counter;
   private readonly frames: Counter;
   private readonly dropped: Counter;
@@ -17,7 +17,7 @@ export class VoiceMetrics {
     this.stages = new Histogram({
       name: "perch_voice_stage_seconds",
       help: "Voice turn stages (turn.metrics)",
-      labelNames: ["stage"],
+      labelNames: ["stage", "engine"],
       buckets: [0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10],
       registers: [registry],
     });
@@ -46,9 +46,22 @@ export class VoiceMetrics {
     });
   }
 
-  turn(result: TurnResult, stages: Partial<Record<Stage, number>>): void {
+  /**
+   * A finished turn. Each stage is labelled with the engine that took it: the transcription's for
+   * `transcription`, the speech engine's for `first_audio` and `speech_to_audio`, the node's own
+   * detector (`embedded`) for `end_of_speech`, and `model` for `first_token` (the chat model's).
+   */
+  turn(result: TurnResult, stages: Partial<Record<Stage, number>>, engines: { transcription: string; speech: string }): void {
     this.turns.inc({ result });
-    for (const [stage, ms] of Object.entries(stages)) if (typeof ms === "number" && Number.isFinite(ms)) this.stages.observe({ stage }, ms / 1000);
+    const engine: Record<Stage, string> = {
+      end_of_speech: "embedded",
+      transcription: engines.transcription,
+      first_token: "model",
+      first_audio: engines.speech,
+      speech_to_audio: engines.speech,
+    };
+    for (const [stage, ms] of Object.entries(stages) as Array<[Stage, number]>)
+      if (typeof ms === "number" && Number.isFinite(ms)) this.stages.observe({ stage, engine: engine[stage] }, ms / 1000);
   }
 
   frameLate(): void {

@@ -1,3 +1,4 @@
+import { systemClock, type VoiceClock } from "./clock.ts";
 import { FRAME_MS, FRAME_SAMPLES, type OpusCodec } from "./opus.ts";
 
 /**
@@ -18,6 +19,9 @@ export interface PlayoutOptions {
   late?: () => void;
   /** The first frame went out. */
   started?: () => void;
+  /** The conversation's clock (default the system's). */
+  clock?: VoiceClock;
+  /** Only the time from this (the timers stay the system's). */
   now?: () => number;
 }
 
@@ -34,7 +38,7 @@ export class Playout {
   frames = 0;
   lateFrames = 0;
   private readonly o: PlayoutOptions;
-  private readonly now: () => number;
+  private readonly clock: VoiceClock;
   private readonly queue: Int16Array[] = [];
   private head = 0;
   private queued = 0;
@@ -42,14 +46,16 @@ export class Playout {
   private stopped = false;
   private anchor: number | undefined;
   private index = 0;
-  private timer: NodeJS.Timeout | undefined;
+  private timer: (() => void) | undefined;
+  /** Writers waiting for the queue to shrink (back-pressure). */
+  private waiters: Array<{ samples: number; resolve: () => void }> = [];
   private finished!: (played: number) => void;
   /** Resolves with the samples played once everything is sent, or at `stop()`. */
   readonly done: Promise<number>;
 
   constructor(o: PlayoutOptions) {
     this.o = o;
-    this.now = o.now ?? (() => performance.now());
+    this.clock = o.clock ?? (o.now ? { ...systemClock, now: o.now } : systemClock);
     this.done = new Promise((resolve) => {
       this.finished = resolve;
     });
@@ -59,13 +65,24 @@ export class Playout {
     return !this.stopped;
   }
 
+  /** Samples written and not yet sent. */
+  get queuedSamples(): number {
+    return this.queued;
+  }
+
+  /** Resolves once at most `samples` wait to be sent (at once if so already), or the playout stopped. */
+  room(samples: number): Promise<void> {
+    if (this.stopped || this.queued <= samples) return Promise.resolve();
+    return new Promise((resolve) => this.waiters.push({ samples, resolve }));
+  }
+
   /** Queues samples (48 kHz); the first write starts the clock. */
   write(pcm: Int16Array): void {
     if (this.stopped || this.ended || pcm.length === 0) return;
     this.queue.push(pcm);
     this.queued += pcm.length;
     if (this.anchor === undefined) {
-      this.anchor = this.now();
+      this.anchor = this.clock.now();
       this.pump();
     }
   }
@@ -85,10 +102,11 @@ export class Playout {
   private finish(): void {
     if (this.stopped) return;
     this.stopped = true;
-    if (this.timer) clearTimeout(this.timer);
+    this.timer?.();
     this.timer = undefined;
     this.queue.length = 0;
     this.queued = 0;
+    this.release();
     this.finished(this.played);
   }
 
@@ -96,7 +114,7 @@ export class Playout {
     this.timer = undefined;
     if (this.stopped) return;
     try {
-      let now = this.now();
+      let now = this.clock.now();
       for (;;) {
         if (this.ended && this.queued === 0) {
           this.finish();
@@ -114,15 +132,27 @@ export class Playout {
           this.o.late?.();
         }
         this.sendFrame();
-        now = this.now();
+        now = this.clock.now();
       }
+      this.release();
       const next = this.anchor! + this.index * FRAME_MS - LEAD_MS;
-      this.timer = setTimeout(this.pump, Math.max(1, next - this.now()));
+      this.timer = this.clock.after(Math.max(1, next - this.clock.now()), this.pump);
     } catch {
       // A failing encoder or sender ends this reply's audio; the conversation goes on.
       this.finish();
     }
   };
+
+  /** Wakes the writers the queue now has room for. */
+  private release(): void {
+    if (this.waiters.length === 0) return;
+    const waiting = this.waiters;
+    this.waiters = [];
+    for (const w of waiting) {
+      if (this.stopped || this.queued <= w.samples) w.resolve();
+      else this.waiters.push(w);
+    }
+  }
 
   private sendFrame(): void {
     const frame = new Int16Array(FRAME_SAMPLES);

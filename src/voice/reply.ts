@@ -1,5 +1,6 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
-import type { Speaker } from "./engines.ts";
+import type { VoiceClock } from "./clock.ts";
+import type { SpeechChunk, SpeechPort } from "./engine-ports.ts";
 import type { VoiceEvents } from "./events.ts";
 import type { OpusCodec } from "./opus.ts";
 import { OPUS_RATE } from "./opus.ts";
@@ -10,37 +11,53 @@ import { SpokenText } from "./spoken.ts";
 
 /** Silence after each sentence: a breath between sentences, and the resampler's tail flushed out. */
 const SENTENCE_GAP_S = 0.12;
+/**
+ * Synthesis runs at most this far ahead of playback: the engine's stream is pulled only while less
+ * than this waits to be sent, so a reply of any length holds a few seconds of audio, not all of it.
+ */
+export const AHEAD_S = 3;
+/** Sample rates a speech engine may speak at. */
+const MIN_RATE = 8_000;
+const MAX_RATE = 48_000;
 
 export interface ReplyOptions {
   /** Turn number: stream id `out-<n>`. */
   n: number;
   voice: string;
-  /** The agent's text, streamed; throws on a failure. */
+  /** The agent's text, streamed; throws on a failure. Aborted at a barge-in, a failure, or once the reply is cut. */
   text: (signal: AbortSignal) => Promise<AsyncIterable<string>>;
-  speaker: Speaker;
+  speech: SpeechPort;
   resampler: SpeexModule;
   codec: OpusCodec;
+  clock: VoiceClock;
   send: (opus: Buffer, first: boolean) => boolean;
   events: VoiceEvents;
   late: () => void;
+  /** Characters of text spoken at most; the rest is not, and the model call ends there. */
+  maxChars: number;
 }
 
 export interface ReplyOutcome {
   result: "answered" | "interrupted" | "failed";
   /** What the device heard (all of it unless interrupted). */
   heard: string;
+  /** The text reached `maxChars`: the rest was not spoken. */
+  cut: boolean;
   error?: string;
-  /** performance.now() of the moments the turn's metrics need. */
+  /** Clock times of the moments the turn's metrics need. */
   at: { firstToken?: number; firstSentence?: number; firstAudio?: number };
 }
 
 /**
- * One reply (a speech handle): the agent's text streamed into sentences, each synthesised as soon
- * as it is complete (while the model writes on) and played on its time. `interrupt()` stops the
- * audio at once and cancels the model call and the synthesis; the outcome says what was heard.
+ * One reply (a speech handle): the agent's text streamed into sentences, each synthesised as the
+ * device plays what came before (at most AHEAD_S ahead, the next sentence's request started while
+ * the current one plays) and played on its time. `interrupt()` stops the audio at once and aborts
+ * the model call and the synthesis; the outcome says what was heard.
  */
 export class Reply {
   readonly outcome: Promise<ReplyOutcome>;
+  /** Aborted once the reply ends (done, interrupted, cut or failed): work tied to the reply (a tool call) ends with it. */
+  readonly signal: AbortSignal;
   private readonly o: ReplyOptions;
   private readonly abort = new AbortController();
   private readonly at: ReplyOutcome["at"] = {};
@@ -49,6 +66,7 @@ export class Reply {
 
   constructor(o: ReplyOptions) {
     this.o = o;
+    this.signal = this.abort.signal;
     this.outcome = this.run();
   }
 
@@ -64,77 +82,150 @@ export class Reply {
     const { o } = this;
     const out = `out-${o.n}`;
     const signal = this.abort.signal;
+    // The model call ends on its own once the text is cut, without stopping the audio.
+    const model = new AbortController();
+    const stopModel = () => model.abort(new Error("the reply ended"));
+    signal.addEventListener("abort", stopModel, { once: true });
     const spoken = new SpokenText();
+    const state = { textStarted: false, audioStarted: false, cut: false };
     let written = "";
-    let textStarted = false;
-    let audioStarted = false;
-    const resampler = new Resampler(o.resampler, 16_000, OPUS_RATE);
     const playout = new Playout({
       codec: o.codec,
+      clock: o.clock,
       send: o.send,
       late: o.late,
       started: () => {
-        audioStarted = true;
-        this.at.firstAudio = performance.now();
+        state.audioStarted = true;
+        this.at.firstAudio = o.clock.now();
         o.events.bos(out, "audio", "assistant.audio", "audio/opus");
       },
     });
     this.playout = playout;
-    let synthesis: Promise<void> = Promise.resolve();
-    let failure: unknown;
-    const speak = (sentence: string) => {
-      this.at.firstSentence ??= performance.now();
-      synthesis = synthesis.then(async () => {
-        if (signal.aborted || failure) return;
-        try {
-          const { samples, sampleRate } = await o.speaker.speak(sentence, o.voice, signal);
-          if (signal.aborted) return;
-          if (sampleRate !== 16_000) throw new Error(`the synthesiser spoke at ${sampleRate} Hz`);
-          const padded = new Int16Array(samples.length + Math.round(SENTENCE_GAP_S * sampleRate));
-          padded.set(samples);
-          const pcm = resampler.process(padded);
-          spoken.add(sentence, pcm.length);
-          playout.write(pcm);
-        } catch (err) {
-          if (!signal.aborted) failure ??= err;
-        }
-      });
+    const sentences = new SentenceQueue();
+    let failure: { error: unknown } | undefined;
+    const fail = (error: unknown) => {
+      if (signal.aborted || failure) return;
+      failure = { error };
+      stopModel();
+      sentences.end();
     };
+    const speaking = this.speakAll(sentences, playout, spoken).catch(fail);
     try {
       const splitter = new SentenceSplitter();
-      const stream = await o.text(signal);
-      for await (const delta of stream) {
-        if (signal.aborted) break;
-        if (failure) throw failure;
+      const stream = await o.text(model.signal);
+      for await (const delta of untilAborted(stream, model.signal)) {
+        if (signal.aborted || failure) break;
         if (!delta) continue;
-        if (!textStarted) {
-          textStarted = true;
-          this.at.firstToken = performance.now();
+        let piece = delta;
+        if (written.length + piece.length > o.maxChars) {
+          piece = cutAtWord(piece, o.maxChars - written.length);
+          state.cut = true;
+        }
+        if (piece && !state.textStarted) {
+          state.textStarted = true;
+          this.at.firstToken = o.clock.now();
           o.events.bos(out, "text", "assistant.text");
         }
-        written += delta;
-        o.events.delta(out, "assistant.text", delta);
-        for (const sentence of splitter.push(delta)) speak(sentence);
+        if (piece) {
+          written += piece;
+          o.events.delta(out, "assistant.text", piece);
+          for (const sentence of splitter.push(piece)) {
+            this.at.firstSentence ??= o.clock.now();
+            sentences.push(sentence);
+          }
+        }
+        if (state.cut) break;
       }
-      if (!signal.aborted) for (const sentence of splitter.flush()) speak(sentence);
-      await synthesis;
-      if (failure) throw failure;
+      if (!signal.aborted && !failure)
+        for (const sentence of splitter.flush()) {
+          this.at.firstSentence ??= o.clock.now();
+          sentences.push(sentence);
+        }
+    } catch (err) {
+      fail(err);
+    } finally {
+      stopModel();
+      sentences.end();
+    }
+    await speaking;
+    try {
+      if (failure) throw failure.error;
       playout.end();
       await playout.done;
-      if (this.interrupted) return this.finish("interrupted", spoken.heard(playout.played), { textStarted, audioStarted });
-      return this.finish("answered", spoken.text || written.trim(), { textStarted, audioStarted });
+      if (this.interrupted) return this.finish("interrupted", spoken.heard(playout.played), state);
+      return this.finish("answered", spoken.text || written.trim(), state);
     } catch (err) {
       playout.stop();
-      if (this.interrupted) return this.finish("interrupted", spoken.heard(playout.played), { textStarted, audioStarted });
+      if (this.interrupted) return this.finish("interrupted", spoken.heard(playout.played), state);
       const message = (err as Error)?.message ?? String(err);
-      return this.finish("failed", spoken.heard(playout.played), { textStarted, audioStarted }, message);
+      return this.finish("failed", spoken.heard(playout.played), state, message);
     } finally {
+      signal.removeEventListener("abort", stopModel);
       this.abort.abort();
-      resampler.close();
     }
   }
 
-  private finish(result: ReplyOutcome["result"], heard: string, s: { textStarted: boolean; audioStarted: boolean }, error?: string): ReplyOutcome {
+  /** Speaks the sentences in order as they come, pulling audio only as playback makes room for it. */
+  private async speakAll(sentences: SentenceQueue, playout: Playout, spoken: SpokenText): Promise<void> {
+    const { o } = this;
+    const signal = this.abort.signal;
+    const ahead = AHEAD_S * OPUS_RATE;
+    let resampler: { rate: number; r: Resampler } | undefined;
+    const toOpusRate = (chunk: SpeechChunk): Int16Array => {
+      if (!(chunk.sampleRate >= MIN_RATE && chunk.sampleRate <= MAX_RATE)) throw new Error(`the speech engine spoke at ${chunk.sampleRate} Hz`);
+      if (resampler?.rate !== chunk.sampleRate) {
+        resampler?.r.close();
+        resampler = { rate: chunk.sampleRate, r: new Resampler(o.resampler, chunk.sampleRate, OPUS_RATE) };
+      }
+      return resampler.r.process(chunk.pcm);
+    };
+    const start = (text: string) => new Synthesis(o.speech, text, o.voice, signal);
+    try {
+      let current: Synthesis | undefined;
+      for (;;) {
+        if (!current) {
+          const text = await sentences.next();
+          if (text === undefined || signal.aborted) return;
+          current = start(text);
+        }
+        spoken.add(current.text, 0);
+        let rate: number | undefined;
+        let following: Synthesis | undefined;
+        for (;;) {
+          await playout.room(ahead);
+          if (signal.aborted) return;
+          const chunk = await current.next();
+          if (signal.aborted) return;
+          // The next sentence is requested while this one plays (one ahead at most).
+          if (!following) {
+            const text = sentences.take();
+            if (text !== undefined) following = start(text);
+          }
+          if (!chunk) break;
+          if (rate !== undefined && chunk.sampleRate !== rate) throw new Error("the speech engine changed its sample rate within a sentence");
+          rate = chunk.sampleRate;
+          const pcm = toOpusRate(chunk);
+          spoken.extend(pcm.length);
+          playout.write(pcm);
+        }
+        if (rate !== undefined) {
+          const pcm = toOpusRate({ pcm: new Int16Array(Math.round(SENTENCE_GAP_S * rate)), sampleRate: rate });
+          spoken.extend(pcm.length);
+          playout.write(pcm);
+        }
+        current = following;
+      }
+    } finally {
+      resampler?.r.close();
+    }
+  }
+
+  private finish(
+    result: ReplyOutcome["result"],
+    heard: string,
+    s: { textStarted: boolean; audioStarted: boolean; cut: boolean },
+    error?: string,
+  ): ReplyOutcome {
     const { events } = this.o;
     const out = `out-${this.o.n}`;
     if (s.textStarted) events.done(out, "assistant.text", heard);
@@ -147,6 +238,102 @@ export class Reply {
         result === "interrupted" ? { code: "interrupted" } : result === "failed" ? { code: "failed", message: error ?? "failed" } : undefined,
       );
     }
-    return { result, heard, ...(error ? { error } : {}), at: this.at };
+    return { result, heard, cut: s.cut, ...(error ? { error } : {}), at: this.at };
   }
+}
+
+/** One sentence's audio from the speech port; its request starts at once (so that it can run ahead of its turn). */
+class Synthesis {
+  readonly text: string;
+  private readonly iterator: AsyncIterator<SpeechChunk>;
+  private first: Promise<IteratorResult<SpeechChunk>> | undefined;
+
+  constructor(speech: SpeechPort, text: string, voice: string, signal: AbortSignal) {
+    this.text = text;
+    this.iterator = speech.synthesize({ text, voice, signal })[Symbol.asyncIterator]();
+    this.first = this.iterator.next();
+    // Awaited when its turn comes; a failure before then (an abort) is not unhandled.
+    this.first.catch(() => {});
+  }
+
+  async next(): Promise<SpeechChunk | undefined> {
+    const pending = this.first ?? this.iterator.next();
+    this.first = undefined;
+    const r = await pending;
+    return r.done ? undefined : r.value;
+  }
+}
+
+/** Sentences between the model's text and the synthesis: bounded by the reply's length limit. */
+class SentenceQueue {
+  private readonly items: string[] = [];
+  private ended = false;
+  private waiter: ((text: string | undefined) => void) | undefined;
+
+  push(text: string): void {
+    if (this.ended) return;
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = undefined;
+      w(text);
+    } else this.items.push(text);
+  }
+
+  end(): void {
+    this.ended = true;
+    const w = this.waiter;
+    this.waiter = undefined;
+    w?.(this.items.shift());
+  }
+
+  /** The next sentence if one is waiting. */
+  take(): string | undefined {
+    return this.items.shift();
+  }
+
+  /** The next sentence; undefined once they are all taken and no more will come. */
+  next(): Promise<string | undefined> {
+    if (this.items.length > 0 || this.ended) return Promise.resolve(this.items.shift());
+    return new Promise((resolve) => {
+      this.waiter = resolve;
+    });
+  }
+}
+
+/**
+ * The stream's items until `signal` aborts: then at once, whether or not the source honours the
+ * signal (a model that stalls, a tool that runs on), and the source is told to stop.
+ */
+async function* untilAborted<T>(source: AsyncIterable<T>, signal: AbortSignal): AsyncGenerator<T> {
+  const iterator = source[Symbol.asyncIterator]();
+  let onAbort = () => {};
+  const aborted = new Promise<never>((_, reject) => {
+    onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+  });
+  aborted.catch(() => {});
+  let finished = false;
+  try {
+    for (;;) {
+      signal.throwIfAborted();
+      const r = await Promise.race([iterator.next(), aborted]);
+      if (r.done) {
+        finished = true;
+        return;
+      }
+      yield r.value;
+    }
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+    if (!finished) iterator.return?.()?.catch(() => {});
+  }
+}
+
+/** At most `max` characters of `text`, cut back to the end of a word when one ends in its second half. */
+function cutAtWord(text: string, max: number): string {
+  if (max <= 0) return "";
+  const head = text.slice(0, max);
+  if (/\s/.test(text[max] ?? " ")) return head;
+  const space = head.search(/\s\S*$/);
+  return space > max / 2 ? head.slice(0, space) : head;
 }

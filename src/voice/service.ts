@@ -7,7 +7,8 @@ import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
 import type { ChatChunk, ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { type AgentChoice, Conversation } from "./conversation.ts";
-import type { Recognition, Speaker } from "./engines.ts";
+import type { EngineFor } from "./engine-choice.ts";
+import type { VoiceActivityPort, VoiceEngines } from "./engine-ports.ts";
 import { VoiceMetrics } from "./metrics.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 import { observeTranscript } from "./transcript.ts";
@@ -15,15 +16,15 @@ import { observeTranscript } from "./transcript.ts";
 /** How long a device's stored choice of agent is trusted before it is read again (so a change reaches every node). */
 export const AGENT_REFRESH_MS = 2_000;
 const DEFAULT_VOICE = "alloy";
-/** Partial recognitions at once in the process: the recogniser runs one job at a time, and a final must not wait behind many partials. */
-const MAX_PARTIALS = 1;
 
 export interface VoiceServiceOptions {
   config: Config;
   domain: Domain;
   chat: ChatService;
-  recognition: Recognition;
-  speaker: Speaker;
+  /** The node's voice activity detector. */
+  activity: VoiceActivityPort;
+  /** Each agent's engines (src/voice/engine-choice.ts). */
+  engineFor: EngineFor;
   resampler: SpeexModule;
   registry: Registry;
   logger: Logger;
@@ -34,24 +35,17 @@ export class VoiceService implements VoiceHost {
   private readonly o: VoiceServiceOptions;
   private readonly metrics: VoiceMetrics;
   private readonly open_ = new Set<Conversation>();
-  /** Partial recognitions running in this process (at most one: finals go first). */
-  private partialsRunning = 0;
-  private readonly partials = {
-    tryAcquire: (): (() => void) | undefined => {
-      if (this.partialsRunning >= MAX_PARTIALS) return undefined;
-      this.partialsRunning++;
-      let released = false;
-      return () => {
-        if (released) return;
-        released = true;
-        this.partialsRunning--;
-      };
-    },
-  };
+  /** Each agent's engines, chosen once; an agent whose engines are missing does not converse. */
+  private readonly engines = new Map<string, VoiceEngines>();
 
   constructor(o: VoiceServiceOptions) {
     this.o = o;
     this.metrics = new VoiceMetrics(o.registry, () => this.open_.size);
+    for (const agent of o.config.agents) {
+      const engines = o.engineFor(agent);
+      if (typeof engines === "string") o.logger.warn({ agent: agent.id, reason: engines }, "this agent cannot converse");
+      else this.engines.set(agent.id, engines);
+    }
   }
 
   /** Conversations held now. */
@@ -60,7 +54,7 @@ export class VoiceService implements VoiceHost {
   }
 
   open(devicePort: AudioPort): VoiceSession {
-    const choice = new AgentLookup(devicePort.publicKey, this.o);
+    const choice = new AgentLookup(devicePort.publicKey, this.o, this.engines);
     // The conversation's entries for the device's Side Control, read from the events it sends.
     // Only the error's message: a row the store refused may be quoted in its details, and transcripts stay out of logs above debug.
     const recorder = this.o.domain.conversations.open(devicePort.publicKey, (err) =>
@@ -74,14 +68,12 @@ export class VoiceService implements VoiceHost {
     const conversation = new Conversation({
       port,
       config: this.o.config.voice,
-      recognition: this.o.recognition,
-      speaker: this.o.speaker,
+      activity: this.o.activity,
       resampler: this.o.resampler,
       metrics: this.metrics,
       logger: this.o.logger,
       agent: () => choice.current(),
-      partials: this.partials,
-      reply: (agentId, messages, signal) => this.reply(port.publicKey, agentId, messages, signal),
+      run: (agentId, messages, signal) => this.reply(port.publicKey, agentId, messages, signal),
     });
     this.open_.add(conversation);
     return {
@@ -121,14 +113,16 @@ export class VoiceService implements VoiceHost {
 class AgentLookup {
   private readonly key: string;
   private readonly o: VoiceServiceOptions;
+  private readonly engines: ReadonlyMap<string, VoiceEngines>;
   private setting: string | null = null;
   private readAt = 0;
   private reading = false;
   private closed = false;
 
-  constructor(key: string, o: VoiceServiceOptions) {
+  constructor(key: string, o: VoiceServiceOptions, engines: ReadonlyMap<string, VoiceEngines>) {
     this.key = key;
     this.o = o;
+    this.engines = engines;
     this.refresh();
   }
 
@@ -137,7 +131,9 @@ class AgentLookup {
     const id = this.setting === null ? this.o.config.voice.agent : this.setting === "off" ? undefined : this.setting;
     if (!id) return undefined;
     const agent = this.o.config.agents.find((a) => a.id === id);
-    return agent ? { id: agent.id, voice: agent.voice ?? DEFAULT_VOICE } : undefined;
+    const engines = agent && this.engines.get(agent.id);
+    if (!agent || !engines) return undefined;
+    return { id: agent.id, voice: agent.voice ?? DEFAULT_VOICE, engines, ...(agent.language ? { language: agent.language } : {}) };
   }
 
   close(): void {

@@ -13,6 +13,14 @@ export class SpokenText {
     this.total += samples;
   }
 
+  /** More audio of the last sentence added (a sentence streamed from its engine). */
+  extend(samples: number): void {
+    const last = this.segments.at(-1);
+    if (!last) return;
+    last.end += samples;
+    this.total += samples;
+  }
+
   /** Samples of audio added so far. */
   get samples(): number {
     return this.total;

@@ -5,7 +5,7 @@ import { ChunkWriter } from "../chunks.ts";
 import { GenerationError } from "../errors.ts";
 import type { ChatStream, ProviderRequest } from "../providers/provider.ts";
 import type { ChatRouter } from "../router.ts";
-import { parseEvents, sseError, sseEvent } from "../sse.ts";
+import { parseEvents } from "../sse.ts";
 import { checkedToolCalls, InvalidToolCallError, ToolCallCollector } from "./tool-calls.ts";
 import { type Toolbox, type ToolDefinition, type ToolKit, type ToolObserver, toolMessageText } from "./toolbox.ts";
 
@@ -86,10 +86,6 @@ export class AgentRunner {
           const parts: Buffer[] = [];
           for (const event of parseEvents(block)) {
             if (event === "[DONE]" || typeof event !== "object" || event === null) continue;
-            if ("error" in event) {
-              yield Buffer.concat([...parts, sseEvent(event)]);
-              return;
-            }
             const chunk = event as ChatChunk;
             addUsage(total, chunk.usage);
             const choice = Array.isArray(chunk.choices) ? chunk.choices[0] : undefined;
@@ -104,8 +100,8 @@ export class AgentRunner {
             } catch (err) {
               if (!(err instanceof InvalidToolCallError)) throw err;
               // The provider's call ends here: its connection is closed when the stream is left.
-              yield Buffer.concat([...parts, sseError(err.message)]);
-              return;
+              if (parts.length) yield Buffer.concat(parts);
+              throw new GenerationError("upstream_failed", err.message, { code: "upstream_error" });
             }
             if (typeof choice.finish_reason === "string") finish = choice.finish_reason;
           }
@@ -126,8 +122,7 @@ export class AgentRunner {
           current = await self.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id });
         } catch (err) {
           if (run.signal.aborted) return;
-          yield sseError((err as Error).message);
-          return;
+          throw err instanceof GenerationError ? err : new GenerationError("upstream_failed", (err as Error).message, { code: "upstream_error" });
         }
       }
     }

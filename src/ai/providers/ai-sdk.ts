@@ -8,7 +8,7 @@ import type { APICallError as ApiCallErrorClass } from "ai";
 import type { ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
 import { ChunkWriter } from "../chunks.ts";
 import { GenerationError } from "../errors.ts";
-import { DONE_EVENT, sseError } from "../sse.ts";
+import { DONE_EVENT } from "../sse.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
 type LanguageModel = ReturnType<ReturnType<typeof createAnthropic>>;
@@ -132,13 +132,11 @@ export class AiSdkProvider implements ChatProvider {
           try {
             r = await reader.read();
           } catch (err) {
-            yield encoder.error(`the provider's stream failed: ${(err as Error).message}`);
-            return;
+            throw streamFailed(`the provider's stream failed: ${(err as Error).message}`);
           }
           if (r.done) break;
           if (r.value.type === "error") {
-            yield encoder.error(`the provider's stream failed: ${errorMessage(r.value.error)}`);
-            return;
+            throw streamFailed(`the provider's stream failed: ${errorMessage(r.value.error)}`);
           }
           const out = encoder.part(r.value, stats);
           if (out) yield out;
@@ -194,12 +192,14 @@ class ChunkEncoder {
   }
 
   done(): Buffer {
-    return this.finished ? DONE_EVENT : this.error("the provider's stream ended early");
+    if (!this.finished) throw streamFailed("the provider's stream ended early");
+    return DONE_EVENT;
   }
+}
 
-  error(message: string): Buffer {
-    return sseError(message);
-  }
+/** A streamed chat that failed after its first event (nothing can be retried then). */
+function streamFailed(message: string): GenerationError {
+  return new GenerationError("upstream_failed", message, { code: "upstream_error" });
 }
 
 function completionId(upstream: string | undefined): string {

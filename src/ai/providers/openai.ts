@@ -7,8 +7,9 @@
 import http, { type IncomingMessage } from "node:http";
 import https from "node:https";
 import type { ChatCompletion, Usage } from "../../protocol/compat.ts";
+import { GenerationError } from "../errors.ts";
 import { stringifyJson } from "../json-thread.ts";
-import { DONE_EVENT, sseError } from "../sse.ts";
+import { DONE_EVENT, parseEvents } from "../sse.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
 export interface OpenAIProviderOptions {
@@ -305,6 +306,20 @@ const MODEL_KEY = Buffer.from('"model":"');
 const USAGE_KEY = Buffer.from('"usage":{');
 const DONE = Buffer.from("data: [DONE]");
 const FINISH = Buffer.from('"finish_reason":"');
+const ERROR_EVENT = Buffer.from('data: {"error"');
+
+/** A streamed chat that failed after its first event (nothing can be retried then). */
+function streamFailed(message: string, code = "upstream_error"): GenerationError {
+  return new GenerationError("upstream_failed", message, { code });
+}
+
+/** The provider's own error event (`data: {"error":{…}}`) as the failure it reports. */
+function providerErrorEvent(event: Buffer): GenerationError {
+  const [parsed] = parseEvents(event);
+  const error = (parsed as { error?: { message?: unknown; code?: unknown } } | undefined)?.error;
+  const message = typeof error?.message === "string" ? error.message : "the provider reported an error";
+  return streamFailed(`the provider's stream failed: ${message}`, typeof error?.code === "string" ? error.code : undefined);
+}
 
 /**
  * Cuts the provider's byte stream at server-sent event boundaries and hands on whole events,
@@ -321,6 +336,8 @@ class SseRelay {
   private sawFinish = false;
   private ended = false;
   private sawAnything = false;
+  /** Thrown at the next call, once the events before it were handed on. */
+  private failing: GenerationError | undefined;
 
   private readonly model: Buffer;
   private readonly touch: () => void;
@@ -334,11 +351,13 @@ class SseRelay {
   }
 
   /**
-   * The next run of whole events, or undefined at the end. A failure after the first event becomes
-   * one error event. Linear in the bytes: only each new piece is searched for a boundary, and an
+   * The next run of whole events, or undefined at the end. A failure after the first event (the
+   * connection broke, the stream ended early, the provider's own error event) is thrown as a
+   * `GenerationError` once the events before it were handed on; the surface writes it its own way. Linear in the bytes: only each new piece is searched for a boundary, and an
    * incomplete event over MAX_EVENT_BYTES ends the stream.
    */
   async next(): Promise<Buffer | undefined> {
+    if (this.failing) throw this.takeFailing();
     if (this.ended) return undefined;
     for (;;) {
       let r: IteratorResult<Buffer>;
@@ -348,7 +367,7 @@ class SseRelay {
         const err = this.failure() ?? caught;
         if (this.pendingLength === 0 && !this.sawAnything) throw toProviderError(err, err instanceof ProviderError && err.timedOut);
         this.ended = true;
-        return sseError(`the provider's stream failed: ${(err as Error).message}`);
+        throw streamFailed(`the provider's stream failed: ${(err as Error).message}`);
       }
       if (r.done) return this.finish();
       this.touch();
@@ -392,7 +411,7 @@ class SseRelay {
     this.pending = [];
     const message = `the provider sent an event over ${MAX_EVENT_BYTES} bytes`;
     if (!this.sawAnything) throw new ProviderError(message, { retryable: false });
-    return sseError(message);
+    throw streamFailed(message);
   }
 
   private finish(): Buffer | undefined {
@@ -400,14 +419,31 @@ class SseRelay {
     const last = Buffer.concat(this.pending);
     this.pending = [];
     const rest = last.length > 0 && last.toString("utf8").trim() !== "" ? this.inspect(Buffer.concat([last, Buffer.from("\n\n")])) : undefined;
-    if (this.sawDone) return rest;
-    // Some servers close after the finishing chunk without `[DONE]`; a stream cut short gets an error event instead.
-    const tail = this.sawFinish ? DONE_EVENT : sseError("the provider's stream ended early");
+    if (this.sawDone || this.failing) return rest;
     if (!this.sawAnything && !rest) return undefined;
-    return rest ? Buffer.concat([rest, tail]) : tail;
+    // Some servers close after the finishing chunk without `[DONE]`; a stream cut short fails instead.
+    if (this.sawFinish) return rest ? Buffer.concat([rest, DONE_EVENT]) : DONE_EVENT;
+    const failure = streamFailed("the provider's stream ended early");
+    if (!rest) throw failure;
+    this.failing = failure;
+    return rest;
   }
 
-  private inspect(block: Buffer): Buffer {
+  private takeFailing(): GenerationError {
+    const failing = this.failing!;
+    this.failing = undefined;
+    return failing;
+  }
+
+  private inspect(whole: Buffer): Buffer {
+    // The provider's own error event ends the stream: what came before it is handed on, then it is thrown.
+    const at = whole.indexOf(ERROR_EVENT);
+    const block = at < 0 ? whole : whole.subarray(0, at);
+    if (at >= 0) {
+      this.ended = true;
+      this.failing = providerErrorEvent(whole.subarray(at));
+    }
+    if (block.length === 0) throw this.takeFailing();
     if (!this.sawDone && block.includes(DONE)) this.sawDone = true;
     if (!this.sawFinish && block.includes(FINISH)) this.sawFinish = true;
     if (this.onUsage) {

@@ -1,9 +1,8 @@
 import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
-import { GenerationError, type GenerationErrorKind } from "../../ai/errors.ts";
-import { DomainError, StoreUnavailable } from "../../domain/errors.ts";
-import { STATUS_OF } from "../errors.ts";
+import { sseEvent } from "../../ai/sse.ts";
+import { PerchError, statusOf } from "../../errors.ts";
 
 export type OpenAIErrorType = "invalid_request_error" | "permission_error" | "rate_limit_error" | "api_error";
 
@@ -37,30 +36,13 @@ export function openAIErrorResponse(c: Context, err: OpenAIError): Response {
   return c.json({ error: { message: err.message, type: err.type, param: err.param, code: err.code } }, err.status as 400);
 }
 
-const GENERATION_STATUS: Record<GenerationErrorKind, number> = {
-  invalid: 400,
-  model_not_found: 404,
-  forbidden: 403,
-  rate_limited: 429,
-  upstream_refused: 400,
-  upstream_failed: 502,
-  upstream_timeout: 504,
-  unavailable: 503,
-};
-
 /** Maps anything thrown while serving the Compatible API onto OpenAI's envelope; unexpected errors become 500. */
 export function toOpenAIError(err: unknown): OpenAIError {
   if (err instanceof OpenAIError) return err;
-  if (err instanceof GenerationError) {
-    const status = err.kind === "upstream_refused" ? (err.status ?? 400) : GENERATION_STATUS[err.kind];
-    return new OpenAIError(status, err.message, { param: err.param, code: err.code, ...(err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}) });
+  if (err instanceof PerchError) {
+    const code = err.kind === "unauthenticated" ? "invalid_api_key" : (err.code?.toLowerCase() ?? null);
+    return new OpenAIError(statusOf(err), err.message, { param: err.param, code, ...(err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}) });
   }
-  if (err instanceof DomainError) {
-    const status = STATUS_OF[err.kind];
-    const code = err.kind === "unauthenticated" ? "invalid_api_key" : err.code.toLowerCase();
-    return new OpenAIError(status, err.message, { code, ...(err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}) });
-  }
-  if (err instanceof StoreUnavailable) return new OpenAIError(503, `${err.message}; try again later.`, { code: "unavailable", retryAfter: err.retryAfter });
   if (err instanceof HTTPException && err.status === 413) return new OpenAIError(413, "request body is too large", { code: "request_too_large" });
   if (err instanceof HTTPException && err.status < 500) return new OpenAIError(err.status, err.message || "malformed request");
   return new OpenAIError(500, "The server had an error while processing your request.", { code: "internal_error" });
@@ -93,4 +75,10 @@ function deepest(issue: Issue): Issue {
     if (!best || candidate.path.length > best.path.length) best = candidate;
   }
   return best ?? issue;
+}
+
+/** An error that ends a stream already under way, as the Compatible API's SSE `error` event: mapped like any other error. */
+export function sseErrorEvent(err: unknown): Buffer {
+  const e = toOpenAIError(err);
+  return sseEvent({ error: { message: e.message, type: e.type, param: e.param, code: e.code } });
 }

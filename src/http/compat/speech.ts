@@ -11,6 +11,7 @@ import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, readJson } from "./json.ts";
 import { readAhead } from "./read-ahead.ts";
+import { asIs, EVENT_STREAM, type StreamEnd, startingWith, streamBody, streamHeaders } from "./stream-body.ts";
 
 const ROUTE = "/audio/speech";
 /** Audio held for a slow client: all of 4096 characters as MP3 (~2.5 MB at speed 1) or WAV (~14 MB at speed 1); at speed 0.25 a WAV may be 50 MB, read ahead only in part. */
@@ -50,8 +51,7 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
           throw e;
         }
       }
-      if (answer)
-        return c.body(byteStream(answer.body[Symbol.asyncIterator](), done), 200, { "content-type": answer.contentType, "transfer-encoding": "chunked" });
+      if (answer) return c.body(relayedBody(answer, done), 200, streamHeaders(answer.contentType));
     }
     if (!engine) throw new OpenAIError(503, "No speech engine is available on this server.", { code: "engine_unavailable" });
     if (r.instructions !== undefined) {
@@ -61,88 +61,32 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
       throw new OpenAIError(400, `Unknown voice \`${r.voice}\`; this model has ${engine.voices.join(", ")}.`, { param: "voice", code: "invalid_value" });
     }
     let it: AsyncIterator<Uint8Array>;
-    let first: IteratorResult<Uint8Array>;
     try {
-      it = engine.synthesize({ text: r.input, voice: r.voice, format: r.response_format, speed: r.speed, signal })[Symbol.asyncIterator]();
+      const synthesis = engine.synthesize({ text: r.input, voice: r.voice, format: r.response_format, speed: r.speed, signal })[Symbol.asyncIterator]();
       // The first piece is awaited before answering, so that a full queue is still a 429.
-      first = await it.next();
+      const first = await synthesis.next();
       // Then the rest is read ahead of the client (within a bound), so the engine's slot is freed
       // when synthesis ends, however slowly the client reads.
-      it = readAhead(it, MAX_READ_AHEAD_BYTES);
+      it = startingWith(first, readAhead(synthesis, MAX_READ_AHEAD_BYTES));
     } catch (err) {
       const e = toOpenAIError(err);
       done(e.status, e.type);
       throw e;
     }
-    const sse = r.stream_format === "sse";
-    const body = new ReadableStream<Uint8Array>(
-      {
-        async pull(controller) {
-          let next: IteratorResult<Uint8Array>;
-          try {
-            next = first ?? (await it.next());
-          } catch (err) {
-            done(200, "api_error");
-            if (sse) {
-              controller.enqueue(sseEvent({ error: { message: (err as Error).message, type: "api_error", param: null, code: "engine_error" } }));
-              controller.close();
-            } else {
-              // Audio that broke off must not end like a whole file: the response is aborted (no
-              // final chunk), which every HTTP client reports as an error.
-              controller.error(err);
-            }
-            return;
-          }
-          first = undefined as never;
-          if (next.done) {
-            if (sse) {
-              const input = Math.ceil(r.input.length / 4);
-              controller.enqueue(sseEvent({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }));
-            }
-            done(200);
-            controller.close();
-            return;
-          }
-          controller.enqueue(sse ? sseEvent({ type: "speech.audio.delta", audio: Buffer.from(next.value).toString("base64") }) : next.value);
-        },
-        async cancel() {
-          done(499);
-          await it.return?.();
-        },
-      },
-      { highWaterMark: 0 },
-    );
-    // `transfer-encoding` declared: the Node adapter then writes the first audio at once (see chat.ts).
-    const headers: Record<string, string> = sse
-      ? { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" }
-      : { "content-type": SPEECH_CONTENT_TYPES[r.response_format] };
-    return c.body(body, 200, { ...headers, "transfer-encoding": "chunked" });
+    if (r.stream_format === "audio")
+      return c.body(streamBody(it, { sse: false, encode: asIs, done }), 200, streamHeaders(SPEECH_CONTENT_TYPES[r.response_format]));
+    const input = Math.ceil(r.input.length / 4);
+    const body = streamBody(it, {
+      sse: true,
+      encode: (audio) => sseEvent({ type: "speech.audio.delta", audio: Buffer.from(audio).toString("base64") }),
+      last: () => sseEvent({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }),
+      done,
+    });
+    return c.body(body, 200, streamHeaders(EVENT_STREAM));
   });
 }
 
-/** Relayed bytes as a response body, pulled as the client reads. */
-export function byteStream(it: AsyncIterator<Uint8Array>, done: (status: number, error?: string) => void): ReadableStream<Uint8Array> {
-  return new ReadableStream<Uint8Array>(
-    {
-      async pull(controller) {
-        let next: IteratorResult<Uint8Array>;
-        try {
-          next = await it.next();
-        } catch {
-          done(200, "api_error");
-          controller.error(new Error("the provider's answer broke off"));
-          return;
-        }
-        if (next.done) {
-          done(200);
-          controller.close();
-        } else controller.enqueue(next.value);
-      },
-      async cancel() {
-        done(499);
-        await it.return?.();
-      },
-    },
-    { highWaterMark: 0 },
-  );
+/** A provider's relayed answer as a response body, pulled as the client reads; one that breaks off is aborted. */
+export function relayedBody(answer: RawAnswer, done: StreamEnd): ReadableStream<Uint8Array> {
+  return streamBody(answer.body[Symbol.asyncIterator](), { sse: false, encode: asIs, done });
 }

@@ -4,6 +4,7 @@ import type { ChatService } from "../../ai/chat.ts";
 import { warmJsonThread } from "../../ai/json-thread.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
+import { TranscriptionService } from "../../ai/transcription.ts";
 import type { AppEnv } from "../env.ts";
 import type { Metrics } from "../metrics.ts";
 import { bodyLimit } from "../middleware.ts";
@@ -61,7 +62,12 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
   registerModelsRoute(app, o.catalog, o.metrics);
   registerChatRoute(app, o.chat, o.metrics);
   registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics);
-  registerTranscriptionRoute(app, o.catalog, o.transcription, o.router, o.metrics, o.limits?.maxAudioSeconds);
+  registerTranscriptionRoute(
+    app,
+    o.catalog,
+    new TranscriptionService({ engine: o.transcription, router: o.router, maxAudioSeconds: o.limits?.maxAudioSeconds }),
+    o.metrics,
+  );
   return {
     base: o.base ?? COMPAT_BASE,
     app: app as unknown as Hono<AppEnv>,

@@ -1,0 +1,254 @@
+import { concatInt16 } from "../audio/samples.ts";
+import type { VoiceClock } from "./clock.ts";
+import { RECOGNITION_RATE, type TurnTranscription, type VadEvent, type VoiceActivity } from "./engine-ports.ts";
+
+const RATE = RECOGNITION_RATE;
+/** Audio kept from before speech was confirmed, so that the recogniser hears the turn's first word. */
+const PREROLL_S = 1.2;
+/** Speech begins this long before the detector says (its onset). */
+const ONSET_PAD_S = 0.2;
+/** Audio waiting for the detector beyond this (the engine is overloaded) is dropped, not queued without bound. */
+const MAX_PENDING_SAMPLES = 4 * RATE;
+/** Quiet: below this share of the turn's loudest chunk, or below this floor (of 32767). */
+const QUIET_SHARE = 0.1;
+const QUIET_FLOOR = 100;
+/** Near-digital silence longer than this between turns is not given to the detector. */
+const SKIP_QUIET_AFTER_S = 0.5;
+/** Quiet this long tells the transcription that the turn may be ending (it may start recognising). */
+const QUIET_BEFORE_RECOGNITION_S = 0.12;
+
+/** A turn being heard: its transcription receives the turn's audio. */
+export interface ListeningTurn {
+  readonly transcription: TurnTranscription;
+}
+
+/** How the end of a turn was decided, on the conversation's clock. */
+export interface TurnEnd {
+  /** When the last voiced audio was heard. */
+  lastVoiced: number;
+  /** When the end of the turn was decided. */
+  decided: number;
+  /** The turn reached `max_ms` and ended there (the speech that goes on after it is not a turn). */
+  cut: boolean;
+}
+
+export interface RecognitionHooks<T extends ListeningTurn> {
+  /** Speech began: a turn to hear it, or undefined to ignore this speech until it ends. */
+  speechStarted(): T | undefined;
+  speechEnded(turn: T, end: TurnEnd): void;
+}
+
+export interface RecognitionOptions<T extends ListeningTurn> {
+  vad: VoiceActivity;
+  turn: { silence_ms: number; max_ms: number };
+  clock: VoiceClock;
+  hooks: RecognitionHooks<T>;
+  /** Something went wrong that the conversation survives (logged by the caller, rate-limited where it could repeat). */
+  warn: (what: string, details: Record<string, unknown>) => void;
+}
+
+/**
+ * The uplink as turns (agents-js's audio recognition): 16 kHz audio → the voice activity detector
+ * (its backlog bounded, near-digital silence between turns spared) → turns, each with the audio
+ * from just before its onset given to its transcription, a pause hint when the user goes quiet,
+ * and an end: the detector's silence, no audio at all for `silence_ms` on the conversation's clock
+ * (a device that stops sending), or `max_ms`.
+ */
+export class AudioRecognition<T extends ListeningTurn> {
+  private readonly o: RecognitionOptions<T>;
+  /** Samples pushed to the detector; with `pushedAt`, maps the timeline to the clock. */
+  private timeline = 0;
+  private pushedAt: number;
+  /** When audio last arrived from the uplink. */
+  private heardAt: number;
+  /** Samples not given to the detector (silence between turns): its seconds + this = our timeline. */
+  private vadSkipped = 0;
+  /** Samples of near-digital silence in a row, up to now. */
+  private quietRun = 0;
+  /** The detector is inside speech (whether or not a turn was started for it). */
+  private vadSpeaking = false;
+  private readonly pending: Int16Array[] = [];
+  private pendingSamples = 0;
+  private draining = false;
+  private dropped = 0;
+  /** The last PREROLL_S of audio, as [start sample, samples]. */
+  private readonly recent: Array<[number, Int16Array]> = [];
+  private turn: Heard<T> | undefined;
+  /** Speech that is not a turn (refused by the hooks, or going on past a cut): ignored until it ends. */
+  private ignoring = false;
+  /** Where the last turn was cut (timeline samples): speech going on from there is not a new turn. */
+  private cutAt: number | undefined;
+  private closed = false;
+
+  constructor(o: RecognitionOptions<T>) {
+    this.o = o;
+    this.pushedAt = o.clock.now();
+    this.heardAt = this.pushedAt;
+  }
+
+  /** Samples dropped because the detector was behind, since the last call (for a rate-limited log). */
+  takeDropped(): number {
+    const n = this.dropped;
+    this.dropped = 0;
+    return n;
+  }
+
+  /** 16 kHz audio from the uplink, in order. */
+  hear(pcm: Int16Array): void {
+    if (this.closed) return;
+    this.heardAt = this.o.clock.now();
+    if (this.pendingSamples + pcm.length > MAX_PENDING_SAMPLES) {
+      this.dropped += pcm.length;
+      return;
+    }
+    this.pending.push(pcm);
+    this.pendingSamples += pcm.length;
+    if (!this.draining) this.drain().catch((err: unknown) => this.o.warn("voice audio handling failed", { err }));
+  }
+
+  /**
+   * The conversation's clock: no audio at all for `silence_ms` while speech goes on is silence (a
+   * device that stopped sending: push-to-talk, discontinuous transmission, a muted microphone).
+   */
+  tick(): void {
+    if (this.closed || this.draining || !this.vadSpeaking) return;
+    if (this.o.clock.now() - this.heardAt < this.o.turn.silence_ms) return;
+    for (const e of this.o.vad.flush()) this.vadEvent(e);
+    // The detector may not have confirmed the end (its own speech state): either way, speech is over.
+    this.vadSpeaking = false;
+  }
+
+  close(): void {
+    this.closed = true;
+    this.turn = undefined;
+    this.pending.length = 0;
+    this.recent.length = 0;
+  }
+
+  private async drain(): Promise<void> {
+    this.draining = true;
+    try {
+      while (this.pending.length > 0 && !this.closed) {
+        // Everything that arrived while the detector worked goes in one push: under load the
+        // batches grow instead of the backlog.
+        const pcm = concatInt16(this.pending.splice(0));
+        this.pendingSamples = 0;
+        const start = this.timeline;
+        this.timeline += pcm.length;
+        this.pushedAt = this.o.clock.now();
+        this.remember(start, pcm);
+        this.turn?.turn.transcription.push(pcm);
+        let events: VadEvent[] = [];
+        this.quietRun = rms(pcm) < QUIET_FLOOR ? this.quietRun + pcm.length : 0;
+        try {
+          // Near-digital silence between turns (half a second of it and more) cannot start speech:
+          // the neural detector is spared it. Its clock then runs behind ours by what it skipped.
+          if (!this.turn && !this.vadSpeaking && this.quietRun > SKIP_QUIET_AFTER_S * RATE) this.vadSkipped += pcm.length;
+          else events = await this.o.vad.push(pcm);
+        } catch (err) {
+          this.o.warn("voice activity detection failed", { err });
+        }
+        if (this.closed) return;
+        for (const e of events) this.vadEvent(e);
+        const turn = this.turn;
+        if (turn && this.timeline - turn.start >= (this.o.turn.max_ms / 1000) * RATE) {
+          this.cutAt = this.timeline;
+          for (const e of this.o.vad.flush()) this.vadEvent(e, true);
+        } else if (turn) this.listen(turn, pcm);
+      }
+    } finally {
+      this.draining = false;
+    }
+  }
+
+  private remember(start: number, pcm: Int16Array): void {
+    this.recent.push([start, pcm]);
+    while (this.recent.length > 0 && this.recent[0]![0] + this.recent[0]![1].length < this.timeline - PREROLL_S * RATE) this.recent.shift();
+  }
+
+  /** Our timeline position (samples) of a detector time (seconds from the first sample it was given). */
+  private position(vadSeconds: number): number {
+    return vadSeconds * RATE + this.vadSkipped;
+  }
+
+  /** The clock time of a timeline position (samples). */
+  private clockAt(position: number): number {
+    return this.pushedAt - ((this.timeline - position) / RATE) * 1000;
+  }
+
+  private vadEvent(e: VadEvent, cut = false): void {
+    this.vadSpeaking = e.type === "start";
+    if (e.type === "start") this.started(e.at);
+    else this.ended(e.at, cut);
+  }
+
+  private started(at: number): void {
+    const position = this.position(at);
+    // Speech that goes on past a cut (it starts again right where the cut was) is not a new turn.
+    const continued = this.cutAt !== undefined && position - this.cutAt <= (this.o.turn.silence_ms / 1000) * RATE;
+    this.cutAt = undefined;
+    const turn = continued ? undefined : this.o.hooks.speechStarted();
+    if (!turn) {
+      this.ignoring = true;
+      return;
+    }
+    const start = Math.max(0, Math.round(position - ONSET_PAD_S * RATE));
+    // What was said since the onset: the detector confirms speech only after min_speech_ms of it.
+    for (const [from, pcm] of this.recent) {
+      const end = from + pcm.length;
+      if (end <= start) continue;
+      turn.transcription.push(from >= start ? pcm : pcm.subarray(start - from));
+    }
+    this.turn = { turn, start, peak: 0, quietSince: undefined, paused: false };
+  }
+
+  /**
+   * A pause hint when the audio goes quiet (a likely end of the turn, before the detector's silence
+   * confirms it): the transcription may start on everything so far, so that when the turn does end
+   * its final text is already under way.
+   */
+  private listen(turn: Heard<T>, pcm: Int16Array): void {
+    const level = rms(pcm);
+    turn.peak = Math.max(turn.peak, level);
+    if (level < Math.max(QUIET_FLOOR, turn.peak * QUIET_SHARE)) turn.quietSince ??= this.timeline - pcm.length;
+    else {
+      turn.quietSince = undefined;
+      turn.paused = false;
+    }
+    if (turn.quietSince !== undefined && !turn.paused && this.timeline - turn.quietSince >= QUIET_BEFORE_RECOGNITION_S * RATE) {
+      turn.paused = true;
+      turn.turn.transcription.pause();
+    }
+  }
+
+  private ended(at: number, cut: boolean): void {
+    if (this.ignoring) {
+      this.ignoring = false;
+      return;
+    }
+    const heard = this.turn;
+    if (!heard) return;
+    this.turn = undefined;
+    const decided = this.o.clock.now();
+    const lastVoiced = Math.min(decided, this.clockAt(this.position(at)));
+    this.o.hooks.speechEnded(heard.turn, { lastVoiced, decided, cut });
+  }
+}
+
+interface Heard<T> {
+  turn: T;
+  /** Samples of the timeline where the turn's speech began. */
+  start: number;
+  /** The loudest chunk of the turn (RMS), the yardstick of quiet. */
+  peak: number;
+  /** Where the current quiet stretch began (timeline samples); undefined while the user speaks. */
+  quietSince: number | undefined;
+  /** The transcription was told of the current quiet stretch. */
+  paused: boolean;
+}
+
+function rms(pcm: Int16Array): number {
+  let sum = 0;
+  for (const x of pcm) sum += x * x;
+  return Math.sqrt(sum / Math.max(1, pcm.length));
+}

@@ -1,0 +1,321 @@
+/**
+ * The fast layer of voice tests: a conversation in process, on a fake clock, with fake engines
+ * (a detector that hears loudness, a transcription and a synthesiser that do what the test says),
+ * a fake model, and a fake connection that records frames and events. Nothing sleeps: the clock
+ * moves only when the test moves it, and between timers the test lets promises settle.
+ */
+import { fromBinary } from "@bufbuild/protobuf";
+import pino from "pino";
+import { Registry } from "prom-client";
+import { VoiceConfig as VoiceConfigSchema } from "../../src/config/config.ts";
+import type { ChatMessage } from "../../src/protocol/compat.ts";
+import { PeerEventSchema } from "../../src/protocol/gen/event_pb.ts";
+import type { AgentChoice, ConversationEvent } from "../../src/voice/activity.ts";
+import type { VoiceClock } from "../../src/voice/clock.ts";
+import { Conversation } from "../../src/voice/conversation.ts";
+import type {
+  SpeechChunk,
+  SpeechPort,
+  SynthesisRequest,
+  TranscriptionPort,
+  TurnTranscription,
+  TurnTranscriptionOptions,
+  VadEvent,
+  VoiceActivityPort,
+} from "../../src/voice/engine-ports.ts";
+import { VoiceMetrics } from "../../src/voice/metrics.ts";
+import { loadResampler } from "../../src/voice/resampler.ts";
+import { type Seen, seen } from "./voice.ts";
+
+/** Lets every promise that can settle settle (a few turns of the event loop; no time passes). */
+export async function settle(): Promise<void> {
+  for (let i = 0; i < 8; i++) await new Promise((r) => setImmediate(r));
+}
+
+/** A clock that moves only in `advance`, running the timers due on the way in order. */
+export class FakeClock implements VoiceClock {
+  private t = 0;
+  private seq = 0;
+  private timers: Array<{ at: number; seq: number; fn: () => void; every?: number }> = [];
+
+  now(): number {
+    return this.t;
+  }
+
+  after(ms: number, fn: () => void): () => void {
+    const timer = { at: this.t + Math.max(0, ms), seq: this.seq++, fn };
+    this.timers.push(timer);
+    return () => {
+      this.timers = this.timers.filter((t) => t !== timer);
+    };
+  }
+
+  every(ms: number, fn: () => void): () => void {
+    const timer = { at: this.t + ms, seq: this.seq++, fn, every: ms };
+    this.timers.push(timer);
+    return () => {
+      this.timers = this.timers.filter((t) => t !== timer);
+    };
+  }
+
+  /** Moves the clock on by `ms`, running each timer when its time comes and settling promises after it. */
+  async advance(ms: number): Promise<void> {
+    const end = this.t + ms;
+    await settle();
+    for (;;) {
+      const due = this.timers.filter((t) => t.at <= end).sort((a, b) => a.at - b.at || a.seq - b.seq)[0];
+      if (!due) break;
+      this.t = Math.max(this.t, due.at);
+      if (due.every) {
+        due.at += due.every;
+        due.seq = this.seq++;
+      } else this.timers = this.timers.filter((t) => t !== due);
+      due.fn();
+      await settle();
+    }
+    this.t = end;
+    await settle();
+  }
+}
+
+const BLOCK = 320;
+const LOUD = 8000;
+
+/** A detector that hears loudness: 20 ms blocks above a level are speech (the turn rules of voice.md §2). */
+export const loudnessVad: VoiceActivityPort = {
+  create({ minSpeechMs, minSilenceMs }) {
+    let block = 0;
+    let rest = new Int16Array(0);
+    let speechStart: number | undefined;
+    let silenceStart: number | undefined;
+    let confirmed = false;
+    const seconds = (b: number) => (b * BLOCK) / 16_000;
+    return {
+      async push(pcm) {
+        const audio = new Int16Array(rest.length + pcm.length);
+        audio.set(rest);
+        audio.set(pcm, rest.length);
+        const events: VadEvent[] = [];
+        let at = 0;
+        for (; at + BLOCK <= audio.length; at += BLOCK, block++) {
+          let peak = 0;
+          for (let i = at; i < at + BLOCK; i++) peak = Math.max(peak, Math.abs(audio[i]!));
+          const loud = peak > LOUD / 2;
+          if (speechStart === undefined) {
+            if (loud) speechStart = block;
+            continue;
+          }
+          if (loud) silenceStart = undefined;
+          else silenceStart ??= block;
+          if (!confirmed && silenceStart === undefined && seconds(block + 1 - speechStart) * 1000 >= minSpeechMs) {
+            confirmed = true;
+            events.push({ type: "start", at: seconds(speechStart) });
+          }
+          if (silenceStart !== undefined && (seconds(block + 1 - silenceStart) * 1000 >= minSilenceMs || !confirmed)) {
+            if (confirmed) events.push({ type: "end", start: seconds(speechStart), at: seconds(silenceStart) });
+            speechStart = undefined;
+            silenceStart = undefined;
+            confirmed = false;
+          }
+        }
+        rest = audio.slice(at);
+        return events;
+      },
+      flush() {
+        const events: VadEvent[] =
+          confirmed && speechStart !== undefined ? [{ type: "end", start: seconds(speechStart), at: seconds(silenceStart ?? block) }] : [];
+        speechStart = undefined;
+        silenceStart = undefined;
+        confirmed = false;
+        return events;
+      },
+    };
+  },
+};
+
+/** One turn as the fake transcription saw it. */
+export class FakeTurnTranscription implements TurnTranscription {
+  samples = 0;
+  pauses = 0;
+  finished = false;
+  readonly o: TurnTranscriptionOptions;
+  private readonly answer: (turn: FakeTurnTranscription) => Promise<string> | string;
+
+  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"]) {
+    this.o = o;
+    this.answer = answer;
+  }
+
+  push(pcm: Int16Array): void {
+    this.samples += pcm.length;
+  }
+
+  pause(): void {
+    this.pauses++;
+  }
+
+  async finish(): Promise<string> {
+    this.finished = true;
+    const { signal } = this.o;
+    const text = await Promise.race([
+      Promise.resolve(this.answer(this)),
+      new Promise<never>((_, reject) => {
+        if (signal.aborted) reject(signal.reason);
+        signal.addEventListener("abort", () => reject(signal.reason), { once: true });
+      }),
+    ]);
+    return text.trim();
+  }
+}
+
+/** A transcription that answers what the test says (default: one question per turn). */
+export class FakeTranscription implements TranscriptionPort {
+  readonly engine = "fake-stt";
+  readonly languages = ["en"];
+  readonly streamsPartials = false;
+  readonly turns: FakeTurnTranscription[] = [];
+  answer: (turn: FakeTurnTranscription) => Promise<string> | string = () => "What time is it?";
+
+  open(o: TurnTranscriptionOptions): TurnTranscription {
+    const t = new FakeTurnTranscription(o, (turn) => this.answer(turn));
+    this.turns.push(t);
+    return t;
+  }
+}
+
+/** A synthesiser that speaks `msPerChar` of audio per character, in `chunkMs` pieces, as it is pulled. */
+export class FakeSpeech implements SpeechPort {
+  readonly engine = "fake-tts";
+  readonly requests: Array<{ text: string; voice: string; signal: AbortSignal; pulled: number }> = [];
+  sampleRate = 24_000;
+  msPerChar = 60;
+  chunkMs = 100;
+  /** Seconds of audio handed out so far (all sentences). */
+  pulledSeconds = 0;
+  fail: ((text: string) => Error | undefined) | undefined;
+
+  async *synthesize(r: SynthesisRequest): AsyncGenerator<SpeechChunk> {
+    const request = { text: r.text, voice: r.voice, signal: r.signal, pulled: 0 };
+    this.requests.push(request);
+    const failure = this.fail?.(r.text);
+    if (failure) throw failure;
+    const total = Math.round((r.text.length * this.msPerChar * this.sampleRate) / 1000);
+    const step = Math.round((this.chunkMs * this.sampleRate) / 1000);
+    for (let at = 0; at < total; at += step) {
+      r.signal.throwIfAborted();
+      const n = Math.min(step, total - at);
+      const pcm = new Int16Array(n).fill(3000);
+      request.pulled += n;
+      this.pulledSeconds += n / this.sampleRate;
+      yield { pcm, sampleRate: this.sampleRate };
+    }
+  }
+}
+
+/** A model the test scripts: each call answers with the next script (text pieces), and is recorded. */
+export class FakeModel {
+  readonly calls: Array<{ agentId: string; messages: ChatMessage[]; signal: AbortSignal; pieces: number }> = [];
+  script: (call: FakeModel["calls"][number]) => AsyncIterable<string> = () => pieces(["It is ten o'clock. ", "Anything else?"]);
+
+  run = async (agentId: string, messages: ChatMessage[], signal: AbortSignal): Promise<AsyncIterable<string>> => {
+    const call = { agentId, messages, signal, pieces: 0 };
+    this.calls.push(call);
+    const source = this.script(call);
+    return (async function* () {
+      for await (const p of source) {
+        signal.throwIfAborted();
+        call.pieces++;
+        yield p;
+      }
+    })();
+  };
+}
+
+export async function* pieces(list: Iterable<string>): AsyncGenerator<string> {
+  for (const p of list) yield p;
+}
+
+export interface Rig {
+  clock: FakeClock;
+  conversation: Conversation;
+  stt: FakeTranscription;
+  tts: FakeSpeech;
+  model: FakeModel;
+  events: Seen[];
+  observed: ConversationEvent[];
+  /** Opus frames sent to the device. */
+  frames: number;
+  metrics: Registry;
+  /** `ms` of audio from the device (loud or silent), 20 ms at a time, on the clock. */
+  talk(ms: number, loud?: boolean): Promise<void>;
+  /** Moves the clock without audio from the device (it sends nothing). */
+  wait(ms: number): Promise<void>;
+  /** The events of one stream id. */
+  of(stream: string): Seen[];
+  turnMetrics(n: number): Record<string, unknown> | undefined;
+  close(): void;
+}
+
+/** A conversation with fake engines on a fake clock (voice config as in configuration; defaults otherwise). */
+export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
+  const clock = new FakeClock();
+  const stt = new FakeTranscription();
+  const tts = new FakeSpeech();
+  const model = new FakeModel();
+  const events: Seen[] = [];
+  const observed: ConversationEvent[] = [];
+  const metrics = new Registry();
+  const config = VoiceConfigSchema.parse({ agent: "talker", ...voice });
+  let sequence = 0n;
+  const agent: AgentChoice = { id: "talker", voice: "alloy", engines: { transcription: stt, speech: tts } };
+  const r: Rig = {
+    clock,
+    stt,
+    tts,
+    model,
+    events,
+    observed,
+    frames: 0,
+    metrics,
+    conversation: undefined as unknown as Conversation,
+    async talk(ms, loud = true) {
+      for (let t = 0; t < ms; t += 20) {
+        r.conversation.hear(new Int16Array(320).fill(loud ? LOUD : 0));
+        await clock.advance(20);
+      }
+    },
+    wait: (ms) => clock.advance(ms),
+    of: (stream) => events.filter((e) => e.stream === stream),
+    turnMetrics(n) {
+      const e = events.find((s) => s.stream === `out-${n}` && s.label === "turn.metrics");
+      return e ? (JSON.parse(e.text!) as Record<string, unknown>) : undefined;
+    },
+    close: () => r.conversation.close(),
+  };
+  r.conversation = new Conversation({
+    port: {
+      publicKey: "fake-device",
+      payloadType: 111,
+      onPacket: () => {},
+      sendFrame: () => {
+        r.frames++;
+        return true;
+      },
+      sendEvent: (make) => {
+        const s = seen(fromBinary(PeerEventSchema, make(++sequence, BigInt(clock.now()))));
+        if (s) events.push(s);
+        return true;
+      },
+    },
+    config,
+    activity: loudnessVad,
+    resampler: await loadResampler(),
+    metrics: new VoiceMetrics(metrics, () => 1),
+    logger: pino({ level: "silent" }),
+    agent: () => agent,
+    run: model.run,
+    observe: (e) => observed.push(e),
+    clock,
+  });
+  return r;
+}
