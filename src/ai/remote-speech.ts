@@ -10,7 +10,7 @@ import { wavFile } from "../audio/samples.ts";
 import type { ModelConfig } from "../config/config.ts";
 import type { InFlight } from "./in-flight.ts";
 import { multipart } from "./multipart.ts";
-import type { RawAnswer } from "./providers/openai.ts";
+import { closing, type RawAnswer } from "./providers/openai.ts";
 import { ProviderError } from "./providers/provider.ts";
 import type { ChatRouter } from "./router.ts";
 
@@ -99,17 +99,24 @@ async function acceptPcm(answer: RawAnswer): Promise<RawAnswer> {
   return { contentType: "audio/pcm", body: rest(head, it) };
 }
 
-async function* rest(head: Buffer, it: AsyncIterator<Uint8Array>): AsyncGenerator<Uint8Array> {
-  try {
-    if (head.length > 0) yield head;
-    for (;;) {
-      const r = await it.next();
-      if (r.done) return;
-      yield r.value;
-    }
-  } finally {
-    await it.return?.();
-  }
+/** The answer's bytes from `head` on; leaving it ends the answer's exchange, started or not. */
+function rest(head: Buffer, it: AsyncIterator<Uint8Array>): AsyncIterableIterator<Uint8Array> {
+  let pending: Buffer | undefined = head.length > 0 ? head : undefined;
+  return closing(
+    {
+      next: async () => {
+        if (pending) {
+          const value = pending;
+          pending = undefined;
+          return { done: false, value };
+        }
+        return it.next();
+      },
+    },
+    () => {
+      it.return?.()?.catch(() => {});
+    },
+  );
 }
 
 /** Where a 16-bit mono 24 kHz WAV's samples start, or why it is not one. */
