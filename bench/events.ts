@@ -21,7 +21,7 @@ import { monitorEventLoopDelay } from "node:perf_hooks";
 import { encodeKey, generateKeyPair, type KeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { Crowd } from "./crowd.ts";
-import { benchConfig, percentiles, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
+import { benchConfig, freshPgDatabase, percentiles, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
 
 const DEVICES = Number(process.env.BENCH_EVENTS_DEVICES ?? 2000);
 const SUBSCRIBERS = Number(process.env.BENCH_EVENTS_SUBSCRIBERS ?? 1000);
@@ -37,21 +37,6 @@ interface Nodes {
   phones: Server;
   pids: number[];
   stop(): Promise<void>;
-}
-
-async function freshPgDatabase(url: string): Promise<string> {
-  const pg = (await import("pg")).default;
-  const name = `perch_bench_${Date.now().toString(36)}`;
-  const admin = new pg.Client({ connectionString: url });
-  await admin.connect();
-  try {
-    await admin.query(`create database ${name}`);
-  } finally {
-    await admin.end();
-  }
-  const u = new URL(url);
-  u.pathname = `/${name}`;
-  return u.toString();
 }
 
 async function startNodes(kind: "one node" | "two nodes"): Promise<Nodes> {

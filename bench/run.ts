@@ -3,6 +3,7 @@ import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
+import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
@@ -17,6 +18,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   outage: outageBench,
   events: eventsBench,
   voice: voiceBench,
+  revocation: revocationBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
 const VALUED = new Set(["--engines"]);

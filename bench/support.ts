@@ -122,3 +122,19 @@ export function percentiles(samples: number[]): { p50: number; p99: number } {
   const at = (q: number) => round(s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? Number.NaN);
   return { p50: at(0.5), p99: at(0.99) };
 }
+
+/** A new, empty database on the PostgreSQL server of `url`; its URL. */
+export async function freshPgDatabase(url: string): Promise<string> {
+  const pg = (await import("pg")).default;
+  const name = `perch_bench_${Date.now().toString(36)}${Math.random().toString(36).slice(2, 6)}`;
+  const admin = new pg.Client({ connectionString: url });
+  await admin.connect();
+  try {
+    await admin.query(`create database ${name}`);
+  } finally {
+    await admin.end();
+  }
+  const u = new URL(url);
+  u.pathname = `/${name}`;
+  return u.toString();
+}

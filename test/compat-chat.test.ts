@@ -52,6 +52,7 @@ describe("Compatible API: chat", () => {
             tools: ["device_status", "device_runtime", "device_telemetry", "contacts_list"],
             max_steps: 4,
           },
+          { id: "terse", model: "my-chat", max_tokens: 50 },
         ],
         api_keys: [
           { name: "app", sha256: sha256(APP_KEY), models: ["*"] },
@@ -94,6 +95,7 @@ describe("Compatible API: chat", () => {
       "other-chat",
       "safe-chat",
       "slow-chat",
+      "terse",
       "vision-chat",
     ]);
     assert.ok(ids.includes("tts-1"));
@@ -273,7 +275,8 @@ describe("Compatible API: chat", () => {
     });
   });
 
-  test("client disconnect cancels the upstream call: the provider sees its connection closed", async () => {
+  // Bounded well below the provider's 60 s idle timeout, which would close the call too: only the cancellation closes it in time.
+  test("client disconnect cancels the upstream call: the provider sees its connection closed", { timeout: 30_000 }, async () => {
     primary.reply({ hang: true });
     const controller = new AbortController();
     const stream = await app.chat.completions.create(
@@ -322,10 +325,46 @@ describe("Compatible API: chat", () => {
         }
       })(),
       (err: any) => {
-        assert.match(String(err.message), /stream failed|ended early/);
+        assert.match(String(err.message), /the provider's stream failed/);
         return true;
       },
     );
+    await call.aborted;
+  });
+
+  test("an upstream stream that ends with no finish and no [DONE] ends with an error event after the content it sent", async () => {
+    primary.reply({ chunks: ["Once upon ", "a time"], after: "close" });
+    const stream = await app.chat.completions.create({ model: "my-chat", messages: [{ role: "user", content: "Hi" }], stream: true });
+    let content = "";
+    await assert.rejects(
+      (async () => {
+        for await (const c of stream) content += c.choices[0]?.delta.content ?? "";
+      })(),
+      (err: any) => {
+        assert.match(String(err.message), /the provider's stream ended early/);
+        return true;
+      },
+    );
+    assert.equal(content, "Once upon a time");
+  });
+
+  // Bounded well below the provider's 60 s idle timeout, which would close the call too.
+  test("agent: a step the provider breaks (an invalid tool call) ends the stream with an error event and closes the provider's call", {
+    timeout: 30_000,
+  }, async () => {
+    primary.reply({ tool_calls: [{ id: "call_x", name: "x".repeat(300), arguments: "{}" }], after: "hold" });
+    const stream = await device.chat.completions.create({ model: "helper", messages: [{ role: "user", content: "Hi" }], stream: true });
+    const call = primary.received.at(-1)!;
+    await assert.rejects(
+      (async () => {
+        for await (const _ of stream);
+      })(),
+      (err: any) => {
+        assert.match(String(err.message), /invalid tool call: a tool name is over 256 characters/);
+        return true;
+      },
+    );
+    // The client is still connected: the agent left the provider's stream, and leaving it closes the call.
     await call.aborted;
   });
 
@@ -393,6 +432,19 @@ describe("Compatible API: chat", () => {
     assert.equal(sent.length, 4);
     assert.equal(sent[3]!.body.tools, undefined);
     assert.deepEqual(JSON.parse(sent[1]!.body.messages.at(-1).content), []);
+  });
+
+  test("agent max_tokens: sent to the model when the request gives none or more; a request asking for fewer keeps its own", async () => {
+    const sent = async (extra: Record<string, number>) => {
+      primary.reply({ content: "ok" });
+      await device.chat.completions.create({ model: "terse", messages: [{ role: "user", content: "hi" }], ...extra });
+      const body = primary.received.at(-1)!.body;
+      return { max_tokens: body.max_tokens, max_completion_tokens: body.max_completion_tokens };
+    };
+    assert.deepEqual(await sent({}), { max_tokens: 50, max_completion_tokens: undefined });
+    assert.deepEqual(await sent({ max_tokens: 500 }), { max_tokens: 50, max_completion_tokens: undefined });
+    assert.deepEqual(await sent({ max_completion_tokens: 500 }), { max_tokens: 50, max_completion_tokens: undefined });
+    assert.deepEqual(await sent({ max_tokens: 20 }), { max_tokens: 20, max_completion_tokens: undefined });
   });
 
   test("agent with an API key: device tools are withheld and refused", async () => {

@@ -8,6 +8,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { startChild } from "../src/ai/speech/child.ts";
 import { decodeAudio } from "../src/ai/speech/decode.ts";
 import { ffmpegPath } from "../src/ai/speech/ffmpeg.ts";
+import { FlitePool } from "../src/ai/speech/flite.ts";
 import {
   AudioDecodeError,
   createSpeechEngine,
@@ -24,6 +25,7 @@ import { speechChunks } from "../src/ai/speech/text.ts";
 import { WorkerPool } from "../src/workers/pool.ts";
 import { childProcesses } from "./support/processes.ts";
 import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
+import { eventually } from "./support/webrtc.ts";
 
 const SENTENCE = "The small device reports its battery level and its temperature to the server.";
 
@@ -193,6 +195,25 @@ describe("speech synthesis (flite)", () => {
       while (!(await stream.next()).done);
     }, /abort/i);
     await waitForNoChildren("ffmpeg");
+  });
+
+  test("a flite worker that dies mid-synthesis fails that synthesis (the real pool), and the next one is spoken", async () => {
+    const flite = new FlitePool(1);
+    await flite.warmUp();
+    const pool = await (flite as unknown as { pool: Promise<WorkerPool<unknown, unknown>> }).pool;
+    try {
+      const long = flite.synthesize(ROUND_TRIP.join(" ").repeat(20), { name: "kal16" }, 1);
+      await eventually(() => pool.workers().some((w) => w.busy), 30_000, "the worker busy");
+      await pool
+        .workers()
+        .find((w) => w.busy)!
+        .terminate();
+      await assert.rejects(long, /exited|ended|worker/i);
+      const next = await flite.synthesize("Still here.", { name: "kal16" }, 1);
+      assert.ok(next.samples.length > 0);
+    } finally {
+      await pool.close();
+    }
   });
 });
 

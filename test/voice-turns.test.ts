@@ -222,6 +222,18 @@ describe("voice turns (fake engines, fake clock)", () => {
     r.close();
   });
 
+  test("a transcription that cannot open a turn: that speech is not heard, the next one is", async () => {
+    const r = await rig();
+    r.stt.refuse = new Error("no capacity");
+    await ask(r);
+    await r.wait(2_000);
+    assert.deepEqual(r.events, [], "no turn began");
+    r.stt.refuse = undefined;
+    await ask(r);
+    await untilTurn(r, 1);
+    r.close();
+  });
+
   test("closing the conversation aborts the turn in flight and sends nothing more", async () => {
     const r = await rig();
     let release: (text: string) => void = () => {};

@@ -1,4 +1,4 @@
-import { writeFileSync } from "node:fs";
+import { closeSync, openSync, writeFileSync } from "node:fs";
 import { create, toBinary } from "@bufbuild/protobuf";
 import type { Command } from "commander";
 import { wavFile } from "../audio/samples.ts";
@@ -7,6 +7,7 @@ import { ClientGetIdentifiersResponseSchema, ClientGetInfoResponseSchema, RpcMet
 import type { RpcHandlers } from "../protocol/rpc.ts";
 import type { DeviceTool } from "../sdk/tools.ts";
 import { OfferError, PerchConnection } from "../sdk/webrtc.ts";
+import { unreachable } from "./unreachable.ts";
 
 interface ConnectOptions {
   telemetryInterval: string;
@@ -79,8 +80,18 @@ export function registerConnectCommand(device: Command, load: () => { server: st
     )
     .action(async (opts: ConnectOptions) => {
       if (opts.replyWav && opts.say === undefined) fail("--reply-wav needs --say");
+      if (opts.say !== undefined && opts.say.trim() === "") fail("--say needs something to say");
       for (const t of opts.tool) if (!DEMO_TOOLS[t]) fail(`unknown --tool ${t}; tools: ${Object.keys(DEMO_TOOLS).join(", ")}`);
       const { server, keyPair } = load();
+      // Opened before the conversation, so that a file that cannot be written is said at once.
+      let wavFd: number | undefined;
+      if (opts.replyWav) {
+        try {
+          wavFd = openSync(opts.replyWav, "w");
+        } catch (err) {
+          fail(`cannot write --reply-wav ${opts.replyWav}: ${(err as Error).message}`);
+        }
+      }
       const say = (what: string, detail: Record<string, unknown> = {}) =>
         process.stdout.write(`${new Date().toISOString()} ${what}${Object.keys(detail).length ? ` ${JSON.stringify(detail)}` : ""}\n`);
       const handlers: RpcHandlers = {};
@@ -101,7 +112,7 @@ export function registerConnectCommand(device: Command, load: () => { server: st
       try {
         conn = await PerchConnection.connect({ baseUrl: server, keyPair, handlers, registrationToken: process.env.PERCH_REGISTRATION_TOKEN || undefined });
       } catch (err) {
-        fail(err instanceof OfferError ? `offer refused: ${err.message}` : `cannot connect to ${server}: ${(err as Error).message}`);
+        fail(err instanceof OfferError ? `offer refused: ${err.message}` : unreachable(server, err));
       }
       say("connected", { public_key: conn.publicKey, ready_ms: Math.round(conn.timings.ready), server_timing: conn.timings.serverTiming });
       say("ping", { rtt_ms: Math.round((await conn.ping()).rttMs * 10) / 10 });
@@ -141,8 +152,13 @@ export function registerConnectCommand(device: Command, load: () => { server: st
       }
       if (opts.say !== undefined) {
         const heard = await converse(conn, opts.say, opts.voice, say, fail);
-        if (opts.replyWav) {
-          writeFileSync(opts.replyWav, wavFile(heard.samples, heard.rate));
+        if (wavFd !== undefined) {
+          try {
+            writeFileSync(wavFd, wavFile(heard.samples, heard.rate));
+            closeSync(wavFd);
+          } catch (err) {
+            fail(`cannot write --reply-wav ${opts.replyWav}: ${(err as Error).message}`);
+          }
           say("reply saved", { file: opts.replyWav, seconds: Math.round((heard.samples.length / heard.rate) * 10) / 10 });
         }
         if (timer) clearInterval(timer);
@@ -166,10 +182,16 @@ export function registerConnectCommand(device: Command, load: () => { server: st
 
 /** How long `--say` waits for the turn to finish. */
 const TURN_TIMEOUT_MS = 60_000;
+/**
+ * How long after the question was spoken the server must have said it heard speech (`BOS
+ * user.audio`, sent while the speech goes on): no agent answers this device otherwise.
+ */
+const HEARD_TIMEOUT_MS = 8_000;
 
 /**
  * Speaks `text` (synthesised with `voice`) into the microphone, prints the voice events as they
- * come, and resolves with what the device heard once the turn's metrics arrive.
+ * come, and resolves with what the device heard once the turn's metrics arrive. Fails (exit 1)
+ * when no agent hears the device, and when the turn failed or heard no words.
  */
 async function converse(
   conn: PerchConnection,
@@ -188,11 +210,17 @@ async function converse(
   padded.set(spoken.samples);
   const pcm = up.process(padded);
   up.close();
+  let heard = false;
+  let failure: string | undefined;
+  let spokenAt: (() => void) | undefined;
   const finished = new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(
-      () => reject(new Error(`no reply within ${TURN_TIMEOUT_MS / 1000} s (is voice.agent configured, with a chat provider?)`)),
-      TURN_TIMEOUT_MS,
-    );
+    const timer = setTimeout(() => reject(new Error(`no reply within ${TURN_TIMEOUT_MS / 1000} s (is the agent's chat provider answering?)`)), TURN_TIMEOUT_MS);
+    spokenAt = () =>
+      setTimeout(() => {
+        if (heard) return;
+        clearTimeout(timer);
+        reject(new Error("the server heard no speech: no voice agent answers this device (set voice.agent, or perch peers voice <key> <agent>)"));
+      }, HEARD_TIMEOUT_MS).unref();
     conn.eventStream.on((e) => {
       const p = e.payload;
       if (!p.case) return;
@@ -201,6 +229,9 @@ async function converse(
       if (v.text !== undefined) detail.text = v.label === "turn.metrics" ? JSON.parse(v.text) : v.text;
       if (v.error) detail.error = { code: v.error.code, message: v.error.message };
       say(`event ${p.case === "bos" ? "BOS" : p.case === "eos" ? "EOS" : p.case === "textDelta" ? "TEXT_DELTA" : "TEXT_DONE"}`, detail);
+      heard = true;
+      if (v.error?.code === "failed") failure ??= v.error.message || "failed";
+      if (p.case === "textDone" && v.label === "user.transcript" && !v.text?.trim()) failure ??= "the server heard no words";
       if (p.case === "textDone" && v.label === "turn.metrics") {
         clearTimeout(timer);
         // The last packets are still on their way to the speaker.
@@ -212,10 +243,12 @@ async function converse(
   const mic = await conn.microphone();
   say("speaking", { text, voice, seconds: Math.round((pcm.length / 48_000) * 10) / 10 });
   await mic.say(pcm);
+  spokenAt?.();
   try {
     await finished;
   } catch (err) {
     fail((err as Error).message);
   }
+  if (failure) fail(`the turn failed: ${failure}`);
   return { samples: conn.speaker.take(), rate: conn.speaker.rate };
 }

@@ -1,14 +1,27 @@
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { renderUnicodeCompact } from "uqr";
-import { decodePrivateKey, keyPairFromPrivate } from "../crypto/keys.ts";
+import { loadConfig } from "../config/config.ts";
+import { decodePrivateKey, type KeyPair, keyPairFromPrivate } from "../crypto/keys.ts";
 import type { PeerStatus } from "../protocol/public.ts";
 import { PerchApiError, PerchClient } from "../sdk/client.ts";
 import { registerConnectCommand } from "./device-connect.ts";
+import { unreachable } from "./unreachable.ts";
 
 interface DeviceOptions {
-  server: string;
+  server?: string;
   keyFile: string;
+}
+
+/** The server on this machine as its configuration says (`PERCH_CONFIG`, `PERCH_PORT`): its port, on the loopback address when it listens on all. */
+function localServer(fail: (message: string) => never): string {
+  try {
+    const { host, port } = loadConfig();
+    const address = host === "0.0.0.0" || host === "::" || host === "" ? "127.0.0.1" : host.includes(":") ? `[${host}]` : host;
+    return `http://${address}:${port}`;
+  } catch (err) {
+    fail(`no --server given, and the configuration cannot be read: ${(err as Error).message}`);
+  }
 }
 
 /**
@@ -19,35 +32,34 @@ export function registerDeviceCommands(program: Command, print: (value: unknown)
   const device = program
     .command("device")
     .description("act as a device through the SDK: log in with a key file from `perch keygen`, then call the Public API")
-    .option("--server <url>", "the server's base URL", `http://127.0.0.1:${process.env.PERCH_PORT || 8080}`)
+    .option(
+      "--server <url>",
+      "the server's base URL (default: this machine's server, at the port its configuration names: PERCH_CONFIG, PERCH_PORT, else 8080)",
+    )
     .requiredOption("--key-file <file>", "JSON key pair written by `perch keygen`");
 
+  const serverUrl = () => device.opts<DeviceOptions>().server ?? localServer(fail);
   const load = () => {
-    const { server, keyFile } = device.opts<DeviceOptions>();
+    const { keyFile } = device.opts<DeviceOptions>();
+    let keyPair: KeyPair;
     try {
-      const privateKey = decodePrivateKey((JSON.parse(readFileSync(keyFile, "utf8")) as { private_key: string }).private_key);
-      return { server, keyPair: keyPairFromPrivate(privateKey) };
+      keyPair = keyPairFromPrivate(decodePrivateKey((JSON.parse(readFileSync(keyFile, "utf8")) as { private_key: string }).private_key));
     } catch (err) {
       fail(`cannot read a key pair from ${keyFile}: ${(err as Error).message}`);
     }
+    return { server: serverUrl(), keyPair };
   };
   registerConnectCommand(device, load, fail);
 
   const run = (call: (client: PerchClient) => Promise<unknown>) => async () => {
-    const { server, keyFile } = device.opts<DeviceOptions>();
-    let privateKey: Uint8Array;
-    try {
-      privateKey = decodePrivateKey((JSON.parse(readFileSync(keyFile, "utf8")) as { private_key: string }).private_key);
-    } catch (err) {
-      fail(`cannot read a key pair from ${keyFile}: ${(err as Error).message}`);
-    }
-    const client = new PerchClient({ baseUrl: server, keyPair: keyPairFromPrivate(privateKey) });
+    const { server, keyPair } = load();
+    const client = new PerchClient({ baseUrl: server, keyPair });
     try {
       await client.login({ registrationToken: process.env.PERCH_REGISTRATION_TOKEN || undefined });
       const result = await call(client);
       if (result !== undefined) print(result);
     } catch (err) {
-      fail(err instanceof PerchApiError ? err.message : `cannot reach ${server}: ${(err as Error).message}`);
+      fail(err instanceof PerchApiError ? err.message : unreachable(server, err));
     }
   };
 
@@ -82,7 +94,7 @@ export function registerDeviceCommands(program: Command, print: (value: unknown)
     .action(async (opts: { appUrl?: string; qr: boolean }) => {
       await run(async (c) => {
         const token = await c.createDeviceToken();
-        const link = `${opts.appUrl ?? new URL("/app/", device.opts<DeviceOptions>().server).toString()}#token=${token.token}`;
+        const link = `${opts.appUrl ?? new URL("/app/", serverUrl()).toString()}#token=${token.token}`;
         if (opts.qr) process.stderr.write(`${renderUnicodeCompact(link, { border: 1 })}\nOpen on the phone (valid 5 minutes, once): ${link}\n`);
         return { ...token, link };
       })();

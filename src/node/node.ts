@@ -120,7 +120,8 @@ export class Node {
   private readonly o: StartOptions;
   private readonly engines: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
   private readonly serverKey: DomainContext["serverKey"];
-  private readonly app: OpenAPIHono<AppEnv>;
+  /** The HTTP application (`app.request()` serves a request in process, as the fast tests do). */
+  readonly app: OpenAPIHono<AppEnv>;
   private readonly compat: (base?: string) => (callers: Callers) => Surface;
   /** The node's voice activity detector, and each agent's voice engines (from the catalog). */
   private readonly voiceEngines: { activity: VoiceActivityPort | undefined; engineFor: EngineFor };

@@ -88,16 +88,24 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       this.reply.interrupt();
       this.reply = undefined;
     }
-    const n = ++this.turns;
+    const n = this.turns + 1;
     const abort = new AbortController();
     let turn: Turn | undefined;
-    const transcription = agent.engines.transcription.open({
-      ...(agent.language ? { language: agent.language } : {}),
-      signal: abort.signal,
-      partial: (text) => {
-        if (turn) this.partial(turn, text);
-      },
-    });
+    let transcription: Turn["transcription"];
+    try {
+      transcription = agent.engines.transcription.open({
+        ...(agent.language ? { language: agent.language } : {}),
+        signal: abort.signal,
+        partial: (text) => {
+          if (turn) this.partial(turn, text);
+        },
+      });
+    } catch (err) {
+      // An engine that cannot take the turn: this speech is not heard, the conversation goes on.
+      this.o.log("warn", { err }, "the transcription could not start a turn");
+      return undefined;
+    }
+    this.turns = n;
     turn = { n, agent, abort, ended: false, partialSent: "", transcription };
     this.o.events.bos(`in-${n}`, "audio", "user.audio");
     return turn;

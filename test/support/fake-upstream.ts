@@ -17,6 +17,8 @@ export type Reply =
       hang?: boolean;
       /** Awaited before each streamed piece after the first: the test decides when the next piece is sent. */
       gate?: (piece: number) => Promise<void>;
+      /** After the pieces and tool calls: `close` ends the response with no finish chunk and no `[DONE]`; `hold` keeps it open, sending nothing more. */
+      after?: "close" | "hold";
     };
 
 export interface ReceivedRequest {
@@ -121,6 +123,8 @@ export class FakeUpstream {
       ]);
       send([{ index: 0, delta: { tool_calls: [{ index, function: { arguments: call.arguments } }] }, finish_reason: null }]);
     });
+    if (reply.after === "close") return void res.end();
+    if (reply.after === "hold") return;
     await pause();
     send([{ index: 0, delta: {}, finish_reason: finishReason(reply) }]);
     if (includeUsage) send([], { usage: reply.usage ?? { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 } });

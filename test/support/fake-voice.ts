@@ -175,8 +175,11 @@ export class FakeTranscription implements TranscriptionPort {
   readonly streamsPartials = false;
   readonly turns: FakeTurnTranscription[] = [];
   answer: (turn: FakeTurnTranscription) => Promise<string> | string = () => "What time is it?";
+  /** Thrown by `open` (an engine that cannot take a turn). */
+  refuse: Error | undefined;
 
   open(o: TurnTranscriptionOptions): TurnTranscription {
+    if (this.refuse) throw this.refuse;
     const t = new FakeTurnTranscription(o, (turn) => this.answer(turn));
     this.turns.push(t);
     return t;
