@@ -5,6 +5,7 @@ import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
+import { telemetryIngestBench } from "./telemetry-ingest.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcHealthBench } from "./webrtc-health.ts";
@@ -17,6 +18,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   "webrtc-health": webrtcHealthBench,
   outage: outageBench,
   events: eventsBench,
+  "telemetry-ingest": telemetryIngestBench,
   voice: voiceBench,
   revocation: revocationBench,
 };
