@@ -24,7 +24,10 @@ const suites: Record<string, () => Promise<unknown>> = {
   tools: toolsBench,
   revocation: revocationBench,
 };
-const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
+/** Options that take a value (`--engines provider`): read by their suites, not suite names. */
+const VALUED = new Set(["--engines"]);
+const args = process.argv.slice(2);
+const wanted = args.filter((a, i) => a !== "--" && !a.startsWith("--") && !VALUED.has(args[i - 1] ?? ""));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
 for (const name of names) {
   const suite = suites[name];
