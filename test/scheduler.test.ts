@@ -119,6 +119,11 @@ describe("engine scheduler", () => {
     const late = scheduler.run(job("a-late"), { class: "api", caller: "a", maxWaitMs: 1000 });
     await assert.rejects(late, (e: unknown) => e instanceof OverloadedError && e.retryAfter === 3);
     assert.equal(scheduler.stats().api.refused, 2);
+    // A conversation's job is refused only by its deadline, never by the estimate.
+    const turn = scheduler.run(job("turn"), { class: "conversation", maxWaitMs: 1 });
+    assert.equal(clock.pending, 1);
+    clock.advance(1);
+    await assert.rejects(turn, OverloadedError);
     assert.equal(clock.pending, 0, "a refused job leaves no timer");
     const admitted = scheduler.run(job("b2"), { class: "api", caller: "b", maxWaitMs: 1000 });
     assert.equal(clock.pending, 1, "an admitted job waits with a deadline");

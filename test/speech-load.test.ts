@@ -255,16 +255,19 @@ describe("overload: refused honestly, and recovered from", () => {
     const clients = loopingClients(load, 4);
     try {
       await eventually(async () => (await metric(load, "perch_engine_queue_depth", 'engine="speech",class="api"')) >= 2, 60_000, "a queue of API work");
-      const refused = await speech(server, KEYS.b, "Hello there.").done;
-      assert.equal(refused.status, 429);
-      assert.ok(Number(refused.retryAfter) >= 1, `Retry-After: ${refused.retryAfter}`);
+      const tooBusy = await speech(server, KEYS.b, "Hello there.").done;
+      assert.equal(tooBusy.status, 429);
+      assert.ok(Number(tooBusy.retryAfter) >= 1, `Retry-After: ${tooBusy.retryAfter}`);
 
       upstream.reply({ content: "It is sunny today." });
       await mic.say(question);
-      await log.wait((s) => s.stream === "out-1" && s.label === "turn.metrics", 120_000, "turn 1's end");
-      const out1 = log.of("out-1").map((s) => `${s.type} ${s.label}${s.error ? ` ${s.error.code}` : ""}`);
-      assert.ok(out1.includes("EOS assistant.text overloaded"), out1.join(", "));
-      assert.ok(!out1.some((e) => e.includes("assistant.audio")), "no audio for an overloaded turn");
+      // (On a starved machine the detector may cut the question in two: whichever turn answers.)
+      const refused = await log.wait(
+        (s) => s.type === "EOS" && s.label === "assistant.text" && s.error?.code === "overloaded",
+        120_000,
+        "a turn ended as overloaded",
+      );
+      assert.ok(!log.of(refused.stream).some((s) => s.label === "assistant.audio"), "no audio for an overloaded turn");
       assert.ok((await metric(server, "perch_engine_refused_total", 'engine="speech",class="conversation"')) >= 1);
     } finally {
       await clients.stop();
@@ -273,11 +276,15 @@ describe("overload: refused honestly, and recovered from", () => {
     const served = await speech(server, KEYS.b, "Hello there.").done;
     assert.equal(served.status, 200);
     assert.ok(served.bytes > 0);
+    const turnsSoFar = Math.max(...log.all.map((s) => Number(/^out-(\d+)$/.exec(s.stream)?.[1] ?? 0)));
     upstream.reply({ content: "It is sunny today." });
     await mic.say(question);
-    await log.wait((s) => s.stream === "out-2" && s.label === "turn.metrics", 120_000, "turn 2's end");
-    const out2 = log.of("out-2").map((s) => `${s.type} ${s.label}${s.error ? ` ${s.error.code}` : ""}`);
-    assert.ok(out2.includes("BOS assistant.audio") && out2.includes("EOS assistant.audio"), out2.join(", "));
+    const answered = await log.wait(
+      (s) => s.type === "EOS" && s.label === "assistant.audio" && Number(s.stream.slice(4)) > turnsSoFar,
+      120_000,
+      "a reply's audio after the load",
+    );
+    assert.equal(answered.error, undefined);
     conn.close();
   });
 });

@@ -16,9 +16,9 @@
  * worker: a recogniser decodes several utterances in one pass for little more than one costs.
  *
  * Admission: a job may carry `maxWaitMs`. When the queue's own estimate (the jobs ahead of it, at
- * the measured time a job takes) says it cannot start within that, it is refused at once with
- * OverloadedError (and a `retryAfter` from the same estimate); when the estimate was wrong and the
- * time passes while it still waits, it is refused then.
+ * the measured time a job takes) says it cannot start within that, an `api` or `partial` job is
+ * refused at once with OverloadedError (and a `retryAfter` from the same estimate); any job still
+ * waiting when that time has passed (a conversation's, or one the estimate let in) is refused then.
  */
 import { abortReason, EngineBusyError } from "./errors.ts";
 
@@ -210,9 +210,13 @@ export class Scheduler {
     return out;
   }
 
-  /** The refusal a job with these options would get now (counted as refused), or undefined when it would be queued. */
+  /**
+   * The refusal a job with these options would get now (counted as refused), or undefined when it
+   * would be queued. A conversation's job is never refused by the estimate, only by its deadline:
+   * one long job running (a file's 20 s region) inflates the mean far beyond what a turn waits.
+   */
   admit(o: JobOptions): OverloadedError | undefined {
-    if (o.maxWaitMs === undefined) return undefined;
+    if (o.maxWaitMs === undefined || o.class === "conversation") return undefined;
     const wait = this.estimate(o.class, o.caller);
     return wait > o.maxWaitMs ? this.refuse(o.class, wait, o.maxWaitMs) : undefined;
   }
