@@ -12,7 +12,8 @@
  *
  * Sizes (environment): BENCH_EVENTS_DEVICES (2000), BENCH_EVENTS_SUBSCRIBERS (1000),
  * BENCH_EVENTS_WINDOW_S (20), BENCH_EVENTS_CROWD_PROCESSES (4), BENCH_EVENTS_BUS_RATE (2000 messages a second
- * for the bus alone), BENCH_EVENTS_ONLY (`one node`, `two nodes` or `bus`: that part only).
+ * for the bus alone), BENCH_EVENTS_ONLY (`one node`, `two nodes`, `bus` or `conversations`: that part
+ * only). The conversation runs (live path across nodes, reads at 1,000,000 entries) are in conversations.ts.
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -20,6 +21,7 @@ import { join } from "node:path";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { encodeKey, generateKeyPair, type KeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
+import { conversationRuns } from "./conversations.ts";
 import { Crowd } from "./crowd.ts";
 import { benchConfig, freshPgDatabase, percentiles, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
 
@@ -317,6 +319,7 @@ async function busAlone(perSecond: number) {
 export async function eventsBench(): Promise<unknown> {
   const only = process.env.BENCH_EVENTS_ONLY;
   const kinds = (PG_URL ? (["one node", "two nodes"] as const) : (["one node"] as const)).filter((k) => !only || k === only);
+  const conversations = !only || only === "conversations";
   const runs: unknown[] = [];
   for (const kind of kinds) {
     for (const run of [manyDevices, manySubscribers]) {
@@ -327,6 +330,7 @@ export async function eventsBench(): Promise<unknown> {
     }
   }
   if (PG_URL && (!only || only === "bus")) runs.push(await busAlone(Number(process.env.BENCH_EVENTS_BUS_RATE ?? 2000)));
+  if (conversations) runs.push(...(await conversationRuns(PG_URL, freshPgDatabase)));
   return {
     suite: "events",
     window_s: WINDOW_S,

@@ -97,11 +97,11 @@ async function run(kind: "sqlite" | "postgres"): Promise<Record<string, unknown>
         // The node that takes the DELETE ends its own streams before it answers: timed from the request sent.
         const committed = action === "DELETE /side-control/session" ? sent : performance.now();
         const ends = await Promise.all(streams.map((s) => s.ended));
-        ends.forEach((end, i) => times[i]!.push(end - committed));
+        for (const [i, end] of ends.entries()) times[i]!.push(end - committed);
         for (const s of streams) s.close();
       }
       results[action] = Object.fromEntries(
-        nodes.map((n, i) => {
+        nodes.map((_, i) => {
           const ms = times[i]!;
           return [i === 0 ? "node A" : "node B", { ...percentiles(ms), max: round(Math.max(...ms)), mean: round(ms.reduce((x, y) => x + y, 0) / ms.length) }];
         }),

@@ -1,12 +1,13 @@
 import assert from "node:assert/strict";
+import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { ManualClock } from "../src/domain/clock.ts";
 import { DAY_MS } from "../src/domain/context.ts";
 import type { ConversationRecorder } from "../src/domain/conversations.ts";
-import { PerchApiError, type PerchClient } from "../src/sdk/client.ts";
+import { PerchApiError, PerchClient } from "../src/sdk/client.ts";
 import { perchJson } from "./support/cli.ts";
 import { countRows, pairPhone, storedRows } from "./support/conversations.ts";
-import { STORES, startTestServer, type TestServer } from "./support/server.ts";
+import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { EventStream } from "./support/sse.ts";
 import { eventually } from "./support/webrtc.ts";
 
@@ -246,6 +247,35 @@ for (const store of STORES) {
       await assert.rejects(one(phone, id), refused(404, "CONVERSATION_NOT_FOUND"));
       assert.equal(await countRows(server, databaseUrl, "select count(*) as n from conversations"), 0);
       assert.equal(await countRows(server, databaseUrl, "select count(*) as n from conversation_entries"), 0);
+    });
+
+    test("what was stored while storing was on is neither listed nor read once it is off, and can still be deleted", async () => {
+      const dataDir = tempDir();
+      const on = await startTestServer({ dataDir, config: { databaseUrl, voice: { store_transcripts: true } } });
+      let key: string;
+      let id: string;
+      let owner: PerchClient;
+      try {
+        ({ device: owner, key } = await pairPhone(on));
+        id = await converse(on, key, [{ turn: 1, role: "user", text: "kept from before" }]);
+      } finally {
+        await on.close();
+      }
+      const off = await startTestServer({ dataDir, config: { databaseUrl } });
+      try {
+        const phone = off.client();
+        const device = new PerchClient({ baseUrl: off.url, keyPair: owner.keyPair });
+        await device.login();
+        await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+        assert.deepEqual(await list(phone), { stored: false, items: [], has_next: false });
+        await assert.rejects(one(phone, id), refused(404, "CONVERSATION_NOT_FOUND"));
+        assert.deepEqual(await storedRows(off, databaseUrl, key), [1, 1]);
+        await phone.request("DELETE", `/side-control/conversations/${id}`);
+        assert.deepEqual(await storedRows(off, databaseUrl, key), [0, 0]);
+      } finally {
+        await off.stop();
+        rmSync(dataDir, { recursive: true, force: true });
+      }
     });
   });
 }

@@ -5,7 +5,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { pino } from "pino";
 import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { LibOpus } from "../src/audio/opus.ts";
-import { engines } from "./support/engines.ts";
+import { engines, warmRecogniser } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { RtpDevice, rtpPacket } from "./support/rtp-device.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
@@ -22,6 +22,7 @@ describe("voice conversations against a hostile uplink", { skip: engines().trans
   const lines: Array<{ level: number; msg: string; dropped_ms?: number; peer?: string; result?: string; transcript?: string }> = [];
 
   before(async () => {
+    await warmRecogniser();
     upstream = await startFakeUpstream();
     const sink = new Writable({
       write(chunk: Buffer, _enc, done) {

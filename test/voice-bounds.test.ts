@@ -8,7 +8,7 @@ import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
-import { engines } from "./support/engines.ts";
+import { engines, warmRecogniser } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { EventLog, resample, talkerConfig } from "./support/voice.ts";
@@ -47,8 +47,7 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     JSON.parse(log.all.find((s) => s.stream === `out-${n}` && s.label === "turn.metrics")!.text!) as Record<string, unknown>;
 
   before(async () => {
-    // The models load before the first question (on a loaded machine their first load outlasts the detector's 4 s backlog).
-    await engines().transcription?.start?.();
+    await warmRecogniser();
     upstream = await startFakeUpstream();
     const config = talkerConfig(upstream.url);
     server = await startTestServer({ config: { ...config, agents: [{ ...config.agents[0]!, max_tokens: 700 }] } });

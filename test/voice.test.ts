@@ -8,7 +8,7 @@ import { wavFile } from "../src/audio/samples.ts";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { assertFails, perch } from "./support/cli.ts";
-import { engines } from "./support/engines.ts";
+import { engines, warmRecogniser } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
@@ -44,8 +44,7 @@ describe("voice conversations", () => {
   }
 
   before(async () => {
-    // The models load before the first question (on a loaded machine their first load outlasts the detector's 4 s backlog).
-    await engines().transcription?.start?.();
+    await warmRecogniser();
     upstream = await startFakeUpstream();
     server = await startTestServer({
       config: talkerConfig(upstream.url),

@@ -201,15 +201,18 @@ function Earlier({ bearer }: { bearer: string }) {
             </nav>
           )}
           {confirmingAll.value ? (
-            <div class="actions confirm" role="group" aria-label="Delete every stored conversation?">
+            <fieldset class="confirm">
+              <legend>Delete every stored conversation?</legend>
               <p class="muted">Every stored conversation of this device will be deleted for good.</p>
-              <button type="button" class="danger" onClick={deleteAll}>
-                Delete all conversations
-              </button>
-              <button type="button" class="secondary" onClick={() => (confirmingAll.value = false)}>
-                Keep them
-              </button>
-            </div>
+              <div class="actions">
+                <button type="button" class="danger" onClick={deleteAll}>
+                  Delete all conversations
+                </button>
+                <button type="button" class="secondary" onClick={() => (confirmingAll.value = false)}>
+                  Keep them
+                </button>
+              </div>
+            </fieldset>
           ) : (
             <p>
               <button type="button" class="secondary" onClick={() => (confirmingAll.value = true)}>
