@@ -6,6 +6,7 @@ import { publicBench } from "./public.ts";
 import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
 import { telemetryIngestBench } from "./telemetry-ingest.ts";
+import { toolsBench } from "./tools.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcHealthBench } from "./webrtc-health.ts";
@@ -20,6 +21,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   events: eventsBench,
   "telemetry-ingest": telemetryIngestBench,
   voice: voiceBench,
+  tools: toolsBench,
   revocation: revocationBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
