@@ -116,6 +116,13 @@ describe("provider speech and transcription for conversations", () => {
       /text instead/,
     );
     await refused({ kind: "pcm", pcm: new Int16Array(0) }, /no audio/);
+    // A refusal on the headers alone still ends the exchange: aborting the call's signal afterwards
+    // (as a reply does when it ends) must find nothing left to destroy.
+    fake.speech({ kind: "html" });
+    const abort = new AbortController();
+    await assert.rejects(remoteSpeech(ctx, model(cfg, "voice"), "Hi.", "alloy", abort.signal));
+    abort.abort();
+    await new Promise((r) => setTimeout(r, 50));
     fake.speech({ kind: "wav", rate: 24_000, pcm: tone(100) });
     const wav = await remoteSpeech(ctx, model(cfg, "voice"), "Hi.", "alloy", new AbortController().signal);
     assert.equal(await collect(wav.samples), 2400);

@@ -28,6 +28,7 @@ import { Metrics } from "../http/metrics.ts";
 import type { Callers } from "../http/principal.ts";
 import type { Surface } from "../http/surface.ts";
 import { Store } from "../store/index.ts";
+import { toolSummary } from "../tools/device.ts";
 import { startTransport } from "../transport/start.ts";
 import type { WebRtcTransport } from "../transport/transport.ts";
 import { embeddedPorts } from "../voice/embedded-engines.ts";
@@ -191,6 +192,7 @@ export class Node {
       devices: (key) => this.transport?.deviceTools(key),
     });
     this.closers.defer(() => tools.close());
+    this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
     this.chat = new ChatService({ router, catalog, tools });
     this.compat = (base) => (callers) =>
       compatSurface({
