@@ -139,7 +139,7 @@ async function seed(dataDir: string, device: string, start: number): Promise<Rec
   const now = Date.now();
   const keys = await registerPeers(dataDir, device, now);
   const sizeBefore = await storeBytes(dataDir);
-  await withStore(dataDir, async (store) => {
+  await withStore(dataDir, Store, async (store) => {
     await insertSeries(store, device, start, DEVICE_SAMPLES);
     let remaining = SAMPLES - DEVICE_SAMPLES;
     for (let k = 1; remaining > 0; k = (k % (keys.length - 1)) + 1) {
@@ -152,21 +152,30 @@ async function seed(dataDir: string, device: string, start: number): Promise<Rec
   return { seed_seconds: round((performance.now() - started) / 1000), bytes_per_sample: round((sizeAfter - sizeBefore) / SAMPLES) };
 }
 
-/** `PEERS` registered peers, `device` first; returns their keys. */
-async function registerPeers(dataDir: string, device: string, now: number): Promise<string[]> {
+/**
+ * `PEERS` registered peers, `device` first; returns their keys. With `root`, through that
+ * checkout's own store (its migrations are the ones its server expects).
+ */
+async function registerPeers(dataDir: string, device: string, now: number, root?: string): Promise<string[]> {
   const keys = [device, ...Array.from({ length: PEERS - 1 }, () => encodeKey(canonicalRandomKey()))];
-  await withStore(dataDir, async (store) => {
+  const modules = root
+    ? {
+        Store: (await import(join(root, "src/store/index.ts"))).Store as typeof Store,
+        newPeer: (await import(join(root, "src/domain/auth.ts"))).newPeer as typeof newPeer,
+      }
+    : { Store, newPeer };
+  await withStore(dataDir, modules.Store, async (store) => {
     for (let i = 0; i < keys.length; i += BATCH) {
       await store.transaction(async (tx) => {
-        for (const key of keys.slice(i, i + BATCH)) await tx.peers.register(newPeer(key, now));
+        for (const key of keys.slice(i, i + BATCH)) await tx.peers.register(modules.newPeer(key, now));
       });
     }
   });
   return keys;
 }
 
-async function withStore(dataDir: string, fn: (store: Store) => Promise<void>): Promise<void> {
-  const store = await Store.open(DATABASE_URL, dataDir);
+async function withStore(dataDir: string, StoreClass: typeof Store, fn: (store: Store) => Promise<void>): Promise<void> {
+  const store = await StoreClass.open(DATABASE_URL, dataDir);
   try {
     await fn(store);
   } finally {
@@ -269,16 +278,16 @@ async function statusCpuBench(): Promise<unknown> {
   const loadBefore = loadavg();
   const compareRoot = process.env.BENCH_COMPARE_ROOT;
   const subjects = [{ name: "perch", root: ROOT }, ...(compareRoot ? [{ name: "compared", root: compareRoot }] : [])];
-  const started: Array<{ name: string; server: Server; dataDir: string; url: string; headers: Record<string, string> }> = [];
+  const started: Array<{ name: string; server: Server; dataDir: string; url: string; headers: Record<string, string>; serverKey: Uint8Array }> = [];
   let lean: Awaited<ReturnType<typeof startLean>> | undefined;
   try {
     for (const s of subjects) {
       const dataDir = mkdtempSync(join(tmpdir(), "perch-bench-"));
       const deviceKey = generateKeyPair();
-      await registerPeers(dataDir, encodeKey(deviceKey.publicKey), Date.now());
+      await registerPeers(dataDir, encodeKey(deviceKey.publicKey), Date.now(), s.root === ROOT ? undefined : s.root);
       const server = await startServer({ PERCH_DATA_DIR: dataDir, ...benchConfig(dataDir) }, s.root);
-      started.push({ name: s.name, server, dataDir, url: server.url, headers: {} });
       const client = new PerchClient({ baseUrl: server.url, keyPair: deviceKey });
+      started.push({ name: s.name, server, dataDir, url: server.url, headers: {}, serverKey: decodeKey((await client.serverInfo()).public_key) });
       await client.login();
       await client.putStatus({ volume: 50, battery_percent: 80, labels: { room: "lab" } });
       started.at(-1)!.headers = { authorization: `Bearer ${client.accessToken}` };
@@ -297,6 +306,11 @@ async function statusCpuBench(): Promise<unknown> {
         const f = await withCpu(s.server.child.pid!, () => load(`GET /me/status (${s.name})`, { url: `${s.url}/me/status`, headers: s.headers }));
         round_[s.name] = f;
         round_[`${s.name}_per_lean`] = round(f.server_cpu_us_per_request / ref.server_cpu_us_per_request);
+      }
+      // Logins beside it: they write (a session, a nonce) where the status read only reads.
+      for (const s of started) {
+        const logins = await load(`POST /login (${s.name}), 1,000 keys in rotation`, loginLoad(s.url, s.serverKey, keyRing(1_000, s.serverKey)));
+        round_[`${s.name}_logins_per_second`] = logins.requests_per_second;
       }
       rounds.push(round_);
     }

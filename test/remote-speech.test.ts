@@ -1,5 +1,4 @@
 import assert from "node:assert/strict";
-import { createHash } from "node:crypto";
 import { after, before, beforeEach, describe, test } from "node:test";
 import { GenerationError } from "../src/ai/errors.ts";
 import { InFlight } from "../src/ai/in-flight.ts";
@@ -7,9 +6,8 @@ import { PROVIDER_PCM_RATE, type RemoteContext, remoteSpeech, remoteTranscriptio
 import { ChatRouter, embeddedFallback } from "../src/ai/router.ts";
 import { concatInt16 } from "../src/audio/samples.ts";
 import { type Config, loadConfig } from "../src/config/config.ts";
-import { engines } from "./support/engines.ts";
-import { type FakeSpeechProvider, startFakeSpeechProvider, tone } from "./support/fake-speech.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { type FakeSpeechProvider, startFakeSpeechProvider, startSpeechNode, tone } from "./support/fake-speech.ts";
+import type { TestServer } from "./support/server.ts";
 import { resample } from "./support/voice.ts";
 
 /** Two providers (the second a fallback's) on two fake servers, a speech and a transcription model on each. */
@@ -242,10 +240,7 @@ describe("a second Perch as the speech provider (its embedded tts-1 and whisper-
   let ctx: RemoteContext;
 
   before(async () => {
-    nodeA = await startTestServer({
-      config: { api_keys: [{ name: "front", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["tts-1", "whisper-1"] }] },
-      engines: engines(),
-    });
+    nodeA = await startSpeechNode(KEY);
     cfg = loadConfig(
       {},
       {

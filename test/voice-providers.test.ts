@@ -1,11 +1,10 @@
 import assert from "node:assert/strict";
-import { createHash } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { wavFile } from "../src/audio/samples.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { engines } from "./support/engines.ts";
-import { type FakeSpeechProvider, startFakeSpeechProvider, tone } from "./support/fake-speech.ts";
+import { type FakeSpeechProvider, startFakeSpeechProvider, startSpeechNode, tone } from "./support/fake-speech.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
@@ -46,14 +45,8 @@ describe("voice conversations with a second Perch as the speech provider", () =>
     await engines().transcription?.start?.();
     upstream = await startFakeUpstream();
     process.env.PERCH_TEST_NODE_A_KEY = KEY;
-    // Node A: the speech node, its embedded tts-1 and whisper-1 on its Compatible API; no WebRTC, no agents.
-    nodeA = await startTestServer({
-      config: {
-        webrtc: { enabled: false },
-        api_keys: [{ name: "front", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["tts-1", "whisper-1"] }],
-      },
-      engines: engines(),
-    });
+    // Node A: the speech node, its embedded tts-1 and whisper-1 on its Compatible API.
+    nodeA = await startSpeechNode(KEY);
     // Node B: devices converse here; it hears and speaks through node A.
     nodeB = await startTestServer({
       config: {
@@ -114,6 +107,26 @@ describe("voice conversations with a second Perch as the speech provider", () =>
   });
 });
 
+/** Devices converse with agent `talker`, its speech on `speechModel` of the fake provider at `fakeUrl` (`box-tts`, or `box-tts-safe` falling back to tts-1). */
+function speechboxConfig(upstreamUrl: string, fakeUrl: string, speechModel: "box-tts" | "box-tts-safe", provider: { timeout_ms?: number } = {}) {
+  return {
+    providers: [
+      { id: "local", kind: "openai-compatible" as const, base_url: upstreamUrl, max_retries: 0 },
+      { id: "speechbox", kind: "openai-compatible" as const, base_url: fakeUrl, max_retries: 0, ...provider },
+    ],
+    models: [
+      { id: "chat", kind: "chat" as const, provider: "local", upstream_model: "scripted" },
+      { id: "box-tts", kind: "speech" as const, provider: "speechbox", upstream_model: "kokoro" },
+      { id: "box-tts-safe", kind: "speech" as const, provider: "speechbox", upstream_model: "kokoro", fallbacks: ["tts-1"] },
+      { id: "box-stt", kind: "transcription" as const, provider: "speechbox", upstream_model: "whisper-large" },
+    ],
+    agents: [
+      { id: "talker", model: "chat", voice: speechModel === "box-tts" ? "af_bella" : "alloy", speech_model: speechModel, transcription_model: "box-stt" },
+    ],
+    voice: { agent: "talker" },
+  };
+}
+
 describe("voice conversations with a fake speech provider", () => {
   let upstream: FakeUpstream;
   let fake: FakeSpeechProvider;
@@ -124,22 +137,7 @@ describe("voice conversations with a fake speech provider", () => {
     await engines().transcription?.start?.();
     upstream = await startFakeUpstream();
     fake = await startFakeSpeechProvider();
-    server = await startTestServer({
-      config: {
-        providers: [
-          { id: "local", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 },
-          { id: "speechbox", kind: "openai-compatible", base_url: fake.url, max_retries: 0, timeout_ms: 1_500 },
-        ],
-        models: [
-          { id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" },
-          { id: "box-tts", kind: "speech", provider: "speechbox", upstream_model: "kokoro" },
-          { id: "box-stt", kind: "transcription", provider: "speechbox", upstream_model: "whisper-large" },
-        ],
-        agents: [{ id: "talker", model: "chat", voice: "af_bella", speech_model: "box-tts", transcription_model: "box-stt" }],
-        voice: { agent: "talker" },
-      },
-      engines: engines(),
-    });
+    server = await startTestServer({ config: speechboxConfig(upstream.url, fake.url, "box-tts", { timeout_ms: 1_500 }), engines: engines() });
   });
   after(async () => {
     await server?.stop();
@@ -239,22 +237,7 @@ describe("voice conversations with a fake speech provider", () => {
   }
 
   test("with the embedded tts-1 closing the speech model's fallbacks, a failing provider's turn is spoken by tts-1", async () => {
-    const safe = await startTestServer({
-      config: {
-        providers: [
-          { id: "local", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 },
-          { id: "speechbox", kind: "openai-compatible", base_url: fake.url, max_retries: 0 },
-        ],
-        models: [
-          { id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" },
-          { id: "box-tts-safe", kind: "speech", provider: "speechbox", upstream_model: "kokoro", fallbacks: ["tts-1"] },
-          { id: "box-stt", kind: "transcription", provider: "speechbox", upstream_model: "whisper-large" },
-        ],
-        agents: [{ id: "safe", model: "chat", voice: "alloy", speech_model: "box-tts-safe", transcription_model: "box-stt" }],
-        voice: { agent: "safe" },
-      },
-      engines: engines(),
-    });
+    const safe = await startTestServer({ config: speechboxConfig(upstream.url, fake.url, "box-tts-safe"), engines: engines() });
     try {
       const { conn, log, say } = await device(safe);
       upstream.reply({ content: "Spoken anyway." });

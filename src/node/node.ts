@@ -11,7 +11,7 @@ import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
 import { checkVoiceModels } from "../ai/voice-models.ts";
 import { buildInfo } from "../build-info.ts";
-import type { Config } from "../config/config.ts";
+import { type Config, configWarnings } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
 import { encodeKey, privateKeyObject } from "../crypto/keys.ts";
 import { type Clock, systemClock } from "../domain/clock.ts";
@@ -138,6 +138,7 @@ export class Node {
   static async build(o: StartOptions): Promise<Node> {
     const { config } = o;
     const logger = o.logger ?? createLogger(config);
+    for (const warning of configWarnings(config)) logger.warn(warning);
     const engines = o.engines ?? embeddedEngines(config.engines);
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
