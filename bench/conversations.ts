@@ -24,7 +24,7 @@ import pg from "pg";
 import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
-import { type RunningServer, startServer } from "../src/server.ts";
+import { embeddedEngines, type RunningServer, startServer } from "../src/server.ts";
 import { VoiceEvents } from "../src/voice/events.ts";
 import { observeTranscript } from "../src/voice/transcript.ts";
 import { percentiles } from "./support.ts";
@@ -51,8 +51,10 @@ async function node(dir: string, databaseUrl: string | undefined, nodeName: stri
       ...(databaseUrl ? { databaseUrl } : {}),
     },
   );
-  // No speech engines: their models would load (on every core) while the reads are measured.
-  return startServer({ config, engines: {} });
+  const server = await startServer({ config });
+  // The recogniser's models load on every core after the start: measured only once they have.
+  await embeddedEngines().transcription?.start?.();
+  return server;
 }
 
 /** A registered device on `a` and a phone's Side Control bearer for it. */
