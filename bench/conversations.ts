@@ -14,7 +14,7 @@
  *   same bearer (what any Side Control read costs here) and the list's store reads alone.
  *
  * Sizes: BENCH_CONV_DEVICES (50), BENCH_CONV_INTERVAL_MS (1000: an entry per device this often),
- * BENCH_CONV_ENTRIES (1000000), BENCH_CONV_READS (200).
+ * BENCH_CONV_ENTRIES (1000000), BENCH_CONV_READS (200); BENCH_CONV_ONLY (`live` or `reads`).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -262,8 +262,11 @@ export async function conversationRuns(pgUrl: string | undefined, freshPgDatabas
     process.stderr.write(`${JSON.stringify(r)}\n`);
     runs.push(r);
   };
-  if (pgUrl) log(await livePath(await freshPgDatabase(pgUrl)));
-  log(await reads("sqlite", undefined));
-  if (pgUrl) log(await reads("postgres", await freshPgDatabase(pgUrl)));
+  const only = process.env.BENCH_CONV_ONLY;
+  if (only !== "live") {
+    log(await reads("sqlite", undefined));
+    if (pgUrl) log(await reads("postgres", await freshPgDatabase(pgUrl)));
+  }
+  if (pgUrl && only !== "reads") log(await livePath(await freshPgDatabase(pgUrl)));
   return runs;
 }
