@@ -8,15 +8,12 @@
  * the packet channel, the event stream, a sealed offer, Peer RPC answers for the server's calls
  * (`all.*`; −32601 for `client.*`) and telemetry packets.
  */
-import { create, toBinary } from "@bufbuild/protobuf";
 import nodeDataChannel, { type DataChannel, type PeerConnection } from "node-datachannel";
 import { decodeKey, encodeKey, type KeyPair, privateKeyObject, sharedSecret } from "../src/crypto/keys.ts";
 import { SealedExchange, SIGNALING_PATH } from "../src/crypto/sealed-offer.ts";
 import { type ChannelPort, ChannelStream, LOW_WATER_BYTES, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../src/protocol/channel.ts";
-import { TelemetryFrameSchema } from "../src/protocol/gen/telemetry_pb.ts";
 import { commonHandlers, serveRpc } from "../src/protocol/rpc.ts";
 
-export const TELEMETRY_PACKET = 0x40;
 const OPUS_PAYLOAD_TYPE = 111;
 let counter = 0;
 
@@ -28,23 +25,6 @@ export interface CrowdConnectOptions {
   /** Local address to gather on (the server's, on loopback): fewer candidates, no other interfaces. */
   bindAddress?: string;
   timeoutMs?: number;
-}
-
-/** One telemetry packet: 0x40 and a `TelemetryFrame` of one battery observation (two samples). */
-export function telemetryPacket(sequence: number, observedAtUnixMs: number, observations = 1): Buffer {
-  const frame = create(TelemetryFrameSchema, {
-    sequence,
-    observedAtUnixMs: BigInt(observedAtUnixMs),
-    observations: Array.from({ length: observations }, (_, i) => ({
-      observedAtDeltaMs: -i * 10,
-      body: { case: "battery" as const, value: { percent: 50 + (sequence % 50), charging: sequence % 2 === 0 } },
-    })),
-  });
-  const bytes = toBinary(TelemetryFrameSchema, frame);
-  const packet = Buffer.allocUnsafe(bytes.length + 1);
-  packet[0] = TELEMETRY_PACKET;
-  packet.set(bytes, 1);
-  return packet;
 }
 
 function portOf(dc: DataChannel): ChannelPort {

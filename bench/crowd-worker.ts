@@ -7,7 +7,8 @@
  */
 import { readdirSync, readFileSync } from "node:fs";
 import { decodePrivateKey, generateKeyPair, keyPairFromPrivate } from "../src/crypto/keys.ts";
-import { CrowdDevice, telemetryPacket } from "./crowd-device.ts";
+import { CrowdDevice } from "./crowd-device.ts";
+import { telemetryPacket } from "./telemetry-packet.ts";
 
 export type WorkerCommand =
   /**

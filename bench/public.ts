@@ -6,7 +6,7 @@
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync, statSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import type autocannon from "autocannon";
 import pg from "pg";
@@ -15,7 +15,7 @@ import { decodeKey, encodeKey, generateKeyPair, type KeyPair, privateKeyObject, 
 import { newPeer } from "../src/domain/auth.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { Store } from "../src/store/index.ts";
-import { benchConfig, CONNECTIONS, type Figure, load, percentiles, round, startServer, withCpu } from "./support.ts";
+import { benchConfig, CONNECTIONS, type Figure, load, percentiles, ROOT, round, type Server, startServer, withCpu } from "./support.ts";
 
 const DATABASE_URL = process.env.PERCH_DATABASE_URL || undefined;
 const PEERS = Number(process.env.BENCH_PEERS ?? 100_000);
@@ -26,6 +26,7 @@ const SAMPLES_PER_OTHER_DEVICE = 10_000;
 const BATCH = 20_000;
 
 export async function publicBench(): Promise<unknown> {
+  if (process.env.BENCH_PUBLIC_ONLY === "status") return statusCpuBench();
   const dataDir = mkdtempSync(join(tmpdir(), "perch-bench-"));
   const deviceKey = generateKeyPair();
   const device = encodeKey(deviceKey.publicKey);
@@ -136,16 +137,9 @@ export async function publicBench(): Promise<unknown> {
 async function seed(dataDir: string, device: string, start: number): Promise<Record<string, number | null>> {
   const started = performance.now();
   const now = Date.now();
-  const keys = [device, ...Array.from({ length: PEERS - 1 }, () => encodeKey(canonicalRandomKey()))];
-  await withStore(dataDir, async (store) => {
-    for (let i = 0; i < keys.length; i += BATCH) {
-      await store.transaction(async (tx) => {
-        for (const key of keys.slice(i, i + BATCH)) await tx.peers.register(newPeer(key, now));
-      });
-    }
-  });
+  const keys = await registerPeers(dataDir, device, now);
   const sizeBefore = await storeBytes(dataDir);
-  await withStore(dataDir, async (store) => {
+  await withStore(dataDir, Store, async (store) => {
     await insertSeries(store, device, start, DEVICE_SAMPLES);
     let remaining = SAMPLES - DEVICE_SAMPLES;
     for (let k = 1; remaining > 0; k = (k % (keys.length - 1)) + 1) {
@@ -158,8 +152,30 @@ async function seed(dataDir: string, device: string, start: number): Promise<Rec
   return { seed_seconds: round((performance.now() - started) / 1000), bytes_per_sample: round((sizeAfter - sizeBefore) / SAMPLES) };
 }
 
-async function withStore(dataDir: string, fn: (store: Store) => Promise<void>): Promise<void> {
-  const store = await Store.open(DATABASE_URL, dataDir);
+/**
+ * `PEERS` registered peers, `device` first; returns their keys. With `root`, through that
+ * checkout's own store (its migrations are the ones its server expects).
+ */
+async function registerPeers(dataDir: string, device: string, now: number, root?: string): Promise<string[]> {
+  const keys = [device, ...Array.from({ length: PEERS - 1 }, () => encodeKey(canonicalRandomKey()))];
+  const modules = root
+    ? {
+        Store: (await import(join(root, "src/store/index.ts"))).Store as typeof Store,
+        newPeer: (await import(join(root, "src/domain/auth.ts"))).newPeer as typeof newPeer,
+      }
+    : { Store, newPeer };
+  await withStore(dataDir, modules.Store, async (store) => {
+    for (let i = 0; i < keys.length; i += BATCH) {
+      await store.transaction(async (tx) => {
+        for (const key of keys.slice(i, i + BATCH)) await tx.peers.register(modules.newPeer(key, now));
+      });
+    }
+  });
+  return keys;
+}
+
+async function withStore(dataDir: string, StoreClass: typeof Store, fn: (store: Store) => Promise<void>): Promise<void> {
+  const store = await StoreClass.open(DATABASE_URL, dataDir);
   try {
     await fn(store);
   } finally {
@@ -251,21 +267,96 @@ async function timedGets(url: string, headers: Record<string, string>, count: nu
   return { ...percentiles(times), points };
 }
 
-/** The lean `GET /me/status` reference (bench/lean-status.ts) on the same database, with its CPU per request. */
-async function leanReference(file: string, accessToken: string): Promise<Figure & { server_cpu_us_per_request: number }> {
+/**
+ * `BENCH_PUBLIC_ONLY=status`: only the CPU of `GET /me/status` against the lean reference, in
+ * `BENCH_ROUNDS` (default 3) rounds that alternate them, on a data set of peers only (telemetry is
+ * not on this path), after a warm-up. With `BENCH_COMPARE_ROOT` (another checkout of Perch, its
+ * dependencies installed) that checkout's server is measured too, in the same rounds: a change
+ * compared with the code before it side by side, on a machine whose load moves.
+ */
+async function statusCpuBench(): Promise<unknown> {
+  const loadBefore = loadavg();
+  const compareRoot = process.env.BENCH_COMPARE_ROOT;
+  const subjects = [{ name: "perch", root: ROOT }, ...(compareRoot ? [{ name: "compared", root: compareRoot }] : [])];
+  const started: Array<{ name: string; server: Server; dataDir: string; url: string; headers: Record<string, string>; serverKey: Uint8Array }> = [];
+  let lean: Awaited<ReturnType<typeof startLean>> | undefined;
+  try {
+    for (const s of subjects) {
+      const dataDir = mkdtempSync(join(tmpdir(), "perch-bench-"));
+      const deviceKey = generateKeyPair();
+      await registerPeers(dataDir, encodeKey(deviceKey.publicKey), Date.now(), s.root === ROOT ? undefined : s.root);
+      const server = await startServer({ PERCH_DATA_DIR: dataDir, ...benchConfig(dataDir) }, s.root);
+      const client = new PerchClient({ baseUrl: server.url, keyPair: deviceKey });
+      started.push({ name: s.name, server, dataDir, url: server.url, headers: {}, serverKey: decodeKey((await client.serverInfo()).public_key) });
+      await client.login();
+      await client.putStatus({ volume: 50, battery_percent: 80, labels: { room: "lab" } });
+      started.at(-1)!.headers = { authorization: `Bearer ${client.accessToken}` };
+    }
+    const first = started[0]!;
+    lean = await startLean(join(first.dataDir, "perch.db"));
+    const leanUrl = lean.url;
+    const leanPid = lean.pid;
+    for (const s of started) await load("warm-up", { url: `${s.url}/me/status`, headers: s.headers, duration: 3 });
+    await load("warm-up", { url: `${leanUrl}/me/status`, headers: first.headers, duration: 3 });
+    const rounds: Array<Record<string, unknown>> = [];
+    for (let i = 0; i < Number(process.env.BENCH_ROUNDS ?? 3); i++) {
+      const ref = await withCpu(leanPid, () => load("reference: node:http + prepared node:sqlite", { url: `${leanUrl}/me/status`, headers: first.headers }));
+      const round_: Record<string, unknown> = { lean: ref };
+      for (const s of started) {
+        const f = await withCpu(s.server.child.pid!, () => load(`GET /me/status (${s.name})`, { url: `${s.url}/me/status`, headers: s.headers }));
+        round_[s.name] = f;
+        round_[`${s.name}_per_lean`] = round(f.server_cpu_us_per_request / ref.server_cpu_us_per_request);
+      }
+      // Logins beside it: they write (a session, a nonce) where the status read only reads.
+      for (const s of started) {
+        const logins = await load(`POST /login (${s.name}), 1,000 keys in rotation`, loginLoad(s.url, s.serverKey, keyRing(1_000, s.serverKey)));
+        round_[`${s.name}_logins_per_second`] = logins.requests_per_second;
+      }
+      rounds.push(round_);
+    }
+    const median = (name: string) => {
+      const r = rounds.map((x) => x[`${name}_per_lean`] as number).sort((a, b) => a - b);
+      return { median: r[Math.floor(r.length / 2)], rounds: r };
+    };
+    return {
+      suite: "public (status only)",
+      node: process.version,
+      duration_s: Number(process.env.BENCH_DURATION_S ?? 10),
+      peers: PEERS,
+      load_average: { before: loadBefore.map(round), after: loadavg().map(round) },
+      rounds,
+      get_status_cpu_per_lean_reference: { goal: 1.5, ...Object.fromEntries(started.map((s) => [s.name, median(s.name)])) },
+    };
+  } finally {
+    lean?.stop();
+    for (const s of started) {
+      await s.server.stop();
+      rmSync(s.dataDir, { recursive: true, force: true });
+    }
+  }
+}
+
+/** The lean `GET /me/status` reference (bench/lean-status.ts) on `file`, in its own process. */
+async function startLean(file: string): Promise<{ url: string; pid: number; stop(): void }> {
   const child = spawn(process.execPath, ["--disable-warning=ExperimentalWarning", join(import.meta.dirname, "lean-status.ts"), file], {
     stdio: ["ignore", "pipe", "inherit"],
   });
   const port = await new Promise<string>((resolve) => child.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim())));
+  return { url: `http://127.0.0.1:${port}`, pid: child.pid!, stop: () => child.kill() };
+}
+
+/** The lean `GET /me/status` reference on the same database, with its CPU per request. */
+async function leanReference(file: string, accessToken: string): Promise<Figure & { server_cpu_us_per_request: number }> {
+  const lean = await startLean(file);
   try {
-    return await withCpu(child.pid!, () =>
+    return await withCpu(lean.pid, () =>
       load("reference: node:http + prepared node:sqlite, GET /me/status reads", {
-        url: `http://127.0.0.1:${port}/me/status`,
+        url: `${lean.url}/me/status`,
         headers: { authorization: `Bearer ${accessToken}` },
       }),
     );
   } finally {
-    child.kill();
+    lean.stop();
   }
 }
 

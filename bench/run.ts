@@ -5,6 +5,8 @@ import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
+import { telemetryIngestBench } from "./telemetry-ingest.ts";
+import { toolsBench } from "./tools.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcHealthBench } from "./webrtc-health.ts";
@@ -17,10 +19,15 @@ const suites: Record<string, () => Promise<unknown>> = {
   "webrtc-health": webrtcHealthBench,
   outage: outageBench,
   events: eventsBench,
+  "telemetry-ingest": telemetryIngestBench,
   voice: voiceBench,
+  tools: toolsBench,
   revocation: revocationBench,
 };
-const wanted = process.argv.slice(2).filter((a) => a !== "--" && !a.startsWith("--"));
+/** Options that take a value (`--engines provider`): read by their suites, not suite names. */
+const VALUED = new Set(["--engines"]);
+const args = process.argv.slice(2);
+const wanted = args.filter((a, i) => a !== "--" && !a.startsWith("--") && !VALUED.has(args[i - 1] ?? ""));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
 for (const name of names) {
   const suite = suites[name];

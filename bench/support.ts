@@ -25,10 +25,10 @@ export interface Server {
   stop(): Promise<void>;
 }
 
-/** Starts `perch serve` on a free port and waits for its listening line. */
-export async function startServer(env: Record<string, string>): Promise<Server> {
-  const child = spawn(join(ROOT, "bin/perch"), ["serve"], {
-    env: { ...process.env, PERCH_PORT: "0", PERCH_HOST: "127.0.0.1", PERCH_LOG_LEVEL: "info", PERCH_CONFIG: "", ...env },
+/** Starts `perch serve` (of the checkout at `root`, by default this one) on a free port and waits for its listening line. */
+export async function startServer(env: Record<string, string>, root = ROOT): Promise<Server> {
+  const child = spawn(join(root, "bin/perch"), ["serve"], {
+    env: { ...process.env, PERCH_PORT: "0", PERCH_HOST: "127.0.0.1", PERCH_LOG_LEVEL: "info", PERCH_CONFIG: "", ...cpuProfile(), ...env },
     stdio: ["ignore", "pipe", "inherit"],
   });
   let output = "";
@@ -62,6 +62,15 @@ export async function startServer(env: Record<string, string>): Promise<Server> 
       await new Promise((r) => child.once("exit", r));
     },
   };
+}
+
+/**
+ * With `BENCH_CPU_PROF=<dir>`, the server writes a V8 CPU profile there when it exits (one file per
+ * thread): `npx flamebearer@2.1.0 <dir>` summarises them (docs/profiles/ holds the ones taken).
+ */
+function cpuProfile(): Record<string, string> {
+  const dir = process.env.BENCH_CPU_PROF;
+  return dir ? { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ""} --cpu-prof --cpu-prof-dir=${dir}`.trim() } : {};
 }
 
 /** A config file in `dir` with rate limits off (the load generator is one address and few keys). */

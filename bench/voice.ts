@@ -7,21 +7,38 @@
  * EOS stamp; and → last reply sample heard); the share of downlink frames sent late; the server's
  * CPU and memory per conversation.
  *
+ * `--engines provider`: the same phases with recognition and synthesis on a second `perch serve`
+ * (its embedded engines on its Compatible API) as an `openai-compatible` provider, behind a timing
+ * proxy: the provider's own time to first byte and CPU are reported apart from the node's.
+ *
  * BENCH_VOICE_TURNS (default 8), BENCH_VOICE_CONVERSATIONS (20), BENCH_VOICE_PROCESSES (4).
  */
 import { type ChildProcess, fork, spawn } from "node:child_process";
+import { createHash } from "node:crypto";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { createSpeechEngine } from "../src/ai/speech/index.ts";
 import { loadResampler, Resampler } from "../src/voice/resampler.ts";
 import { benchConfig, ROOT, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
+import { startTimingProxy, type Timing } from "./timing-proxy.ts";
 import type { DeviceMessage, TurnReport } from "./voice-device.ts";
 
 const TURNS = Number(process.env.BENCH_VOICE_TURNS ?? 8);
 const CONVERSATIONS = Number(process.env.BENCH_VOICE_CONVERSATIONS ?? 20);
 const PROCESSES = Number(process.env.BENCH_VOICE_PROCESSES ?? 4);
 const QUESTION = "What is the weather like today?";
+/** `--engines provider`: both engines on a second Perch; `embedded` (the default): the node's own. */
+const ENGINES = engines();
+const SPEECH_NODE_KEY = "sk-bench-speech-node";
+
+function engines(): "embedded" | "provider" {
+  const at = process.argv.indexOf("--engines");
+  if (at < 0) return "embedded";
+  const value = process.argv[at + 1];
+  if (value !== "embedded" && value !== "provider") throw new Error(`--engines takes embedded or provider, not ${value}`);
+  return value;
+}
 
 function pct(samples: number[]): { p50: number; p95: number; n: number } {
   const s = [...samples].sort((a, b) => a - b);
@@ -102,12 +119,33 @@ export async function voiceBench(): Promise<unknown> {
 
   const upstream = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
   const upstreamUrl = await new Promise<string>((resolve) => upstream.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
+  const remote = ENGINES === "provider" ? await speechNode() : undefined;
   const server = await startServer({
     PERCH_DATA_DIR: dir,
+    ...(remote ? { SPEECH_NODE_KEY } : {}),
     ...benchConfig(dir, {
-      providers: [{ id: "local", kind: "openai-compatible", base_url: upstreamUrl, max_retries: 0 }],
-      models: [{ id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" }],
-      agents: [{ id: "talker", model: "chat", instructions: "Answer briefly.", voice: "alloy" }],
+      providers: [
+        { id: "local", kind: "openai-compatible", base_url: upstreamUrl, max_retries: 0 },
+        ...(remote ? [{ id: "speech-node", kind: "openai-compatible", base_url: `${remote.proxy.url}/openai/v1`, api_key_env: "SPEECH_NODE_KEY" }] : []),
+      ],
+      models: [
+        { id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" },
+        ...(remote
+          ? [
+              { id: "remote-tts", kind: "speech", provider: "speech-node", upstream_model: "tts-1" },
+              { id: "remote-stt", kind: "transcription", provider: "speech-node", upstream_model: "whisper-1" },
+            ]
+          : []),
+      ],
+      agents: [
+        {
+          id: "talker",
+          model: "chat",
+          instructions: "Answer briefly.",
+          voice: "alloy",
+          ...(remote ? { speech_model: "remote-tts", transcription_model: "remote-stt" } : {}),
+        },
+      ],
       voice: { agent: "talker" },
     }),
   });
@@ -116,7 +154,9 @@ export async function voiceBench(): Promise<unknown> {
     // Warm-up: models loaded, flite compiled.
     await devices(server, file, 1, 1, "turns", 2);
 
+    const oneFrom = remote?.proxy.timings.length ?? 0;
     const one = turnFigures(await devices(server, file, 1, 1, "turns", TURNS));
+    const oneTimings = remote?.proxy.timings.slice(oneFrom) ?? [];
 
     const rssBefore = rssMb(pid);
     const cpuBefore = treeCpuSeconds(pid);
@@ -127,16 +167,33 @@ export async function voiceBench(): Promise<unknown> {
     const sampler = setInterval(() => {
       peakRss = Math.max(peakRss, rssMb(pid));
     }, 500);
+    const remoteCpuBefore = remote ? treeCpuSeconds(remote.node.child.pid!) : 0;
+    const timingsBefore = remote?.proxy.timings.length ?? 0;
     const crowd = turnFigures(await devices(server, file, CONVERSATIONS, PROCESSES, "turns", Math.max(3, Math.round(TURNS / 2))));
     clearInterval(sampler);
     const seconds = (performance.now() - started) / 1000;
     const cpu = treeCpuSeconds(pid) - cpuBefore;
+    const remoteCpu = remote ? treeCpuSeconds(remote.node.child.pid!) - remoteCpuBefore : 0;
+    const crowdTimings = remote?.proxy.timings.slice(timingsBefore) ?? [];
     const frames = (await metric(server, "perch_voice_frames_total")) - framesBefore;
     const late = (await metric(server, "perch_voice_frames_late_total")) - lateBefore;
 
     const barge = (await devices(server, file, 1, 1, "barge", Math.max(3, Math.round(TURNS / 2)))).filter((r) => r.type === "barge");
     return {
       suite: "voice",
+      engines: ENGINES,
+      ...(remote
+        ? {
+            provider: {
+              one_conversation: providerFigures(oneTimings, one.stages_ms.first_audio.p50),
+              concurrent: {
+                ...providerFigures(crowdTimings, crowd.stages_ms.first_audio.p50),
+                provider_cpu_percent_per_conversation: round(((remoteCpu / seconds) * 100) / CONVERSATIONS),
+              },
+              goals: { perch_overhead_on_speech_ttfb_ms: "≤ 50 p50", node_cpu_percent_per_conversation: "≤ 1" },
+            },
+          }
+        : {}),
       machine: { cores: availableParallelism(), load_1m: round(loadavg()[0]!) },
       goals: {
         server_beyond_silence_ms: "≤ 200 p50, ≤ 350 p95",
@@ -168,5 +225,34 @@ export async function voiceBench(): Promise<unknown> {
   } finally {
     await server.stop();
     upstream.kill();
+    await remote?.proxy.close();
+    await remote?.node.stop();
   }
+}
+
+/** The speech node: a second `perch serve` whose embedded engines answer on its Compatible API, behind the timing proxy. */
+async function speechNode(): Promise<{ node: Server; proxy: Awaited<ReturnType<typeof startTimingProxy>> }> {
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-speech-node-"));
+  const sha256 = createHash("sha256").update(SPEECH_NODE_KEY).digest("hex");
+  const node = await startServer({
+    PERCH_DATA_DIR: dir,
+    PERCH_NODE_NAME: "speech-node",
+    ...benchConfig(dir, { webrtc: { enabled: false }, api_keys: [{ name: "front", sha256, models: ["tts-1", "whisper-1"] }] }),
+  });
+  return { node, proxy: await startTimingProxy(node.url) };
+}
+
+/** The provider's own times (at the proxy) and what Perch adds to the speech's first byte before the device's first packet leaves. */
+function providerFigures(timings: Timing[], firstAudioP50: number) {
+  const ok = timings.filter((t) => t.status === 200);
+  const speech = ok.filter((t) => t.path.endsWith("/audio/speech"));
+  const transcription = ok.filter((t) => t.path.endsWith("/audio/transcriptions"));
+  const ttfb = pct(speech.map((t) => t.firstByteMs));
+  return {
+    requests: { speech: speech.length, transcription: transcription.length, failed: timings.length - ok.length },
+    speech_first_byte_ms: ttfb,
+    transcription_ms: pct(transcription.map((t) => t.totalMs)),
+    // turn.metrics first_audio runs from the first sentence ready to the first packet sent: the provider's first byte is inside it.
+    perch_overhead_on_speech_ttfb_ms: { p50: round(firstAudioP50 - ttfb.p50) },
+  };
 }

@@ -467,7 +467,7 @@ describe("configuration files and environment", () => {
     refusedConfig({ PERCH_CONFIG: file("bad-policy.yaml", "registration:\n  policy: maybe\n") }, /registration\.policy/);
     refusedConfig({ PERCH_CONFIG: yaml, PERCH_REGISTRATION_POLICY: "maybe" }, /registration\.policy/);
     refusedConfig({ PERCH_PORT: "eighty" }, /^invalid configuration at port/);
-    refusedConfig({ PERCH_CONFIG: file("bad-limit.json", JSON.stringify({ rateLimits: { loginPerKey: -1 } })) }, /rateLimits\.loginPerKey/);
+    refusedConfig({ PERCH_CONFIG: file("bad-limit.json", JSON.stringify({ rateLimits: { loginPerKey: -1 } })) }, /rate_limits\.login_per_key/);
     refusedConfig({ PERCH_CONFIG: file("bad-key.json", JSON.stringify({ prot: 8080 })) }, /"prot"/);
     refusedConfig({ PERCH_CONFIG: file("broken.yaml", "port: [1\n") }, /broken\.yaml/);
     refusedConfig({ PERCH_CONFIG: file("list.yaml", "- port\n") }, /list\.yaml must hold an object/);

@@ -66,15 +66,18 @@ describe("nodes survive their PostgreSQL", { skip: TEST_DATABASE_URL ? false : "
     dataDir = tempDir();
     const env = { PERCH_DATA_DIR: dataDir, PERCH_DATABASE_URL: cluster.url, PERCH_LOG_LEVEL: "warn" };
     // Node b holds little telemetry while the store is away: beyond it, frames are dropped and counted.
-    nodes = [
-      await spawnServer({ ...env, PERCH_NODE_NAME: "node-a" }),
-      await spawnServer({ ...env, PERCH_NODE_NAME: "node-b", PERCH_TELEMETRY_BUFFER_SAMPLES: "10" }),
-    ];
+    // Each node is recorded as soon as it runs, so that one started before a failing start is stopped too.
+    nodes = [];
+    nodes.push(await spawnServer({ ...env, PERCH_NODE_NAME: "node-a" }));
+    nodes.push(await spawnServer({ ...env, PERCH_NODE_NAME: "node-b", PERCH_TELEMETRY_BUFFER_SAMPLES: "10" }));
   });
   after(async () => {
-    await Promise.all((nodes ?? []).map((n) => n.stop()));
-    await cluster?.destroy();
-    if (dataDir) rmSync(dataDir, { recursive: true, force: true });
+    try {
+      await Promise.all((nodes ?? []).map((n) => n.stop()));
+    } finally {
+      await cluster?.destroy();
+      if (dataDir) rmSync(dataDir, { recursive: true, force: true });
+    }
   });
 
   const alive = () => nodes.map((n) => n.process.exitCode === null && n.process.signalCode === null);

@@ -61,13 +61,13 @@ describe("client address behind proxies", () => {
     const dataDir = tempDir();
     for (const value of ["true", "1", "false", "0"]) {
       const r = await perch(["serve"], { PERCH_DATA_DIR: dataDir, PERCH_PORT: "0", PERCH_TRUST_PROXY: value, PERCH_CONFIG: "" });
-      assertFails(r, /trustProxy.*PERCH_TRUST_PROXY=loopback/);
+      assertFails(r, /trust_proxy.*PERCH_TRUST_PROXY=loopback/);
     }
     const file = join(dataDir, "perch.json");
     writeFileSync(file, JSON.stringify({ trustProxy: true }));
-    assertFails(await perch(["serve"], { PERCH_DATA_DIR: dataDir, PERCH_PORT: "0", PERCH_CONFIG: file }), /trustProxy.*loopback/);
+    assertFails(await perch(["serve"], { PERCH_DATA_DIR: dataDir, PERCH_PORT: "0", PERCH_CONFIG: file }), /trust_proxy.*loopback/);
     const bad = await perch(["serve"], { PERCH_DATA_DIR: dataDir, PERCH_PORT: "0", PERCH_TRUST_PROXY: "loopback,not-an-address", PERCH_CONFIG: "" });
-    assertFails(bad, /trustProxy.*not-an-address/);
+    assertFails(bad, /trust_proxy.*not-an-address/);
   });
 });
 

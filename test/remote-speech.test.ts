@@ -1,5 +1,4 @@
 import assert from "node:assert/strict";
-import { createHash } from "node:crypto";
 import { after, before, beforeEach, describe, test } from "node:test";
 import { GenerationError } from "../src/ai/errors.ts";
 import { InFlight } from "../src/ai/in-flight.ts";
@@ -7,9 +6,8 @@ import { PROVIDER_PCM_RATE, type RemoteContext, remoteSpeech, remoteTranscriptio
 import { ChatRouter, embeddedFallback } from "../src/ai/router.ts";
 import { concatInt16 } from "../src/audio/samples.ts";
 import { type Config, loadConfig } from "../src/config/config.ts";
-import { engines } from "./support/engines.ts";
-import { type FakeSpeechProvider, startFakeSpeechProvider, tone } from "./support/fake-speech.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { type FakeSpeechProvider, startFakeSpeechProvider, startSpeechNode, tone } from "./support/fake-speech.ts";
+import type { TestServer } from "./support/server.ts";
 import { resample } from "./support/voice.ts";
 
 /** Two providers (the second a fallback's) on two fake servers, a speech and a transcription model on each. */
@@ -116,6 +114,13 @@ describe("provider speech and transcription for conversations", () => {
       /text instead/,
     );
     await refused({ kind: "pcm", pcm: new Int16Array(0) }, /no audio/);
+    // A refusal on the headers alone still ends the exchange: aborting the call's signal afterwards
+    // (as a reply does when it ends) must find nothing left to destroy.
+    fake.speech({ kind: "html" });
+    const abort = new AbortController();
+    await assert.rejects(remoteSpeech(ctx, model(cfg, "voice"), "Hi.", "alloy", abort.signal));
+    abort.abort();
+    await new Promise((r) => setTimeout(r, 50));
     fake.speech({ kind: "wav", rate: 24_000, pcm: tone(100) });
     const wav = await remoteSpeech(ctx, model(cfg, "voice"), "Hi.", "alloy", new AbortController().signal);
     assert.equal(await collect(wav.samples), 2400);
@@ -235,10 +240,7 @@ describe("a second Perch as the speech provider (its embedded tts-1 and whisper-
   let ctx: RemoteContext;
 
   before(async () => {
-    nodeA = await startTestServer({
-      config: { api_keys: [{ name: "front", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["tts-1", "whisper-1"] }] },
-      engines: engines(),
-    });
+    nodeA = await startSpeechNode(KEY);
     cfg = loadConfig(
       {},
       {

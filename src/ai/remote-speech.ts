@@ -10,7 +10,7 @@ import { wavFile } from "../audio/samples.ts";
 import type { ModelConfig } from "../config/config.ts";
 import type { InFlight } from "./in-flight.ts";
 import { multipart } from "./multipart.ts";
-import type { RawAnswer } from "./providers/openai.ts";
+import { closing, type RawAnswer } from "./providers/openai.ts";
 import { ProviderError } from "./providers/provider.ts";
 import type { ChatRouter } from "./router.ts";
 
@@ -99,17 +99,24 @@ async function acceptPcm(answer: RawAnswer): Promise<RawAnswer> {
   return { contentType: "audio/pcm", body: rest(head, it) };
 }
 
-async function* rest(head: Buffer, it: AsyncIterator<Uint8Array>): AsyncGenerator<Uint8Array> {
-  try {
-    if (head.length > 0) yield head;
-    for (;;) {
-      const r = await it.next();
-      if (r.done) return;
-      yield r.value;
-    }
-  } finally {
-    await it.return?.();
-  }
+/** The answer's bytes from `head` on; leaving it ends the answer's exchange, started or not. */
+function rest(head: Buffer, it: AsyncIterator<Uint8Array>): AsyncIterableIterator<Uint8Array> {
+  let pending: Buffer | undefined = head.length > 0 ? head : undefined;
+  return closing(
+    {
+      next: async () => {
+        if (pending) {
+          const value = pending;
+          pending = undefined;
+          return { done: false, value };
+        }
+        return it.next();
+      },
+    },
+    () => {
+      it.return?.()?.catch(() => {});
+    },
+  );
 }
 
 /** Where a 16-bit mono 24 kHz WAV's samples start, or why it is not one. */
@@ -151,8 +158,9 @@ async function* int16(bytes: AsyncIterable<Uint8Array>): AsyncGenerator<Int16Arr
     carry = b.length % 2 === 1 ? b[b.length - 1] : undefined;
     const whole = b.length - (b.length % 2);
     if (whole === 0) continue;
+    // A copy (aligned, and the samples' own): one memcpy, on a little-endian machine as Node's are.
     const out = new Int16Array(whole / 2);
-    for (let i = 0; i < out.length; i++) out[i] = b.readInt16LE(i * 2);
+    new Uint8Array(out.buffer).set(b.subarray(0, whole));
     yield out;
   }
 }

@@ -3,7 +3,7 @@ import type { ChatCompletion } from "../protocol/compat.ts";
 import { GenerationError } from "./errors.ts";
 import type { InFlight } from "./in-flight.ts";
 import { AiSdkProvider } from "./providers/ai-sdk.ts";
-import { OpenAIProvider, type RawAnswer } from "./providers/openai.ts";
+import { closing, OpenAIProvider, type RawAnswer } from "./providers/openai.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest } from "./providers/provider.ts";
 
 const DEFAULT_BASE_URL: Record<ProviderConfig["kind"], string | undefined> = {
@@ -72,7 +72,7 @@ export class ChatRouter {
         release?.();
         throw err;
       }
-      return { ...answer, body: release ? releasing(answer.body, release) : answer.body, model: m };
+      return { ...answer, body: release ? closing(answer.body[Symbol.asyncIterator](), release) : answer.body, model: m };
     });
   }
 
@@ -125,15 +125,6 @@ function acquire(inFlight: InFlight, provider: ProviderConfig): () => void {
   const release = inFlight.tryAcquire(provider.id, provider.voice_max_in_flight);
   if (!release) throw new ProviderError(`provider ${provider.id} has ${provider.voice_max_in_flight} voice calls in flight already`, { retryable: false });
   return release;
-}
-
-/** `body`, calling `release` once it ends, fails or is left. */
-async function* releasing(body: AsyncIterable<Uint8Array>, release: () => void): AsyncGenerator<Uint8Array> {
-  try {
-    yield* body;
-  } finally {
-    release();
-  }
 }
 
 /**

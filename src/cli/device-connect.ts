@@ -226,7 +226,8 @@ async function converse(
       if (!p.case) return;
       const v = p.value as { streamId: string; label: string; text?: string; error?: { code: string; message: string } };
       const detail: Record<string, unknown> = { stream: v.streamId, label: v.label };
-      if (v.text !== undefined) detail.text = v.label === "turn.metrics" ? JSON.parse(v.text) : v.text;
+      // The metrics and the tool events carry JSON: printed as such.
+      if (v.text !== undefined) detail.text = v.label === "turn.metrics" || v.label.startsWith("tool.") ? JSON.parse(v.text) : v.text;
       if (v.error) detail.error = { code: v.error.code, message: v.error.message };
       say(`event ${p.case === "bos" ? "BOS" : p.case === "eos" ? "EOS" : p.case === "textDelta" ? "TEXT_DELTA" : "TEXT_DONE"}`, detail);
       heard = true;

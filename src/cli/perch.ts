@@ -122,6 +122,34 @@ for (const [name, blocked] of [
     );
 }
 peers
+  .command("tools <key>")
+  .description("the tools a connected device offers now over its service stream 3, asked of the node that holds its connection")
+  .action(async (key: string) => {
+    const config = loadConfig();
+    if (!config.databaseUrl || !/^postgres(ql)?:\/\//.test(config.databaseUrl)) {
+      fail(
+        "asking a node needs the PostgreSQL store's event bus (PERCH_DATABASE_URL=postgres://…); with SQLite the device's tools are in the server process only",
+      );
+    }
+    const peer = keyArg(key);
+    const { Commands } = await import("../events/index.ts");
+    await withDomain(async (d) => {
+      const { online, node } = await d.peers.runtime(peer);
+      if (!online || node === undefined) return print({ public_key: peer, online: false, tools: [] });
+      const bus = await openEventBus(config.databaseUrl);
+      const commands = new Commands(bus, undefined);
+      try {
+        const found = (await commands.call(node, "device.tools", { key: peer })) as { tools: unknown[]; more: number } | undefined;
+        print({ public_key: peer, online: true, node, tools: found?.tools ?? [], ...(found?.more ? { more: found.more } : {}) });
+      } catch (err) {
+        fail(`node ${node} did not answer: ${(err as Error).message}`);
+      } finally {
+        commands.close();
+        await bus.close();
+      }
+    });
+  });
+peers
   .command("voice <key> <agent>")
   .description("choose the agent that converses with the device over its audio: an agent id, off, or default (voice.agent); on every node within 2 s")
   .action((key: string, agent: string) =>

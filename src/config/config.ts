@@ -38,7 +38,7 @@ const TrustProxy = z.union([z.string(), z.array(z.string()), z.boolean()]).trans
   if (typeof value === "boolean" || (typeof value === "string" && BOOLEAN_WORDS.has(value.trim().toLowerCase()))) {
     ctx.addIssue({
       code: "custom",
-      message: `takes the trusted proxies' addresses, no longer a boolean: e.g. PERCH_TRUST_PROXY=loopback,10.0.0.0/8 or trustProxy: [loopback, 10.0.0.0/8] (got ${JSON.stringify(value)})`,
+      message: `takes the trusted proxies' addresses, no longer a boolean: e.g. PERCH_TRUST_PROXY=loopback,10.0.0.0/8 or trust_proxy: [loopback, 10.0.0.0/8] (got ${JSON.stringify(value)})`,
     });
     return z.NEVER;
   }
@@ -506,9 +506,53 @@ function merge(base: Record<string, unknown>, over: Record<string, unknown>): Re
   return out;
 }
 
+const toSnake = (key: string) => key.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+const toCamel = (key: string) => key.replace(/_([a-z0-9])/g, (_, c: string) => c.toUpperCase());
+
+/** What a schema holds under its wrappers (defaults, optionals, pipes): an object's shape, an array's element. */
+function unwrap(schema: z.ZodType | undefined): { shape?: Record<string, z.ZodType>; element?: z.ZodType } {
+  for (let s = schema, i = 0; s && i < 20; i++) {
+    const def = (s as unknown as { _zod: { def: Record<string, any> } })._zod.def;
+    if (def.type === "object") return { shape: def.shape };
+    if (def.type === "array") return { element: def.element };
+    s = def.innerType ?? def.in ?? def.schema;
+  }
+  return {};
+}
+
+/**
+ * The configuration file in the documented case, snake_case (`data_dir`, `rate_limits.login_per_key`,
+ * `voice.store_transcripts`), mapped onto the schema's own names, which the code reads (camelCase at
+ * the top level and in some sections). The old camelCase keys are still read, for a release, each
+ * named once in `warnings`. Guided by the schema: keys of maps and values are left alone.
+ */
+function fileKeys(value: unknown, schema: z.ZodType | undefined, path: string, warnings: string[]): unknown {
+  const { shape, element } = unwrap(schema);
+  if (Array.isArray(value)) return element ? value.map((v, i) => fileKeys(v, element, `${path}[${i}]`, warnings)) : value;
+  if (!shape || !value || typeof value !== "object") return value;
+  const out: Record<string, unknown> = {};
+  for (const [key, v] of Object.entries(value as Record<string, unknown>)) {
+    const camelCase = /[A-Z]/.test(key);
+    if (camelCase && (key in shape || toSnake(key) in shape))
+      warnings.push(`${path}${key} is read as ${path}${toSnake(key)}; camelCase keys will be refused in the next release`);
+    const name = key in shape ? key : camelCase ? toSnake(key) : toCamel(key);
+    const internal = name in shape ? name : key;
+    out[internal] = fileKeys(v, shape[internal], `${path}${toSnake(key)}.`, warnings);
+  }
+  return out;
+}
+
+const WARNINGS = new WeakMap<Config, string[]>();
+
+/** What loading `config` warned of (the old camelCase keys of its file), for the node to log at start. */
+export function configWarnings(config: Config): readonly string[] {
+  return WARNINGS.get(config) ?? [];
+}
+
 /** Builds the configuration from `PERCH_CONFIG` (file), then `PERCH_*` variables, then `overrides`. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: ConfigInput = {}): Config {
-  let input: Record<string, unknown> = env.PERCH_CONFIG ? readConfigFile(env.PERCH_CONFIG) : {};
+  const warnings: string[] = [];
+  let input = (env.PERCH_CONFIG ? fileKeys(readConfigFile(env.PERCH_CONFIG), ConfigSchema, "", warnings) : {}) as Record<string, unknown>;
   for (const [name, apply] of Object.entries(ENV)) {
     const value = env[name];
     if (value !== undefined && value !== "") input = merge(input, apply(value) as Record<string, unknown>);
@@ -517,7 +561,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Conf
   const parsed = ConfigSchema.safeParse(input);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];
-    throw new ConfigError(`invalid configuration at ${issue?.path.join(".") || "(root)"}: ${issue?.message}`);
+    throw new ConfigError(
+      `invalid configuration at ${issue?.path.map((p) => (typeof p === "string" ? toSnake(p) : p)).join(".") || "(root)"}: ${issue?.message}`,
+    );
   }
+  if (warnings.length > 0) WARNINGS.set(parsed.data, warnings);
   return parsed.data;
 }

@@ -1,4 +1,4 @@
-import { createHash, randomBytes } from "node:crypto";
+import { hash, randomBytes } from "node:crypto";
 import { base58, base64urlnopad } from "@scure/base";
 
 /** A bearer secret: 32 random bytes, base64url. Only `hashToken` of it is ever stored. */
@@ -6,8 +6,9 @@ export function newToken(): string {
   return base64urlnopad.encode(randomBytes(32));
 }
 
+/** SHA-256, base64url. The one-shot `hash` costs about a third of a `createHash` object (it runs on every request). */
 export function hashToken(token: string): string {
-  return createHash("sha256").update(token).digest("base64url");
+  return hash("sha256", token, "base64url");
 }
 
 /**

@@ -6,12 +6,19 @@ import { hashToken, newId, newToken } from "../crypto/tokens.ts";
 import type { LoginRequest, LoginResult } from "../protocol/public.ts";
 import type { Repositories } from "../store/index.ts";
 import type { PeerRow } from "../store/peers.ts";
+import type { SessionWithPeers } from "../store/sessions.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 import type { Principal } from "./principal.ts";
 import { RateLimiter } from "./rate-limiter.ts";
 
 export const PRIMARY_SESSION_TTL_MS = DAY_MS;
+/**
+ * How long a session read for one request answers the next ones with the same bearer, on SQLite:
+ * any change that can end it, by this process or another, ends it at once (`Store.authStamp`). On
+ * PostgreSQL every request reads its session: another node's revocation acts at once there too.
+ */
+export const SESSION_CACHE_MS = 1_000;
 export const SIDE_CONTROL_SESSION_TTL_MS = DAY_MS;
 
 export interface LoginInput {
@@ -30,6 +37,8 @@ export class AuthService {
   private readonly byKey: RateLimiter;
   /** X25519 with the server key is the costliest step of a login; results are cached per caller key. */
   private readonly secrets: LRUCache<string, KeyObject>;
+  /** Sessions by token hash, read for a recent request (see SESSION_CACHE_MS). */
+  private readonly sessions: LRUCache<string, CachedSession>;
 
   private readonly ctx: DomainContext;
 
@@ -39,6 +48,7 @@ export class AuthService {
     this.byAddress = new RateLimiter(rateLimits.loginPerAddress, ctx.clock, limits.rateLimiterKeys);
     this.byKey = new RateLimiter(rateLimits.loginPerKey, ctx.clock, limits.rateLimiterKeys);
     this.secrets = new LRUCache({ max: ctx.config.limits.keyCacheSize });
+    this.sessions = new LRUCache({ max: ctx.config.limits.keyCacheSize });
   }
 
   /** X25519(server private, `publicKey`) as an HMAC key; throws INVALID_PUBLIC_KEY for an unusable key. */
@@ -171,7 +181,7 @@ export class AuthService {
   /** Resolves a bearer access token, re-checking the session and the peers behind it. */
   async authenticate(bearer: string | undefined, publicKeyHeader: string | undefined): Promise<Principal> {
     if (!bearer) throw invalidSession("Authorization: Bearer <access_token> is required");
-    const row = await this.ctx.store.read((r) => r.sessions.findByTokenHash(hashToken(bearer)));
+    const row = await this.session(hashToken(bearer));
     if (!row || row.revoked_at !== null || row.expires_at <= this.ctx.clock.now()) throw invalidSession("the session is unknown, expired or revoked");
     if (publicKeyHeader !== undefined && canonicalKey(publicKeyHeader) !== row.public_key) {
       throw new DomainError("unauthenticated", "PUBLIC_KEY_MISMATCH", "X-Public-Key does not match the session");
@@ -183,6 +193,17 @@ export class AuthService {
     checkPeer(row.target_status, false);
     checkPeer(row.peer_status, true);
     return { kind: "side_control", publicKey: row.public_key, targetKey: row.target_key as string, sessionId: row.id, expiresAt: row.expires_at };
+  }
+
+  /** The session behind a token hash: the cached read while nothing it depends on changed, else a new one. */
+  private async session(tokenHash: string): Promise<SessionWithPeers | undefined> {
+    const stamp = this.ctx.store.authStamp();
+    const now = this.ctx.clock.now();
+    const cached = stamp === undefined ? undefined : this.sessions.get(tokenHash);
+    if (cached && cached.stamp === stamp && now - cached.at < SESSION_CACHE_MS) return cached.row;
+    const row = await this.ctx.store.read((r) => r.sessions.findByTokenHash(tokenHash));
+    if (stamp !== undefined && row) this.sessions.set(tokenHash, { row, stamp, at: now });
+    return row;
   }
 
   /**
@@ -198,6 +219,13 @@ export class AuthService {
     checkPeer(peer.status, false);
     return { kind: "primary", publicKey: peerKey };
   }
+}
+
+interface CachedSession {
+  row: SessionWithPeers;
+  /** `Store.authStamp()` read before the row was. */
+  stamp: number;
+  at: number;
 }
 
 function checkPeer(status: string | null, mayBeUnregistered: boolean): void {

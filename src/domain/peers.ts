@@ -46,6 +46,11 @@ export class PeerService {
     return ((await this.ctx.store.read((r) => r.status.get(publicKey))) ?? {}) as PeerStatus;
   }
 
+  /** The status document as JSON text (`{}` when none): what `GET …/status` answers, without parsing and serialising it again. */
+  async statusText(publicKey: string): Promise<string> {
+    return (await this.ctx.store.read((r) => r.status.getText(publicKey))) ?? "{}";
+  }
+
   /** Replaces the status document; `reported_at` defaults to now. */
   async putStatus(publicKey: string, status: PeerStatus): Promise<PeerStatus> {
     const now = this.ctx.clock.now();

@@ -24,7 +24,10 @@ export interface TelemetryWriterOptions {
   bufferSamples?: number;
   /** A write at most this often while few samples wait (default 250 ms)... */
   intervalMs?: number;
-  /** ...or at once when this many wait (default 500). */
+  /**
+   * ...or at once when this many wait (default 5,000: with many devices, a batch of a few hundred
+   * samples held about one frame per peer, and each peer costs its own statements in the batch).
+   */
   maxSamples?: number;
   /** Samples one transaction writes at most (whole peers; default 5,000): a backlog after an outage goes in several. */
   maxBatchSamples?: number;
@@ -49,6 +52,8 @@ export class TelemetryWriter {
   private queue = new Map<string, Entry>();
   /** Samples waiting or being written. */
   private held = 0;
+  /** Samples waiting (in `queue`). */
+  private queued = 0;
   private writing: Promise<void> | undefined;
   private timer: NodeJS.Timeout | undefined;
   private backoff: number;
@@ -57,7 +62,7 @@ export class TelemetryWriter {
   private readonly o: Required<TelemetryWriterOptions>;
 
   constructor(o: TelemetryWriterOptions) {
-    this.o = { bufferSamples: 100_000, intervalMs: 250, maxSamples: 500, maxBatchSamples: 5_000, retryMinMs: 100, retryMaxMs: 5_000, ...o };
+    this.o = { bufferSamples: 100_000, intervalMs: 250, maxSamples: 5_000, maxBatchSamples: 5_000, retryMinMs: 100, retryMaxMs: 5_000, ...o };
     this.backoff = this.o.retryMinMs;
   }
 
@@ -83,8 +88,9 @@ export class TelemetryWriter {
       entry.frames++;
     } else this.queue.set(publicKey, { samples, frames: 1 });
     this.held += samples.length;
+    this.queued += samples.length;
     if (this.unreachable) return true; // the retry timer writes it
-    if (this.queuedSamples() >= this.o.maxSamples && !this.writing) void this.flush();
+    if (this.queued >= this.o.maxSamples && !this.writing) void this.flush();
     else this.timer ??= setTimeout(() => void this.flush(), this.o.intervalMs);
     return true;
   }
@@ -114,12 +120,7 @@ export class TelemetryWriter {
     if (left > 0) this.o.onDropped("store_unavailable", left);
     this.queue.clear();
     this.held = 0;
-  }
-
-  private queuedSamples(): number {
-    let n = 0;
-    for (const e of this.queue.values()) n += e.samples.length;
-    return n;
+    this.queued = 0;
   }
 
   /** Writes batches until the queue is empty or the store is unreachable (then a retry is scheduled). */
@@ -130,6 +131,7 @@ export class TelemetryWriter {
         // Back in front of what arrived meanwhile, in arrival order.
         const rest = this.queue;
         this.queue = new Map(unwritten);
+        for (const [, e] of unwritten) this.queued += e.samples.length;
         for (const [key, e] of rest) {
           const mine = this.queue.get(key);
           if (mine) {
@@ -152,6 +154,7 @@ export class TelemetryWriter {
       batch.push([key, e]);
       samples += e.samples.length;
       this.queue.delete(key);
+      this.queued -= e.samples.length;
     }
     return batch;
   }

@@ -43,10 +43,19 @@ export class SqliteBus extends InProcessBus {
       }>;
       for (const r of rows) {
         this.lastId = Number(r.id);
-        if (r.origin !== this.instance) this.publish(r.topic, JSON.parse(r.message));
+        if (r.origin !== this.instance) this.deliver(r.topic, r.message);
       }
       // A full batch: more may wait, whatever the version says next time.
       if (rows.length === BATCH) this.dataVersion = -1;
+    } catch (err) {
+      this.onFeedError(err);
+    }
+  }
+
+  /** One row's message; one that cannot be read is reported and skipped. */
+  private deliver(topic: string, text: string): void {
+    try {
+      this.publish(topic, JSON.parse(text));
     } catch (err) {
       this.onFeedError(err);
     }

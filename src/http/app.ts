@@ -4,7 +4,7 @@ import { type Domain, StoreUnavailable } from "../domain/index.ts";
 import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
 import type { Metrics } from "./metrics.ts";
-import { CLIENT_CLOSED_REQUEST, clientClosedRequest, cors, observe, requestId } from "./middleware.ts";
+import { CLIENT_CLOSED_REQUEST, clientClosedRequest, shared } from "./middleware.ts";
 import { opsSurface } from "./ops.ts";
 import { Callers } from "./principal.ts";
 import { publicSurface } from "./public/surface.ts";
@@ -66,9 +66,7 @@ export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "met
 
 function rootApp(o: Pick<AppOptions, "logger" | "metrics">, callers: Callers): OpenAPIHono<AppEnv> {
   const root = new OpenAPIHono<AppEnv>();
-  root.use(requestId());
-  root.use(observe(o.logger, o.metrics, callers));
-  root.use(cors);
+  root.use(shared(o.logger, o.metrics, callers));
   return root;
 }
 

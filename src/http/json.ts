@@ -1,3 +1,5 @@
+import type { Context, TypedResponse } from "hono";
+
 /**
  * Headers of every JSON response. Passed to `c.json` so that the type is set as the response is
  * built (the Node adapter then writes it in one piece, as it does any response built whole).
@@ -5,3 +7,12 @@
 export const JSON_UTF8 = { "Content-Type": "application/json; charset=utf-8" };
 
 export const JSON_CONTENT_TYPE = JSON_UTF8["Content-Type"];
+
+/**
+ * A 200 JSON response of text already serialised (a stored document, sent as it is), typed as the
+ * route's JSON answer. The headers object is new each time: the Node adapter adds to the one it is
+ * given (`Content-Length`).
+ */
+export function jsonText(c: Context, text: string): TypedResponse<never, 200, "json"> {
+  return c.body(text, 200, { "Content-Type": JSON_CONTENT_TYPE }) as unknown as TypedResponse<never, 200, "json">;
+}

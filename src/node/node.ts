@@ -11,7 +11,7 @@ import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
 import { checkVoiceModels } from "../ai/voice-models.ts";
 import { buildInfo } from "../build-info.ts";
-import type { Config } from "../config/config.ts";
+import { type Config, configWarnings } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
 import { encodeKey, privateKeyObject } from "../crypto/keys.ts";
 import { type Clock, systemClock } from "../domain/clock.ts";
@@ -28,6 +28,7 @@ import { Metrics } from "../http/metrics.ts";
 import type { Callers } from "../http/principal.ts";
 import type { Surface } from "../http/surface.ts";
 import { Store } from "../store/index.ts";
+import { toolSummary } from "../tools/device.ts";
 import { startTransport } from "../transport/start.ts";
 import type { WebRtcTransport } from "../transport/transport.ts";
 import { embeddedPorts } from "../voice/embedded-engines.ts";
@@ -137,6 +138,7 @@ export class Node {
   static async build(o: StartOptions): Promise<Node> {
     const { config } = o;
     const logger = o.logger ?? createLogger(config);
+    for (const warning of configWarnings(config)) logger.warn(warning);
     const engines = o.engines ?? embeddedEngines(config.engines);
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
@@ -191,6 +193,7 @@ export class Node {
       devices: (key) => this.transport?.deviceTools(key),
     });
     this.closers.defer(() => tools.close());
+    this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
     this.chat = new ChatService({ router, catalog, tools });
     this.compat = (base) => (callers) =>
       compatSurface({

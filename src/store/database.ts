@@ -14,6 +14,11 @@ export interface Database {
   dialect: DialectName;
   /** The SQLite file, when the database is one another connection can open. */
   file: string | undefined;
+  /**
+   * SQLite: the main connection's `PRAGMA data_version`, which changes when another connection
+   * (another process) commits, never for this connection's own commits; a few microseconds.
+   */
+  dataVersion: (() => number) | undefined;
   close(): Promise<void>;
 }
 
@@ -29,9 +34,10 @@ export const SQLITE_PRAGMAS = "PRAGMA journal_mode = WAL; PRAGMA synchronous = N
 const SQLITE_SERVING_BUSY_MS = 20;
 
 /** Adapts `node:sqlite` to the better-sqlite3 shape Kysely's SQLite dialect drives, caching statements. */
-function nodeSqlite(path: string): SqliteDatabase {
+function nodeSqlite(path: string): SqliteDatabase & { dataVersion(): number } {
   const db = new DatabaseSync(path);
   db.exec(SQLITE_PRAGMAS);
+  const dataVersion = db.prepare("PRAGMA data_version");
   const cache = new Map<string, SqliteStatement>();
   const wrap = (stmt: StatementSync): SqliteStatement => ({
     reader: stmt.columns().length > 0,
@@ -41,6 +47,7 @@ function nodeSqlite(path: string): SqliteDatabase {
   });
   return {
     close: () => db.close(),
+    dataVersion: () => (dataVersion.get() as { data_version: number }).data_version,
     prepare(sql) {
       let stmt = cache.get(sql);
       if (!stmt) {
@@ -85,6 +92,7 @@ export function connect(url: string | undefined, dataDir: string, onError: (err:
   let dialect: DialectName;
   let db: Db;
   let file: string | undefined;
+  let dataVersion: (() => number) | undefined;
   if (url && /^postgres(ql)?:\/\//.test(url)) {
     dialect = "postgres";
     // A connection (new, or a free one from the pool) within 5 s, or the query fails as unavailable:
@@ -105,7 +113,9 @@ export function connect(url: string | undefined, dataDir: string, onError: (err:
     // Created owner-only before SQLite opens it; SQLite gives -wal and -shm the main file's mode.
     if (!inMemory) closeSync(openSync(path, "a", 0o600));
     file = inMemory ? undefined : path;
-    db = new Kysely<Tables>({ dialect: new SqliteDialect({ database: nodeSqlite(path) }) });
+    const database = nodeSqlite(path);
+    dataVersion = database.dataVersion;
+    db = new Kysely<Tables>({ dialect: new SqliteDialect({ database }) });
   }
-  return { db, dialect, file, close: () => db.destroy() };
+  return { db, dialect, file, dataVersion, close: () => db.destroy() };
 }

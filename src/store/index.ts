@@ -37,9 +37,10 @@ export class Repositories {
   readonly liveStreams: LiveStreamRepository;
   readonly busMessages: BusMessageRepository;
 
-  constructor(db: Db, dialect: DialectName, longReads?: QueryRunner) {
-    this.peers = new PeerRepository(db, dialect);
-    this.sessions = new SessionRepository(db, dialect);
+  /** `authChanged`: told of each write that can end a session's authentication (see `Store.authStamp`). */
+  constructor(db: Db, dialect: DialectName, authChanged: () => void, longReads?: QueryRunner) {
+    this.peers = new PeerRepository(db, dialect, authChanged);
+    this.sessions = new SessionRepository(db, dialect, authChanged);
     this.deviceTokens = new DeviceTokenRepository(db);
     this.assertionNonces = new NonceRepository(db, dialect, "assertion_nonces");
     this.signalingNonces = new NonceRepository(db, dialect, "signaling_nonces");
@@ -80,13 +81,15 @@ export class Store {
   private readonly readers: Repositories;
   private readonly readPool: ReadPool | undefined;
   private readonly database: Database;
+  private authStampValue = 0;
+  private lastDataVersion: number | undefined;
 
   private constructor(database: Database, readPool: ReadPool | undefined) {
     this.database = database;
     this.dialect = database.dialect;
     this.readPool = readPool;
     this.groupCommit = database.dialect === "sqlite" ? new GroupCommit(database.db) : undefined;
-    this.readers = new Repositories(database.db, database.dialect, readPool && ((query) => readPool.query(query)));
+    this.readers = new Repositories(database.db, database.dialect, () => this.authStampValue++, readPool && ((query) => readPool.query(query)));
   }
 
   static async open(url: string | undefined, dataDir: string, options: StoreOptions = {}): Promise<Store> {
@@ -106,8 +109,43 @@ export class Store {
   transaction<T>(fn: (tx: Repositories) => Promise<T>): Promise<T> {
     const nested = nestedUse("transaction");
     if (nested) return Promise.reject(nested);
-    const work = (tx: Db) => inTransaction.run(true, () => fn(new Repositories(tx, this.dialect)));
-    return (this.groupCommit ? this.groupCommit.run(work) : this.database.db.transaction().execute(work)).catch(rethrowClassified);
+    let authChanged = false;
+    const onAuthChange = () => {
+      authChanged = true;
+      this.authStampValue++;
+    };
+    const work = (tx: Db) => inTransaction.run(true, () => fn(new Repositories(tx, this.dialect, onAuthChange)));
+    // Stamped again once the outcome is known: a read between the write and its commit saw the state before it.
+    const stamp = () => {
+      if (authChanged) this.authStampValue++;
+    };
+    return (this.groupCommit ? this.groupCommit.run(work) : this.database.db.transaction().execute(work)).then(
+      (value) => {
+        stamp();
+        return value;
+      },
+      (err: unknown) => {
+        stamp();
+        return rethrowClassified(err);
+      },
+    );
+  }
+
+  /**
+   * A number that changes whenever what authentication reads may have changed: in this process, a
+   * session revoked or trimmed, a peer's status changed or a peer removed (when the transaction
+   * writes it and again once it ended); any commit by another process (the command line). Read it
+   * before reading a session: a result cached under it is current while it holds. Undefined on
+   * PostgreSQL, where other nodes' writes cannot be seen without a query.
+   */
+  authStamp(): number | undefined {
+    if (!this.database.dataVersion) return undefined;
+    const version = this.database.dataVersion();
+    if (version !== this.lastDataVersion) {
+      this.lastDataVersion = version;
+      this.authStampValue++;
+    }
+    return this.authStampValue;
   }
 
   /**

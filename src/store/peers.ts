@@ -6,14 +6,19 @@ import type { Tables } from "./schema.ts";
 export type PeerRow = Tables["peers"];
 
 const peerByKey = compiled((db, key: string) => db.selectFrom("peers").selectAll().where("public_key", "=", key), "");
+/** PostgreSQL only (SQLite has no row locks). */
+const peerByKeyForShare = compiled((db, key: string) => db.selectFrom("peers").selectAll().where("public_key", "=", key).forKeyShare(), "");
 
 export class PeerRepository {
   private readonly db: Db;
   private readonly dialect: DialectName;
+  /** Told of every write that can end a session's authentication (status, removal). */
+  private readonly authChanged: () => void;
 
-  constructor(db: Db, dialect: DialectName) {
+  constructor(db: Db, dialect: DialectName, authChanged: () => void = () => {}) {
     this.db = db;
     this.dialect = dialect;
+    this.authChanged = authChanged;
   }
 
   async get(publicKey: string): Promise<PeerRow | undefined> {
@@ -24,9 +29,8 @@ export class PeerRepository {
    * The peer, kept from removal until the transaction ends (a key-share lock on PostgreSQL, which
    * still lets it be blocked; SQLite write transactions run one at a time).
    */
-  getForShare(publicKey: string): Promise<PeerRow | undefined> {
-    const q = this.db.selectFrom("peers").selectAll().where("public_key", "=", publicKey);
-    return (this.dialect === "postgres" ? q.forKeyShare() : q).executeTakeFirst();
+  async getForShare(publicKey: string): Promise<PeerRow | undefined> {
+    return (await (this.dialect === "postgres" ? peerByKeyForShare : peerByKey)(this.db, this.dialect, publicKey))[0];
   }
 
   list(): Promise<PeerRow[]> {
@@ -44,6 +48,7 @@ export class PeerRepository {
   }
 
   async setStatus(publicKey: string, status: string, now: number): Promise<boolean> {
+    this.authChanged();
     const r = await this.db.updateTable("peers").set({ status, updated_at: now }).where("public_key", "=", publicKey).executeTakeFirst();
     return r.numUpdatedRows > 0n;
   }
@@ -79,6 +84,7 @@ export class PeerRepository {
    * a controller of other devices are not the other devices' data, so they are deleted here.
    */
   async remove(publicKey: string): Promise<boolean> {
+    this.authChanged();
     const r = await this.db.deleteFrom("peers").where("public_key", "=", publicKey).executeTakeFirst();
     if (r.numDeletedRows === 0n) return false;
     await this.db.deleteFrom("sessions").where("public_key", "=", publicKey).execute();

@@ -9,10 +9,13 @@ export type SessionRow = Tables["sessions"];
 export class SessionRepository {
   private readonly db: Db;
   private readonly dialect: DialectName;
+  /** Told of every write that can end a session's authentication. */
+  private readonly authChanged: () => void;
 
-  constructor(db: Db, dialect: DialectName) {
+  constructor(db: Db, dialect: DialectName, authChanged: () => void = () => {}) {
     this.db = db;
     this.dialect = dialect;
+    this.authChanged = authChanged;
   }
 
   async insert(row: SessionRow): Promise<void> {
@@ -59,11 +62,13 @@ export class SessionRepository {
 
   /** Deletes the peer's oldest live primary sessions so that at most `keep` remain. */
   async trimPrimary(publicKey: string, now: number, keep: number): Promise<void> {
+    this.authChanged();
     await trimPrimarySessions(this.db, this.dialect, publicKey, now, keep);
   }
 
   /** Revokes a live session; with `targetKey`, only a Side Control session aimed at that device. */
   async revoke(id: string, now: number, targetKey?: string): Promise<boolean> {
+    this.authChanged();
     let q = this.db.updateTable("sessions").set({ revoked_at: now }).where("id", "=", id).where("revoked_at", "is", null).where("expires_at", ">", now);
     if (targetKey) q = q.where("kind", "=", "side_control").where("target_key", "=", targetKey);
     const r = await q.executeTakeFirst();

@@ -5,6 +5,17 @@ import type { DialectName } from "./migrations.ts";
 /** The peer's status document, stored whole as JSON. */
 const documentByKey = compiled((db, key: string) => db.selectFrom("peer_status").select("document").where("public_key", "=", key), "");
 
+const putDocument = compiled(
+  (db, public_key: string, document: string, updated_at: number) =>
+    db
+      .insertInto("peer_status")
+      .values({ public_key, document, updated_at })
+      .onConflict((oc) => oc.column("public_key").doUpdateSet((eb) => ({ document: eb.ref("excluded.document"), updated_at: eb.ref("excluded.updated_at") }))),
+  "",
+  "",
+  0,
+);
+
 export class StatusRepository {
   private readonly db: Db;
   private readonly dialect: DialectName;
@@ -15,8 +26,14 @@ export class StatusRepository {
   }
 
   async get(publicKey: string): Promise<Record<string, unknown> | undefined> {
+    const text = await this.getText(publicKey);
+    return text === undefined ? undefined : (JSON.parse(text) as Record<string, unknown>);
+  }
+
+  /** The document as stored: JSON text, written only by `put` (so already what a reader would serialise). */
+  async getText(publicKey: string): Promise<string | undefined> {
     const [row] = await documentByKey(this.db, this.dialect, publicKey);
-    return row ? (JSON.parse(row.document) as Record<string, unknown>) : undefined;
+    return row?.document;
   }
 
   /**
@@ -36,11 +53,6 @@ export class StatusRepository {
   }
 
   async put(publicKey: string, document: Record<string, unknown>, now: number): Promise<void> {
-    const text = JSON.stringify(document);
-    await this.db
-      .insertInto("peer_status")
-      .values({ public_key: publicKey, document: text, updated_at: now })
-      .onConflict((oc) => oc.column("public_key").doUpdateSet({ document: text, updated_at: now }))
-      .execute();
+    await putDocument(this.db, this.dialect, publicKey, JSON.stringify(document), now);
   }
 }

@@ -33,6 +33,113 @@ const seriesId = compiled(
   "",
 );
 
+const insertSeries = compiled(
+  (db, public_key: string, field: string) =>
+    db
+      .insertInto("telemetry_series")
+      .values({ public_key, field })
+      .onConflict((oc) => oc.columns(["public_key", "field"]).doNothing()),
+  "",
+  "",
+);
+
+/**
+ * Recomputes one minute's rollup from its samples (a replaced sample cannot be subtracted from a min
+ * or max). Each value is bound once, in order, so that the statement can be compiled.
+ */
+const rollUp = compiled(
+  (db, series: number, minute: number, next: number) => ({
+    compile: () =>
+      sql`with w (series, lo, hi) as (select ${big(series)}, ${big(minute)}, ${big(next)})
+      insert into telemetry_rollups (series_id, minute, n, total, low, high)
+      select t.series_id, w.lo, count(*), sum(t.value), min(t.value), max(t.value) from telemetry_samples t, w
+      where t.series_id = w.series and t.observed_at >= w.lo and t.observed_at < w.hi group by t.series_id, w.lo
+      on conflict (series_id, minute) do update set n = excluded.n, total = excluded.total, low = excluded.low, high = excluded.high`.compile(db),
+  }),
+  0,
+  0,
+  0,
+);
+
+/** Adds new samples' count, sum, minimum and maximum to a minute's rollup (SQLite: unqualified names are the stored row). */
+const addToRollupSqlite = compiled(
+  (db, series: number, minute: number, n: number, total: number, low: number, high: number) => ({
+    compile: () =>
+      sql`insert into telemetry_rollups (series_id, minute, n, total, low, high) values (${series}, ${minute}, ${n}, ${total}, ${low}, ${high})
+      on conflict (series_id, minute) do update set n = n + excluded.n, total = total + excluded.total, low = min(low, excluded.low), high = max(high, excluded.high)`.compile(
+        db,
+      ),
+  }),
+  0,
+  0,
+  0,
+  0,
+  0,
+  0,
+);
+const addToRollupPostgres = compiled(
+  (db, series: number, minute: number, n: number, total: number, low: number, high: number) => ({
+    compile: () =>
+      sql`insert into telemetry_rollups (series_id, minute, n, total, low, high) values (${series}, ${minute}, ${n}, ${total}, ${low}, ${high})
+      on conflict (series_id, minute) do update set n = telemetry_rollups.n + excluded.n, total = telemetry_rollups.total + excluded.total,
+        low = least(telemetry_rollups.low, excluded.low), high = greatest(telemetry_rollups.high, excluded.high)`.compile(db),
+  }),
+  0,
+  0,
+  0,
+  0,
+  0,
+  0,
+);
+
+/** Rows a sample upsert writes at most; larger writes are cut into statements of power-of-two sizes, each compiled once. */
+const MAX_UPSERT_ROWS = 512;
+const upserts = new Map<number, ReturnType<typeof upsertOf>>();
+const inserts = new Map<number, ReturnType<typeof insertNewOf>>();
+
+/** The insert of `n` samples that leaves a stored (series, time) alone, returning the rows it inserted; compiled once. */
+function insertNewOf(n: number) {
+  return compiled(
+    (db, ...values: number[]) =>
+      db
+        .insertInto("telemetry_samples")
+        .values(Array.from({ length: n }, (_, i) => ({ series_id: values[3 * i]!, observed_at: values[3 * i + 1]!, value: values[3 * i + 2]! })))
+        .onConflict((oc) => oc.columns(["series_id", "observed_at"]).doNothing())
+        .returning(["series_id", "observed_at"]),
+    ...new Array<number>(3 * n).fill(0),
+  );
+}
+
+function insertNew(n: number) {
+  let query = inserts.get(n);
+  if (!query) {
+    query = insertNewOf(n);
+    inserts.set(n, query);
+  }
+  return query;
+}
+
+/** The upsert of `n` samples (series, time, value), compiled once: a second sample for the same millisecond replaces the first. */
+function upsertOf(n: number) {
+  return compiled(
+    (db, ...values: number[]) =>
+      db
+        .insertInto("telemetry_samples")
+        .values(Array.from({ length: n }, (_, i) => ({ series_id: values[3 * i]!, observed_at: values[3 * i + 1]!, value: values[3 * i + 2]! })))
+        .onConflict((oc) => oc.columns(["series_id", "observed_at"]).doUpdateSet((eb) => ({ value: eb.ref("excluded.value") }))),
+    ...new Array<number>(3 * n).fill(0),
+  );
+}
+
+function upsert(n: number) {
+  let query = upserts.get(n);
+  if (!query) {
+    query = upsertOf(n);
+    upserts.set(n, query);
+  }
+  return query;
+}
+
 /**
  * Time series of a peer's telemetry: one series per (peer, field), one sample per (series,
  * millisecond). Ranges are [start, end). Every query costs a bounded number of index seeks per
@@ -52,47 +159,58 @@ export class TelemetryRepository {
   /** Writes samples; a second sample for the same field and millisecond replaces the first. The peer must exist. */
   async insert(publicKey: string, samples: Sample[]): Promise<void> {
     if (samples.length === 0) return;
-    const fields = [...new Set(samples.map((s) => s.field))];
-    await this.db
-      .insertInto("telemetry_series")
-      .values(fields.map((field) => ({ public_key: publicKey, field })))
-      .onConflict((oc) => oc.columns(["public_key", "field"]).doNothing())
-      .execute();
-    const series = await this.db
-      .selectFrom("telemetry_series")
-      .select(["id", "field"])
-      .where("public_key", "=", publicKey)
-      .where("field", "in", fields)
-      .execute();
-    const idOf = new Map(series.map((s) => [s.field, s.id]));
-    // One row per (series, ms), the last one winning: PostgreSQL refuses to upsert a row twice in one statement.
-    const unique = new Map<string, { series_id: number; observed_at: number; value: number }>();
+    // Compiled statements only: building a query through Kysely costs more than SQLite spends on it.
+    const idOf = new Map<string, number>();
     for (const s of samples) {
-      const series_id = idOf.get(s.field)!;
-      unique.set(`${series_id}:${s.observedAt}`, { series_id, observed_at: s.observedAt, value: s.value });
+      if (idOf.has(s.field)) continue;
+      let id = await this.series(publicKey, s.field);
+      if (id === undefined) {
+        await insertSeries(this.db, this.dialect, publicKey, s.field);
+        id = (await this.series(publicKey, s.field))!;
+      }
+      idOf.set(s.field, id);
+    }
+    // One row per (series, ms), the last one winning: PostgreSQL refuses to upsert a row twice in one statement.
+    const unique = new Map<string, [series: number, at: number, value: number]>();
+    for (const s of samples) {
+      const series = idOf.get(s.field)!;
+      unique.set(`${series}:${s.observedAt}`, [series, s.observedAt, s.value]);
     }
     const rows = [...unique.values()];
-    for (let i = 0; i < rows.length; i += 500) {
-      await this.db
-        .insertInto("telemetry_samples")
-        .values(rows.slice(i, i + 500))
-        .onConflict((oc) => oc.columns(["series_id", "observed_at"]).doUpdateSet((eb) => ({ value: eb.ref("excluded.value") })))
-        .execute();
+    // New samples are added to their minute's rollup; a minute where a stored sample was replaced is recomputed.
+    const inserted = new Set<string>();
+    for (let i = 0; i < rows.length; ) {
+      const n = Math.min(MAX_UPSERT_ROWS, 2 ** Math.floor(Math.log2(rows.length - i)));
+      for (const r of await insertNew(n)(this.db, this.dialect, ...rows.slice(i, i + n).flat())) inserted.add(`${r.series_id}:${Number(r.observed_at)}`);
+      i += n;
     }
-    const minutes = new Map<string, { series: number; minute: number }>();
-    for (const r of rows) {
-      const minute = r.observed_at - (r.observed_at % ROLLUP_MS);
-      if (r.observed_at >= 0) minutes.set(`${r.series_id}:${minute}`, { series: r.series_id, minute });
+    const replaced = rows.filter(([series, at]) => !inserted.has(`${series}:${at}`));
+    for (let i = 0; i < replaced.length; ) {
+      const n = Math.min(MAX_UPSERT_ROWS, 2 ** Math.floor(Math.log2(replaced.length - i)));
+      await upsert(n)(this.db, this.dialect, ...replaced.slice(i, i + n).flat());
+      i += n;
     }
-    for (const { series, minute } of minutes.values()) await this.rollUp(series, minute);
-  }
-
-  /** Recomputes one minute's rollup from its samples (a replaced sample cannot be subtracted from a min or max). */
-  private async rollUp(series: number, minute: number): Promise<void> {
-    await sql`insert into telemetry_rollups (series_id, minute, n, total, low, high)
-      select series_id, ${big(minute)}, count(*), sum(value), min(value), max(value) from telemetry_samples
-      where series_id = ${series} and observed_at >= ${big(minute)} and observed_at < ${big(minute + ROLLUP_MS)} group by series_id
-      on conflict (series_id, minute) do update set n = excluded.n, total = excluded.total, low = excluded.low, high = excluded.high`.execute(this.db);
+    const added = new Map<string, { series: number; minute: number; n: number; total: number; low: number; high: number }>();
+    const recompute = new Map<string, [series: number, minute: number]>();
+    for (const [series, at, value] of rows) {
+      if (at < 0) continue;
+      const minute = at - (at % ROLLUP_MS);
+      const key = `${series}:${minute}`;
+      if (!inserted.has(`${series}:${at}`)) recompute.set(key, [series, minute]);
+      const a = added.get(key);
+      if (!a) added.set(key, { series, minute, n: 1, total: value, low: value, high: value });
+      else {
+        a.n++;
+        a.total += value;
+        a.low = Math.min(a.low, value);
+        a.high = Math.max(a.high, value);
+      }
+    }
+    const addToRollup = this.dialect === "postgres" ? addToRollupPostgres : addToRollupSqlite;
+    for (const [key, a] of added) {
+      if (!recompute.has(key)) await addToRollup(this.db, this.dialect, a.series, a.minute, a.n, a.total, a.low, a.high);
+    }
+    for (const [series, minute] of recompute.values()) await rollUp(this.db, this.dialect, series, minute, minute + ROLLUP_MS);
   }
 
   /** The newest sample of each field that has one, in the order asked. */
@@ -273,7 +391,7 @@ export class TelemetryRepository {
     )?.observed_at;
     const minute = oldest === undefined ? Number.MAX_SAFE_INTEGER : oldest - (oldest % ROLLUP_MS);
     await this.db.deleteFrom("telemetry_rollups").where("series_id", "=", series).where("minute", "<", minute).execute();
-    if (oldest !== undefined && oldest >= 0) await this.rollUp(series, minute);
+    if (oldest !== undefined && oldest >= 0) await rollUp(this.db, this.dialect, series, minute, minute + ROLLUP_MS);
   }
 
   private async series(publicKey: string, field: string): Promise<number | undefined> {

@@ -72,3 +72,21 @@ export class DeviceToolSession {
     await this.transport.close();
   }
 }
+
+/** Bus messages stay within 7,000 bytes: the summary keeps what fits, names first. */
+const SUMMARY_BUDGET = 6_000;
+const SUMMARY_DESCRIPTION = 120;
+
+/** What `perch peers tools` prints: the device's tools now (names, descriptions cut short), or undefined without a session. */
+export function toolSummary(session: DeviceToolSession | undefined): { tools: Array<{ name: string; description: string }>; more: number } | undefined {
+  if (!session) return undefined;
+  const tools: Array<{ name: string; description: string }> = [];
+  let bytes = 0;
+  for (const t of session.tools) {
+    const entry = { name: t.name, description: t.description.length > SUMMARY_DESCRIPTION ? `${t.description.slice(0, SUMMARY_DESCRIPTION)}…` : t.description };
+    bytes += Buffer.byteLength(JSON.stringify(entry)) + 1;
+    if (bytes > SUMMARY_BUDGET) break;
+    tools.push(entry);
+  }
+  return { tools, more: session.tools.length - tools.length };
+}

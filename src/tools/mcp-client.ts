@@ -1,6 +1,7 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import { ErrorCode, McpError, ToolListChangedNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
+import { AjvJsonSchemaValidator } from "@modelcontextprotocol/sdk/validation/ajv-provider.js";
 import { z } from "zod";
 import { buildInfo } from "../build-info.ts";
 import { acceptTools, MAX_TOOLS, type OfferedTool } from "./bounds.ts";
@@ -12,6 +13,8 @@ const MAX_PAGES = 16;
 /** Checked by hand, tool by tool (`bounds.ts`): the SDK's schema would refuse a whole list for one bad tool. */
 const ListPage = z.looseObject({ tools: z.unknown(), nextCursor: z.string().max(1024).optional() });
 const AnyResult = z.looseObject({});
+/** One for every client: each would build its own Ajv otherwise (tens of KB per device session). */
+const validator = new AjvJsonSchemaValidator();
 
 export interface McpToolClientOptions {
   /** Connecting and listing wait at most this long. */
@@ -38,7 +41,7 @@ export class McpToolClient {
 
   constructor(o: McpToolClientOptions) {
     this.o = o;
-    this.client = new Client({ name: "perch", version: buildInfo().version }, { capabilities: {} });
+    this.client = new Client({ name: "perch", version: buildInfo().version }, { capabilities: {}, jsonSchemaValidator: validator });
     this.client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
       this.list().catch((err: Error) => this.o.onListFailed?.(err));
     });

@@ -24,7 +24,8 @@ export type ConversationEvent =
   | { type: "assistant"; turn: number; text: string; interrupted: boolean; cut: boolean };
 
 /** The agent's reply to `messages` as text deltas; throws on failure; `signal` ends the model call (a barge-in, a cut reply). */
-export type AgentRun = (agentId: string, messages: ChatMessage[], signal: AbortSignal) => Promise<AsyncIterable<string>>;
+/** The agent's reply to `messages` in turn `n`, as text deltas. */
+export type AgentRun = (agentId: string, messages: ChatMessage[], signal: AbortSignal, n: number) => Promise<AsyncIterable<string>>;
 
 export interface ActivityOptions {
   config: VoiceConfig;
@@ -161,7 +162,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     const reply = new Reply({
       n,
       voice: agent.voice,
-      text: (signal) => this.o.run(agent.id, messages, signal),
+      text: (signal) => this.o.run(agent.id, messages, signal, n),
       speech: agent.engines.speech,
       resampler: this.o.resampler,
       codec: this.o.codec,

@@ -1,6 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
+import type { ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
 import { parseEvents } from "../ai/sse.ts";
 import type { Config } from "../config/config.ts";
@@ -9,8 +10,10 @@ import type { ChatChunk, ChatMessage, ChatRequest } from "../protocol/compat.ts"
 import { type AgentChoice, Conversation } from "./conversation.ts";
 import type { EngineFor } from "./engine-choice.ts";
 import type { VoiceActivityPort, VoiceEngines } from "./engine-ports.ts";
+import { VoiceEvents } from "./events.ts";
 import { VoiceMetrics } from "./metrics.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
+import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
 
 /** How long a device's stored choice of agent is trusted before it is read again (so a change reaches every node). */
@@ -65,6 +68,7 @@ export class VoiceService implements VoiceHost {
       recorder.add(entry);
     });
     const port = transcript.port;
+    const events = new VoiceEvents(port);
     const conversation = new Conversation({
       port,
       config: this.o.config.voice,
@@ -73,7 +77,7 @@ export class VoiceService implements VoiceHost {
       metrics: this.metrics,
       logger: this.o.logger,
       agent: () => choice.current(),
-      run: (agentId, messages, signal) => this.reply(port.publicKey, agentId, messages, signal),
+      run: (agentId, messages, signal, n) => this.reply(port.publicKey, agentId, messages, signal, toolEvents(events, `out-${n}`)),
     });
     this.open_.add(conversation);
     return {
@@ -88,9 +92,9 @@ export class VoiceService implements VoiceHost {
   }
 
   /** The agent's answer through the Compatible API's own agent code, with the device as the caller; text deltas. */
-  private async reply(publicKey: string, agentId: string, messages: ChatMessage[], signal: AbortSignal): Promise<AsyncIterable<string>> {
+  private async reply(publicKey: string, agentId: string, messages: ChatMessage[], signal: AbortSignal, tools: ToolObserver): Promise<AsyncIterable<string>> {
     const request = { model: agentId, messages, stream: true } as ChatRequest;
-    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal);
+    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools);
     if (result.kind !== "stream") throw new Error("the agent did not stream");
     const events = result.stream.events;
     return (async function* () {

@@ -1,6 +1,9 @@
+import { createHash } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { wavFile } from "../../src/audio/samples.ts";
+import { engines } from "./engines.ts";
+import { startTestServer, type TestServer } from "./server.ts";
 
 /** What the fake speech provider does with one `POST /audio/speech`. */
 export type SpeechAct =
@@ -122,9 +125,7 @@ export class FakeSpeechProvider {
     const bytes = (p: Int16Array) => Buffer.from(p.buffer, p.byteOffset, p.byteLength);
     switch (act.kind) {
       case "status":
-        res.writeHead(act.status, { "content-type": "application/json", ...(act.retryAfter ? { "retry-after": act.retryAfter } : {}) });
-        res.end(JSON.stringify({ error: { message: `fake provider says ${act.status}`, type: "server_error", param: null, code: null } }));
-        return;
+        return errorReply(res, act.status, act.retryAfter);
       case "html":
         res.writeHead(200, { "content-type": "text/html" }).end("<!DOCTYPE html><html><body>Bad gateway</body></html>");
         return;
@@ -157,9 +158,7 @@ export class FakeSpeechProvider {
   private async transcribe(act: TranscriptionAct, res: http.ServerResponse, stream: boolean): Promise<void> {
     switch (act.kind) {
       case "status":
-        res.writeHead(act.status, { "content-type": "application/json", ...(act.retryAfter ? { "retry-after": act.retryAfter } : {}) });
-        res.end(JSON.stringify({ error: { message: `fake provider says ${act.status}`, type: "server_error", param: null, code: null } }));
-        return;
+        return errorReply(res, act.status, act.retryAfter);
       case "hang":
         return;
       case "html":
@@ -187,6 +186,26 @@ export class FakeSpeechProvider {
       }
     }
   }
+}
+
+/** OpenAI's error envelope with `status`. */
+function errorReply(res: http.ServerResponse, status: number, retryAfter: string | undefined): void {
+  res.writeHead(status, { "content-type": "application/json", ...(retryAfter ? { "retry-after": retryAfter } : {}) });
+  res.end(JSON.stringify({ error: { message: `fake provider says ${status}`, type: "server_error", param: null, code: null } }));
+}
+
+/**
+ * A Perch node serving only speech: its embedded tts-1 and whisper-1 on its Compatible API, for
+ * the API key `key` (no WebRTC, no agents).
+ */
+export function startSpeechNode(key: string): Promise<TestServer> {
+  return startTestServer({
+    config: {
+      webrtc: { enabled: false },
+      api_keys: [{ name: "front", sha256: createHash("sha256").update(key).digest("hex"), models: ["tts-1", "whisper-1"] }],
+    },
+    engines: engines(),
+  });
 }
 
 export function startFakeSpeechProvider(): Promise<FakeSpeechProvider> {

@@ -1,4 +1,4 @@
-import { execFile } from "node:child_process";
+import { execFile, execFileSync } from "node:child_process";
 import { join } from "node:path";
 import pg from "pg";
 
@@ -21,9 +21,16 @@ export class OwnCluster {
   readonly url: string;
   readonly dir: string;
 
+  private destroyed = false;
+  /** A test process that ends without `destroy()` (a hook that timed out, `--test-force-exit`) still stops its cluster. */
+  private readonly atExit = () => {
+    if (!this.destroyed) execFileSync(SCRIPT, ["stop", this.dir], { stdio: "ignore", timeout: 60_000 });
+  };
+
   private constructor(url: string, dir: string) {
     this.url = url;
     this.dir = dir;
+    process.once("exit", this.atExit);
   }
 
   static async start(): Promise<OwnCluster> {
@@ -74,6 +81,9 @@ export class OwnCluster {
   }
 
   async destroy(): Promise<void> {
+    if (this.destroyed) return;
+    this.destroyed = true;
+    process.off("exit", this.atExit);
     await run(["stop", this.dir]);
   }
 }

@@ -143,31 +143,32 @@ export async function spawnServer(env: Record<string, string>): Promise<ServerPr
     stdio: ["ignore", "pipe", "pipe"],
   });
   let output = "";
+  // No deadline of its own (a loaded machine once took over 20 s to start one): the server prints
+  // its listening line or exits, and a start that hangs is bounded by the test's timeout.
   const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${output}`)), 20_000);
     const onData = (chunk: Buffer) => {
       output += chunk.toString();
       const m = /"address":"([^"]+)".*"msg":"perch listening"/.exec(output);
-      if (m) {
-        clearTimeout(timer);
-        resolve(`http://${m[1]}`);
-      }
+      if (m) resolve(`http://${m[1]}`);
     };
     child.stdout.on("data", onData);
     child.stderr.on("data", (c: Buffer) => (output += c.toString()));
-    child.once("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`server exited with ${code}:\n${output}`));
-    });
+    child.once("exit", (code) => reject(new Error(`server exited with ${code}:\n${output}`)));
   });
+  process.once("exit", () => child.exitCode === null && child.signalCode === null && child.kill("SIGKILL"));
   return {
     url,
     process: child,
     output: () => output,
     stop: () =>
       new Promise((resolve) => {
-        if (child.exitCode !== null) return resolve(child.exitCode);
-        child.once("exit", (code) => resolve(code));
+        if (child.exitCode !== null || child.signalCode !== null) return resolve(child.exitCode);
+        // A shutdown that cannot finish (its store halted by the test) is killed, never left running.
+        const kill = setTimeout(() => child.kill("SIGKILL"), 60_000);
+        child.once("exit", (code) => {
+          clearTimeout(kill);
+          resolve(code);
+        });
         child.kill("SIGTERM");
       }),
   };

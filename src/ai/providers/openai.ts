@@ -157,7 +157,7 @@ export class OpenAIProvider implements ChatProvider {
         call.done();
       }
     }
-    return { contentType: String(res.headers["content-type"] ?? "application/octet-stream"), body: bytes() };
+    return { contentType: String(res.headers["content-type"] ?? "application/octet-stream"), body: closing(bytes(), call.done) };
   }
 
   /** Starts the request; `response` resolves with a 2xx response or rejects with a ProviderError. */
@@ -165,6 +165,7 @@ export class OpenAIProvider implements ChatProvider {
     let timer: NodeJS.Timeout | undefined;
     let deadline: NodeJS.Timeout | undefined;
     let req: http.ClientRequest | undefined;
+    let stopListening = () => {};
     let timedOut = false;
     /** Why we ended the exchange ourselves (a timeout or the deadline): what its readers report. */
     let failure: ProviderError | undefined;
@@ -183,7 +184,10 @@ export class OpenAIProvider implements ChatProvider {
       // Not the `signal` option: the listener it leaves on a long-lived signal is removed only when the socket closes.
       const onAbort = () => request.destroy(signal.reason as Error);
       signal.addEventListener("abort", onAbort, { once: true });
-      request.once("close", () => signal.removeEventListener("abort", onAbort));
+      // Off once the exchange is over (its reader finished, or the request closed): an abort after
+      // that must not destroy a request whose 'error' nobody listens to any more.
+      stopListening = () => signal.removeEventListener("abort", onAbort);
+      request.once("close", stopListening);
       req = request;
       timer = setTimeout(() => fail(new ProviderError(`the provider did not answer within ${this.timeoutMs} ms`, { timedOut: true })), this.timeoutMs);
       // Beside the idle timeout, which every piece of the answer restarts: a trickle cannot hold the call forever.
@@ -209,6 +213,7 @@ export class OpenAIProvider implements ChatProvider {
       /** The timeout or deadline that ended the exchange, if one did. */
       failure: () => failure,
       done: () => {
+        stopListening();
         clearTimeout(timer);
         clearTimeout(deadline);
         // Ends the exchange early when the consumer stopped (client gone): the provider sees its connection close.
@@ -216,6 +221,42 @@ export class OpenAIProvider implements ChatProvider {
       },
     };
   }
+}
+
+/**
+ * `source`, with `close` called once when it ends, fails or is left, even if it was never started:
+ * a generator's own `finally` runs only once its body began, and an answer refused on its headers
+ * alone must still end its exchange (timers, the abort listener, the connection).
+ */
+export function closing<T>(source: AsyncIterator<T>, close: () => void): AsyncIterableIterator<T> {
+  let closed = false;
+  const once = () => {
+    if (closed) return;
+    closed = true;
+    close();
+  };
+  return {
+    [Symbol.asyncIterator]() {
+      return this;
+    },
+    async next() {
+      try {
+        const r = await source.next();
+        if (r.done) once();
+        return r;
+      } catch (err) {
+        once();
+        throw err;
+      }
+    },
+    async return(value?: unknown) {
+      try {
+        return (await source.return?.(value)) ?? { done: true, value: undefined };
+      } finally {
+        once();
+      }
+    },
+  } as AsyncIterableIterator<T>;
 }
 
 function toProviderError(err: unknown, timedOut: boolean): ProviderError {

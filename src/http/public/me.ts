@@ -4,7 +4,7 @@ import type { PrimaryPrincipal } from "../../domain/principal.ts";
 import { DeviceToken, PeerSelf, PeerStatus, Runtime, SideControlSessionList } from "../../protocol/public.ts";
 import type { App } from "../env.ts";
 import { invalid } from "../errors.ts";
-import { JSON_UTF8 } from "../json.ts";
+import { JSON_UTF8, jsonText } from "../json.ts";
 import { requireJson } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import { jsonBodyLimit } from "./limits.ts";
@@ -38,7 +38,7 @@ export function registerMeRoutes(app: App, domain: Domain, callers: Callers): vo
       summary: "The caller's status document ({} when none)",
       responses: { 200: json(PeerStatus, "Status"), ...authErrors },
     }),
-    async (c) => c.json(await domain.peers.status(self(c)), 200, JSON_UTF8),
+    async (c) => jsonText(c, await domain.peers.statusText(self(c))),
   );
 
   app.openapi(

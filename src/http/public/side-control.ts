@@ -24,7 +24,7 @@ import {
 import { clientGone } from "../client-gone.ts";
 import type { App } from "../env.ts";
 import { invalid } from "../errors.ts";
-import { JSON_UTF8 } from "../json.ts";
+import { JSON_UTF8, jsonText } from "../json.ts";
 import { requireJson } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import { jsonBodyLimit } from "./limits.ts";
@@ -79,7 +79,7 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       summary: "The target device's status",
       responses: { 200: json(PeerStatus, "Status"), ...authErrors },
     }),
-    async (c) => c.json(await domain.peers.status(target(c)), 200, JSON_UTF8),
+    async (c) => jsonText(c, await domain.peers.statusText(target(c))),
   );
 
   app.openapi(

@@ -1,0 +1,75 @@
+import assert from "node:assert/strict";
+import { rmSync } from "node:fs";
+import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import { after, before, describe, test } from "node:test";
+import { type BusMessage, SqliteBus, topics } from "../src/events/index.ts";
+import { Store } from "../src/store/index.ts";
+import { tempDir } from "./support/server.ts";
+import { eventually } from "./support/webrtc.ts";
+
+/**
+ * The node's bus on SQLite delivers what another process wrote to `bus_messages` (the command line
+ * sharing the file): each message once, in order, never its own, never those written before it
+ * started; a row it cannot read is skipped, not replayed forever.
+ */
+describe("SqliteBus: other processes' messages through the file", () => {
+  const dir = tempDir();
+  let node: Store;
+  let other: Store;
+  let bus: SqliteBus;
+  const got: BusMessage[] = [];
+  const errors: unknown[] = [];
+  const write = (store: Store, origin: string, topic: string, message: object) =>
+    store.transaction((tx) => tx.busMessages.add(origin, topic, message, Date.now()));
+
+  before(async () => {
+    node = await Store.open(undefined, dir, { readWorkers: 0 });
+    other = await Store.open(undefined, dir, { readWorkers: 0 });
+    await write(other, "cli-before", topics.peers, { kind: "blocked", key: "before-start" });
+    bus = new SqliteBus({ file: join(dir, "perch.db"), pollMs: 20, onError: (err) => errors.push(err) });
+    bus.subscribe(topics.peers, { message: (m) => got.push(m) });
+    bus.subscribe(topics.session("s1"), { message: (m) => got.push({ ...m, session: "s1" }) });
+  });
+  after(async () => {
+    await bus.close();
+    await node.close();
+    await other.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  test("another process's messages arrive in order; its own and earlier ones do not", async () => {
+    await write(other, "cli", topics.peers, { kind: "blocked", key: "a" });
+    await write(node, bus.instance, topics.peers, { kind: "removed", key: "own" });
+    await write(other, "cli", topics.session("s1"), { kind: "revoked" });
+    await write(other, "cli", topics.peers, { kind: "removed", key: "b" });
+    await eventually(() => got.length >= 3, 5_000, "three messages");
+    assert.deepEqual(got, [
+      { kind: "blocked", key: "a" },
+      { kind: "revoked", session: "s1" },
+      { kind: "removed", key: "b" },
+    ]);
+  });
+
+  test("a row that is not JSON is reported and skipped; the next ones still come", async () => {
+    got.length = 0;
+    await other.transaction(async (tx) => {
+      await tx.busMessages.add("cli", topics.peers, { kind: "blocked", key: "c" }, Date.now());
+    });
+    // Written by hand (what no Perch writes), with a good row after it in the same commit.
+    const raw = new DatabaseSync(join(dir, "perch.db"));
+    raw.exec("BEGIN");
+    raw.prepare("INSERT INTO bus_messages (origin, topic, message, created_at) VALUES (?, ?, ?, ?)").run("cli", topics.peers, "{not json", Date.now());
+    raw
+      .prepare("INSERT INTO bus_messages (origin, topic, message, created_at) VALUES (?, ?, ?, ?)")
+      .run("cli", topics.peers, '{"kind":"blocked","key":"d"}', Date.now());
+    raw.exec("COMMIT");
+    raw.close();
+    await eventually(() => got.length >= 2, 5_000, "the messages around the bad row");
+    assert.deepEqual(got, [
+      { kind: "blocked", key: "c" },
+      { kind: "blocked", key: "d" },
+    ]);
+    assert.equal(errors.length, 1);
+  });
+});
