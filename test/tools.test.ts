@@ -54,11 +54,13 @@ describe("agents with tools: the device's own and MCP servers'", () => {
         models: [
           { id: "my-chat", kind: "chat", provider: "fake", upstream_model: "m" },
           { id: "strict-chat", kind: "chat", provider: "strict", upstream_model: "s" },
+          { id: "vision-chat", kind: "chat", provider: "fake", upstream_model: "v", input: ["image"] },
         ],
         mcp_servers: [{ id: "weather", url: weather.url, headers_env: { Authorization: "WEATHER_TOKEN" }, timeout_ms: 2000 }],
         agents: [
           { id: "talker", model: "my-chat", tools: ["device_status", "device.*"] },
           { id: "strict-talker", model: "strict-chat", tools: ["device.set_volume"] },
+          { id: "looker", model: "vision-chat", tools: ["device.*"] },
           { id: "forecaster", model: "my-chat", tools: ["weather.*"] },
           { id: "today-only", model: "my-chat", tools: ["weather.to*"] },
         ],
@@ -123,6 +125,61 @@ describe("agents with tools: the device's own and MCP servers'", () => {
       assert.equal(res.status, 200);
       assert.deepEqual(toolNames(model.received[before]!.body), ["device__set_volume"]);
       assert.deepEqual(got, [{ level: 2 }]);
+    } finally {
+      conn.close();
+    }
+  });
+
+  test("a tool's image reaches a model that takes images, and is noted as omitted for one that does not; isError is a failed call", async () => {
+    const conn = await connect(server);
+    try {
+      await conn.offerTools([
+        {
+          name: "take_photo",
+          description: "Takes a photo.",
+          inputSchema: { type: "object", properties: {} },
+          handler: () => ({
+            content: [
+              { type: "text", text: "a photo of the room" },
+              { type: "image", data: "iVBORw0K", mimeType: "image/png" },
+            ],
+          }),
+        },
+        {
+          name: "fail",
+          description: "Fails.",
+          inputSchema: { type: "object", properties: {} },
+          handler: () => {
+            throw new Error("the lens is covered");
+          },
+        },
+      ]);
+      await eventually(() => server.transport!.deviceTools(conn.publicKey)?.tools.length === 2, 5000, "listed");
+      const ask = (model: string) =>
+        conn.http(2, "POST", "/v1/chat/completions", {
+          body: JSON.stringify({ model, messages: [{ role: "user", content: "look" }] }),
+          headers: { "content-type": "application/json" },
+        });
+      model.reply({ tool_calls: [{ id: "p", name: "device.take_photo", arguments: "{}" }] }, { content: "I see a room." });
+      let before = model.received.length;
+      assert.equal((await ask("looker")).status, 200);
+      const messages = model.received[before + 1]!.body.messages;
+      assert.equal(messages.at(-2).content, "a photo of the room");
+      assert.deepEqual(messages.at(-1).content[1], { type: "image_url", image_url: { url: "data:image/png;base64,iVBORw0K" } });
+      model.reply(
+        {
+          tool_calls: [
+            { id: "p", name: "device.take_photo", arguments: "{}" },
+            { id: "f", name: "device.fail", arguments: "{}" },
+          ],
+        },
+        { content: "ok" },
+      );
+      before = model.received.length;
+      assert.equal((await ask("talker")).status, 200);
+      const [photo, failure] = model.received[before + 1]!.body.messages.slice(-2);
+      assert.equal(photo.content, "a photo of the room\n[1 image(s) omitted: this model does not take images]");
+      assert.deepEqual(JSON.parse(failure.content), { error: "the lens is covered" });
     } finally {
       conn.close();
     }
