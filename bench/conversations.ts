@@ -14,7 +14,7 @@
  *   same bearer (what any Side Control read costs here) and the list's store reads alone.
  *
  * Sizes: BENCH_CONV_DEVICES (50), BENCH_CONV_INTERVAL_MS (1000: an entry per device this often),
- * BENCH_CONV_ENTRIES (1000000), BENCH_CONV_READS (200).
+ * BENCH_CONV_ENTRIES (1000000), BENCH_CONV_READS (200); BENCH_CONV_ONLY (`live` or `reads`).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -24,7 +24,7 @@ import pg from "pg";
 import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
-import { type RunningServer, startServer } from "../src/server.ts";
+import { embeddedEngines, type RunningServer, startServer } from "../src/server.ts";
 import { VoiceEvents } from "../src/voice/events.ts";
 import { observeTranscript } from "../src/voice/transcript.ts";
 import { percentiles } from "./support.ts";
@@ -51,8 +51,10 @@ async function node(dir: string, databaseUrl: string | undefined, nodeName: stri
       ...(databaseUrl ? { databaseUrl } : {}),
     },
   );
-  // No speech engines: their models would load (on every core) while the reads are measured.
-  return startServer({ config, engines: {} });
+  const server = await startServer({ config });
+  // The recogniser's models load on every core after the start: measured only once they have.
+  await embeddedEngines().transcription?.start?.();
+  return server;
 }
 
 /** A registered device on `a` and a phone's Side Control bearer for it. */
@@ -260,8 +262,11 @@ export async function conversationRuns(pgUrl: string | undefined, freshPgDatabas
     process.stderr.write(`${JSON.stringify(r)}\n`);
     runs.push(r);
   };
-  if (pgUrl) log(await livePath(await freshPgDatabase(pgUrl)));
-  log(await reads("sqlite", undefined));
-  if (pgUrl) log(await reads("postgres", await freshPgDatabase(pgUrl)));
+  const only = process.env.BENCH_CONV_ONLY;
+  if (only !== "live") {
+    log(await reads("sqlite", undefined));
+    if (pgUrl) log(await reads("postgres", await freshPgDatabase(pgUrl)));
+  }
+  if (pgUrl && only !== "reads") log(await livePath(await freshPgDatabase(pgUrl)));
   return runs;
 }

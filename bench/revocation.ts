@@ -10,7 +10,8 @@
  * PostgreSQL (`PERCH_BENCH_DATABASE_URL` or `PERCH_TEST_DATABASE_URL`), one stream on each. Each
  * change — `sessions revoke`, `peers block`, `peers remove`, and the controller's own
  * `DELETE /side-control/session` (sent to the last node, streams on every node) — is made
- * BENCH_REVOCATION_TRIALS times (10).
+ * BENCH_REVOCATION_TRIALS times (10). With PostgreSQL also: a node killed with a device on it
+ * (`nodeDeath`), half as many times.
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -23,6 +24,7 @@ import { DomainEvents } from "../src/domain/events.ts";
 import { Domain } from "../src/domain/index.ts";
 import { openEventBus } from "../src/events/index.ts";
 import { PerchClient } from "../src/sdk/client.ts";
+import { PerchConnection } from "../src/sdk/webrtc.ts";
 import { Store } from "../src/store/index.ts";
 import { benchConfig, freshPgDatabase, percentiles, round, type Server, startServer } from "./support.ts";
 
@@ -31,8 +33,8 @@ const PG_URL = process.env.PERCH_BENCH_DATABASE_URL || process.env.PERCH_TEST_DA
 const ACTIONS = ["sessions revoke", "peers block", "peers remove", "DELETE /side-control/session"] as const;
 type Action = (typeof ACTIONS)[number];
 
-/** A stream whose `session` event's arrival time is kept. */
-async function openStream(url: string, bearer: string): Promise<{ ended: Promise<number>; close(): void }> {
+/** A stream, once its first events came; `ended`: when `marker` (default the `session` event) arrived. */
+async function openStream(url: string, bearer: string, marker = "event: session"): Promise<{ ended: Promise<number>; close(): void }> {
   const abort = new AbortController();
   const res = await fetch(`${url}/side-control/events`, { headers: { authorization: `Bearer ${bearer}` }, signal: abort.signal });
   if (res.status !== 200 || !res.body) throw new Error(`events refused: ${res.status}`);
@@ -49,7 +51,7 @@ async function openStream(url: string, bearer: string): Promise<{ ended: Promise
       if (done) throw new Error("the stream ended without a session event");
       text += decoder.decode(value, { stream: true });
       if (text.includes("event: runtime")) opened();
-      if (text.includes("event: session")) return performance.now();
+      if (text.includes(marker)) return performance.now();
     }
   })();
   ended.catch(() => {});
@@ -126,6 +128,50 @@ async function change(action: Action, domain: Domain, o: { device: string; sessi
   }
 }
 
+/**
+ * A node dying (`kill -9`) with a device connected to it: from the kill to the offline `runtime`
+ * event on a stream held by the other node, beside the first moment the other node's REST
+ * `GET /side-control/runtime` says offline (polled every 50 ms). The store's view changes once the
+ * dead node's heartbeat is 8 s old, so both are at most 8 s (+ the last beat's age, up to 2 s
+ * before the kill).
+ */
+async function nodeDeath(): Promise<Record<string, unknown>> {
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-death-"));
+  const env: Record<string, string> = { ...benchConfig(dir), PERCH_DATA_DIR: dir, PERCH_LOG_LEVEL: "warn", PERCH_DATABASE_URL: await freshPgDatabase(PG_URL!) };
+  const b = await startServer({ ...env, PERCH_NODE_NAME: "death-b" });
+  const event: number[] = [];
+  const rest: number[] = [];
+  try {
+    for (let t = 0; t < Math.max(1, Math.round(TRIALS / 2)); t++) {
+      const a = await startServer({ ...env, PERCH_NODE_NAME: "death-a" });
+      const keyPair = generateKeyPair();
+      const conn = await PerchConnection.connect({ baseUrl: a.url, keyPair });
+      const device = new PerchClient({ baseUrl: a.url, keyPair });
+      await device.login();
+      const phone = new PerchClient({ baseUrl: b.url, keyPair: generateKeyPair() });
+      await phone.login({ deviceToken: (await device.createDeviceToken()).token });
+      const offline = await openStream(b.url, phone.accessToken!, '{"online":false');
+      const killed = performance.now();
+      a.child.kill("SIGKILL");
+      let restAt: number | undefined;
+      while (restAt === undefined) {
+        if (!(await phone.sideControl.runtime()).online) restAt = performance.now();
+        else await new Promise((r) => setTimeout(r, 50));
+      }
+      event.push((await offline.ended) - killed);
+      rest.push(restAt - killed);
+      offline.close();
+      conn.close();
+      await a.stop();
+    }
+  } finally {
+    await b.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const figure = (ms: number[]) => ({ ...percentiles(ms), max: round(Math.max(...ms)), min: round(Math.min(...ms)) });
+  return { trials: event.length, offline_event_after_kill: figure(event), rest_offline_after_kill: figure(rest) };
+}
+
 export async function revocationBench(): Promise<unknown> {
   const [load1] = (await import("node:os")).loadavg();
   return {
@@ -134,6 +180,8 @@ export async function revocationBench(): Promise<unknown> {
     trials: TRIALS,
     load_average_1m: round(load1 ?? 0),
     sqlite_one_node: await run("sqlite"),
-    ...(PG_URL ? { postgres_two_nodes: await run("postgres") } : { postgres_two_nodes: "skipped: no PERCH_BENCH_DATABASE_URL / PERCH_TEST_DATABASE_URL" }),
+    ...(PG_URL
+      ? { postgres_two_nodes: await run("postgres"), node_killed_runtime_ms: await nodeDeath() }
+      : { postgres_two_nodes: "skipped: no PERCH_BENCH_DATABASE_URL / PERCH_TEST_DATABASE_URL" }),
   };
 }

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { ManualClock } from "../src/domain/clock.ts";
@@ -35,6 +36,9 @@ type List = {
   next_cursor?: string;
 };
 
+const API_KEY = "sk-perch-conversations-test";
+const sha256 = (text: string) => createHash("sha256").update(text).digest("hex");
+
 const list = (phone: PerchClient, query: Record<string, string | number> = {}) => phone.request<List>("GET", "/side-control/conversations", { query });
 const one = (phone: PerchClient, id: string) =>
   phone.request<{ id: string; started_at_unix_ms: number; items: Entry[] }>("GET", `/side-control/conversations/${encodeURIComponent(id)}`);
@@ -64,7 +68,7 @@ for (const store of STORES) {
       server = await startTestServer({
         clock,
         cleanupIntervalMs: 50,
-        config: { databaseUrl, voice: { store_transcripts: true, transcript_retention_days: 30 } },
+        config: { databaseUrl, voice: { store_transcripts: true, transcript_retention_days: 30 }, api_keys: [{ name: "ops", sha256: sha256(API_KEY) }] },
       });
     });
     after(async () => {
@@ -154,7 +158,17 @@ for (const store of STORES) {
       assert.deepEqual((await list(other.phone)).items, []);
       await assert.rejects(device.request("GET", "/side-control/conversations"), refused(403, "SIDE_CONTROL_SESSION_REQUIRED"));
       await assert.rejects(device.request("GET", `/side-control/conversations/${id}`, { bearer: null }), refused(401, "INVALID_SESSION"));
-      await assert.rejects(device.request("DELETE", "/side-control/conversations", { bearer: "sk-not-a-session" }), refused(401, "INVALID_SESSION"));
+      // An operator's API key works on the Compatible API and reaches no conversation.
+      const models = await fetch(`${server.url}/openai/v1/models`, { headers: { authorization: `Bearer ${API_KEY}` } });
+      assert.equal(models.status, 200, await models.clone().text());
+      for (const [method, path] of [
+        ["GET", "/side-control/conversations"],
+        ["GET", `/side-control/conversations/${id}`],
+        ["DELETE", `/side-control/conversations/${id}`],
+        ["DELETE", "/side-control/conversations"],
+      ] as const) {
+        await assert.rejects(device.request(method, path, { bearer: API_KEY }), refused(401, "INVALID_SESSION"), `${method} ${path}`);
+      }
       assert.equal((await one(phone, id)).items[0]!.text, "private words", "still there for its own controller");
     });
 

@@ -140,6 +140,9 @@ for (const store of STORES) {
         "the device's other pairing is live",
       );
       await stillLive(others, device, 13);
+      // The SDK's way to the same route.
+      await sibling.sideControl.endSession();
+      assert.deepEqual((await device.sideControlSessions()).items, []);
     });
 
     test("DELETE /side-control/session refused: no bearer, a wrong one, a primary session, a mismatched X-Public-Key; nothing changes", async () => {
