@@ -138,7 +138,13 @@ describe("resampler", () => {
 
   test("every rate pair the engines use gives a second's worth of samples (24 → 16 kHz lost them all once)", async () => {
     const m = await loadResampler();
-    for (const [from, to] of [[24_000, 16_000], [24_000, 48_000], [48_000, 16_000], [16_000, 48_000], [22_050, 16_000]] as const) {
+    for (const [from, to] of [
+      [24_000, 16_000],
+      [24_000, 48_000],
+      [48_000, 16_000],
+      [16_000, 48_000],
+      [22_050, 16_000],
+    ] as const) {
       const r = new Resampler(m, from, to);
       const input = sine(from, from, 440);
       let total = 0;
