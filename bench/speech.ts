@@ -11,14 +11,24 @@
  * memory; and the end-of-turn latency of live recognition: a 2 s utterance pushed in 20 ms packets
  * with partials as a conversation asks for them, 300 ms of silence in real time (the turn
  * detector's), then `finish()` timed; "cold" is `finish()` with nothing recognised before.
+ *
+ * Mixed (issue 24), over HTTP on `perch serve`: a `"Hello there."` request's time to first byte
+ * while 18 clients hold 4,096-character requests open without reading, and while 8 clients loop on
+ * them (reading) beside 2 looping on transcription; the server's CPU per 4,096-character request
+ * and per transcription of a 20 s file.
+ *
+ * BENCH_SPEECH_RUNS (5), BENCH_SPEECH_PHASES (default "engines,mixed").
  */
-import { readFileSync } from "node:fs";
-import { availableParallelism, loadavg } from "node:os";
+import { createHash } from "node:crypto";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { availableParallelism, loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
 import { setImmediate, setTimeout as sleep } from "node:timers/promises";
 import { createSpeechEngine, createTranscriptionEngine, ffmpegPath, SPEECH_FORMATS, VOICES } from "../src/ai/speech/index.ts";
 import { concatFloat32 } from "../src/audio/samples.ts";
 import { ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES as SENTENCES, silence, wavFile, withNoise, wordErrorRate } from "../test/support/speech.ts";
-import { percentiles, round } from "./support.ts";
+import { helloFirstByte, LONG_TEXT, loop, nonReader, speechRequest, transcriptionRequest } from "./api-load.ts";
+import { benchConfig, percentiles, round, startServer, treeCpuSeconds } from "./support.ts";
 
 const RUNS = Number(process.env.BENCH_SPEECH_RUNS ?? 5);
 const SENTENCE =
@@ -36,7 +46,72 @@ async function bytesOf(audio: AsyncIterable<Uint8Array>): Promise<Buffer> {
   return Buffer.concat(parts);
 }
 
+const PHASES = new Set((process.env.BENCH_SPEECH_PHASES ?? "engines,mixed").split(","));
+const KEYS = { load: "sk-perch-bench-load", hello: "sk-perch-bench-hello" };
+
+/** `"Hello there."`'s first byte `runs` times, one after another, with the statuses seen. */
+async function hellos(url: string, runs: number) {
+  const ms: number[] = [];
+  const statuses: Record<string, number> = {};
+  for (let i = 0; i < runs; i++) {
+    const r = await helloFirstByte(url, KEYS.hello);
+    statuses[r.status] = (statuses[r.status] ?? 0) + 1;
+    if (r.ms !== undefined) ms.push(r.ms);
+    await sleep(200);
+  }
+  const sorted = [...ms].sort((a, b) => a - b);
+  return { first_byte_ms_p50: ms.length ? round(sorted[Math.floor(sorted.length / 2)]!) : null, answered: ms.length, runs, statuses };
+}
+
+/** The mixed phase: the server under a Compatible API crowd. */
+async function mixedBench(): Promise<unknown> {
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-speech-"));
+  const keys = Object.entries(KEYS).map(([name, key]) => ({ name, sha256: createHash("sha256").update(key).digest("hex") }));
+  const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { api_keys: keys }) });
+  const pid = server.child.pid!;
+  try {
+    const speech = createSpeechEngine({ concurrency: 1 });
+    const talk = await speech.speak(LONG_TEXT.slice(0, 340), "echo");
+    const upload = wavFile(Float32Array.from(talk.samples, (x) => x / 32768));
+    // Warm-up: flite compiled, the recogniser loaded.
+    await (await speechRequest(server.url, KEYS.load, "Ready.")).arrayBuffer();
+    await (await transcriptionRequest(server.url, KEYS.load, upload)).arrayBuffer();
+    const quiet = await hellos(server.url, RUNS);
+
+    // CPU per request, four at once.
+    let cpu = treeCpuSeconds(pid);
+    await Promise.all(Array.from({ length: 4 }, async () => (await speechRequest(server.url, KEYS.load, LONG_TEXT)).arrayBuffer()));
+    const perSpeech = (treeCpuSeconds(pid) - cpu) / 4;
+    cpu = treeCpuSeconds(pid);
+    await Promise.all(Array.from({ length: 4 }, async () => (await transcriptionRequest(server.url, KEYS.load, upload)).arrayBuffer()));
+    const perTranscription = (treeCpuSeconds(pid) - cpu) / 4;
+
+    const stalled = Array.from({ length: 18 }, () => nonReader(server.url, KEYS.load));
+    await sleep(2000);
+    const besideNonReaders = await hellos(server.url, RUNS);
+    for (const s of stalled) s.destroy();
+    await sleep(1000);
+
+    const synthesis = loop(8, (signal) => speechRequest(server.url, KEYS.load, LONG_TEXT, signal));
+    const files = loop(2, (signal) => transcriptionRequest(server.url, KEYS.load, upload, signal));
+    await sleep(2000);
+    const besideReaders = await hellos(server.url, RUNS);
+    const [speechReport, fileReport] = await Promise.all([synthesis.stop(), files.stop()]);
+    return {
+      hello_there_quiet: quiet,
+      hello_there_beside_18_non_readers: besideNonReaders,
+      hello_there_beside_8_long_speech_and_2_transcription_clients: { ...besideReaders, load: { speech: speechReport, transcription: fileReport } },
+      server_cpu_seconds_per_request: { speech_4096_characters_mp3: round(perSpeech), transcription_20_s: round(perTranscription) },
+      goal: { hello_there_first_byte_ms_beside_18_non_readers: "≤ 300 p50" },
+    };
+  } finally {
+    await server.stop();
+  }
+}
+
 export async function speechBench(): Promise<unknown> {
+  const mixed = PHASES.has("mixed") ? await mixedBench() : undefined;
+  if (!PHASES.has("engines")) return { suite: "speech", cpus: availableParallelism(), load_average: loadavg().map(round), mixed };
   const words = SENTENCE.split(" ").length;
   if (words !== 30) throw new Error(`the benchmark sentence has ${words} words`);
   const speech = createSpeechEngine();
@@ -178,6 +253,7 @@ export async function speechBench(): Promise<unknown> {
     goal_first_byte_ms: 150,
     synthesis,
     voices,
+    mixed,
     transcription: {
       engine: "moonshine base int8 + silero vad v5 (onnxruntime-node, cpu)",
       load_ms: round(loadMs),

@@ -5,13 +5,17 @@
  * device (last voiced sample sent → first audible sample heard), for 1 conversation and for 20
  * concurrent ones taking turns; barge-in (speech onset → last reply packet sent, from the server's
  * EOS stamp; and → last reply sample heard); the share of downlink frames sent late; the server's
- * CPU and memory per conversation.
+ * CPU and memory per conversation. A mixed phase (issue 24): BENCH_VOICE_MIXED_CONVERSATIONS (1)
+ * conversations taking turns while BENCH_VOICE_MIXED_API (8) Compatible API clients loop on
+ * 4,096-character speech and BENCH_VOICE_MIXED_FILES (2) loop on transcribing a 20 s file; a turn
+ * with no reply within 60 s counts as an error.
  *
  * `--engines provider`: the same phases with recognition and synthesis on a second `perch serve`
  * (its embedded engines on its Compatible API) as an `openai-compatible` provider, behind a timing
  * proxy: the provider's own time to first byte and CPU are reported apart from the node's.
  *
- * BENCH_VOICE_TURNS (default 8), BENCH_VOICE_CONVERSATIONS (20), BENCH_VOICE_PROCESSES (4).
+ * BENCH_VOICE_TURNS (default 8), BENCH_VOICE_CONVERSATIONS (20), BENCH_VOICE_PROCESSES (4),
+ * BENCH_VOICE_PHASES (default "one,crowd,mixed,barge": the phases to run).
  */
 import { type ChildProcess, fork, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -19,7 +23,9 @@ import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { createSpeechEngine } from "../src/ai/speech/index.ts";
+import { wavFile } from "../src/audio/samples.ts";
 import { loadResampler, Resampler } from "../src/voice/resampler.ts";
+import { LONG_TEXT, loop, speechRequest, transcriptionRequest } from "./api-load.ts";
 import { benchConfig, ROOT, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
 import { startTimingProxy, type Timing } from "./timing-proxy.ts";
 import type { DeviceMessage, TurnReport } from "./voice-device.ts";
@@ -27,7 +33,12 @@ import type { DeviceMessage, TurnReport } from "./voice-device.ts";
 const TURNS = Number(process.env.BENCH_VOICE_TURNS ?? 8);
 const CONVERSATIONS = Number(process.env.BENCH_VOICE_CONVERSATIONS ?? 20);
 const PROCESSES = Number(process.env.BENCH_VOICE_PROCESSES ?? 4);
+const MIXED_CONVERSATIONS = Number(process.env.BENCH_VOICE_MIXED_CONVERSATIONS ?? 1);
+const MIXED_API = Number(process.env.BENCH_VOICE_MIXED_API ?? 8);
+const MIXED_FILES = Number(process.env.BENCH_VOICE_MIXED_FILES ?? 2);
+const PHASES = new Set((process.env.BENCH_VOICE_PHASES ?? "one,crowd,mixed,barge").split(","));
 const QUESTION = "What is the weather like today?";
+const API_KEY = "sk-perch-bench-voice";
 /** `--engines provider`: both engines on a second Perch; `embedded` (the default): the node's own. */
 const ENGINES = engines();
 const SPEECH_NODE_KEY = "sk-bench-speech-node";
@@ -51,9 +62,32 @@ function rssMb(pid: number): number {
   return round(Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1] ?? Number.NaN) / 1024);
 }
 
-async function metric(server: Server, name: string): Promise<number> {
+async function metric(server: Server, name: string, labels = ""): Promise<number> {
   const text = await (await fetch(`${server.url}/metrics`)).text();
-  return Number(new RegExp(`^${name} (\\S+)$`, "m").exec(text)?.[1] ?? 0);
+  const line = text.split("\n").find((l) => l.startsWith(labels ? `${name}{${labels}} ` : `${name} `));
+  return Number(line?.split(" ").at(-1) ?? 0);
+}
+
+/** The recogniser's queue (engine metrics, absent before issue 24): jobs started and their mean wait, per class. */
+async function recognitionQueue(server: Server): Promise<Record<string, { jobs: number; waited_s: number }>> {
+  const out: Record<string, { jobs: number; waited_s: number }> = {};
+  for (const cls of ["conversation", "api", "partial"]) {
+    const labels = `engine="recognition",class="${cls}"`;
+    out[cls] = {
+      jobs: await metric(server, "perch_engine_jobs_total", labels),
+      waited_s: await metric(server, "perch_engine_queue_wait_seconds_total", labels),
+    };
+  }
+  return out;
+}
+
+function queueDelta(before: Record<string, { jobs: number; waited_s: number }>, after: Record<string, { jobs: number; waited_s: number }>) {
+  const out: Record<string, { jobs: number; mean_wait_ms: number }> = {};
+  for (const [cls, a] of Object.entries(after)) {
+    const jobs = a.jobs - (before[cls]?.jobs ?? 0);
+    out[cls] = { jobs, mean_wait_ms: round(((a.waited_s - (before[cls]?.waited_s ?? 0)) / Math.max(1, jobs)) * 1000) };
+  }
+  return out;
 }
 
 /** Runs `total` devices over `processes` processes; collects their reports. */
@@ -116,6 +150,9 @@ export async function voiceBench(): Promise<unknown> {
   up.close();
   const file = join(dir, "question.pcm");
   writeFileSync(file, Buffer.from(pcm.buffer, pcm.byteOffset, pcm.byteLength));
+  // The transcription clients' file: 20 s of speech.
+  const talk = await speech.speak(LONG_TEXT.slice(0, 340), "echo");
+  const upload = wavFile(talk.samples, talk.sampleRate);
 
   const upstream = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
   const upstreamUrl = await new Promise<string>((resolve) => upstream.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
@@ -147,6 +184,7 @@ export async function voiceBench(): Promise<unknown> {
         },
       ],
       voice: { agent: "talker" },
+      api_keys: [{ name: "bench", sha256: createHash("sha256").update(API_KEY).digest("hex") }],
     }),
   });
   const pid = server.child.pid!;
@@ -155,13 +193,36 @@ export async function voiceBench(): Promise<unknown> {
     await devices(server, file, 1, 1, "turns", 2);
 
     const oneFrom = remote?.proxy.timings.length ?? 0;
-    const one = turnFigures(await devices(server, file, 1, 1, "turns", TURNS));
+    const one = PHASES.has("one") ? turnFigures(await devices(server, file, 1, 1, "turns", TURNS)) : undefined;
     const oneTimings = remote?.proxy.timings.slice(oneFrom) ?? [];
+
+    let mixed: unknown;
+    if (PHASES.has("mixed")) {
+      const cpuBefore = treeCpuSeconds(pid);
+      const started = performance.now();
+      const synthesis = loop(MIXED_API, (signal) => speechRequest(server.url, API_KEY, LONG_TEXT, signal));
+      const files = loop(MIXED_FILES, (signal) => transcriptionRequest(server.url, API_KEY, upload, signal));
+      // The API clients are under way before the first question.
+      await new Promise((r) => setTimeout(r, 3000));
+      const turns = turnFigures(await devices(server, file, MIXED_CONVERSATIONS, 1, "turns", Math.max(3, Math.round(TURNS / 2))));
+      const [speechReport, fileReport] = await Promise.all([synthesis.stop(), files.stop()]);
+      mixed = {
+        conversations: MIXED_CONVERSATIONS,
+        api_speech_clients: MIXED_API,
+        api_transcription_clients: MIXED_FILES,
+        ...turns,
+        api_speech: speechReport,
+        api_transcription: fileReport,
+        seconds: round((performance.now() - started) / 1000),
+        server_cpu_seconds: round(treeCpuSeconds(pid) - cpuBefore),
+      };
+    }
 
     const rssBefore = rssMb(pid);
     const cpuBefore = treeCpuSeconds(pid);
     const framesBefore = await metric(server, "perch_voice_frames_total");
     const lateBefore = await metric(server, "perch_voice_frames_late_total");
+    const queueBefore = await recognitionQueue(server);
     const started = performance.now();
     let peakRss = rssBefore;
     const sampler = setInterval(() => {
@@ -169,7 +230,9 @@ export async function voiceBench(): Promise<unknown> {
     }, 500);
     const remoteCpuBefore = remote ? treeCpuSeconds(remote.node.child.pid!) : 0;
     const timingsBefore = remote?.proxy.timings.length ?? 0;
-    const crowd = turnFigures(await devices(server, file, CONVERSATIONS, PROCESSES, "turns", Math.max(3, Math.round(TURNS / 2))));
+    const crowd = PHASES.has("crowd")
+      ? turnFigures(await devices(server, file, CONVERSATIONS, PROCESSES, "turns", Math.max(3, Math.round(TURNS / 2))))
+      : undefined;
     clearInterval(sampler);
     const seconds = (performance.now() - started) / 1000;
     const cpu = treeCpuSeconds(pid) - cpuBefore;
@@ -177,17 +240,18 @@ export async function voiceBench(): Promise<unknown> {
     const crowdTimings = remote?.proxy.timings.slice(timingsBefore) ?? [];
     const frames = (await metric(server, "perch_voice_frames_total")) - framesBefore;
     const late = (await metric(server, "perch_voice_frames_late_total")) - lateBefore;
+    const queue = queueDelta(queueBefore, await recognitionQueue(server));
 
-    const barge = (await devices(server, file, 1, 1, "barge", Math.max(3, Math.round(TURNS / 2)))).filter((r) => r.type === "barge");
+    const barge = PHASES.has("barge") ? (await devices(server, file, 1, 1, "barge", Math.max(3, Math.round(TURNS / 2)))).filter((r) => r.type === "barge") : [];
     return {
       suite: "voice",
       engines: ENGINES,
       ...(remote
         ? {
             provider: {
-              one_conversation: providerFigures(oneTimings, one.stages_ms.first_audio.p50),
+              one_conversation: providerFigures(oneTimings, one?.stages_ms.first_audio.p50 ?? Number.NaN),
               concurrent: {
-                ...providerFigures(crowdTimings, crowd.stages_ms.first_audio.p50),
+                ...providerFigures(crowdTimings, crowd?.stages_ms.first_audio.p50 ?? Number.NaN),
                 provider_cpu_percent_per_conversation: round(((remoteCpu / seconds) * 100) / CONVERSATIONS),
               },
               goals: { perch_overhead_on_speech_ttfb_ms: "≤ 50 p50", node_cpu_percent_per_conversation: "≤ 1" },
@@ -200,8 +264,11 @@ export async function voiceBench(): Promise<unknown> {
         device_speech_to_audio_ms: "≤ 700 p50",
         barge_in_ms: "≤ 250 p50",
         late_frames_20_conversations: "< 1 %",
+        device_speech_to_audio_ms_20_conversations: "≤ 700 p50, ≤ 1200 p95",
+        device_speech_to_audio_ms_beside_8_api_clients: "≤ 1000 p50",
       },
       one_conversation: one,
+      mixed,
       concurrent: {
         conversations: CONVERSATIONS,
         device_processes: PROCESSES,
@@ -209,6 +276,7 @@ export async function voiceBench(): Promise<unknown> {
         frames_sent: frames,
         frames_late: late,
         late_share_percent: round((late / Math.max(1, frames)) * 100),
+        recognition_queue: queue,
         server_cpu_percent_per_conversation: round(((cpu / seconds) * 100) / CONVERSATIONS),
         server_rss_mb: { before: rssBefore, peak: peakRss, per_conversation: round((peakRss - rssBefore) / CONVERSATIONS) },
       },

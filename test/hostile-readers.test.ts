@@ -37,8 +37,12 @@ async function until(condition: () => boolean, tries = 500): Promise<boolean> {
 describe("slow readers cannot pin engines", () => {
   let server: TestServer;
   before(async () => {
-    // No write timeout to speak of here: only the read-ahead may free the slots.
-    server = await startTestServer({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }], compat: { writeTimeoutMs: 600_000 } }, engines: engines() });
+    // No write timeout to speak of here (only the read-ahead may free the slots), and no admission
+    // budget (on a busy machine the queue's estimate for this one caller's next job can pass 10 s).
+    server = await startTestServer({
+      config: { api_keys: [{ name: "a", sha256: sha256(KEY) }], compat: { writeTimeoutMs: 600_000, maxQueueWaitMs: 600_000 } },
+      engines: engines(),
+    });
   });
   after(() => server?.stop());
 

@@ -168,8 +168,8 @@ describe("speech synthesis (flite)", () => {
     assert.ok(rms(typographic.bytes) > 500);
   });
 
-  test("a full queue refuses at once; a slot frees when the listener leaves", async () => {
-    const busy = createSpeechEngine({ concurrency: 1, maxQueued: 0 });
+  test("beyond its streams the engine refuses at once; a stream frees when the listener leaves", async () => {
+    const busy = createSpeechEngine({ concurrency: 1, maxStreams: 1 });
     const first = busy.synthesize({ text: SENTENCE, voice: "alloy", format: "wav", speed: 1 })[Symbol.asyncIterator]();
     assert.ok(!(await first.next()).done);
     assert.throws(() => busy.synthesize({ text: SENTENCE, voice: "alloy", format: "wav", speed: 1 }), EngineBusyError);
@@ -464,6 +464,26 @@ describe("transcription (Moonshine)", () => {
     } finally {
       await two.close();
     }
+  });
+
+  test("conversations' utterances waiting together are recognised in one batch, each with its own words", async () => {
+    const said = ["Open the front door.", "Set a timer for ten minutes.", "Call my mother tomorrow morning."];
+    const utterances = await Promise.all(
+      said.map(async (text) => {
+        const { samples } = await speech.speak(text, "nova");
+        return Float32Array.from(samples, (x) => x / 32768);
+      }),
+    );
+    const runs = recogniser.recognitions.runs;
+    // A file's long recognition holds the one recogniser process while the three queue.
+    const long = recogniser.recognise(new Float32Array(16000 * 8));
+    await sleep(0);
+    const texts = await Promise.all(utterances.map((u) => recogniser.recognise(u, { class: "conversation" })));
+    await long;
+    assert.equal(recogniser.recognitions.runs - runs, 2, "the long one, then the three in one batch");
+    assert.ok(wordErrorRate(said[0]!, texts[0]!) <= 0.25, texts[0]);
+    assert.ok(wordErrorRate(said[1]!, texts[1]!) <= 0.25, texts[1]);
+    assert.ok(wordErrorRate(said[2]!, texts[2]!) <= 0.25, texts[2]);
   });
 
   test("incremental recognition while the recogniser is busy: nothing speculative queues, the final text still comes", async () => {

@@ -5,3 +5,8 @@ export type Caller = { kind: "device"; publicKey: string } | { kind: "applicatio
 export function mayUse(caller: Caller, id: string): boolean {
   return caller.kind === "device" || caller.models.includes("*") || caller.models.includes(id);
 }
+
+/** One key per caller, for sharing the embedded engines fairly among callers. */
+export function callerKey(caller: Caller): string {
+  return caller.kind === "device" ? `device:${caller.publicKey}` : `application:${caller.name}`;
+}

@@ -59,14 +59,22 @@ export class TranscriptionService {
   private readonly engine: TranscriptionEngine | undefined;
   private readonly router: ChatRouter;
   private readonly maxAudioSeconds: number;
+  private readonly maxQueueWaitMs: number | undefined;
 
-  constructor(o: { engine: TranscriptionEngine | undefined; router: ChatRouter; maxAudioSeconds?: number | undefined }) {
+  constructor(o: { engine: TranscriptionEngine | undefined; router: ChatRouter; maxAudioSeconds?: number | undefined; maxQueueWaitMs?: number | undefined }) {
     this.engine = o.engine;
     this.router = o.router;
     this.maxAudioSeconds = o.maxAudioSeconds ?? DEFAULT_MAX_AUDIO_SECONDS;
+    this.maxQueueWaitMs = o.maxQueueWaitMs;
   }
 
-  async transcribe(entry: Extract<CatalogEntry, { kind: "transcription" }>, r: TranscriptionRequest, signal: AbortSignal): Promise<TranscriptionOutcome> {
+  /** `caller` shares the embedded recogniser fairly among callers (callerKey). */
+  async transcribe(
+    entry: Extract<CatalogEntry, { kind: "transcription" }>,
+    r: TranscriptionRequest,
+    signal: AbortSignal,
+    caller?: string,
+  ): Promise<TranscriptionOutcome> {
     const audio = new Uint8Array(await r.file.arrayBuffer());
     if (audio.length === 0) throw invalid("file", "the audio file is empty");
     if (!acceptedFile(r.file, audio))
@@ -85,7 +93,15 @@ export class TranscriptionService {
       const refused = refusal(engine, r, entry.id);
       if (refused) throw refused;
     }
-    const options = { audio, language: r.language, prompt: r.prompt, maxSeconds: this.maxAudioSeconds, signal };
+    const options = {
+      audio,
+      language: r.language,
+      prompt: r.prompt,
+      maxSeconds: this.maxAudioSeconds,
+      signal,
+      ...(caller !== undefined ? { caller } : {}),
+      ...(this.maxQueueWaitMs !== undefined ? { maxWaitMs: this.maxQueueWaitMs } : {}),
+    };
     if (!r.stream) return { kind: "transcript", transcript: await engine.transcribe(options) };
     return { kind: "events", events: await recognitionEvents(engine, options) };
   }

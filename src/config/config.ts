@@ -160,6 +160,7 @@ const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
 const VOICE_DEFAULTS = {
   barge_in: true,
   history_turns: 20,
+  max_reply_delay_ms: 2_000,
   max_reply_chars: 2_000,
   store_transcripts: false,
   transcript_retention_days: 30,
@@ -174,6 +175,11 @@ export const VoiceConfig = z.strictObject({
   barge_in: z.boolean().default(true),
   /** Turns of history kept per conversation (in memory, for the connection's life). */
   history_turns: z.number().int().min(1).max(200).default(20),
+  /**
+   * A turn whose final transcript or first reply sentence cannot start on the embedded engines
+   * within this ends with `overloaded` error events instead of answering late.
+   */
+  max_reply_delay_ms: z.number().int().min(1).max(60_000).default(2_000),
   /** Characters of a reply spoken at most: the rest is not, and the model call ends there. */
   max_reply_chars: z.number().int().min(1).max(100_000).default(2_000),
   /** Conversations' transcripts are stored for the device's Side Control (public-api.md, "Conversations"); off, they are only live. */
@@ -313,8 +319,10 @@ export const ConfigSchema = z
         maxAudioSeconds: z.number().positive().max(86_400).default(600),
         /** A client that takes none of a response's waiting bytes for this long is disconnected. */
         writeTimeoutMs: z.number().int().min(1).max(3_600_000).default(30_000),
+        /** An embedded-engine request (speech, transcription) that cannot start within this is refused at once: 429 with Retry-After. */
+        maxQueueWaitMs: z.number().int().min(1).max(600_000).default(10_000),
       })
-      .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000 }),
+      .default({ maxAudioSeconds: 600, writeTimeoutMs: 30_000, maxQueueWaitMs: 10_000 }),
     /** The embedded engines (one set per process, however many servers it starts; the first server's settings apply). */
     engines: z
       .strictObject({
@@ -470,6 +478,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_TELEMETRY_BUFFER_SAMPLES: (v) => ({ telemetry: { bufferSamples: Number(v) } }),
   PERCH_TELEMETRY_WRITE_INTERVAL_MS: (v) => ({ telemetry: { writeIntervalMs: Number(v) } }),
   PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
+  PERCH_MAX_QUEUE_WAIT_MS: (v) => ({ compat: { maxQueueWaitMs: Number(v) } }),
   PERCH_RECOGNISER_PROCESSES: (v) => ({ engines: { recogniserProcesses: Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };

@@ -1,5 +1,6 @@
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import { type ClassStats, JOB_CLASSES, schedulers } from "../ai/speech/scheduler.ts";
 
 /** One per process: the event loop's delay, sampled every 10 ms. */
 const loopDelay = monitorEventLoopDelay({ resolution: 10 });
@@ -68,6 +69,7 @@ export class Metrics {
         this.set(await countActiveSessions());
       },
     });
+    engineQueueMetrics(this.registry);
   }
 
   observe(method: string, route: string, status: number, seconds: number): void {
@@ -88,4 +90,56 @@ export class Metrics {
     if (usage.prompt_tokens) this.aiTokens.inc({ model, kind: "prompt" }, usage.prompt_tokens);
     if (usage.completion_tokens) this.aiTokens.inc({ model, kind: "completion" }, usage.completion_tokens);
   }
+}
+
+/**
+ * The embedded engines' queues (src/ai/speech/scheduler.ts), per engine and class of work:
+ * depth and the oldest wait now, jobs started, seconds waited and refusals since the process
+ * started (the mean wait is the rate of one over the other).
+ */
+function engineQueueMetrics(registry: Registry): void {
+  const labelNames = ["engine", "class"] as const;
+  const each = (fill: (labels: { engine: string; class: string }, s: ClassStats) => void) => {
+    for (const scheduler of schedulers()) {
+      const stats = scheduler.stats();
+      for (const cls of JOB_CLASSES) fill({ engine: scheduler.name, class: cls }, stats[cls]);
+    }
+  };
+  // Gauges and counters alike are filled from the schedulers' own figures when scraped.
+  const metric = (Kind: typeof Gauge | typeof Counter) => (name: string, help: string, value: (s: ClassStats) => number) =>
+    new Kind({
+      name,
+      help,
+      labelNames,
+      registers: [registry],
+      collect(this: Gauge<"engine" | "class"> | Counter<"engine" | "class">) {
+        this.reset();
+        each((labels, s) => this.inc(labels, value(s)));
+      },
+    });
+  const gauge = metric(Gauge);
+  const counter = metric(Counter);
+  new Gauge({
+    name: "perch_engine_jobs_running",
+    help: "Jobs running on an embedded engine's workers now, by engine",
+    labelNames: ["engine"],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const scheduler of schedulers()) this.inc({ engine: scheduler.name }, scheduler.busy);
+    },
+  });
+  gauge("perch_engine_queue_depth", "Jobs waiting for an embedded engine, by engine and class (conversation, api, partial)", (s) => s.depth);
+  gauge("perch_engine_queue_oldest_wait_seconds", "How long the oldest waiting job has waited, by engine and class", (s) => s.oldestWait);
+  counter(
+    "perch_engine_jobs_total",
+    "Jobs started on an embedded engine (a sentence, an utterance, a batch of voice activity), by engine and class",
+    (s) => s.started,
+  );
+  counter("perch_engine_queue_wait_seconds_total", "Seconds jobs waited before they started, summed, by engine and class", (s) => s.waited);
+  counter(
+    "perch_engine_refused_total",
+    "Jobs refused because they could not start in time (429, or an overloaded voice turn), by engine and class",
+    (s) => s.refused,
+  );
 }

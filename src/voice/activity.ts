@@ -7,7 +7,7 @@ import type { VoiceEvents } from "./events.ts";
 import type { Stage, TurnResult, VoiceMetrics } from "./metrics.ts";
 import type { OpusCodec } from "./opus.ts";
 import type { ListeningTurn, RecognitionHooks, TurnEnd } from "./recognition.ts";
-import { Reply } from "./reply.ts";
+import { failureCode, Reply } from "./reply.ts";
 
 /** The agent answering this device now, with the engines its conversations use. */
 export interface AgentChoice {
@@ -97,6 +97,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       transcription = agent.engines.transcription.open({
         ...(agent.language ? { language: agent.language } : {}),
         signal: abort.signal,
+        maxWaitMs: this.o.config.max_reply_delay_ms,
         partial: (text) => {
           if (turn) this.partial(turn, text);
         },
@@ -142,7 +143,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     } catch (err) {
       if (this.closed) return;
       if (turn.abort.signal.aborted) return done("empty", engines, flags);
-      this.o.events.eos(`out-${n}`, "text", "assistant.text", { code: "failed", message: `recognition failed: ${(err as Error).message}` });
+      this.o.events.eos(`out-${n}`, "text", "assistant.text", { code: failureCode(err), message: `recognition failed: ${(err as Error).message}` });
       return done("failed", engines, flags);
     } finally {
       if (this.transcribing === turn) this.transcribing = undefined;
@@ -174,6 +175,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       events: this.o.events,
       late: () => this.o.metrics.frameLate(),
       maxChars: this.o.config.max_reply_chars,
+      maxWaitMs: this.o.config.max_reply_delay_ms,
     });
     this.reply = reply;
     const outcome = await reply.outcome;

@@ -22,7 +22,7 @@ export function embeddedSpeech(engine: Pick<FliteSpeechEngine, "speak">): Speech
   return {
     engine: EMBEDDED,
     async *synthesize(r: SynthesisRequest): AsyncGenerator<SpeechChunk> {
-      const { samples, sampleRate } = await engine.speak(r.text, r.voice, r.signal);
+      const { samples, sampleRate } = await engine.speak(r.text, r.voice, r.signal, r.maxWaitMs !== undefined ? { maxWaitMs: r.maxWaitMs } : {});
       const step = Math.round(PIECE_S * sampleRate);
       for (let at = 0; at < samples.length; at += step) {
         r.signal.throwIfAborted();
@@ -93,25 +93,25 @@ class EmbeddedTurn implements TurnTranscription {
   }
 
   pause(): void {
-    // The recognition at a pause is (likely) the final transcript itself: it is not gated.
-    this.partial(() => {});
+    // The recognition at a pause is (likely) the final transcript itself: it is not gated, and it goes ahead of other work.
+    this.partial(() => {}, true);
   }
 
   async finish(): Promise<string> {
     this.o.signal.throwIfAborted();
-    const text = await this.recogniser.finish();
+    const text = await this.recogniser.finish(this.o.maxWaitMs !== undefined ? { maxWaitMs: this.o.maxWaitMs } : {});
     this.o.signal.throwIfAborted();
     return text.trim();
   }
 
-  private partial(release: (() => void) | undefined): void {
+  private partial(release: (() => void) | undefined, speculative = false): void {
     if (!release) return;
     if (this.running || this.o.signal.aborted) {
       release();
       return;
     }
     this.running = true;
-    this.recogniser.partial().then(
+    (speculative ? this.recogniser.speculate() : this.recogniser.partial()).then(
       (text) => {
         release();
         this.running = false;

@@ -34,6 +34,11 @@ export interface SynthesisRequest {
   voice: string;
   /** Aborted at a barge-in or when the reply is cut: the stream ends by throwing the abort reason. */
   signal: AbortSignal;
+  /**
+   * The embedded engine refuses (EngineBusyError: an `overloaded` turn) a sentence it cannot start
+   * within this many ms, rather than answer late; providers' calls do not queue there and ignore it.
+   */
+  maxWaitMs?: number;
 }
 
 /**
@@ -55,6 +60,8 @@ export interface TurnTranscriptionOptions {
   language?: string;
   /** Aborted when the turn is abandoned (barge-in, the connection's end): every request in flight ends. */
   signal: AbortSignal;
+  /** The embedded engine refuses (EngineBusyError: an `overloaded` turn) a final recognition it cannot start within this many ms. */
+  maxWaitMs?: number;
   /**
    * The text recognised so far (the whole of it, not the new words), from engines that stream
    * partial text; called as often as the engine likes. The conversation sends only what extends

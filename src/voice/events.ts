@@ -4,7 +4,7 @@ import type { AudioPort } from "./port.ts";
 
 export type Kind = "text" | "audio";
 export interface EventFailure {
-  code: "interrupted" | "failed";
+  code: "interrupted" | "failed" | "overloaded";
   message?: string;
 }
 

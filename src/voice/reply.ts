@@ -1,6 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
+import { EngineBusyError } from "../ai/speech/errors.ts";
 import type { VoiceClock } from "./clock.ts";
-import type { SpeechChunk, SpeechPort } from "./engine-ports.ts";
+import type { SpeechChunk, SpeechPort, SynthesisRequest } from "./engine-ports.ts";
 import type { VoiceEvents } from "./events.ts";
 import type { OpusCodec } from "./opus.ts";
 import { OPUS_RATE } from "./opus.ts";
@@ -35,6 +36,13 @@ export interface ReplyOptions {
   late: () => void;
   /** Characters of text spoken at most; the rest is not, and the model call ends there. */
   maxChars: number;
+  /** The first sentence's synthesis must start within this (ms) on the embedded engine, else the reply fails as `overloaded`. */
+  maxWaitMs?: number;
+}
+
+/** The error code of a turn that failed: `overloaded` when the engines could not take the work in time. */
+export function failureCode(err: unknown): "overloaded" | "failed" {
+  return err instanceof EngineBusyError ? "overloaded" : "failed";
 }
 
 export interface ReplyOutcome {
@@ -158,7 +166,7 @@ export class Reply {
       playout.stop();
       if (this.interrupted) return this.finish("interrupted", spoken.heard(playout.played), state);
       const message = (err as Error)?.message ?? String(err);
-      return this.finish("failed", spoken.heard(playout.played), state, message);
+      return this.finish("failed", spoken.heard(playout.played), state, message, failureCode(err));
     } finally {
       signal.removeEventListener("abort", stopModel);
       this.abort.abort();
@@ -179,7 +187,13 @@ export class Reply {
       }
       return resampler.r.process(chunk.pcm);
     };
-    const start = (text: string) => new Synthesis(o.speech, text, o.voice, signal);
+    let first = true;
+    const start = (text: string) => {
+      // Only the reply's first sentence carries the budget: once audio plays, a gap beats a cut.
+      const budget = first ? o.maxWaitMs : undefined;
+      first = false;
+      return new Synthesis(o.speech, { text, voice: o.voice, signal, ...(budget !== undefined ? { maxWaitMs: budget } : {}) });
+    };
     try {
       let current: Synthesis | undefined;
       for (;;) {
@@ -225,17 +239,18 @@ export class Reply {
     heard: string,
     s: { textStarted: boolean; audioStarted: boolean; cut: boolean },
     error?: string,
+    code: "failed" | "overloaded" = "failed",
   ): ReplyOutcome {
     const { events } = this.o;
     const out = `out-${this.o.n}`;
     if (s.textStarted) events.done(out, "assistant.text", heard);
-    if (result === "failed" && (!s.textStarted || !s.audioStarted)) events.eos(out, "text", "assistant.text", { code: "failed", message: error ?? "failed" });
+    if (result === "failed" && (!s.textStarted || !s.audioStarted)) events.eos(out, "text", "assistant.text", { code, message: error ?? "failed" });
     if (s.audioStarted) {
       events.eos(
         out,
         "audio",
         "assistant.audio",
-        result === "interrupted" ? { code: "interrupted" } : result === "failed" ? { code: "failed", message: error ?? "failed" } : undefined,
+        result === "interrupted" ? { code: "interrupted" } : result === "failed" ? { code, message: error ?? "failed" } : undefined,
       );
     }
     return { result, heard, cut: s.cut, ...(error ? { error } : {}), at: this.at };
@@ -248,9 +263,9 @@ class Synthesis {
   private readonly iterator: AsyncIterator<SpeechChunk>;
   private first: Promise<IteratorResult<SpeechChunk>> | undefined;
 
-  constructor(speech: SpeechPort, text: string, voice: string, signal: AbortSignal) {
-    this.text = text;
-    this.iterator = speech.synthesize({ text, voice, signal })[Symbol.asyncIterator]();
+  constructor(speech: SpeechPort, request: SynthesisRequest) {
+    this.text = request.text;
+    this.iterator = speech.synthesize(request)[Symbol.asyncIterator]();
     this.first = this.iterator.next();
     // Awaited when its turn comes; a failure before then (an abort) is not unhandled.
     this.first.catch(() => {});

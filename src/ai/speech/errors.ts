@@ -4,10 +4,10 @@
  */
 import { GenerationError } from "../errors.ts";
 
-/** The engine's queue is full: `rate_limited` (429 with Retry-After on the Compatible API). */
+/** The engine's queue is full (or cannot start the work in time): `rate_limited` (429 with Retry-After on the Compatible API). */
 export class EngineBusyError extends GenerationError {
-  constructor(message = "The speech engine is busy; try again shortly.") {
-    super("rate_limited", message, { code: "engine_busy", retryAfter: 1 });
+  constructor(message = "The speech engine is busy; try again shortly.", retryAfter = 1) {
+    super("rate_limited", message, { code: "engine_busy", retryAfter });
     this.name = "EngineBusyError";
   }
 }

@@ -35,6 +35,20 @@ const CODECS: Readonly<Record<SpeechFormat, readonly string[]>> = {
   pcm: ["-c:a", "pcm_s16le", "-f", "s16le"],
 };
 
+/**
+ * Bytes a second of each format's audio takes at most: the constant bitrates above, and 16-bit
+ * samples at OUTPUT_SAMPLE_RATE for the uncompressed ones (FLAC is never larger). Turns a read-ahead
+ * in seconds of audio into bytes.
+ */
+export const MAX_BYTES_PER_SECOND: Readonly<Record<SpeechFormat, number>> = {
+  mp3: 64_000 / 8,
+  opus: 32_000 / 8,
+  aac: 64_000 / 8,
+  flac: 2 * OUTPUT_SAMPLE_RATE,
+  wav: 2 * OUTPUT_SAMPLE_RATE,
+  pcm: 2 * OUTPUT_SAMPLE_RATE,
+};
+
 const QUIET = ["-hide_banner", "-nostats", "-loglevel", "error"];
 
 /**

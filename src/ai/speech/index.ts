@@ -15,8 +15,9 @@ export {
   toInt16,
 } from "./decode.ts";
 export { AudioDecodeError, AudioTooLongError, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
-export { ffmpegPath } from "./ffmpeg.ts";
+export { ffmpegPath, MAX_BYTES_PER_SECOND } from "./ffmpeg.ts";
 export { IncrementalRecogniser, LiveVad, MoonshineEngine, type MoonshineEngineOptions } from "./recogniser.ts";
+export { type ClassStats, type JobClass, OverloadedError, Scheduler, schedulers } from "./scheduler.ts";
 export { FliteSpeechEngine, MAX_INPUT_CHARACTERS, MAX_SPEED, MIN_SPEED, type SpeechEngineOptions, VOICES } from "./speech.ts";
 export * from "./types.ts";
 export type { VadEvent, VadOptions } from "./vad.ts";

@@ -22,12 +22,13 @@
  */
 import { availableParallelism } from "node:os";
 import { concatFloat32 } from "../../audio/samples.ts";
-import { type Priority, WorkerPool } from "../../workers/pool.ts";
+import { WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 import { normaliseTranscript } from "./normalise.ts";
 import { type QueueLimits, WorkQueue } from "./queue.ts";
 import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } from "./recognition-worker.ts";
+import { type JobOptions, Scheduler } from "./scheduler.ts";
 import { initialVadState, VAD_FRAME, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
 import { type Region, SpeechTracker, speechRegions, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
@@ -39,10 +40,22 @@ const RATE = DECODED_SAMPLE_RATE;
  * around their speech instead (speechRegions), which does better in noise than silence does.
  */
 const EDGE_PAD = 0.25;
-/** Live work goes ahead of file work. */
-const LIVE: Priority = 0;
-const FILE: Priority = 1;
+/** A conversation's work goes ahead of files (scheduler.ts); partial text goes last. */
+const LIVE: JobOptions = { class: "conversation" };
+const PARTIAL: JobOptions = { class: "partial" };
+const FILE: JobOptions = { class: "api" };
+/** What a job is assumed to take before any was measured: an utterance's recognition, a batch of voice activity. */
+const INITIAL_RECOGNITION_MS = 400;
+/**
+ * Conversations' utterances waiting together are recognised in one batch of at most this many,
+ * when their lengths are within a factor of 2 (a batch is padded to its longest): on 2 cores four
+ * short utterances take about half as long in one batch as one after another.
+ */
+const BATCH_MAX = 4;
+const BATCH_LENGTH_RATIO = 2;
+const INITIAL_VAD_MS = 10;
 
+/** `concurrency`: files decoded at once; `maxQueued`: files waiting to be decoded (one more is refused). */
 export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   /** Recogniser processes, each one recognition at a time. Default 1. */
   processes?: number;
@@ -53,7 +66,11 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
 export class MoonshineEngine implements TranscriptionEngine {
   readonly languages: readonly string[] = ["en"];
   readonly wordTimestamps = false;
+  /** Bounds the decoding of files (ffmpeg processes and their memory). */
   private readonly queue: WorkQueue;
+  /** Recognitions on the recogniser processes, voice activity on its own. */
+  readonly recognitions: Scheduler;
+  readonly activity: Scheduler;
   private readonly processes: number;
   private readonly threads: number;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
@@ -66,6 +83,18 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.processes = options.processes ?? 1;
     this.threads = options.threads ?? Math.max(1, Math.floor(availableParallelism() / this.processes));
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
+    this.recognitions = new Scheduler({
+      name: "recognition",
+      slots: this.processes,
+      initialJobMs: INITIAL_RECOGNITION_MS,
+      batching: {
+        classes: ["conversation"],
+        max: BATCH_MAX,
+        fits: (a, b) => alike((a as Float32Array).length, (b as Float32Array).length),
+        run: (audios) => this.recogniseBatch(audios as Float32Array[]),
+      },
+    });
+    this.activity = new Scheduler({ name: "voice_activity", slots: 1, initialJobMs: INITIAL_VAD_MS });
   }
 
   /** Transcriptions running and waiting for a slot. */
@@ -79,12 +108,12 @@ export class MoonshineEngine implements TranscriptionEngine {
    * queue ahead of other conversations' final transcripts and multiply the work per turn.
    */
   get recogniserIdle(): boolean {
-    return this.recogniserPool?.idle ?? false;
+    return this.loadMs !== undefined && this.recognitions.idle;
   }
 
-  /** Recognitions waiting for the recogniser process. */
+  /** Recognitions waiting for a recogniser process. */
   get recognitionsWaiting(): number {
-    return this.recogniserPool?.waiting ?? 0;
+    return this.recognitions.waiting;
   }
 
   /** The worker processes holding the models. */
@@ -113,21 +142,29 @@ export class MoonshineEngine implements TranscriptionEngine {
     await Promise.all([this.recogniserPool?.close(), this.vadPool?.close()]);
   }
 
-  /** The words of 16 kHz mono audio (one utterance of at most ~20 s), as the model writes them; `pad` seconds of silence added around it. */
-  async recognise(audio: Float32Array, priority: Priority = FILE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<string> {
+  /**
+   * The words of 16 kHz mono audio (one utterance of at most ~20 s), as the model writes them;
+   * `pad` seconds of silence added around it. A job of the scheduler: `job` says its class.
+   */
+  async recognise(audio: Float32Array, job: JobOptions = FILE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<string> {
     await this.start();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
     padded.set(audio, before);
-    const result = await this.recogniserPool!.run({ op: "transcribe", audio: padded }, { priority, transfer: [padded.buffer] });
+    return this.recognitions.runBatched<Float32Array, string>(padded, job);
+  }
+
+  /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
+  private async recogniseBatch(audios: Float32Array[]): Promise<string[]> {
+    const result = await this.recogniserPool!.run({ op: "transcribe", audios }, { transfer: audios.map((a) => a.buffer as ArrayBuffer) });
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
-    return result.text;
+    return result.texts;
   }
 
   /** Speech probabilities of each whole 512-sample frame of `audio`, continuing from `state`. */
-  async vadFrames(audio: Float32Array, state: VadState, priority: Priority = FILE): Promise<{ probabilities: Float32Array; state: VadState }> {
+  async vadFrames(audio: Float32Array, state: VadState, job: JobOptions = FILE): Promise<{ probabilities: Float32Array; state: VadState }> {
     await this.start();
-    const result = await this.vadPool!.run({ op: "vad", audio, state }, { priority });
+    const result = await this.activity.run(() => this.vadPool!.run({ op: "vad", audio, state }), job);
     if (result.op !== "vad") throw new Error("the voice activity detector answered another job");
     return result;
   }
@@ -136,27 +173,34 @@ export class MoonshineEngine implements TranscriptionEngine {
     if (o.language !== undefined && !this.languages.includes(o.language.toLowerCase()))
       return Promise.reject(new UnsupportedLanguageError(o.language, this.languages));
     if (!this.queue.accepts()) return Promise.reject(new EngineBusyError("The transcription engine is busy; try again shortly."));
-    return this.queue.run(() => this.run(o, progress), o.signal);
+    const job: JobOptions = { ...FILE, ...(o.caller !== undefined ? { caller: o.caller } : {}), ...(o.signal ? { signal: o.signal } : {}) };
+    const refusal = this.recognitions.admit({ ...job, ...(o.maxWaitMs !== undefined ? { maxWaitMs: o.maxWaitMs } : {}) });
+    if (refusal) return Promise.reject(refusal);
+    return this.run(o, progress, job);
   }
 
-  private async run(o: TranscribeOptions, progress: TranscribeProgress): Promise<Transcript> {
+  private async run(o: TranscribeOptions, progress: TranscribeProgress, job: JobOptions): Promise<Transcript> {
     if (o.signal?.aborted) throw abortReason(o.signal);
-    // Bounded in duration and CPU time, in memory (decode.ts).
-    const decoded = await decodeAudio(o.audio, {
-      ...(o.maxSeconds !== undefined ? { maxSeconds: o.maxSeconds } : {}),
-      ...(o.signal ? { signal: o.signal } : {}),
-    });
+    // Bounded in duration and CPU time, in memory (decode.ts); the queue bounds the files decoded at once.
+    const decoded = await this.queue.run(
+      () =>
+        decodeAudio(o.audio, {
+          ...(o.maxSeconds !== undefined ? { maxSeconds: o.maxSeconds } : {}),
+          ...(o.signal ? { signal: o.signal } : {}),
+        }),
+      o.signal,
+    );
     if (decoded.sampleRate !== RATE) throw new Error("the decoder's rate is not the recogniser's");
     const audio = decoded.samples;
     const duration = audio.length / RATE;
     const usable = audio.length - (audio.length % VAD_FRAME);
-    const { probabilities } = await this.vadFrames(audio.slice(0, usable), initialVadState());
+    const { probabilities } = await this.vadFrames(audio.slice(0, usable), initialVadState(), job);
     if (o.signal?.aborted) throw abortReason(o.signal);
     progress.onStart?.(duration);
     const segments: TranscriptSegment[] = [];
     for (const region of speechRegions(probabilities, duration)) {
       const pad = { before: region.start <= 0 ? EDGE_PAD : 0, after: region.end >= duration ? EDGE_PAD : 0 };
-      const text = normaliseTranscript(await this.recognise(slice(audio, region), FILE, pad));
+      const text = normaliseTranscript(await this.recognise(slice(audio, region), job, pad));
       if (o.signal?.aborted) throw abortReason(o.signal);
       if (!text) continue;
       const segment = { id: segments.length, start: round(region.start), end: round(region.end), text };
@@ -282,16 +326,28 @@ export class IncrementalRecogniser {
    * the last 10 s, and only while the recogniser is idle (otherwise the last text, possibly "").
    */
   partial(): Promise<string> {
+    return this.soFar(PARTIAL);
+  }
+
+  /** The same at a pause in speech, where the text is likely the final one: its job is as urgent as a final transcript's. */
+  speculate(): Promise<string> {
+    return this.soFar(LIVE);
+  }
+
+  private soFar(job: JobOptions): Promise<string> {
     if (this.running) return this.running;
     if (this.last && this.samples - this.last.samples < PARTIAL_STEP * RATE) return Promise.resolve(this.last.text);
     if (!this.engine.recogniserIdle) return Promise.resolve(this.last?.text ?? "");
     const audio = this.audio();
     const window = audio.subarray(Math.max(0, audio.length - PARTIAL_WINDOW * RATE));
-    return this.recognise(window, audio.length);
+    return this.recognise(window, audio.length, job);
   }
 
-  /** The final text of everything pushed since the last `finish()`; the next push starts a new utterance. */
-  async finish(): Promise<string> {
+  /**
+   * The final text of everything pushed since the last `finish()`; the next push starts a new
+   * utterance. Throws OverloadedError when its recognition cannot start within `o.maxWaitMs`.
+   */
+  async finish(o: { maxWaitMs?: number } = {}): Promise<string> {
     const audio = this.audio();
     this.chunks = [];
     this.samples = 0;
@@ -309,17 +365,18 @@ export class IncrementalRecogniser {
     if (last && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(last.samples))) return last.text;
     const parts: string[] = [];
     for (let at = 0; at < audio.length; at += MAX_UTTERANCE * RATE) {
-      const text = normaliseTranscript(await this.engine.recognise(audio.slice(at, at + MAX_UTTERANCE * RATE), LIVE));
+      const job = { ...LIVE, ...(at === 0 && o.maxWaitMs !== undefined ? { maxWaitMs: o.maxWaitMs } : {}) };
+      const text = normaliseTranscript(await this.engine.recognise(audio.slice(at, at + MAX_UTTERANCE * RATE), job));
       if (text) parts.push(text);
     }
     return parts.join(" ");
   }
 
-  private recognise(window: Float32Array, samples: number): Promise<string> {
+  private recognise(window: Float32Array, samples: number, options: JobOptions = LIVE): Promise<string> {
     this.runningSamples = samples;
     this.spokeSinceJob = false;
     const job = this.engine
-      .recognise(window.slice(), LIVE)
+      .recognise(window.slice(), options)
       .then((raw) => {
         const text = normaliseTranscript(raw);
         // A finish() may have started a new utterance meanwhile; this text belongs to the old one.
@@ -337,6 +394,11 @@ export class IncrementalRecogniser {
     if (this.chunks.length !== 1) this.chunks = [concatFloat32(this.chunks)];
     return this.chunks[0]!;
   }
+}
+
+/** Whether two utterances' lengths are close enough to share a batch. */
+function alike(a: number, b: number): boolean {
+  return Math.max(a, b) <= BATCH_LENGTH_RATIO * Math.min(a, b);
 }
 
 function quiet(audio: Float32Array): boolean {

@@ -11,9 +11,10 @@ import { SileroVad, type VadState } from "./silero.ts";
 
 export type RecognitionWorkerData = { model: "moonshine"; threads: number } | { model: "silero" };
 
-export type RecognitionRequest = { op: "transcribe"; audio: Float32Array } | { op: "vad"; audio: Float32Array; state: VadState };
+/** `transcribe`: one utterance per entry of `audios`, recognised in one batch. */
+export type RecognitionRequest = { op: "transcribe"; audios: Float32Array[] } | { op: "vad"; audio: Float32Array; state: VadState };
 
-export type RecognitionResult = { op: "transcribe"; text: string; ms: number } | { op: "vad"; probabilities: Float32Array; state: VadState };
+export type RecognitionResult = { op: "transcribe"; texts: string[]; ms: number } | { op: "vad"; probabilities: Float32Array; state: VadState };
 
 const data = JSON.parse(process.env.PERCH_WORKER_DATA ?? "null") as RecognitionWorkerData;
 // With a callback, a send to a parent that has just gone (EPIPE) is reported there instead of as
@@ -35,8 +36,8 @@ try {
         if (r.op === "transcribe") {
           if (!moonshine) throw new Error("this worker holds no recogniser");
           const started = performance.now();
-          const text = await moonshine.transcribe(r.audio);
-          post({ type: "done", id: job.id, result: { op: "transcribe", text, ms: performance.now() - started } });
+          const texts = await moonshine.transcribeBatch(r.audios);
+          post({ type: "done", id: job.id, result: { op: "transcribe", texts, ms: performance.now() - started } });
         } else {
           if (!silero) throw new Error("this worker holds no voice activity detector");
           const { probabilities, state } = await silero.probabilities(r.audio, r.state);

@@ -3,7 +3,7 @@ import { type Child, writeInput } from "./child.ts";
 import { abortReason, EngineBusyError } from "./errors.ts";
 import { OUTPUT_SAMPLE_RATE, startEncoder } from "./ffmpeg.ts";
 import { type FliteAudio, FlitePool, type FliteVoice } from "./flite.ts";
-import { type QueueLimits, WorkQueue } from "./queue.ts";
+import { type JobOptions, Scheduler } from "./scheduler.ts";
 import { type SpeechChunk, speechChunks } from "./text.ts";
 import { SPEECH_FORMATS, type SpeechEngine, type SynthesizeOptions } from "./types.ts";
 
@@ -27,7 +27,15 @@ export const MAX_INPUT_CHARACTERS = 4096;
 export const MIN_SPEED = 0.25;
 export const MAX_SPEED = 4;
 
-export interface SpeechEngineOptions extends Partial<QueueLimits> {}
+export interface SpeechEngineOptions {
+  /** flite workers (each one sentence at a time). Default: the cores. */
+  concurrency?: number;
+  /** Requests streaming at once (each holds an encoder process); one more is refused with EngineBusyError. Default 64. */
+  maxStreams?: number;
+}
+
+/** What a sentence is assumed to take before any was measured. */
+const INITIAL_JOB_MS = 60;
 
 /** Quieter than this (of 32767) at either end of a chunk is flite's padding, replaced by the chunk's own pause. */
 const SILENCE_THRESHOLD = 256;
@@ -53,18 +61,27 @@ function silence(seconds: number, rate: number): Uint8Array {
 /**
  * flite in worker threads, ffmpeg in a child process per request. Text is spoken chunk by chunk
  * (see text.ts) into one encoder whose output is yielded as it appears; the next chunk is
- * synthesized while the encoder works on the current one.
+ * synthesized while the encoder works on the current one. Every chunk is a job of the scheduler
+ * (scheduler.ts): conversations' sentences before the Compatible API's, callers in turn.
  */
 export class FliteSpeechEngine implements SpeechEngine {
   readonly voices: readonly string[] = Object.keys(VOICES);
   readonly sampleRate = OUTPUT_SAMPLE_RATE;
-  private readonly queue: WorkQueue;
+  readonly scheduler: Scheduler;
   private readonly pool: FlitePool;
+  private readonly maxStreams: number;
+  private streams = 0;
 
   constructor(options: SpeechEngineOptions = {}) {
     const concurrency = options.concurrency ?? availableParallelism();
-    this.queue = new WorkQueue({ concurrency, maxQueued: options.maxQueued ?? 16 });
+    this.scheduler = new Scheduler({ name: "speech", slots: concurrency, initialJobMs: INITIAL_JOB_MS });
     this.pool = new FlitePool(concurrency);
+    this.maxStreams = options.maxStreams ?? 64;
+  }
+
+  /** Requests streaming now. */
+  get openStreams(): number {
+    return this.streams;
   }
 
   /** Compiles flite and runs every voice once, so that no request pays for it. Optional. */
@@ -81,53 +98,66 @@ export class FliteSpeechEngine implements SpeechEngine {
     if (!SPEECH_FORMATS.includes(o.format)) throw new RangeError(`unknown format ${JSON.stringify(o.format)}`);
     if (!(o.speed >= MIN_SPEED && o.speed <= MAX_SPEED)) throw new RangeError(`speed must be between ${MIN_SPEED} and ${MAX_SPEED}`);
     if (o.text.length < 1 || o.text.length > MAX_INPUT_CHARACTERS) throw new RangeError(`text must have 1 to ${MAX_INPUT_CHARACTERS} characters`);
-    if (!this.queue.accepts()) throw new EngineBusyError();
+    if (this.streams >= this.maxStreams) throw new EngineBusyError(`The speech engine has ${this.maxStreams} requests streaming; try again shortly.`);
+    // Refused at once when the queue says the first sentence could not start in time (the same
+    // check is made again, with a deadline, when the first sentence is queued).
+    const refusal = this.scheduler.admit({
+      class: "api",
+      ...(o.caller !== undefined ? { caller: o.caller } : {}),
+      ...(o.maxWaitMs !== undefined ? { maxWaitMs: o.maxWaitMs } : {}),
+    });
+    if (refusal) throw refusal;
     return this.stream(o, voice);
   }
 
   /**
-   * Raw 16-bit samples of `text` (a sentence) at `sampleRate`, through the same queue as
-   * `synthesize` but with no encoder: for callers that encode themselves (voice conversations).
-   * Throws EngineBusyError when the queue is full.
+   * Raw 16-bit samples of `text` (a sentence) at `sampleRate`, with no encoder: for callers that
+   * encode themselves (voice conversations), whose jobs go first. Throws OverloadedError when the
+   * first chunk cannot start within `o.maxWaitMs`.
    */
-  async speak(text: string, voiceName: string, signal?: AbortSignal): Promise<{ samples: Int16Array; sampleRate: number }> {
+  async speak(text: string, voiceName: string, signal?: AbortSignal, o: { maxWaitMs?: number } = {}): Promise<{ samples: Int16Array; sampleRate: number }> {
     const voice = VOICES[voiceName];
     if (!voice || !Object.hasOwn(VOICES, voiceName)) throw new RangeError(`unknown voice ${JSON.stringify(voiceName)}; voices: ${this.voices.join(", ")}`);
     if (text.length < 1 || text.length > MAX_INPUT_CHARACTERS) throw new RangeError(`text must have 1 to ${MAX_INPUT_CHARACTERS} characters`);
-    const release = await this.queue.acquire(signal);
-    try {
-      const parts: Int16Array[] = [];
-      const chunks = speechChunks(text);
-      for (const [i, chunk] of chunks.entries()) {
-        const audio = await this.pool.synthesize(chunk.text, voice, 1);
-        if (signal?.aborted) throw abortReason(signal);
-        if (audio.sampleRate !== FLITE_SAMPLE_RATE) throw new Error(`flite voice ${voice.name} speaks at ${audio.sampleRate} Hz`);
-        const samples = trimSilence(audio.samples, audio.sampleRate);
-        if (samples.length === 0) continue;
-        if (parts.length > 0) parts.push(new Int16Array(Math.round(chunks[i - 1]!.pauseAfter * FLITE_SAMPLE_RATE)));
-        parts.push(samples);
-      }
-      const out = new Int16Array(parts.reduce((n, p) => n + p.length, 0));
-      let at = 0;
-      for (const p of parts) {
-        out.set(p, at);
-        at += p.length;
-      }
-      return { samples: out, sampleRate: FLITE_SAMPLE_RATE };
-    } finally {
-      release();
+    const parts: Int16Array[] = [];
+    const chunks = speechChunks(text);
+    for (const [i, chunk] of chunks.entries()) {
+      const job: JobOptions = {
+        class: "conversation",
+        ...(signal ? { signal } : {}),
+        ...(i === 0 && o.maxWaitMs !== undefined ? { maxWaitMs: o.maxWaitMs } : {}),
+      };
+      const audio = await this.job(chunk.text, voice, 1, job);
+      if (signal?.aborted) throw abortReason(signal);
+      if (audio.sampleRate !== FLITE_SAMPLE_RATE) throw new Error(`flite voice ${voice.name} speaks at ${audio.sampleRate} Hz`);
+      const samples = trimSilence(audio.samples, audio.sampleRate);
+      if (samples.length === 0) continue;
+      if (parts.length > 0) parts.push(new Int16Array(Math.round(chunks[i - 1]!.pauseAfter * FLITE_SAMPLE_RATE)));
+      parts.push(samples);
     }
+    const out = new Int16Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    for (const p of parts) {
+      out.set(p, at);
+      at += p.length;
+    }
+    return { samples: out, sampleRate: FLITE_SAMPLE_RATE };
+  }
+
+  /** One chunk of speech, when the scheduler gives it its turn. */
+  private job(text: string, voice: FliteVoice, stretch: number, o: JobOptions): Promise<FliteAudio> {
+    return this.scheduler.run(() => this.pool.synthesize(text, voice, stretch), o);
   }
 
   private async *stream(o: SynthesizeOptions, voice: FliteVoice): AsyncGenerator<Uint8Array> {
-    const release = await this.queue.acquire(o.signal);
+    this.streams++;
     // Aborted when the caller aborts, stops iterating, or synthesis fails: the encoder dies with it.
     const stop = new AbortController();
     const signal = o.signal ? AbortSignal.any([o.signal, stop.signal]) : stop.signal;
     try {
       const encoder = startEncoder(o.format, FLITE_SAMPLE_RATE, signal);
       let failure: { error: unknown } | undefined;
-      const feeding = this.feed(speechChunks(o.text), voice, 1 / o.speed, encoder, signal).catch((error: unknown) => {
+      const feeding = this.feed(speechChunks(o.text), voice, 1 / o.speed, encoder, signal, o).catch((error: unknown) => {
         failure = { error };
         stop.abort();
       });
@@ -139,17 +169,23 @@ export class FliteSpeechEngine implements SpeechEngine {
       if (exit.code !== 0) throw new Error(`ffmpeg could not encode ${o.format}: ${exit.stderr || `exit ${exit.code ?? exit.signal}`}`);
     } finally {
       stop.abort();
-      release();
+      this.streams--;
     }
   }
 
-  private async feed(chunks: SpeechChunk[], voice: FliteVoice, stretch: number, encoder: Child, signal: AbortSignal): Promise<void> {
+  private async feed(chunks: SpeechChunk[], voice: FliteVoice, stretch: number, encoder: Child, signal: AbortSignal, o: SynthesizeOptions): Promise<void> {
     const stdin = encoder.proc.stdin;
     let written = 0;
     const synth = (i: number): Promise<FliteAudio> | undefined => {
       const chunk = chunks[i];
       if (!chunk) return undefined;
-      const job = this.pool.synthesize(chunk.text, voice, stretch);
+      const job = this.job(chunk.text, voice, stretch, {
+        class: "api",
+        signal,
+        ...(o.caller !== undefined ? { caller: o.caller } : {}),
+        // Admission is for the request's start; once it streams, its later sentences wait their turn.
+        ...(i === 0 && o.maxWaitMs !== undefined ? { maxWaitMs: o.maxWaitMs } : {}),
+      });
       job.catch(() => {});
       return job;
     };

@@ -19,6 +19,10 @@ export interface SynthesizeOptions {
   /** 0.25–4.0; 1 is the voice's own pace. */
   speed: number;
   signal?: AbortSignal;
+  /** Whose request (fair queuing among callers); one caller for all when absent. */
+  caller?: string;
+  /** Refused with EngineBusyError (a 429) when its first sentence cannot start within this many ms. */
+  maxWaitMs?: number;
 }
 
 export interface SpeechEngine {
@@ -66,6 +70,10 @@ export interface TranscribeOptions {
   /** Longer decoded audio is refused with AudioTooLongError (default 600 s; see decode.ts). */
   maxSeconds?: number;
   signal?: AbortSignal;
+  /** Whose request (fair queuing among callers); one caller for all when absent. */
+  caller?: string;
+  /** Refused with EngineBusyError (a 429) when its recognition cannot start within this many ms. */
+  maxWaitMs?: number;
 }
 
 /** Called as a transcription goes: once the audio is decoded (`onStart`), then as each segment is recognised. */

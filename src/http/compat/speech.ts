@@ -1,9 +1,10 @@
 import type { Hono } from "hono";
 import { z } from "zod";
+import { callerKey } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import { type ChatRouter, embeddedFallback } from "../../ai/router.ts";
-import { SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
+import { MAX_BYTES_PER_SECOND, SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
 import { sseEvent } from "../../ai/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { speechModel } from "./audio-models.ts";
@@ -14,8 +15,12 @@ import { readAhead } from "./read-ahead.ts";
 import { asIs, EVENT_STREAM, type StreamEnd, startingWith, streamBody, streamHeaders } from "./stream-body.ts";
 
 const ROUTE = "/audio/speech";
-/** Audio held for a slow client: all of 4096 characters as MP3 (~2.5 MB at speed 1) or WAV (~14 MB at speed 1); at speed 0.25 a WAV may be 50 MB, read ahead only in part. */
-export const MAX_READ_AHEAD_BYTES = 32 * 1024 * 1024;
+/**
+ * Audio produced ahead of a client, in seconds: beyond it (and what the pipes and sockets hold)
+ * synthesis waits for the client, so that one that stops reading stops costing CPU. A request
+ * holds no engine slot between its sentences, so a slow reader delays nobody else.
+ */
+export const READ_AHEAD_SECONDS = 10;
 
 export const SpeechRequest = z.strictObject({
   model: z.string().min(1),
@@ -28,7 +33,14 @@ export const SpeechRequest = z.strictObject({
 });
 
 /** `POST /audio/speech`: validated here; the embedded engine's audio, or an upstream model's, streamed as it is produced. */
-export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engine: SpeechEngine | undefined, router: ChatRouter, metrics: Metrics): void {
+export function registerSpeechRoute(
+  app: Hono<CompatEnv>,
+  catalog: Catalog,
+  engine: SpeechEngine | undefined,
+  router: ChatRouter,
+  metrics: Metrics,
+  maxQueueWaitMs?: number,
+): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
     const parsed = SpeechRequest.safeParse(await readJson(c));
@@ -62,12 +74,21 @@ export function registerSpeechRoute(app: Hono<CompatEnv>, catalog: Catalog, engi
     }
     let it: AsyncIterator<Uint8Array>;
     try {
-      const synthesis = engine.synthesize({ text: r.input, voice: r.voice, format: r.response_format, speed: r.speed, signal })[Symbol.asyncIterator]();
-      // The first piece is awaited before answering, so that a full queue is still a 429.
+      const synthesis = engine
+        .synthesize({
+          text: r.input,
+          voice: r.voice,
+          format: r.response_format,
+          speed: r.speed,
+          signal,
+          caller: callerKey(c.get("caller")),
+          ...(maxQueueWaitMs !== undefined ? { maxWaitMs: maxQueueWaitMs } : {}),
+        })
+        [Symbol.asyncIterator]();
+      // The first piece is awaited before answering, so that an overloaded engine is still a 429.
       const first = await synthesis.next();
-      // Then the rest is read ahead of the client (within a bound), so the engine's slot is freed
-      // when synthesis ends, however slowly the client reads.
-      it = startingWith(first, readAhead(synthesis, MAX_READ_AHEAD_BYTES));
+      // Then a few seconds of audio are read ahead of the client (see READ_AHEAD_SECONDS).
+      it = startingWith(first, readAhead(synthesis, READ_AHEAD_SECONDS * MAX_BYTES_PER_SECOND[r.response_format]));
     } catch (err) {
       const e = toOpenAIError(err);
       done(e.status, e.type);

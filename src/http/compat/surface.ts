@@ -29,6 +29,8 @@ export interface CompatLimits {
   maxAudioSeconds: number;
   /** A client that takes none of a response's waiting bytes for this long is disconnected. */
   writeTimeoutMs: number;
+  /** An embedded-engine request that cannot start within this is refused at once (429). */
+  maxQueueWaitMs?: number;
 }
 
 export interface CompatSurfaceOptions {
@@ -61,11 +63,16 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
   for (const path of ["/chat/completions", "/audio/speech", "/audio/transcriptions"]) app.post(path, ...guard);
   registerModelsRoute(app, o.catalog, o.metrics);
   registerChatRoute(app, o.chat, o.metrics);
-  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics);
+  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, o.limits?.maxQueueWaitMs);
   registerTranscriptionRoute(
     app,
     o.catalog,
-    new TranscriptionService({ engine: o.transcription, router: o.router, maxAudioSeconds: o.limits?.maxAudioSeconds }),
+    new TranscriptionService({
+      engine: o.transcription,
+      router: o.router,
+      maxAudioSeconds: o.limits?.maxAudioSeconds,
+      maxQueueWaitMs: o.limits?.maxQueueWaitMs,
+    }),
     o.metrics,
   );
   return {

@@ -1,5 +1,6 @@
 import type { Context, Hono } from "hono";
 import { z } from "zod";
+import { callerKey } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { Transcript } from "../../ai/speech/index.ts";
 import { sseEvent } from "../../ai/sse.ts";
@@ -128,7 +129,7 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
     };
     let outcome: Awaited<ReturnType<TranscriptionService["transcribe"]>>;
     try {
-      outcome = await service.transcribe(entry, request, clientGone(c));
+      outcome = await service.transcribe(entry, request, clientGone(c), callerKey(c.get("caller")));
     } catch (err) {
       const e = toOpenAIError(err);
       done(e.status, e.type);

@@ -1,0 +1,263 @@
+/**
+ * The embedded engines' scheduler (src/ai/speech/scheduler.ts) in process: fake jobs that finish
+ * when the test says, a fake clock, no sleeps. The real engines behind it are tested in
+ * speech-load.test.ts.
+ */
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { OverloadedError, Scheduler, type SchedulerClock } from "../src/ai/speech/scheduler.ts";
+
+class FakeClock implements SchedulerClock {
+  time = 0;
+  private timers: Array<{ at: number; fn: () => void; id: number }> = [];
+  private ids = 0;
+  now(): number {
+    return this.time;
+  }
+  setTimeout(fn: () => void, ms: number): unknown {
+    const id = ++this.ids;
+    this.timers.push({ at: this.time + ms, fn, id });
+    return id;
+  }
+  clearTimeout(handle: unknown): void {
+    this.timers = this.timers.filter((t) => t.id !== handle);
+  }
+  advance(ms: number): void {
+    this.time += ms;
+    const due = this.timers.filter((t) => t.at <= this.time);
+    this.timers = this.timers.filter((t) => t.at > this.time);
+    for (const t of due) t.fn();
+  }
+  get pending(): number {
+    return this.timers.length;
+  }
+}
+
+/** Every promise callback already due has run (no time passes). */
+const settled = () => new Promise<void>((resolve) => setImmediate(resolve));
+
+/** Jobs that finish when told; `order` records which started. */
+function harness(slots = 1, initialJobMs = 100) {
+  const clock = new FakeClock();
+  const scheduler = new Scheduler({ name: "test", slots, initialJobMs, clock });
+  const order: string[] = [];
+  const finishers = new Map<string, () => void>();
+  const job = (name: string) => () => {
+    order.push(name);
+    return new Promise<string>((resolve) => finishers.set(name, () => resolve(name)));
+  };
+  /** Ends a running job and lets the scheduler start the next. */
+  const finish = async (name: string, tookMs = 0) => {
+    clock.advance(tookMs);
+    const f = finishers.get(name);
+    assert.ok(f, `${name} is not running`);
+    f();
+    await settled();
+  };
+  return { clock, scheduler, order, job, finish };
+}
+
+describe("engine scheduler", () => {
+  test("conversations first, then the API, partials last; each class first come first served", async () => {
+    const { scheduler, order, job, finish } = harness();
+    const runs = [
+      scheduler.run(job("api-1"), { class: "api", caller: "a" }),
+      scheduler.run(job("partial"), { class: "partial" }),
+      scheduler.run(job("api-2"), { class: "api", caller: "a" }),
+      scheduler.run(job("conv-1"), { class: "conversation" }),
+      scheduler.run(job("conv-2"), { class: "conversation" }),
+    ];
+    assert.deepEqual(order, ["api-1"]);
+    assert.equal(scheduler.waiting, 4);
+    for (const name of ["api-1", "conv-1", "conv-2", "api-2", "partial"]) await finish(name);
+    assert.deepEqual(order, ["api-1", "conv-1", "conv-2", "api-2", "partial"]);
+    assert.deepEqual(await Promise.all(runs), ["api-1", "partial", "api-2", "conv-1", "conv-2"]);
+    assert.ok(scheduler.idle);
+  });
+
+  test("callers take turns: one with 12 jobs waiting gets no more than one with 1", async () => {
+    const { scheduler, order, job, finish } = harness();
+    const many = Array.from({ length: 12 }, (_, i) => scheduler.run(job(`a${i + 1}`), { class: "api", caller: "a" }));
+    const one = scheduler.run(job("b1"), { class: "api", caller: "b" });
+    const another = scheduler.run(job("c1"), { class: "api", caller: "c" });
+    await finish("a1");
+    await finish("b1");
+    await finish("c1");
+    for (let i = 2; i <= 12; i++) await finish(`a${i}`);
+    assert.deepEqual(order.slice(0, 4), ["a1", "b1", "c1", "a2"]);
+    await Promise.all([...many, one, another]);
+  });
+
+  test("a caller that comes back after a pause goes next, not behind the others' backlog", async () => {
+    const { scheduler, order, job, finish } = harness();
+    const runs = [
+      scheduler.run(job("a1"), { class: "api", caller: "a" }),
+      scheduler.run(job("a2"), { class: "api", caller: "a" }),
+      scheduler.run(job("b1"), { class: "api", caller: "b" }),
+      scheduler.run(job("b2"), { class: "api", caller: "b" }),
+    ];
+    await finish("a1");
+    runs.push(scheduler.run(job("c1"), { class: "api", caller: "c" }));
+    for (const name of ["b1", "c1", "a2", "b2"]) await finish(name);
+    assert.deepEqual(order, ["a1", "b1", "c1", "a2", "b2"]);
+    await Promise.all(runs);
+  });
+
+  test("admission: refused at once when the jobs ahead would take longer than the budget, with Retry-After from the queue", async () => {
+    const { scheduler, job, finish, clock } = harness(2, 1000);
+    // Two slots free: starts at once whatever the budget.
+    const running = [scheduler.run(job("c1"), { class: "conversation", maxWaitMs: 1 }), scheduler.run(job("c2"), { class: "api", caller: "a" })];
+    assert.equal(scheduler.estimate("conversation"), 500, "no slot free: half a job (two slots) before one frees");
+    const waiting = Array.from({ length: 6 }, (_, i) => scheduler.run(job(`a${i}`), { class: "api", caller: "a" }));
+    // A conversation's job, and a new caller's first one, wait only for the running ones.
+    assert.equal(scheduler.estimate("conversation"), 500);
+    assert.equal(scheduler.estimate("api", "b"), 500);
+    assert.equal(scheduler.estimate("api", "a"), 3500);
+    assert.equal(scheduler.estimate("partial"), 3500);
+    const refused = scheduler.run(job("b1"), { class: "api", caller: "b", maxWaitMs: 499 });
+    await assert.rejects(refused, (e: unknown) => e instanceof OverloadedError && e.retryAfter === 1);
+    const late = scheduler.run(job("a-late"), { class: "api", caller: "a", maxWaitMs: 1000 });
+    await assert.rejects(late, (e: unknown) => e instanceof OverloadedError && e.retryAfter === 3);
+    assert.equal(scheduler.stats().api.refused, 2);
+    // A conversation's job is refused only by its deadline, never by the estimate.
+    const turn = scheduler.run(job("turn"), { class: "conversation", maxWaitMs: 1 });
+    assert.equal(clock.pending, 1);
+    clock.advance(1);
+    await assert.rejects(turn, OverloadedError);
+    assert.equal(clock.pending, 0, "a refused job leaves no timer");
+    const admitted = scheduler.run(job("b2"), { class: "api", caller: "b", maxWaitMs: 1000 });
+    assert.equal(clock.pending, 1, "an admitted job waits with a deadline");
+    await finish("c1", 10);
+    assert.equal(clock.pending, 0, "it started: no deadline any more");
+    await finish("c2");
+    for (let i = 0; i < 6; i++) await finish(`a${i}`);
+    await finish("b2");
+    await Promise.all([...running, ...waiting, admitted]);
+  });
+
+  test("a job still waiting at its deadline is refused then; the queue goes on", async () => {
+    const { scheduler, order, job, finish, clock } = harness(1, 10);
+    const running = scheduler.run(job("long"), { class: "api", caller: "a" });
+    const conversation = scheduler.run(job("turn"), { class: "conversation", maxWaitMs: 2000 });
+    const next = scheduler.run(job("next"), { class: "api", caller: "a" });
+    clock.advance(1999);
+    assert.equal(scheduler.waiting, 2);
+    clock.advance(1);
+    await assert.rejects(conversation, OverloadedError);
+    assert.equal(scheduler.waiting, 1);
+    assert.equal(scheduler.stats().conversation.refused, 1);
+    await finish("long");
+    await finish("next");
+    assert.deepEqual(order, ["long", "next"]);
+    await Promise.all([running, next]);
+  });
+
+  test("an aborted job leaves the queue at once; one aborted before it is queued never enters", async () => {
+    const { scheduler, order, job, finish } = harness();
+    const running = scheduler.run(job("first"), { class: "api" });
+    const controller = new AbortController();
+    const aborted = scheduler.run(job("aborted"), { class: "api", signal: controller.signal });
+    controller.abort(new Error("gone"));
+    await assert.rejects(aborted, /gone/);
+    await assert.rejects(scheduler.run(job("never"), { class: "api", signal: controller.signal }), /gone/);
+    assert.equal(scheduler.waiting, 0);
+    await finish("first");
+    assert.deepEqual(order, ["first"]);
+    await running;
+  });
+
+  test("a failing job fails only its caller and frees its slot; the mean job time follows what jobs take", async () => {
+    const { scheduler, order, finish, job } = harness(1, 100);
+    const failing = scheduler.run(() => Promise.reject(new Error("boom")), { class: "api" });
+    const thrown = scheduler.run(
+      () => {
+        throw new Error("sync boom");
+      },
+      { class: "api" },
+    );
+    const after = scheduler.run(job("after"), { class: "api" });
+    await assert.rejects(failing, /boom/);
+    await assert.rejects(thrown, /sync boom/);
+    await settled();
+    assert.deepEqual(order, ["after"]);
+    await finish("after", 600);
+    await after;
+    assert.ok(scheduler.jobMs > 100, `mean ${scheduler.jobMs}`);
+  });
+
+  test("stats: depth, oldest wait, jobs started and seconds waited per class", async () => {
+    const { scheduler, job, finish, clock } = harness();
+    const runs = [scheduler.run(job("x"), { class: "api", caller: "a" }), scheduler.run(job("y"), { class: "api", caller: "b" })];
+    clock.advance(250);
+    let stats = scheduler.stats();
+    assert.equal(stats.api.depth, 1);
+    assert.equal(stats.api.oldestWait, 0.25);
+    assert.equal(stats.api.started, 1);
+    await finish("x");
+    stats = scheduler.stats();
+    assert.equal(stats.api.depth, 0);
+    assert.equal(stats.api.started, 2);
+    assert.equal(stats.api.waited, 0.25);
+    assert.equal(stats.conversation.started, 0);
+    await finish("y");
+    await Promise.all(runs);
+  });
+
+  test("batching: waiting jobs of a batched class run together when they fit the first, up to the most a batch takes", async () => {
+    const clock = new FakeClock();
+    const batches: number[][] = [];
+    const finishers: Array<() => void> = [];
+    const scheduler = new Scheduler({
+      name: "batched",
+      slots: 1,
+      initialJobMs: 100,
+      clock,
+      batching: {
+        classes: ["conversation"],
+        max: 4,
+        fits: (a, b) => Math.max(a as number, b as number) <= 2 * Math.min(a as number, b as number),
+        run: (payloads) => {
+          batches.push(payloads as number[]);
+          return new Promise((resolve) => finishers.push(() => resolve((payloads as number[]).map((p) => p * 10))));
+        },
+      },
+    });
+    const first = scheduler.runBatched<number, number>(10, { class: "conversation" });
+    const waiting = [12, 30, 11, 9, 10].map((n) => scheduler.runBatched<number, number>(n, { class: "conversation" }));
+    // Five wait: two batches' worth, at the mean time of a run, after the one running.
+    assert.equal(scheduler.estimate("conversation"), 300);
+    const api = scheduler.runBatched<number, number>(12, { class: "api" });
+    finishers.shift()!();
+    await settled();
+    assert.deepEqual(batches, [[10], [12, 11, 9, 10]]);
+    finishers.shift()!();
+    await settled();
+    finishers.shift()!();
+    await settled();
+    finishers.shift()!();
+    assert.deepEqual(batches, [[10], [12, 11, 9, 10], [30], [12]], "one that does not fit waits its own turn; another class is never batched in");
+    assert.deepEqual(await Promise.all([first, ...waiting, api]), [100, 120, 300, 110, 90, 100, 120]);
+    assert.equal(scheduler.runs, 4);
+    assert.equal(scheduler.stats().conversation.started, 6);
+  });
+
+  test("a failing batch fails every job in it, and only those", async () => {
+    const clock = new FakeClock();
+    let fail = true;
+    const scheduler = new Scheduler({
+      name: "batched",
+      slots: 1,
+      initialJobMs: 100,
+      clock,
+      batching: { classes: ["conversation"], max: 4, fits: () => true, run: async (p) => (fail ? Promise.reject(new Error("crashed")) : p) },
+    });
+    let open!: () => void;
+    const gate = scheduler.run(() => new Promise<void>((resolve) => (open = resolve)), { class: "api" });
+    const batch = [1, 2].map((n) => scheduler.runBatched<number, number>(n, { class: "conversation" }));
+    open();
+    await gate;
+    for (const job of batch) await assert.rejects(job, /crashed/);
+    fail = false;
+    assert.equal(await scheduler.runBatched<number, number>(3, { class: "conversation" }), 3);
+  });
+});
