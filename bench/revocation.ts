@@ -11,8 +11,9 @@
  * change — `sessions revoke`, `peers block`, `peers remove`, and the controller's own
  * `DELETE /side-control/session` (sent to the last node, streams on every node) — is made
  * BENCH_REVOCATION_TRIALS times (10). With PostgreSQL also: a node killed with a device on it
- * (`nodeDeath`), half as many times.
+ * (`nodeDeath`), half as many times (`BENCH_REVOCATION_ONLY=death`: that part alone).
  */
+import { once } from "node:events";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -162,7 +163,8 @@ async function nodeDeath(): Promise<Record<string, unknown>> {
       rest.push(restAt - killed);
       offline.close();
       conn.close();
-      await a.stop();
+      // Killed: its exit may have come already (`stop()` would wait for another one).
+      if (a.child.exitCode === null && a.child.signalCode === null) await once(a.child, "exit");
     }
   } finally {
     await b.stop();
@@ -174,6 +176,10 @@ async function nodeDeath(): Promise<Record<string, unknown>> {
 
 export async function revocationBench(): Promise<unknown> {
   const [load1] = (await import("node:os")).loadavg();
+  // BENCH_REVOCATION_ONLY=death: the node killed, nothing else.
+  if (process.env.BENCH_REVOCATION_ONLY === "death") {
+    return { suite: "revocation", load_average_1m: round(load1 ?? 0), node_killed_runtime_ms: PG_URL ? await nodeDeath() : "skipped: no PostgreSQL URL" };
+  }
   return {
     suite: "revocation",
     unit: "ms from the change committed (DELETE: the request sent) to the stream's session event read by the client",

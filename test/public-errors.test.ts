@@ -623,6 +623,8 @@ const SIDE_CONTROL_ROUTES: BearerRoute[] = [
   { method: "GET", template: "/side-control/conversations/{id}", path: "/side-control/conversations/none", ok: 404 },
   { method: "DELETE", template: "/side-control/conversations/{id}", path: "/side-control/conversations/none", ok: 404 },
   { method: "DELETE", template: "/side-control/conversations", path: "/side-control/conversations", ok: 204 },
+  // Last: its success ends the Side Control session the routes above use.
+  { method: "DELETE", template: "/side-control/session", path: "/side-control/session", ok: 204 },
 ];
 
 describe("bearer routes: every wrong principal on every route", () => {
@@ -641,7 +643,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     }
     const table = [...ME_ROUTES, ...SIDE_CONTROL_ROUTES].map((r) => `${r.method} ${r.template}`);
     assert.deepEqual([...table].sort(), [...documented].sort());
-    assert.equal(new Set(table).size, 25);
+    assert.equal(new Set(table).size, 26);
   });
 
   test("anonymous, unknown, wrong kind, revoked, mismatched key, then expired: refused everywhere, nothing written", async () => {

@@ -136,6 +136,24 @@ describe("resampler", () => {
     assert.ok(err / joined.length < 400, `mean error ${err / joined.length}`);
   });
 
+  test("every rate pair the engines use gives a second's worth of samples (24 → 16 kHz lost them all once)", async () => {
+    const m = await loadResampler();
+    for (const [from, to] of [
+      [24_000, 16_000],
+      [24_000, 48_000],
+      [48_000, 16_000],
+      [16_000, 48_000],
+      [22_050, 16_000],
+    ] as const) {
+      const r = new Resampler(m, from, to);
+      const input = sine(from, from, 440);
+      let total = 0;
+      for (let at = 0; at < input.length; at += from / 50) total += r.process(input.subarray(at, at + from / 50)).length;
+      r.close();
+      assert.ok(total > to * 0.99 && total <= to, `${from} → ${to}: ${total} samples`);
+    }
+  });
+
   test("a closed resampler refuses work", async () => {
     const r = new Resampler(await loadResampler(), 16_000, 48_000);
     r.close();

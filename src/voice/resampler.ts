@@ -41,8 +41,11 @@ export class Resampler {
     if (!this.state || code !== 0) throw new Error(`the resampler could not start (${inRate} → ${outRate} Hz, error ${code})`);
     // The filter's delay would otherwise come out as leading zeros.
     module._speex_resampler_skip_zeros(this.state);
-    this.buf = module._malloc(2 * (CHUNK + this.outCapacity) + 8);
-    this.inLen = this.buf + 2 * (CHUNK + this.outCapacity);
+    // The two lengths are 32-bit words: their offset is rounded up to 4 bytes, or HEAPU32 (which
+    // indexes by offset >> 2) and the module would read different addresses (24 → 16 kHz did).
+    const lengths = (2 * (CHUNK + this.outCapacity) + 3) & ~3;
+    this.buf = module._malloc(lengths + 8);
+    this.inLen = this.buf + lengths;
     this.outLen = this.inLen + 4;
   }
 
