@@ -182,11 +182,11 @@ describe("a hostile device opening streams", () => {
     await server.stop();
   });
 
-  test("unknown labels, service ids other than 0, 1, 2 and a second event stream are closed; the connection lives on", async () => {
+  test("unknown labels, service ids other than 0, 1, 2, 3 and a second event stream are closed; the connection lives on", async () => {
     const conn = await connect(server);
     try {
       const labels = [
-        "giznet/v1/service/3",
+        "giznet/v1/service/4",
         "giznet/v1/service/32",
         "giznet/v1/service/01",
         "giznet/v1/service/-1",
