@@ -252,7 +252,7 @@ describe("overload: refused honestly, and recovered from", { timeout: 600_000 },
     const conn = await connect(server);
     const log = new EventLog(conn);
     const mic = await conn.microphone();
-    const clients = loopingClients(load, 4);
+    const clients = loopingClients(load, 8);
     try {
       await eventually(async () => (await metric(load, "perch_engine_queue_depth", 'engine="speech",class="api"')) >= 2, 60_000, "a queue of API work");
       const tooBusy = await speech(server, KEYS.b, "Hello there.").done;
@@ -266,6 +266,7 @@ describe("overload: refused honestly, and recovered from", { timeout: 600_000 },
         s.type === "EOS" && s.label === "assistant.text" && s.error?.code === "overloaded";
       let refused: Awaited<ReturnType<typeof log.wait>> | undefined;
       for (let attempt = 0; attempt < 6 && !refused; attempt++) {
+        await eventually(async () => (await metric(load, "perch_engine_queue_depth", 'engine="speech",class="api"')) >= 2, 60_000, "a queue of API work");
         upstream.reply({ content: "It is sunny today." });
         await mic.say(question);
         refused = await log.wait(overloaded, 30_000, "a turn ended as overloaded").catch(() => undefined);
