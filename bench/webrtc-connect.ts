@@ -23,6 +23,8 @@ interface Target {
   crowd: Crowd;
   dir: string;
   sdk: number[];
+  /** SDK: from the start to the answer's arrival (its key, the offer and its gathering, the request). */
+  sdkToAnswer: number[];
   /** SDK: from the answer's arrival to ready (ICE, DTLS, SCTP and the two channels). */
   sdkAfterAnswer: number[];
   offer: number[];
@@ -41,7 +43,7 @@ async function start(name: string, root: string): Promise<Target> {
   );
   const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
   const crowd = new Crowd(1, { url: server.url, serverKey, bindAddress: new URL(server.url).hostname });
-  return { name, server, crowd, dir, sdk: [], sdkAfterAnswer: [], offer: [], light: [] };
+  return { name, server, crowd, dir, sdk: [], sdkToAnswer: [], sdkAfterAnswer: [], offer: [], light: [] };
 }
 
 async function measureRound(t: Target): Promise<void> {
@@ -49,6 +51,7 @@ async function measureRound(t: Target): Promise<void> {
     const c = await PerchConnection.connect({ baseUrl: t.server.url, keyPair: generateKeyPair() });
     t.offer.push(Number(/total;dur=([\d.]+)/.exec(c.timings.serverTiming)?.[1] ?? Number.NaN));
     t.sdk.push(c.timings.ready);
+    t.sdkToAnswer.push(c.timings.offer);
     t.sdkAfterAnswer.push(c.timings.ready - c.timings.offer);
     c.close();
   }
@@ -61,6 +64,7 @@ function figures(t: Target) {
   const within = (xs: number[], ms: number) => xs.filter((x) => x <= ms).length;
   return {
     connect_to_ready_ms_sdk: { ...percentiles(t.sdk), n: t.sdk.length, within_100_ms: within(t.sdk, 100) },
+    sdk_start_to_answer_ms: percentiles(t.sdkToAnswer),
     sdk_answer_to_ready_ms: percentiles(t.sdkAfterAnswer),
     connect_to_ready_ms_node_datachannel: {
       ...percentiles(t.light),
