@@ -134,7 +134,11 @@ peers
       // On SQLite the command and its reply go through the file's bus_messages, read every 100 ms here.
       const store = d.ctx.store;
       const bus = await openEventBus(config.databaseUrl, {
-        sqlite: { file: store.sqliteFile, pollMs: 100, persist: (origin, topic, m) => store.transaction((tx) => tx.busMessages.add(origin, topic, m, Date.now())) },
+        sqlite: {
+          file: store.sqliteFile,
+          pollMs: 100,
+          persist: (origin, topic, m) => store.transaction((tx) => tx.busMessages.add(origin, topic, m, Date.now())),
+        },
       });
       const commands = new Commands(bus, undefined);
       try {

@@ -27,6 +27,7 @@ export async function openEventBus(databaseUrl: string | undefined, o: OpenBusOp
   }
   const onError = (err: unknown) => o.log?.warn({ err }, "an event subscriber failed");
   const file = o.sqlite?.file;
-  if (file && o.listen !== false && o.sqlite && o.sqlite.pollMs > 0) return new SqliteBus({ file, pollMs: o.sqlite.pollMs, onError, ...(o.sqlite.persist ? { persist: o.sqlite.persist } : {}) });
+  if (file && o.listen !== false && o.sqlite && o.sqlite.pollMs > 0)
+    return new SqliteBus({ file, pollMs: o.sqlite.pollMs, onError, ...(o.sqlite.persist ? { persist: o.sqlite.persist } : {}) });
   return new InProcessBus(onError);
 }
