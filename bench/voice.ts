@@ -85,7 +85,8 @@ async function recognitionQueue(server: Server): Promise<Record<string, { jobs: 
 async function outcomes(server: Server): Promise<Record<string, number>> {
   const out: Record<string, number> = {};
   for (const result of ["answered", "empty", "interrupted", "failed"]) out[result] = await metric(server, "perch_voice_turns_total", `result="${result}"`);
-  for (const engine of ["recognition", "speech"]) out[`${engine}_refused`] = await metric(server, "perch_engine_refused_total", `engine="${engine}",class="conversation"`);
+  for (const engine of ["recognition", "speech"])
+    out[`${engine}_refused`] = await metric(server, "perch_engine_refused_total", `engine="${engine}",class="conversation"`);
   return out;
 }
 

@@ -514,7 +514,11 @@ describe("transcription (Moonshine)", () => {
     await file;
     assert.equal(recogniser.activity.runs - runs, 2, "the file, then the three streams in one batch");
     assert.deepEqual(together, alone);
-    for (const events of together) assert.deepEqual(events.map((e) => e.type), ["start", "end"]);
+    for (const events of together)
+      assert.deepEqual(
+        events.map((e) => e.type),
+        ["start", "end"],
+      );
   });
 
   test("incremental recognition while the recogniser is busy: nothing speculative queues, the final text still comes", async () => {
