@@ -12,8 +12,11 @@ test(`soak: ${CYCLES} connect/disconnect cycles in ${LANES} lanes, each with a v
   timeout: 300_000,
 }, async () => {
   const output = await new Promise<string>((resolve, reject) => {
-    execFile(join(ROOT, "node_modules/.bin/tsx"), [join(ROOT, "test/support/soak.ts"), String(CYCLES), String(LANES)], { timeout: 240_000 }, (err, stdout, stderr) =>
-      err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),
+    execFile(
+      join(ROOT, "node_modules/.bin/tsx"),
+      [join(ROOT, "test/support/soak.ts"), String(CYCLES), String(LANES)],
+      { timeout: 240_000 },
+      (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout)),
     );
   });
   const r = JSON.parse(output.trim().split("\n").at(-1)!) as {
