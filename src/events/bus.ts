@@ -114,7 +114,7 @@ export class Subscriptions {
 /** One node (SQLite, or tests): subscribers of this process only. */
 export class InProcessBus implements EventBus {
   readonly instance = newInstanceId();
-  private readonly subs: Subscriptions;
+  protected readonly subs: Subscriptions;
   private closed = false;
 
   constructor(onError: (err: unknown) => void = () => {}) {
