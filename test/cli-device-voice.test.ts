@@ -25,7 +25,9 @@ function keyFile(): { file: string; publicKey: string } {
  * reply's full minute), a refused connection says so, and without `--server` the port comes from
  * the configuration.
  */
-describe("perch device: what goes wrong is said, with exit 1", { timeout: 300_000 }, () => {
+// The tests run at once: each is its own command-line process and device key (only one scripts the
+// model), and most of their time is a process starting or the 8 s a device no agent answers waits.
+describe("perch device: what goes wrong is said, with exit 1", { timeout: 300_000, concurrency: true }, () => {
   let upstream: FakeUpstream;
   let server: TestServer;
   before(async () => {
