@@ -1,0 +1,12 @@
+import { Crowd } from "./crowd.ts";
+const url = process.env.URL!;
+const N = Number(process.env.N ?? 200);
+const serverKey = ((await (await fetch(`${url}/server-info`)).json()) as { public_key: string }).public_key;
+const crowd = new Crowd(2, { url, serverKey, bindAddress: "127.0.0.1" });
+const r = await crowd.connect(N, 8, Date.now() + 300_000);
+console.log("connected", r.ok, r.failed);
+process.kill(Number(process.env.SPID), "SIGUSR2");
+await new Promise((r) => setTimeout(r, 8000));
+await crowd.release();
+await crowd.stop();
+process.exit(0);
