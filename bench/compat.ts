@@ -4,18 +4,21 @@
  * through Perch side by side, in the same run. With `--anchors`, Portkey's open-source gateway (from
  * its own package, bench/anchors) is measured the same way beside them. With `--sdk`, also an
  * in-process comparison of the pass-through with the AI SDK's openai-compatible provider (see
- * docs/decisions.md).
+ * docs/decisions.md). With `BENCH_COMPARE_ROOT` (another checkout of Perch, its dependencies
+ * installed), that checkout's server stands beside this one in front of the same provider and is
+ * measured the same way, call by call and in its own 32-connection load right after this one's.
+ * `BENCH_COMPAT_ONLY=chat` measures only the chat figures (no large bodies).
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import http from "node:http";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { AiSdkProvider } from "../src/ai/providers/ai-sdk.ts";
 import { OpenAIProvider } from "../src/ai/providers/openai.ts";
 import { type Portkey, startPortkey } from "./portkey.ts";
-import { benchConfig, DURATION_S, load, ROOT, round, startServer, withCpu } from "./support.ts";
+import { benchConfig, DURATION_S, load, ROOT, round, type Server, startServer, withCpu } from "./support.ts";
 
 const LATENCY_REQUESTS = Number(process.env.BENCH_LATENCY_REQUESTS ?? 2000);
 const STREAM_REQUESTS = Number(process.env.BENCH_STREAM_REQUESTS ?? 300);
@@ -36,29 +39,44 @@ interface Target {
 }
 
 export async function compatBench(): Promise<unknown> {
+  const loadBefore = loadavg();
   const sdk = process.argv.includes("--sdk");
   const anchors = process.argv.includes("--anchors");
   const upstream = await startUpstream();
   const dataDir = mkdtempSync(join(tmpdir(), "perch-bench-compat-"));
   const keyHash = createHash("sha256").update(API_KEY).digest("hex");
+  const compareRoot = process.env.BENCH_COMPARE_ROOT;
+  const compareDir = compareRoot ? mkdtempSync(join(tmpdir(), "perch-bench-compat-")) : undefined;
   let portkey: Portkey | undefined;
+  let compared: Server | undefined;
   try {
-    const perch = await startServer({
-      PERCH_DATA_DIR: dataDir,
-      PERCH_LOG_LEVEL: "warn",
-      ...benchConfig(dataDir, {
-        providers: [{ id: "upstream", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
-        models: [
-          { id: "chat", kind: "chat", provider: "upstream", upstream_model: "short" },
-          { id: "long", kind: "chat", provider: "upstream", upstream_model: `chunks-${CHUNKS}` },
-        ],
-        api_keys: [{ name: "bench", sha256: keyHash }],
-      }),
-    });
+    const start = (dir: string, root?: string) =>
+      startServer(
+        {
+          PERCH_DATA_DIR: dir,
+          PERCH_LOG_LEVEL: "warn",
+          ...benchConfig(dir, {
+            providers: [{ id: "upstream", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
+            models: [
+              { id: "chat", kind: "chat", provider: "upstream", upstream_model: "short" },
+              { id: "long", kind: "chat", provider: "upstream", upstream_model: `chunks-${CHUNKS}` },
+            ],
+            api_keys: [{ name: "bench", sha256: keyHash }],
+          }),
+        },
+        root,
+      );
+    const perch = await start(dataDir);
     try {
       const direct: Target = { name: "direct", base: upstream.url, headers: {}, short: "short", long: `chunks-${CHUNKS}` };
       const through: Target = { name: "perch", base: `${perch.url}/openai/v1`, headers: { authorization: `Bearer ${API_KEY}` }, short: "chat", long: "long" };
       const targets = [direct, through];
+      let viaCompared: Target | undefined;
+      if (compareRoot && compareDir) {
+        compared = await start(compareDir, compareRoot);
+        viaCompared = { ...through, name: "compared", base: `${compared.url}/openai/v1` };
+        targets.push(viaCompared);
+      }
       let anchorStatus: Record<string, unknown> | undefined;
       let viaPortkey: Target | undefined;
       if (anchors) {
@@ -90,6 +108,10 @@ export async function compatBench(): Promise<unknown> {
       });
       const directLoad = await withCpu(upstream.child.pid!, () => load("non-streaming chat, direct to the provider", loadOf(direct)));
       const perchLoad = await withCpu(perch.child.pid!, () => load("non-streaming chat through Perch", loadOf(through)));
+      const comparedLoad =
+        compared && viaCompared
+          ? await withCpu(compared.child.pid!, () => load(`non-streaming chat through ${compareRoot}`, loadOf(viaCompared)))
+          : undefined;
       const portkeyLoad =
         portkey && viaPortkey ? await withCpu(portkey.child.pid!, () => load("non-streaming chat through Portkey's gateway", loadOf(viaPortkey))) : undefined;
 
@@ -104,6 +126,7 @@ export async function compatBench(): Promise<unknown> {
           perch_ms: latency.perch,
           overhead_ms: overhead(latency, "perch"),
           ratio_p50: round(latency.perch!.p50 / d(latency).p50),
+          ...(latency.compared ? { compared_ms: latency.compared, compared_overhead_ms: overhead(latency, "compared") } : {}),
           ...(latency.portkey
             ? { portkey_ms: latency.portkey, portkey_overhead_ms: overhead(latency, "portkey"), portkey_ratio_p50: round(latency.portkey.p50 / d(latency).p50) }
             : {}),
@@ -112,6 +135,7 @@ export async function compatBench(): Promise<unknown> {
           direct: directLoad,
           perch: perchLoad,
           perch_over_direct_rps: round(perchLoad.requests_per_second / directLoad.requests_per_second),
+          ...(comparedLoad ? { compared: comparedLoad, compared_over_direct_rps: round(comparedLoad.requests_per_second / directLoad.requests_per_second) } : {}),
           ...(portkeyLoad
             ? {
                 portkey: portkeyLoad,
@@ -126,6 +150,7 @@ export async function compatBench(): Promise<unknown> {
           direct_ms: d(ttfb),
           perch_ms: ttfb.perch,
           overhead_ms_p50: overhead(ttfb, "perch").p50,
+          ...(ttfb.compared ? { compared_ms: ttfb.compared, compared_overhead_ms_p50: overhead(ttfb, "compared").p50 } : {}),
           ...(ttfb.portkey ? { portkey_ms: ttfb.portkey, portkey_overhead_ms_p50: overhead(ttfb, "portkey").p50 } : {}),
         },
         streaming_relay: {
@@ -136,6 +161,7 @@ export async function compatBench(): Promise<unknown> {
           overhead_us_per_chunk_p50: perChunkUs(long, "perch"),
           // The same with the first-chunk overhead (streaming_first_chunk) taken out: the relay alone.
           overhead_us_per_chunk_p50_less_first_chunk: perChunkUs(long, "perch", ttfb),
+          ...(long.compared ? { compared_ms: long.compared, compared_overhead_us_per_chunk_p50: perChunkUs(long, "compared") } : {}),
           ...(long.portkey
             ? {
                 portkey_ms: long.portkey,
@@ -145,16 +171,19 @@ export async function compatBench(): Promise<unknown> {
             : {}),
         },
       };
-      result.large_valid_bodies = await largeBodyHolds(perch.url, through);
+      result.load_average = { before: loadBefore.map(round), after: loadavg().map(round) };
+      if (process.env.BENCH_COMPAT_ONLY !== "chat") result.large_valid_bodies = await largeBodyHolds(perch.url, through);
       if (sdk) result.in_process_pass_through_vs_ai_sdk = await passThroughVsSdk(upstream.url);
       return result;
     } finally {
       await perch.stop();
     }
   } finally {
+    await compared?.stop();
     await portkey?.stop();
     upstream.child.kill("SIGTERM");
     rmSync(dataDir, { recursive: true, force: true });
+    if (compareDir) rmSync(compareDir, { recursive: true, force: true });
   }
 }
 

@@ -1,5 +1,5 @@
 import type { Compilable, CompiledQuery } from "kysely";
-import type { Db } from "./database.ts";
+import { type Db, directReads } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
 
 /**
@@ -19,8 +19,10 @@ export function compiled<R, P extends unknown[]>(build: (db: Db, ...values: P) =
       query = compileChecked(db, build, shape);
       byDialect.set(dialect, query);
     }
-    const { rows } = await db.executeQuery<R>({ ...query, parameters });
-    return rows;
+    // A read on SQLite's main connection outside any transaction runs at once (see DirectRead).
+    const rows = directReads.get(db)?.(query.sql, parameters);
+    if (rows) return rows as R[];
+    return (await db.executeQuery<R>({ ...query, parameters })).rows;
   };
 }
 
