@@ -162,8 +162,11 @@ export class OpenAIProvider implements ChatProvider {
 
   /** Starts the request; `response` resolves with a 2xx response or rejects with a ProviderError. */
   private send(path: string, body: string | Buffer, contentType: string, signal: AbortSignal) {
+    // One timer for both the idle timeout and the deadline: a piece of the answer only notes the
+    // time, and the timer, when it fires, sees which (if either) has passed and otherwise waits on.
     let timer: NodeJS.Timeout | undefined;
-    let deadline: NodeJS.Timeout | undefined;
+    let lastPiece = 0;
+    let deadlineAt = 0;
     let req: http.ClientRequest | undefined;
     let stopListening = () => {};
     let timedOut = false;
@@ -189,12 +192,20 @@ export class OpenAIProvider implements ChatProvider {
       stopListening = () => signal.removeEventListener("abort", onAbort);
       request.once("close", stopListening);
       req = request;
-      timer = setTimeout(() => fail(new ProviderError(`the provider did not answer within ${this.timeoutMs} ms`, { timedOut: true })), this.timeoutMs);
-      // Beside the idle timeout, which every piece of the answer restarts: a trickle cannot hold the call forever.
-      deadline = setTimeout(
-        () => fail(new ProviderError(`the provider did not finish within ${this.deadlineMs} ms`, { timedOut: true, retryable: false })),
-        this.deadlineMs,
-      );
+      lastPiece = performance.now();
+      deadlineAt = lastPiece + this.deadlineMs;
+      const check = () => {
+        const now = performance.now();
+        if (now - lastPiece >= this.timeoutMs) {
+          fail(new ProviderError(`the provider did not answer within ${this.timeoutMs} ms`, { timedOut: true }));
+        } else if (now >= deadlineAt) {
+          // Beside the idle timeout, which every piece of the answer restarts: a trickle cannot hold the call forever.
+          fail(new ProviderError(`the provider did not finish within ${this.deadlineMs} ms`, { timedOut: true, retryable: false }));
+        } else {
+          timer = setTimeout(check, Math.min(lastPiece + this.timeoutMs, deadlineAt) - now);
+        }
+      };
+      timer = setTimeout(check, Math.min(this.timeoutMs, this.deadlineMs));
       request.once("error", (err) => reject(signal.aborted ? signal.reason : (failure ?? toProviderError(err, timedOut))));
       request.once("response", (res) => {
         const status = res.statusCode ?? 0;
@@ -209,13 +220,15 @@ export class OpenAIProvider implements ChatProvider {
     return {
       response,
       /** Restarts the idle timeout: it bounds the wait for each piece of the answer; the deadline bounds the whole. */
-      touch: () => timer?.refresh(),
+      touch: () => {
+        lastPiece = performance.now();
+      },
       /** The timeout or deadline that ended the exchange, if one did. */
       failure: () => failure,
       done: () => {
         stopListening();
         clearTimeout(timer);
-        clearTimeout(deadline);
+        timer = undefined;
         // Ends the exchange early when the consumer stopped (client gone): the provider sees its connection close.
         if (req && !req.destroyed && !(req as { res?: IncomingMessage }).res?.complete) req.destroy();
       },
