@@ -11,7 +11,7 @@
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import http from "node:http";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -49,6 +49,7 @@ export async function compatBench(): Promise<unknown> {
   const compareDir = compareRoot ? mkdtempSync(join(tmpdir(), "perch-bench-compat-")) : undefined;
   let portkey: Portkey | undefined;
   let compared: Server | undefined;
+  const leans: LeanProxy[] = [];
   try {
     const start = (dir: string, root?: string) =>
       startServer(
@@ -77,6 +78,8 @@ export async function compatBench(): Promise<unknown> {
         viaCompared = { ...through, name: "compared", base: `${compared.url}/openai/v1` };
         targets.push(viaCompared);
       }
+      leans.push(await startLeanProxy(upstream.url, "http"));
+      if (existsSync(join(ROOT, "bench/anchors/node_modules/undici/index.js"))) leans.push(await startLeanProxy(upstream.url, "undici"));
       let anchorStatus: Record<string, unknown> | undefined;
       let viaPortkey: Target | undefined;
       if (anchors) {
@@ -96,7 +99,9 @@ export async function compatBench(): Promise<unknown> {
       // Warm every path (JIT, keep-alive sockets).
       for (let i = 0; i < 300; i++) for (const t of targets) await request(t, body(t.short, false));
 
-      const latency = await sideBySide(LATENCY_REQUESTS, targets, (t) => request(t, body(t.short, false)));
+      // The lean references (bench/lean-proxy.ts) relay whole answers only: measured on non-streaming calls.
+      for (const l of leans) await request(l.target, body(l.target.short, false));
+      const latency = await sideBySide(LATENCY_REQUESTS, [...targets, ...leans.map((l) => l.target)], (t) => request(t, body(t.short, false)));
       const ttfb = await sideBySide(STREAM_REQUESTS, targets, (t) => firstChunk(t, body(t.short, true)));
       const long = await sideBySide(LONG_STREAMS, targets, (t) => request(t, body(t.long, true)));
 
@@ -108,6 +113,11 @@ export async function compatBench(): Promise<unknown> {
       });
       const directLoad = await withCpu(upstream.child.pid!, () => load("non-streaming chat, direct to the provider", loadOf(direct)));
       const perchLoad = await withCpu(perch.child.pid!, () => load("non-streaming chat through Perch", loadOf(through)));
+      const leanLoads: Record<string, unknown> = {};
+      for (const l of leans) {
+        const f = await withCpu(l.pid, () => load(`non-streaming chat through ${l.target.name}`, loadOf(l.target)));
+        leanLoads[l.target.name] = { ...f, over_direct_rps: round(f.requests_per_second / directLoad.requests_per_second) };
+      }
       // Beside another checkout, `BENCH_ROUNDS` (3) more rounds alternate the direct provider, this
       // server and that one, so that a load that moves meanwhile moves all of them alike.
       const rounds: Array<Record<string, unknown>> = [];
@@ -116,10 +126,28 @@ export async function compatBench(): Promise<unknown> {
           const dr = await withCpu(upstream.child.pid!, () => load("direct", loadOf(direct)));
           const pr = await withCpu(perch.child.pid!, () => load("perch", loadOf(through)));
           const cr = await withCpu(compared.child.pid!, () => load("compared", loadOf(viaCompared)));
+          const lr: Record<string, unknown> = {};
+          for (const l of leans) {
+            const f = await withCpu(l.pid, () => load(l.target.name, loadOf(l.target)));
+            lr[l.target.name] = {
+              rps: f.requests_per_second,
+              cpu_us: f.server_cpu_us_per_request,
+              over_direct_rps: round(f.requests_per_second / dr.requests_per_second),
+            };
+          }
           rounds.push({
+            ...lr,
             direct: { rps: dr.requests_per_second, cpu_us: dr.server_cpu_us_per_request },
-            perch: { rps: pr.requests_per_second, cpu_us: pr.server_cpu_us_per_request, over_direct_rps: round(pr.requests_per_second / dr.requests_per_second) },
-            compared: { rps: cr.requests_per_second, cpu_us: cr.server_cpu_us_per_request, over_direct_rps: round(cr.requests_per_second / dr.requests_per_second) },
+            perch: {
+              rps: pr.requests_per_second,
+              cpu_us: pr.server_cpu_us_per_request,
+              over_direct_rps: round(pr.requests_per_second / dr.requests_per_second),
+            },
+            compared: {
+              rps: cr.requests_per_second,
+              cpu_us: cr.server_cpu_us_per_request,
+              over_direct_rps: round(cr.requests_per_second / dr.requests_per_second),
+            },
             perch_cpu_over_compared: round(pr.server_cpu_us_per_request / cr.server_cpu_us_per_request),
           });
         }
@@ -140,6 +168,7 @@ export async function compatBench(): Promise<unknown> {
           overhead_ms: overhead(latency, "perch"),
           ratio_p50: round(latency.perch!.p50 / d(latency).p50),
           ...(latency.compared ? { compared_ms: latency.compared, compared_overhead_ms: overhead(latency, "compared") } : {}),
+          ...Object.fromEntries(leans.map((l) => [`${l.target.name}_overhead_ms`, overhead(latency, l.target.name)])),
           ...(latency.portkey
             ? { portkey_ms: latency.portkey, portkey_overhead_ms: overhead(latency, "portkey"), portkey_ratio_p50: round(latency.portkey.p50 / d(latency).p50) }
             : {}),
@@ -148,6 +177,7 @@ export async function compatBench(): Promise<unknown> {
           direct: directLoad,
           perch: perchLoad,
           perch_over_direct_rps: round(perchLoad.requests_per_second / directLoad.requests_per_second),
+          ...leanLoads,
           ...(comparedLoad ? { rounds_beside_compared: comparedLoad } : {}),
           ...(portkeyLoad
             ? {
@@ -192,6 +222,7 @@ export async function compatBench(): Promise<unknown> {
       await perch.stop();
     }
   } finally {
+    for (const l of leans) l.child.kill("SIGTERM");
     await compared?.stop();
     await portkey?.stop();
     upstream.child.kill("SIGTERM");
@@ -201,6 +232,22 @@ export async function compatBench(): Promise<unknown> {
 }
 
 type Timings = Record<string, { p50: number; p99: number }>;
+
+interface LeanProxy {
+  target: Target;
+  pid: number;
+  child: ChildProcess;
+}
+
+/** The lean pass-through reference (bench/lean-proxy.ts) with `client` (`http` or `undici`) in front of the provider. */
+async function startLeanProxy(upstreamUrl: string, client: "http" | "undici"): Promise<LeanProxy> {
+  const child = spawn(process.execPath, [join(ROOT, "bench/lean-proxy.ts"), upstreamUrl, client, "short"], { stdio: ["ignore", "pipe", "inherit"] });
+  const port = await new Promise<string>((resolve, reject) => {
+    child.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim()));
+    child.once("exit", (code) => reject(new Error(`lean proxy (${client}) exited with ${code}`)));
+  });
+  return { target: { name: `lean_${client}`, base: `http://127.0.0.1:${port}`, headers: {}, short: "chat", long: "long" }, pid: child.pid!, child };
+}
 
 /**
  * How long the node's event loop was held while it took one valid chat body of 30 MiB (the issue's
