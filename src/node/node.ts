@@ -87,7 +87,7 @@ const LOG_BATCH_BYTES = 32 * 1024;
  * and a write every 4 KiB (about 20 lines) still a twentieth.
  */
 function createLogger(config: Config): Logger {
-  return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: LOG_BATCH_BYTES }));
+  return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: LOG_BATCH_BYTES, maxWrite: 2 * LOG_BATCH_BYTES }));
 }
 
 /** What `Node.build` opened before the node's parts are wired: the store and the event bus. */
