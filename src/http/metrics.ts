@@ -72,36 +72,16 @@ export class Metrics {
     engineQueueMetrics(this.registry);
   }
 
-  /**
-   * The children of each label set, bound once: prom-client hashes a label object on every call,
-   * which showed in the profile of the hottest routes. Label sets are few (routes, statuses and
-   * configured models), so the maps stay small.
-   */
-  private readonly httpChildren = new Map<string, { count: { inc(): void }; latency: { observe(seconds: number): void } }>();
-  private readonly aiChildren = new Map<string, { count: { inc(): void }; latency: { observe(seconds: number): void } }>();
-
   observe(method: string, route: string, status: number, seconds: number): void {
-    const key = `${method} ${status} ${route}`;
-    let child = this.httpChildren.get(key);
-    if (!child) {
-      const labels = { method, route, status: String(status) };
-      child = { count: this.requests.labels(labels), latency: this.latency.labels(labels) };
-      this.httpChildren.set(key, child);
-    }
-    child.count.inc();
-    child.latency.observe(seconds);
+    const labels = { method, route, status: String(status) };
+    this.requests.inc(labels);
+    this.latency.observe(labels, seconds);
   }
 
   /** One Compatible API request: `model` is the id the client sent when it is a known one, else "unknown". */
   observeAi(route: string, model: string, status: number, seconds: number, errorType?: string): void {
-    const key = `${status} ${route} ${model}`;
-    let child = this.aiChildren.get(key);
-    if (!child) {
-      child = { count: this.aiRequests.labels({ route, model, status: String(status) }), latency: this.aiLatency.labels({ route, model }) };
-      this.aiChildren.set(key, child);
-    }
-    child.count.inc();
-    child.latency.observe(seconds);
+    this.aiRequests.inc({ route, model, status: String(status) });
+    this.aiLatency.observe({ route, model }, seconds);
     if (errorType) this.aiErrors.inc({ route, model, type: errorType });
   }
 
