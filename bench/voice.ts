@@ -81,6 +81,19 @@ async function recognitionQueue(server: Server): Promise<Record<string, { jobs: 
   return out;
 }
 
+/** Turns by result (answered, empty, interrupted, failed) and conversation jobs refused as overloaded, per engine. */
+async function outcomes(server: Server): Promise<Record<string, number>> {
+  const out: Record<string, number> = {};
+  for (const result of ["answered", "empty", "interrupted", "failed"]) out[result] = await metric(server, "perch_voice_turns_total", `result="${result}"`);
+  for (const engine of ["recognition", "speech"])
+    out[`${engine}_refused`] = await metric(server, "perch_engine_refused_total", `engine="${engine}",class="conversation"`);
+  return out;
+}
+
+function outcomeDelta(before: Record<string, number>, after: Record<string, number>): Record<string, number> {
+  return Object.fromEntries(Object.entries(after).map(([k, v]) => [k, v - (before[k] ?? 0)]));
+}
+
 function queueDelta(before: Record<string, { jobs: number; waited_s: number }>, after: Record<string, { jobs: number; waited_s: number }>) {
   const out: Record<string, { jobs: number; mean_wait_ms: number }> = {};
   for (const [cls, a] of Object.entries(after)) {
@@ -199,6 +212,7 @@ export async function voiceBench(): Promise<unknown> {
     let mixed: unknown;
     if (PHASES.has("mixed")) {
       const cpuBefore = treeCpuSeconds(pid);
+      const outcomesBefore = await outcomes(server);
       const started = performance.now();
       const synthesis = loop(MIXED_API, (signal) => speechRequest(server.url, API_KEY, LONG_TEXT, signal));
       const files = loop(MIXED_FILES, (signal) => transcriptionRequest(server.url, API_KEY, upload, signal));
@@ -211,6 +225,7 @@ export async function voiceBench(): Promise<unknown> {
         api_speech_clients: MIXED_API,
         api_transcription_clients: MIXED_FILES,
         ...turns,
+        turn_results: outcomeDelta(outcomesBefore, await outcomes(server)),
         api_speech: speechReport,
         api_transcription: fileReport,
         seconds: round((performance.now() - started) / 1000),
@@ -223,6 +238,7 @@ export async function voiceBench(): Promise<unknown> {
     const framesBefore = await metric(server, "perch_voice_frames_total");
     const lateBefore = await metric(server, "perch_voice_frames_late_total");
     const queueBefore = await recognitionQueue(server);
+    const outcomesBefore = await outcomes(server);
     const started = performance.now();
     let peakRss = rssBefore;
     const sampler = setInterval(() => {
@@ -241,6 +257,7 @@ export async function voiceBench(): Promise<unknown> {
     const frames = (await metric(server, "perch_voice_frames_total")) - framesBefore;
     const late = (await metric(server, "perch_voice_frames_late_total")) - lateBefore;
     const queue = queueDelta(queueBefore, await recognitionQueue(server));
+    const turnOutcomes = outcomeDelta(outcomesBefore, await outcomes(server));
 
     const barge = PHASES.has("barge") ? (await devices(server, file, 1, 1, "barge", Math.max(3, Math.round(TURNS / 2)))).filter((r) => r.type === "barge") : [];
     return {
@@ -277,6 +294,7 @@ export async function voiceBench(): Promise<unknown> {
         frames_late: late,
         late_share_percent: round((late / Math.max(1, frames)) * 100),
         recognition_queue: queue,
+        turn_results: turnOutcomes,
         server_cpu_percent_per_conversation: round(((cpu / seconds) * 100) / CONVERSATIONS),
         server_rss_mb: { before: rssBefore, peak: peakRss, per_conversation: round((peakRss - rssBefore) / CONVERSATIONS) },
       },

@@ -25,7 +25,9 @@ function keyFile(): { file: string; publicKey: string } {
  * reply's full minute), a refused connection says so, and without `--server` the port comes from
  * the configuration.
  */
-describe("perch device: what goes wrong is said, with exit 1", { timeout: 300_000 }, () => {
+// The tests run at once: each is its own command-line process and device key (only one scripts the
+// model), and most of their time is a process starting or the 8 s a device no agent answers waits.
+describe("perch device: what goes wrong is said, with exit 1", { timeout: 300_000, concurrency: true }, () => {
   let upstream: FakeUpstream;
   let server: TestServer;
   before(async () => {
@@ -51,11 +53,13 @@ describe("perch device: what goes wrong is said, with exit 1", { timeout: 300_00
     assert.equal(await server.store.read((s) => s.peers.get(publicKey)), undefined, "the device never connected");
   });
 
-  test("a turn that fails exits 1 naming the failure", async () => {
+  test("a turn that fails exits 1 naming the failure, and leaves no --reply-wav file", async () => {
     const { file } = keyFile();
     upstream.reply({ status: 500, error: { message: "the model fell over" } });
-    const r = await perch(connect(file, "--say", "What is the weather like today?"), {});
+    const wav = join(tempDir(), "reply.wav");
+    const r = await perch(connect(file, "--say", "What is the weather like today?", "--reply-wav", wav), {});
     assert.equal(r.code, 1, `${r.stdout}\n${r.stderr}`);
+    assert.equal(existsSync(wav), false, "no empty reply file");
     assert.match(r.stdout, /event EOS .*"error":\{"code":"failed"/);
     assert.match(r.stderr, /^perch: the turn failed: /);
     assert.doesNotMatch(r.stderr, /\n\s+at /, "no stack trace");

@@ -21,7 +21,9 @@ function refused(status: number, code: string) {
 type PeerListing = Array<{ public_key: string; role: string; status: string; created_at: string }>;
 type SessionListing = Array<{ id: string; kind: string; public_key: string; target_key?: string; created_at: string; expires_at: string }>;
 
-describe("perch command line: keys and peers", () => {
+// The tests run at once (each is a row of command-line processes, most of their time a process
+// starting); the voice test has a data directory of its own, since the peers test lists every peer.
+describe("perch command line: keys and peers", { concurrency: true }, () => {
   const dataDir = tempDir();
   const env = { PERCH_DATA_DIR: dataDir };
   /** The same SQLite file, opened here to check what each command wrote. */
@@ -35,8 +37,14 @@ describe("perch command line: keys and peers", () => {
   });
   const statusOf = async (key: string) => (await store.read((r) => r.peers.get(key)))?.status;
 
-  test("peers voice sets a device's voice agent (an agent id, off, default); an unknown agent or key exits 1", async () => {
-    const config = join(dataDir, "voice.json");
+  test("peers voice sets a device's voice agent (an agent id, off, default); an unknown agent or key exits 1", async (t) => {
+    const voiceDir = tempDir();
+    const voiceStore = await Store.open(undefined, voiceDir);
+    t.after(async () => {
+      await voiceStore.close();
+      rmSync(voiceDir, { recursive: true, force: true });
+    });
+    const config = join(voiceDir, "voice.json");
     writeFileSync(
       config,
       JSON.stringify({
@@ -45,21 +53,23 @@ describe("perch command line: keys and peers", () => {
         agents: [{ id: "talker", model: "m" }],
       }),
     );
-    const venv = { ...env, PERCH_CONFIG: config };
+    const venv = { PERCH_DATA_DIR: voiceDir, PERCH_CONFIG: config };
     const key = encodeKey(generateKeyPair().publicKey);
     await perchJson(["peers", "add", key], venv);
-    const voiceOf = () => store.read((r) => r.peers.voiceAgent(key));
+    const voiceOf = () => voiceStore.read((r) => r.peers.voiceAgent(key));
     assert.deepEqual(await perchJson(["peers", "voice", key, "talker"], venv), { public_key: key, voice_agent: "talker" });
     assert.equal(await voiceOf(), "talker");
     await perchJson(["peers", "voice", key, "off"], venv);
     assert.equal(await voiceOf(), "off");
     await perchJson(["peers", "voice", key, "default"], venv);
     assert.equal(await voiceOf(), null);
-    assertFails(await perch(["peers", "voice", key, "nobody"], venv), /no agent nobody in the configuration \(agents: talker\)/);
-    assertFails(await perch(["peers", "voice", encodeKey(generateKeyPair().publicKey), "off"], venv), /no registered peer/);
+    const [unknownAgent, unknownKey] = await Promise.all([
+      perch(["peers", "voice", key, "nobody"], venv),
+      perch(["peers", "voice", encodeKey(generateKeyPair().publicKey), "off"], venv),
+    ]);
+    assertFails(unknownAgent, /no agent nobody in the configuration \(agents: talker\)/);
+    assertFails(unknownKey, /no registered peer/);
     assert.equal(await voiceOf(), null);
-    // Leave the shared data directory as found: the next test lists every peer.
-    assert.deepEqual(await perchJson(["peers", "remove", key], venv), { public_key: key, removed: true });
   });
 
   test("keygen prints a valid X25519 key pair", async () => {

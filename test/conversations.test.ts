@@ -192,6 +192,30 @@ for (const store of STORES) {
       assert.deepEqual(await storedRows(server, databaseUrl, key), [0, 0]);
     });
 
+    test("a conversation its node left open (the node died) ends at its last entry when the device converses again", async () => {
+      const { phone, key } = await pairPhone(server);
+      const errors: unknown[] = [];
+      const left = server.domain.conversations.open(key, (err) => errors.push(err));
+      left.add({ turn: 1, role: "user", text: "are you there?" });
+      await left.settled();
+      const lastEntryAt = clock.now();
+      clock.advance(60_000);
+      const other = await pairPhone(server);
+      const othersOpen = server.domain.conversations.open(other.key, (err) => errors.push(err));
+      othersOpen.add({ turn: 1, role: "user", text: "another device, still talking" });
+      await othersOpen.settled();
+      assert.equal((await list(phone)).items[0]?.ended_at_unix_ms, undefined, "open while nothing says otherwise");
+      clock.advance(60_000);
+      const next = await converse(server, key, [{ turn: 1, role: "user", text: "hello again" }]);
+      const items = (await list(phone)).items.map((c) => [c.id, c.ended_at_unix_ms]);
+      assert.deepEqual(items, [
+        [next, clock.now()],
+        [left.id, lastEntryAt],
+      ]);
+      assert.equal((await list(other.phone)).items[0]?.ended_at_unix_ms, undefined, "another device's open conversation stays open");
+      assert.deepEqual(errors, []);
+    });
+
     test("they go with the device's registration", async () => {
       const { key } = await pairPhone(server);
       const id = await converse(server, key, [{ turn: 1, role: "user", text: "hello" }]);

@@ -113,8 +113,14 @@ describe("PostgreSQL event bus (LISTEN/NOTIFY)", { skip: TEST_DATABASE_URL ? fal
       onB.got.map((m) => m.i),
       [0, 1, 2, 3, 4],
     );
-    await new Promise((r) => setTimeout(r, 200));
-    assert.equal(onA.got.length, 5, "its own notifications are not delivered twice");
+    // PostgreSQL delivers notifications in commit order: had a's own come back to it, they would come before b's marker.
+    b.publish("device:x", { i: "marker" });
+    await onA.until(() => onA.got.some((m) => m.i === "marker"), "b's marker on a");
+    assert.deepEqual(
+      onA.got.map((m) => m.i),
+      [0, 1, 2, 3, 4, "marker"],
+      "its own notifications are not delivered twice",
+    );
     onA.unsubscribe();
     onB.unsubscribe();
   });

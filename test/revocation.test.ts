@@ -109,6 +109,15 @@ for (const store of STORES) {
       });
     }
 
+    test("setting the device's voice agent (a message on the same topic) leaves its controllers' streams running", async () => {
+      const [a] = nodes as [TestServer];
+      const { device, phone } = await pair(a);
+      const running = await streams(nodes, phone.accessToken);
+      // Published before the status change, on the same bus: a stream it ended would not see the status.
+      assert.equal(await a.domain.peers.setVoiceAgent(device.publicKey, "off"), true);
+      await stillLive(running, device, 13);
+    });
+
     test("perch peers block of the controller (a registered peer) ends its streams", async () => {
       const [a] = nodes as [TestServer];
       const controller = a.client();

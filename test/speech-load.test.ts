@@ -10,6 +10,7 @@ import net from "node:net";
 import { after, before, describe, test } from "node:test";
 import { createSpeechEngine, type FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
+import { wavFile } from "../src/audio/samples.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
@@ -59,6 +60,16 @@ function speech(server: TestServer, key: string, input: string, signal?: AbortSi
   return { firstByte, done };
 }
 
+/** One `POST /audio/transcriptions` of `wav` with segments (verbose_json). */
+async function transcribe(server: TestServer, key: string, wav: Uint8Array): Promise<{ status: number; body: unknown }> {
+  const form = new FormData();
+  form.append("model", "whisper-1");
+  form.append("response_format", "verbose_json");
+  form.append("file", new Blob([new Uint8Array(wav)], { type: "audio/wav" }), "speech.wav");
+  const res = await fetch(`${server.url}/openai/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${key}` }, body: form });
+  return { status: res.status, body: await res.json() };
+}
+
 /** Clients that each ask for long speech again and again until stopped; each answer's size is kept. */
 function loopingClients(server: TestServer, count: number, key = KEYS.a) {
   let stopped = false;
@@ -98,12 +109,17 @@ describe("speech under load: conversations first, callers in turn", () => {
   let server: TestServer;
   /** The question as a device's microphone gives it (another voice than the reply's), made before any load. */
   let question: Int16Array;
+  /** About a minute of speech, as a WAV file. */
+  let longSpeech: Uint8Array;
 
   before(async () => {
     upstream = await startFakeUpstream();
     server = await startTestServer({ config: { ...talkerConfig(upstream.url), api_keys: API_KEYS }, engines: engines() });
-    const { samples, sampleRate } = await (engines().speech as FliteSpeechEngine).speak(QUESTION, "nova");
+    const flite = engines().speech as FliteSpeechEngine;
+    const { samples, sampleRate } = await flite.speak(QUESTION, "nova");
     question = await resample(samples, sampleRate, 48_000);
+    const talk = await flite.speak(LONG.slice(0, 900), "echo");
+    longSpeech = wavFile(talk.samples, talk.sampleRate);
   });
 
   after(async () => {
@@ -136,6 +152,42 @@ describe("speech under load: conversations first, callers in turn", () => {
     for (const answer of load.answers) {
       assert.equal(answer.status, 200);
       assert.ok(answer.bytes > LONG_PCM_MIN_BYTES, `a whole answer: ${answer.bytes} bytes`);
+    }
+  });
+
+  test("a file started first is recognised in short jobs while a conversation goes on: the turn's transcript comes before the file's", {
+    timeout: 600_000,
+  }, async () => {
+    const conn = await connect(server);
+    const log = new EventLog(conn);
+    const mic = await conn.microphone();
+    const transcripts = () => log.all.filter((s) => s.type === "TEXT_DONE" && s.label === "user.transcript").length;
+    try {
+      // A first turn: the conversation is going on.
+      upstream.reply({ content: "It is sunny today." });
+      await mic.say(question);
+      await log.wait((s) => s.stream === "out-1" && s.label === "turn.metrics", 120_000, "the first turn's end");
+      const started = () => metric(server, "perch_engine_jobs_total", 'engine="recognition",class="api"');
+      const before = await started();
+      let fileDone = -1;
+      const file = transcribe(server, KEYS.a, longSpeech).then((r) => {
+        fileDone = transcripts();
+        return r;
+      });
+      // The file's first recognition job runs; then the device asks.
+      await eventually(async () => (await started()) > before, 120_000, "the file's first recognition job");
+      upstream.reply({ content: "It is sunny today." });
+      await mic.say(question);
+      await eventually(() => transcripts() >= 2, 120_000, "the second turn's transcript");
+      const { status, body } = await file;
+      assert.equal(status, 200);
+      assert.ok(fileDone >= 2, "the file's transcription ended before the turn's transcript");
+      // Each job of the file was one piece of at most 5 s of speech, so a turn waits for one such job at most.
+      const segments = (body as { segments: Array<{ start: number; end: number }> }).segments;
+      assert.ok(segments.length >= 6, `${segments.length} segments`);
+      for (const seg of segments) assert.ok(seg.end - seg.start <= 5.01, `a job of ${seg.end - seg.start} s`);
+    } finally {
+      conn.close();
     }
   });
 

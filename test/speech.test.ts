@@ -21,6 +21,7 @@ import {
   UnsupportedLanguageError,
 } from "../src/ai/speech/index.ts";
 import { WorkQueue } from "../src/ai/speech/queue.ts";
+import { initialVadState } from "../src/ai/speech/silero.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
 import { WorkerPool } from "../src/workers/pool.ts";
 import { childProcesses } from "./support/processes.ts";
@@ -484,6 +485,40 @@ describe("transcription (Moonshine)", () => {
     assert.ok(wordErrorRate(said[0]!, texts[0]!) <= 0.25, texts[0]);
     assert.ok(wordErrorRate(said[1]!, texts[1]!) <= 0.25, texts[1]);
     assert.ok(wordErrorRate(said[2]!, texts[2]!) <= 0.25, texts[2]);
+  });
+
+  test("conversations' voice activity waiting together is scored in one batch, each stream as if alone", async () => {
+    const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
+    const samples = new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength));
+    // Three streams: the phrase after 0.5, 1 and 1.5 s of silence, with a second of silence after it.
+    const streams = [8000, 16000, 24000].map((lead) => {
+      const stream = new Int16Array(lead + samples.length + 16000);
+      stream.set(samples, lead);
+      return stream;
+    });
+    const alone = [];
+    for (const stream of streams) {
+      const vad = recogniser.createVad();
+      alone.push([...(await vad.push(stream)), ...vad.flush()]);
+    }
+    const runs = recogniser.activity.runs;
+    // A file's scoring holds the one voice activity process while the three streams queue.
+    const file = recogniser.vadFrames(new Float32Array(512 * 2000), initialVadState());
+    await sleep(0);
+    const together = await Promise.all(
+      streams.map(async (stream) => {
+        const vad = recogniser.createVad();
+        return [...(await vad.push(stream)), ...vad.flush()];
+      }),
+    );
+    await file;
+    assert.equal(recogniser.activity.runs - runs, 2, "the file, then the three streams in one batch");
+    assert.deepEqual(together, alone);
+    for (const events of together)
+      assert.deepEqual(
+        events.map((e) => e.type),
+        ["start", "end"],
+      );
   });
 
   test("incremental recognition while the recogniser is busy: nothing speculative queues, the final text still comes", async () => {

@@ -3,10 +3,10 @@ import { createHash } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
 import { PerchClient } from "../src/sdk/client.ts";
-import { assertFails, perch, perchJson } from "./support/cli.ts";
+import { perchJson } from "./support/cli.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { WeatherServer } from "./support/mcp.ts";
-import { freshPostgresDatabase, startTestServer, TEST_DATABASE_URL, type TestServer } from "./support/server.ts";
+import { STORES, startTestServer, type TestServer } from "./support/server.ts";
 import { connect, eventually } from "./support/webrtc.ts";
 
 const APP_KEY = "sk-perch-test-tools-app";
@@ -289,31 +289,30 @@ describe("agents with tools: the device's own and MCP servers'", () => {
 });
 
 describe("perch peers tools", () => {
-  test("asks the node that holds the connection (PostgreSQL bus); with SQLite it says why it cannot", {
-    skip: !TEST_DATABASE_URL && "PERCH_TEST_DATABASE_URL is not set",
-  }, async () => {
-    const databaseUrl = await freshPostgresDatabase();
-    const server = await startTestServer({ config: { databaseUrl, nodeName: "tools-node" } });
-    try {
-      const { conn } = await volumeDevice(server);
+  for (const store of STORES) {
+    test(`asks the node that holds the connection, over the ${store.name} store's bus`, async () => {
+      const databaseUrl = await store.url();
+      const server = await startTestServer({ config: { ...(databaseUrl ? { databaseUrl } : {}), nodeName: "tools-node" } });
       try {
-        const env = { PERCH_DATA_DIR: server.dataDir, PERCH_DATABASE_URL: databaseUrl };
-        const out = await perchJson<any>(["peers", "tools", conn.publicKey], env);
-        assert.deepEqual(out, {
-          public_key: conn.publicKey,
-          online: true,
-          node: "tools-node",
-          tools: [{ name: "set_volume", description: "Sets the speaker volume (0-10)." }],
-        });
-        const offline = await perchJson<any>(["peers", "tools", server.client().publicKey], env);
-        assert.deepEqual(offline.tools, []);
-        assert.equal(offline.online, false);
-        assertFails(await perch(["peers", "tools", conn.publicKey], { PERCH_DATA_DIR: server.dataDir, PERCH_DATABASE_URL: "" }), /PostgreSQL/);
+        const { conn } = await volumeDevice(server);
+        try {
+          const env = { PERCH_DATA_DIR: server.dataDir, PERCH_DATABASE_URL: databaseUrl ?? "" };
+          const out = await perchJson<any>(["peers", "tools", conn.publicKey], env);
+          assert.deepEqual(out, {
+            public_key: conn.publicKey,
+            online: true,
+            node: "tools-node",
+            tools: [{ name: "set_volume", description: "Sets the speaker volume (0-10)." }],
+          });
+          const offline = await perchJson<any>(["peers", "tools", server.client().publicKey], env);
+          assert.deepEqual(offline.tools, []);
+          assert.equal(offline.online, false);
+        } finally {
+          conn.close();
+        }
       } finally {
-        conn.close();
+        await server.stop();
       }
-    } finally {
-      await server.stop();
-    }
-  });
+    });
+  }
 });

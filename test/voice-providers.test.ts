@@ -128,6 +128,9 @@ function speechboxConfig(upstreamUrl: string, fakeUrl: string, speechModel: "box
 }
 
 describe("voice conversations with a fake speech provider", () => {
+  // The fake provider does the hearing, so a question needs to be speech, not these words: a short one, synthesised once.
+  let short: Promise<Int16Array> | undefined;
+  const shortQuestion = () => (short ??= spoken("Hello there."));
   let upstream: FakeUpstream;
   let fake: FakeSpeechProvider;
   let server: TestServer;
@@ -158,7 +161,7 @@ describe("voice conversations with a fake speech provider", () => {
       gate: (i) =>
         i === 1 ? log.wait((s) => s.stream === "out-1" && s.type === "BOS" && s.label === "assistant.audio", 30_000).then(() => {}) : Promise.resolve(),
     });
-    await say(await spoken(QUESTION));
+    await say(await shortQuestion());
     const metrics = await metricsOf(log, 1);
     assert.deepEqual(metrics.engines, { transcription: "speechbox", speech: "speechbox" });
     const request = fake.of("/audio/speech").at(-1)!;
@@ -216,7 +219,7 @@ describe("voice conversations with a fake speech provider", () => {
       // A failed recognition never asks the model: only a speech failure's turn takes an answer.
       if (f.stage === "speech") upstream.reply({ content: "First answer." });
       f.act();
-      await say(await spoken(QUESTION));
+      await say(await shortQuestion());
       await metricsOf(log, 1);
       const out1 = outline(log, 1);
       if (f.stage === "speech") {
@@ -228,7 +231,7 @@ describe("voice conversations with a fake speech provider", () => {
       assert.match(failed.error!.message, f.message);
       fake.defaultTranscription = { kind: "text", text: "hello there" };
       upstream.reply({ content: "Second answer." });
-      await say(await spoken(QUESTION));
+      await say(await shortQuestion());
       await metricsOf(log, 2);
       assert.ok(outline(log, 2).includes("EOS assistant.audio AUDIO"), JSON.stringify(outline(log, 2)));
       assert.equal(log.of("out-2").find((s) => s.type === "TEXT_DONE" && s.label === "assistant.text")?.text, "Second answer.");
@@ -242,7 +245,7 @@ describe("voice conversations with a fake speech provider", () => {
       const { conn, log, say } = await device(safe);
       upstream.reply({ content: "Spoken anyway." });
       fake.speech({ kind: "status", status: 503 });
-      await say(await spoken(QUESTION));
+      await say(await shortQuestion());
       await metricsOf(log, 1);
       assert.ok(outline(log, 1).includes("EOS assistant.audio AUDIO"), JSON.stringify(outline(log, 1)));
       assert.equal(log.of("out-1").find((s) => s.type === "EOS" && s.label === "assistant.audio")?.error, undefined);

@@ -51,7 +51,7 @@ describe("voice turns (fake engines, fake clock)", () => {
     assert.ok(r.stt.turns[0]!.samples > 0.6 * 16_000, "the transcription heard the whole question, from its onset");
     assert.ok(r.stt.turns[0]!.pauses >= 1, "the transcription was told of the pause before the end of the turn");
     assert.deepEqual(
-      r.observed.map((e) => e.type),
+      r.observed.map((e) => e.role),
       ["user", "assistant"],
     );
     const text = await r.metrics.getSingleMetricAsString("perch_voice_stage_seconds");
@@ -173,8 +173,8 @@ describe("voice turns (fake engines, fake clock)", () => {
     await untilTurn(r, 2);
     const heard = r.model.calls[1]!.messages[1]!.content as string;
     assert.ok(heard.length > 0 && heard.length < long.join("").length / 2, `only what was heard: ${heard}`);
-    const assistant = r.observed.find((e) => e.type === "assistant" && e.turn === 1);
-    assert.deepEqual(assistant?.type === "assistant" && { interrupted: assistant.interrupted, text: assistant.text }, { interrupted: true, text: heard });
+    const assistant = r.observed.find((e) => e.role === "assistant" && e.turn === 1);
+    assert.deepEqual(assistant?.role === "assistant" && { interrupted: assistant.interrupted, text: assistant.text }, { interrupted: true, text: heard });
     r.close();
   });
 

@@ -5,13 +5,18 @@ import { test } from "node:test";
 import { ROOT } from "./support/server.ts";
 
 const CYCLES = 200;
+/** Two lanes of sequential cycles at once: the same 200 connects (see soak.ts) in about half the time. */
+const LANES = 2;
 
-test(`soak: ${CYCLES} sequential connect/disconnect cycles (each with a voice conversation) leave handles, descriptors and memory where they were`, {
+test(`soak: ${CYCLES} connect/disconnect cycles in ${LANES} lanes, each with a voice conversation, leave handles, descriptors and memory where they were`, {
   timeout: 300_000,
 }, async () => {
   const output = await new Promise<string>((resolve, reject) => {
-    execFile(join(ROOT, "node_modules/.bin/tsx"), [join(ROOT, "test/support/soak.ts"), String(CYCLES)], { timeout: 240_000 }, (err, stdout, stderr) =>
-      err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),
+    execFile(
+      join(ROOT, "node_modules/.bin/tsx"),
+      [join(ROOT, "test/support/soak.ts"), String(CYCLES), String(LANES)],
+      { timeout: 240_000 },
+      (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout)),
     );
   });
   const r = JSON.parse(output.trim().split("\n").at(-1)!) as {
@@ -25,7 +30,7 @@ test(`soak: ${CYCLES} sequential connect/disconnect cycles (each with a voice co
   assert.ok(r.after.heap_mb - r.before.heap_mb <= 15, `heap ${r.before.heap_mb.toFixed(1)} → ${r.after.heap_mb.toFixed(1)} MB`);
   assert.ok(r.after.rss_mb - r.before.rss_mb <= 80, `rss ${r.before.rss_mb.toFixed(1)} → ${r.after.rss_mb.toFixed(1)} MB`);
   assert.equal(r.offline, true);
-  // Each connection had its voice conversation, and each was freed with it.
-  assert.equal(r.conversations.peak, 1);
+  // Each connection had its voice conversation (at most one a lane at a time), and each was freed with it.
+  assert.ok(r.conversations.peak >= 1 && r.conversations.peak <= LANES, `peak conversations ${r.conversations.peak}`);
   assert.equal(r.conversations.open, 0);
 });

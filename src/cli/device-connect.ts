@@ -1,4 +1,4 @@
-import { closeSync, openSync, writeFileSync } from "node:fs";
+import { closeSync, openSync, rmSync, writeFileSync } from "node:fs";
 import { create, toBinary } from "@bufbuild/protobuf";
 import type { Command } from "commander";
 import { wavFile } from "../audio/samples.ts";
@@ -85,12 +85,18 @@ export function registerConnectCommand(device: Command, load: () => { server: st
       const { server, keyPair } = load();
       // Opened before the conversation, so that a file that cannot be written is said at once.
       let wavFd: number | undefined;
+      let wavSaved = false;
       if (opts.replyWav) {
+        const file = opts.replyWav;
         try {
-          wavFd = openSync(opts.replyWav, "w");
+          wavFd = openSync(file, "w");
         } catch (err) {
-          fail(`cannot write --reply-wav ${opts.replyWav}: ${(err as Error).message}`);
+          fail(`cannot write --reply-wav ${file}: ${(err as Error).message}`);
         }
+        // A turn that fails leaves no empty or partial file behind.
+        process.once("exit", () => {
+          if (!wavSaved) rmSync(file, { force: true });
+        });
       }
       const say = (what: string, detail: Record<string, unknown> = {}) =>
         process.stdout.write(`${new Date().toISOString()} ${what}${Object.keys(detail).length ? ` ${JSON.stringify(detail)}` : ""}\n`);
@@ -156,6 +162,7 @@ export function registerConnectCommand(device: Command, load: () => { server: st
           try {
             writeFileSync(wavFd, wavFile(heard.samples, heard.rate));
             closeSync(wavFd);
+            wavSaved = true;
           } catch (err) {
             fail(`cannot write --reply-wav ${opts.replyWav}: ${(err as Error).message}`);
           }

@@ -126,17 +126,20 @@ peers
   .description("the tools a connected device offers now over its service stream 3, asked of the node that holds its connection")
   .action(async (key: string) => {
     const config = loadConfig();
-    if (!config.databaseUrl || !/^postgres(ql)?:\/\//.test(config.databaseUrl)) {
-      fail(
-        "asking a node needs the PostgreSQL store's event bus (PERCH_DATABASE_URL=postgres://…); with SQLite the device's tools are in the server process only",
-      );
-    }
     const peer = keyArg(key);
     const { Commands } = await import("../events/index.ts");
     await withDomain(async (d) => {
       const { online, node } = await d.peers.runtime(peer);
       if (!online || node === undefined) return print({ public_key: peer, online: false, tools: [] });
-      const bus = await openEventBus(config.databaseUrl);
+      // On SQLite the command and its reply go through the file's bus_messages, read every 100 ms here.
+      const store = d.ctx.store;
+      const bus = await openEventBus(config.databaseUrl, {
+        sqlite: {
+          file: store.sqliteFile,
+          pollMs: 100,
+          persist: (origin, topic, m) => store.transaction((tx) => tx.busMessages.add(origin, topic, m, Date.now())),
+        },
+      });
       const commands = new Commands(bus, undefined);
       try {
         const found = (await commands.call(node, "device.tools", { key: peer })) as { tools: unknown[]; more: number } | undefined;

@@ -23,8 +23,11 @@ export type DeviceMessage =
 /** A session's end, on `topics.session(id)`. */
 export type SessionMessage = { kind: "revoked" };
 
-/** On `topics.peers`: an operator blocked, unblocked or removed a peer (from any process sharing the database). */
-export type PeerMessage = { kind: "blocked" | "unblocked" | "removed"; key: string };
+/**
+ * On `topics.peers`, from any process sharing the database: an operator blocked, unblocked or
+ * removed a peer, or set its voice agent (`agent`: an agent id, `off`, or null for `voice.agent`).
+ */
+export type PeerMessage = { kind: "blocked" | "unblocked" | "removed"; key: string } | { kind: "voice"; key: string; agent: string | null };
 
 /** Text of a conversation entry per message (as JSON), leaving room within the bus's limit for the rest of the entry. */
 const CONVERSATION_PART_BYTES = 5_000;
@@ -90,12 +93,17 @@ export class DomainEvents {
   }
 
   /** From inside the transaction that blocked, unblocked or removed the peer; see `announce`. */
-  peer(tx: Repositories, key: string, kind: PeerMessage["kind"]): Promise<() => void> {
+  peer(tx: Repositories, key: string, kind: "blocked" | "unblocked" | "removed"): Promise<() => void> {
     return this.announce(tx, topics.peers, { kind, key } satisfies PeerMessage);
   }
 
+  /** From inside the transaction that set the peer's voice agent: its live conversation on any node takes it; see `announce`. */
+  voiceAgent(tx: Repositories, key: string, agent: string | null): Promise<() => void> {
+    return this.announce(tx, topics.peers, { kind: "voice", key, agent } satisfies PeerMessage);
+  }
+
   /**
-   * A change that ends access, announced from inside its transaction: the message is written
+   * A change to a peer or a session, announced from inside its transaction: the message is written
    * there for the other processes sharing a SQLite file (`bus_messages`, read by their
    * `SqliteBus`), and the returned function publishes it on the bus; call it once committed.
    */

@@ -181,7 +181,7 @@ export class LiveService {
   }
 
   private peerChanged(m: PeerMessage): void {
-    if (m.kind === "unblocked") return;
+    if (m.kind !== "blocked" && m.kind !== "removed") return;
     for (const s of [...this.streams]) {
       if (s.principal.targetKey !== m.key && s.principal.publicKey !== m.key) continue;
       // Access ended either way (a removed peer's sessions are deleted with it; a blocked one's are

@@ -100,9 +100,13 @@ export class PeerService {
     return publish !== undefined;
   }
 
-  /** The device's voice agent: an agent id, `off`, or null for the configured default (`voice.agent`). */
-  setVoiceAgent(publicKey: string, voiceAgent: string | null): Promise<boolean> {
-    return this.ctx.store.transaction((tx) => tx.peers.setVoiceAgent(publicKey, voiceAgent, this.ctx.clock.now()));
+  /** The device's voice agent: an agent id, `off`, or null for the configured default (`voice.agent`); a live conversation on any node takes it (`topics.peers`). */
+  async setVoiceAgent(publicKey: string, voiceAgent: string | null): Promise<boolean> {
+    const publish = await this.ctx.store.transaction(async (tx) =>
+      (await tx.peers.setVoiceAgent(publicKey, voiceAgent, this.ctx.clock.now())) ? this.ctx.events.voiceAgent(tx, publicKey, voiceAgent) : undefined,
+    );
+    publish?.();
+    return publish !== undefined;
   }
 
   /** The stored voice agent setting; undefined when the key is not registered. */

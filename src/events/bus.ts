@@ -16,8 +16,8 @@ import { randomBytes } from "node:crypto";
  *   Messages published meanwhile are not replayed (telemetry samples of that time arrive on no
  *   stream; status and runtime are re-read). Its own publishes are queued (bounded) and sent then.
  *
- * Topics in use (see `topics` below): a device's changes, a session's end, a peer blocked or
- * removed, and commands addressed to one node (`commands.ts`).
+ * Topics in use (see `topics` below): a device's changes, a session's end, a peer blocked, removed
+ * or given a voice agent, and commands addressed to one node (`commands.ts`).
  */
 export interface EventBus {
   publish(topic: string, message: BusMessage): void;
@@ -46,7 +46,7 @@ export const topics = {
   device: (publicKey: string) => `device:${publicKey}`,
   /** A session revoked or deleted (`{kind: "revoked"}`). */
   session: (sessionId: string) => `session:${sessionId}`,
-  /** A peer blocked, unblocked or removed (`{kind: "blocked" | "unblocked" | "removed", key}`), for every node. */
+  /** A peer blocked, unblocked or removed, or its voice agent set (`PeerMessage` in src/domain/events.ts), for every node. */
   peers: "peers",
   /** Commands for the node named so (`commands.ts`). */
   node: (nodeName: string) => `node:${nodeName}`,
@@ -114,7 +114,7 @@ export class Subscriptions {
 /** One node (SQLite, or tests): subscribers of this process only. */
 export class InProcessBus implements EventBus {
   readonly instance = newInstanceId();
-  private readonly subs: Subscriptions;
+  protected readonly subs: Subscriptions;
   private closed = false;
 
   constructor(onError: (err: unknown) => void = () => {}) {

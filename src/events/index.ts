@@ -1,6 +1,6 @@
 import { type EventBus, InProcessBus } from "./bus.ts";
 import { PgEventBus } from "./postgres.ts";
-import { SqliteBus } from "./sqlite-feed.ts";
+import { type Persist, SqliteBus } from "./sqlite-feed.ts";
 
 export { type BusMessage, type EventBus, InProcessBus, MAX_MESSAGE_BYTES, type Subscriber, topics } from "./bus.ts";
 export { CommandError, Commands } from "./commands.ts";
@@ -12,7 +12,7 @@ export interface OpenBusOptions {
   listen?: boolean;
   log?: { warn(obj: object, msg: string): void; info?(obj: object, msg: string): void };
   /** On SQLite, the store's file and how often to look for other processes' messages in it (`SqliteBus`; 0: never). */
-  sqlite?: { file: string | undefined; pollMs: number };
+  sqlite?: { file: string | undefined; pollMs: number; persist?: Persist };
 }
 
 /**
@@ -27,6 +27,7 @@ export async function openEventBus(databaseUrl: string | undefined, o: OpenBusOp
   }
   const onError = (err: unknown) => o.log?.warn({ err }, "an event subscriber failed");
   const file = o.sqlite?.file;
-  if (file && o.listen !== false && o.sqlite && o.sqlite.pollMs > 0) return new SqliteBus({ file, pollMs: o.sqlite.pollMs, onError });
+  if (file && o.listen !== false && o.sqlite && o.sqlite.pollMs > 0)
+    return new SqliteBus({ file, pollMs: o.sqlite.pollMs, onError, ...(o.sqlite.persist ? { persist: o.sqlite.persist } : {}) });
   return new InProcessBus(onError);
 }

@@ -150,7 +150,14 @@ export class Node {
     });
     closers.defer(() => store.close());
     try {
-      const events = await openEventBus(config.databaseUrl, { log: logger, sqlite: { file: store.sqliteFile, pollMs: config.webrtc.peerPollMs } });
+      const events = await openEventBus(config.databaseUrl, {
+        log: logger,
+        sqlite: {
+          file: store.sqliteFile,
+          pollMs: config.webrtc.peerPollMs,
+          persist: (origin, topic, message) => store.transaction((tx) => tx.busMessages.add(origin, topic, message, Date.now())),
+        },
+      });
       closers.defer(() => events.close());
       return new Node(o, engines, { logger, serverKey, store, events, closers });
     } catch (err) {

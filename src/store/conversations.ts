@@ -20,11 +20,22 @@ export class ConversationRepository {
   async append(c: { id: string; publicKey: string; startedAt: number }, e: Omit<ConversationEntryRow, "conversation_id" | "seq">): Promise<boolean> {
     const peer = await this.db.selectFrom("peers").select("public_key").where("public_key", "=", c.publicKey).executeTakeFirst();
     if (!peer) return false;
-    await this.db
+    const created = await this.db
       .insertInto("conversations")
       .values({ id: c.id, public_key: c.publicKey, started_at: c.startedAt, ended_at: null, last_at: e.at, turns: 0, entries: 0, last_text: "" })
       .onConflict((oc) => oc.column("id").doNothing())
-      .execute();
+      .executeTakeFirst();
+    // A device converses over one connection at a time: a conversation of its still open here was
+    // left by a node that died before its connection closed; it ended with its last entry.
+    if (Number(created.numInsertedOrUpdatedRows ?? 0n) > 0) {
+      await this.db
+        .updateTable("conversations")
+        .set((eb) => ({ ended_at: eb.ref("last_at") }))
+        .where("public_key", "=", c.publicKey)
+        .where("ended_at", "is", null)
+        .where("id", "<>", c.id)
+        .execute();
+    }
     // One statement takes the entry's sequence number and moves the summary on.
     const row = await this.db
       .updateTable("conversations")

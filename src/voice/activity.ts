@@ -18,11 +18,6 @@ export interface AgentChoice {
   language?: string;
 }
 
-/** What a conversation tells whoever observes it (Side Control, logs): finished transcripts and replies. */
-export type ConversationEvent =
-  | { type: "user"; turn: number; text: string }
-  | { type: "assistant"; turn: number; text: string; interrupted: boolean; cut: boolean };
-
 /** The agent's reply to `messages` as text deltas; throws on failure; `signal` ends the model call (a barge-in, a cut reply). */
 /** The agent's reply to `messages` in turn `n`, as text deltas. */
 export type AgentRun = (agentId: string, messages: ChatMessage[], signal: AbortSignal, n: number) => Promise<AsyncIterable<string>>;
@@ -38,8 +33,6 @@ export interface ActivityOptions {
   send: (opus: Buffer, first: boolean) => boolean;
   agent: () => AgentChoice | undefined;
   run: AgentRun;
-  /** Observes the conversation's finished transcripts and replies (never throws into it). */
-  observe?: (e: ConversationEvent) => void;
   /** One line per turn, and what went wrong. */
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
 }
@@ -156,7 +149,6 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     const agent = this.o.agent();
     // A newer turn began while this one was transcribed: it answers instead.
     if (!transcript || !agent || this.turns !== n) return done("empty", engines, flags);
-    this.notify({ type: "user", turn: n, text: transcript });
     this.remember("user", transcript);
     const messages = [...this.history];
     engines.speech = agent.engines.speech.engine;
@@ -182,7 +174,6 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     if (this.reply === reply) this.reply = undefined;
     if (this.closed) return;
     if (outcome.heard) this.remember("assistant", outcome.heard);
-    this.notify({ type: "assistant", turn: n, text: outcome.heard, interrupted: outcome.result === "interrupted", cut: outcome.cut });
     if (outcome.at.firstToken !== undefined) stages.first_token = outcome.at.firstToken - transcribed;
     if (outcome.at.firstAudio !== undefined) {
       if (outcome.at.firstSentence !== undefined) stages.first_audio = outcome.at.firstAudio - outcome.at.firstSentence;
@@ -190,14 +181,6 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     }
     if (outcome.error) this.o.log("warn", { turn: n, error: outcome.error }, "voice reply failed");
     done(outcome.result, engines, { ...flags, interrupted: outcome.result === "interrupted", reply_cut: outcome.cut });
-  }
-
-  private notify(e: ConversationEvent): void {
-    try {
-      this.o.observe?.(e);
-    } catch (err) {
-      this.o.log("warn", { err }, "a conversation observer failed");
-    }
   }
 
   private remember(role: "user" | "assistant", content: string): void {

@@ -1,7 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
 import type { VoiceConfig } from "../config/config.ts";
-import { type AgentChoice, type AgentRun, type ConversationEvent, type Turn, TurnActivity } from "./activity.ts";
+import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
 import { RECOGNITION_RATE, type VoiceActivityPort } from "./engine-ports.ts";
 import { VoiceEvents } from "./events.ts";
@@ -26,7 +26,6 @@ export interface ConversationOptions {
   agent: () => AgentChoice | undefined;
   /** The agent's reply to the history so far, as text deltas. */
   run: AgentRun;
-  observe?: (e: ConversationEvent) => void;
   /** Default the system's. */
   clock?: VoiceClock;
 }
@@ -69,7 +68,6 @@ export class Conversation {
       send: (opus, first) => o.port.sendFrame(opus, first),
       agent: o.agent,
       run: o.run,
-      ...(o.observe ? { observe: o.observe } : {}),
       log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
     });
     this.recognition = new AudioRecognition({

@@ -5,7 +5,9 @@ import type { ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
 import { parseEvents } from "../ai/sse.ts";
 import type { Config } from "../config/config.ts";
+import type { PeerMessage } from "../domain/events.ts";
 import type { Domain } from "../domain/index.ts";
+import { topics } from "../events/index.ts";
 import type { ChatChunk, ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { type AgentChoice, Conversation } from "./conversation.ts";
 import type { EngineFor } from "./engine-choice.ts";
@@ -16,8 +18,6 @@ import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
 
-/** How long a device's stored choice of agent is trusted before it is read again (so a change reaches every node). */
-export const AGENT_REFRESH_MS = 2_000;
 const DEFAULT_VOICE = "alloy";
 
 export interface VoiceServiceOptions {
@@ -113,25 +113,39 @@ export class VoiceService implements VoiceHost {
   }
 }
 
-/** A device's agent as last read from the store: its own choice, else `voice.agent`; refreshed in the background. */
+/**
+ * A device's agent: its own choice, else `voice.agent`. Read from the store once, then taken from
+ * the `voice` messages on `topics.peers` (an operator's `perch peers voice`, from any process and on
+ * every node, reaches the live conversation); read again after the bus missed messages.
+ */
 class AgentLookup {
   private readonly key: string;
   private readonly o: VoiceServiceOptions;
   private readonly engines: ReadonlyMap<string, VoiceEngines>;
-  private setting: string | null = null;
-  private readAt = 0;
-  private reading = false;
-  private closed = false;
+  /** undefined until read: no turn starts before the device's choice is known (it may be `off`). */
+  private setting: string | null | undefined;
+  /** Counts the settings taken from messages: a read that started before one is stale. */
+  private changes = 0;
+  private readonly unsubscribe: () => void;
 
   constructor(key: string, o: VoiceServiceOptions, engines: ReadonlyMap<string, VoiceEngines>) {
     this.key = key;
     this.o = o;
     this.engines = engines;
-    this.refresh();
+    this.unsubscribe = o.domain.ctx.events.bus.subscribe(topics.peers, {
+      message: (m) => {
+        const message = m as PeerMessage;
+        if (message.kind !== "voice" || message.key !== key) return;
+        this.changes++;
+        this.setting = message.agent;
+      },
+      gap: () => this.read(),
+    });
+    this.read();
   }
 
   current(): AgentChoice | undefined {
-    if (performance.now() - this.readAt > AGENT_REFRESH_MS) this.refresh();
+    if (this.setting === undefined) return undefined;
     const id = this.setting === null ? this.o.config.voice.agent : this.setting === "off" ? undefined : this.setting;
     if (!id) return undefined;
     const agent = this.o.config.agents.find((a) => a.id === id);
@@ -141,20 +155,18 @@ class AgentLookup {
   }
 
   close(): void {
-    this.closed = true;
+    this.unsubscribe();
   }
 
-  private refresh(): void {
-    if (this.reading || this.closed) return;
-    this.reading = true;
-    this.readAt = performance.now();
+  private read(): void {
+    const changes = this.changes;
     this.o.domain.peers.voiceAgent(this.key).then(
       (setting) => {
-        this.reading = false;
-        this.setting = setting ?? null;
+        if (this.changes === changes) this.setting = setting ?? null;
       },
       (err: unknown) => {
-        this.reading = false;
+        // Unreadable (the store away): the configured default until a message or the next read says otherwise.
+        if (this.setting === undefined) this.setting = null;
         this.o.logger.warn({ err, peer: this.key }, "could not read the device's voice agent");
       },
     );

@@ -10,7 +10,7 @@ import { Registry } from "prom-client";
 import { VoiceConfig as VoiceConfigSchema } from "../../src/config/config.ts";
 import type { ChatMessage } from "../../src/protocol/compat.ts";
 import { PeerEventSchema } from "../../src/protocol/gen/event_pb.ts";
-import type { AgentChoice, ConversationEvent } from "../../src/voice/activity.ts";
+import type { AgentChoice } from "../../src/voice/activity.ts";
 import type { VoiceClock } from "../../src/voice/clock.ts";
 import { Conversation } from "../../src/voice/conversation.ts";
 import type {
@@ -25,6 +25,7 @@ import type {
 } from "../../src/voice/engine-ports.ts";
 import { VoiceMetrics } from "../../src/voice/metrics.ts";
 import { loadResampler } from "../../src/voice/resampler.ts";
+import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
 import { type Seen, seen } from "./voice.ts";
 
 /** Lets every promise that can settle settle (a few turns of the event loop; no time passes). */
@@ -245,7 +246,8 @@ export interface Rig {
   tts: FakeSpeech;
   model: FakeModel;
   events: Seen[];
-  observed: ConversationEvent[];
+  /** The transcript entries read from the events, as Side Control gets them (src/voice/transcript.ts). */
+  observed: TranscriptEntry[];
   /** Opus frames sent to the device. */
   frames: number;
   metrics: Registry;
@@ -266,7 +268,7 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
   const tts = new FakeSpeech();
   const model = new FakeModel();
   const events: Seen[] = [];
-  const observed: ConversationEvent[] = [];
+  const observed: TranscriptEntry[] = [];
   const metrics = new Registry();
   const config = VoiceConfigSchema.parse({ agent: "talker", ...voice });
   let sequence = 0n;
@@ -293,10 +295,13 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
       const e = events.find((s) => s.stream === `out-${n}` && s.label === "turn.metrics");
       return e ? (JSON.parse(e.text!) as Record<string, unknown>) : undefined;
     },
-    close: () => r.conversation.close(),
+    close: () => {
+      r.conversation.close();
+      transcript.close();
+    },
   };
-  r.conversation = new Conversation({
-    port: {
+  const transcript = observeTranscript(
+    {
       publicKey: "fake-device",
       payloadType: 111,
       onPacket: () => {},
@@ -310,6 +315,10 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
         return true;
       },
     },
+    (e) => observed.push(e),
+  );
+  r.conversation = new Conversation({
+    port: transcript.port,
     config,
     activity: loudnessVad,
     resampler: await loadResampler(),
@@ -317,7 +326,6 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
     logger: pino({ level: "silent" }),
     agent: () => agent,
     run: model.run,
-    observe: (e) => observed.push(e),
     clock,
   });
   return r;

@@ -3,9 +3,14 @@
  * is, each in a worker process of its own (one model of each per server process, loaded at start-up in
  * the background; processes rather than threads: see recognition-worker.ts).
  *
- * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD, cut into speech regions of at most
- * 20 s (speechRegions), each recognised as one segment; silence and noise give no region and so an
- * empty transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
+ * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD (in jobs of 10 s of audio), cut into
+ * pieces of speech of at most 5 s (speechPieces), neighbours joined up to 12 s (joinPieces) unless a
+ * conversation is going on, when each piece is a job of its own: a turn's transcript then waits for
+ * one short job at most. Each job is one segment; silence and noise give none and so an empty
+ * transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
+ *
+ * Conversations' voice activity jobs that wait together are scored in one batch (one message to the
+ * process, one inference a frame for all of them).
  *
  * Live audio (voice conversations), through the same workers, ahead of file work:
  *
@@ -29,9 +34,9 @@ import { normaliseTranscript } from "./normalise.ts";
 import { type QueueLimits, WorkQueue } from "./queue.ts";
 import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } from "./recognition-worker.ts";
 import { type JobOptions, Scheduler } from "./scheduler.ts";
-import { initialVadState, VAD_FRAME, type VadState } from "./silero.ts";
+import { initialVadState, VAD_FRAME, type VadItem, type VadResult, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
-import { type Region, SpeechTracker, speechRegions, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
+import { joinPieces, MAX_PIECE, MERGE_SPAN, type Region, SpeechTracker, speechPieces, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
 
 const RATE = DECODED_SAMPLE_RATE;
 /**
@@ -54,6 +59,12 @@ const INITIAL_RECOGNITION_MS = 400;
 const BATCH_MAX = 4;
 const BATCH_LENGTH_RATIO = 2;
 const INITIAL_VAD_MS = 10;
+/** Conversations' voice activity jobs waiting together are scored in one batch of at most this many streams. */
+const VAD_BATCH_MAX = 32;
+/** A file's voice activity is scored in jobs of this many seconds of audio. */
+const FILE_VAD_JOB_S = 10;
+/** A conversation counts as going on for this long after it last used the engines. */
+const CONVERSING_FOR_MS = 60_000;
 
 /** `concurrency`: files decoded at once; `maxQueued`: files waiting to be decoded (one more is refused). */
 export interface MoonshineEngineOptions extends Partial<QueueLimits> {
@@ -78,6 +89,8 @@ export class MoonshineEngine implements TranscriptionEngine {
   private loading: Promise<void> | undefined;
   /** Milliseconds from `start()` until both models were loaded. */
   loadMs: number | undefined;
+  /** When a conversation last asked for voice activity or a detector (performance.now()). */
+  private conversedAt = Number.NEGATIVE_INFINITY;
 
   constructor(options: MoonshineEngineOptions = {}) {
     this.processes = options.processes ?? 1;
@@ -87,6 +100,8 @@ export class MoonshineEngine implements TranscriptionEngine {
       name: "recognition",
       slots: this.processes,
       initialJobMs: INITIAL_RECOGNITION_MS,
+      // With two processes or more, one is kept for conversations while one goes on: a turn's transcript never waits for a file's.
+      reserved: () => (this.conversing ? 1 : 0),
       batching: {
         classes: ["conversation"],
         max: BATCH_MAX,
@@ -94,7 +109,12 @@ export class MoonshineEngine implements TranscriptionEngine {
         run: (audios) => this.recogniseBatch(audios as Float32Array[]),
       },
     });
-    this.activity = new Scheduler({ name: "voice_activity", slots: 1, initialJobMs: INITIAL_VAD_MS });
+    this.activity = new Scheduler({
+      name: "voice_activity",
+      slots: 1,
+      initialJobMs: INITIAL_VAD_MS,
+      batching: { classes: ["conversation"], max: VAD_BATCH_MAX, fits: () => true, run: (items) => this.scoreBatch(items as VadItem[]) },
+    });
   }
 
   /** Transcriptions running and waiting for a slot. */
@@ -161,12 +181,43 @@ export class MoonshineEngine implements TranscriptionEngine {
     return result.texts;
   }
 
-  /** Speech probabilities of each whole 512-sample frame of `audio`, continuing from `state`. */
-  async vadFrames(audio: Float32Array, state: VadState, job: JobOptions = FILE): Promise<{ probabilities: Float32Array; state: VadState }> {
+  /**
+   * Speech probabilities of each whole 512-sample frame of `audio`, continuing from `state`. A job
+   * of the scheduler: conversations' jobs waiting together are scored in one batch.
+   */
+  async vadFrames(audio: Float32Array, state: VadState, job: JobOptions = FILE): Promise<VadResult> {
+    if (job.class === "conversation") this.conversedAt = performance.now();
     await this.start();
-    const result = await this.activity.run(() => this.vadPool!.run({ op: "vad", audio, state }), job);
+    return this.activity.runBatched<VadItem, VadResult>({ audio, state }, job);
+  }
+
+  /** Streams' audio scored in one job of the voice activity process. */
+  private async scoreBatch(items: VadItem[]): Promise<VadResult[]> {
+    const result = await this.vadPool!.run({ op: "vad", items });
     if (result.op !== "vad") throw new Error("the voice activity detector answered another job");
-    return result;
+    return result.results;
+  }
+
+  /**
+   * Whether a conversation used the engines lately (or a detector was made for one): a file's
+   * speech is then recognised in short jobs, so that a turn's transcript waits for one at most.
+   */
+  get conversing(): boolean {
+    return performance.now() - this.conversedAt < CONVERSING_FOR_MS;
+  }
+
+  /** Probabilities of a whole file, scored in jobs of FILE_VAD_JOB_S of audio each (a conversation's job may run between two). */
+  private async fileFrames(audio: Float32Array, job: JobOptions): Promise<Float32Array> {
+    const usable = audio.length - (audio.length % VAD_FRAME);
+    const step = FILE_VAD_JOB_S * RATE - ((FILE_VAD_JOB_S * RATE) % VAD_FRAME);
+    const out = new Float32Array(usable / VAD_FRAME);
+    let state = initialVadState();
+    for (let at = 0; at < usable; at += step) {
+      const scored = await this.vadFrames(audio.slice(at, Math.min(usable, at + step)), state, job);
+      out.set(scored.probabilities, at / VAD_FRAME);
+      state = scored.state;
+    }
+    return out;
   }
 
   transcribe(o: TranscribeOptions, progress: TranscribeProgress = {}): Promise<Transcript> {
@@ -193,12 +244,16 @@ export class MoonshineEngine implements TranscriptionEngine {
     if (decoded.sampleRate !== RATE) throw new Error("the decoder's rate is not the recogniser's");
     const audio = decoded.samples;
     const duration = audio.length / RATE;
-    const usable = audio.length - (audio.length % VAD_FRAME);
-    const { probabilities } = await this.vadFrames(audio.slice(0, usable), initialVadState(), job);
+    const probabilities = await this.fileFrames(audio, job);
     if (o.signal?.aborted) throw abortReason(o.signal);
     progress.onStart?.(duration);
     const segments: TranscriptSegment[] = [];
-    for (const region of speechRegions(probabilities, duration)) {
+    const pieces = speechPieces(probabilities, duration);
+    for (let next = 0; next < pieces.length; ) {
+      // Neighbours go in one job (the model hears more context) unless a conversation may need the recogniser soon.
+      const joined = joinPieces(pieces, next, this.conversing ? MAX_PIECE : MERGE_SPAN);
+      next = joined.next;
+      const region = joined.region;
       const pad = { before: region.start <= 0 ? EDGE_PAD : 0, after: region.end >= duration ? EDGE_PAD : 0 };
       const text = normaliseTranscript(await this.recognise(slice(audio, region), job, pad));
       if (o.signal?.aborted) throw abortReason(o.signal);
@@ -212,6 +267,7 @@ export class MoonshineEngine implements TranscriptionEngine {
 
   /** A voice activity detector for one live stream (see vad.ts). */
   createVad(options: VadOptions = {}): LiveVad {
+    this.conversedAt = performance.now();
     return new LiveVad(this, options);
   }
 

@@ -7,14 +7,14 @@
 
 import { jobError, type PoolJob, type PoolMessage } from "../../workers/pool.ts";
 import { MoonshineModel } from "./moonshine.ts";
-import { SileroVad, type VadState } from "./silero.ts";
+import { SileroVad, type VadItem, type VadResult } from "./silero.ts";
 
 export type RecognitionWorkerData = { model: "moonshine"; threads: number } | { model: "silero" };
 
-/** `transcribe`: one utterance per entry of `audios`, recognised in one batch. */
-export type RecognitionRequest = { op: "transcribe"; audios: Float32Array[] } | { op: "vad"; audio: Float32Array; state: VadState };
+/** `transcribe`: one utterance per entry of `audios`, recognised in one batch; `vad`: one stream per item, scored in one batch. */
+export type RecognitionRequest = { op: "transcribe"; audios: Float32Array[] } | { op: "vad"; items: VadItem[] };
 
-export type RecognitionResult = { op: "transcribe"; texts: string[]; ms: number } | { op: "vad"; probabilities: Float32Array; state: VadState };
+export type RecognitionResult = { op: "transcribe"; texts: string[]; ms: number } | { op: "vad"; results: VadResult[] };
 
 const data = JSON.parse(process.env.PERCH_WORKER_DATA ?? "null") as RecognitionWorkerData;
 // With a callback, a send to a parent that has just gone (EPIPE) is reported there instead of as
@@ -40,8 +40,7 @@ try {
           post({ type: "done", id: job.id, result: { op: "transcribe", texts, ms: performance.now() - started } });
         } else {
           if (!silero) throw new Error("this worker holds no voice activity detector");
-          const { probabilities, state } = await silero.probabilities(r.audio, r.state);
-          post({ type: "done", id: job.id, result: { op: "vad", probabilities, state } });
+          post({ type: "done", id: job.id, result: { op: "vad", results: await silero.probabilitiesBatch(r.items) } });
         }
       } catch (error) {
         post(jobError(job.id, error));

@@ -12,12 +12,24 @@ import * as ort from "onnxruntime-node";
 
 export const VAD_FRAME = 512;
 const CONTEXT = 64;
-const STATE = 2 * 128;
+const HALF = 128;
+const STATE = 2 * HALF;
 
 /** Where a stream is between two calls: the model's recurrent state and the last samples seen. */
 export interface VadState {
   state: Float32Array;
   context: Float32Array;
+}
+
+/** One stream's audio to score, from where it was. */
+export interface VadItem {
+  audio: Float32Array;
+  state: VadState;
+}
+
+export interface VadResult {
+  probabilities: Float32Array;
+  state: VadState;
 }
 
 export function initialVadState(): VadState {
@@ -42,23 +54,51 @@ export class SileroVad {
   }
 
   /** The speech probability of each whole frame of `audio` (a multiple of 512 samples), and the state after the last. */
-  async probabilities(audio: Float32Array, from: VadState): Promise<{ probabilities: Float32Array; state: VadState }> {
-    const frames = Math.floor(audio.length / VAD_FRAME);
-    const probabilities = new Float32Array(frames);
-    let state = from.state;
-    const input = new Float32Array(CONTEXT + VAD_FRAME);
-    input.set(from.context, 0);
-    for (let f = 0; f < frames; f++) {
-      input.set(audio.subarray(f * VAD_FRAME, (f + 1) * VAD_FRAME), CONTEXT);
+  async probabilities(audio: Float32Array, from: VadState): Promise<VadResult> {
+    return (await this.probabilitiesBatch([{ audio, state: from }]))[0]!;
+  }
+
+  /**
+   * The same for several streams in one pass: frame by frame, every stream that still has a frame
+   * goes in one inference (a batch row each, with its own recurrent state). One inference of 20
+   * rows costs a fraction of 20 of one row, and the process answers all of them in one message.
+   */
+  async probabilitiesBatch(items: readonly VadItem[]): Promise<VadResult[]> {
+    const frames = items.map((item) => Math.floor(item.audio.length / VAD_FRAME));
+    const probabilities = frames.map((n) => new Float32Array(n));
+    const states = items.map((item) => item.state.state);
+    const contexts = items.map((item) => item.state.context);
+    const most = Math.max(0, ...frames);
+    for (let f = 0; f < most; f++) {
+      const rows = items.flatMap((_, i) => (frames[i]! > f ? [i] : []));
+      const n = rows.length;
+      const input = new Float32Array(n * (CONTEXT + VAD_FRAME));
+      // The state is [2, batch, 128]: each stream's two halves go to their layer's block.
+      const state = new Float32Array(2 * n * HALF);
+      for (const [r, i] of rows.entries()) {
+        const at = r * (CONTEXT + VAD_FRAME);
+        input.set(contexts[i]!, at);
+        input.set(items[i]!.audio.subarray(f * VAD_FRAME, (f + 1) * VAD_FRAME), at + CONTEXT);
+        state.set(states[i]!.subarray(0, HALF), r * HALF);
+        state.set(states[i]!.subarray(HALF), (n + r) * HALF);
+      }
       const out = await this.session.run({
-        input: new ort.Tensor("float32", input, [1, input.length]),
-        state: new ort.Tensor("float32", state, [2, 1, 128]),
+        input: new ort.Tensor("float32", input, [n, CONTEXT + VAD_FRAME]),
+        state: new ort.Tensor("float32", state, [2, n, HALF]),
         sr: this.rate,
       });
-      probabilities[f] = (out.output!.data as Float32Array)[0]!;
-      state = new Float32Array(out.stateN!.data as Float32Array);
-      input.copyWithin(0, VAD_FRAME, VAD_FRAME + CONTEXT);
+      const p = out.output!.data as Float32Array;
+      const next = out.stateN!.data as Float32Array;
+      for (const [r, i] of rows.entries()) {
+        probabilities[i]![f] = p[r]!;
+        const own = new Float32Array(STATE);
+        own.set(next.subarray(r * HALF, (r + 1) * HALF), 0);
+        own.set(next.subarray((n + r) * HALF, (n + r + 1) * HALF), HALF);
+        states[i] = own;
+        // The next frame's context: the last 64 samples of this one.
+        contexts[i] = input.slice(r * (CONTEXT + VAD_FRAME) + VAD_FRAME, (r + 1) * (CONTEXT + VAD_FRAME));
+      }
     }
-    return { probabilities, state: { state, context: input.slice(0, CONTEXT) } };
+    return items.map((_, i) => ({ probabilities: probabilities[i]!, state: { state: states[i]!, context: contexts[i]!.slice() } }));
   }
 }

@@ -14,7 +14,8 @@
  * Calls to `push` must not overlap (await each one). Frames are scored in the engine's VAD worker,
  * so pushing costs the event loop only the copy.
  *
- * Files: `speechRegions(probabilities)` gives the stretches to recognise (see MoonshineEngine).
+ * Files: `speechPieces(probabilities)` gives the stretches to recognise, `joinPieces` joins
+ * neighbours into one job (see MoonshineEngine).
  */
 import { VAD_FRAME } from "./silero.ts";
 
@@ -107,55 +108,61 @@ export interface Region {
 
 /** Silence left around speech, so that the recogniser hears each word's onset and decay. */
 const REGION_PAD = 0.2;
-/** Moonshine is trained on utterances up to ~30 s and is best on shorter ones. */
-const MAX_REGION = 20;
 /**
- * Sentences are recognised together up to this span: the model does better with context. Measured
- * on the bench's espeak-ng sentences (two voices; clean, white noise at 20 dB and 10 dB SNR): one
- * sentence at a time, WER 0.06 / 0.31 / 0.48 and 0.08 / 0.29 / 0.40; merged up to 5 s, 0.13 / 0.31
- * and 0.06 / 0.29; up to 8 s, 0.24 / 0.26 and 0.05 / 0.26; up to 12 s, 0.00 / 0.18 / 0.35 and
- * 0.06 / 0.26 / 0.50.
+ * A piece of a file (one job of the recogniser) is at most this long: a conversation's transcript
+ * waits for at most one such job. Longer speech is cut at its least speech-like frame past MIN_CUT.
  */
-const MERGE_SPAN = 12;
+export const MAX_PIECE = 5;
+const MIN_CUT = 2;
+/**
+ * Pieces are recognised together up to this span when no conversation waits: the model does better
+ * with context. Measured on the bench's espeak-ng sentences (two voices; clean, white noise at 20 dB
+ * and 10 dB SNR): one sentence at a time, WER 0.06 / 0.31 / 0.48 and 0.08 / 0.29 / 0.40; merged up
+ * to 5 s, 0.13 / 0.31 and 0.06 / 0.29; up to 8 s, 0.24 / 0.26 and 0.05 / 0.26; up to 12 s,
+ * 0.00 / 0.18 / 0.35 and 0.06 / 0.26 / 0.50.
+ */
+export const MERGE_SPAN = 12;
 /** …when the pause between them is at most this long (a longer one ends what is said). */
 const MERGE_GAP = 1;
-/** A region longer than MAX_REGION is cut at its least speech-like frame past this length. */
-const MIN_CUT = 8;
 
 /**
- * The stretches of a file to recognise: speech as the tracker finds it (with `minSilenceMs` 200 ms:
- * a pause between sentences), padded, cut at the quietest frame when longer than 20 s, and joined
- * with neighbours less than 1 s away while together they span at most 12 s.
+ * The pieces of a file to recognise: speech as the tracker finds it (with `minSilenceMs` 200 ms:
+ * a pause between sentences), padded, and cut at the quietest frame when longer than MAX_PIECE.
  */
-export function speechRegions(probabilities: Float32Array, duration: number, o: VadOptions = {}): Region[] {
+export function speechPieces(probabilities: Float32Array, duration: number, o: VadOptions = {}): Region[] {
   const tracker = new SpeechTracker({ minSilenceMs: 200, ...o });
   const spans: Region[] = [];
   for (const e of [...tracker.push(probabilities), ...tracker.flush()]) if (e.type === "end") spans.push({ start: e.start, end: e.at });
-  const regions: Region[] = [];
+  const pieces: Region[] = [];
   for (const [i, s] of spans.entries()) {
     // Padding never reaches past half the gap to a neighbour.
     const before = i > 0 ? Math.min(REGION_PAD, (s.start - spans[i - 1]!.end) / 2) : REGION_PAD;
     const after = i < spans.length - 1 ? Math.min(REGION_PAD, (spans[i + 1]!.start - s.end) / 2) : REGION_PAD;
     let start = Math.max(0, s.start - before);
     const end = Math.min(duration, s.end + after);
-    while (end - start > MAX_REGION) {
+    while (end - start > MAX_PIECE) {
       const from = Math.ceil((start + MIN_CUT) / FRAME_SECONDS);
-      const to = Math.floor((start + MAX_REGION) / FRAME_SECONDS);
+      const to = Math.floor((start + MAX_PIECE) / FRAME_SECONDS);
       let cut = to;
       for (let f = from; f < to; f++) if (probabilities[f]! < probabilities[cut]!) cut = f;
-      regions.push({ start, end: cut * FRAME_SECONDS });
+      pieces.push({ start, end: cut * FRAME_SECONDS });
       start = cut * FRAME_SECONDS;
     }
-    if (end > start) regions.push({ start, end });
+    if (end > start) pieces.push({ start, end });
   }
-  // Neighbours are recognised together while they fit in MERGE_SPAN: the model hears more context.
-  const merged: Region[] = [];
-  for (const r of regions) {
-    const last = merged.at(-1);
-    if (last && r.end - last.start <= MERGE_SPAN && r.start - last.end <= MERGE_GAP) last.end = r.end;
-    else merged.push({ ...r });
+  return pieces;
+}
+
+/** The region of `pieces[from]` joined with the neighbours that follow it within `span` seconds (and 1 s of pause), and the next piece's index. */
+export function joinPieces(pieces: readonly Region[], from: number, span = MERGE_SPAN): { region: Region; next: number } {
+  const region = { ...pieces[from]! };
+  let next = from + 1;
+  for (; next < pieces.length; next++) {
+    const p = pieces[next]!;
+    if (p.end - region.start > span || p.start - region.end > MERGE_GAP) break;
+    region.end = p.end;
   }
-  return merged;
+  return { region, next };
 }
 
 /** 16-bit samples to -1..1 floats. */
