@@ -192,6 +192,26 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
       sink.close();
     }
   });
+
+  test("an ICE-lite device's offer keeps its candidates: the server checks them, since the device never checks", async () => {
+    const sink = createSocket("udp4");
+    const heard: Buffer[] = [];
+    sink.on("message", (m) => heard.push(m));
+    await new Promise<void>((resolve) => sink.bind(0, "127.0.0.1", resolve));
+    try {
+      const bait = `a=candidate:9 1 udp 2130706431 127.0.0.1 ${sink.address().port} typ host\r\n`;
+      const offer = sdp.replace(/^a=candidate:/m, `${bait}a=candidate:`).replace(/^(t=.*\r\n)/m, "$1a=ice-lite\r\n");
+      assert.match(offer, /^a=ice-lite\r$/m);
+      const s = sealOffer(serverKey, generateKeyPair(), offer);
+      const res = await postOffer(server.url, s.headers, s.body);
+      assert.equal(res.status, 200, await res.clone().text());
+      // A STUN binding request: message type 0x0001 and the magic cookie 0x2112A442.
+      const check = await eventually(() => heard.find((m) => m.readUInt16BE(0) === 0x0001 && m.readUInt32BE(4) === 0x2112a442), 5000, "a STUN check");
+      assert.ok(check);
+    } finally {
+      sink.close();
+    }
+  });
 });
 
 describe("offers: policy, blocked peers, capacity and the rate limit", () => {

@@ -178,9 +178,12 @@ function direction(lines: string[]): string | undefined {
  * DTLS ClientHello reached a device whose DTLS transport was not up yet and waited for its 1 s
  * retransmission. The server has only host candidates (it uses no STUN or TURN of its own), so a
  * device that can connect at all reaches the server's address first; the server's check then
- * goes back along the path the device's check opened.
+ * goes back along the path the device's check opened. An offer of an ICE-lite device (`a=ice-lite`)
+ * keeps its candidates.
  */
 export function withoutCandidates(sdp: string): string {
+  // An ICE-lite device never checks (RFC 8445 §2.5): only the server's checks can find it.
+  if (/^a=ice-lite\s*$/m.test(sdp)) return sdp;
   return sdp.replace(/^a=candidate:.*(?:\r?\n|$)/gm, "");
 }
 
