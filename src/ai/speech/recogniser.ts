@@ -3,10 +3,10 @@
  * is, each in a worker process of its own (one model of each per server process, loaded at start-up in
  * the background; processes rather than threads: see recognition-worker.ts).
  *
- * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD (in jobs of 10 s of audio), cut into
- * pieces of speech of at most 5 s (speechPieces), neighbours joined up to 12 s (joinPieces) unless a
- * conversation is going on, when each piece is a job of its own: a turn's transcript then waits for
- * one short job at most. Each job is one segment; silence and noise give none and so an empty
+ * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD (in jobs of 10 s of audio), then
+ * recognised job by job (FileSpeech): speech of up to 20 s, neighbours joined up to 12 s; while a
+ * conversation is going on, pieces of about 5 s cut at pauses, each a job of its own, so that a
+ * turn's transcript waits for one short job. Each job is one segment; silence and noise give none and so an empty
  * transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
  *
  * Conversations' voice activity jobs that wait together are scored in one batch (one message to the
@@ -36,13 +36,14 @@ import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } fro
 import { type JobOptions, Scheduler } from "./scheduler.ts";
 import { initialVadState, VAD_FRAME, type VadItem, type VadResult, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
-import { joinPieces, MAX_PIECE, MERGE_SPAN, type Region, SpeechTracker, speechPieces, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
+import { FileSpeech, type Region, SpeechTracker, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
 
 const RATE = DECODED_SAMPLE_RATE;
 /**
  * Silence added where audio starts or ends right at speech (a file's first and last region, a live
- * utterance): Moonshine misses words that touch the edge. Inside a file, regions carry real audio
- * around their speech instead (speechRegions), which does better in noise than silence does.
+ * utterance) and where a file's speech was cut: Moonshine misses words that touch the edge. Inside a
+ * file, regions carry real audio around their speech instead (FileSpeech), which does better in noise
+ * than silence does.
  */
 const EDGE_PAD = 0.25;
 /** A conversation's work goes ahead of files (scheduler.ts); partial text goes last. */
@@ -89,7 +90,10 @@ export class MoonshineEngine implements TranscriptionEngine {
   private loading: Promise<void> | undefined;
   /** Milliseconds from `start()` until both models were loaded. */
   loadMs: number | undefined;
-  /** When a conversation last asked for voice activity or a detector (performance.now()). */
+  /**
+   * When a conversation last took a turn (a recognition of its class) or a detector was made for one
+   * (performance.now()). Not its voice activity: a connected microphone sends that all the time.
+   */
   private conversedAt = Number.NEGATIVE_INFINITY;
 
   constructor(options: MoonshineEngineOptions = {}) {
@@ -167,6 +171,8 @@ export class MoonshineEngine implements TranscriptionEngine {
    * `pad` seconds of silence added around it. A job of the scheduler: `job` says its class.
    */
   async recognise(audio: Float32Array, job: JobOptions = FILE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<string> {
+    // A conversation's recognition is a turn (or its speculative start): the conversation goes on.
+    if (job.class === "conversation") this.conversedAt = performance.now();
     await this.start();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
@@ -186,7 +192,6 @@ export class MoonshineEngine implements TranscriptionEngine {
    * of the scheduler: conversations' jobs waiting together are scored in one batch.
    */
   async vadFrames(audio: Float32Array, state: VadState, job: JobOptions = FILE): Promise<VadResult> {
-    if (job.class === "conversation") this.conversedAt = performance.now();
     await this.start();
     return this.activity.runBatched<VadItem, VadResult>({ audio, state }, job);
   }
@@ -199,7 +204,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   }
 
   /**
-   * Whether a conversation used the engines lately (or a detector was made for one): a file's
+   * Whether a conversation took a turn lately (or a detector was made for one): a file's
    * speech is then recognised in short jobs, so that a turn's transcript waits for one at most.
    */
   get conversing(): boolean {
@@ -248,13 +253,10 @@ export class MoonshineEngine implements TranscriptionEngine {
     if (o.signal?.aborted) throw abortReason(o.signal);
     progress.onStart?.(duration);
     const segments: TranscriptSegment[] = [];
-    const pieces = speechPieces(probabilities, duration);
-    for (let next = 0; next < pieces.length; ) {
-      // Neighbours go in one job (the model hears more context) unless a conversation may need the recogniser soon.
-      const joined = joinPieces(pieces, next, this.conversing ? MAX_PIECE : MERGE_SPAN);
-      next = joined.next;
-      const region = joined.region;
-      const pad = { before: region.start <= 0 ? EDGE_PAD : 0, after: region.end >= duration ? EDGE_PAD : 0 };
+    const speech = new FileSpeech(probabilities, duration);
+    // Each job is chosen when the last one is done: short ones while a conversation may need the recogniser soon.
+    for (let region = speech.next(this.conversing); region; region = speech.next(this.conversing)) {
+      const pad = { before: region.start <= 0 || region.cutBefore ? EDGE_PAD : 0, after: region.end >= duration || region.cutAfter ? EDGE_PAD : 0 };
       const text = normaliseTranscript(await this.recognise(slice(audio, region), job, pad));
       if (o.signal?.aborted) throw abortReason(o.signal);
       if (!text) continue;
