@@ -349,6 +349,18 @@ describe("transcription (Moonshine)", () => {
     assert.equal(transcript.text, transcript.segments.map((s) => s.text).join(" "));
   });
 
+  test("a conversation counts as going on from its turns, not from its voice activity", async () => {
+    assert.equal(recogniser.conversing, false);
+    // A connected microphone's voice activity, all the time: no turn.
+    await recogniser.vadFrames(new Float32Array(512 * 20), initialVadState(), { class: "conversation" });
+    assert.equal(recogniser.conversing, false);
+    // A turn's final recognition.
+    const asr = recogniser.createIncrementalRecogniser();
+    asr.push(new Float32Array(16_000));
+    await asr.finish();
+    assert.equal(recogniser.conversing, true);
+  });
+
   test("every upload container decodes to the right length; M4A is recognised", async () => {
     const seconds = (await decodeBack(phrase, "wav")).seconds;
     const dir = await mkdtemp(join(tmpdir(), "perch-containers-"));

@@ -6,8 +6,8 @@
  * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD (in jobs of 10 s of audio), then
  * recognised job by job (FileSpeech): speech of up to 20 s, neighbours joined up to 12 s; while a
  * conversation is going on, pieces of about 5 s cut at pauses, each a job of its own, so that a
- * turn's transcript waits for one short job. Each job is one segment; silence and noise give none and so an empty
- * transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
+ * turn's transcript waits for one short job. Each job is one segment; silence and noise give none
+ * and so an empty transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
  *
  * Conversations' voice activity jobs that wait together are scored in one batch (one message to the
  * process, one inference a frame for all of them).
