@@ -218,6 +218,13 @@ describe("transcription through the openai client (Moonshine)", () => {
     assert.equal(verbose.segments[1]!.start, cut);
     assert.equal(wordErrorRate(a, verbose.segments[0]!.text), 0, verbose.segments[0]!.text);
     assert.equal(wordErrorRate(b, verbose.segments[1]!.text), 0, verbose.segments[1]!.text);
+    // Where Silero dips inside a word ("a|cross") is no pause: the long sentence keeps its words.
+    const long = (await openai.audio.transcriptions.create({
+      model: "whisper-1",
+      file: await toFile(wavFile(concatFloat32([silence(0.5), await espeak(LONG_SENTENCE, ESPEAK_VOICES[1]!.args), silence(0.5)])), "sentence.wav"),
+      response_format: "verbose_json",
+    })) as unknown as Verbose;
+    assert.match(long.text, /slowly across the wooden bridge/, JSON.stringify(long.segments));
   });
 });
 
