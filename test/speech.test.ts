@@ -23,6 +23,7 @@ import {
 import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { initialVadState } from "../src/ai/speech/silero.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
+import { FileSpeech, FRAME_SECONDS, type Piece } from "../src/ai/speech/vad.ts";
 import { WorkerPool } from "../src/workers/pool.ts";
 import { childProcesses } from "./support/processes.ts";
 import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
@@ -234,6 +235,49 @@ describe("text chunking", () => {
     );
     assert.deepEqual(speechChunks(" ... "), []);
     assert.equal(speechChunks("I’m “fine”… thanks — café")[0]!.text, `I'm "fine"... thanks, cafe`);
+  });
+});
+
+describe("a file's speech in jobs (FileSpeech)", () => {
+  /** Frame probabilities: `seconds` of speech (0.9) after 0.5 s of silence, with dips of `frames` silent frames at the given seconds. */
+  function speech(seconds: number, dips: Array<{ at: number; frames: number }>): { probabilities: Float32Array; duration: number } {
+    const duration = seconds + 1;
+    const probabilities = new Float32Array(Math.round(duration / FRAME_SECONDS));
+    for (let f = Math.round(0.5 / FRAME_SECONDS); f < Math.round((0.5 + seconds) / FRAME_SECONDS); f++) probabilities[f] = 0.9;
+    for (const d of dips) probabilities.fill(0.02, Math.round((0.5 + d.at) / FRAME_SECONDS), Math.round((0.5 + d.at) / FRAME_SECONDS) + d.frames);
+    return { probabilities, duration };
+  }
+  function jobs(s: { probabilities: Float32Array; duration: number }, short: boolean): Piece[] {
+    const file = new FileSpeech(s.probabilities, s.duration);
+    const out: Piece[] = [];
+    for (let p = file.next(short); p; p = file.next(short)) out.push(p);
+    return out;
+  }
+  // Dips of 1–3 frames, as in a word's stop consonant; one pause of 5 frames (160 ms) at 7 s.
+  const words = [1, 2.5, 3.1, 4, 4.6, 5.5, 8, 9.2, 11, 13.5].map((at) => ({ at, frames: 1 + (Math.round(at * 10) % 3) }));
+
+  test("no conversation: 15 s of speech without a pause the tracker ends is one job, cut nowhere", () => {
+    const s = speech(15, [...words, { at: 7, frames: 5 }]);
+    const pieces = jobs(s, false);
+    assert.equal(pieces.length, 1, JSON.stringify(pieces));
+    const [one] = pieces;
+    assert.ok(Math.abs(one!.start - 0.3) < 0.04 && Math.abs(one!.end - 15.7) < 0.04 && !one!.cutBefore && !one!.cutAfter, JSON.stringify(one));
+  });
+
+  test("a conversation: cut only at the pause, never in a word; speech without one is cut only past 20 s", () => {
+    const s = speech(15, [...words, { at: 7, frames: 5 }]);
+    const pieces = jobs(s, true);
+    assert.equal(pieces.length, 2, JSON.stringify(pieces));
+    // The pause runs from 7.5 s to 7.66 s of the file: the cut is in it, and both sides of it are padded.
+    assert.ok(pieces[0]!.end > 7.5 && pieces[0]!.end < 7.66, JSON.stringify(pieces));
+    assert.deepEqual([pieces[0]!.cutAfter, pieces[1]!.cutBefore, pieces[1]!.start], [true, true, pieces[0]!.end]);
+    // Without the pause: one job of 15 s (no pause within 10 s, not past 20 s).
+    assert.equal(jobs(speech(15, words), true).length, 1);
+    // 25 s without a pause: cut past 8 s (at the least speech-like frame), as when no conversation goes on.
+    const long = jobs(speech(25, words), true);
+    assert.equal(long.length, 2, JSON.stringify(long));
+    assert.ok(long[0]!.end - long[0]!.start >= 8 && long[0]!.end - long[0]!.start <= 20, JSON.stringify(long));
+    assert.deepEqual(jobs(speech(25, words), false), long);
   });
 });
 
