@@ -6,13 +6,10 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
-import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
-import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { engines, warmRecogniser } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
-import { EventLog, resample, talkerConfig } from "./support/voice.ts";
-import { connect } from "./support/webrtc.ts";
+import { type EventLog, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
 
 setFlagsFromString("--expose-gc");
 const gc = runInNewContext("gc") as () => void;
@@ -30,19 +27,7 @@ const MAX_TURN_MS = 5_000;
 describe("voice conversations within bounds", { skip: engines().transcription ? false : "no transcription engine" }, () => {
   let upstream: FakeUpstream;
   let server: TestServer;
-  const speech = () => engines().speech as FliteSpeechEngine;
-
-  async function spoken(text: string, voice = "nova"): Promise<Int16Array> {
-    const { samples, sampleRate } = await speech().speak(text, voice);
-    return resample(samples, sampleRate, 48_000);
-  }
-
-  async function device(): Promise<{ conn: PerchConnection; log: EventLog }> {
-    const conn = await connect(server);
-    const log = new EventLog(conn);
-    await conn.microphone();
-    return { conn, log };
-  }
+  const device = () => voiceDevice(server);
 
   const metricsOf = (log: EventLog, n: number) =>
     JSON.parse(log.all.find((s) => s.stream === `out-${n}` && s.label === "turn.metrics")!.text!) as Record<string, unknown>;
