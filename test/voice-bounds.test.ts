@@ -47,9 +47,14 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     await upstream?.close();
   });
 
-  test("a 1 MB reply: cut at max_reply_chars, synthesised only as it plays (memory per conversation bounded), the model call cancelled; another device's reply comes first", async () => {
+  test("a 1 MB reply: cut at max_reply_chars, synthesised only as it plays (memory per conversation bounded), the model call cancelled; another device's reply comes first", async (t) => {
     const a = await device();
     const b = await device();
+    // Closed even when an assertion fails: the long reply would otherwise play on under the next tests.
+    t.after(() => {
+      a.conn.close();
+      b.conn.close();
+    });
     // A first turn on each side warms what every turn uses (the engines' buffers, the codecs, the resampler's memory).
     upstream.reply({ content: "Hello there, nice to meet you." });
     await (await a.conn.microphone()).say(await spoken("Hello, who are you?"));
@@ -89,8 +94,6 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     assert.ok(text.length <= 2_000 && text.length > 1_900, `the reply's text was cut at 2,000 characters: ${text.length}`);
     console.log(JSON.stringify({ held_growth_mb: Math.round((peak / MB) * 100) / 100, reply_chars: text.length }));
     assert.ok(peak < 5 * MB, `memory per conversation: ${(peak / MB).toFixed(2)} MB`);
-    a.conn.close();
-    b.conn.close();
   });
 
   test("a device that stops sending after its question gets its reply", async () => {
