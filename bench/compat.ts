@@ -4,18 +4,21 @@
  * through Perch side by side, in the same run. With `--anchors`, Portkey's open-source gateway (from
  * its own package, bench/anchors) is measured the same way beside them. With `--sdk`, also an
  * in-process comparison of the pass-through with the AI SDK's openai-compatible provider (see
- * docs/decisions.md).
+ * docs/decisions.md). With `BENCH_COMPARE_ROOT` (another checkout of Perch, its dependencies
+ * installed), that checkout's server stands beside this one in front of the same provider and is
+ * measured the same way, call by call and in its own 32-connection load right after this one's.
+ * `BENCH_COMPAT_ONLY=chat` measures only the chat figures (no large bodies).
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import http from "node:http";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { AiSdkProvider } from "../src/ai/providers/ai-sdk.ts";
 import { OpenAIProvider } from "../src/ai/providers/openai.ts";
 import { type Portkey, startPortkey } from "./portkey.ts";
-import { benchConfig, DURATION_S, load, ROOT, round, startServer, withCpu } from "./support.ts";
+import { benchConfig, DURATION_S, load, ROOT, round, type Server, startServer, withCpu } from "./support.ts";
 
 const LATENCY_REQUESTS = Number(process.env.BENCH_LATENCY_REQUESTS ?? 2000);
 const STREAM_REQUESTS = Number(process.env.BENCH_STREAM_REQUESTS ?? 300);
@@ -36,29 +39,47 @@ interface Target {
 }
 
 export async function compatBench(): Promise<unknown> {
+  const loadBefore = loadavg();
   const sdk = process.argv.includes("--sdk");
   const anchors = process.argv.includes("--anchors");
   const upstream = await startUpstream();
   const dataDir = mkdtempSync(join(tmpdir(), "perch-bench-compat-"));
   const keyHash = createHash("sha256").update(API_KEY).digest("hex");
+  const compareRoot = process.env.BENCH_COMPARE_ROOT;
+  const compareDir = compareRoot ? mkdtempSync(join(tmpdir(), "perch-bench-compat-")) : undefined;
   let portkey: Portkey | undefined;
+  let compared: Server | undefined;
+  const leans: LeanProxy[] = [];
   try {
-    const perch = await startServer({
-      PERCH_DATA_DIR: dataDir,
-      PERCH_LOG_LEVEL: "warn",
-      ...benchConfig(dataDir, {
-        providers: [{ id: "upstream", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
-        models: [
-          { id: "chat", kind: "chat", provider: "upstream", upstream_model: "short" },
-          { id: "long", kind: "chat", provider: "upstream", upstream_model: `chunks-${CHUNKS}` },
-        ],
-        api_keys: [{ name: "bench", sha256: keyHash }],
-      }),
-    });
+    const start = (dir: string, root?: string) =>
+      startServer(
+        {
+          PERCH_DATA_DIR: dir,
+          PERCH_LOG_LEVEL: "warn",
+          ...benchConfig(dir, {
+            providers: [{ id: "upstream", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 }],
+            models: [
+              { id: "chat", kind: "chat", provider: "upstream", upstream_model: "short" },
+              { id: "long", kind: "chat", provider: "upstream", upstream_model: `chunks-${CHUNKS}` },
+            ],
+            api_keys: [{ name: "bench", sha256: keyHash }],
+          }),
+        },
+        root,
+      );
+    const perch = await start(dataDir);
     try {
       const direct: Target = { name: "direct", base: upstream.url, headers: {}, short: "short", long: `chunks-${CHUNKS}` };
       const through: Target = { name: "perch", base: `${perch.url}/openai/v1`, headers: { authorization: `Bearer ${API_KEY}` }, short: "chat", long: "long" };
       const targets = [direct, through];
+      let viaCompared: Target | undefined;
+      if (compareRoot && compareDir) {
+        compared = await start(compareDir, compareRoot);
+        viaCompared = { ...through, name: "compared", base: `${compared.url}/openai/v1` };
+        targets.push(viaCompared);
+      }
+      leans.push(await startLeanProxy(upstream.url, "http"));
+      if (existsSync(join(ROOT, "bench/anchors/node_modules/undici/index.js"))) leans.push(await startLeanProxy(upstream.url, "undici"));
       let anchorStatus: Record<string, unknown> | undefined;
       let viaPortkey: Target | undefined;
       if (anchors) {
@@ -78,7 +99,9 @@ export async function compatBench(): Promise<unknown> {
       // Warm every path (JIT, keep-alive sockets).
       for (let i = 0; i < 300; i++) for (const t of targets) await request(t, body(t.short, false));
 
-      const latency = await sideBySide(LATENCY_REQUESTS, targets, (t) => request(t, body(t.short, false)));
+      // The lean references (bench/lean-proxy.ts) relay whole answers only: measured on non-streaming calls.
+      for (const l of leans) await request(l.target, body(l.target.short, false));
+      const latency = await sideBySide(LATENCY_REQUESTS, [...targets, ...leans.map((l) => l.target)], (t) => request(t, body(t.short, false)));
       const ttfb = await sideBySide(STREAM_REQUESTS, targets, (t) => firstChunk(t, body(t.short, true)));
       const long = await sideBySide(LONG_STREAMS, targets, (t) => request(t, body(t.long, true)));
 
@@ -90,6 +113,46 @@ export async function compatBench(): Promise<unknown> {
       });
       const directLoad = await withCpu(upstream.child.pid!, () => load("non-streaming chat, direct to the provider", loadOf(direct)));
       const perchLoad = await withCpu(perch.child.pid!, () => load("non-streaming chat through Perch", loadOf(through)));
+      const leanLoads: Record<string, unknown> = {};
+      for (const l of leans) {
+        const f = await withCpu(l.pid, () => load(`non-streaming chat through ${l.target.name}`, loadOf(l.target)));
+        leanLoads[l.target.name] = { ...f, over_direct_rps: round(f.requests_per_second / directLoad.requests_per_second) };
+      }
+      // Beside another checkout, `BENCH_ROUNDS` (3) more rounds alternate the direct provider, this
+      // server and that one, so that a load that moves meanwhile moves all of them alike.
+      const rounds: Array<Record<string, unknown>> = [];
+      if (compared && viaCompared) {
+        for (let i = 0; i < Number(process.env.BENCH_ROUNDS ?? 3); i++) {
+          const dr = await withCpu(upstream.child.pid!, () => load("direct", loadOf(direct)));
+          const pr = await withCpu(perch.child.pid!, () => load("perch", loadOf(through)));
+          const cr = await withCpu(compared.child.pid!, () => load("compared", loadOf(viaCompared)));
+          const lr: Record<string, unknown> = {};
+          for (const l of leans) {
+            const f = await withCpu(l.pid, () => load(l.target.name, loadOf(l.target)));
+            lr[l.target.name] = {
+              rps: f.requests_per_second,
+              cpu_us: f.server_cpu_us_per_request,
+              over_direct_rps: round(f.requests_per_second / dr.requests_per_second),
+            };
+          }
+          rounds.push({
+            ...lr,
+            direct: { rps: dr.requests_per_second, cpu_us: dr.server_cpu_us_per_request },
+            perch: {
+              rps: pr.requests_per_second,
+              cpu_us: pr.server_cpu_us_per_request,
+              over_direct_rps: round(pr.requests_per_second / dr.requests_per_second),
+            },
+            compared: {
+              rps: cr.requests_per_second,
+              cpu_us: cr.server_cpu_us_per_request,
+              over_direct_rps: round(cr.requests_per_second / dr.requests_per_second),
+            },
+            perch_cpu_over_compared: round(pr.server_cpu_us_per_request / cr.server_cpu_us_per_request),
+          });
+        }
+      }
+      const comparedLoad = rounds.length > 0 ? rounds : undefined;
       const portkeyLoad =
         portkey && viaPortkey ? await withCpu(portkey.child.pid!, () => load("non-streaming chat through Portkey's gateway", loadOf(viaPortkey))) : undefined;
 
@@ -104,6 +167,8 @@ export async function compatBench(): Promise<unknown> {
           perch_ms: latency.perch,
           overhead_ms: overhead(latency, "perch"),
           ratio_p50: round(latency.perch!.p50 / d(latency).p50),
+          ...(latency.compared ? { compared_ms: latency.compared, compared_overhead_ms: overhead(latency, "compared") } : {}),
+          ...Object.fromEntries(leans.map((l) => [`${l.target.name}_overhead_ms`, overhead(latency, l.target.name)])),
           ...(latency.portkey
             ? { portkey_ms: latency.portkey, portkey_overhead_ms: overhead(latency, "portkey"), portkey_ratio_p50: round(latency.portkey.p50 / d(latency).p50) }
             : {}),
@@ -112,6 +177,8 @@ export async function compatBench(): Promise<unknown> {
           direct: directLoad,
           perch: perchLoad,
           perch_over_direct_rps: round(perchLoad.requests_per_second / directLoad.requests_per_second),
+          ...leanLoads,
+          ...(comparedLoad ? { rounds_beside_compared: comparedLoad } : {}),
           ...(portkeyLoad
             ? {
                 portkey: portkeyLoad,
@@ -126,6 +193,7 @@ export async function compatBench(): Promise<unknown> {
           direct_ms: d(ttfb),
           perch_ms: ttfb.perch,
           overhead_ms_p50: overhead(ttfb, "perch").p50,
+          ...(ttfb.compared ? { compared_ms: ttfb.compared, compared_overhead_ms_p50: overhead(ttfb, "compared").p50 } : {}),
           ...(ttfb.portkey ? { portkey_ms: ttfb.portkey, portkey_overhead_ms_p50: overhead(ttfb, "portkey").p50 } : {}),
         },
         streaming_relay: {
@@ -136,6 +204,7 @@ export async function compatBench(): Promise<unknown> {
           overhead_us_per_chunk_p50: perChunkUs(long, "perch"),
           // The same with the first-chunk overhead (streaming_first_chunk) taken out: the relay alone.
           overhead_us_per_chunk_p50_less_first_chunk: perChunkUs(long, "perch", ttfb),
+          ...(long.compared ? { compared_ms: long.compared, compared_overhead_us_per_chunk_p50: perChunkUs(long, "compared") } : {}),
           ...(long.portkey
             ? {
                 portkey_ms: long.portkey,
@@ -145,20 +214,40 @@ export async function compatBench(): Promise<unknown> {
             : {}),
         },
       };
-      result.large_valid_bodies = await largeBodyHolds(perch.url, through);
+      result.load_average = { before: loadBefore.map(round), after: loadavg().map(round) };
+      if (process.env.BENCH_COMPAT_ONLY !== "chat") result.large_valid_bodies = await largeBodyHolds(perch.url, through);
       if (sdk) result.in_process_pass_through_vs_ai_sdk = await passThroughVsSdk(upstream.url);
       return result;
     } finally {
       await perch.stop();
     }
   } finally {
+    for (const l of leans) l.child.kill("SIGTERM");
+    await compared?.stop();
     await portkey?.stop();
     upstream.child.kill("SIGTERM");
     rmSync(dataDir, { recursive: true, force: true });
+    if (compareDir) rmSync(compareDir, { recursive: true, force: true });
   }
 }
 
 type Timings = Record<string, { p50: number; p99: number }>;
+
+interface LeanProxy {
+  target: Target;
+  pid: number;
+  child: ChildProcess;
+}
+
+/** The lean pass-through reference (bench/lean-proxy.ts) with `client` (`http` or `undici`) in front of the provider. */
+async function startLeanProxy(upstreamUrl: string, client: "http" | "undici"): Promise<LeanProxy> {
+  const child = spawn(process.execPath, [join(ROOT, "bench/lean-proxy.ts"), upstreamUrl, client, "short"], { stdio: ["ignore", "pipe", "inherit"] });
+  const port = await new Promise<string>((resolve, reject) => {
+    child.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim()));
+    child.once("exit", (code) => reject(new Error(`lean proxy (${client}) exited with ${code}`)));
+  });
+  return { target: { name: `lean_${client}`, base: `http://127.0.0.1:${port}`, headers: {}, short: "chat", long: "long" }, pid: child.pid!, child };
+}
 
 /**
  * How long the node's event loop was held while it took one valid chat body of 30 MiB (the issue's

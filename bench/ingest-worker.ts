@@ -3,7 +3,7 @@
  * modules under test come from the checkout named by argv[2], so that two checkouts can be measured
  * side by side. What a node's JavaScript thread does for each telemetry packet, without WebRTC: the
  * packet checked, limited, decoded, queued in the writer and stored (a SQLite store in a temporary
- * directory, `DEVICES` registered peers). `SECONDS` of traffic at `RATE` frames a second a device,
+ * directory, or the fresh PostgreSQL database named by argv[6]; `DEVICES` registered peers). `SECONDS` of traffic at `RATE` frames a second a device,
  * on a manual clock advanced 10 ms per tick's worth of frames, fed as fast as the writer keeps up
  * (a backlog over 20,000 samples waits): CPU time per stored frame, not wall time, is the figure,
  * so a machine busy with other work slows the run without changing it much. Prints one JSON line.
@@ -13,7 +13,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { telemetryPacket } from "./telemetry-packet.ts";
 
-const [root, devicesArg, rateArg, secondsArg] = process.argv.slice(2);
+const [root, devicesArg, rateArg, secondsArg, databaseUrl] = process.argv.slice(2);
 const DEVICES = Number(devicesArg);
 const RATE = Number(rateArg);
 const SECONDS = Number(secondsArg);
@@ -35,7 +35,8 @@ const dataDir = mkdtempSync(join(tmpdir(), "perch-ingest-"));
 try {
   const config = loadConfig({}, { dataDir });
   const clock = new ManualClock(Date.now());
-  const store = await Store.open(undefined, dataDir);
+  // A PostgreSQL database when one is named (a fresh one, made by the caller), else SQLite in the temporary directory.
+  const store = await Store.open(databaseUrl || undefined, dataDir);
   const keys = Array.from({ length: DEVICES }, () => encodeKey(generateKeyPair().publicKey) as string);
   await store.transaction(async (tx: any) => {
     for (const key of keys) await tx.peers.register(newPeer(key, Date.now()));

@@ -9,6 +9,7 @@ import { telemetryIngestBench } from "./telemetry-ingest.ts";
 import { toolsBench } from "./tools.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
+import { webrtcConnectBench } from "./webrtc-connect.ts";
 import { webrtcHealthBench } from "./webrtc-health.ts";
 
 const suites: Record<string, () => Promise<unknown>> = {
@@ -17,6 +18,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   speech: speechBench,
   webrtc: webrtcBench,
   "webrtc-health": webrtcHealthBench,
+  "webrtc-connect": webrtcConnectBench,
   outage: outageBench,
   events: eventsBench,
   "telemetry-ingest": telemetryIngestBench,

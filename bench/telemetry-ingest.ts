@@ -3,12 +3,13 @@
  * from the packet to the stored sample, without WebRTC (bench/ingest-worker.ts, one process per
  * run): `BENCH_INGEST_DEVICES` (2,000) devices at `BENCH_INGEST_RATE` (15) frames a second each
  * for `BENCH_INGEST_S` (5) seconds of traffic, in `BENCH_ROUNDS` (2) rounds. With `BENCH_COMPARE_ROOT`
- * (another checkout) each round runs that checkout's modules too, right after this one's.
+ * (another checkout) each round runs that checkout's modules too, right after this one's. With
+ * `BENCH_INGEST_DATABASE_URL` (a PostgreSQL server) each run gets a fresh database there instead of SQLite.
  */
 import { spawn } from "node:child_process";
 import { loadavg } from "node:os";
 import { join } from "node:path";
-import { ROOT, round } from "./support.ts";
+import { freshPgDatabase, ROOT, round } from "./support.ts";
 
 const env = (name: string, fallback: number) => Number(process.env[name] ?? fallback);
 const DEVICES = env("BENCH_INGEST_DEVICES", 2_000);
@@ -18,10 +19,13 @@ const ROUNDS = env("BENCH_ROUNDS", 2);
 
 type Run = Record<string, unknown> & { cpu_us_per_frame: number; frames_stored_per_second: number };
 
-function run(root: string): Promise<Run> {
+const DATABASE_URL = process.env.BENCH_INGEST_DATABASE_URL;
+
+async function run(root: string): Promise<Run> {
+  const database = DATABASE_URL ? await freshPgDatabase(DATABASE_URL) : "";
   const child = spawn(
     process.execPath,
-    ["--disable-warning=ExperimentalWarning", join(import.meta.dirname, "ingest-worker.ts"), root, String(DEVICES), String(RATE), String(SECONDS)],
+    ["--disable-warning=ExperimentalWarning", join(import.meta.dirname, "ingest-worker.ts"), root, String(DEVICES), String(RATE), String(SECONDS), database],
     {
       stdio: ["ignore", "pipe", "inherit"],
     },
@@ -30,9 +34,27 @@ function run(root: string): Promise<Run> {
   child.stdout.on("data", (d: Buffer) => {
     out += d.toString();
   });
-  return new Promise((resolve, reject) =>
-    child.once("exit", (code) => (code === 0 ? resolve(JSON.parse(out) as Run) : reject(new Error(`ingest worker exited with ${code}`)))),
-  );
+  try {
+    return await new Promise((resolve, reject) =>
+      child.once("exit", (code) => (code === 0 ? resolve(JSON.parse(out) as Run) : reject(new Error(`ingest worker exited with ${code}`)))),
+    );
+  } finally {
+    if (database) await dropDatabase(database);
+  }
+}
+
+async function dropDatabase(url: string): Promise<void> {
+  const pg = (await import("pg")).default;
+  const u = new URL(url);
+  const name = u.pathname.slice(1);
+  u.pathname = "/postgres";
+  const admin = new pg.Client({ connectionString: u.toString() });
+  await admin.connect();
+  try {
+    await admin.query(`drop database if exists ${name}`);
+  } finally {
+    await admin.end();
+  }
 }
 
 export async function telemetryIngestBench(): Promise<unknown> {
@@ -52,6 +74,7 @@ export async function telemetryIngestBench(): Promise<unknown> {
   return {
     suite: "telemetry-ingest",
     node: process.version,
+    store: DATABASE_URL ? "postgres" : "sqlite",
     devices: DEVICES,
     frames_per_second_per_device: RATE,
     seconds: SECONDS,

@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { ManualClock } from "../src/domain/clock.ts";
 import { DomainError } from "../src/domain/errors.ts";
 import { NODE_STALE_MS } from "../src/domain/presence.ts";
@@ -110,6 +111,35 @@ for (const store of STORES) {
         ],
         "only fields that have data",
       );
+    });
+
+    test("a batch of many peers stores each one's samples and status; a key that is no peer is left out, not failing the others", async () => {
+      const t = clock.now() + 60_000;
+      const unknown = encodeKey(generateKeyPair().publicKey);
+      const status = await device.status();
+      await server.domain.telemetry.recordMany([
+        { publicKey: unknown, samples: [{ field: "battery.percent", observedAt: t, value: 5 }] },
+        { publicKey: device.publicKey, samples: [{ field: "battery.percent", observedAt: t, value: 80 }] },
+        // The same peer twice in one batch: both entries stored, the newer value in the status.
+        {
+          publicKey: device.publicKey,
+          samples: [
+            { field: "battery.percent", observedAt: t + 10, value: 81 },
+            { field: "network.rssi_dbm", observedAt: t + 10, value: -60 },
+          ],
+        },
+      ]);
+      assert.deepEqual(await device.status(), { ...status, battery_percent: 81, reported_at: new Date(t + 10).toISOString() });
+      const range = await phone.sideControl.telemetry({ field: "battery.percent", start_time_ms: t, end_time_ms: t + 11 });
+      assert.deepEqual(
+        range.points.map((p) => [p.observed_at_unix_ms, p.value]),
+        [
+          [t, 80],
+          [t + 10, 81],
+        ],
+      );
+      assert.equal(await server.store.read((r) => r.peers.get(unknown)), undefined, "telemetry registers no peer");
+      assert.deepEqual((await server.domain.telemetry.latest(unknown, undefined)).values, [], "nothing stored for the unknown key");
     });
   });
 }

@@ -260,4 +260,51 @@ describe("engine scheduler", () => {
     fail = false;
     assert.equal(await scheduler.runBatched<number, number>(3, { class: "conversation" }), 3);
   });
+
+  test("slots kept for conversations: other jobs never take the last free one, a conversation's job starts at once beside them", async () => {
+    const clock = new FakeClock();
+    let reserved = 1;
+    const scheduler = new Scheduler({ name: "test", slots: 2, initialJobMs: 100, clock, reserved: () => reserved });
+    const order: string[] = [];
+    const finishers = new Map<string, () => void>();
+    const job = (name: string) => () => {
+      order.push(name);
+      return new Promise<string>((resolve) => finishers.set(name, () => resolve(name)));
+    };
+    const file1 = scheduler.run(job("file1"), { class: "api" });
+    const file2 = scheduler.run(job("file2"), { class: "api" });
+    const partial = scheduler.run(job("partial"), { class: "partial" });
+    await settled();
+    assert.deepEqual(order, ["file1"], "one slot is kept");
+    assert.ok(scheduler.estimate("api") > 0, "an API job would wait");
+    assert.equal(scheduler.estimate("conversation"), 0, "a conversation's would not");
+    const turn = scheduler.run(job("turn"), { class: "conversation" });
+    await settled();
+    assert.deepEqual(order, ["file1", "turn"]);
+    finishers.get("turn")!();
+    await turn;
+    await settled();
+    assert.deepEqual(order, ["file1", "turn"], "the freed slot is kept again");
+    finishers.get("file1")!();
+    await file1;
+    await settled();
+    assert.deepEqual(order, ["file1", "turn", "file2"]);
+    // No conversation any more: every slot serves the others.
+    reserved = 0;
+    finishers.get("file2")!();
+    await file2;
+    await settled();
+    assert.deepEqual(order, ["file1", "turn", "file2", "partial"]);
+    const file3 = scheduler.run(job("file3"), { class: "api" });
+    await settled();
+    assert.deepEqual(order, ["file1", "turn", "file2", "partial", "file3"], "both slots run");
+    finishers.get("partial")!();
+    finishers.get("file3")!();
+    await Promise.all([partial, file3]);
+  });
+
+  test("a single slot is never kept: with one slot, reserved or not, other jobs run", async () => {
+    const scheduler = new Scheduler({ name: "test", slots: 1, initialJobMs: 100, clock: new FakeClock(), reserved: () => 1 });
+    assert.equal(await scheduler.run(async () => "ran", { class: "api" }), "ran");
+  });
 });

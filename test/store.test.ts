@@ -154,6 +154,34 @@ for (const entry of STORES) {
       assert.equal(await store.read((r) => r.peers.voiceAgent(unknown)), undefined);
     });
 
+    test("a read while a write transaction is open sees only committed state (on SQLite's one connection it waits for the transaction's end)", async () => {
+      const key = await newPeer();
+      for (const outcome of ["rolled back", "committed"] as const) {
+        let release!: () => void;
+        const gate = new Promise<void>((r) => {
+          release = r;
+        });
+        let wrote!: () => void;
+        const written = new Promise<void>((r) => {
+          wrote = r;
+        });
+        const writing = store.transaction(async (tx) => {
+          await tx.status.put(key, { volume: outcome === "committed" ? 2 : 1 }, 1);
+          wrote();
+          await gate;
+          if (outcome === "rolled back") throw new Error("rolled back");
+        });
+        await written;
+        const during = store.read((r) => r.status.getText(key));
+        release();
+        await writing.catch(() => undefined);
+        // Rolled back: never seen. Committed: seen whole, or (PostgreSQL, read before the commit) not yet.
+        if (outcome === "rolled back") assert.equal(await during, undefined);
+        else assert.ok([undefined, '{"volume":2}'].includes(await during));
+      }
+      assert.equal(await store.read((r) => r.status.getText(key)), '{"volume":2}');
+    });
+
     test("migrations are idempotent: opening the same database again keeps its rows", async () => {
       const key = newKey();
       await store.transaction((tx) => tx.peers.register(peerRow(key, 5)));

@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
+import { createSocket } from "node:dgram";
 import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { OfferError } from "../src/sdk/webrtc.ts";
-import { bundledCandidatesOnly, MAX_ANSWER_BYTES } from "../src/transport/sdp.ts";
+import { MAX_ANSWER_BYTES } from "../src/transport/sdp.ts";
 import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
@@ -168,21 +169,48 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
     assert.ok(Buffer.byteLength(answer) <= MAX_ANSWER_BYTES, `${Buffer.byteLength(answer)} bytes`);
   });
 
-  test("the server checks only the candidates of the BUNDLE group's tagged m-section", () => {
-    const sections = (text: string) => text.split(/(?=^m=)/m).map((s) => s.split("\r\n").filter((l) => l.startsWith("a=candidate:")).length);
-    // libwebrtc gathers for the audio and the data section alike until the answer bundles them.
-    const [, audio, data] = sections(sdp);
-    assert.ok(audio! > 0 && data! > 0, `candidates per section: ${sections(sdp).join(", ")}`);
-    const trimmed = bundledCandidatesOnly(sdp);
-    assert.deepEqual(sections(trimmed), [0, audio, 0]);
-    assert.equal(trimmed.replace(/^a=candidate:.*\r\n/gm, ""), sdp.replace(/^a=candidate:.*\r\n/gm, ""));
-    // Nothing changes without a group, or when the tagged section has no candidates to keep.
-    const unbundled = sdp.replace(/^a=group:BUNDLE.*\r\n/m, "");
-    assert.equal(bundledCandidatesOnly(unbundled), unbundled);
-    const [head, first, ...rest] = sdp.split(/(?=^m=)/m);
-    const lateOnly = [head, first!.replace(/^a=candidate:.*\r\n/gm, ""), ...rest].join("");
-    assert.equal(bundledCandidatesOnly(lateOnly), lateOnly);
-  });
+  /**
+   * Posts the offer with a UDP socket of the test as its best candidate (a server that checks the
+   * offer's candidates checks it first, at once), then hands what the socket received to `use`.
+   */
+  async function offerNamingSink(edit: (offer: string) => string, use: (heard: Buffer[]) => Promise<void>): Promise<void> {
+    const sink = createSocket("udp4");
+    const heard: Buffer[] = [];
+    sink.on("message", (m) => heard.push(m));
+    await new Promise<void>((resolve) => sink.bind(0, "127.0.0.1", resolve));
+    try {
+      const bait = `a=candidate:9 1 udp 2130706431 127.0.0.1 ${sink.address().port} typ host\r\n`;
+      const offer = edit(sdp.replace(/^a=candidate:/m, `${bait}a=candidate:`));
+      assert.ok(offer.includes(bait));
+      const s = sealOffer(serverKey, generateKeyPair(), offer);
+      const res = await postOffer(server.url, s.headers, s.body);
+      assert.equal(res.status, 200, await res.clone().text());
+      await use(heard);
+    } finally {
+      sink.close();
+    }
+  }
+
+  test("the server checks no address the offer lists: it answers the device's own checks (peer-reflexive), which still connect", () =>
+    offerNamingSink(
+      (offer) => offer,
+      async (heard) => {
+        // A whole connect after it (its answer, ICE, DTLS and SCTP) outlasts the first check by far.
+        const device = await connect(server);
+        assert.ok(device.timings.ready > 0);
+        device.close();
+        assert.deepEqual(heard, [], "no STUN check reached the offered address");
+      },
+    ));
+
+  test("an ICE-lite device's offer keeps its candidates: the server checks them, since the device never checks", () =>
+    offerNamingSink(
+      (offer) => offer.replace(/^(t=.*\r\n)/m, "$1a=ice-lite\r\n"),
+      async (heard) => {
+        // A STUN binding request: message type 0x0001 and the magic cookie 0x2112A442.
+        await eventually(() => heard.find((m) => m.readUInt16BE(0) === 0x0001 && m.readUInt32BE(4) === 0x2112a442), 5000, "a STUN check");
+      },
+    ));
 });
 
 describe("offers: policy, blocked peers, capacity and the rate limit", () => {

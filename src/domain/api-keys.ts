@@ -1,4 +1,4 @@
-import { createHash } from "node:crypto";
+import { hash } from "node:crypto";
 import type { ApiKeyConfig } from "../config/config.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
@@ -25,7 +25,7 @@ export class ApiKeyService {
   /** The key `bearer` is, counted against its rate limit; undefined when it is none of them. */
   authenticate(bearer: string): ApiKeyPrincipal | undefined {
     if (this.keys.size === 0) return undefined;
-    const entry = this.keys.get(createHash("sha256").update(bearer).digest("hex"));
+    const entry = this.keys.get(hash("sha256", bearer, "hex"));
     if (!entry) return undefined;
     const wait = entry.limiter?.hit(entry.key.name) ?? 0;
     if (wait > 0) throw new DomainError("rate_limited", "RATE_LIMITED", `rate limit reached for API key ${entry.key.name}`, undefined, wait);

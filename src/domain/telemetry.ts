@@ -7,7 +7,6 @@ import {
   type TelemetryLatest,
   type TelemetryRange,
 } from "../protocol/public.ts";
-import type { Repositories } from "../store/index.ts";
 import type { Sample } from "../store/telemetry.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
@@ -65,50 +64,39 @@ export class TelemetryService {
    * Entries of peers that are not registered (any more) are left out.
    */
   async recordMany(batch: Array<{ publicKey: string; samples: TelemetrySample[] }>): Promise<void> {
-    const valid = batch.filter((e) => !e.samples.some(outsideTime)).sort((a, b) => (a.publicKey < b.publicKey ? -1 : a.publicKey > b.publicKey ? 1 : 0));
-    if (valid.length === 0) return;
+    // One entry per peer, so that every statement below sees a peer once.
+    const byPeer = new Map<string, TelemetrySample[]>();
+    for (const e of batch) {
+      if (e.samples.some(outsideTime)) continue;
+      const seen = byPeer.get(e.publicKey);
+      if (seen) seen.push(...e.samples);
+      else byPeer.set(e.publicKey, [...e.samples]);
+    }
+    if (byPeer.size === 0) return;
     const stored: Array<{ publicKey: string; samples: TelemetrySample[]; status: PeerStatus | undefined }> = [];
     const now = this.ctx.clock.now();
     await this.ctx.store.transaction(async (tx) => {
       stored.length = 0;
-      for (const { publicKey, samples } of valid) {
-        // A peer removed while connected (by the operator, from another process) is skipped: its
-        // samples have no peer to belong to, and failing the transaction would lose everyone's.
-        if (!(await tx.peers.getForShare(publicKey))) continue;
-        stored.push({ publicKey, samples, status: await this.recordIn(tx, publicKey, samples, now) });
+      // A peer removed while connected (by the operator, from another process) is skipped: its
+      // samples have no peer to belong to, and failing the transaction would lose everyone's.
+      const present = await tx.peers.existingForShare([...byPeer.keys()]);
+      const kept = [...byPeer].filter(([key]) => present.has(key)).map(([publicKey, samples]) => ({ publicKey, samples }));
+      await tx.telemetry.insertMany(kept);
+      const changes = kept.map((e) => statusChanges(e.samples));
+      const changing = kept.filter((_, i) => changes[i]!.size > 0).map((e) => e.publicKey);
+      const documents = changing.length > 0 ? await tx.status.getManyForUpdate(changing, now) : new Map<string, Record<string, unknown>>();
+      const puts: Array<[string, Record<string, unknown>]> = [];
+      for (const [i, { publicKey, samples }] of kept.entries()) {
+        const next = changes[i]!.size > 0 ? merged((documents.get(publicKey) ?? {}) as PeerStatus, changes[i]!) : undefined;
+        if (next) puts.push([publicKey, next]);
+        stored.push({ publicKey, samples, status: next });
       }
+      if (puts.length > 0) await tx.status.putMany(puts, now);
     });
     for (const s of stored) {
       this.ctx.events.telemetry(s.publicKey, s.samples);
       if (s.status) this.ctx.events.status(s.publicKey, s.status, now);
     }
-  }
-
-  /** Returns the status document when the samples changed it. */
-  private async recordIn(tx: Repositories, publicKey: string, samples: TelemetrySample[], now: number): Promise<PeerStatus | undefined> {
-    const newest = new Map<keyof PeerStatus, { at: number; value: unknown }>();
-    for (const s of samples) {
-      const mapping = STATUS_FROM_TELEMETRY[s.field];
-      if (!mapping) continue;
-      const [key, convert] = mapping;
-      const seen = newest.get(key);
-      if (!seen || s.observedAt >= seen.at) newest.set(key, { at: s.observedAt, value: convert(s.value) });
-    }
-    await tx.telemetry.insert(publicKey, samples);
-    if (newest.size === 0) return undefined;
-    const current = ((await tx.status.getForUpdate(publicKey, now)) ?? {}) as PeerStatus;
-    const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
-    const next: Record<string, unknown> = { ...current };
-    let latest = reportedAt;
-    for (const [key, { at, value }] of newest) {
-      if (at <= reportedAt) continue;
-      next[key] = value;
-      latest = Math.max(latest, at);
-    }
-    if (latest === reportedAt) return undefined;
-    next.reported_at = new Date(latest).toISOString();
-    await tx.status.put(publicKey, next, now);
-    return next as PeerStatus;
   }
 
   async latest(publicKey: string, fields: readonly TelemetryField[] | undefined): Promise<TelemetryLatest> {
@@ -159,6 +147,34 @@ export class TelemetryService {
     if (end <= start) throw invalidQuery("end_time_ms must be after start_time_ms", "end_time_ms");
     return { start, end };
   }
+}
+
+/** The newest value (and its time) of each status field the samples carry. */
+function statusChanges(samples: TelemetrySample[]): Map<keyof PeerStatus, { at: number; value: unknown }> {
+  const newest = new Map<keyof PeerStatus, { at: number; value: unknown }>();
+  for (const s of samples) {
+    const mapping = STATUS_FROM_TELEMETRY[s.field];
+    if (!mapping) continue;
+    const [key, convert] = mapping;
+    const seen = newest.get(key);
+    if (!seen || s.observedAt >= seen.at) newest.set(key, { at: s.observedAt, value: convert(s.value) });
+  }
+  return newest;
+}
+
+/** The status document with the values newer than its `reported_at`; undefined when none is. */
+function merged(current: PeerStatus, changes: Map<keyof PeerStatus, { at: number; value: unknown }>): PeerStatus | undefined {
+  const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
+  const next: Record<string, unknown> = { ...current };
+  let latest = reportedAt;
+  for (const [key, { at, value }] of changes) {
+    if (at <= reportedAt) continue;
+    next[key] = value;
+    latest = Math.max(latest, at);
+  }
+  if (latest === reportedAt) return undefined;
+  next.reported_at = new Date(latest).toISOString();
+  return next as PeerStatus;
 }
 
 function invalidQuery(message: string, field: string): DomainError {

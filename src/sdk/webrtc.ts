@@ -78,6 +78,12 @@ async function defaultRtc(): Promise<RtcImplementation> {
 
 /** How often a channel whose buffer is over the low-water mark is checked for having drained. */
 const DRAIN_POLL_MS = 5;
+/**
+ * The offer goes once no UDP candidate came for this long after one did (or once gathering is
+ * complete). Perch's ICE is UDP only, and libwebrtc gathers its TCP candidates 100 ms after its
+ * UDP ones, all of which come in one burst.
+ */
+const UDP_CANDIDATES_QUIET_MS = 20;
 
 function portOf(dc: RTCDataChannel): ChannelPort {
   dc.binaryType = "arraybuffer";
@@ -216,15 +222,22 @@ export class PerchConnection {
       const transceiver = pc.addTransceiver("audio", { direction: "sendrecv" });
       const packets = pc.createDataChannel(PACKET_LABEL, { ordered: false, maxRetransmits: 0 });
       const events = pc.createDataChannel(`${SERVICE_PREFIX}${SERVICE.EVENTS}`);
-      // Offers are not trickled: the offer is sent once every candidate is in it.
+      // Offers are not trickled: the offer is sent once every candidate Perch can use (UDP) is in it.
       const gathered = new Promise<void>((resolve, reject) => {
+        let quiet: ReturnType<typeof setTimeout> | undefined;
         const timer = setTimeout(() => reject(new Error(`ICE gathering did not complete within ${timeoutMs} ms`)), timeoutMs);
         const done = () => {
           clearTimeout(timer);
+          clearTimeout(quiet);
           resolve();
         };
         if (pc.iceGatheringState === "complete") done();
         pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && done());
+        pc.addEventListener("icecandidate", (e) => {
+          if (!/^candidate:\S+ \d+ udp /i.test(e.candidate?.candidate ?? "")) return;
+          clearTimeout(quiet);
+          quiet = setTimeout(done, UDP_CANDIDATES_QUIET_MS);
+        });
       });
       await pc.setLocalDescription(await pc.createOffer());
       await gathered;

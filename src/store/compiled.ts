@@ -1,5 +1,5 @@
-import type { Compilable, CompiledQuery } from "kysely";
-import type { Db } from "./database.ts";
+import type { Compilable, CompiledQuery, QueryResult } from "kysely";
+import { type Db, directReads } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
 
 /**
@@ -12,15 +12,23 @@ import type { DialectName } from "./migrations.ts";
  * instead of binding silently wrong.
  */
 export function compiled<R, P extends unknown[]>(build: (db: Db, ...values: P) => Compilable<R>, ...shape: P) {
+  const run = compiledResult(build, ...shape);
+  return async (db: Db, dialect: DialectName, ...parameters: P): Promise<R[]> => (await run(db, dialect, ...parameters)).rows;
+}
+
+/** `compiled`, resolving with the whole result (rows and the count of rows changed). */
+function compiledResult<R, P extends unknown[]>(build: (db: Db, ...values: P) => Compilable<R>, ...shape: P) {
   const byDialect = new Map<DialectName, CompiledQuery<R>>();
-  return async (db: Db, dialect: DialectName, ...parameters: P): Promise<R[]> => {
+  return (db: Db, dialect: DialectName, ...parameters: P): Promise<QueryResult<R>> => {
     let query = byDialect.get(dialect);
     if (!query) {
       query = compileChecked(db, build, shape);
       byDialect.set(dialect, query);
     }
-    const { rows } = await db.executeQuery<R>({ ...query, parameters });
-    return rows;
+    // A read on SQLite's main connection outside any transaction runs at once (see DirectRead).
+    const rows = directReads.get(db)?.(query.sql, parameters);
+    if (rows) return Promise.resolve({ rows: rows as R[] });
+    return db.executeQuery<R>({ ...query, parameters });
   };
 }
 
@@ -50,4 +58,41 @@ function sentinel(value: unknown, i: number): unknown {
     default:
       throw new Error(`compiled query: value ${i} must be shaped by a string or a number, got ${value === null ? "null" : typeof value}`);
   }
+}
+
+/** Rows one batched statement carries at most. */
+export const MAX_BATCH_ROWS = 256;
+
+/**
+ * A statement over many rows (`build` receives every row's values, in order), compiled once per
+ * row count: rows are cut into statements of power-of-two sizes up to `maxRows`, so at most a few
+ * shapes are ever compiled. `row` gives the shape of one row's values (as `compiled`'s `shape`).
+ * Resolves with every statement's result rows, in order; `each`, when given, hears each statement's
+ * rows, the index and count of the rows it carried, and the count of rows it changed.
+ */
+export function batched<R>(build: (db: Db, values: unknown[], rows: number) => Compilable<R>, row: unknown[], maxRows = MAX_BATCH_ROWS) {
+  const bySize = new Map<number, ReturnType<typeof compiledResult<R, unknown[]>>>();
+  return async (
+    db: Db,
+    dialect: DialectName,
+    rows: ReadonlyArray<readonly unknown[]>,
+    each?: (result: R[], first: number, count: number, changed: number) => void,
+  ): Promise<R[]> => {
+    const out: R[] = [];
+    for (let i = 0; i < rows.length; ) {
+      const n = Math.min(maxRows, 2 ** Math.floor(Math.log2(rows.length - i)));
+      let query = bySize.get(n);
+      if (!query) {
+        query = compiledResult<R, unknown[]>((d, ...values) => build(d, values, n), ...Array.from({ length: n }, () => row).flat());
+        bySize.set(n, query);
+      }
+      const values: unknown[] = [];
+      for (let j = i; j < i + n; j++) for (const v of rows[j]!) values.push(v);
+      const { rows: result, numAffectedRows } = await query(db, dialect, ...values);
+      each?.(result, i, n, Number(numAffectedRows ?? 0));
+      for (const r of result) out.push(r);
+      i += n;
+    }
+    return out;
+  };
 }

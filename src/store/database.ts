@@ -33,30 +33,49 @@ export const SQLITE_PRAGMAS = "PRAGMA journal_mode = WAL; PRAGMA synchronous = N
  */
 const SQLITE_SERVING_BUSY_MS = 20;
 
+/**
+ * SQLite: runs a compiled read on the main connection at once, without Kysely's executor (its
+ * connection lock and promise chain cost more than the statement on the hottest reads). Undefined
+ * when that is not safe: a transaction is open on the connection (a read must not see its
+ * uncommitted writes; through Kysely it waits for the transaction to end), or the SQL is not a read.
+ */
+export type DirectRead = (sql: string, parameters: readonly unknown[]) => unknown[] | undefined;
+
+/** The direct reads of each main SQLite handle (never of a transaction's). */
+export const directReads = new WeakMap<Db, DirectRead>();
+
 /** Adapts `node:sqlite` to the better-sqlite3 shape Kysely's SQLite dialect drives, caching statements. */
-function nodeSqlite(path: string): SqliteDatabase & { dataVersion(): number } {
+function nodeSqlite(path: string): SqliteDatabase & { dataVersion(): number; directRead: DirectRead } {
   const db = new DatabaseSync(path);
   db.exec(SQLITE_PRAGMAS);
   const dataVersion = db.prepare("PRAGMA data_version");
-  const cache = new Map<string, SqliteStatement>();
-  const wrap = (stmt: StatementSync): SqliteStatement => ({
+  const cache = new Map<string, SqliteStatement & { select: boolean }>();
+  const wrap = (stmt: StatementSync, sql: string): SqliteStatement & { select: boolean } => ({
     reader: stmt.columns().length > 0,
+    // A plain read (a write with RETURNING is a reader too, and stays with Kysely's executor).
+    select: /^select /i.test(sql),
     all: (params) => stmt.all(...(params as never[])),
     run: (params) => stmt.run(...(params as never[])),
     iterate: (params) => stmt.iterate(...(params as never[])) as IterableIterator<unknown>,
   });
+  const prepare = (sql: string) => {
+    let stmt = cache.get(sql);
+    if (!stmt) {
+      if (cache.size >= 500) cache.clear();
+      stmt = wrap(db.prepare(sql), sql);
+      cache.set(sql, stmt);
+    }
+    return stmt;
+  };
   return {
     close: () => db.close(),
     dataVersion: () => (dataVersion.get() as { data_version: number }).data_version,
-    prepare(sql) {
-      let stmt = cache.get(sql);
-      if (!stmt) {
-        if (cache.size >= 500) cache.clear();
-        stmt = wrap(db.prepare(sql));
-        cache.set(sql, stmt);
-      }
-      return stmt;
+    directRead(sql, parameters) {
+      if (db.isTransaction) return undefined;
+      const stmt = prepare(sql);
+      return stmt.select ? stmt.all(parameters) : undefined;
     },
+    prepare,
   };
 }
 
@@ -116,6 +135,7 @@ export function connect(url: string | undefined, dataDir: string, onError: (err:
     const database = nodeSqlite(path);
     dataVersion = database.dataVersion;
     db = new Kysely<Tables>({ dialect: new SqliteDialect({ database }) });
+    directReads.set(db, (sql, parameters) => database.directRead(sql, parameters));
   }
   return { db, dialect, file, dataVersion, close: () => db.destroy() };
 }

@@ -1,4 +1,4 @@
-import { compiled } from "./compiled.ts";
+import { batched, compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
 import type { Tables } from "./schema.ts";
@@ -8,6 +8,25 @@ export type PeerRow = Tables["peers"];
 const peerByKey = compiled((db, key: string) => db.selectFrom("peers").selectAll().where("public_key", "=", key), "");
 /** PostgreSQL only (SQLite has no row locks). */
 const peerByKeyForShare = compiled((db, key: string) => db.selectFrom("peers").selectAll().where("public_key", "=", key).forKeyShare(), "");
+/** Which of the keys are registered peers; on PostgreSQL each found peer is key-share locked, in key order. */
+const existingPeers = batched<{ public_key: string }>(
+  (db, values) =>
+    db
+      .selectFrom("peers")
+      .select("public_key")
+      .where("public_key", "in", values as string[]),
+  [""],
+);
+const existingPeersForShare = batched<{ public_key: string }>(
+  (db, values) =>
+    db
+      .selectFrom("peers")
+      .select("public_key")
+      .where("public_key", "in", values as string[])
+      .orderBy("public_key")
+      .forKeyShare(),
+  [""],
+);
 
 export class PeerRepository {
   private readonly db: Db;
@@ -31,6 +50,13 @@ export class PeerRepository {
    */
   async getForShare(publicKey: string): Promise<PeerRow | undefined> {
     return (await (this.dialect === "postgres" ? peerByKeyForShare : peerByKey)(this.db, this.dialect, publicKey))[0];
+  }
+
+  /** `getForShare` for many peers at once: the keys of those that exist. */
+  async existingForShare(publicKeys: readonly string[]): Promise<Set<string>> {
+    const keys = publicKeys.map((k) => [k]);
+    const rows = await (this.dialect === "postgres" ? existingPeersForShare : existingPeers)(this.db, this.dialect, keys);
+    return new Set(rows.map((r) => r.public_key));
   }
 
   list(): Promise<PeerRow[]> {

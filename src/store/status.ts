@@ -1,4 +1,5 @@
-import { compiled } from "./compiled.ts";
+import { sql } from "kysely";
+import { batched, compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
 
@@ -14,6 +15,50 @@ const putDocument = compiled(
   "",
   "",
   0,
+);
+
+const documentsByKey = batched<{ public_key: string; document: string }>(
+  (db, values) =>
+    db
+      .selectFrom("peer_status")
+      .select(["public_key", "document"])
+      .where("public_key", "in", values as string[]),
+  [""],
+);
+/** PostgreSQL: an empty document for each key without one (a row to lock), then the documents locked, in key order. */
+const ensureDocuments = batched(
+  (db, values, rows) =>
+    db
+      .insertInto("peer_status")
+      .values(
+        Array.from({ length: rows }, (_, i) => ({ public_key: values[2 * i] as string, document: sql.lit("{}"), updated_at: values[2 * i + 1] as number })),
+      )
+      .onConflict((oc) => oc.column("public_key").doNothing()),
+  ["", 0],
+);
+const documentsForUpdate = batched<{ public_key: string; document: string }>(
+  (db, values) =>
+    db
+      .selectFrom("peer_status")
+      .select(["public_key", "document"])
+      .where("public_key", "in", values as string[])
+      .orderBy("public_key")
+      .forUpdate(),
+  [""],
+);
+const putDocuments = batched(
+  (db, values, rows) =>
+    db
+      .insertInto("peer_status")
+      .values(
+        Array.from({ length: rows }, (_, i) => ({
+          public_key: values[3 * i] as string,
+          document: values[3 * i + 1] as string,
+          updated_at: values[3 * i + 2] as number,
+        })),
+      )
+      .onConflict((oc) => oc.column("public_key").doUpdateSet((eb) => ({ document: eb.ref("excluded.document"), updated_at: eb.ref("excluded.updated_at") }))),
+  ["", "", 0],
 );
 
 export class StatusRepository {
@@ -50,6 +95,41 @@ export class StatusRepository {
       .execute();
     const row = await this.db.selectFrom("peer_status").select("document").where("public_key", "=", publicKey).forUpdate().executeTakeFirstOrThrow();
     return JSON.parse(row.document) as Record<string, unknown>;
+  }
+
+  /** `getForUpdate` for many peers at once: the documents of those that have one. */
+  async getManyForUpdate(publicKeys: readonly string[], now: number): Promise<Map<string, Record<string, unknown>>> {
+    const sorted = this.dialect === "postgres" ? [...publicKeys].sort() : publicKeys;
+    let rows: Array<{ public_key: string; document: string }>;
+    if (this.dialect === "sqlite")
+      rows = await documentsByKey(
+        this.db,
+        this.dialect,
+        sorted.map((k) => [k]),
+      );
+    else {
+      await ensureDocuments(
+        this.db,
+        this.dialect,
+        sorted.map((k) => [k, now]),
+      );
+      rows = await documentsForUpdate(
+        this.db,
+        this.dialect,
+        sorted.map((k) => [k]),
+      );
+    }
+    return new Map(rows.map((r) => [r.public_key, JSON.parse(r.document) as Record<string, unknown>]));
+  }
+
+  /** `put` for many peers at once (on PostgreSQL in key order, the order every writer locks rows in). */
+  async putMany(documents: ReadonlyArray<[publicKey: string, document: Record<string, unknown>]>, now: number): Promise<void> {
+    const sorted = this.dialect === "postgres" ? [...documents].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)) : documents;
+    await putDocuments(
+      this.db,
+      this.dialect,
+      sorted.map(([key, document]) => [key, JSON.stringify(document), now]),
+    );
   }
 
   async put(publicKey: string, document: Record<string, unknown>, now: number): Promise<void> {

@@ -1,5 +1,5 @@
 import { type CompiledQuery, type RawBuilder, sql } from "kysely";
-import { compiled } from "./compiled.ts";
+import { batched, compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
 
@@ -33,14 +33,25 @@ const seriesId = compiled(
   "",
 );
 
-const insertSeries = compiled(
-  (db, public_key: string, field: string) =>
+/** The ids of the series of (peer, field) pairs, each with its pair's place in the statement (`i`): one index seek per pair. */
+const seriesIds = batched<{ i: number; id: number }>(
+  (db, values, rows) => ({
+    compile: () =>
+      sql<{ i: number; id: number }>`select v.column1 as i, s.id from (values ${sql.join(
+        Array.from({ length: rows }, (_, i) => sql`(${sql.lit(i)}, ${values[2 * i]}, ${values[2 * i + 1]})`),
+      )}) as v join telemetry_series s on s.public_key = v.column2 and s.field = v.column3`.compile(db),
+  }),
+  ["", ""],
+);
+
+/** Creates the series of (peer, field) pairs that have none. */
+const insertSeries = batched(
+  (db, values, rows) =>
     db
       .insertInto("telemetry_series")
-      .values({ public_key, field })
+      .values(Array.from({ length: rows }, (_, i) => ({ public_key: values[2 * i] as string, field: values[2 * i + 1] as string })))
       .onConflict((oc) => oc.columns(["public_key", "field"]).doNothing()),
-  "",
-  "",
+  ["", ""],
 );
 
 /**
@@ -61,63 +72,45 @@ const rollUp = compiled(
   0,
 );
 
-/** Adds new samples' count, sum, minimum and maximum to a minute's rollup (SQLite: unqualified names are the stored row). */
-const addToRollupSqlite = compiled(
-  (db, series: number, minute: number, n: number, total: number, low: number, high: number) => ({
-    compile: () =>
-      sql`insert into telemetry_rollups (series_id, minute, n, total, low, high) values (${series}, ${minute}, ${n}, ${total}, ${low}, ${high})
-      on conflict (series_id, minute) do update set n = n + excluded.n, total = total + excluded.total, low = min(low, excluded.low), high = max(high, excluded.high)`.compile(
-        db,
-      ),
-  }),
-  0,
-  0,
-  0,
-  0,
-  0,
-  0,
-);
-const addToRollupPostgres = compiled(
-  (db, series: number, minute: number, n: number, total: number, low: number, high: number) => ({
-    compile: () =>
-      sql`insert into telemetry_rollups (series_id, minute, n, total, low, high) values (${series}, ${minute}, ${n}, ${total}, ${low}, ${high})
-      on conflict (series_id, minute) do update set n = telemetry_rollups.n + excluded.n, total = telemetry_rollups.total + excluded.total,
-        low = least(telemetry_rollups.low, excluded.low), high = greatest(telemetry_rollups.high, excluded.high)`.compile(db),
-  }),
-  0,
-  0,
-  0,
-  0,
-  0,
-  0,
-);
+/** Adds new samples' count, sum, minimum and maximum to their minutes' rollups (one row per series and minute). */
+const addToRollups = (dialect: DialectName) =>
+  batched(
+    (db, values, rows) => ({
+      compile: () => {
+        const stored = (column: string) => sql.raw(dialect === "postgres" ? `telemetry_rollups.${column}` : column);
+        const [least, greatest] = dialect === "postgres" ? [sql.raw("least"), sql.raw("greatest")] : [sql.raw("min"), sql.raw("max")];
+        return sql`insert into telemetry_rollups (series_id, minute, n, total, low, high) values ${sql.join(
+          Array.from({ length: rows }, (_, i) => sql`(${sql.join(values.slice(6 * i, 6 * i + 6))})`),
+        )}
+        on conflict (series_id, minute) do update set n = ${stored("n")} + excluded.n, total = ${stored("total")} + excluded.total,
+          low = ${least}(${stored("low")}, excluded.low), high = ${greatest}(${stored("high")}, excluded.high)`.compile(db);
+      },
+    }),
+    [0, 0, 0, 0, 0, 0],
+  );
+const addToRollupsSqlite = addToRollups("sqlite");
+const addToRollupsPostgres = addToRollups("postgres");
 
 /** Rows a sample upsert writes at most; larger writes are cut into statements of power-of-two sizes, each compiled once. */
 const MAX_UPSERT_ROWS = 512;
 const upserts = new Map<number, ReturnType<typeof upsertOf>>();
-const inserts = new Map<number, ReturnType<typeof insertNewOf>>();
 
-/** The insert of `n` samples that leaves a stored (series, time) alone, returning the rows it inserted; compiled once. */
-function insertNewOf(n: number) {
-  return compiled(
-    (db, ...values: number[]) =>
-      db
-        .insertInto("telemetry_samples")
-        .values(Array.from({ length: n }, (_, i) => ({ series_id: values[3 * i]!, observed_at: values[3 * i + 1]!, value: values[3 * i + 2]! })))
-        .onConflict((oc) => oc.columns(["series_id", "observed_at"]).doNothing())
-        .returning(["series_id", "observed_at"]),
-    ...new Array<number>(3 * n).fill(0),
-  );
-}
-
-function insertNew(n: number) {
-  let query = inserts.get(n);
-  if (!query) {
-    query = insertNewOf(n);
-    inserts.set(n, query);
-  }
-  return query;
-}
+/** Inserts samples (series, time, value), leaving a stored (series, time) alone. */
+const insertNew = batched(
+  (db, values, rows) =>
+    db
+      .insertInto("telemetry_samples")
+      .values(
+        Array.from({ length: rows }, (_, i) => ({
+          series_id: values[3 * i] as number,
+          observed_at: values[3 * i + 1] as number,
+          value: values[3 * i + 2] as number,
+        })),
+      )
+      .onConflict((oc) => oc.columns(["series_id", "observed_at"]).doNothing()),
+  [0, 0, 0],
+  MAX_UPSERT_ROWS,
+);
 
 /** The upsert of `n` samples (series, time, value), compiled once: a second sample for the same millisecond replaces the first. */
 function upsertOf(n: number) {
@@ -157,59 +150,81 @@ export class TelemetryRepository {
   }
 
   /** Writes samples; a second sample for the same field and millisecond replaces the first. The peer must exist. */
-  async insert(publicKey: string, samples: Sample[]): Promise<void> {
-    if (samples.length === 0) return;
-    // Compiled statements only: building a query through Kysely costs more than SQLite spends on it.
-    const idOf = new Map<string, number>();
-    for (const s of samples) {
-      if (idOf.has(s.field)) continue;
-      let id = await this.series(publicKey, s.field);
-      if (id === undefined) {
-        await insertSeries(this.db, this.dialect, publicKey, s.field);
-        id = (await this.series(publicKey, s.field))!;
+  insert(publicKey: string, samples: Sample[]): Promise<void> {
+    return this.insertMany([{ publicKey, samples }]);
+  }
+
+  /**
+   * `insert` for several peers at once. Every statement carries many peers' rows (series looked up
+   * and created, samples inserted, rollups added): a peer's share of a batch is often one frame, and
+   * statements per peer cost more than SQLite spends on the rows.
+   */
+  async insertMany(batch: ReadonlyArray<{ publicKey: string; samples: Sample[] }>): Promise<void> {
+    // PostgreSQL locks rows as statements reach them: in key order, concurrent batches cannot deadlock.
+    const entries = this.dialect === "postgres" ? [...batch].sort((a, b) => (a.publicKey < b.publicKey ? -1 : a.publicKey > b.publicKey ? 1 : 0)) : batch;
+    // Keyed by two values without building a string per sample: this runs for every sample stored.
+    const idOf = new PairMap<string, string, number>();
+    const pairs: Array<[publicKey: string, field: string]> = [];
+    for (const { publicKey, samples } of entries) {
+      for (const s of samples) {
+        if (idOf.get(publicKey, s.field) !== undefined) continue;
+        idOf.set(publicKey, s.field, -1);
+        pairs.push([publicKey, s.field]);
       }
-      idOf.set(s.field, id);
+    }
+    if (pairs.length === 0) return;
+    const found = async (wanted: Array<[string, string]>) => {
+      await seriesIds(this.db, this.dialect, wanted, (result, first) => {
+        for (const r of result) {
+          const [publicKey, field] = wanted[first + Number(r.i)]!;
+          idOf.set(publicKey, field, Number(r.id));
+        }
+      });
+    };
+    await found(pairs);
+    const missing = pairs.filter(([publicKey, field]) => idOf.get(publicKey, field) === -1);
+    if (missing.length > 0) {
+      await insertSeries(this.db, this.dialect, missing);
+      await found(missing);
     }
     // One row per (series, ms), the last one winning: PostgreSQL refuses to upsert a row twice in one statement.
-    const unique = new Map<string, [series: number, at: number, value: number]>();
-    for (const s of samples) {
-      const series = idOf.get(s.field)!;
-      unique.set(`${series}:${s.observedAt}`, [series, s.observedAt, s.value]);
+    const unique = new PairMap<number, number, [series: number, at: number, value: number]>();
+    for (const { publicKey, samples } of entries) {
+      for (const s of samples) {
+        const series = idOf.get(publicKey, s.field)!;
+        unique.set(series, s.observedAt, [series, s.observedAt, s.value]);
+      }
     }
     const rows = [...unique.values()];
-    // New samples are added to their minute's rollup; a minute where a stored sample was replaced is recomputed.
-    const inserted = new Set<string>();
-    for (let i = 0; i < rows.length; ) {
-      const n = Math.min(MAX_UPSERT_ROWS, 2 ** Math.floor(Math.log2(rows.length - i)));
-      for (const r of await insertNew(n)(this.db, this.dialect, ...rows.slice(i, i + n).flat())) inserted.add(`${r.series_id}:${Number(r.observed_at)}`);
-      i += n;
-    }
-    const replaced = rows.filter(([series, at]) => !inserted.has(`${series}:${at}`));
+    // New samples are added to their minute's rollup. A statement that inserted fewer rows than it
+    // carried met stored samples: its rows are written again as upserts (the new value wins) and
+    // their minutes recomputed from the samples (a replaced value cannot be subtracted from a min or max).
+    const replaced: Array<[series: number, at: number, value: number]> = [];
+    await insertNew(this.db, this.dialect, rows, (_, first, count, changed) => {
+      if (changed < count) for (let j = first; j < first + count; j++) replaced.push(rows[j]!);
+    });
     for (let i = 0; i < replaced.length; ) {
       const n = Math.min(MAX_UPSERT_ROWS, 2 ** Math.floor(Math.log2(replaced.length - i)));
       await upsert(n)(this.db, this.dialect, ...replaced.slice(i, i + n).flat());
       i += n;
     }
-    const added = new Map<string, { series: number; minute: number; n: number; total: number; low: number; high: number }>();
-    const recompute = new Map<string, [series: number, minute: number]>();
+    const recompute = new PairMap<number, number, [series: number, minute: number]>();
+    for (const [series, at] of replaced) if (at >= 0) recompute.set(series, at - (at % ROLLUP_MS), [series, at - (at % ROLLUP_MS)]);
+    const added = new PairMap<number, number, [series: number, minute: number, n: number, total: number, low: number, high: number]>();
     for (const [series, at, value] of rows) {
       if (at < 0) continue;
       const minute = at - (at % ROLLUP_MS);
-      const key = `${series}:${minute}`;
-      if (!inserted.has(`${series}:${at}`)) recompute.set(key, [series, minute]);
-      const a = added.get(key);
-      if (!a) added.set(key, { series, minute, n: 1, total: value, low: value, high: value });
+      if (recompute.get(series, minute)) continue;
+      const a = added.get(series, minute);
+      if (!a) added.set(series, minute, [series, minute, 1, value, value, value]);
       else {
-        a.n++;
-        a.total += value;
-        a.low = Math.min(a.low, value);
-        a.high = Math.max(a.high, value);
+        a[2]++;
+        a[3] += value;
+        a[4] = Math.min(a[4], value);
+        a[5] = Math.max(a[5], value);
       }
     }
-    const addToRollup = this.dialect === "postgres" ? addToRollupPostgres : addToRollupSqlite;
-    for (const [key, a] of added) {
-      if (!recompute.has(key)) await addToRollup(this.db, this.dialect, a.series, a.minute, a.n, a.total, a.low, a.high);
-    }
+    await (this.dialect === "postgres" ? addToRollupsPostgres : addToRollupsSqlite)(this.db, this.dialect, [...added.values()]);
     for (const [series, minute] of recompute.values()) await rollUp(this.db, this.dialect, series, minute, minute + ROLLUP_MS);
   }
 
@@ -396,6 +411,28 @@ export class TelemetryRepository {
 
   private async series(publicKey: string, field: string): Promise<number | undefined> {
     return (await seriesId(this.db, this.dialect, publicKey, field))[0]?.id;
+  }
+}
+
+/** A map keyed by two values. */
+class PairMap<A, B, V> {
+  private readonly outer = new Map<A, Map<B, V>>();
+
+  get(a: A, b: B): V | undefined {
+    return this.outer.get(a)?.get(b);
+  }
+
+  set(a: A, b: B, value: V): void {
+    let inner = this.outer.get(a);
+    if (!inner) {
+      inner = new Map();
+      this.outer.set(a, inner);
+    }
+    inner.set(b, value);
+  }
+
+  *values(): IterableIterator<V> {
+    for (const inner of this.outer.values()) yield* inner.values();
   }
 }
 

@@ -5,7 +5,7 @@
 import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
 import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../protocol/channel.ts";
 import { guarded } from "./guard.ts";
-import { bundledCandidatesOnly, MAX_ANSWER_BYTES, rewriteHostCandidates } from "./sdp.ts";
+import { MAX_ANSWER_BYTES, rewriteHostCandidates, withoutCandidates } from "./sdp.ts";
 
 export interface AnswererOptions {
   /** The UDP port every connection shares. */
@@ -115,7 +115,7 @@ export class Answerer {
       });
       gathered.catch(() => {});
       try {
-        pc.setRemoteDescription(bundledCandidatesOnly(offer.sdp), "offer");
+        pc.setRemoteDescription(withoutCandidates(offer.sdp), "offer");
       } catch (err) {
         const message = (err as Error).message;
         // Gathering this node's candidates (its UDP mux) failing is not the offer's fault.

@@ -168,24 +168,23 @@ function direction(lines: string[]): string | undefined {
 }
 
 /**
- * The offer with candidates only in the BUNDLE group's tagged m-section (the first mid of the
- * group), whose transport is the only one a bundled answer uses (RFC 8843, 7.3.1); unchanged
- * without a group, or when that section lists no candidates.
+ * The offer without its candidates: the server learns where a device is from the device's own
+ * connectivity checks (peer-reflexive candidates: the address its NAT gave it, the only one that
+ * answers behind a symmetric NAT), and never checks an address before the device has the answer.
  *
- * The server's ICE agent (libjuice) checks every remote candidate 50 ms after the previous one,
- * in priority order, and becomes connected on its own successful check even when the device has
- * already nominated a pair. libwebrtc repeats its host candidates for every m-section until the
- * answer bundles them, so on a machine with four interfaces the reachable pair came eighth:
- * about 400 ms of a connect, 200 ms once the repeats are gone.
+ * With the offer's candidates, the server's ICE agent (libjuice) checked them one every 50 ms in
+ * priority order from the moment it had the offer: the reachable one came third or fourth
+ * (150–200 ms), and on loopback it succeeded before the device had the answer, so the server's
+ * DTLS ClientHello reached a device whose DTLS transport was not up yet and waited for its 1 s
+ * retransmission. The server has only host candidates (it uses no STUN or TURN of its own), so a
+ * device that can connect at all reaches the server's address first; the server's check then
+ * goes back along the path the device's check opened. An offer of an ICE-lite device (`a=ice-lite`)
+ * keeps its candidates.
  */
-export function bundledCandidatesOnly(sdp: string): string {
-  const tagged = /^a=group:BUNDLE[ \t]+(\S+)/m.exec(sdp)?.[1];
-  if (!tagged) return sdp;
-  const sections = sdp.split(/(?=^m=)/m);
-  const isTagged = (section: string) => section.startsWith("m=") && section.split(/\r?\n/).some((l) => l.trim() === `a=mid:${tagged}`);
-  const keep = sections.find(isTagged);
-  if (!keep || !/^a=candidate:/m.test(keep)) return sdp;
-  return sections.map((section) => (!section.startsWith("m=") || isTagged(section) ? section : section.replace(/^a=candidate:.*(?:\r?\n|$)/gm, ""))).join("");
+export function withoutCandidates(sdp: string): string {
+  // An ICE-lite device never checks (RFC 8445 §2.5): only the server's checks can find it.
+  if (/^a=ice-lite\s*$/m.test(sdp)) return sdp;
+  return sdp.replace(/^a=candidate:.*(?:\r?\n|$)/gm, "");
 }
 
 /** Replaces the address of every host candidate with `address` (dropping the duplicates that makes). */

@@ -100,6 +100,8 @@ export class MoonshineEngine implements TranscriptionEngine {
       name: "recognition",
       slots: this.processes,
       initialJobMs: INITIAL_RECOGNITION_MS,
+      // With two processes or more, one is kept for conversations while one goes on: a turn's transcript never waits for a file's.
+      reserved: () => (this.conversing ? 1 : 0),
       batching: {
         classes: ["conversation"],
         max: BATCH_MAX,

@@ -8,6 +8,7 @@
  *    that comes back after a pause goes next rather than behind the backlog), first come first
  *    served within a caller;
  * 3. `partial`: partial transcripts while someone speaks, when nothing else waits.
+ * A scheduler may keep slots for conversations (`reserved`): the other classes never take the last ones.
  * A job is never interrupted once it runs (flite and onnxruntime cannot be), so a request that is
  * given up only loses its place in the queue.
  *
@@ -81,6 +82,11 @@ export interface SchedulerOptions {
   initialJobMs: number;
   clock?: SchedulerClock;
   batching?: Batching;
+  /**
+   * Slots kept for `conversation` jobs, asked each time a job could start (default none): other
+   * jobs start only while more than this many slots are free, so a turn never waits behind them.
+   */
+  reserved?: () => number;
 }
 
 /** Counters of one class, since the scheduler started (for /metrics). */
@@ -128,6 +134,7 @@ export class Scheduler {
   private readonly slots: number;
   private readonly clock: SchedulerClock;
   private readonly batching: Batching | undefined;
+  private readonly reserved: () => number;
   private running = 0;
   /** Jobs handed to workers, a batch counting once. */
   private dispatched = 0;
@@ -150,6 +157,7 @@ export class Scheduler {
     this.meanMs = o.initialJobMs;
     this.clock = o.clock ?? systemClock;
     this.batching = o.batching;
+    this.reserved = o.reserved ?? (() => 0);
     all.add(this);
   }
 
@@ -191,9 +199,11 @@ export class Scheduler {
       const tag = this.tagFor(caller);
       for (const job of this.api) if (job.tag <= tag) ahead++;
     } else if (cls === "partial") ahead += this.api.length + this.partial.length;
-    const free = this.slots - this.running;
+    // Other classes than conversations' have only the slots not reserved.
+    const slots = cls === "conversation" ? this.slots : this.slots - Math.min(this.slots - 1, this.reserved());
+    const free = Math.max(0, slots - this.running);
     if (ahead < free) return 0;
-    return ((ahead - free + 1) * this.meanMs) / this.slots;
+    return ((ahead - free + 1) * this.meanMs) / slots;
   }
 
   /** Counters per class (see ClassStats). */
@@ -307,10 +317,14 @@ export class Scheduler {
     return true;
   }
 
-  /** The next job: a conversation's, else the `api` job with the lowest tag (the earliest of equals), else a partial. */
+  /**
+   * The next job: a conversation's, else (while more slots are free than are reserved for
+   * conversations) the `api` job with the lowest tag (the earliest of equals), else a partial.
+   */
   private next(): Job | undefined {
     const urgent = this.conversation.shift();
     if (urgent) return urgent;
+    if (this.slots - this.running <= Math.min(this.slots - 1, this.reserved())) return undefined;
     if (this.api.length > 0) {
       let best = 0;
       for (let i = 1; i < this.api.length; i++) if (this.api[i]!.tag < this.api[best]!.tag) best = i;

@@ -9,34 +9,58 @@ import type { CompatEnv } from "./env.ts";
  * a WebRTC connection has the transport's own flow control.
  */
 export function writeTimeout(ms: number): MiddlewareHandler<CompatEnv> {
+  const watch = watcher(ms);
   return async (c, next) => {
     const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
-    if (outgoing) watch(outgoing, ms);
+    if (outgoing) watch(outgoing);
     await next();
   };
 }
 
-function watch(outgoing: ServerResponse, ms: number): void {
-  let stalledSince: number | undefined;
-  const onDrain = () => {
-    stalledSince = undefined;
-  };
-  const timer = setInterval(
-    () => {
-      if (outgoing.destroyed) return;
-      if (!outgoing.writableNeedDrain) {
-        stalledSince = undefined;
-        return;
+interface Watched {
+  outgoing: ServerResponse;
+  stalledSince: number | undefined;
+}
+
+/**
+ * One timer for all the responses in progress (a timer of each response's own showed in the
+ * profile of short relayed calls), running only while there are some.
+ */
+function watcher(ms: number): (outgoing: ServerResponse) => void {
+  const watched = new Set<Watched>();
+  let timer: NodeJS.Timeout | undefined;
+  const sweep = () => {
+    if (watched.size === 0) {
+      // Stopped only once a whole period passed with nothing to watch: not at every response's end.
+      clearInterval(timer);
+      timer = undefined;
+      return;
+    }
+    const now = performance.now();
+    for (const w of watched) {
+      if (w.outgoing.destroyed) continue;
+      if (!w.outgoing.writableNeedDrain) {
+        w.stalledSince = undefined;
+        continue;
       }
-      stalledSince ??= performance.now();
-      if (performance.now() - stalledSince >= ms) outgoing.destroy();
-    },
-    Math.max(10, Math.floor(ms / 4)),
-  );
-  timer.unref();
-  outgoing.on("drain", onDrain);
-  outgoing.once("close", () => {
-    clearInterval(timer);
-    outgoing.off("drain", onDrain);
-  });
+      w.stalledSince ??= now;
+      if (now - w.stalledSince >= ms) w.outgoing.destroy();
+    }
+  };
+  return (outgoing) => {
+    const w: Watched = { outgoing, stalledSince: undefined };
+    const onDrain = () => {
+      w.stalledSince = undefined;
+    };
+    watched.add(w);
+    if (!timer) {
+      timer = setInterval(sweep, Math.max(10, Math.floor(ms / 4)));
+      timer.unref();
+    }
+    outgoing.on("drain", onDrain);
+    outgoing.once("close", () => {
+      watched.delete(w);
+      outgoing.off("drain", onDrain);
+    });
+  };
 }
