@@ -417,7 +417,8 @@ function portOf(dc: DataChannel, forget: () => void, fault: (err: unknown) => vo
           if (failed) return;
           lastMessage = performance.now();
           heard();
-          sink.message(typeof msg === "string" ? Buffer.from(msg) : Buffer.from(msg as ArrayBuffer));
+          // The library hands each binary message over as a Buffer of its own: passed on, not copied again.
+          sink.message(typeof msg === "string" ? Buffer.from(msg) : Buffer.isBuffer(msg) ? msg : Buffer.from(msg));
         }),
       );
       // The library delivers messages and the close through separate queues, so the close can
