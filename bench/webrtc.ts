@@ -37,9 +37,9 @@ const SAMPLES_PER_OBSERVATION = 2;
 
 const GOALS = {
   offer_handling_ms_p50: 15,
-  connect_to_ready_ms_p50_loopback: 150,
+  connect_to_ready_ms_p50_loopback: 100,
   concurrent_devices: 1000,
-  telemetry_frames_per_second: 20_000,
+  telemetry_frames_per_second: 30_000,
   http_stream_to_tcp_ratio: 0.5,
 };
 

@@ -515,9 +515,9 @@ describe("transcription (Moonshine)", () => {
       const both = Promise.all([two.recognise(spoken), two.recognise(spoken)]);
       await sleep(0);
       assert.equal(two.recognitionsWaiting, 0, "neither waits for the other");
-      assert.equal(two.recogniserIdle, false);
+      assert.equal(two.recogniserIdle({ class: "partial" }), false);
       for (const text of await both) assert.match(text, /door/i);
-      assert.equal(two.recogniserIdle, true);
+      assert.equal(two.recogniserIdle({ class: "partial" }), true);
     } finally {
       await two.close();
     }
@@ -586,7 +586,7 @@ describe("transcription (Moonshine)", () => {
     for (let at = 0; at + spoken.length <= long.length; at += spoken.length + 8000) long.set(spoken, at);
     const busy = Promise.all([0, 1, 2].map(() => recogniser.recognise(long)));
     await sleep(0);
-    assert.equal(recogniser.recogniserIdle, false, "the long recognitions are running");
+    assert.equal(recogniser.recogniserIdle({ class: "partial" }), false, "the long recognitions are running");
     const waiting = recogniser.recognitionsWaiting;
     assert.equal(waiting, 2);
     const asr = recogniser.createIncrementalRecogniser();
@@ -600,6 +600,6 @@ describe("transcription (Moonshine)", () => {
     assert.equal(recogniser.recognitionsWaiting, waiting + 1, "the final recognition waits its turn");
     assert.match(await final, /door/i);
     await busy;
-    assert.equal(recogniser.recogniserIdle, true);
+    assert.equal(recogniser.recogniserIdle({ class: "partial" }), true);
   });
 });

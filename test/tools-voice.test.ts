@@ -2,13 +2,11 @@ import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { perch } from "./support/cli.ts";
-import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
-import { EventLog, resample, talkerConfig } from "./support/voice.ts";
+import { EventLog, spoken, talkerConfig } from "./support/voice.ts";
 import { connect, eventually } from "./support/webrtc.ts";
 
 const QUESTION = "Turn the volume down to three.";
@@ -17,11 +15,6 @@ const QUESTION = "Turn the volume down to three.";
 describe("tools in voice conversations", () => {
   let upstream: FakeUpstream;
   let server: TestServer;
-
-  async function spoken(text: string): Promise<Int16Array> {
-    const { samples, sampleRate } = await (engines().speech as FliteSpeechEngine).speak(text, "nova");
-    return resample(samples, sampleRate, 48_000);
-  }
 
   before(async () => {
     upstream = await startFakeUpstream();

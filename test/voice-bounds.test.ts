@@ -6,13 +6,10 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
-import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
-import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { engines, warmRecogniser } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
-import { EventLog, resample, talkerConfig } from "./support/voice.ts";
-import { connect } from "./support/webrtc.ts";
+import { type EventLog, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
 
 setFlagsFromString("--expose-gc");
 const gc = runInNewContext("gc") as () => void;
@@ -30,19 +27,7 @@ const MAX_TURN_MS = 5_000;
 describe("voice conversations within bounds", { skip: engines().transcription ? false : "no transcription engine" }, () => {
   let upstream: FakeUpstream;
   let server: TestServer;
-  const speech = () => engines().speech as FliteSpeechEngine;
-
-  async function spoken(text: string, voice = "nova"): Promise<Int16Array> {
-    const { samples, sampleRate } = await speech().speak(text, voice);
-    return resample(samples, sampleRate, 48_000);
-  }
-
-  async function device(): Promise<{ conn: PerchConnection; log: EventLog }> {
-    const conn = await connect(server);
-    const log = new EventLog(conn);
-    await conn.microphone();
-    return { conn, log };
-  }
+  const device = () => voiceDevice(server);
 
   const metricsOf = (log: EventLog, n: number) =>
     JSON.parse(log.all.find((s) => s.stream === `out-${n}` && s.label === "turn.metrics")!.text!) as Record<string, unknown>;
@@ -62,9 +47,14 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     await upstream?.close();
   });
 
-  test("a 1 MB reply: cut at max_reply_chars, synthesised only as it plays (memory per conversation bounded), the model call cancelled; another device's reply comes first", async () => {
+  test("a 1 MB reply: cut at max_reply_chars, synthesised only as it plays (memory per conversation bounded), the model call cancelled; another device's reply comes first", async (t) => {
     const a = await device();
     const b = await device();
+    // Closed even when an assertion fails: the long reply would otherwise play on under the next tests.
+    t.after(() => {
+      a.conn.close();
+      b.conn.close();
+    });
     // A first turn on each side warms what every turn uses (the engines' buffers, the codecs, the resampler's memory).
     upstream.reply({ content: "Hello there, nice to meet you." });
     await (await a.conn.microphone()).say(await spoken("Hello, who are you?"));
@@ -104,8 +94,6 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     assert.ok(text.length <= 2_000 && text.length > 1_900, `the reply's text was cut at 2,000 characters: ${text.length}`);
     console.log(JSON.stringify({ held_growth_mb: Math.round((peak / MB) * 100) / 100, reply_chars: text.length }));
     assert.ok(peak < 5 * MB, `memory per conversation: ${(peak / MB).toFixed(2)} MB`);
-    a.conn.close();
-    b.conn.close();
   });
 
   test("a device that stops sending after its question gets its reply", async () => {

@@ -2,17 +2,15 @@ import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
-import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { storedRows } from "./support/conversations.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { freshPostgresDatabase, startTestServer, TEST_DATABASE_URL, type TestServer, tempDir } from "./support/server.ts";
 import { EventStream } from "./support/sse.ts";
-import { EventLog, resample, talkerConfig } from "./support/voice.ts";
-import { connect, eventually } from "./support/webrtc.ts";
+import { spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
+import { eventually } from "./support/webrtc.ts";
 
 type Entry = { conversation_id: string; turn: number; role: string; text: string; at_unix_ms: number; interrupted?: boolean };
 
@@ -40,17 +38,7 @@ describe("a device's conversation reaches its phone on another node", { skip: TE
       config: { ...talkerConfig(upstream.url), databaseUrl, nodeName, voice: { agent: "talker", store_transcripts: true } },
     });
 
-  async function spoken(text: string): Promise<Int16Array> {
-    const { samples, sampleRate } = await (engines().speech as FliteSpeechEngine).speak(text, "nova");
-    return resample(samples, sampleRate, 48_000);
-  }
-
-  async function device(server: TestServer): Promise<{ conn: PerchConnection; log: EventLog }> {
-    const conn = await connect(server, { keyPair });
-    const log = new EventLog(conn);
-    await conn.microphone();
-    return { conn, log };
-  }
+  const device = (server: TestServer) => voiceDevice(server, { keyPair });
 
   const entries = () => stream.events("conversation").map((e) => e.data as Entry);
 

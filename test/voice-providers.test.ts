@@ -1,6 +1,5 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { wavFile } from "../src/audio/samples.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { engines } from "./support/engines.ts";
@@ -8,21 +7,13 @@ import { type FakeSpeechProvider, startFakeSpeechProvider, startSpeechNode, tone
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
-import { EventLog, resample } from "./support/voice.ts";
-import { connect } from "./support/webrtc.ts";
+import { type EventLog, resample, spoken, voiceDevice } from "./support/voice.ts";
 
 const QUESTION = "What is the weather like today?";
 const ANSWER = "It is sunny and warm today. Is there anything else you would like to know?";
 
-/** The question as a device's microphone gives it: flite at 48 kHz. */
-async function spoken(text: string, voice = "nova"): Promise<Int16Array> {
-  const { samples, sampleRate } = await (engines().speech as FliteSpeechEngine).speak(text, voice);
-  return resample(samples, sampleRate, 48_000);
-}
-
 async function device(server: TestServer): Promise<{ conn: PerchConnection; log: EventLog; say: (pcm: Int16Array) => Promise<void> }> {
-  const conn = await connect(server);
-  const log = new EventLog(conn);
+  const { conn, log } = await voiceDevice(server);
   const mic = await conn.microphone();
   return { conn, log, say: (pcm) => mic.say(pcm) };
 }

@@ -3,17 +3,14 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { wavFile } from "../src/audio/samples.ts";
-import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
-import type { PerchConnection } from "../src/sdk/webrtc.ts";
+import { encodeKey, generateKeyPair, type KeyPair } from "../src/crypto/keys.ts";
 import { assertFails, perch } from "./support/cli.ts";
 import { engines, warmRecogniser } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
-import { EventLog, resample, talkerConfig } from "./support/voice.ts";
-import { connect } from "./support/webrtc.ts";
+import { resample, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
 
 const ANSWER = "It is sunny and warm today. Is there anything else you would like to know?";
 const QUESTION = "What is the weather like today?";
@@ -21,20 +18,7 @@ const QUESTION = "What is the weather like today?";
 describe("voice conversations", () => {
   let upstream: FakeUpstream;
   let server: TestServer;
-  const speech = () => engines().speech as FliteSpeechEngine;
-
-  /** The question as a device's microphone gives it: synthesised by another voice than the reply's, at 48 kHz. */
-  async function spoken(text: string, voice = "nova"): Promise<Int16Array> {
-    const { samples, sampleRate } = await speech().speak(text, voice);
-    return resample(samples, sampleRate, 48_000);
-  }
-
-  async function device(o: { keyPair?: ReturnType<typeof generateKeyPair> } = {}): Promise<{ conn: PerchConnection; log: EventLog }> {
-    const conn = await connect(server, o.keyPair ? { keyPair: o.keyPair } : {});
-    const log = new EventLog(conn);
-    await conn.microphone();
-    return { conn, log };
-  }
+  const device = (o: { keyPair?: KeyPair } = {}) => voiceDevice(server, o);
 
   /** The words of what the device heard, recognised by the server's own recogniser. */
   async function recognise(pcm48: Int16Array): Promise<string> {

@@ -154,7 +154,9 @@ peers
   });
 peers
   .command("voice <key> <agent>")
-  .description("choose the agent that converses with the device over its audio: an agent id, off, or default (voice.agent); on every node within 2 s")
+  .description(
+    "choose the agent that converses with the device over its audio: an agent id, off, or default (voice.agent); live conversations take it at once, on every node",
+  )
   .action((key: string, agent: string) =>
     withDomain(async (d) => {
       const agents = loadConfig().agents.map((a) => a.id);

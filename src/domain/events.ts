@@ -1,5 +1,6 @@
 import { type BusMessage, type EventBus, topics } from "../events/index.ts";
 import type { ConversationEntry, PeerStatus, TelemetryField } from "../protocol/public.ts";
+import { splitText } from "../protocol/text.ts";
 import type { Repositories } from "../store/index.ts";
 
 /** A status document larger than this is not carried in its message; subscribers read it from the store. */
@@ -34,22 +35,7 @@ const CONVERSATION_PART_BYTES = 5_000;
 
 /** `text` in pieces whose JSON string forms are each at most `max` bytes, cut between characters. */
 export function splitJsonText(text: string, max: number): string[] {
-  if (Buffer.byteLength(JSON.stringify(text)) <= max) return [text];
-  const pieces: string[] = [];
-  let piece = "";
-  let bytes = 2;
-  for (const ch of text) {
-    const n = Buffer.byteLength(JSON.stringify(ch)) - 2;
-    if (bytes + n > max) {
-      pieces.push(piece);
-      piece = "";
-      bytes = 2;
-    }
-    piece += ch;
-    bytes += n;
-  }
-  pieces.push(piece);
-  return pieces;
+  return splitText(text, max, (s) => Buffer.byteLength(JSON.stringify(s)));
 }
 
 /** The domain's side of the event bus: typed publishing of what changed. */

@@ -48,3 +48,28 @@ export function jsonProblem(value: unknown, maxDepth = MAX_JSON_DEPTH): JsonProb
   }
   return undefined;
 }
+
+/**
+ * `text` in pieces each at most `max` bytes as `measure` counts a string (UTF-8 by default; the
+ * event bus counts JSON string forms), cut between characters.
+ */
+export function splitText(text: string, max: number, measure: (s: string) => number = Buffer.byteLength): string[] {
+  if (measure(text) <= max) return [text];
+  // What an empty piece counts already (a JSON string's quotes).
+  const empty = measure("");
+  const pieces: string[] = [];
+  let piece = "";
+  let bytes = empty;
+  for (const ch of text) {
+    const n = measure(ch) - empty;
+    if (bytes + n > max) {
+      pieces.push(piece);
+      piece = "";
+      bytes = empty;
+    }
+    piece += ch;
+    bytes += n;
+  }
+  pieces.push(piece);
+  return pieces;
+}

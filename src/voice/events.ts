@@ -1,5 +1,6 @@
 import { create, toBinary } from "@bufbuild/protobuf";
 import { PeerEventSchema, PeerEventType, StreamKind } from "../protocol/gen/event_pb.ts";
+import { splitText } from "../protocol/text.ts";
 import type { AudioPort } from "./port.ts";
 
 export type Kind = "text" | "audio";
@@ -18,22 +19,7 @@ export const MAX_EVENT_TEXT_BYTES = 60_000;
 
 /** `text` in pieces of at most MAX_EVENT_TEXT_BYTES of UTF-8, cut between characters. */
 export function textPieces(text: string): string[] {
-  if (Buffer.byteLength(text) <= MAX_EVENT_TEXT_BYTES) return [text];
-  const pieces: string[] = [];
-  let piece = "";
-  let bytes = 0;
-  for (const ch of text) {
-    const n = Buffer.byteLength(ch);
-    if (bytes + n > MAX_EVENT_TEXT_BYTES) {
-      pieces.push(piece);
-      piece = "";
-      bytes = 0;
-    }
-    piece += ch;
-    bytes += n;
-  }
-  pieces.push(piece);
-  return pieces;
+  return splitText(text, MAX_EVENT_TEXT_BYTES);
 }
 
 /** The voice contract's events (voice.md §3) on one connection's event stream. */

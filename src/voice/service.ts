@@ -5,11 +5,10 @@ import type { ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
 import { parseEvents } from "../ai/sse.ts";
 import type { Config } from "../config/config.ts";
-import type { PeerMessage } from "../domain/events.ts";
 import type { Domain } from "../domain/index.ts";
-import { topics } from "../events/index.ts";
 import type { ChatChunk, ChatMessage, ChatRequest } from "../protocol/compat.ts";
-import { type AgentChoice, Conversation } from "./conversation.ts";
+import { DeviceAgentChoice } from "./agent-choice.ts";
+import { Conversation } from "./conversation.ts";
 import type { EngineFor } from "./engine-choice.ts";
 import type { VoiceActivityPort, VoiceEngines } from "./engine-ports.ts";
 import { VoiceEvents } from "./events.ts";
@@ -17,8 +16,6 @@ import { VoiceMetrics } from "./metrics.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
-
-const DEFAULT_VOICE = "alloy";
 
 export interface VoiceServiceOptions {
   config: Config;
@@ -57,7 +54,6 @@ export class VoiceService implements VoiceHost {
   }
 
   open(devicePort: AudioPort): VoiceSession {
-    const choice = new AgentLookup(devicePort.publicKey, this.o, this.engines);
     // The conversation's entries for the device's Side Control, read from the events it sends.
     // Only the error's message: a row the store refused may be quoted in its details, and transcripts stay out of logs above debug.
     const recorder = this.o.domain.conversations.open(devicePort.publicKey, (err) =>
@@ -69,6 +65,16 @@ export class VoiceService implements VoiceHost {
     });
     const port = transcript.port;
     const events = new VoiceEvents(port);
+    const key = devicePort.publicKey;
+    const choice = new DeviceAgentChoice({
+      key,
+      read: () => this.o.domain.peers.voiceAgent(key),
+      bus: this.o.domain.ctx.events.bus,
+      defaultAgent: this.o.config.voice.agent,
+      agents: this.o.config.agents,
+      engines: this.engines,
+      onReadError: (err) => this.o.logger.warn({ err, peer: key }, "could not read the device's voice agent; trying again"),
+    });
     const conversation = new Conversation({
       port,
       config: this.o.config.voice,
@@ -110,65 +116,5 @@ export class VoiceService implements VoiceHost {
         }
       }
     })();
-  }
-}
-
-/**
- * A device's agent: its own choice, else `voice.agent`. Read from the store once, then taken from
- * the `voice` messages on `topics.peers` (an operator's `perch peers voice`, from any process and on
- * every node, reaches the live conversation); read again after the bus missed messages.
- */
-class AgentLookup {
-  private readonly key: string;
-  private readonly o: VoiceServiceOptions;
-  private readonly engines: ReadonlyMap<string, VoiceEngines>;
-  /** undefined until read: no turn starts before the device's choice is known (it may be `off`). */
-  private setting: string | null | undefined;
-  /** Counts the settings taken from messages: a read that started before one is stale. */
-  private changes = 0;
-  private readonly unsubscribe: () => void;
-
-  constructor(key: string, o: VoiceServiceOptions, engines: ReadonlyMap<string, VoiceEngines>) {
-    this.key = key;
-    this.o = o;
-    this.engines = engines;
-    this.unsubscribe = o.domain.ctx.events.bus.subscribe(topics.peers, {
-      message: (m) => {
-        const message = m as PeerMessage;
-        if (message.kind !== "voice" || message.key !== key) return;
-        this.changes++;
-        this.setting = message.agent;
-      },
-      gap: () => this.read(),
-    });
-    this.read();
-  }
-
-  current(): AgentChoice | undefined {
-    if (this.setting === undefined) return undefined;
-    const id = this.setting === null ? this.o.config.voice.agent : this.setting === "off" ? undefined : this.setting;
-    if (!id) return undefined;
-    const agent = this.o.config.agents.find((a) => a.id === id);
-    const engines = agent && this.engines.get(agent.id);
-    if (!agent || !engines) return undefined;
-    return { id: agent.id, voice: agent.voice ?? DEFAULT_VOICE, engines, ...(agent.language ? { language: agent.language } : {}) };
-  }
-
-  close(): void {
-    this.unsubscribe();
-  }
-
-  private read(): void {
-    const changes = this.changes;
-    this.o.domain.peers.voiceAgent(this.key).then(
-      (setting) => {
-        if (this.changes === changes) this.setting = setting ?? null;
-      },
-      (err: unknown) => {
-        // Unreadable (the store away): the configured default until a message or the next read says otherwise.
-        if (this.setting === undefined) this.setting = null;
-        this.o.logger.warn({ err, peer: this.key }, "could not read the device's voice agent");
-      },
-    );
   }
 }

@@ -1,7 +1,11 @@
+import type { FliteSpeechEngine } from "../../src/ai/speech/index.ts";
+import type { KeyPair } from "../../src/crypto/keys.ts";
 import type { PeerEvent } from "../../src/protocol/gen/event_pb.ts";
 import { PeerEventType, StreamKind } from "../../src/protocol/gen/event_pb.ts";
 import type { PerchConnection } from "../../src/sdk/webrtc.ts";
 import { loadResampler, Resampler } from "../../src/voice/resampler.ts";
+import { engines } from "./engines.ts";
+import { connect } from "./webrtc.ts";
 
 /** A voice event in a form tests compare. */
 export interface Seen {
@@ -103,4 +107,18 @@ export function talkerConfig(upstreamUrl: string) {
     agents: [{ id: "talker", model: "chat", instructions: "You speak briefly.", voice: "alloy" }],
     voice: { agent: "talker" },
   };
+}
+
+/** `text` as a device's microphone gives it: synthesised by flite (by default another voice than the replies'), at 48 kHz. */
+export async function spoken(text: string, voice = "nova"): Promise<Int16Array> {
+  const { samples, sampleRate } = await (engines().speech as FliteSpeechEngine).speak(text, voice);
+  return resample(samples, sampleRate, 48_000);
+}
+
+/** A device connected to `server` (a device SDK client on real WebRTC), its voice events logged and its microphone on. */
+export async function voiceDevice(server: { url: string }, o: { keyPair?: KeyPair } = {}): Promise<{ conn: PerchConnection; log: EventLog }> {
+  const conn = await connect(server, o.keyPair ? { keyPair: o.keyPair } : {});
+  const log = new EventLog(conn);
+  await conn.microphone();
+  return { conn, log };
 }

@@ -131,8 +131,8 @@ export class MoonshineEngine implements TranscriptionEngine {
    * utterance before its end is confirmed, partial text) runs only then: under load it would
    * queue ahead of other conversations' final transcripts and multiply the work per turn.
    */
-  get recogniserIdle(): boolean {
-    return this.loadMs !== undefined && this.recognitions.idle;
+  recogniserIdle(job: JobOptions): boolean {
+    return this.loadMs !== undefined && this.recognitions.idleFor(job.class);
   }
 
   /** Recognitions waiting for a recogniser process. */
@@ -373,7 +373,7 @@ export class IncrementalRecogniser {
       !this.running &&
       this.quietTail >= SPECULATE_AFTER * RATE &&
       this.samples <= PARTIAL_WINDOW * RATE &&
-      this.engine.recogniserIdle
+      this.engine.recogniserIdle(LIVE)
     ) {
       this.recognise(this.audio(), this.samples).catch(() => {});
     }
@@ -395,7 +395,7 @@ export class IncrementalRecogniser {
   private soFar(job: JobOptions): Promise<string> {
     if (this.running) return this.running;
     if (this.last && this.samples - this.last.samples < PARTIAL_STEP * RATE) return Promise.resolve(this.last.text);
-    if (!this.engine.recogniserIdle) return Promise.resolve(this.last?.text ?? "");
+    if (!this.engine.recogniserIdle(job)) return Promise.resolve(this.last?.text ?? "");
     const audio = this.audio();
     const window = audio.subarray(Math.max(0, audio.length - PARTIAL_WINDOW * RATE));
     return this.recognise(window, audio.length, job);

@@ -161,9 +161,12 @@ export class Scheduler {
     all.add(this);
   }
 
-  /** Whether a job would start at once: a slot is free and nothing waits. */
-  get idle(): boolean {
-    return this.running < this.slots && this.waiting === 0;
+  /**
+   * Whether a job of `cls` would start at once: nothing waits and a slot it may take is free (only
+   * a conversation's may take the slots kept for conversations).
+   */
+  idleFor(cls: JobClass): boolean {
+    return this.waiting === 0 && this.slots - this.running > (cls === "conversation" ? 0 : Math.min(this.slots - 1, this.reserved()));
   }
 
   /** Jobs waiting, of every class. */
