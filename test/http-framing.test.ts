@@ -9,6 +9,7 @@ import pino from "pino";
 import type { PerchClient } from "../src/sdk/client.ts";
 import { exchange, parseRawResponse, type RawResponse, tcp } from "./support/raw-http.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
+import { eventually } from "./support/webrtc.ts";
 
 const REQUEST_ID = /^[A-Za-z0-9._-]{1,128}$/;
 
@@ -88,8 +89,16 @@ describe("bounded request time and connections", () => {
     assert.equal(r.timedOut, false, "the server closed the connection (the client never gave up)");
     expectEnvelope(parseRawResponse(r.raw), 408, "REQUEST_TIMEOUT", "slow body");
     assert.deepEqual(await device.status(), status, "nothing written");
-    await new Promise((resolve) => setTimeout(resolve, 1_500));
-    for (const key of (await requestCounts(server)).keys()) assert.ok(!key.endsWith(" 500"), key);
+    // The half-sent PUT's handler has ended once the request is counted; none was a server error.
+    const counts = await eventually(
+      async () => {
+        const c = await requestCounts(server);
+        return [...c.keys()].some((k) => k.startsWith("PUT /me/status ")) ? c : undefined;
+      },
+      10_000,
+      "the half-sent PUT counted",
+    );
+    for (const key of counts.keys()) assert.ok(!key.endsWith(" 500"), key);
   });
 
   test("connections over http.maxConnections are closed on arrival", async () => {
@@ -152,8 +161,16 @@ describe("requests their clients abandon", () => {
         await new Promise((resolve) => setTimeout(resolve, 100));
         socket.destroy();
       }
-      await new Promise((resolve) => setTimeout(resolve, 300));
-      const counts = await requestCounts(server);
+      // Both handlers have ended once both requests are counted, whatever their status.
+      const counts = await eventually(
+        async () => {
+          const c = await requestCounts(server);
+          const put = [...c.entries()].filter(([k]) => k.startsWith("PUT /me/status ")).reduce((n, [, v]) => n + v, 0);
+          return put >= 2 ? c : undefined;
+        },
+        10_000,
+        "both abandoned PUTs counted",
+      );
       for (const key of counts.keys()) assert.ok(!key.endsWith(" 500"), key);
       assert.equal(counts.get("PUT /me/status 499"), 2, [...counts.keys()].join("; "));
       const lines = log
