@@ -75,16 +75,25 @@ export class VoiceService implements VoiceHost {
       engines: this.engines,
       onReadError: (err) => this.o.logger.warn({ err, peer: key }, "could not read the device's voice agent; trying again"),
     });
-    const conversation = new Conversation({
-      port,
-      config: this.o.config.voice,
-      activity: this.o.activity,
-      resampler: this.o.resampler,
-      metrics: this.metrics,
-      logger: this.o.logger,
-      agent: () => choice.current(),
-      run: (agentId, messages, signal, n) => this.reply(port.publicKey, agentId, messages, signal, toolEvents(events, `out-${n}`)),
-    });
+    let conversation: Conversation;
+    try {
+      conversation = new Conversation({
+        port,
+        config: this.o.config.voice,
+        activity: this.o.activity,
+        resampler: this.o.resampler,
+        metrics: this.metrics,
+        logger: this.o.logger,
+        agent: () => choice.current(),
+        run: (agentId, messages, signal, n) => this.reply(port.publicKey, agentId, messages, signal, toolEvents(events, `out-${n}`)),
+      });
+    } catch (err) {
+      // Nothing of this connection's stays subscribed or open when its conversation cannot start.
+      choice.close();
+      transcript.close();
+      recorder.close();
+      throw err;
+    }
     this.open_.add(conversation);
     return {
       close: () => {
