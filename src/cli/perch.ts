@@ -145,7 +145,8 @@ peers
         const found = (await commands.call(node, "device.tools", { key: peer })) as { tools: unknown[]; more: number } | undefined;
         print({ public_key: peer, online: true, node, tools: found?.tools ?? [], ...(found?.more ? { more: found.more } : {}) });
       } catch (err) {
-        fail(`node ${node} did not answer: ${(err as Error).message}`);
+        const sqliteHint = store.sqliteFile ? " (on SQLite a node reads commands from the file only while webrtc.peer_poll_ms > 0)" : "";
+        fail(`node ${node} did not answer: ${(err as Error).message}${sqliteHint}`);
       } finally {
         commands.close();
         await bus.close();
