@@ -111,6 +111,8 @@ describe("the seam Node's HTTP server and Hono's adapter rely on", () => {
       dc.send(request);
       // Past Hono's drain wait (500 ms) and the request timeout: the stream is closed by the server.
       await eventually(() => socket.destroyed, 5_000, `exchange ${i} closed by the server`);
+      // The answer's bytes arrive before the channel's close (one ordered stream): read once closed.
+      await eventually(() => dc.readyState === "closed", 5_000, `exchange ${i}'s channel closed at the device`);
       answers.push(raw.split("\r\n")[0] ?? "");
     }
     server.close();

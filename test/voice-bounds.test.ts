@@ -14,8 +14,15 @@ import { type EventLog, spoken, talkerConfig, voiceDevice } from "./support/voic
 setFlagsFromString("--expose-gc");
 const gc = runInNewContext("gc") as () => void;
 
-/** What this process holds after a full collection: the heap and the buffers outside it. */
-function held(): number {
+/**
+ * What this process holds after a full collection: the heap and the buffers outside it. V8 frees
+ * array buffers' memory on a sweeper thread after the collection, so a figure read at once may
+ * still count buffers already dead (seen: 6 MB more, gone a moment later): collect, let the
+ * sweeper finish, collect again.
+ */
+async function held(): Promise<number> {
+  gc();
+  await new Promise((r) => setTimeout(r, 50));
   gc();
   const m = process.memoryUsage();
   return m.heapUsed + m.arrayBuffers;
@@ -63,8 +70,8 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     const huge = sentence.repeat(Math.ceil(MB / sentence.length));
     const pieces = huge.match(/[\s\S]{1,4096}/g)!;
     upstream.reply({ chunks: pieces, delayMs: 5 });
-    held();
-    const baseline = held();
+    await held();
+    const baseline = await held();
     const question = await spoken("Tell me a very long story please.");
     await (await a.conn.microphone()).say(question);
     await a.log.wait((s) => s.stream === "out-2" && s.type === "BOS" && s.label === "assistant.audio", 60_000, "the long reply's audio");
@@ -82,7 +89,7 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     const samples: number[] = [];
     for (let i = 0; i < 5; i++) {
       await new Promise((r) => setTimeout(r, 1_000));
-      const growth = held() - baseline;
+      const growth = (await held()) - baseline;
       samples.push(Math.round((growth / MB) * 100) / 100);
       peak = Math.max(peak, growth);
     }

@@ -100,8 +100,11 @@ describe("voice conversations", () => {
         ["assistant", ANSWER],
       ],
     );
-    assert.equal(second[3]!.role, "user");
-    assert.match(second[3]!.content, /timer|minutes/i);
+    // Turn 2's question is what the server heard in turn 2 (how well it heard is the recogniser's
+    // test, and a busy machine may cost words: the history is what is checked here).
+    const heard2 = log.all.find((s) => s.stream === "in-2" && s.label === "user.transcript" && s.type === "TEXT_DONE")!.text!;
+    assert.deepEqual(second[3], { role: "user", content: heard2 });
+    assert.notEqual(heard2, transcript);
     // Metrics of the turns.
     const text = await (await fetch(`${server.url}/metrics`)).text();
     assert.match(text, /perch_voice_turns_total\{result="answered"\} 2/);

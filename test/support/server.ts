@@ -88,7 +88,8 @@ export async function startTestServer(
       port: 0,
       host: "127.0.0.1",
       dataDir,
-      logLevel: "silent",
+      // PERCH_TEST_LOG=warn (or any level) shows the server's log while debugging a test.
+      logLevel: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
       rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 },
       ...o.config,
       webrtc: { ...o.config?.webrtc, udpPort },
