@@ -67,14 +67,35 @@ export class Callers {
   /** Middleware: resolves the principal and requires it to be of `kind`. */
   require(kind: "primary" | "side_control"): MiddlewareHandler<AppEnv> {
     return async (c, next) => {
-      const principal = await this.principal(c);
-      if (principal.kind !== kind) {
-        throw kind === "primary"
-          ? new DomainError("forbidden", "PRIMARY_SESSION_REQUIRED", "this route needs a primary session")
-          : new DomainError("forbidden", "SIDE_CONTROL_SESSION_REQUIRED", "this route needs a Side Control session");
-      }
-      c.set("principal", principal);
+      c.set("principal", requireKind(await this.principal(c), kind));
       await next();
     };
   }
+
+  /**
+   * A primary caller's status document as stored (undefined when none), authenticating as
+   * `require("primary")` does: for a bearer, the session and the document in one statement.
+   */
+  async primaryStatus(c: Context<AppEnv>): Promise<string | undefined> {
+    const publicKey = requestHeader(c, "x-public-key");
+    const connection = connectionOf(c.env);
+    let principal: Principal;
+    let statusText: string | undefined;
+    if (connection) {
+      principal = requireKind(await this.domain.auth.authenticateConnection(connection.peerKey, publicKey), "primary");
+      statusText = await this.domain.peers.statusText(connection.peerKey);
+    } else {
+      ({ principal, statusText } = await this.domain.auth.authenticateWithStatus(bearerToken(requestHeader(c, "authorization")), publicKey));
+      requireKind(principal, "primary");
+    }
+    c.set("principal", principal);
+    return statusText;
+  }
+}
+
+function requireKind(principal: Principal, kind: "primary" | "side_control"): Principal {
+  if (principal.kind === kind) return principal;
+  throw kind === "primary"
+    ? new DomainError("forbidden", "PRIMARY_SESSION_REQUIRED", "this route needs a primary session")
+    : new DomainError("forbidden", "SIDE_CONTROL_SESSION_REQUIRED", "this route needs a Side Control session");
 }

@@ -35,10 +35,12 @@ export function registerMeRoutes(app: App, domain: Domain, callers: Callers): vo
   app.openapi(
     createRoute({
       ...route("get", "/me/status"),
+      // Authenticated by the handler: the session and the document are read in one statement.
+      middleware: [jsonBodyLimit],
       summary: "The caller's status document ({} when none)",
       responses: { 200: json(PeerStatus, "Status"), ...authErrors },
     }),
-    async (c) => jsonText(c, await domain.peers.statusText(self(c))),
+    async (c) => jsonText(c, (await callers.primaryStatus(c)) ?? "{}"),
   );
 
   app.openapi(
