@@ -38,6 +38,7 @@ import { loadResampler } from "../voice/resampler.ts";
 import { VoiceService } from "../voice/service.ts";
 import { embeddedEngines } from "./engines.ts";
 import { Closers, Jobs } from "./jobs.ts";
+import { BatchedLines } from "./log-lines.ts";
 import { nodeWebRtcPort } from "./webrtc-port.ts";
 
 export interface StartOptions {
@@ -83,9 +84,10 @@ const LOG_FLUSH_INTERVAL_MS = 250;
 /**
  * JSON lines on standard output, buffered and written in batches (at 4 KiB, every 250 ms, at
  * start-up, shutdown and exit): a write per request line cost about a fifth of a `GET /me/status`.
+ * The batches are gathered in front of pino's destination, which writes each at once (see `BatchedLines`).
  */
 function createLogger(config: Config): Logger {
-  return pino({ level: config.logLevel, base: { node: config.nodeName } }, pino.destination({ dest: 1, sync: false, minLength: 4096 }));
+  return pino({ level: config.logLevel, base: { node: config.nodeName } }, new BatchedLines(pino.destination({ dest: 1, sync: false, minLength: 0 })));
 }
 
 /** What `Node.build` opened before the node's parts are wired: the store and the event bus. */
