@@ -175,7 +175,9 @@ async function registerPeers(dataDir: string, device: string, now: number, root?
 }
 
 async function withStore(dataDir: string, StoreClass: typeof Store, fn: (store: Store) => Promise<void>): Promise<void> {
-  const store = await StoreClass.open(DATABASE_URL, dataDir);
+  // No read workers: seeding reads nothing, and closing a pool whose worker is still starting
+  // sometimes never settled under load, which left the bench with nothing to wait on (it exited 13).
+  const store = await StoreClass.open(DATABASE_URL, dataDir, { readWorkers: 0 });
   try {
     await fn(store);
   } finally {
