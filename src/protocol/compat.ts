@@ -77,39 +77,45 @@ const ToolChoice = z.union([
 const penalty = z.number().min(-2).max(2).nullish();
 const tokens = z.number().int().min(1).nullish();
 
-export const ChatRequest = z
-  .strictObject({
-    model: z.string().min(1),
-    messages: z.array(Message).min(1),
-    stream: z.boolean().nullish(),
-    stream_options: z.strictObject({ include_usage: z.boolean().optional() }).nullish(),
-    temperature: z.number().min(0).max(2).nullish(),
-    top_p: z.number().min(0).max(1).nullish(),
-    max_tokens: tokens,
-    max_completion_tokens: tokens,
-    stop: z.union([z.string(), z.array(z.string()).max(4)]).nullish(),
-    seed: z.number().int().nullish(),
-    presence_penalty: penalty,
-    frequency_penalty: penalty,
-    response_format: ResponseFormat.nullish(),
-    tools: z.array(Tool).max(128).nullish(),
-    tool_choice: ToolChoice.nullish(),
-    parallel_tool_calls: z.boolean().nullish(),
-    user: z.string().max(256).nullish(),
-    n: z.literal(1, { error: "only 1 is supported" }).nullish(),
-    metadata: z.record(z.string().max(64), z.string().max(512)).nullish(),
-  })
-  .superRefine((r, ctx) => {
-    if (r.stream_options && !r.stream) ctx.addIssue({ code: "custom", path: ["stream_options"], message: "only allowed when stream is true" });
-    if (r.max_tokens != null && r.max_completion_tokens != null) {
-      ctx.addIssue({ code: "custom", path: ["max_tokens"], message: "give max_tokens or max_completion_tokens, not both" });
-    }
-    if (r.tool_choice != null && !r.tools?.length) ctx.addIssue({ code: "custom", path: ["tool_choice"], message: "only allowed when tools are given" });
-    if (r.parallel_tool_calls != null && !r.tools?.length) {
-      ctx.addIssue({ code: "custom", path: ["parallel_tool_calls"], message: "only allowed when tools are given" });
-    }
-    if (r.metadata && Object.keys(r.metadata).length > 16) ctx.addIssue({ code: "custom", path: ["metadata"], message: "at most 16 keys" });
-  });
+const chatRequestFields = {
+  model: z.string().min(1),
+  messages: z.array(Message).min(1),
+  stream: z.boolean().nullish(),
+  stream_options: z.strictObject({ include_usage: z.boolean().optional() }).nullish(),
+  temperature: z.number().min(0).max(2).nullish(),
+  top_p: z.number().min(0).max(1).nullish(),
+  max_tokens: tokens,
+  max_completion_tokens: tokens,
+  stop: z.union([z.string(), z.array(z.string()).max(4)]).nullish(),
+  seed: z.number().int().nullish(),
+  presence_penalty: penalty,
+  frequency_penalty: penalty,
+  response_format: ResponseFormat.nullish(),
+  tools: z.array(Tool).max(128).nullish(),
+  tool_choice: ToolChoice.nullish(),
+  parallel_tool_calls: z.boolean().nullish(),
+  user: z.string().max(256).nullish(),
+  n: z.literal(1, { error: "only 1 is supported" }).nullish(),
+  metadata: z.record(z.string().max(64), z.string().max(512)).nullish(),
+};
+
+/** The checks across fields, the same for both schemas below. */
+function checkAcrossFields(r: Omit<z.infer<z.ZodObject<typeof chatRequestFields>>, "messages">, ctx: z.core.$RefinementCtx): void {
+  if (r.stream_options && !r.stream) ctx.addIssue({ code: "custom", path: ["stream_options"], message: "only allowed when stream is true" });
+  if (r.max_tokens != null && r.max_completion_tokens != null) {
+    ctx.addIssue({ code: "custom", path: ["max_tokens"], message: "give max_tokens or max_completion_tokens, not both" });
+  }
+  if (r.tool_choice != null && !r.tools?.length) ctx.addIssue({ code: "custom", path: ["tool_choice"], message: "only allowed when tools are given" });
+  if (r.parallel_tool_calls != null && !r.tools?.length) {
+    ctx.addIssue({ code: "custom", path: ["parallel_tool_calls"], message: "only allowed when tools are given" });
+  }
+  if (r.metadata && Object.keys(r.metadata).length > 16) ctx.addIssue({ code: "custom", path: ["metadata"], message: "at most 16 keys" });
+}
+
+export const ChatRequest = z.strictObject(chatRequestFields).superRefine(checkAcrossFields);
+
+/** ChatRequest with its messages taken as they are: parseChatRequest checks each message on its own first. */
+const ChatRequestAroundMessages = z.strictObject({ ...chatRequestFields, messages: z.array(z.unknown()).min(1) }).superRefine(checkAcrossFields);
 
 export type ChatRequest = z.infer<typeof ChatRequest>;
 
@@ -151,16 +157,20 @@ export function parseChatRequest(value: unknown): ReturnType<typeof ChatRequest.
   const counted = countIssue(value);
   if (counted) return fail(counted);
   const messages = (value as { messages?: unknown } | null)?.messages;
-  if (Array.isArray(messages)) {
-    for (let i = 0; i < messages.length; i++) {
-      const one = Message.safeParse(messages[i]);
-      if (!one.success) {
-        const first = one.error.issues[0]!;
-        return fail({ ...first, path: ["messages", i, ...first.path] } as Issue);
-      }
+  if (!Array.isArray(messages)) return ChatRequest.safeParse(value);
+  const checked: ChatMessage[] = new Array(messages.length);
+  for (let i = 0; i < messages.length; i++) {
+    const one = Message.safeParse(messages[i]);
+    if (!one.success) {
+      const first = one.error.issues[0]!;
+      return fail({ ...first, path: ["messages", i, ...first.path] } as Issue);
     }
+    checked[i] = one.data;
   }
-  return ChatRequest.safeParse(value);
+  // The messages are checked once: the rest of the request around them, then the messages as checked.
+  const rest = ChatRequestAroundMessages.safeParse(value);
+  if (!rest.success) return rest as unknown as ReturnType<typeof ChatRequest.safeParse>;
+  return { success: true, data: { ...rest.data, messages: checked }, error: undefined } as ReturnType<typeof ChatRequest.safeParse>;
 }
 export type ChatMessage = ChatRequest["messages"][number];
 export type ToolCall = z.infer<typeof ToolCall>;
