@@ -69,6 +69,19 @@ describe("in-process event bus", () => {
     assert.throws(() => bus.publish("t", { big: "x".repeat(MAX_MESSAGE_BYTES) }), RangeError);
   });
 
+  test("a topic is listened to while it has a subscriber here, and not once the bus is closed", async () => {
+    const bus = new InProcessBus();
+    assert.equal(bus.listened("device:x"), false);
+    const off = bus.subscribe("device:x", { message: () => {} });
+    assert.equal(bus.listened("device:x"), true);
+    assert.equal(bus.listened("device:y"), false);
+    off();
+    assert.equal(bus.listened("device:x"), false);
+    bus.subscribe("device:x", { message: () => {} });
+    await bus.close();
+    assert.equal(bus.listened("device:x"), false);
+  });
+
   test("commands: a reply, an unknown command, a failing handler, no node answering", async () => {
     const bus = new InProcessBus();
     const here = new Commands(bus, "node-a");
@@ -129,6 +142,7 @@ describe("PostgreSQL event bus (LISTEN/NOTIFY)", { skip: TEST_DATABASE_URL ? fal
     const onB = collector(b, "peers");
     const cli = new PgEventBus({ url, listen: false });
     await cli.start();
+    assert.equal(cli.listened("peers"), true, "another node may listen to a topic nobody here subscribed to");
     cli.publish("peers", { kind: "blocked", key: "k" });
     await cli.close();
     await onB.until(() => onB.got.length === 1, "the command line's message");

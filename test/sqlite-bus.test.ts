@@ -51,6 +51,20 @@ describe("SqliteBus: other processes' messages through the file", () => {
     ]);
   });
 
+  test("listened: a topic subscribed here, or a command or reply that goes to another process through the file", async () => {
+    assert.equal(bus.listened(topics.peers), true);
+    assert.equal(bus.listened(topics.device("nobody")), false);
+    assert.equal(bus.listened(topics.node("other")), false, "no persist: nothing leaves this process");
+    const persisting = new SqliteBus({ file: join(dir, "perch.db"), pollMs: 20, onError: (err) => errors.push(err), persist: async () => {} });
+    try {
+      assert.equal(persisting.listened(topics.node("other")), true);
+      assert.equal(persisting.listened(topics.replies("someone")), true);
+      assert.equal(persisting.listened(topics.device("nobody")), false);
+    } finally {
+      await persisting.close();
+    }
+  });
+
   test("a row that is not JSON is reported and skipped; the next ones still come", async () => {
     got.length = 0;
     await other.transaction(async (tx) => {

@@ -7,6 +7,9 @@ import { GenerationError } from "./errors.ts";
 import type { ChatStream } from "./providers/provider.ts";
 import type { ChatRouter } from "./router.ts";
 
+/** A catalog entry that completes chats: a model or an agent. */
+export type ChatEntry = Extract<CatalogEntry, { kind: "chat" | "agent" }>;
+
 export type ChatResult = { kind: "completion"; completion: ChatCompletion } | { kind: "stream"; stream: ChatStream };
 
 export interface ChatServiceOptions {
@@ -28,7 +31,7 @@ export class ChatService {
   }
 
   /** The chat model or agent `id` as `caller` may use it; throws `model_not_found` otherwise. */
-  resolve(caller: Caller, id: string): Extract<CatalogEntry, { kind: "chat" | "agent" }> {
+  resolve(caller: Caller, id: string): ChatEntry {
     const entry = this.catalog.get(caller, id);
     if (!entry) {
       const hint = this.catalog.hasChat
@@ -47,7 +50,11 @@ export class ChatService {
 
   /** `observer` sees an agent's tool calls as they run. */
   async chat(caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver): Promise<ChatResult> {
-    const entry = this.resolve(caller, request.model);
+    return await this.run(this.resolve(caller, request.model), caller, request, signal, observer);
+  }
+
+  /** `chat` of a model or agent already resolved for `caller` (`resolve`). */
+  async run(entry: ChatEntry, caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver): Promise<ChatResult> {
     checkParts(request, entry.model.input);
     const o = { signal, publicModel: entry.id };
     if (entry.kind === "agent") {

@@ -10,6 +10,7 @@ import {
 import type { Sample } from "../store/telemetry.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
+import { isoTime, parseTime } from "./iso-time.ts";
 
 export const DEFAULT_RANGE_LIMIT = 240;
 export const MAX_BUCKETS = 1000;
@@ -164,7 +165,7 @@ function statusChanges(samples: TelemetrySample[]): Map<keyof PeerStatus, { at: 
 
 /** The status document with the values newer than its `reported_at`; undefined when none is. */
 function merged(current: PeerStatus, changes: Map<keyof PeerStatus, { at: number; value: unknown }>): PeerStatus | undefined {
-  const reportedAt = current.reported_at ? Date.parse(current.reported_at) : Number.NEGATIVE_INFINITY;
+  const reportedAt = current.reported_at ? parseTime(current.reported_at) : Number.NEGATIVE_INFINITY;
   const next: Record<string, unknown> = { ...current };
   let latest = reportedAt;
   for (const [key, { at, value }] of changes) {
@@ -173,7 +174,7 @@ function merged(current: PeerStatus, changes: Map<keyof PeerStatus, { at: number
     latest = Math.max(latest, at);
   }
   if (latest === reportedAt) return undefined;
-  next.reported_at = new Date(latest).toISOString();
+  next.reported_at = isoTime(latest);
   return next as PeerStatus;
 }
 

@@ -23,6 +23,11 @@ export interface EventBus {
   publish(topic: string, message: BusMessage): void;
   /** Calls `handler.message` for every message on `topic` (from any node) until the returned function is called. */
   subscribe(topic: string, handler: Subscriber): () => void;
+  /**
+   * Whether a message on `topic` published now could reach a subscriber (here or on another node):
+   * when false, a publisher may skip building one that nobody would receive.
+   */
+  listened(topic: string): boolean;
   /** Sends what is queued (PostgreSQL), then stops listening. Publishing after close is ignored. */
   close(): Promise<void>;
   /** A random id of this bus instance (this process's node), distinct from every other's. */
@@ -128,6 +133,10 @@ export class InProcessBus implements EventBus {
 
   subscribe(topic: string, handler: Subscriber): () => void {
     return this.subs.add(topic, handler);
+  }
+
+  listened(topic: string): boolean {
+    return !this.closed && this.subs.has(topic);
   }
 
   async close(): Promise<void> {

@@ -86,6 +86,11 @@ export class PgEventBus implements EventBus {
     return this.subs.add(topic, handler);
   }
 
+  /** Any other node of the database may listen. */
+  listened(_topic: string): boolean {
+    return !this.closed;
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     // Send what is queued while the connection is up, then stop.

@@ -53,6 +53,11 @@ export class SqliteBus extends InProcessBus {
     }
   }
 
+  /** Also a command or reply for another process, which goes to it through the store. */
+  override listened(topic: string): boolean {
+    return super.listened(topic) || (this.persist !== undefined && ADDRESSED.test(topic));
+  }
+
   private poll(): void {
     try {
       const version = Number((this.dataVersionQuery.get() as { data_version: number }).data_version);

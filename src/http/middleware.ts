@@ -120,16 +120,28 @@ export async function readBodyWithin(c: Context<AppEnv>, maxSize: number, drainL
   return size > maxSize ? null : Buffer.concat(chunks);
 }
 
-/** Refuses a request body over `maxSize` bytes with `tooLarge` (hono's `bodyLimit` leaves the stream half read). */
+/**
+ * Whether the request body is at most `maxSize` bytes. A declared length is judged unread (at once,
+ * no promise); a chunked body is read here (up to `drainLimit`) and kept on the request for the
+ * route. Hono's `bodyLimit` leaves the stream half read.
+ */
+export function bodyWithin(c: Context<AppEnv>, maxSize: number, drainLimit = 16 * maxSize): boolean | Promise<boolean> {
+  const declared = requestHeader(c, "content-length");
+  const chunked = requestHeader(c, "transfer-encoding") !== undefined;
+  if (declared !== undefined && !chunked) return Number(declared) <= maxSize;
+  if (!chunked) return true; // HTTP/1.1: neither header means no body
+  return readBodyWithin(c, maxSize, drainLimit).then((body) => {
+    if (!body) return false;
+    c.req.raw = new Request(c.req.raw, { body });
+    return true;
+  });
+}
+
+/** Refuses a request body over `maxSize` bytes with `tooLarge` (see `bodyWithin`). */
 export function bodyLimit(maxSize: number, tooLarge: (c: Context<AppEnv>) => Response, drainLimit = 16 * maxSize): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
-    const declared = requestHeader(c, "content-length");
-    const chunked = requestHeader(c, "transfer-encoding") !== undefined;
-    if (declared !== undefined && !chunked) return Number(declared) > maxSize ? tooLarge(c) : next();
-    if (!chunked) return next(); // HTTP/1.1: neither header means no body
-    const body = await readBodyWithin(c, maxSize, drainLimit);
-    if (!body) return tooLarge(c);
-    c.req.raw = new Request(c.req.raw, { body });
-    return next();
+    const within = bodyWithin(c, maxSize, drainLimit);
+    if (within === true || (within !== false && (await within))) return next();
+    return tooLarge(c);
   };
 }

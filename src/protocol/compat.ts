@@ -77,39 +77,45 @@ const ToolChoice = z.union([
 const penalty = z.number().min(-2).max(2).nullish();
 const tokens = z.number().int().min(1).nullish();
 
-export const ChatRequest = z
-  .strictObject({
-    model: z.string().min(1),
-    messages: z.array(Message).min(1),
-    stream: z.boolean().nullish(),
-    stream_options: z.strictObject({ include_usage: z.boolean().optional() }).nullish(),
-    temperature: z.number().min(0).max(2).nullish(),
-    top_p: z.number().min(0).max(1).nullish(),
-    max_tokens: tokens,
-    max_completion_tokens: tokens,
-    stop: z.union([z.string(), z.array(z.string()).max(4)]).nullish(),
-    seed: z.number().int().nullish(),
-    presence_penalty: penalty,
-    frequency_penalty: penalty,
-    response_format: ResponseFormat.nullish(),
-    tools: z.array(Tool).max(128).nullish(),
-    tool_choice: ToolChoice.nullish(),
-    parallel_tool_calls: z.boolean().nullish(),
-    user: z.string().max(256).nullish(),
-    n: z.literal(1, { error: "only 1 is supported" }).nullish(),
-    metadata: z.record(z.string().max(64), z.string().max(512)).nullish(),
-  })
-  .superRefine((r, ctx) => {
-    if (r.stream_options && !r.stream) ctx.addIssue({ code: "custom", path: ["stream_options"], message: "only allowed when stream is true" });
-    if (r.max_tokens != null && r.max_completion_tokens != null) {
-      ctx.addIssue({ code: "custom", path: ["max_tokens"], message: "give max_tokens or max_completion_tokens, not both" });
-    }
-    if (r.tool_choice != null && !r.tools?.length) ctx.addIssue({ code: "custom", path: ["tool_choice"], message: "only allowed when tools are given" });
-    if (r.parallel_tool_calls != null && !r.tools?.length) {
-      ctx.addIssue({ code: "custom", path: ["parallel_tool_calls"], message: "only allowed when tools are given" });
-    }
-    if (r.metadata && Object.keys(r.metadata).length > 16) ctx.addIssue({ code: "custom", path: ["metadata"], message: "at most 16 keys" });
-  });
+const chatRequestFields = {
+  model: z.string().min(1),
+  messages: z.array(Message).min(1),
+  stream: z.boolean().nullish(),
+  stream_options: z.strictObject({ include_usage: z.boolean().optional() }).nullish(),
+  temperature: z.number().min(0).max(2).nullish(),
+  top_p: z.number().min(0).max(1).nullish(),
+  max_tokens: tokens,
+  max_completion_tokens: tokens,
+  stop: z.union([z.string(), z.array(z.string()).max(4)]).nullish(),
+  seed: z.number().int().nullish(),
+  presence_penalty: penalty,
+  frequency_penalty: penalty,
+  response_format: ResponseFormat.nullish(),
+  tools: z.array(Tool).max(128).nullish(),
+  tool_choice: ToolChoice.nullish(),
+  parallel_tool_calls: z.boolean().nullish(),
+  user: z.string().max(256).nullish(),
+  n: z.literal(1, { error: "only 1 is supported" }).nullish(),
+  metadata: z.record(z.string().max(64), z.string().max(512)).nullish(),
+};
+
+/** The checks across fields, the same for both schemas below. */
+function checkAcrossFields(r: Omit<z.infer<z.ZodObject<typeof chatRequestFields>>, "messages">, ctx: z.core.$RefinementCtx): void {
+  if (r.stream_options && !r.stream) ctx.addIssue({ code: "custom", path: ["stream_options"], message: "only allowed when stream is true" });
+  if (r.max_tokens != null && r.max_completion_tokens != null) {
+    ctx.addIssue({ code: "custom", path: ["max_tokens"], message: "give max_tokens or max_completion_tokens, not both" });
+  }
+  if (r.tool_choice != null && !r.tools?.length) ctx.addIssue({ code: "custom", path: ["tool_choice"], message: "only allowed when tools are given" });
+  if (r.parallel_tool_calls != null && !r.tools?.length) {
+    ctx.addIssue({ code: "custom", path: ["parallel_tool_calls"], message: "only allowed when tools are given" });
+  }
+  if (r.metadata && Object.keys(r.metadata).length > 16) ctx.addIssue({ code: "custom", path: ["metadata"], message: "at most 16 keys" });
+}
+
+export const ChatRequest = z.strictObject(chatRequestFields).superRefine(checkAcrossFields);
+
+/** ChatRequest with its messages taken as they are: parseChatRequest checks each message on its own first. */
+const ChatRequestAroundMessages = z.strictObject({ ...chatRequestFields, messages: z.array(z.unknown()).min(1) }).superRefine(checkAcrossFields);
 
 export type ChatRequest = z.infer<typeof ChatRequest>;
 
@@ -142,25 +148,70 @@ function countIssue(v: unknown): Issue | undefined {
   return undefined;
 }
 
+const PLAIN_FIELDS = new Set(["model", "messages", "stream", "temperature", "top_p", "max_tokens", "max_completion_tokens", "user"]);
+const PLAIN_ROLES = new Set(["system", "developer", "user", "assistant"]);
+
+const absent = (v: unknown) => v === undefined || v === null;
+const numberIn = (v: unknown, min: number, max: number) => absent(v) || (typeof v === "number" && Number.isFinite(v) && v >= min && v <= max);
+const tokenCount = (v: unknown) => absent(v) || (typeof v === "number" && Number.isSafeInteger(v) && v >= 1);
+
 /**
- * ChatRequest.safeParse at a bounded cost: the counts first, then each message on its own,
- * stopping at the first that fails (one issue, not one per item), then the whole request.
+ * Whether `v` (fresh from JSON.parse) is a request of the plainest shape, checked by hand: text
+ * messages of the system, developer, user or assistant roles, and at most a few plain settings.
+ * Every such request is one the schema accepts as it is, so it is taken without running the schema
+ * (a few µs of each relayed call); anything else, valid or not, is left to the schema.
+ */
+function plainRequest(v: unknown): v is ChatRequest {
+  if (typeof v !== "object" || v === null || Array.isArray(v)) return false;
+  for (const key of Object.keys(v)) if (!PLAIN_FIELDS.has(key)) return false;
+  const r = v as Record<string, unknown>;
+  if (typeof r.model !== "string" || r.model.length === 0) return false;
+  const messages = r.messages;
+  if (!Array.isArray(messages) || messages.length === 0 || messages.length > MAX_MESSAGES) return false;
+  for (const m of messages as unknown[]) {
+    if (typeof m !== "object" || m === null || Array.isArray(m)) return false;
+    for (const key of Object.keys(m)) if (key !== "role" && key !== "content" && key !== "name") return false;
+    const { role, content, name } = m as Record<string, unknown>;
+    if (typeof role !== "string" || !PLAIN_ROLES.has(role) || typeof content !== "string") return false;
+    if (name !== undefined && (typeof name !== "string" || name.length < 1 || name.length > 256)) return false;
+  }
+  if (!(absent(r.stream) || typeof r.stream === "boolean")) return false;
+  if (!numberIn(r.temperature, 0, 2) || !numberIn(r.top_p, 0, 1)) return false;
+  if (!tokenCount(r.max_tokens) || !tokenCount(r.max_completion_tokens)) return false;
+  if (!absent(r.max_tokens) && !absent(r.max_completion_tokens)) return false;
+  return absent(r.user) || (typeof r.user === "string" && r.user.length <= 256);
+}
+
+/**
+ * ChatRequest.safeParse at a bounded cost: a plain request as it is (`plainRequest`); any other the
+ * counts first, then each message on its own, stopping at the first that fails (one issue, not one
+ * per item), then the rest of the request.
  */
 export function parseChatRequest(value: unknown): ReturnType<typeof ChatRequest.safeParse> {
+  if (plainRequest(value)) return { success: true, data: value, error: undefined } as ReturnType<typeof ChatRequest.safeParse>;
+  return checkChatRequest(value);
+}
+
+/** parseChatRequest through the schema, whatever the request's shape (what a plain request must agree with). */
+export function checkChatRequest(value: unknown): ReturnType<typeof ChatRequest.safeParse> {
   const fail = (issue: Issue) => ({ success: false as const, error: new z.ZodError([issue]) as z.ZodError<ChatRequest>, data: undefined });
   const counted = countIssue(value);
   if (counted) return fail(counted);
   const messages = (value as { messages?: unknown } | null)?.messages;
-  if (Array.isArray(messages)) {
-    for (let i = 0; i < messages.length; i++) {
-      const one = Message.safeParse(messages[i]);
-      if (!one.success) {
-        const first = one.error.issues[0]!;
-        return fail({ ...first, path: ["messages", i, ...first.path] } as Issue);
-      }
+  if (!Array.isArray(messages)) return ChatRequest.safeParse(value);
+  const checked: ChatMessage[] = new Array(messages.length);
+  for (let i = 0; i < messages.length; i++) {
+    const one = Message.safeParse(messages[i]);
+    if (!one.success) {
+      const first = one.error.issues[0]!;
+      return fail({ ...first, path: ["messages", i, ...first.path] } as Issue);
     }
+    checked[i] = one.data;
   }
-  return ChatRequest.safeParse(value);
+  // The messages are checked once: the rest of the request around them, then the messages as checked.
+  const rest = ChatRequestAroundMessages.safeParse(value);
+  if (!rest.success) return rest as unknown as ReturnType<typeof ChatRequest.safeParse>;
+  return { success: true, data: { ...rest.data, messages: checked }, error: undefined } as ReturnType<typeof ChatRequest.safeParse>;
 }
 export type ChatMessage = ChatRequest["messages"][number];
 export type ToolCall = z.infer<typeof ToolCall>;

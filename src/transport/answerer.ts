@@ -69,24 +69,62 @@ const MAX_CHANNEL_IDS = 1024;
 
 export class Answerer {
   private readonly o: AnswererOptions;
+  /** An idle connection on the mux for the node's life: see `hold()`. */
+  private keeper: PeerConnection | undefined;
 
   constructor(o: AnswererOptions) {
     this.o = o;
   }
 
-  /** Applies the offer and resolves with the complete answer; the link is closed on any failure. */
-  async answer(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
+  /**
+   * Holds the UDP port for the node's life. libjuice's mux closes its socket when the last
+   * connection on it goes and binds again for the next one, so between two devices the port is
+   * free: a socket of this or another process (a WebRTC peer's ephemeral port) may take it, and
+   * then every offer fails to gather. A child process started while the socket was open (a
+   * recogniser, ffmpeg) holds a copy of it, since the library's socket is not close-on-exec: then
+   * the port is never free again and every later offer fails. One idle connection that never
+   * connects keeps the mux, and so the port, open: bound once, at start.
+   */
+  async hold(): Promise<void> {
+    if (this.keeper) return;
+    const pc = this.peerConnection("perch-keeper");
+    this.keeper = pc;
+    let timer: NodeJS.Timeout | undefined;
     try {
-      return await this.attempt(offer);
+      const gathered = new Promise<void>((resolve, reject) => {
+        timer = setTimeout(() => reject(new Error(`no candidate within ${this.o.gatherTimeoutMs} ms`)), this.o.gatherTimeoutMs);
+        pc.onGatheringStateChange((state) => {
+          if (state === "complete") resolve();
+        });
+      });
+      gathered.catch(() => {});
+      // A channel makes the library create its offer, and so gather on the mux (an offer with
+      // nothing to negotiate aborts the process).
+      pc.createDataChannel("perch-keeper");
+      await gathered;
     } catch (err) {
-      // libjuice's mux now and then fails to gather right after connections on it closed; once more.
-      if (err instanceof GatherError) return await this.attempt(offer);
-      throw err;
+      this.release();
+      throw new Error(`cannot use UDP port ${this.o.udpPort} for WebRTC: ${(err as Error).message}`);
+    } finally {
+      clearTimeout(timer);
     }
+    try {
+      pc.onGatheringStateChange(noop);
+    } catch {}
   }
 
-  private async attempt(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
-    const pc = new nodeDataChannel.PeerConnection(`perch-${++linkCounter}`, {
+  /** Lets the port go (the node is closing). */
+  release(): void {
+    const pc = this.keeper;
+    this.keeper = undefined;
+    try {
+      pc?.onGatheringStateChange(noop);
+      pc?.close();
+    } catch {}
+  }
+
+  private peerConnection(name: string): PeerConnection {
+    return new nodeDataChannel.PeerConnection(name, {
       iceServers: [],
       enableIceUdpMux: true,
       portRangeBegin: this.o.udpPort,
@@ -94,6 +132,21 @@ export class Answerer {
       ...(this.o.bindAddress ? { bindAddress: this.o.bindAddress } : {}),
       maxMessageSize: 256 * 1024,
     });
+  }
+
+  /** Applies the offer and resolves with the complete answer; the link is closed on any failure. */
+  async answer(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
+    try {
+      return await this.attempt(offer);
+    } catch (err) {
+      // Gathering on the held mux should not fail; if the library does once, it is tried again.
+      if (err instanceof GatherError) return await this.attempt(offer);
+      throw err;
+    }
+  }
+
+  private async attempt(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
+    const pc = this.peerConnection(`perch-${++linkCounter}`);
     let link: Link | undefined;
     let timer: NodeJS.Timeout | undefined;
     try {

@@ -1,4 +1,3 @@
-import { createSocket } from "node:dgram";
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import type { Logger } from "pino";
@@ -14,18 +13,6 @@ import { type FetchApp, WebRtcTransport } from "./transport.ts";
 export function endpointHost(endpoint: string): string {
   const m = /^\[([^\]]+)\](?::\d+)?$/.exec(endpoint) ?? /^([^:]+)(?::\d+)?$/.exec(endpoint);
   return m?.[1] ?? endpoint;
-}
-
-/** Fails early, with a clear message, when the UDP port cannot be bound (the library would only fail per offer). */
-function checkUdpPort(port: number, address: string | undefined): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const socket = createSocket(address?.includes(":") ? "udp6" : "udp4");
-    socket.once("error", (err) => {
-      socket.close();
-      reject(new Error(`cannot use UDP port ${port} for WebRTC: ${err.message}`));
-    });
-    socket.bind(port, address, () => socket.close(() => resolve()));
-  });
 }
 
 /** Starts this node's WebRTC transport from the configuration: one UDP port (default the HTTP port's number). */
@@ -54,7 +41,6 @@ export async function startTransport(
   const udpPort = config.webrtc.udpPort ?? o.httpPort;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
   const bindAddress = wildcard ? undefined : config.host;
-  await checkUdpPort(udpPort, bindAddress);
   let publicAddress: string | undefined;
   if (config.publicEndpoint) {
     const host = endpointHost(config.publicEndpoint);
@@ -81,5 +67,12 @@ export async function startTransport(
     compatibleApi: o.compatibleApi,
     voice: o.voice,
   });
+  // The port is bound now and held for the node's life: one in use fails the start, not each offer.
+  try {
+    await transport.holdPort();
+  } catch (err) {
+    await transport.close();
+    throw err;
+  }
   return transport;
 }

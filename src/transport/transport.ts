@@ -127,6 +127,11 @@ export class WebRtcTransport implements ConnectionHost {
     });
   }
 
+  /** Binds the shared UDP port (an error naming it when it cannot be used); `close()` lets it go. */
+  holdPort(): Promise<void> {
+    return this.answerer.hold();
+  }
+
   /** Connections held now. */
   get size(): number {
     return this.all.size;
@@ -241,6 +246,7 @@ export class WebRtcTransport implements ConnectionHost {
       await Promise.all([...this.all].map((c) => c.close("shutdown")));
       await this.telemetry.close();
       for (const s of Object.values(this.http)) s.close();
+      this.answerer.release();
     })();
     return this.closing;
   }

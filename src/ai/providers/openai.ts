@@ -11,7 +11,7 @@ import type { Readable } from "node:stream";
 import { Pool } from "undici";
 import type { ChatCompletion, Usage } from "../../protocol/compat.ts";
 import { GenerationError } from "../errors.ts";
-import { stringifyJson } from "../json-thread.ts";
+import { OFFLOAD_BYTES, stringifyJson } from "../json-thread.ts";
 import { DONE_EVENT, parseEvents } from "../sse.ts";
 import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
@@ -47,6 +47,8 @@ export class OpenAIProvider implements ChatProvider {
   /** Keep-alive connections to the provider, one pool per provider (so per origin). */
   private readonly pool: Pool;
   private readonly headers: Record<string, string>;
+  /** The headers of a JSON request, made once (undici only reads them). */
+  private readonly jsonHeaders: Readonly<Record<string, string>>;
   private readonly timeoutMs: number;
   private readonly deadlineMs: number;
 
@@ -57,12 +59,14 @@ export class OpenAIProvider implements ChatProvider {
     this.pool = new Pool(url.origin, { connections: 256, headersTimeout: 0, bodyTimeout: 0 });
     this.headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
     if (o.apiKey) this.headers.authorization = `Bearer ${o.apiKey}`;
+    this.jsonHeaders = Object.freeze({ ...this.headers });
     this.timeoutMs = o.timeoutMs;
     this.deadlineMs = o.deadlineMs ?? DEFAULT_DEADLINE_MS;
   }
 
   async complete(request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
-    const call = this.send("/chat/completions", await requestBody(request), "application/json", o.signal);
+    const body = requestBody(request);
+    const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     try {
       const res = await call.response;
       const text = await readBody(res.body, MAX_COMPLETION_BODY, call.touch).catch((err: unknown) => {
@@ -82,7 +86,8 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async stream(request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
-    const call = this.send("/chat/completions", await requestBody(request), "application/json", o.signal);
+    const body = requestBody(request);
+    const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
     try {
@@ -198,25 +203,33 @@ export class OpenAIProvider implements ChatProvider {
         }
       };
       timer = setTimeout(check, Math.min(this.timeoutMs, this.deadlineMs));
-      this.pool.request({ path: this.basePath + path, method: "POST", headers: { ...this.headers, "content-type": contentType }, body, signal: abort }).then(
-        (res) => {
-          const answer: Answer = { statusCode: res.statusCode, headers: res.headers, body: res.body };
-          res.body.once("end", () => {
-            ended = true;
-          });
-          res.body.once("close", stopListening);
-          const status = res.statusCode;
-          if (status >= 200 && status < 300) return resolve(answer);
-          readBody(answer.body, MAX_ERROR_BODY).then(
-            (text) => reject(upstreamError(status, text, res.headers["retry-after"])),
-            (err) => reject(failure ?? toProviderError(err, timedOut)),
-          );
-        },
-        (err: unknown) => {
-          stopListening();
-          reject(signal.aborted ? signal.reason : (failure ?? toProviderError(err, timedOut)));
-        },
-      );
+      this.pool
+        .request({
+          path: this.basePath + path,
+          method: "POST",
+          headers: contentType === "application/json" ? this.jsonHeaders : { ...this.headers, "content-type": contentType },
+          body,
+          signal: abort,
+        })
+        .then(
+          (res) => {
+            const answer: Answer = { statusCode: res.statusCode, headers: res.headers, body: res.body };
+            res.body.once("end", () => {
+              ended = true;
+            });
+            res.body.once("close", stopListening);
+            const status = res.statusCode;
+            if (status >= 200 && status < 300) return resolve(answer);
+            readBody(answer.body, MAX_ERROR_BODY).then(
+              (text) => reject(upstreamError(status, text, res.headers["retry-after"])),
+              (err) => reject(failure ?? toProviderError(err, timedOut)),
+            );
+          },
+          (err: unknown) => {
+            stopListening();
+            reject(signal.aborted ? signal.reason : (failure ?? toProviderError(err, timedOut)));
+          },
+        );
     });
     return {
       response,
@@ -318,9 +331,10 @@ function readBody(res: Readable, max: number, touch?: () => void): Promise<strin
   });
 }
 
-/** The request's JSON, serialised in the JSON thread when it is large (a request over a MiB). */
-function requestBody(request: ProviderRequest): Promise<Buffer> {
-  return stringifyJson(withoutNulls(request), approximateSize(request));
+/** The request's JSON: at once when it is small, in the JSON thread when it is large (a request over a MiB). */
+function requestBody(request: ProviderRequest): string | Promise<Buffer> {
+  const size = approximateSize(request);
+  return size < OFFLOAD_BYTES ? JSON.stringify(withoutNulls(request)) : stringifyJson(withoutNulls(request), size);
 }
 
 /** Characters the request's messages hold, roughly (text, image URLs, audio data): cheap, one pass over the parts. */

@@ -1,4 +1,4 @@
-import type { Context, MiddlewareHandler } from "hono";
+import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
 import { DomainError } from "../../domain/errors.ts";
 import type { AppEnv } from "../env.ts";
@@ -11,30 +11,24 @@ import { OpenAIError } from "./errors.ts";
  * Resolves the caller through the one principal resolver: a connection's device (service stream
  * 2), an operator API key, or a primary session's bearer. Side Control sessions are refused.
  */
-export function authenticate(callers: Callers): MiddlewareHandler<CompatEnv> {
-  return async (c, next) => {
-    let caller: Caller;
-    try {
-      const principal = await callers.principal(c as unknown as Context<AppEnv>, { apiKeys: true });
-      if (principal.kind === "side_control") {
-        throw new OpenAIError(403, "A Side Control session cannot use the Compatible API: use a primary session or an API key.", {
-          code: "side_control_session",
-        });
-      }
-      caller =
-        principal.kind === "api_key"
-          ? { kind: "application", name: principal.name, models: principal.models }
-          : { kind: "device", publicKey: principal.publicKey };
-    } catch (err) {
-      if (err instanceof DomainError && err.kind === "unauthenticated") {
-        const missing = !requestHeader(c as unknown as Context<AppEnv>, "authorization");
-        throw new OpenAIError(401, missing ? "You didn't provide an API key. Send it as `Authorization: Bearer <key>`." : "Incorrect API key provided.", {
-          code: "invalid_api_key",
-        });
-      }
-      throw err;
+export async function authenticate(callers: Callers, c: Context<CompatEnv>): Promise<Caller> {
+  try {
+    const principal = await callers.principal(c as unknown as Context<AppEnv>, { apiKeys: true });
+    if (principal.kind === "side_control") {
+      throw new OpenAIError(403, "A Side Control session cannot use the Compatible API: use a primary session or an API key.", {
+        code: "side_control_session",
+      });
     }
-    c.set("caller", caller);
-    await next();
-  };
+    return principal.kind === "api_key"
+      ? { kind: "application", name: principal.name, models: principal.models }
+      : { kind: "device", publicKey: principal.publicKey };
+  } catch (err) {
+    if (err instanceof DomainError && err.kind === "unauthenticated") {
+      const missing = !requestHeader(c as unknown as Context<AppEnv>, "authorization");
+      throw new OpenAIError(401, missing ? "You didn't provide an API key. Send it as `Authorization: Bearer <key>`." : "Incorrect API key provided.", {
+        code: "invalid_api_key",
+      });
+    }
+    throw err;
+  }
 }

@@ -20,8 +20,9 @@ export function registerChatRoute(app: Hono<CompatEnv>, chat: ChatService, metri
     let model = "unknown";
     const observe = (status: number, errorType?: string) => metrics.observeAi(ROUTE, model, status, (performance.now() - started) / 1000, errorType);
     try {
-      model = chat.resolve(caller, request.model).id;
-      const result = await chat.chat(caller, request, signal);
+      const entry = chat.resolve(caller, request.model);
+      model = entry.id;
+      const result = await chat.run(entry, caller, request, signal);
       if (result.kind === "completion") {
         observe(200);
         metrics.tokens(model, result.completion.usage);

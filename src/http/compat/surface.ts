@@ -1,4 +1,4 @@
-import { Hono } from "hono";
+import { type Context, Hono, type MiddlewareHandler } from "hono";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { ChatService } from "../../ai/chat.ts";
 import { warmJsonThread } from "../../ai/json-thread.ts";
@@ -7,7 +7,7 @@ import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts
 import { TranscriptionService } from "../../ai/transcription.ts";
 import type { AppEnv } from "../env.ts";
 import type { Metrics } from "../metrics.ts";
-import { bodyLimit } from "../middleware.ts";
+import { bodyWithin } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import type { Surface } from "../surface.ts";
 import { authenticate } from "./auth.ts";
@@ -52,15 +52,9 @@ export interface CompatSurfaceOptions {
 export function compatSurface(o: CompatSurfaceOptions): Surface {
   warmJsonThread();
   const app = new Hono<CompatEnv>();
-  const tooLarge = (c: Parameters<Parameters<typeof bodyLimit>[1]>[0]) =>
-    openAIErrorResponse(c, new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" }));
-  const guard = [
-    bodyLimit(COMPAT_BODY_LIMIT, tooLarge, 2 * COMPAT_BODY_LIMIT),
-    authenticate(o.callers),
-    writeTimeout(o.limits?.writeTimeoutMs ?? DEFAULT_WRITE_TIMEOUT_MS),
-  ] as const;
-  app.get("/models", ...guard);
-  for (const path of ["/chat/completions", "/audio/speech", "/audio/transcriptions"]) app.post(path, ...guard);
+  const guard = compatGuard(o.callers, o.limits?.writeTimeoutMs ?? DEFAULT_WRITE_TIMEOUT_MS);
+  app.get("/models", guard);
+  for (const path of ["/chat/completions", "/audio/speech", "/audio/transcriptions"]) app.post(path, guard);
   registerModelsRoute(app, o.catalog, o.metrics);
   registerChatRoute(app, o.chat, o.metrics);
   registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, o.limits?.maxQueueWaitMs);
@@ -86,5 +80,23 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
       }
       return openAIErrorResponse(c, new OpenAIError(404, `Unknown request URL: ${c.req.method} ${c.req.path}.`, { code: "unknown_url" }));
     },
+  };
+}
+
+/**
+ * What every route of the surface checks first, in this order and in one middleware (one frame of
+ * Hono's chain instead of three on each call): the body's size (413 over COMPAT_BODY_LIMIT), the
+ * caller (401, 403), then the response's write timeout.
+ */
+function compatGuard(callers: Callers, writeTimeoutMs: number): MiddlewareHandler<CompatEnv> {
+  const watch = writeTimeout(writeTimeoutMs);
+  const tooLarge = (c: Context<CompatEnv>) =>
+    openAIErrorResponse(c, new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" }));
+  return async (c, next) => {
+    const within = bodyWithin(c as unknown as Context<AppEnv>, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
+    if (within !== true && (within === false || !(await within))) return tooLarge(c);
+    c.set("caller", await authenticate(callers, c));
+    watch(c);
+    await next();
   };
 }

@@ -1,6 +1,5 @@
 import type { ServerResponse } from "node:http";
-import type { MiddlewareHandler } from "hono";
-import type { CompatEnv } from "./env.ts";
+import type { Context } from "hono";
 
 /**
  * A write timeout on responses: a client that has not taken any of a response's bytes for `ms`
@@ -8,12 +7,11 @@ import type { CompatEnv } from "./env.ts";
  * produces the response (an upstream call, an engine). Through the Node adapter only: a stream of
  * a WebRTC connection has the transport's own flow control.
  */
-export function writeTimeout(ms: number): MiddlewareHandler<CompatEnv> {
+export function writeTimeout(ms: number): (c: Context) => void {
   const watch = watcher(ms);
-  return async (c, next) => {
+  return (c) => {
     const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
     if (outgoing) watch(outgoing);
-    await next();
   };
 }
 
