@@ -279,7 +279,8 @@ describe("overload: refused honestly, and recovered from", { timeout: 600_000 },
   let load: TestServer;
   let server: TestServer;
   let question: Int16Array;
-  const speechEngine = createSpeechEngine({ concurrency: 1 });
+  // No foreground worker kept for conversations: the turn shares the one worker with the API's load (and so can be refused).
+  const speechEngine = createSpeechEngine({ concurrency: 1, foreground: 0 });
 
   before(async () => {
     upstream = await startFakeUpstream();

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { readdirSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { getPriority, tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -24,10 +25,14 @@ import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { initialVadState } from "../src/ai/speech/silero.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
 import { FileSpeech, FRAME_SECONDS, type Piece } from "../src/ai/speech/vad.ts";
-import { WorkerPool } from "../src/workers/pool.ts";
+import { BACKGROUND_NICENESS, WorkerPool } from "../src/workers/pool.ts";
 import { childProcesses } from "./support/processes.ts";
 import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
 import { eventually } from "./support/webrtc.ts";
+
+const linux = process.platform === "linux";
+/** The niceness a background worker runs at, beside this process's. */
+const backgroundNiceness = () => Math.min(19, getPriority() + BACKGROUND_NICENESS);
 
 const SENTENCE = "The small device reports its battery level and its temperature to the server.";
 
@@ -115,6 +120,17 @@ describe("speech synthesis (flite)", () => {
 
   test("offers the six OpenAI voices", () => {
     assert.deepEqual([...engine.voices].sort(), ["alloy", "echo", "fable", "nova", "onyx", "shimmer"]);
+  });
+
+  test("the flite workers that take the Compatible API's sentences run at a lower OS priority; one is kept at the process's for conversations", {
+    skip: !linux,
+  }, async () => {
+    const workers = await engine.workers();
+    assert.deepEqual(workers.map((w) => w.lane).sort(), ["background", "background", "foreground"]);
+    for (const w of workers) assert.equal(getPriority(w.osId!), w.lane === "background" ? backgroundNiceness() : getPriority(), `${w.lane} thread ${w.osId}`);
+    // A conversation's sentence and an API request both still speak.
+    assert.ok((await engine.speak("Hello there.", "nova")).samples.length > 0);
+    assert.ok((await collect(engine.synthesize({ text: "Hello there.", voice: "alloy", format: "pcm", speed: 1 }))).bytes.length > 0);
   });
 
   test("every format: its container, and audio ffmpeg decodes to the right length", async () => {
@@ -505,14 +521,25 @@ describe("transcription (Moonshine)", () => {
     assert.equal(await asr.finish(), "");
   });
 
-  test("two recogniser processes recognise side by side", async () => {
+  test("two recogniser processes recognise side by side: a file's and a conversation's", async () => {
     const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
     const spoken = Float32Array.from(new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength)), (x) => x / 32768);
     const two = createTranscriptionEngine({ processes: 2 });
     try {
       await two.start();
       assert.equal(two.pids().recogniser.length, 2);
-      const both = Promise.all([two.recognise(spoken), two.recognise(spoken)]);
+      if (linux) {
+        // One process in the foreground for conversations; the other, every thread of it (onnxruntime's too), at a lower priority.
+        const workers = two.recogniserWorkers();
+        assert.deepEqual(workers.map((w) => w.lane).sort(), ["background", "foreground"]);
+        for (const w of workers) {
+          const threads = readdirSync(`/proc/${w.osId}/task`).map(Number);
+          assert.ok(threads.length > 1);
+          for (const t of threads)
+            assert.equal(getPriority(t), w.lane === "background" ? backgroundNiceness() : getPriority(), `${w.lane} process thread ${t}`);
+        }
+      }
+      const both = Promise.all([two.recognise(spoken), two.recognise(spoken, { class: "conversation" })]);
       await sleep(0);
       assert.equal(two.recognitionsWaiting, 0, "neither waits for the other");
       assert.equal(two.recogniserIdle({ class: "partial" }), false);

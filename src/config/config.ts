@@ -330,7 +330,8 @@ export const ConfigSchema = z
          * Recogniser processes (Moonshine, about 420 MB resident each). One uses every core for each
          * recognition; more run recognitions side by side, one core each, which shortens the queue
          * when many conversations end their turns at once (docs/benchmarks.md, voice). With two or
-         * more, one is kept for conversations while one goes on (never taken by file transcription).
+         * more, the first is kept for conversations (never taken by file transcription or partials),
+         * the others run at a lower OS priority.
          */
         recogniserProcesses: z.number().int().min(1).max(16).default(1),
       })

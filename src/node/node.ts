@@ -36,6 +36,7 @@ import { type EngineFor, engineChooser } from "../voice/engine-choice.ts";
 import type { VoiceActivityPort } from "../voice/engine-ports.ts";
 import { loadResampler } from "../voice/resampler.ts";
 import { VoiceService } from "../voice/service.ts";
+import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
 import { embeddedEngines } from "./engines.ts";
 import { Closers, Jobs } from "./jobs.ts";
 import { nodeWebRtcPort } from "./webrtc-port.ts";
@@ -139,6 +140,8 @@ export class Node {
     const { config } = o;
     const logger = o.logger ?? createLogger(config);
     for (const warning of configWarnings(config)) logger.warn(warning);
+    // Said once per process, when a speech worker cannot be given its lower priority.
+    onWorkerPriorityUnavailable((message) => logger.warn(message));
     const engines = o.engines ?? embeddedEngines(config.engines);
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });

@@ -1,4 +1,6 @@
 import { type ChildProcess, fork } from "node:child_process";
+import { readdirSync, readlinkSync } from "node:fs";
+import { getPriority, setPriority } from "node:os";
 import { type Transferable, Worker } from "node:worker_threads";
 
 /**
@@ -12,7 +14,23 @@ export type JobError = { type: "error"; id: number; error: string; code?: string
  * What a pooled worker says: once `ready` (its model is loaded) or `failed` (it never will be),
  * then one `done` or `error` per job, in any order.
  */
-export type PoolMessage<Res> = { type: "ready" } | { type: "failed"; error: string } | { type: "done"; id: number; result: Res } | JobError;
+export type PoolMessage<Res> = ReadyMessage | { type: "failed"; error: string } | { type: "done"; id: number; result: Res } | JobError;
+
+/** A worker's `ready`: a thread says its own thread id, so that the pool can set its priority. */
+export interface ReadyMessage {
+  type: "ready";
+  tid?: number;
+}
+
+/** The `ready` message a worker posts once loaded (with its thread's id where the system says it: Linux). */
+export function readyMessage(): ReadyMessage {
+  try {
+    // "/proc/thread-self" links to "<pid>/task/<tid>".
+    const tid = Number(readlinkSync("/proc/thread-self").split("/").pop());
+    if (Number.isInteger(tid) && tid > 0) return { type: "ready", tid };
+  } catch {}
+  return { type: "ready" };
+}
 
 /** The `error` message for job `id` that failed with `error` (for workers to post). */
 export function jobError(id: number, error: unknown): JobError {
@@ -52,6 +70,60 @@ export interface WorkerPoolOptions {
    * a session is terminated). A process worker reads its data from PERCH_WORKER_DATA (JSON).
    */
   isolation?: "thread" | "process";
+  /**
+   * Workers (of `size`) that run at a lower OS priority (niceness +10, Linux): background work
+   * (the Compatible API's, partial transcripts) runs only on them, urgent work (conversations)
+   * prefers the others and may take a free one of them. Default 0: every worker alike, every job on any.
+   */
+  background?: number;
+}
+
+/** A worker's lane: foreground workers keep the process's priority, background ones run below it. */
+export type Lane = "foreground" | "background";
+
+/** How much lower a background worker runs (niceness added, up to 19). */
+export const BACKGROUND_NICENESS = 10;
+
+let priorityWarning: (message: string) => void = (message) => process.emitWarning(message);
+let priorityWarned = false;
+
+/** Where the one warning goes when worker priorities cannot be set (the server's log). */
+export function onWorkerPriorityUnavailable(warn: (message: string) => void): void {
+  priorityWarning = warn;
+}
+
+/** Says once per process that workers run without priorities, and why. */
+function warnPriorityUnavailable(reason: string): void {
+  if (priorityWarned) return;
+  priorityWarned = true;
+  priorityWarning(`speech workers run without OS priorities (background work competes with conversations as an equal): ${reason}`);
+}
+
+/**
+ * Lowers the priority of the threads `ids` (a thread's id, or every thread of a process) to
+ * `niceness`; false when the system refuses (the warning is logged once). An unprivileged process
+ * cannot raise it again: the worker keeps it for its life.
+ */
+function lowerPriority(ids: number[], niceness: number): boolean {
+  try {
+    if (ids.length === 0) throw new Error("the worker's thread id is unknown on this system");
+    for (const id of ids) setPriority(id, niceness);
+    return true;
+  } catch (error) {
+    warnPriorityUnavailable(error instanceof Error ? error.message : String(error));
+    return false;
+  }
+}
+
+/** Every thread of process `pid` (Linux), or the process alone. */
+function threadsOf(pid: number): number[] {
+  try {
+    return readdirSync(`/proc/\${pid}/task`)
+      .map(Number)
+      .filter((t) => t > 0);
+  } catch {
+    return [pid];
+  }
 }
 
 /** What the pool needs of a worker thread or a child process. */
@@ -73,6 +145,9 @@ interface Runner {
 export interface PoolWorker {
   /** The thread's id, or the child's process id. */
   id: number;
+  /** The system's id of the thread (from its `ready`), or the child's process id: what `os.getPriority` takes. */
+  osId: number | undefined;
+  lane: Lane;
   /** Whether it runs a job now. */
   readonly busy: boolean;
   /** Ends it at once, as a crash would. */
@@ -154,12 +229,16 @@ interface Pending<Res> {
   request: unknown;
   transfer: Transferable[];
   priority: Priority;
+  urgent: boolean;
   resolve: (result: Res) => void;
   reject: (error: Error) => void;
 }
 
 interface Slot<Res> {
   worker: Runner;
+  lane: Lane;
+  /** The system's id of the worker's thread (or process), once ready. */
+  osId: number | undefined;
   ready: boolean;
   job: Pending<Res> | undefined;
 }
@@ -203,8 +282,11 @@ export class WorkerPool<Req, Res> {
 
   constructor(options: WorkerPoolOptions) {
     if (!(options.size >= 1)) throw new RangeError("a worker pool needs at least one worker");
+    const background = options.background ?? 0;
+    if (!(Number.isInteger(background) && background >= 0 && background < options.size))
+      throw new RangeError("a worker pool's background workers must leave one in the foreground");
     this.options = options;
-    for (let i = 0; i < options.size; i++) this.spawn();
+    for (let i = 0; i < options.size; i++) this.spawn(i < background ? "background" : "foreground");
   }
 
   /** Resolves once every worker has loaded; rejects when one cannot. */
@@ -227,6 +309,8 @@ export class WorkerPool<Req, Res> {
       .filter((s) => s.ready)
       .map((s) => ({
         id: s.worker.id,
+        osId: s.osId,
+        lane: s.lane,
         get busy() {
           return s.job !== undefined;
         },
@@ -249,11 +333,24 @@ export class WorkerPool<Req, Res> {
     return this.backlog.length === 0 && this.slots.some((s) => s.ready && !s.job);
   }
 
-  run(request: Req, options: { priority?: Priority; transfer?: Transferable[] } = {}): Promise<Res> {
+  /**
+   * Runs `request` on the first worker free that may take it. `urgent` (a conversation's) prefers
+   * a foreground worker and may take a background one; other jobs take background workers only
+   * (any worker when the pool has none).
+   */
+  run(request: Req, options: { priority?: Priority; transfer?: Transferable[]; urgent?: boolean } = {}): Promise<Res> {
     if (this.failure) return Promise.reject(this.failure);
     if (this.closed) return Promise.reject(new Error(`the ${this.options.name} pool is closed`));
     return new Promise<Res>((resolve, reject) => {
-      const job: Pending<Res> = { id: this.nextId++, request, transfer: options.transfer ?? [], priority: options.priority ?? 1, resolve, reject };
+      const job: Pending<Res> = {
+        id: this.nextId++,
+        request,
+        transfer: options.transfer ?? [],
+        priority: options.priority ?? 1,
+        urgent: options.urgent ?? false,
+        resolve,
+        reject,
+      };
       // After the last job of the same or a more urgent priority.
       let at = this.backlog.length;
       while (at > 0 && this.backlog[at - 1]!.priority > job.priority) at--;
@@ -270,11 +367,23 @@ export class WorkerPool<Req, Res> {
     await Promise.all(this.slots.splice(0).map((s) => s.worker.terminate()));
   }
 
+  /** The free worker `job` may take: see `run`. */
+  private slotFor(job: Pending<Res>): Slot<Res> | undefined {
+    const free = (lane: Lane) => this.slots.find((s) => s.ready && !s.job && s.lane === lane);
+    if (!this.options.background) return free("foreground");
+    return job.urgent ? (free("foreground") ?? free("background")) : free("background");
+  }
+
   private dispatch(): void {
-    for (const slot of this.slots) {
-      if (this.backlog.length === 0) return;
-      if (!slot.ready || slot.job) continue;
-      const job = this.backlog.shift()!;
+    // In backlog order; a job that no free worker may take leaves its turn to the next (an urgent one).
+    for (let i = 0; i < this.backlog.length; ) {
+      const job = this.backlog[i]!;
+      const slot = this.slotFor(job);
+      if (!slot) {
+        i++;
+        continue;
+      }
+      this.backlog.splice(i, 1);
       slot.job = job;
       // Keep the process alive while a job is out; an idle pool must not.
       slot.worker.ref();
@@ -282,16 +391,22 @@ export class WorkerPool<Req, Res> {
     }
   }
 
-  private spawn(): void {
+  private spawn(lane: Lane): void {
     if (this.closed || this.failure) return;
+    const background = lane === "background";
     const worker = this.options.isolation === "process" ? processRunner(this.options) : threadRunner(this.options);
-    const slot: Slot<Res> = { worker, ready: false, job: undefined };
+    const slot: Slot<Res> = { worker, lane, osId: worker.pid, ready: false, job: undefined };
+    const niceness = Math.min(19, getPriority() + BACKGROUND_NICENESS);
+    // A process's threads made from now on (onnxruntime's) inherit its priority; those made before are set when it is ready.
+    if (background && worker.pid !== undefined) lowerPriority([worker.pid], niceness);
     this.slots.push(slot);
     worker.unref();
     let gone = false;
     worker.onMessage((raw) => {
       const message = raw as PoolMessage<Res>;
       if (message.type === "ready") {
+        if (message.tid !== undefined && worker.pid === undefined) slot.osId = message.tid;
+        if (background) lowerPriority(worker.pid !== undefined ? threadsOf(worker.pid) : slot.osId !== undefined ? [slot.osId] : [], niceness);
         slot.ready = true;
         this.loadedOnce = true;
         worker.unref();
@@ -336,16 +451,16 @@ export class WorkerPool<Req, Res> {
       this.restarts++;
       const wait = this.deathsInARow === 0 ? 0 : Math.min(REPLACE_MAX_MS, REPLACE_MIN_MS * 2 ** (this.deathsInARow - 1));
       this.deathsInARow++;
-      if (wait === 0) this.replace();
-      else setTimeout(() => this.replace(), wait).unref();
+      if (wait === 0) this.replace(lane);
+      else setTimeout(() => this.replace(lane), wait).unref();
     };
     worker.onGone(died);
   }
 
   /** Starts a worker in place of one that died; a worker that cannot even be created fails the pool. */
-  private replace(): void {
+  private replace(lane: Lane): void {
     try {
-      this.spawn();
+      this.spawn(lane);
     } catch (error) {
       this.fail(new Error(`the ${this.options.name} worker could not start: ${error instanceof Error ? error.message : String(error)}`));
     }

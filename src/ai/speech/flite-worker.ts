@@ -7,7 +7,7 @@ import { openSync, readFileSync, rmSync } from "node:fs";
 import { devNull } from "node:os";
 import { join } from "node:path";
 import { parentPort, workerData } from "node:worker_threads";
-import { jobError, type PoolJob, type PoolMessage } from "../../workers/pool.ts";
+import { jobError, type PoolJob, type PoolMessage, readyMessage } from "../../workers/pool.ts";
 
 // node:wasi warns that it is experimental in every thread that loads it; the server's log needs
 // no such line per worker.
@@ -128,4 +128,4 @@ port.on("message", ({ id, request }: PoolJob<FliteJob>) => {
   }
   spare = prepare();
 });
-port.postMessage({ type: "ready" } satisfies PoolMessage<FliteResult>);
+port.postMessage(readyMessage() satisfies PoolMessage<FliteResult>);

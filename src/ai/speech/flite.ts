@@ -3,7 +3,7 @@ import { readFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { WorkerPool } from "../../workers/pool.ts";
+import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
 import type { FliteJob, FliteResult, FliteWorkerData } from "./flite-worker.ts";
 
 /** A flite voice and the settings that make it one of ours. */
@@ -42,14 +42,17 @@ function scratchDir(): string {
  * Worker threads running flite: a WorkerPool (one set of failure rules for every pool: a worker
  * that dies fails only its job and is replaced). Jobs wait in order for a free worker; the engine's
  * queue bounds how many can wait. A job cannot be interrupted (flite runs synchronously inside its
- * worker), so an aborted request simply ignores its result.
+ * worker), so an aborted request simply ignores its result. `background` of the workers run at a
+ * lower OS priority and take the jobs that are not `urgent` (see WorkerPool).
  */
 export class FlitePool {
   private readonly size: number;
+  private readonly background: number;
   private pool: Promise<WorkerPool<FliteJob, FliteResult>> | undefined;
 
-  constructor(size: number) {
+  constructor(size: number, background = 0) {
     this.size = size;
+    this.background = background;
   }
 
   /** Compiles the module and starts the workers, so that the first request does not pay for it. */
@@ -57,17 +60,28 @@ export class FlitePool {
     await this.synthesize("Ready.", { name: "kal16" }, 1);
   }
 
-  /** Speaks `text` with `voice`; `stretch` multiplies every duration (1 / speed). */
-  async synthesize(text: string, voice: FliteVoice, stretch: number): Promise<FliteAudio> {
+  /** The pool's workers once started (tests: their lanes and priorities). */
+  async workers(): Promise<PoolWorker[]> {
+    return this.pool ? (await this.pool).workers() : [];
+  }
+
+  /** Speaks `text` with `voice`; `stretch` multiplies every duration (1 / speed). `urgent`: a conversation's. */
+  async synthesize(text: string, voice: FliteVoice, stretch: number, urgent = false): Promise<FliteAudio> {
     const args = ["-voice", voice.name, "--setf", `duration_stretch=${stretch}`];
     for (const [feature, value] of Object.entries(voice.features ?? {})) args.push("--setf", `${feature}=${value}`);
     // flite reads a leading "-" in the text as an option; the text after -t is never one.
     args.push("-t", text);
     this.pool ??= fliteModule().then((module) => {
       const workerData: FliteWorkerData = { module, dir: scratchDir() };
-      return new WorkerPool<FliteJob, FliteResult>({ script: new URL("./flite-worker.ts", import.meta.url), workerData, size: this.size, name: "flite" });
+      return new WorkerPool<FliteJob, FliteResult>({
+        script: new URL("./flite-worker.ts", import.meta.url),
+        workerData,
+        size: this.size,
+        background: this.background,
+        name: "flite",
+      });
     });
-    const result = await (await this.pool).run({ args });
+    const result = await (await this.pool).run({ args }, { urgent });
     return { samples: new Int16Array(result.pcm), sampleRate: result.sampleRate };
   }
 }

@@ -27,13 +27,13 @@
  */
 import { availableParallelism } from "node:os";
 import { concatFloat32 } from "../../audio/samples.ts";
-import { WorkerPool } from "../../workers/pool.ts";
+import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 import { normaliseTranscript } from "./normalise.ts";
 import { type QueueLimits, WorkQueue } from "./queue.ts";
 import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } from "./recognition-worker.ts";
-import { type JobOptions, Scheduler } from "./scheduler.ts";
+import { type JobClass, type JobOptions, Scheduler } from "./scheduler.ts";
 import { initialVadState, VAD_FRAME, type VadItem, type VadResult, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
 import { FileSpeech, type Region, SpeechTracker, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
@@ -104,13 +104,14 @@ export class MoonshineEngine implements TranscriptionEngine {
       name: "recognition",
       slots: this.processes,
       initialJobMs: INITIAL_RECOGNITION_MS,
-      // With two processes or more, one is kept for conversations while one goes on: a turn's transcript never waits for a file's.
-      reserved: () => (this.conversing ? 1 : 0),
+      // With two processes or more, one (the foreground one) is kept for conversations: a turn's
+      // transcript never waits for a file's, and files and partials run on the others at a lower priority.
+      reserved: () => (this.processes >= 2 ? 1 : 0),
       batching: {
         classes: ["conversation"],
         max: BATCH_MAX,
         fits: (a, b) => alike((a as Float32Array).length, (b as Float32Array).length),
-        run: (audios) => this.recogniseBatch(audios as Float32Array[]),
+        run: (audios, cls) => this.recogniseBatch(audios as Float32Array[], cls),
       },
     });
     this.activity = new Scheduler({
@@ -145,6 +146,11 @@ export class MoonshineEngine implements TranscriptionEngine {
     return { recogniser: this.recogniserPool?.pids() ?? [], vad: this.vadPool?.pids() ?? [] };
   }
 
+  /** The recogniser processes once loaded (tests: their lanes and priorities). */
+  recogniserWorkers(): PoolWorker[] {
+    return this.recogniserPool?.workers() ?? [];
+  }
+
   /** Starts loading both models in their workers (once); resolves when they are ready. */
   start(): Promise<void> {
     if (!this.loading) {
@@ -152,7 +158,15 @@ export class MoonshineEngine implements TranscriptionEngine {
       const script = new URL("./recognition-worker.ts", import.meta.url);
       const moonshine: RecognitionWorkerData = { model: "moonshine", threads: this.threads };
       const silero: RecognitionWorkerData = { model: "silero" };
-      this.recogniserPool = new WorkerPool({ script, workerData: moonshine, size: this.processes, name: "recogniser", isolation: "process" });
+      // One process in the foreground for conversations; the others, at a lower OS priority, for files and partials.
+      this.recogniserPool = new WorkerPool({
+        script,
+        workerData: moonshine,
+        size: this.processes,
+        background: this.processes - 1,
+        name: "recogniser",
+        isolation: "process",
+      });
       this.vadPool = new WorkerPool({ script, workerData: silero, size: 1, name: "voice activity", isolation: "process" });
       this.loading = Promise.all([this.recogniserPool.ready(), this.vadPool.ready()]).then(() => {
         this.loadMs = performance.now() - started;
@@ -181,8 +195,11 @@ export class MoonshineEngine implements TranscriptionEngine {
   }
 
   /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
-  private async recogniseBatch(audios: Float32Array[]): Promise<string[]> {
-    const result = await this.recogniserPool!.run({ op: "transcribe", audios }, { transfer: audios.map((a) => a.buffer as ArrayBuffer) });
+  private async recogniseBatch(audios: Float32Array[], cls: JobClass): Promise<string[]> {
+    const result = await this.recogniserPool!.run(
+      { op: "transcribe", audios },
+      { transfer: audios.map((a) => a.buffer as ArrayBuffer), urgent: cls === "conversation" },
+    );
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
     return result.texts;
   }

@@ -69,8 +69,8 @@ export interface Batching<P = unknown, R = unknown> {
   max: number;
   /** Whether `other` may run in a batch with `first` (lengths alike: a batch is padded to its longest). */
   fits(first: P, other: P): boolean;
-  /** The results of `payloads`, in order. */
-  run(payloads: P[]): Promise<R[]>;
+  /** The results of `payloads` (jobs of class `cls`), in order. */
+  run(payloads: P[], cls: JobClass): Promise<R[]>;
 }
 
 export interface SchedulerOptions {
@@ -378,7 +378,13 @@ export class Scheduler {
       this.dispatched++;
       let work: Promise<unknown>;
       try {
-        work = typeof first.work === "function" ? first.work() : this.batching!.run(jobs.map((j) => (j.work as { payload: unknown }).payload));
+        work =
+          typeof first.work === "function"
+            ? first.work()
+            : this.batching!.run(
+                jobs.map((j) => (j.work as { payload: unknown }).payload),
+                first.cls,
+              );
       } catch (error) {
         work = Promise.reject(error);
       }

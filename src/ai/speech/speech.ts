@@ -1,4 +1,5 @@
 import { availableParallelism } from "node:os";
+import type { PoolWorker } from "../../workers/pool.ts";
 import { type Child, writeInput } from "./child.ts";
 import { abortReason, EngineBusyError } from "./errors.ts";
 import { OUTPUT_SAMPLE_RATE, startEncoder } from "./ffmpeg.ts";
@@ -28,8 +29,13 @@ export const MIN_SPEED = 0.25;
 export const MAX_SPEED = 4;
 
 export interface SpeechEngineOptions {
-  /** flite workers (each one sentence at a time). Default: the cores. */
+  /** flite workers for every job, at a lower OS priority (each one sentence at a time). Default: the cores. */
   concurrency?: number;
+  /**
+   * flite workers at the process's own priority, kept for conversations' sentences (which may also
+   * take a free worker of the others). Default 1; with 0, every worker takes every job at the process's priority.
+   */
+  foreground?: number;
   /** Requests streaming at once (each holds an encoder process); one more is refused with EngineBusyError. Default 64. */
   maxStreams?: number;
 }
@@ -73,9 +79,11 @@ export class FliteSpeechEngine implements SpeechEngine {
   private streams = 0;
 
   constructor(options: SpeechEngineOptions = {}) {
-    const concurrency = options.concurrency ?? availableParallelism();
-    this.scheduler = new Scheduler({ name: "speech", slots: concurrency, initialJobMs: INITIAL_JOB_MS });
-    this.pool = new FlitePool(concurrency);
+    const background = options.concurrency ?? availableParallelism();
+    const foreground = options.foreground ?? 1;
+    // The scheduler's reserved slots are the foreground workers: other jobs than conversations' never run on them.
+    this.scheduler = new Scheduler({ name: "speech", slots: background + foreground, initialJobMs: INITIAL_JOB_MS, reserved: () => foreground });
+    this.pool = new FlitePool(background + foreground, foreground > 0 ? background : 0);
     this.maxStreams = options.maxStreams ?? 64;
   }
 
@@ -84,12 +92,21 @@ export class FliteSpeechEngine implements SpeechEngine {
     return this.streams;
   }
 
-  /** Compiles flite and runs every voice once, so that no request pays for it. Optional. */
+  /** Compiles flite and runs every voice once on a foreground and a background worker, so that no request pays for it. Optional. */
   async warmUp(): Promise<void> {
     await this.pool.warmUp();
-    // V8 compiles hot WebAssembly functions with its optimising tier only after they have run a while.
+    // V8 compiles hot WebAssembly functions with its optimising tier only after they have run a while (in each worker).
     const text = "The small device reports its battery level and its temperature every minute.";
-    for (const voice of new Set(Object.values(VOICES).map((v) => v.name))) await this.pool.synthesize(text, { name: voice }, 1);
+    const voices = [...new Set(Object.values(VOICES).map((v) => v.name))];
+    const lane = async (urgent: boolean) => {
+      for (const voice of voices) await this.pool.synthesize(text, { name: voice }, 1, urgent);
+    };
+    await Promise.all([lane(true), lane(false)]);
+  }
+
+  /** The flite workers once started (tests: their lanes and priorities). */
+  workers(): Promise<PoolWorker[]> {
+    return this.pool.workers();
   }
 
   synthesize(o: SynthesizeOptions): AsyncIterable<Uint8Array> {
@@ -146,7 +163,7 @@ export class FliteSpeechEngine implements SpeechEngine {
 
   /** One chunk of speech, when the scheduler gives it its turn. */
   private job(text: string, voice: FliteVoice, stretch: number, o: JobOptions): Promise<FliteAudio> {
-    return this.scheduler.run(() => this.pool.synthesize(text, voice, stretch), o);
+    return this.scheduler.run(() => this.pool.synthesize(text, voice, stretch, o.class === "conversation"), o);
   }
 
   private async *stream(o: SynthesizeOptions, voice: FliteVoice): AsyncGenerator<Uint8Array> {
