@@ -104,7 +104,7 @@ describe("the perch command line writing beside the server (SQLite)", () => {
   });
   after(() => server.stop());
 
-  test("peers add and block from the CLI during a burst of writes: zero failed requests", { timeout: 60_000 }, async () => {
+  test("peers add and block from the CLI during a burst of writes: zero failed requests", async () => {
     const device = server.client();
     await device.login();
     const phone = server.client();

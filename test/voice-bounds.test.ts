@@ -54,7 +54,9 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     await upstream?.close();
   });
 
-  test("a 1 MB reply: cut at max_reply_chars, synthesised only as it plays (memory per conversation bounded), the model call cancelled; another device's reply comes first", async (t) => {
+  test("a 1 MB reply: cut at max_reply_chars, synthesised only as it plays (memory per conversation bounded), the model call cancelled; another device's reply comes first", {
+    timeout: 300_000,
+  }, async (t) => {
     const a = await device();
     const b = await device();
     // Closed even when an assertion fails: the long reply would otherwise play on under the next tests.
@@ -82,7 +84,11 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     upstream.reply({ content: "Four." });
     await (await b.conn.microphone()).say(await spoken("What is two plus two?"));
     await b.log.wait((s) => s.stream === "out-1" && s.label === "turn.metrics", 60_000, "the other device's reply");
-    assert.equal(b.log.of("out-1").find((s) => s.type === "TEXT_DONE" && s.label === "assistant.text")?.text, "Four.");
+    assert.equal(
+      b.log.of("out-1").find((s) => s.type === "TEXT_DONE" && s.label === "assistant.text")?.text,
+      "Four.",
+      JSON.stringify(b.log.all.map((s) => [s.type, s.stream, s.label, s.text, s.error])),
+    );
     assert.ok(!a.log.all.some((s) => s.stream === "out-2" && s.type === "EOS" && s.label === "assistant.audio"), "the long reply was still playing");
     // The long reply has been playing for a while (flite synthesises far faster than real time): what the process holds now.
     let peak = 0;

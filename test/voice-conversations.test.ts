@@ -35,7 +35,7 @@ describe("a device's conversation reaches its phone on another node", { skip: TE
   const node = async (nodeName: string) =>
     startTestServer({
       dataDir,
-      config: { ...talkerConfig(upstream.url), databaseUrl, nodeName, voice: { agent: "talker", store_transcripts: true } },
+      config: { ...talkerConfig(upstream.url), databaseUrl, nodeName, voice: { ...talkerConfig(upstream.url).voice, store_transcripts: true } },
     });
 
   const device = (server: TestServer) => voiceDevice(server, { keyPair });

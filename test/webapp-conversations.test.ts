@@ -52,7 +52,7 @@ describe("the web app's conversations in headless Chromium", { timeout: 240_000 
     upstream = await startFakeUpstream();
     // The recogniser's and the voice detector's models loaded before the first turn (a loaded machine takes long).
     await engines().transcription?.start?.();
-    server = await startTestServer({ config: { ...talkerConfig(upstream.url), voice: { agent: "talker", store_transcripts: true } } });
+    server = await startTestServer({ config: { ...talkerConfig(upstream.url), voice: { ...talkerConfig(upstream.url).voice, store_transcripts: true } } });
     browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ARGS, timeout: 20_000 });
     conn = await connect(server);
     device = new PerchClient({ baseUrl: server.url, keyPair: conn.keyPair });

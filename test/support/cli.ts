@@ -9,10 +9,13 @@ export interface CliResult {
   stderr: string;
 }
 
-/** Runs the `perch` command line with `env` on top of this process's environment. */
+/**
+ * Runs the `perch` command line with `env` on top of this process's environment. Killed after 90 s
+ * (a result of code -1): a hang fails the test, while a loaded machine still gets its answer.
+ */
 export function perch(args: string[], env: Record<string, string>): Promise<CliResult> {
   return new Promise((resolve) => {
-    execFile(join(ROOT, "bin/perch"), args, { env: { ...process.env, ...env }, timeout: 30_000 }, (err, stdout, stderr) => {
+    execFile(join(ROOT, "bin/perch"), args, { env: { ...process.env, ...env }, timeout: 90_000 }, (err, stdout, stderr) => {
       resolve({ code: err ? ((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
     });
   });
