@@ -148,52 +148,11 @@ function countIssue(v: unknown): Issue | undefined {
   return undefined;
 }
 
-const PLAIN_FIELDS = new Set(["model", "messages", "stream", "temperature", "top_p", "max_tokens", "max_completion_tokens", "user"]);
-const PLAIN_ROLES = new Set(["system", "developer", "user", "assistant"]);
-
-const absent = (v: unknown) => v === undefined || v === null;
-const numberIn = (v: unknown, min: number, max: number) => absent(v) || (typeof v === "number" && Number.isFinite(v) && v >= min && v <= max);
-const tokenCount = (v: unknown) => absent(v) || (typeof v === "number" && Number.isSafeInteger(v) && v >= 1);
-
 /**
- * Whether `v` (fresh from JSON.parse) is a request of the plainest shape, checked by hand: text
- * messages of the system, developer, user or assistant roles, and at most a few plain settings.
- * Every such request is one the schema accepts as it is, so it is taken without running the schema
- * (a few µs of each relayed call); anything else, valid or not, is left to the schema.
- */
-function plainRequest(v: unknown): v is ChatRequest {
-  if (typeof v !== "object" || v === null || Array.isArray(v)) return false;
-  for (const key of Object.keys(v)) if (!PLAIN_FIELDS.has(key)) return false;
-  const r = v as Record<string, unknown>;
-  if (typeof r.model !== "string" || r.model.length === 0) return false;
-  const messages = r.messages;
-  if (!Array.isArray(messages) || messages.length === 0 || messages.length > MAX_MESSAGES) return false;
-  for (const m of messages as unknown[]) {
-    if (typeof m !== "object" || m === null || Array.isArray(m)) return false;
-    for (const key of Object.keys(m)) if (key !== "role" && key !== "content" && key !== "name") return false;
-    const { role, content, name } = m as Record<string, unknown>;
-    if (typeof role !== "string" || !PLAIN_ROLES.has(role) || typeof content !== "string") return false;
-    if (name !== undefined && (typeof name !== "string" || name.length < 1 || name.length > 256)) return false;
-  }
-  if (!(absent(r.stream) || typeof r.stream === "boolean")) return false;
-  if (!numberIn(r.temperature, 0, 2) || !numberIn(r.top_p, 0, 1)) return false;
-  if (!tokenCount(r.max_tokens) || !tokenCount(r.max_completion_tokens)) return false;
-  if (!absent(r.max_tokens) && !absent(r.max_completion_tokens)) return false;
-  return absent(r.user) || (typeof r.user === "string" && r.user.length <= 256);
-}
-
-/**
- * ChatRequest.safeParse at a bounded cost: a plain request as it is (`plainRequest`); any other the
- * counts first, then each message on its own, stopping at the first that fails (one issue, not one
- * per item), then the rest of the request.
+ * ChatRequest.safeParse at a bounded cost: the counts first, then each message on its own,
+ * stopping at the first that fails (one issue, not one per item), then the whole request.
  */
 export function parseChatRequest(value: unknown): ReturnType<typeof ChatRequest.safeParse> {
-  if (plainRequest(value)) return { success: true, data: value, error: undefined } as ReturnType<typeof ChatRequest.safeParse>;
-  return checkChatRequest(value);
-}
-
-/** parseChatRequest through the schema, whatever the request's shape (what a plain request must agree with). */
-export function checkChatRequest(value: unknown): ReturnType<typeof ChatRequest.safeParse> {
   const fail = (issue: Issue) => ({ success: false as const, error: new z.ZodError([issue]) as z.ZodError<ChatRequest>, data: undefined });
   const counted = countIssue(value);
   if (counted) return fail(counted);
