@@ -54,6 +54,26 @@ describe("worker lanes: background work at a lower priority, conversations first
     assert.equal((await pool.run("conversation", { urgent: true })).niceness, base);
   });
 
+  test("a background process is lowered whole once ready: a thread it started before, back at the default priority, is lowered too", {
+    skip: !linux || process.getuid?.() !== 0 ? "needs Linux and root (only root may raise a thread's priority back)" : false,
+  }, async () => {
+    const pool = new WorkerPool<string, number[]>({
+      script: new URL("./support/lane-process-worker.ts", import.meta.url),
+      size: 2,
+      background: 1,
+      isolation: "process",
+      name: "test",
+    });
+    try {
+      await pool.ready();
+      const niceness = await pool.run("threads");
+      assert.ok(niceness.length > 1, "the process has threads");
+      assert.deepEqual(new Set(niceness), new Set([Math.min(19, getPriority() + BACKGROUND_NICENESS)]), `threads at ${niceness.join(", ")}`);
+    } finally {
+      await pool.close();
+    }
+  });
+
   test("API jobs never take a foreground worker: one waits while the foreground worker is free, and a conversation's job passes it", async () => {
     const { pool, foreground, background, release } = await lanes(2, 1);
     pools.push(pool);

@@ -118,7 +118,7 @@ function lowerPriority(ids: number[], niceness: number): boolean {
 /** Every thread of process `pid` (Linux), or the process alone. */
 function threadsOf(pid: number): number[] {
   try {
-    return readdirSync(`/proc/\${pid}/task`)
+    return readdirSync(`/proc/${pid}/task`)
       .map(Number)
       .filter((t) => t > 0);
   } catch {
