@@ -5,6 +5,13 @@ import type { WebRtcPort } from "../http/public/webrtc.ts";
 import type { WebRtcTransport } from "../transport/transport.ts";
 
 /**
+ * How long a tone for a device on another node waits for that node: longer than the commands'
+ * default 3 s, since a node that has just started warms its speech engines on both cores (a tone
+ * asked then was refused 409 in a test run); only the request that asked for the tone waits.
+ */
+const TONE_COMMAND_TIMEOUT_MS = 10_000;
+
+/**
  * The Public API's side of a node's WebRTC transport. The transport is read when called (it runs
  * only once the node listens); a tone for a device connected to another node goes there as a
  * command over the bus, which this node answers in turn for its own connections.
@@ -25,7 +32,7 @@ export function nodeWebRtcPort(node: { domain: Domain; commands: Commands; trans
       const { online, node: holder } = await node.domain.peers.runtime(key);
       if (!online || holder === undefined || holder === node.config.nodeName) return undefined;
       try {
-        return (await node.commands.call(holder, "audio.tone", { key, frequency, duration })) as { frames: number } | undefined;
+        return (await node.commands.call(holder, "audio.tone", { key, frequency, duration }, TONE_COMMAND_TIMEOUT_MS)) as { frames: number } | undefined;
       } catch (err) {
         if (err instanceof CommandError) return undefined;
         throw err;
