@@ -263,7 +263,8 @@ describe("a hostile device opening streams", () => {
     // The node sees the event stream close, or the device (the SDK closes its peer connection then) leave first.
     assert.ok(held.closeReason === "event stream closed" || held.closeReason === "connection closed", held.closeReason);
     await eventually(async () => !(await server.domain.peers.runtime(conn.publicKey)).online, 5_000, "offline");
-    assert.ok(open.destroyed || open.readableEnded);
+    // The device's side learns of it from its own channel's close, which wrtc reports in its own time.
+    await eventually(() => open.destroyed || open.readableEnded, 5_000, "the device's stream on the closed connection ended");
   });
 });
 
