@@ -107,7 +107,14 @@ function warnPriorityUnavailable(reason: string): void {
 function lowerPriority(ids: number[], niceness: number): boolean {
   try {
     if (ids.length === 0) throw new Error("the worker's thread id is unknown on this system");
-    for (const id of ids) setPriority(id, niceness);
+    for (const id of ids) {
+      try {
+        setPriority(id, niceness);
+      } catch (error) {
+        // A thread that ended since the process's threads were listed has nothing to lower.
+        if ((error as { info?: { code?: string } }).info?.code !== "ESRCH") throw error;
+      }
+    }
     return true;
   } catch (error) {
     warnPriorityUnavailable(error instanceof Error ? error.message : String(error));
