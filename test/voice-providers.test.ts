@@ -185,14 +185,19 @@ describe("voice conversations with a fake speech provider", () => {
   });
 
   const failures: Array<{ name: string; act: () => void; stage: "speech" | "transcription"; message: RegExp }> = [
-    { name: "a 500", stage: "speech", act: () => fake.speech({ kind: "status", status: 500 }), message: /fake provider says 500/ },
-    { name: "a 429", stage: "speech", act: () => fake.speech({ kind: "status", status: 429, retryAfter: "0" }), message: /fake provider says 429/ },
-    { name: "a stall", stage: "speech", act: () => fake.speech({ kind: "stall", pieces: 0 }), message: /did not answer in time/ },
-    { name: "HTML instead of audio", stage: "speech", act: () => fake.speech({ kind: "html" }), message: /text\/html instead of PCM/ },
+    { name: "a 500", stage: "speech", act: () => fake.speechFor("First answer.", { kind: "status", status: 500 }), message: /fake provider says 500/ },
+    {
+      name: "a 429",
+      stage: "speech",
+      act: () => fake.speechFor("First answer.", { kind: "status", status: 429, retryAfter: "0" }),
+      message: /fake provider says 429/,
+    },
+    { name: "a stall", stage: "speech", act: () => fake.speechFor("First answer.", { kind: "stall", pieces: 0 }), message: /did not answer in time/ },
+    { name: "HTML instead of audio", stage: "speech", act: () => fake.speechFor("First answer.", { kind: "html" }), message: /text\/html instead of PCM/ },
     {
       name: "a wrong sample rate",
       stage: "speech",
-      act: () => fake.speech({ kind: "pcm", contentType: "audio/pcm; rate=16000" }),
+      act: () => fake.speechFor("First answer.", { kind: "pcm", contentType: "audio/pcm; rate=16000" }),
       message: /16000 Hz instead of 24000 Hz/,
     },
     {

@@ -54,6 +54,8 @@ export function tone(ms: number, frequency = 440, rate = 24_000): Int16Array {
 export class FakeSpeechProvider {
   readonly requests: SpeechRequestSeen[] = [];
   private readonly speechActs: SpeechAct[] = [];
+  /** Acts for the next request that speaks a given input (a late request of an earlier turn cannot take them). */
+  private readonly speechActsFor = new Map<string, SpeechAct>();
   private readonly transcriptionActs: TranscriptionAct[] = [];
   defaultSpeech: SpeechAct = { kind: "pcm" };
   defaultTranscription: TranscriptionAct = { kind: "text", text: "hello there" };
@@ -62,6 +64,12 @@ export class FakeSpeechProvider {
 
   speech(...acts: SpeechAct[]): this {
     this.speechActs.push(...acts);
+    return this;
+  }
+
+  /** `act` for the next request whose input is `input`, whatever comes before it. */
+  speechFor(input: string, act: SpeechAct): this {
+    this.speechActsFor.set(input, act);
     return this;
   }
 
@@ -106,7 +114,9 @@ export class FakeSpeechProvider {
     if (req.method === "POST" && path === "/audio/speech") {
       seen.fields = JSON.parse(body.toString("utf8")) as Record<string, string>;
       this.requests.push(seen);
-      return this.speak(this.speechActs.shift() ?? this.defaultSpeech, res, seen);
+      const keyed = this.speechActsFor.get(seen.fields.input ?? "");
+      if (keyed) this.speechActsFor.delete(seen.fields.input ?? "");
+      return this.speak(keyed ?? this.speechActs.shift() ?? this.defaultSpeech, res, seen);
     }
     if (req.method === "POST" && path === "/audio/transcriptions") {
       const form = await new Response(body, { headers: { "content-type": req.headers["content-type"] ?? "" } }).formData();
