@@ -127,11 +127,12 @@ export async function voiceDevice(server: { url: string }, o: { keyPair?: KeyPai
 }
 
 /**
- * Resolves once the device has heard `ms` of audible reply (first to last audible block): a barge-in
+ * Resolves once the device has heard `ms` of audible reply from now (first to last audible block): a barge-in
  * then interrupts words already heard, however late a loaded machine started the audio.
  */
 export async function heardFor(conn: PerchConnection, ms: number): Promise<void> {
   const { speaker } = conn;
+  speaker.mark(); // Audio of an earlier reply does not count.
   await eventually(
     () => speaker.firstAudibleAt !== undefined && (speaker.lastAudibleAt ?? 0) - speaker.firstAudibleAt >= ms,
     30_000,
