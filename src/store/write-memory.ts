@@ -108,8 +108,14 @@ export class WriteMemoryUnit {
     this.documents.push([publicKey, document]);
   }
 
-  /** Once the transaction committed. */
+  /** Once the transaction committed. Never throws: the commit's success stands whatever happens here. */
   committed(): void {
-    if (this.ticket !== undefined) this.memory.keep(this.ticket, this.series, this.documents);
+    if (this.ticket === undefined) return;
+    try {
+      this.memory.keep(this.ticket, this.series, this.documents);
+    } catch {
+      // The database could not be asked whether another process wrote (closed, gone): remember nothing.
+      this.memory.forget();
+    }
   }
 }
