@@ -68,14 +68,15 @@ async function metric(server: Server, name: string, labels = ""): Promise<number
   return Number(line?.split(" ").at(-1) ?? 0);
 }
 
-/** The recogniser's queue (engine metrics, absent before issue 24): jobs started and their mean wait, per class. */
-async function recognitionQueue(server: Server): Promise<Record<string, { jobs: number; waited_s: number }>> {
-  const out: Record<string, { jobs: number; waited_s: number }> = {};
+/** The recogniser's queue (engine metrics, absent before issue 24): jobs started, their mean wait and those run on the fast model, per class. */
+async function recognitionQueue(server: Server): Promise<Record<string, { jobs: number; waited_s: number; degraded: number }>> {
+  const out: Record<string, { jobs: number; waited_s: number; degraded: number }> = {};
   for (const cls of ["conversation", "api", "partial"]) {
     const labels = `engine="recognition",class="${cls}"`;
     out[cls] = {
       jobs: await metric(server, "perch_engine_jobs_total", labels),
       waited_s: await metric(server, "perch_engine_queue_wait_seconds_total", labels),
+      degraded: await metric(server, "perch_engine_degraded_total", labels),
     };
   }
   return out;
@@ -94,11 +95,17 @@ function outcomeDelta(before: Record<string, number>, after: Record<string, numb
   return Object.fromEntries(Object.entries(after).map(([k, v]) => [k, v - (before[k] ?? 0)]));
 }
 
-function queueDelta(before: Record<string, { jobs: number; waited_s: number }>, after: Record<string, { jobs: number; waited_s: number }>) {
-  const out: Record<string, { jobs: number; mean_wait_ms: number }> = {};
+type QueueFigures = Record<string, { jobs: number; waited_s: number; degraded: number }>;
+
+function queueDelta(before: QueueFigures, after: QueueFigures) {
+  const out: Record<string, { jobs: number; mean_wait_ms: number; on_fast_model: number }> = {};
   for (const [cls, a] of Object.entries(after)) {
     const jobs = a.jobs - (before[cls]?.jobs ?? 0);
-    out[cls] = { jobs, mean_wait_ms: round(((a.waited_s - (before[cls]?.waited_s ?? 0)) / Math.max(1, jobs)) * 1000) };
+    out[cls] = {
+      jobs,
+      mean_wait_ms: round(((a.waited_s - (before[cls]?.waited_s ?? 0)) / Math.max(1, jobs)) * 1000),
+      on_fast_model: a.degraded - (before[cls]?.degraded ?? 0),
+    };
   }
   return out;
 }

@@ -3,6 +3,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
+import { defaultRecogniserProcesses } from "../src/node/recogniser-processes.ts";
 import { tempDir } from "./support/server.ts";
 
 const HASH = "a".repeat(64);
@@ -61,8 +62,25 @@ test("invalid catalogs stop start-up with a message naming the field", () => {
   refused({ providers: [{ ...provider, api_key: "sk-inline" }] }, "providers.0");
 });
 
-test("engines.recogniserProcesses: 1 by default, from PERCH_RECOGNISER_PROCESSES, and 1–16 only", () => {
-  assert.equal(loadConfig({}).engines.recogniserProcesses, 1);
+test("engines.recogniserProcesses: unset by default (the machine decides), from PERCH_RECOGNISER_PROCESSES, and 1–16 only", () => {
+  assert.equal(loadConfig({}).engines.recogniserProcesses, undefined);
   assert.equal(loadConfig({ PERCH_RECOGNISER_PROCESSES: "2" }).engines.recogniserProcesses, 2);
+  assert.equal(loadConfig({ PERCH_RECOGNISER_PROCESSES: "1" }).engines.recogniserProcesses, 1);
   for (const bad of ["0", "17", "1.5", "two"]) assert.throws(() => loadConfig({ PERCH_RECOGNISER_PROCESSES: bad }), ConfigError, bad);
+});
+
+test("without a configured count, two recogniser processes on a machine with 2 cores and 4 GiB, else one", () => {
+  const GiB = 1024 ** 3;
+  assert.equal(defaultRecogniserProcesses({ cores: 2, memoryBytes: 4 * GiB }), 2);
+  assert.equal(defaultRecogniserProcesses({ cores: 16, memoryBytes: 64 * GiB }), 2);
+  assert.equal(defaultRecogniserProcesses({ cores: 1, memoryBytes: 64 * GiB }), 1);
+  assert.equal(defaultRecogniserProcesses({ cores: 2, memoryBytes: 4 * GiB - 1 }), 1);
+  assert.equal(defaultRecogniserProcesses({ cores: 4, memoryBytes: 2 * GiB }), 1);
+});
+
+test("engines.fastRecognitionAfterMs: 600 by default, false or 1–60000 ms, from PERCH_FAST_RECOGNITION_AFTER_MS", () => {
+  assert.equal(loadConfig({}).engines.fastRecognitionAfterMs, 600);
+  assert.equal(loadConfig({ PERCH_FAST_RECOGNITION_AFTER_MS: "false" }).engines.fastRecognitionAfterMs, false);
+  assert.equal(loadConfig({ PERCH_FAST_RECOGNITION_AFTER_MS: "900" }).engines.fastRecognitionAfterMs, 900);
+  for (const bad of ["0", "60001", "true", "soon"]) assert.throws(() => loadConfig({ PERCH_FAST_RECOGNITION_AFTER_MS: bad }), ConfigError, bad);
 });

@@ -241,6 +241,104 @@ describe("engine scheduler", () => {
     assert.equal(scheduler.stats().conversation.started, 6);
   });
 
+  test("degradation: under a long queue a conversation batch runs in the fast mode, a short queue's on the full model; only full conversation batches measure it", async () => {
+    const clock = new FakeClock();
+    const runs: Array<{ payloads: number[]; fast: boolean }> = [];
+    const finishers: Array<() => void> = [];
+    const scheduler = new Scheduler({
+      name: "degrading",
+      slots: 1,
+      initialJobMs: 400,
+      clock,
+      batching: {
+        classes: ["conversation"],
+        max: 2,
+        fits: () => true,
+        fastAfterMs: 600,
+        run: (payloads, _cls, fast) => {
+          runs.push({ payloads: payloads as number[], fast });
+          return new Promise((resolve) => finishers.push(() => resolve(payloads)));
+        },
+      },
+    });
+    const end = async (tookMs: number) => {
+      clock.advance(tookMs);
+      finishers.shift()!();
+      await settled();
+    };
+    // Alone: done 400 ms after it was asked for, within 600.
+    const jobs = [scheduler.runBatched<number, number>(1, { class: "conversation" })];
+    // Two more wait behind it: they would be done 800 ms after they were asked for.
+    jobs.push(...[2, 3].map((n) => scheduler.runBatched<number, number>(n, { class: "conversation" })));
+    await end(400);
+    await end(150);
+    assert.deepEqual(runs, [
+      { payloads: [1], fast: false },
+      { payloads: [2, 3], fast: true },
+    ]);
+    assert.equal(scheduler.jobMs, 400, "a fast run's 150 ms is not the full model's time");
+    assert.equal(scheduler.stats().conversation.degraded, 2);
+    // Each batch alone in time, but the batch behind the next one would be late: the next one goes fast too.
+    const blocker = scheduler.runBatched<number, number>(0, { class: "api" });
+    jobs.push(...[4, 5, 6, 7].map((n) => scheduler.runBatched<number, number>(n, { class: "conversation" })));
+    await end(100);
+    // At 400 ms a batch (the api job's 100 ms is not a conversation batch's): [4, 5] would be done 500 ms after they were asked for, [6, 7] behind them 900 ms.
+    assert.deepEqual(runs.slice(2), [
+      { payloads: [0], fast: false },
+      { payloads: [4, 5], fast: true },
+    ]);
+    await end(50);
+    await end(50);
+    assert.deepEqual(runs.at(-1), { payloads: [6, 7], fast: false }, "the last batch, alone now, is in time on the full model");
+    assert.deepEqual(await Promise.all([...jobs, blocker]), [1, 2, 3, 4, 5, 6, 7, 0]);
+    // Another class is never degraded, however long its queue.
+    const api = [8, 9, 10, 11].map((n) => scheduler.runBatched<number, number>(n, { class: "api", caller: "a" }));
+    for (let i = 0; i < 4; i++) await end(1000);
+    await Promise.all(api);
+    assert.ok(runs.slice(5).every((r) => !r.fast));
+    assert.equal(scheduler.stats().api.degraded, 0);
+    // Long api jobs made the mean job long; a lone turn after them is still measured by turns' batches.
+    const lone = scheduler.runBatched<number, number>(12, { class: "conversation" });
+    assert.deepEqual(runs.at(-1), { payloads: [12], fast: false });
+    await end(100);
+    assert.equal(await lone, 12);
+  });
+
+  test("degradation ends: a full-model mean measured under load comes down as fast batches get quicker, and a lone turn goes back to the full model", async () => {
+    const clock = new FakeClock();
+    const runs: boolean[] = [];
+    const finishers: Array<() => void> = [];
+    const scheduler = new Scheduler({
+      name: "recovering",
+      slots: 1,
+      initialJobMs: 400,
+      clock,
+      batching: {
+        classes: ["conversation"],
+        max: 2,
+        fits: () => true,
+        fastAfterMs: 600,
+        run: (payloads, _cls, fast) => {
+          runs.push(fast);
+          return new Promise((resolve) => finishers.push(() => resolve(payloads)));
+        },
+      },
+    });
+    /** One turn alone (nothing queued): whether it ran fast, once it took `tookMs`. */
+    const lone = async (tookMs: number) => {
+      const job = scheduler.runBatched<number, number>(1, { class: "conversation" });
+      clock.advance(tookMs);
+      finishers.shift()!();
+      await settled();
+      await job;
+      return runs.at(-1);
+    };
+    assert.equal(await lone(1500), false, "the full model, measured slow (the mean is now 620 ms)");
+    assert.equal(await lone(500), true, "alone, yet late by the full model's mean");
+    assert.equal(await lone(100), true, "the fast model five times quicker than its mean: the load is gone");
+    assert.equal(await lone(100), false, "back on the full model");
+  });
+
   test("a failing batch fails every job in it, and only those", async () => {
     const clock = new FakeClock();
     let fail = true;

@@ -378,7 +378,7 @@ describe("worker pool (flite's, the recogniser's, the store's reads)", () => {
   });
 });
 
-const recogniser: MoonshineEngine = createTranscriptionEngine({ concurrency: 1, maxQueued: 1 });
+const recogniser: MoonshineEngine = createTranscriptionEngine({ concurrency: 1, maxQueued: 1, fastAfterMs: false });
 
 describe("transcription (Moonshine)", () => {
   const speech = engine;
@@ -524,7 +524,7 @@ describe("transcription (Moonshine)", () => {
   test("two recogniser processes recognise side by side: a file's and a conversation's", async () => {
     const pcm = await ffmpeg(["-i", "pipe:0", "-ac", "1", "-ar", "16000", "-f", "s16le", "pipe:1"], phrase);
     const spoken = Float32Array.from(new Int16Array(pcm.buffer.slice(pcm.byteOffset, pcm.byteOffset + pcm.byteLength)), (x) => x / 32768);
-    const two = createTranscriptionEngine({ processes: 2 });
+    const two = createTranscriptionEngine({ processes: 2, fastAfterMs: false });
     try {
       await two.start();
       assert.equal(two.pids().recogniser.length, 2);
@@ -628,5 +628,24 @@ describe("transcription (Moonshine)", () => {
     assert.match(await final, /door/i);
     await busy;
     assert.equal(recogniser.recogniserIdle({ class: "partial" }), true);
+  });
+
+  test("a conversation's turn that base would give late is recognised by Moonshine tiny, with its words; files stay on base", async () => {
+    // Any wait at all is too long here: every conversation batch is late by the measured time of a job.
+    const degrading = createTranscriptionEngine({ fastAfterMs: 1 });
+    try {
+      const { samples } = await speech.speak("I would like a cup of coffee.", "nova");
+      const utterance = Float32Array.from(samples, (x) => x / 32768);
+      assert.match(await degrading.recognise(utterance, { class: "conversation" }), /cup of coffee/i);
+      assert.deepEqual(degrading.batchesByModel, { base: 0, tiny: 1 });
+      assert.equal(degrading.recognitions.stats().conversation.degraded, 1);
+      assert.match(await degrading.recognise(utterance), /cup of coffee/i);
+      assert.deepEqual(degrading.batchesByModel, { base: 1, tiny: 1 }, "a file's job is never degraded");
+      // Base only: tiny is not even loaded.
+      assert.match(await recogniser.recognise(utterance, { class: "conversation" }), /cup of coffee/i);
+      assert.equal(recogniser.batchesByModel.tiny, 0);
+    } finally {
+      await degrading.close();
+    }
   });
 });

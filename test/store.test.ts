@@ -1011,5 +1011,41 @@ for (const entry of STORES) {
         }
       });
     });
+
+    describe("conversations", () => {
+      const entry = (at: number, text = `at ${at}`) => ({ turn: 1, role: "user", text, at, interrupted: 0, tool_name: null, tool_is_error: null });
+      const open = async (st: Store, key: string) =>
+        (await st.read((r) => r.conversations.list(key, undefined, 100))).filter((c) => c.ended_at === null).map((c) => c.id);
+
+      test("first entries of several conversations of one device racing on every node: only the newest stays open", async () => {
+        for (let round = 0; round < 5; round++) {
+          const key = await newPeer();
+          const ids = Array.from({ length: 6 }, (_, i) => ({ id: newId(`c${i}`), startedAt: 1_000 + i }));
+          await Promise.all(
+            ids.map((c, i) => (i % 2 ? second : store).transaction((tx) => tx.conversations.append({ ...c, publicKey: key }, entry(c.startedAt)))),
+          );
+          assert.deepEqual(await open(store, key), [ids.at(-1)!.id], `round ${round}`);
+        }
+      });
+
+      test("an older conversation's entries after a newer one began move its end on; its close records the real end", async () => {
+        const key = await newPeer();
+        const old = { id: newId("old"), publicKey: key, startedAt: 1_000 };
+        const next = { id: newId("new"), publicKey: key, startedAt: 2_000 };
+        await store.transaction((tx) => tx.conversations.append(old, entry(1_500)));
+        await store.transaction((tx) => tx.conversations.append(next, entry(2_000)));
+        const read = async (id: string) => plain(await store.read((r) => r.conversations.get(key, id)))!;
+        assert.equal((await read(old.id)).ended_at, 1_500, "ended at its last entry");
+        await second.transaction((tx) => tx.conversations.append(old, entry(2_100, "late")));
+        assert.deepEqual([(await read(old.id)).ended_at, (await read(old.id)).last_at], [2_100, 2_100]);
+        await store.transaction((tx) => tx.conversations.end(old.id, 2_300));
+        assert.equal((await read(old.id)).ended_at, 2_300);
+        // A late first entry of a conversation older than the open one ends itself, not the newer one.
+        const stale = { id: newId("stale"), publicKey: key, startedAt: 1_200 };
+        await second.transaction((tx) => tx.conversations.append(stale, entry(2_400)));
+        assert.deepEqual(await open(store, key), [next.id]);
+        assert.equal((await read(stale.id)).ended_at, 2_400);
+      });
+    });
   });
 }

@@ -235,7 +235,7 @@ describe("transcription queue", () => {
 
   before(async () => {
     // One request at a time and none waiting: the second at once is refused.
-    recogniser = createTranscriptionEngine({ concurrency: 1, maxQueued: 0 });
+    recogniser = createTranscriptionEngine({ concurrency: 1, maxQueued: 0, fastAfterMs: false });
     await recogniser.start();
     server = await startTestServer({
       config: { api_keys: [{ name: "a", sha256: sha256(KEY) }] },

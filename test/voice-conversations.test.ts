@@ -1,7 +1,6 @@
 import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
-import { setTimeout as sleep } from "node:timers/promises";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { storedRows } from "./support/conversations.ts";
@@ -9,7 +8,7 @@ import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { freshPostgresDatabase, startTestServer, TEST_DATABASE_URL, type TestServer, tempDir } from "./support/server.ts";
 import { EventStream } from "./support/sse.ts";
-import { spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
+import { heardFor, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
 import { eventually } from "./support/webrtc.ts";
 
 type Entry = { conversation_id: string; turn: number; role: string; text: string; at_unix_ms: number; interrupted?: boolean };
@@ -69,7 +68,8 @@ describe("a device's conversation reaches its phone on another node", { skip: TE
     const mic = await conn.microphone();
     await mic.say(await spoken("Play some music in the living room."));
     await log.wait((s) => s.stream === "out-1" && s.type === "BOS" && s.label === "assistant.audio", 30_000, "the reply's audio");
-    await sleep(1500);
+    // Interrupted once the device has heard some of it: on a loaded machine the audio can start late.
+    await heardFor(conn, 1_500);
     upstream.reply({ content: "Alright." });
     await mic.say(await spoken("Call my mother tomorrow morning."));
     await log.wait((s) => s.stream === "out-2" && s.label === "turn.metrics", 30_000, "turn 2");

@@ -10,7 +10,7 @@ import { engines, warmRecogniser } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
-import { resample, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
+import { heardFor, resample, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
 
 const ANSWER = "It is sunny and warm today. Is there anything else you would like to know?";
 const QUESTION = "What is the weather like today?";
@@ -154,7 +154,7 @@ describe("voice conversations", () => {
     const mic = await conn.microphone();
     await mic.say(await spoken("Play some music in the living room."));
     await log.wait((s) => s.stream === "out-1" && s.type === "BOS" && s.label === "assistant.audio", 30_000, "the reply's audio");
-    await sleep(1500);
+    await heardFor(conn, 1_500);
     upstream.reply({ content: "Alright." });
     await mic.say(await spoken("Call my mother tomorrow morning."));
     const end = await log.wait((s) => s.stream === "out-1" && s.type === "EOS" && s.label === "assistant.audio", 15_000, "the reply's end");

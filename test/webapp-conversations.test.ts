@@ -19,7 +19,7 @@ import { storedRows } from "./support/conversations.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { ROOT, startTestServer, type TestServer } from "./support/server.ts";
-import { EventLog, resample, talkerConfig } from "./support/voice.ts";
+import { EventLog, heardFor, resample, talkerConfig } from "./support/voice.ts";
 import { connect } from "./support/webrtc.ts";
 
 const CHROMIUM = process.env.PERCH_TEST_CHROMIUM || "/usr/bin/chromium";
@@ -79,7 +79,7 @@ describe("the web app's conversations in headless Chromium", { timeout: 240_000 
     upstream.reply({ chunks: LONG.split(/(?<=\. )/) });
     await say("Tell me a story about a bird.");
     await log.wait((s) => s.stream === "out-1" && s.type === "BOS" && s.label === "assistant.audio", 30_000, "the story's audio");
-    await sleep(1500);
+    await heardFor(conn, 1_500);
     upstream.reply({ content: "Good night. Sleep well." });
     await say("Say good night please.");
     await log.wait((s) => s.stream === "out-2" && s.label === "turn.metrics", 30_000, "turn 2");

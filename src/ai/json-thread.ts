@@ -31,12 +31,17 @@ export function warmJsonThread(): void {
 
 /** `JSON.parse` of UTF-8 `bytes`; throws SyntaxError as JSON.parse does. Large inputs are parsed in the worker (`bytes` is handed over). */
 export async function parseJson(bytes: Buffer): Promise<unknown> {
-  if (bytes.length < OFFLOAD_BYTES) return JSON.parse(bytes.toString("utf8"));
+  if (bytes.length < OFFLOAD_BYTES) return parseJsonHere(bytes);
   // Its own memory, so that it can be moved, not copied.
   const own = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes : Buffer.from(bytes);
   const r = await run({ kind: "parse", bytes: own }, [own.buffer as ArrayBuffer]);
   if (!r.ok) throw new SyntaxError(r.message);
   return r.value;
+}
+
+/** `JSON.parse` of UTF-8 `bytes` on this thread, as `parseJson` parses a small body. */
+export function parseJsonHere(bytes: Buffer): unknown {
+  return JSON.parse(bytes.toString("utf8"));
 }
 
 /** `JSON.stringify(value)` as UTF-8; `sizeHint` (bytes or characters the value holds, roughly) sends large ones to the worker. */

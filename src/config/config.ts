@@ -327,15 +327,22 @@ export const ConfigSchema = z
     engines: z
       .strictObject({
         /**
-         * Recogniser processes (Moonshine, about 420 MB resident each). One uses every core for each
+         * Recogniser processes (Moonshine, 350–480 MB resident each). One uses every core for each
          * recognition; more run recognitions side by side, one core each, which shortens the queue
          * when many conversations end their turns at once (docs/benchmarks.md, voice). With two or
          * more, the first is kept for conversations (never taken by file transcription or partials),
-         * the others run at a lower OS priority.
+         * the others run at a lower OS priority. Unset: two on a machine with ≥ 2 cores and ≥ 4 GiB
+         * of memory, else one (src/node/recogniser-processes.ts).
          */
-        recogniserProcesses: z.number().int().min(1).max(16).default(1),
+        recogniserProcesses: z.number().int().min(1).max(16).optional(),
+        /**
+         * A conversation turn whose transcript Moonshine base would give later than this many ms
+         * after it was asked for (the recogniser's queue measured) is recognised by Moonshine tiny
+         * instead: the reply on time, more words wrong. `false`: base only.
+         */
+        fastRecognitionAfterMs: z.union([z.number().int().min(1).max(60_000), z.literal(false)]).default(600),
       })
-      .default({ recogniserProcesses: 1 }),
+      .default({ fastRecognitionAfterMs: 600 }),
     /** The companion web app (`/app/`). */
     app: z
       .strictObject({
@@ -482,6 +489,7 @@ const ENV: Record<string, (v: string) => ConfigInput> = {
   PERCH_WRITE_TIMEOUT_MS: (v) => ({ compat: { writeTimeoutMs: Number(v) } }),
   PERCH_MAX_QUEUE_WAIT_MS: (v) => ({ compat: { maxQueueWaitMs: Number(v) } }),
   PERCH_RECOGNISER_PROCESSES: (v) => ({ engines: { recogniserProcesses: Number(v) } }),
+  PERCH_FAST_RECOGNITION_AFTER_MS: (v) => ({ engines: { fastRecognitionAfterMs: v === "false" ? false : Number(v) } }),
   PERCH_REGISTRATION_TOKENS: (v) => ({ registration: { tokens: v.split(",").filter(Boolean) } }),
 };
 

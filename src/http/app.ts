@@ -1,8 +1,9 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Logger } from "pino";
-import { type Domain, StoreUnavailable } from "../domain/index.ts";
+import type { Domain } from "../domain/index.ts";
 import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
+import { logFailure } from "./exchange.ts";
 import type { Metrics } from "./metrics.ts";
 import { CLIENT_CLOSED_REQUEST, clientClosedRequest, shared } from "./middleware.ts";
 import { opsSurface } from "./ops.ts";
@@ -75,9 +76,7 @@ function mountAll(o: Pick<AppOptions, "logger">, root: OpenAPIHono<AppEnv>, surf
     // A body that stopped arriving because its client left: not a server error, and nobody reads the answer.
     if (clientClosedRequest(c)) return new Response(null, { status: CLIENT_CLOSED_REQUEST });
     const res = surface.error(c, err);
-    // An unreachable store is logged without the stack: during an outage, every request says the same.
-    if (err instanceof StoreUnavailable) o.logger.warn({ err: err.message, req_id: c.get("requestId"), path: c.req.path }, "store unavailable");
-    else if (res.status >= 500) o.logger.error({ err, req_id: c.get("requestId"), path: c.req.path }, "request failed");
+    logFailure(o.logger, err, res.status, c.get("requestId"), c.req.path);
     return res;
   });
 }

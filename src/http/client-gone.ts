@@ -14,7 +14,11 @@ export function nodeBindings(c: Context): { incoming: IncomingMessage; outgoing:
 export function clientGone(c: Context): AbortSignal {
   const node = nodeBindings(c);
   if (!node) return c.req.raw.signal;
-  const { outgoing } = node;
+  return clientGoneOf(node.outgoing);
+}
+
+/** `clientGone` of a Node response. */
+export function clientGoneOf(outgoing: ServerResponse): AbortSignal {
   if (outgoing.destroyed && !outgoing.writableFinished) return AbortSignal.abort(new Error("the client closed the connection"));
   const controller = new AbortController();
   outgoing.once("close", () => {

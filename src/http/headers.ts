@@ -1,3 +1,4 @@
+import type { IncomingMessage } from "node:http";
 import type { Context } from "hono";
 import type { AppEnv } from "./env.ts";
 
@@ -9,6 +10,11 @@ import type { AppEnv } from "./env.ts";
 export function requestHeader(c: Context<AppEnv>, name: string): string | undefined {
   const incoming = c.env?.incoming;
   if (!incoming) return c.req.header(name);
+  return nodeHeader(incoming, name);
+}
+
+/** A header (lower-case `name`) of Node's parsed request. */
+export function nodeHeader(incoming: IncomingMessage, name: string): string | undefined {
   const value = incoming.headers[name];
   return Array.isArray(value) ? value.join(", ") : value;
 }

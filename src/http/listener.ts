@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { createServer, type Server } from "node:http";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import { getRequestListener } from "@hono/node-server";
 import type { Logger } from "pino";
@@ -13,6 +13,7 @@ import {
   framingErrorBody,
   framingErrorHeaders,
 } from "./framing.ts";
+import type { HotRoutes } from "./hot-routes.ts";
 import type { Metrics } from "./metrics.ts";
 
 export interface HttpServerOptions {
@@ -23,6 +24,8 @@ export interface HttpServerOptions {
   maxConnections: number;
   logger: Logger;
   metrics: Metrics;
+  /** Routes the listener serves before the app (hot-routes.ts): the TCP listener's only. */
+  hot?: HotRoutes;
 }
 
 /**
@@ -33,7 +36,15 @@ export interface HttpServerOptions {
  * (`server.emit("connection", stream)`), so they get the same parser and the same bounds.
  */
 export function createHttpServer(o: HttpServerOptions): Server {
-  const listener = getRequestListener(o.fetch, {
+  const { hot } = o;
+  // The adapter calls the app only for a request whose Host it accepted: the hot routes learn them here.
+  const fetch: HttpServerOptions["fetch"] = hot
+    ? (request, env) => {
+        hot.accepted((env.incoming as IncomingMessage | undefined)?.headers.host);
+        return o.fetch(request, env);
+      }
+    : o.fetch;
+  const app = getRequestListener(fetch, {
     // A request Node parsed but the adapter cannot turn into a URL (a bad Host, a backslash in the path).
     errorHandler: () => {
       const f = framingError(undefined);
@@ -42,6 +53,11 @@ export function createHttpServer(o: HttpServerOptions): Server {
       return new Response(body, { status: f.status, headers });
     },
   });
+  const listener = hot
+    ? (incoming: IncomingMessage, outgoing: ServerResponse) => {
+        if (!hot.take(incoming, outgoing, () => void app(incoming, outgoing))) void app(incoming, outgoing);
+      }
+    : app;
   const server = createServer(
     {
       requestTimeout: o.requestTimeoutMs,

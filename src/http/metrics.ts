@@ -137,6 +137,7 @@ function engineQueueMetrics(registry: Registry): void {
     (s) => s.started,
   );
   counter("perch_engine_queue_wait_seconds_total", "Seconds jobs waited before they started, summed, by engine and class", (s) => s.waited);
+  counter("perch_engine_degraded_total", "Jobs run in an engine's fast mode to keep their deadline (Moonshine tiny), by engine and class", (s) => s.degraded);
   counter(
     "perch_engine_refused_total",
     "Jobs refused because they could not start in time (429, or an overloaded voice turn), by engine and class",

@@ -1,17 +1,16 @@
-import { randomUUID } from "node:crypto";
+import type { ServerResponse } from "node:http";
 import type { Context, MiddlewareHandler } from "hono";
 import { routePath } from "hono/route";
 import type { Logger } from "pino";
 import type { AppEnv } from "./env.ts";
 import { ApiError } from "./errors.ts";
+import { recordExchange, requestIdOf, sharedHeaders } from "./exchange.ts";
 import { requestHeader } from "./headers.ts";
 import type { Metrics } from "./metrics.ts";
 import type { Callers } from "./principal.ts";
 
-const REQUEST_ID = /^[A-Za-z0-9._-]{1,128}$/;
 const CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS";
 const CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-Public-Key, X-Registration-Token, X-Request-ID";
-const CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After, Server-Timing";
 
 /**
  * What every request gets, in one pass (one middleware frame instead of three):
@@ -31,32 +30,33 @@ const CORS_EXPOSE_HEADERS = "X-Request-ID, Retry-After, Server-Timing";
 export function shared(logger: Logger, metrics: Metrics, callers: Callers): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
     const started = performance.now();
-    const inbound = requestHeader(c, "x-request-id");
-    const id = inbound && REQUEST_ID.test(inbound) ? inbound : randomUUID();
+    const id = requestIdOf(requestHeader(c, "x-request-id"));
     c.set("requestId", id);
     const outgoing = c.env?.outgoing;
     const header = outgoing ? (name: string, value: string) => void outgoing.setHeader(name, value) : c.header;
     // Set before the response exists, so every response carries them.
-    header("X-Request-ID", id);
-    header("Access-Control-Allow-Origin", "*");
     if (c.req.method === "OPTIONS") {
+      header("X-Request-ID", id);
+      header("Access-Control-Allow-Origin", "*");
       header("Access-Control-Allow-Methods", CORS_ALLOW_METHODS);
       header("Access-Control-Allow-Headers", requestHeader(c, "access-control-request-headers") || CORS_ALLOW_HEADERS);
       header("Access-Control-Max-Age", "600");
       header("Vary", "Access-Control-Request-Headers");
       c.res = c.body(null, 204);
     } else {
-      header("Access-Control-Expose-Headers", CORS_EXPOSE_HEADERS);
+      sharedHeaders(header, id);
       await next();
     }
-    const ms = performance.now() - started;
     const path = routePath(c);
-    const route = path === "/*" ? "unmatched" : path;
-    const status = c.res.status;
-    metrics.observe(c.req.method, route, status, ms / 1000);
-    if (logger.isLevelEnabled("info")) {
-      logger.info({ req_id: id, method: c.req.method, path: c.req.path, route, status, client: callers.address(c), ms: Math.round(ms * 100) / 100 }, "request");
-    }
+    recordExchange(logger, metrics, {
+      requestId: id,
+      method: c.req.method,
+      path: c.req.path,
+      route: path === "/*" ? "unmatched" : path,
+      status: c.res.status,
+      client: callers.address(c),
+      ms: performance.now() - started,
+    });
   };
 }
 
@@ -70,9 +70,14 @@ export const CLIENT_CLOSED_REQUEST = 499;
  */
 export function clientClosedRequest(c: Context<AppEnv>): boolean {
   const { incoming, outgoing } = c.env ?? {};
-  if (outgoing?.destroyed && !outgoing.writableFinished) return true;
+  if (outgoing && clientLeft(outgoing)) return true;
   if (incoming) return !incoming.complete && (incoming.destroyed || incoming.socket?.destroyed === true);
   return c.req.raw.signal?.aborted === true;
+}
+
+/** Whether the client of `outgoing` went away before its answer was written whole. */
+export function clientLeft(outgoing: ServerResponse): boolean {
+  return outgoing.destroyed && !outgoing.writableFinished;
 }
 
 const UTF8 = new TextDecoder("utf-8", { fatal: true });

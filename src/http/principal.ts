@@ -1,3 +1,4 @@
+import type { IncomingMessage } from "node:http";
 import type { Context, MiddlewareHandler } from "hono";
 import proxyAddr from "proxy-addr";
 import { DomainError } from "../domain/errors.ts";
@@ -8,6 +9,13 @@ import type { AppBindings, AppEnv } from "./env.ts";
 import { requestHeader } from "./headers.ts";
 
 const BEARER = /^Bearer +(\S+)$/i;
+
+/**
+ * The principal (or the refusal) already resolved for a request: asked again for the same request
+ * (the listener's hot route handed it to the app, hot-routes.ts), it is the same answer, and an
+ * API key's request is counted against its rate limit once.
+ */
+const resolved = new WeakMap<IncomingMessage, Promise<Principal>>();
 
 /** The token of an `Authorization: Bearer …` header, if that is what it holds. */
 export function bearerToken(authorization: string | undefined): string | undefined {
@@ -32,12 +40,32 @@ export class Callers {
   }
 
   principal(c: Context<AppEnv>, o: { apiKeys?: boolean } = {}): Promise<Principal> {
-    const publicKey = requestHeader(c, "x-public-key");
-    const connection = connectionOf(c.env);
+    return this.principalOf(c.env, (name) => requestHeader(c, name), o);
+  }
+
+  /** `principal` of a request known by its bindings and its headers (lower-case names). */
+  principalOf(env: AppBindings | undefined, header: (name: string) => string | undefined, o: { apiKeys?: boolean } = {}): Promise<Principal> {
+    const incoming = env?.incoming;
+    if (!incoming) return this.resolvePrincipal(env, header, o);
+    let principal = resolved.get(incoming);
+    if (!principal) {
+      principal = this.resolvePrincipal(env, header, o);
+      resolved.set(incoming, principal);
+    }
+    return principal;
+  }
+
+  private resolvePrincipal(env: AppBindings | undefined, header: (name: string) => string | undefined, o: { apiKeys?: boolean }): Promise<Principal> {
+    const publicKey = header("x-public-key");
+    const connection = connectionOf(env);
     if (connection) return this.domain.auth.authenticateConnection(connection.peerKey, publicKey);
-    const bearer = bearerToken(requestHeader(c, "authorization"));
-    const apiKey = o.apiKeys && bearer ? this.domain.apiKeys.authenticate(bearer) : undefined;
-    if (apiKey) return Promise.resolve(apiKey);
+    const bearer = bearerToken(header("authorization"));
+    try {
+      const apiKey = o.apiKeys && bearer ? this.domain.apiKeys.authenticate(bearer) : undefined;
+      if (apiKey) return Promise.resolve(apiKey);
+    } catch (err) {
+      return Promise.reject(err);
+    }
     return this.domain.auth.authenticate(bearer, publicKey);
   }
 
@@ -55,7 +83,8 @@ export class Callers {
     return address;
   }
 
-  private resolveAddress(env: AppBindings | undefined): string {
+  /** `address` of a request known by its bindings. */
+  resolveAddress(env: AppBindings | undefined): string {
     const connection = connectionOf(env);
     if (connection) return connection.remoteAddress;
     const incoming = env?.incoming;
@@ -77,19 +106,25 @@ export class Callers {
    * `require("primary")` does: for a bearer, the session and the document in one statement.
    */
   async primaryStatus(c: Context<AppEnv>): Promise<string | undefined> {
-    const publicKey = requestHeader(c, "x-public-key");
-    const connection = connectionOf(c.env);
-    let principal: Principal;
-    let statusText: string | undefined;
-    if (connection) {
-      principal = requireKind(await this.domain.auth.authenticateConnection(connection.peerKey, publicKey), "primary");
-      statusText = await this.domain.peers.statusText(connection.peerKey);
-    } else {
-      ({ principal, statusText } = await this.domain.auth.authenticateWithStatus(bearerToken(requestHeader(c, "authorization")), publicKey));
-      requireKind(principal, "primary");
-    }
+    const { principal, statusText } = await this.primaryStatusOf(c.env, (name) => requestHeader(c, name));
     c.set("principal", principal);
     return statusText;
+  }
+
+  /** `primaryStatus` of a request known by its bindings and its headers (lower-case names). */
+  async primaryStatusOf(
+    env: AppBindings | undefined,
+    header: (name: string) => string | undefined,
+  ): Promise<{ principal: Principal; statusText: string | undefined }> {
+    const publicKey = header("x-public-key");
+    const connection = connectionOf(env);
+    if (connection) {
+      const principal = requireKind(await this.domain.auth.authenticateConnection(connection.peerKey, publicKey), "primary");
+      return { principal, statusText: await this.domain.peers.statusText(connection.peerKey) };
+    }
+    const found = await this.domain.auth.authenticateWithStatus(bearerToken(header("authorization")), publicKey);
+    requireKind(found.principal, "primary");
+    return found;
   }
 }
 

@@ -21,11 +21,14 @@ import { Domain } from "../domain/index.ts";
 import { serverInfo } from "../domain/server-info.ts";
 import { Commands, type EventBus, openEventBus } from "../events/index.ts";
 import { createApp, createSurfacesApp } from "../http/app.ts";
-import { compatSurface } from "../http/compat/surface.ts";
+import { HOT_CHAT_PATH, hotChatRoute } from "../http/compat/hot-chat.ts";
+import { compatSurface, DEFAULT_WRITE_TIMEOUT_MS } from "../http/compat/surface.ts";
 import type { AppEnv } from "../http/env.ts";
+import { HotRoutes } from "../http/hot-routes.ts";
 import { createHttpServer } from "../http/listener.ts";
 import { Metrics } from "../http/metrics.ts";
-import type { Callers } from "../http/principal.ts";
+import { Callers } from "../http/principal.ts";
+import { hotStatusRoute, STATUS_PATH } from "../http/public/hot-status.ts";
 import type { Surface } from "../http/surface.ts";
 import { Store } from "../store/index.ts";
 import { toolSummary } from "../tools/device.ts";
@@ -69,6 +72,8 @@ export interface RunningServer {
   store: Store;
   /** The HTTP server: a transport hands it further connections (`emit("connection", stream)`). */
   httpServer: Server;
+  /** The application the listener serves, bar its hot routes (`src/http/hot-routes.ts`). */
+  app: OpenAPIHono<AppEnv>;
   /** The WebRTC transport, when this node answers offers. */
   transport: WebRtcTransport | undefined;
   /** The event bus (PostgreSQL `LISTEN`/`NOTIFY` when the store is PostgreSQL, else in process). */
@@ -144,7 +149,8 @@ export class Node {
     for (const warning of configWarnings(config)) logger.warn(warning);
     // Said once per process, when a speech worker cannot be given its lower priority.
     onWorkerPriorityUnavailable((message) => logger.warn(message));
-    const engines = o.engines ?? embeddedEngines(config.engines);
+    // With no agent no device converses: no turn can need Moonshine tiny, so it is not loaded.
+    const engines = o.engines ?? embeddedEngines(config.agents.length > 0 ? config.engines : { ...config.engines, fastRecognitionAfterMs: false });
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
     const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
@@ -220,6 +226,7 @@ export class Node {
         ...(base ? { base } : {}),
       });
     this.app = this.createApp();
+    const callers = new Callers(this.domain, config.trustProxy);
     this.httpServer = createHttpServer({
       // Requests wait while the node joins: what they write (an event stream's slot) must come after what the join clears.
       fetch: (request, env) => {
@@ -230,6 +237,20 @@ export class Node {
       maxConnections: config.http.maxConnections,
       logger: this.logger,
       metrics: this.metrics,
+      hot: new HotRoutes(
+        {
+          [`GET ${STATUS_PATH}`]: hotStatusRoute({ callers, logger: this.logger, metrics: this.metrics }),
+          [`POST ${HOT_CHAT_PATH}`]: hotChatRoute({
+            callers,
+            chat: this.chat,
+            logger: this.logger,
+            metrics: this.metrics,
+            writeTimeoutMs: config.compat?.writeTimeoutMs ?? DEFAULT_WRITE_TIMEOUT_MS,
+          }),
+        },
+        // Requests wait while the node joins (above): the app's path does the waiting.
+        () => this.joining === undefined,
+      ),
     });
   }
 
@@ -370,13 +391,14 @@ export class Node {
 
   private running(): RunningServer {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
-    const { domain, store, httpServer, transport, events, commands } = this;
+    const { domain, store, httpServer, app, transport, events, commands } = this;
     return {
       url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
       domain,
       store,
       httpServer,
+      app,
       transport,
       events,
       commands,

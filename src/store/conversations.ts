@@ -1,5 +1,6 @@
 import { sql } from "kysely";
 import type { Db } from "./database.ts";
+import type { LockRepository } from "./locks.ts";
 import type { Tables } from "./schema.ts";
 
 export type ConversationRow = Tables["conversations"];
@@ -8,9 +9,11 @@ export type ConversationEntryRow = Tables["conversation_entries"];
 /** Stored voice transcripts: a device's conversations and their entries. */
 export class ConversationRepository {
   private readonly db: Db;
+  private readonly locks: LockRepository;
 
-  constructor(db: Db) {
+  constructor(db: Db, locks: LockRepository) {
     this.db = db;
+    this.locks = locks;
   }
 
   /**
@@ -26,14 +29,27 @@ export class ConversationRepository {
       .onConflict((oc) => oc.column("id").doNothing())
       .executeTakeFirst();
     // A device converses over one connection at a time: a conversation of its still open here was
-    // left by a node that died before its connection closed; it ended with its last entry.
+    // left by a node that died before its connection closed, or is the previous connection's, whose
+    // last entries may still come (they move its end on, below). The newest conversation stays open
+    // and every older one ends with its last entry. The device's lock makes two first entries racing
+    // on PostgreSQL (READ COMMITTED) take turns, so the second sees the first.
     if (Number(created.numInsertedOrUpdatedRows ?? 0n) > 0) {
+      await this.locks.take(`conversations:${c.publicKey}`);
+      const newest = await this.db
+        .selectFrom("conversations")
+        .select(["id", "started_at"])
+        .where("public_key", "=", c.publicKey)
+        .where("ended_at", "is", null)
+        .orderBy("started_at", "desc")
+        .orderBy("id", "desc")
+        .limit(1)
+        .executeTakeFirstOrThrow();
       await this.db
         .updateTable("conversations")
         .set((eb) => ({ ended_at: eb.ref("last_at") }))
         .where("public_key", "=", c.publicKey)
         .where("ended_at", "is", null)
-        .where("id", "<>", c.id)
+        .where("id", "<>", newest.id)
         .execute();
     }
     // One statement takes the entry's sequence number and moves the summary on.
@@ -44,6 +60,8 @@ export class ConversationRepository {
         turns: sql<number>`case when turns > ${e.turn} then turns else ${e.turn} end`,
         last_text: e.text,
         last_at: e.at,
+        // An entry of a conversation already ended (a newer one began) moves its end on with it.
+        ended_at: sql<number | null>`case when ended_at < ${e.at} then ${e.at} else ended_at end`,
       }))
       .where("id", "=", c.id)
       .returning("entries")
@@ -55,9 +73,17 @@ export class ConversationRepository {
     return true;
   }
 
-  /** Marks the conversation ended (its connection closed); nothing when it was never stored. */
+  /**
+   * Marks the conversation ended (its connection closed); nothing when it was never stored. One that a
+   * newer conversation ended earlier takes its real end.
+   */
   async end(id: string, at: number): Promise<void> {
-    await this.db.updateTable("conversations").set({ ended_at: at }).where("id", "=", id).where("ended_at", "is", null).execute();
+    await this.db
+      .updateTable("conversations")
+      .set({ ended_at: at })
+      .where("id", "=", id)
+      .where((eb) => eb.or([eb("ended_at", "is", null), eb("ended_at", "<", at)]))
+      .execute();
   }
 
   /** The device's conversations newest first, strictly before `before` (start time, id) when given. */

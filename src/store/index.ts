@@ -52,8 +52,8 @@ export class Repositories {
     this.runtime = new RuntimeRepository(db);
     this.telemetry = new TelemetryRepository(db, dialect, longReads, memory);
     this.contacts = new ContactRepository(db, dialect);
-    this.conversations = new ConversationRepository(db);
     this.locks = new LockRepository(db, dialect);
+    this.conversations = new ConversationRepository(db, this.locks);
     this.liveStreams = new LiveStreamRepository(db, dialect);
     this.busMessages = new BusMessageRepository(db, dialect);
   }

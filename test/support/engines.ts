@@ -1,9 +1,16 @@
 import { embeddedEngines } from "../../src/server.ts";
 
+/**
+ * The engines of the test servers and of the tests that use them directly: one recogniser process
+ * and Moonshine base only, whatever the machine (the suite runs three files at once on 2 cores; a
+ * loaded machine must not turn a test's words into tiny's). The engine tests cover the rest.
+ */
+export const TEST_ENGINES = { recogniserProcesses: 1, fastRecognitionAfterMs: false } as const;
+
 /** The embedded speech engines the servers of this test process share (one pair per process). */
-export { embeddedEngines as engines };
+export const engines = () => embeddedEngines(TEST_ENGINES);
 
 /** Loads the recogniser's models before a test's first question: on a loaded machine their first load outlasts the detector's 4 s backlog. */
 export async function warmRecogniser(): Promise<void> {
-  await embeddedEngines().transcription?.start?.();
+  await engines().transcription?.start?.();
 }

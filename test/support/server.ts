@@ -13,6 +13,7 @@ import type { Clock } from "../../src/domain/clock.ts";
 import type { Surface } from "../../src/http/surface.ts";
 import { PerchClient } from "../../src/sdk/client.ts";
 import { type RunningServer, type StartOptions, startServer } from "../../src/server.ts";
+import { TEST_ENGINES } from "./engines.ts";
 
 export const ROOT = new URL("../../", import.meta.url).pathname;
 
@@ -92,6 +93,7 @@ export async function startTestServer(
       logLevel: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
       rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 },
       ...o.config,
+      engines: { ...TEST_ENGINES, ...o.config?.engines },
       webrtc: { ...o.config?.webrtc, udpPort },
     },
   );
@@ -140,7 +142,16 @@ export interface ServerProcess {
 /** Starts `perch serve` as its own process (on the pinned Node) and waits for its listening line. */
 export async function spawnServer(env: Record<string, string>): Promise<ServerProcess> {
   const child = spawn(join(ROOT, "bin/perch"), ["serve"], {
-    env: { ...process.env, PERCH_PORT: "0", PERCH_HOST: "127.0.0.1", PERCH_LOG_LEVEL: "info", ...env },
+    // One recogniser process, as the in-process servers (support/engines.ts), unless the test says.
+    env: {
+      ...process.env,
+      PERCH_PORT: "0",
+      PERCH_HOST: "127.0.0.1",
+      PERCH_LOG_LEVEL: "info",
+      PERCH_RECOGNISER_PROCESSES: "1",
+      PERCH_FAST_RECOGNITION_AFTER_MS: "false",
+      ...env,
+    },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let output = "";

@@ -5,7 +5,7 @@ import { PeerEventType, StreamKind } from "../../src/protocol/gen/event_pb.ts";
 import type { PerchConnection } from "../../src/sdk/webrtc.ts";
 import { loadResampler, Resampler } from "../../src/voice/resampler.ts";
 import { engines } from "./engines.ts";
-import { connect } from "./webrtc.ts";
+import { connect, eventually } from "./webrtc.ts";
 
 /** A voice event in a form tests compare. */
 export interface Seen {
@@ -124,4 +124,18 @@ export async function voiceDevice(server: { url: string }, o: { keyPair?: KeyPai
   const log = new EventLog(conn);
   await conn.microphone();
   return { conn, log };
+}
+
+/**
+ * Resolves once the device has heard `ms` of audible reply from now (first to last audible block): a barge-in
+ * then interrupts words already heard, however late a loaded machine started the audio.
+ */
+export async function heardFor(conn: PerchConnection, ms: number): Promise<void> {
+  const { speaker } = conn;
+  speaker.mark(); // Audio of an earlier reply does not count.
+  await eventually(
+    () => speaker.firstAudibleAt !== undefined && (speaker.lastAudibleAt ?? 0) - speaker.firstAudibleAt >= ms,
+    30_000,
+    `${ms} ms of the reply heard`,
+  );
 }

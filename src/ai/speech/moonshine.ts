@@ -13,10 +13,12 @@ import { fileURLToPath } from "node:url";
 import llamaTokenizer from "llama-tokenizer-js";
 import * as ort from "onnxruntime-node";
 
-/** The model's shape (base): 8 decoder layers, 8 key/value heads of 52 dimensions. */
-const LAYERS = 8;
-const KV_HEADS = 8;
-const HEAD_DIM = 52;
+/**
+ * The two sizes in the package: base (8 decoder layers, 8 key/value heads of 52 dimensions, about
+ * 62 MB int8) for every job, tiny (6 layers, 8 heads of 36, about 28 MB) for conversation turns when
+ * base would answer too late (recogniser.ts). The shape is read from the decoder's inputs.
+ */
+export type MoonshineSize = "base" | "tiny";
 const START_TOKEN = 1;
 const END_TOKEN = 2;
 /** Moonshine is trained on 16 kHz mono audio of 0.1 s to 64 s (it does best below ~30 s). */
@@ -27,11 +29,18 @@ export const MOONSHINE_SAMPLE_RATE = 16_000;
  */
 const TOKENS_PER_SECOND = 6.5;
 
-/** The directory of the int8 base model inside the npm package. */
-export function moonshineModelDir(): string {
+/** The directory of an int8 model inside the npm package. */
+export function moonshineModelDir(size: MoonshineSize = "base"): string {
   // The package's only export is its browser bundle (never loaded: it is only resolved), in dist/ beside the models.
   const bundle = fileURLToPath(import.meta.resolve("@usefulsensors/moonshine-js"));
-  return join(dirname(bundle), "model", "base", "quantized");
+  return join(dirname(bundle), "model", size, "quantized");
+}
+
+/** Decoder layers, key/value heads and their dimension. */
+interface DecoderShape {
+  layers: number;
+  heads: number;
+  headDim: number;
 }
 
 export interface MoonshineOptions {
@@ -43,11 +52,13 @@ export class MoonshineModel {
   private readonly encoder: ort.InferenceSession;
   private readonly decoder: ort.InferenceSession;
   private readonly vocabulary: number;
+  private readonly shape: DecoderShape;
 
   private constructor(encoder: ort.InferenceSession, decoder: ort.InferenceSession) {
     this.encoder = encoder;
     this.decoder = decoder;
     this.vocabulary = llamaTokenizer.vocabById.length;
+    this.shape = decoderShape(decoder);
   }
 
   static async load(options: MoonshineOptions, dir = moonshineModelDir()): Promise<MoonshineModel> {
@@ -85,8 +96,9 @@ export class MoonshineModel {
     const maxTokens = heard.map((i) => Math.max(4, Math.ceil((audios[i]!.length / MOONSHINE_SAMPLE_RATE) * TOKENS_PER_SECOND)));
     const { last_hidden_state: hidden } = await this.encoder.run({ input_values: new ort.Tensor("float32", input, [n, longest]) });
     const past: Record<string, ort.Tensor> = {};
-    const empty = new ort.Tensor("float32", new Float32Array(0), [n, KV_HEADS, 0, HEAD_DIM]);
-    for (let layer = 0; layer < LAYERS; layer++)
+    const { layers, heads, headDim } = this.shape;
+    const empty = new ort.Tensor("float32", new Float32Array(0), [n, heads, 0, headDim]);
+    for (let layer = 0; layer < layers; layer++)
       for (const side of ["decoder", "encoder"]) for (const kind of ["key", "value"]) past[`past_key_values.${layer}.${side}.${kind}`] = empty;
     const tokens: number[][] = heard.map(() => []);
     const ended = heard.map(() => false);
@@ -115,7 +127,7 @@ export class MoonshineModel {
         if (loop > 0 || own.length >= maxTokens[row]!) ended[row] = true;
       });
       // The decoder's own cache grows every step; the cross-attention cache is computed once, at step 0.
-      for (let layer = 0; layer < LAYERS; layer++) {
+      for (let layer = 0; layer < layers; layer++) {
         for (const kind of ["key", "value"]) {
           past[`past_key_values.${layer}.decoder.${kind}`] = out[`present.${layer}.decoder.${kind}`]!;
           if (step === 0) past[`past_key_values.${layer}.encoder.${kind}`] = out[`present.${layer}.encoder.${kind}`]!;
@@ -134,6 +146,17 @@ export class MoonshineModel {
     });
     return texts;
   }
+}
+
+/** The decoder's shape from its cache inputs (`past_key_values.<layer>.decoder.key`: [batch, heads, length, dim]). */
+function decoderShape(decoder: ort.InferenceSession): DecoderShape {
+  const layers = decoder.inputNames.filter((name) => /^past_key_values\.\d+\.decoder\.key$/.test(name)).length;
+  const meta = decoder.inputMetadata.find((m) => m.name === "past_key_values.0.decoder.key");
+  const dims = meta?.isTensor ? meta.shape : [];
+  const heads = dims[1];
+  const headDim = dims[3];
+  if (layers === 0 || typeof heads !== "number" || typeof headDim !== "number") throw new Error("the Moonshine decoder's cache inputs are not as expected");
+  return { layers, heads, headDim };
 }
 
 /** How many tokens at the end repeat a phrase of 1–4 tokens already said at least 4 times in a row (0 when none). */

@@ -54,10 +54,18 @@ const FILE: JobOptions = { class: "api" };
 const INITIAL_RECOGNITION_MS = 400;
 /**
  * Conversations' utterances waiting together are recognised in one batch of at most this many,
- * when their lengths are within a factor of 2 (a batch is padded to its longest): on 2 cores four
- * short utterances take about half as long in one batch as one after another.
+ * when their lengths are within a factor of 2 (a batch is padded to its longest). Moonshine base's
+ * CPU for a batch of 1.7 s questions: 0.50 s for one, 1.32 s for four, 2.02 s for eight, 2.69 s for
+ * sixteen: a burst of turns costs far less in large batches (docs/benchmarks.md, fourth round).
  */
-const BATCH_MAX = 4;
+const BATCH_MAX = 8;
+/**
+ * A conversation's transcript later than this after its job was queued (at the measured time of a
+ * batch, behind the batches waiting before it) makes its reply late: its batch then runs on
+ * Moonshine tiny (about a third less CPU for a batch, more words wrong). The device's goal is a reply
+ * 1.2 s after the last word, of which 0.43 s is the end-of-speech silence and ~0.25 s the reply's start.
+ */
+const FAST_AFTER_MS = 600;
 const BATCH_LENGTH_RATIO = 2;
 const INITIAL_VAD_MS = 10;
 /** Conversations' voice activity jobs waiting together are scored in one batch of at most this many streams. */
@@ -73,6 +81,11 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   processes?: number;
   /** Threads of one recognition (onnxruntime's intra-op pool). Default: the cores shared among the processes. */
   threads?: number;
+  /**
+   * Conversation batches run on Moonshine tiny when base would give some turn's transcript later
+   * than this many ms after it was asked for (FAST_AFTER_MS by default); `false`: base only (tiny not loaded).
+   */
+  fastAfterMs?: number | false;
 }
 
 export class MoonshineEngine implements TranscriptionEngine {
@@ -85,9 +98,12 @@ export class MoonshineEngine implements TranscriptionEngine {
   readonly activity: Scheduler;
   private readonly processes: number;
   private readonly threads: number;
+  private readonly fast: boolean;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private loading: Promise<void> | undefined;
+  /** Batches recognised by each model (Moonshine base, and tiny when a turn would be late). */
+  readonly batchesByModel = { base: 0, tiny: 0 };
   /** Milliseconds from `start()` until both models were loaded. */
   loadMs: number | undefined;
   /**
@@ -99,6 +115,8 @@ export class MoonshineEngine implements TranscriptionEngine {
   constructor(options: MoonshineEngineOptions = {}) {
     this.processes = options.processes ?? 1;
     this.threads = options.threads ?? Math.max(1, Math.floor(availableParallelism() / this.processes));
+    const fastAfterMs = options.fastAfterMs ?? FAST_AFTER_MS;
+    this.fast = fastAfterMs !== false;
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
     this.recognitions = new Scheduler({
       name: "recognition",
@@ -111,7 +129,8 @@ export class MoonshineEngine implements TranscriptionEngine {
         classes: ["conversation"],
         max: BATCH_MAX,
         fits: (a, b) => alike((a as Float32Array).length, (b as Float32Array).length),
-        run: (audios, cls) => this.recogniseBatch(audios as Float32Array[], cls),
+        run: (audios, cls, fast) => this.recogniseBatch(audios as Float32Array[], cls, fast),
+        ...(fastAfterMs !== false ? { fastAfterMs } : {}),
       },
     });
     this.activity = new Scheduler({
@@ -156,7 +175,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     if (!this.loading) {
       const started = performance.now();
       const script = new URL("./recognition-worker.ts", import.meta.url);
-      const moonshine: RecognitionWorkerData = { model: "moonshine", threads: this.threads };
+      const moonshine: RecognitionWorkerData = { model: "moonshine", threads: this.threads, fast: this.fast };
       const silero: RecognitionWorkerData = { model: "silero" };
       // One process in the foreground for conversations; the others, at a lower OS priority, for files and partials.
       this.recogniserPool = new WorkerPool({
@@ -195,12 +214,13 @@ export class MoonshineEngine implements TranscriptionEngine {
   }
 
   /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
-  private async recogniseBatch(audios: Float32Array[], cls: JobClass): Promise<string[]> {
+  private async recogniseBatch(audios: Float32Array[], cls: JobClass, fast: boolean): Promise<string[]> {
     const result = await this.recogniserPool!.run(
-      { op: "transcribe", audios },
+      { op: "transcribe", audios, fast },
       { transfer: audios.map((a) => a.buffer as ArrayBuffer), urgent: cls === "conversation" },
     );
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
+    this.batchesByModel[result.model]++;
     return result.texts;
   }
 

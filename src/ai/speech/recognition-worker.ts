@@ -6,15 +6,20 @@
  */
 
 import { jobError, type PoolJob, type PoolMessage } from "../../workers/pool.ts";
-import { MoonshineModel } from "./moonshine.ts";
+import { MoonshineModel, moonshineModelDir } from "./moonshine.ts";
 import { SileroVad, type VadItem, type VadResult } from "./silero.ts";
 
-export type RecognitionWorkerData = { model: "moonshine"; threads: number } | { model: "silero" };
+/** `fast`: Moonshine tiny is loaded beside base, for conversation turns that base would answer too late. */
+export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?: boolean } | { model: "silero" };
 
-/** `transcribe`: one utterance per entry of `audios`, recognised in one batch; `vad`: one stream per item, scored in one batch. */
-export type RecognitionRequest = { op: "transcribe"; audios: Float32Array[] } | { op: "vad"; items: VadItem[] };
+/**
+ * `transcribe`: one utterance per entry of `audios`, recognised in one batch (by tiny when `fast`
+ * and the process holds it); `vad`: one stream per item, scored in one batch.
+ */
+export type RecognitionRequest = { op: "transcribe"; audios: Float32Array[]; fast?: boolean } | { op: "vad"; items: VadItem[] };
 
-export type RecognitionResult = { op: "transcribe"; texts: string[]; ms: number } | { op: "vad"; results: VadResult[] };
+/** `model`: which Moonshine recognised the batch. */
+export type RecognitionResult = { op: "transcribe"; texts: string[]; ms: number; model: "base" | "tiny" } | { op: "vad"; results: VadResult[] };
 
 const data = JSON.parse(process.env.PERCH_WORKER_DATA ?? "null") as RecognitionWorkerData;
 // With a callback, a send to a parent that has just gone (EPIPE) is reported there instead of as
@@ -27,6 +32,16 @@ process.on("disconnect", () => process.exit(0));
 
 try {
   const moonshine = data.model === "moonshine" ? await MoonshineModel.load({ threads: data.threads }) : undefined;
+  // Tiny is a help, not a need: without it every turn is recognised by base.
+  const tiny =
+    data.model === "moonshine" && data.fast
+      ? await MoonshineModel.load({ threads: data.threads }, moonshineModelDir("tiny")).catch((error: unknown) => {
+          process.stderr.write(
+            `Moonshine tiny could not be loaded; conversation turns use base only (${error instanceof Error ? error.message : String(error)})\n`,
+          );
+          return undefined;
+        })
+      : undefined;
   const silero = data.model === "silero" ? await SileroVad.load() : undefined;
   process.on("message", (message) => {
     const job = message as PoolJob<RecognitionRequest>;
@@ -36,8 +51,9 @@ try {
         if (r.op === "transcribe") {
           if (!moonshine) throw new Error("this worker holds no recogniser");
           const started = performance.now();
-          const texts = await moonshine.transcribeBatch(r.audios);
-          post({ type: "done", id: job.id, result: { op: "transcribe", texts, ms: performance.now() - started } });
+          const model = r.fast && tiny ? "tiny" : "base";
+          const texts = await (model === "tiny" ? tiny! : moonshine).transcribeBatch(r.audios);
+          post({ type: "done", id: job.id, result: { op: "transcribe", texts, ms: performance.now() - started, model } });
         } else {
           if (!silero) throw new Error("this worker holds no voice activity detector");
           post({ type: "done", id: job.id, result: { op: "vad", results: await silero.probabilitiesBatch(r.items) } });

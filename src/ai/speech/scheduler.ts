@@ -16,6 +16,14 @@
  * `max` of them waiting in that class one after another (and `fits` the first), as one job on one
  * worker: a recogniser decodes several utterances in one pass for little more than one costs.
  *
+ * Degradation (optional, batched conversations only): when the conversation jobs waiting (the batch
+ * about to start and those behind it), at the measured time a batch takes, would not all finish
+ * within `fastAfterMs` of being queued, the batch runs in the engine's fast mode (a smaller model:
+ * fewer words right, but the reply on time). "A batch takes" is the running mean of conversation
+ * batches in full mode; a file's long job says nothing of it. Fast batches move it too, in
+ * proportion to how their own time moves against their mean: without that, a full-mode mean measured
+ * under load would send every later turn fast for good, nothing running in full mode to lower it.
+ *
  * Admission: a job may carry `maxWaitMs`. When the queue's own estimate (the jobs ahead of it, at
  * the measured time a job takes) says it cannot start within that, an `api` or `partial` job is
  * refused at once with OverloadedError (and a `retryAfter` from the same estimate); any job still
@@ -69,8 +77,10 @@ export interface Batching<P = unknown, R = unknown> {
   max: number;
   /** Whether `other` may run in a batch with `first` (lengths alike: a batch is padded to its longest). */
   fits(first: P, other: P): boolean;
-  /** The results of `payloads` (jobs of class `cls`), in order. */
-  run(payloads: P[], cls: JobClass): Promise<R[]>;
+  /** The results of `payloads` (jobs of class `cls`), in order; `fast`: in the engine's fast mode. */
+  run(payloads: P[], cls: JobClass, fast: boolean): Promise<R[]>;
+  /** Conversation batches go fast when a waiting job would otherwise finish later than this after it was queued (none: never). */
+  fastAfterMs?: number;
 }
 
 export interface SchedulerOptions {
@@ -101,6 +111,8 @@ export interface ClassStats {
   waited: number;
   /** Jobs refused (would not start in time). */
   refused: number;
+  /** Jobs run in the engine's fast mode (degraded to keep their deadline). */
+  degraded: number;
 }
 
 interface Job {
@@ -139,6 +151,10 @@ export class Scheduler {
   /** Jobs handed to workers, a batch counting once. */
   private dispatched = 0;
   private meanMs: number;
+  /** The running mean of conversation batches run in full mode (degradation's measure). */
+  private turnMeanMs: number;
+  /** The running mean of fast conversation batches (undefined until one ran). */
+  private fastMeanMs: number | undefined;
   private readonly conversation: Job[] = [];
   private readonly partial: Job[] = [];
   /** Waiting `api` jobs; the one with the lowest tag runs first. */
@@ -146,8 +162,8 @@ export class Scheduler {
   /** The tag after each caller's last `api` job, and the tag of the last one started (the virtual time). */
   private readonly nextTag = new Map<string, number>();
   private virtualTime = 0;
-  private readonly counters = new Map<JobClass, { started: number; waited: number; refused: number }>(
-    JOB_CLASSES.map((c) => [c, { started: 0, waited: 0, refused: 0 }]),
+  private readonly counters = new Map<JobClass, { started: number; waited: number; refused: number; degraded: number }>(
+    JOB_CLASSES.map((c) => [c, { started: 0, waited: 0, refused: 0, degraded: 0 }]),
   );
 
   constructor(o: SchedulerOptions) {
@@ -155,6 +171,7 @@ export class Scheduler {
     this.name = o.name;
     this.slots = o.slots;
     this.meanMs = o.initialJobMs;
+    this.turnMeanMs = o.initialJobMs;
     this.clock = o.clock ?? systemClock;
     this.batching = o.batching;
     this.reserved = o.reserved ?? (() => 0);
@@ -187,6 +204,20 @@ export class Scheduler {
   /** The measured mean time of a job, in ms. */
   get jobMs(): number {
     return this.meanMs;
+  }
+
+  /**
+   * Whether a batch of `batch` (conversation jobs), with `behind` still waiting after it, should run
+   * fast: at the mean time of a conversation batch in full mode (batches run `slots` at a time, this
+   * one first), some job would finish more than `fastAfterMs` after it was queued.
+   */
+  private goesFast(batch: readonly Job[], behind: readonly Job[]): boolean {
+    const limit = this.batching?.fastAfterMs;
+    if (limit === undefined || batch[0]?.cls !== "conversation") return false;
+    const now = this.clock.now();
+    const max = this.batching!.max;
+    const late = (job: Job, batchIndex: number) => now + (Math.floor(batchIndex / this.slots) + 1) * this.turnMeanMs - job.queuedAt > limit;
+    return batch.some((job) => late(job, 0)) || behind.some((job, i) => late(job, 1 + Math.floor(i / max)));
   }
 
   /**
@@ -374,6 +405,8 @@ export class Scheduler {
         counter.started++;
         counter.waited += (started - job.queuedAt) / 1000;
       }
+      const fast = typeof first.work !== "function" && this.goesFast(jobs, this.queueOf(first));
+      if (fast) this.counters.get(first.cls)!.degraded += jobs.length;
       this.running++;
       this.dispatched++;
       let work: Promise<unknown>;
@@ -384,6 +417,7 @@ export class Scheduler {
             : this.batching!.run(
                 jobs.map((j) => (j.work as { payload: unknown }).payload),
                 first.cls,
+                fast,
               );
       } catch (error) {
         work = Promise.reject(error);
@@ -391,7 +425,15 @@ export class Scheduler {
       // The slot is free before the jobs' callers hear back, so that what they ask next sees it free.
       const ended = () => {
         this.running--;
-        this.meanMs += SMOOTHING * (this.clock.now() - started - this.meanMs);
+        const took = this.clock.now() - started;
+        if (fast) {
+          // The full model would have taken as much longer or shorter than its mean as the fast one did.
+          if (this.fastMeanMs !== undefined && this.fastMeanMs > 0) this.turnMeanMs *= 1 + SMOOTHING * (took / this.fastMeanMs - 1);
+          this.fastMeanMs = this.fastMeanMs === undefined ? took : this.fastMeanMs + SMOOTHING * (took - this.fastMeanMs);
+          return;
+        }
+        this.meanMs += SMOOTHING * (took - this.meanMs);
+        if (first.cls === "conversation" && typeof first.work !== "function") this.turnMeanMs += SMOOTHING * (took - this.turnMeanMs);
       };
       work.then(
         (result) => {

@@ -33,7 +33,12 @@ function typeFor(status: number): OpenAIErrorType {
 
 export function openAIErrorResponse(c: Context, err: OpenAIError): Response {
   if (err.retryAfter !== undefined) c.header("Retry-After", String(err.retryAfter));
-  return c.json({ error: { message: err.message, type: err.type, param: err.param, code: err.code } }, err.status as 400);
+  return c.json(openAIErrorEnvelope(err), err.status as 400);
+}
+
+/** The body of OpenAI's error envelope for `err`. */
+export function openAIErrorEnvelope(err: OpenAIError): { error: { message: string; type: OpenAIErrorType; param: string | null; code: string | null } } {
+  return { error: { message: err.message, type: err.type, param: err.param, code: err.code } };
 }
 
 /** Maps anything thrown while serving the Compatible API onto OpenAI's envelope; unexpected errors become 500. */

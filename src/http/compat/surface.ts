@@ -19,7 +19,7 @@ import { registerSpeechRoute } from "./speech.ts";
 import { registerTranscriptionRoute } from "./transcription.ts";
 import { writeTimeout } from "./write-timeout.ts";
 
-const DEFAULT_WRITE_TIMEOUT_MS = 30_000;
+export const DEFAULT_WRITE_TIMEOUT_MS = 30_000;
 
 export const COMPAT_BASE = "/openai/v1";
 export const COMPAT_BODY_LIMIT = 32 * 1024 * 1024;

@@ -8,11 +8,16 @@ import type { Context } from "hono";
  * a WebRTC connection has the transport's own flow control.
  */
 export function writeTimeout(ms: number): (c: Context) => void {
-  const watch = watcher(ms);
+  const watch = writeTimeoutOf(ms);
   return (c) => {
     const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
     if (outgoing) watch(outgoing);
   };
+}
+
+/** `writeTimeout` of Node's responses. */
+export function writeTimeoutOf(ms: number): (outgoing: ServerResponse) => void {
+  return watcher(ms);
 }
 
 interface Watched {
