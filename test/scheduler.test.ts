@@ -304,6 +304,41 @@ describe("engine scheduler", () => {
     assert.equal(await lone, 12);
   });
 
+  test("degradation ends: a full-model mean measured under load comes down as fast batches get quicker, and a lone turn goes back to the full model", async () => {
+    const clock = new FakeClock();
+    const runs: boolean[] = [];
+    const finishers: Array<() => void> = [];
+    const scheduler = new Scheduler({
+      name: "recovering",
+      slots: 1,
+      initialJobMs: 400,
+      clock,
+      batching: {
+        classes: ["conversation"],
+        max: 2,
+        fits: () => true,
+        fastAfterMs: 600,
+        run: (payloads, _cls, fast) => {
+          runs.push(fast);
+          return new Promise((resolve) => finishers.push(() => resolve(payloads)));
+        },
+      },
+    });
+    /** One turn alone (nothing queued): whether it ran fast, once it took `tookMs`. */
+    const lone = async (tookMs: number) => {
+      const job = scheduler.runBatched<number, number>(1, { class: "conversation" });
+      clock.advance(tookMs);
+      finishers.shift()!();
+      await settled();
+      await job;
+      return runs.at(-1);
+    };
+    assert.equal(await lone(1500), false, "the full model, measured slow (the mean is now 620 ms)");
+    assert.equal(await lone(500), true, "alone, yet late by the full model's mean");
+    assert.equal(await lone(100), true, "the fast model five times quicker than its mean: the load is gone");
+    assert.equal(await lone(100), false, "back on the full model");
+  });
+
   test("a failing batch fails every job in it, and only those", async () => {
     const clock = new FakeClock();
     let fail = true;
