@@ -255,6 +255,7 @@ describe("engine scheduler", () => {
         max: 2,
         fits: () => true,
         fastAfterMs: 600,
+        fullOverFast: 2,
         run: (payloads, _cls, fast) => {
           runs.push({ payloads: payloads as number[], fast });
           return new Promise((resolve) => finishers.push(() => resolve(payloads)));
@@ -282,7 +283,8 @@ describe("engine scheduler", () => {
     const blocker = scheduler.runBatched<number, number>(0, { class: "api" });
     jobs.push(...[4, 5, 6, 7].map((n) => scheduler.runBatched<number, number>(n, { class: "conversation" })));
     await end(100);
-    // At 400 ms a batch (the api job's 100 ms is not a conversation batch's): [4, 5] would be done 500 ms after they were asked for, [6, 7] behind them 900 ms.
+    // At 380 ms a batch (the fast run's 150 ms counted as 300; the api job's 100 ms is not a conversation batch's):
+    // [4, 5] would be done 480 ms after they were asked for, [6, 7] behind them 860 ms.
     assert.deepEqual(runs.slice(2), [
       { payloads: [0], fast: false },
       { payloads: [4, 5], fast: true },
@@ -302,6 +304,43 @@ describe("engine scheduler", () => {
     assert.deepEqual(runs.at(-1), { payloads: [12], fast: false });
     await end(100);
     assert.equal(await lone, 12);
+  });
+
+  test("degradation ends with the load: fast batches' times, scaled to the full model's, bring a lone turn back to it", async () => {
+    const clock = new FakeClock();
+    const modes: boolean[] = [];
+    const finishers: Array<() => void> = [];
+    const scheduler = new Scheduler({
+      name: "recovering",
+      slots: 1,
+      initialJobMs: 400,
+      clock,
+      batching: {
+        classes: ["conversation"],
+        max: 8,
+        fits: () => true,
+        fastAfterMs: 600,
+        fullOverFast: 2,
+        run: (payloads, _cls, fast) => {
+          modes.push(fast);
+          return new Promise((resolve) => finishers.push(() => resolve(payloads)));
+        },
+      },
+    });
+    const turn = async (tookMs: number) => {
+      const job = scheduler.runBatched<number, number>(1, { class: "conversation" });
+      clock.advance(tookMs);
+      finishers.shift()!();
+      await settled();
+      await job;
+    };
+    // A loaded machine: a lone turn on the full model took 2 s (the mean 720 ms, over the 600 ms budget).
+    await turn(2000);
+    // The load is gone: fast batches take 100 ms (200 on the full model): the mean comes down, 616, then 533 ms.
+    await turn(100);
+    await turn(100);
+    await turn(300);
+    assert.deepEqual(modes, [false, true, true, false]);
   });
 
   test("a failing batch fails every job in it, and only those", async () => {

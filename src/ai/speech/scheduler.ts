@@ -20,7 +20,8 @@
  * about to start and those behind it), at the measured time a batch takes, would not all finish
  * within `fastAfterMs` of being queued, the batch runs in the engine's fast mode (a smaller model:
  * fewer words right, but the reply on time). "A batch takes" is the running mean of conversation
- * batches in full mode only: a file's long job or a fast batch says nothing of it.
+ * batches in full mode (a file's long job says nothing of it); a fast batch counts as its time
+ * times `fullOverFast`, so that the mean follows the load down again while every batch runs fast.
  *
  * Admission: a job may carry `maxWaitMs`. When the queue's own estimate (the jobs ahead of it, at
  * the measured time a job takes) says it cannot start within that, an `api` or `partial` job is
@@ -79,6 +80,8 @@ export interface Batching<P = unknown, R = unknown> {
   run(payloads: P[], cls: JobClass, fast: boolean): Promise<R[]>;
   /** Conversation batches go fast when a waiting job would otherwise finish later than this after it was queued (none: never). */
   fastAfterMs?: number;
+  /** How many times longer a batch takes in full mode than in fast mode (default 1). */
+  fullOverFast?: number;
 }
 
 export interface SchedulerOptions {
@@ -421,8 +424,11 @@ export class Scheduler {
       // The slot is free before the jobs' callers hear back, so that what they ask next sees it free.
       const ended = () => {
         this.running--;
-        if (fast) return;
         const took = this.clock.now() - started;
+        if (fast) {
+          this.turnMeanMs += SMOOTHING * (took * (this.batching?.fullOverFast ?? 1) - this.turnMeanMs);
+          return;
+        }
         this.meanMs += SMOOTHING * (took - this.meanMs);
         if (first.cls === "conversation" && typeof first.work !== "function") this.turnMeanMs += SMOOTHING * (took - this.turnMeanMs);
       };
