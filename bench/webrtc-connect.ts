@@ -29,6 +29,10 @@ interface Target {
   sdkAfterAnswer: number[];
   offer: number[];
   light: number[];
+  /** node-datachannel connects that failed, and attempts retried (each a 15 s timeout or a refusal), with their first errors. */
+  lightFailed: number;
+  lightRetried: number;
+  lightErrors: string[];
 }
 
 async function start(name: string, root: string): Promise<Target> {
@@ -43,7 +47,7 @@ async function start(name: string, root: string): Promise<Target> {
   );
   const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
   const crowd = new Crowd(1, { url: server.url, serverKey, bindAddress: new URL(server.url).hostname });
-  return { name, server, crowd, dir, sdk: [], sdkToAnswer: [], sdkAfterAnswer: [], offer: [], light: [] };
+  return { name, server, crowd, dir, sdk: [], sdkToAnswer: [], sdkAfterAnswer: [], offer: [], light: [], lightFailed: 0, lightRetried: 0, lightErrors: [] };
 }
 
 async function measureRound(t: Target): Promise<void> {
@@ -57,6 +61,9 @@ async function measureRound(t: Target): Promise<void> {
   }
   const light = await t.crowd.connectSequentially(CONNECTS);
   t.light.push(...light.ready);
+  t.lightFailed += light.failed;
+  t.lightRetried += light.retried;
+  t.lightErrors.push(...light.errors.slice(0, 5 - t.lightErrors.length));
   await t.crowd.release();
 }
 
@@ -71,6 +78,9 @@ function figures(t: Target) {
       n: t.light.length,
       within_100_ms: within(t.light, 100),
       over_500_ms: t.light.length - within(t.light, 500),
+      failed: t.lightFailed,
+      retried: t.lightRetried,
+      ...(t.lightErrors.length > 0 ? { errors: t.lightErrors } : {}),
     },
     offer_handling_ms_server: percentiles(t.offer),
   };

@@ -170,45 +170,71 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
   });
 
   /**
-   * Posts the offer with a UDP socket of the test as its best candidate (a server that checks the
-   * offer's candidates checks it first, at once), then hands what the socket received to `use`.
+   * Posts the offer with a UDP socket of the test, bound to `bait.address`, as its first candidate
+   * (a server that checks it checks it at once, before it answers), written as libwebrtc writes its
+   * candidates (`network-id`) or not; then hands what the socket received and the answer to `use`.
+   * The offer comes from 127.0.0.1, the test's HTTP client.
    */
-  async function offerNamingSink(edit: (offer: string) => string, use: (heard: Buffer[]) => Promise<void>): Promise<void> {
+  async function offerNamingSink(
+    bait: { address: string; libwebrtc: boolean },
+    edit: (offer: string) => string,
+    use: (heard: Buffer[], answer: string) => Promise<void>,
+  ): Promise<void> {
     const sink = createSocket("udp4");
     const heard: Buffer[] = [];
     sink.on("message", (m) => heard.push(m));
-    await new Promise<void>((resolve) => sink.bind(0, "127.0.0.1", resolve));
+    await new Promise<void>((resolve) => sink.bind(0, bait.address, resolve));
     try {
-      const bait = `a=candidate:9 1 udp 2130706431 127.0.0.1 ${sink.address().port} typ host\r\n`;
-      const offer = edit(sdp.replace(/^a=candidate:/m, `${bait}a=candidate:`));
-      assert.ok(offer.includes(bait));
+      const line = `a=candidate:9 1 udp 2130706431 ${bait.address} ${sink.address().port} typ host${bait.libwebrtc ? " generation 0 network-id 1" : ""}\r\n`;
+      const offer = edit(sdp.replace(/^a=candidate:/m, `${line}a=candidate:`));
+      assert.ok(offer.includes(line));
       const s = sealOffer(serverKey, generateKeyPair(), offer);
       const res = await postOffer(server.url, s.headers, s.body);
       assert.equal(res.status, 200, await res.clone().text());
-      await use(heard);
+      await use(heard, s.exchange.openResponse(new Uint8Array(await res.arrayBuffer())));
     } finally {
       sink.close();
     }
   }
 
-  test("the server checks no address the offer lists: it answers the device's own checks (peer-reflexive), which still connect", () =>
+  /** A STUN binding request: message type 0x0001 and the magic cookie 0x2112A442. */
+  const stunCheck = (m: Buffer) => m.length >= 8 && m.readUInt16BE(0) === 0x0001 && m.readUInt32BE(4) === 0x2112a442;
+
+  test("a libwebrtc device's candidate on the address its offer came from is checked at once; the server stays the DTLS client", () =>
     offerNamingSink(
+      { address: "127.0.0.1", libwebrtc: true },
       (offer) => offer,
-      async (heard) => {
-        // A whole connect after it (its answer, ICE, DTLS and SCTP) outlasts the first check by far.
-        const device = await connect(server);
-        assert.ok(device.timings.ready > 0);
-        device.close();
-        assert.deepEqual(heard, [], "no STUN check reached the offered address");
+      async (heard, answer) => {
+        assert.match(answer, /^a=setup:active\r?$/m);
+        await eventually(() => heard.find(stunCheck), 5000, "a STUN check");
       },
     ));
 
+  for (const bait of [
+    { address: "127.0.0.2", libwebrtc: true, why: "on another address than the offer came from (a device behind a NAT)" },
+    { address: "127.0.0.1", libwebrtc: false, why: "of a stack other than libwebrtc (libdatachannel drops a DTLS hello before its answer)" },
+  ]) {
+    test(`no candidate ${bait.why} is checked: the server answers the device's own checks (peer-reflexive), which connect`, () =>
+      offerNamingSink(
+        bait,
+        (offer) => offer,
+        async (heard) => {
+          // The bait, first of the offer's candidates, would have been checked before the answer was
+          // given; a whole connect after it (its answer, ICE, DTLS and SCTP) comes later still.
+          const device = await connect(server);
+          assert.ok(device.timings.ready > 0);
+          device.close();
+          assert.deepEqual(heard, [], "no STUN check reached the offered address");
+        },
+      ));
+  }
+
   test("an ICE-lite device's offer keeps its candidates: the server checks them, since the device never checks", () =>
     offerNamingSink(
+      { address: "127.0.0.2", libwebrtc: false },
       (offer) => offer.replace(/^(t=.*\r\n)/m, "$1a=ice-lite\r\n"),
       async (heard) => {
-        // A STUN binding request: message type 0x0001 and the magic cookie 0x2112A442.
-        await eventually(() => heard.find((m) => m.readUInt16BE(0) === 0x0001 && m.readUInt32BE(4) === 0x2112a442), 5000, "a STUN check");
+        await eventually(() => heard.find(stunCheck), 5000, "a STUN check");
       },
     ));
 });

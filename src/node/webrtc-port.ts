@@ -21,10 +21,10 @@ export function nodeWebRtcPort(node: { domain: Domain; commands: Commands; trans
     typeof key === "string" && typeof frequency === "number" && typeof duration === "number" ? node.transport?.playTone(key, frequency, duration) : undefined,
   );
   return {
-    answer: (offer, timing) => {
+    answer: (offer, timing, from) => {
       if (!node.transport)
         throw new DomainError("unavailable", "UNAVAILABLE", "this node does not answer offers (its WebRTC transport is not running)", undefined, 1);
-      return node.transport.answer(offer, timing);
+      return node.transport.answer(offer, timing, from);
     },
     playTone: async (key, frequency, duration) => {
       const here = node.transport?.playTone(key, frequency, duration);

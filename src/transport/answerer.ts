@@ -5,7 +5,7 @@
 import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
 import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../protocol/channel.ts";
 import { guarded } from "./guard.ts";
-import { MAX_ANSWER_BYTES, rewriteHostCandidates, withoutCandidates } from "./sdp.ts";
+import { MAX_ANSWER_BYTES, offerToApply, rewriteHostCandidates } from "./sdp.ts";
 
 export interface AnswererOptions {
   /** The UDP port every connection shares. */
@@ -16,6 +16,14 @@ export interface AnswererOptions {
   publicAddress: string | undefined;
   /** How long gathering may take before the answer is given up. */
   gatherTimeoutMs: number;
+}
+
+export interface OfferToAnswer {
+  sdp: string;
+  audioMid: string;
+  opusPayloadType: number;
+  /** The address the offer came from (its HTTP client): the server checks the offer's candidates there at once. */
+  from?: string | undefined;
 }
 
 export type LinkState = "connected" | "failed" | "closed";
@@ -135,7 +143,7 @@ export class Answerer {
   }
 
   /** Applies the offer and resolves with the complete answer; the link is closed on any failure. */
-  async answer(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
+  async answer(offer: OfferToAnswer): Promise<PeerLink> {
     try {
       return await this.attempt(offer);
     } catch (err) {
@@ -145,7 +153,7 @@ export class Answerer {
     }
   }
 
-  private async attempt(offer: { sdp: string; audioMid: string; opusPayloadType: number }): Promise<PeerLink> {
+  private async attempt(offer: OfferToAnswer): Promise<PeerLink> {
     const pc = this.peerConnection(`perch-${++linkCounter}`);
     let link: Link | undefined;
     let timer: NodeJS.Timeout | undefined;
@@ -168,7 +176,7 @@ export class Answerer {
       });
       gathered.catch(() => {});
       try {
-        pc.setRemoteDescription(withoutCandidates(offer.sdp), "offer");
+        pc.setRemoteDescription(offerToApply(offer.sdp, offer.from), "offer");
       } catch (err) {
         const message = (err as Error).message;
         // Gathering this node's candidates (its UDP mux) failing is not the offer's fault.
@@ -208,7 +216,7 @@ class Link implements PeerLink {
   private readonly early: DataChannel[] = [];
   private readonly channels = new Set<DataChannel>();
   private closed = false;
-  /** 0 when this side is the DTLS client (`a=setup:active` in its answer), else 1. */
+  /** 0 when this side is the DTLS client (`a=setup:active` in its answer), 1 when the server (`passive`). */
   private parity = 0;
   private lastChannelId = -2;
 
@@ -328,7 +336,8 @@ class Link implements PeerLink {
    * The id for a channel this side opens. libdatachannel would take the lowest free id, the one
    * just closed, while the device may still be resetting that stream: it then ignores the new
    * channel's open. Ids therefore go round all of this side's ids (RFC 8832: even for the DTLS
-   * client, which the answer's `a=setup:active` makes us), skipping those in use.
+   * client, odd for the DTLS server; the answer's `a=setup` says which this side is), skipping
+   * those in use.
    */
   private nextChannelId(): number {
     const inUse = new Set<number>();

@@ -168,23 +168,60 @@ function direction(lines: string[]): string | undefined {
 }
 
 /**
- * The offer without its candidates: the server learns where a device is from the device's own
- * connectivity checks (peer-reflexive candidates: the address its NAT gave it, the only one that
- * answers behind a symmetric NAT), and never checks an address before the device has the answer.
+ * The offer as this server applies it (the device's own description is unchanged): the candidates
+ * the server checks at once. Only a libwebrtc device's, on the address its offer came from.
  *
- * With the offer's candidates, the server's ICE agent (libjuice) checked them one every 50 ms in
- * priority order from the moment it had the offer: the reachable one came third or fourth
- * (150–200 ms), and on loopback it succeeded before the device had the answer, so the server's
- * DTLS ClientHello reached a device whose DTLS transport was not up yet and waited for its 1 s
- * retransmission. The server has only host candidates (it uses no STUN or TURN of its own), so a
- * device that can connect at all reaches the server's address first; the server's check then
- * goes back along the path the device's check opened. An offer of an ICE-lite device (`a=ice-lite`)
- * keeps its candidates.
+ * The server's ICE agent (libjuice, the controlled agent) is connected only on a check of its own,
+ * and it checks the offer's candidates one every 50 ms from the moment it has the offer. Without
+ * them it learns the device's address from the device's checks (peer-reflexive: behind a NAT the
+ * only address that answers) and its own check goes 50 ms after the device's last one; libwebrtc
+ * repeats its check every 48 ms, so that is about 150 ms after the answer. A check of the
+ * device's address that goes at once succeeds before the device has the answer, and the server's
+ * DTLS ClientHello follows: libwebrtc keeps a ClientHello that arrives before its answer (and
+ * checks the fingerprint once it has it), so it is connected about 10 ms after the answer.
+ * libdatachannel drops it (its 1 s retransmission), and as the DTLS client against a server that
+ * is already connected it fails the handshake about one connect in four (it checks the server's
+ * certificate before it has stored the answer's fingerprint): other stacks get no early check.
+ * libwebrtc is known by the `network-id` it writes on its candidates.
+ *
+ * The address is the HTTP client's: a device that reached the server with no NAT between (the same
+ * host or network). Behind a NAT no host candidate answers, and each unanswered check would take
+ * one of the 50 ms slots the server's own check waits for; only the section whose transport the
+ * answer uses counts (the BUNDLE group's tag). An ICE-lite device never checks (RFC 8445 §2.5):
+ * its offer is applied as it is, every candidate checked.
  */
-export function withoutCandidates(sdp: string): string {
-  // An ICE-lite device never checks (RFC 8445 §2.5): only the server's checks can find it.
+export function offerToApply(sdp: string, from: string | undefined): string {
   if (/^a=ice-lite\s*$/m.test(sdp)) return sdp;
-  return sdp.replace(/^a=candidate:.*(?:\r?\n|$)/gm, "");
+  const address = from === undefined ? undefined : comparableAddress(from);
+  const lines = sdp.split("\n");
+  const used = usedSection(lines);
+  let section = -1;
+  return lines
+    .filter((line) => {
+      if (line.startsWith("m=")) section++;
+      if (!line.startsWith("a=candidate:")) return true;
+      const c = CANDIDATE.exec(line.replace(/\r$/, ""));
+      return section === used && c !== null && c[3]!.toLowerCase() === "udp" && / network-id \d+/.test(line) && comparableAddress(c[5]!) === address;
+    })
+    .join("\n");
+}
+
+/** The index of the media section whose transport the answer uses: the BUNDLE group's tagged one, else the first. */
+function usedSection(lines: string[]): number {
+  const tag = lines.map((l) => /^a=group:BUNDLE +(\S+)/.exec(l.replace(/\r$/, ""))?.[1]).find((m) => m !== undefined);
+  if (tag === undefined) return 0;
+  let section = -1;
+  for (const line of lines) {
+    if (line.startsWith("m=")) section++;
+    else if (section >= 0 && line.replace(/\r$/, "") === `a=mid:${tag}`) return section;
+  }
+  return 0;
+}
+
+/** An address as a candidate and the HTTP socket both may write it: IPv4-mapped IPv6 as IPv4, lower case, no zone. */
+function comparableAddress(address: string): string {
+  const a = address.toLowerCase().replace(/%.*$/, "");
+  return a.startsWith("::ffff:") && a.includes(".") ? a.slice(7) : a;
 }
 
 /** Replaces the address of every host candidate with `address` (dropping the duplicates that makes). */

@@ -161,9 +161,9 @@ export class WebRtcTransport implements ConnectionHost {
 
   /**
    * Checks 10–13 of the contract for an offer that passed 1–9, and answers it. `timing` receives
-   * the phases for `Server-Timing`.
+   * the phases for `Server-Timing`; `from` is the address the offer came from.
    */
-  async answer(offer: AcceptedOffer, timing: (phase: string, ms: number) => void): Promise<string> {
+  async answer(offer: AcceptedOffer, timing: (phase: string, ms: number) => void, from?: string): Promise<string> {
     const shape = inspectOffer(offer.sdp);
     if ("code" in shape) throw new DomainError("invalid", shape.code, shape.message);
     if (this.closing) throw new DomainError("unavailable", "UNAVAILABLE", "this node is shutting down", undefined, CAPACITY_RETRY_AFTER_S);
@@ -173,7 +173,7 @@ export class WebRtcTransport implements ConnectionHost {
     const started = performance.now();
     let link: Awaited<ReturnType<Answerer["answer"]>>;
     try {
-      link = await this.answerer.answer({ sdp: offer.sdp, ...shape });
+      link = await this.answerer.answer({ sdp: offer.sdp, ...shape, from });
     } catch (err) {
       // The WebRTC stack refusing the offer's SDP is the device's error; anything else is this node's.
       if (err instanceof InvalidOffer) throw new DomainError("invalid", "INVALID_SDP", err.message);

@@ -26,12 +26,24 @@ export async function realOfferSdp(): Promise<string> {
   }
 }
 
-/** `pc`'s offer answered by a real `Answerer` (checked as the offer route checks it); `setup` sees the link before `pc` takes the answer. */
-export async function answeredBy(answerer: Answerer, pc: RTCPeerConnection, setup: (link: PeerLink) => void = () => {}): Promise<PeerLink> {
-  const sdp = await gatheredOffer(pc);
+/**
+ * `pc`'s offer answered by a real `Answerer` (checked as the offer route checks it); `setup` sees
+ * the link before `pc` takes the answer. `o.from` is the address the offer comes from (a function
+ * of the offer to pick one of its own), `o.edit` changes what the server is given (not `pc`'s own
+ * description).
+ */
+export async function answeredBy(
+  answerer: Answerer,
+  pc: RTCPeerConnection,
+  setup: (link: PeerLink) => void = () => {},
+  o: { from?: string | ((offer: string) => string); edit?: (offer: string) => string } = {},
+): Promise<PeerLink> {
+  const offer = await gatheredOffer(pc);
+  const sdp = o.edit ? o.edit(offer) : offer;
   const shape = inspectOffer(sdp);
   if ("code" in shape) throw new Error(shape.message);
-  const link = await answerer.answer({ sdp, ...shape });
+  const from = typeof o.from === "function" ? o.from(offer) : o.from;
+  const link = await answerer.answer({ sdp, ...shape, from });
   setup(link);
   await pc.setRemoteDescription({ type: "answer", sdp: link.answer });
   return link;
