@@ -221,6 +221,11 @@ describe("hot routes answer as the app does", () => {
     );
     const streamed = await same("a stream", "ch-stream", chat("ch-stream", app, body({ stream: true })), 200);
     assert.match(streamed, /data: \[DONE\]/);
+    await same("a stream with its usage", "ch-usage", chat("ch-usage", device, body({ stream: true, stream_options: { include_usage: true } })), 200);
+    const cut = { chunks: ["Hel", "lo"], after: "close" as const };
+    upstream.reply(cut, cut);
+    const broken = await same("a stream the provider cuts short", "ch-cut", chat("ch-cut", app, body({ stream: true })), 200);
+    assert.match(broken, /"error":/);
 
     upstream.reply({ status: 500, error: { message: "boom" } }, { status: 500, error: { message: "boom" } });
     await same("the provider fails", "ch-upstream", chat("ch-upstream", app), 502);
@@ -265,12 +270,33 @@ describe("hot routes answer as the app does", () => {
     assert.deepEqual([logged[0]!.status, logged[0]!.route], [499, CHAT]);
   });
 
+  const metric = async (series: string) => {
+    const text = await (await fetch(`${server.url}/metrics`)).text();
+    const line = text.split("\n").find((l) => l.startsWith(`${series} `));
+    return Number(line?.split(" ")[1] ?? 0);
+  };
+
+  test("a client that leaves a stream: its call counted 499 either way, the provider's stream cancelled", async () => {
+    const gone = 'perch_ai_requests_total{route="/chat/completions",model="my-chat",status="499"}';
+    for (const [port, id] of [
+      [server.port, "left-hot"],
+      [appPort, "left-app"],
+    ] as const) {
+      const before = await metric(gone);
+      upstream.reply({ hang: true });
+      const socket = await tcp(port);
+      const body = JSON.stringify({ model: "my-chat", messages: [{ role: "user", content: "Hi" }], stream: true });
+      const first = new Promise<string>((resolve) => socket.once("data", (d: Buffer) => resolve(d.toString())));
+      socket.write(rawRequest("POST", CHAT, { "Content-Type": "application/json", Authorization: `Bearer ${APP_KEY}`, "X-Request-ID": id }, body));
+      assert.match(await first, /^HTTP\/1\.1 200 /);
+      socket.destroy();
+      await upstream.received.at(-1)!.aborted;
+      // The call is counted when its body is cancelled, which is what cancels the provider's stream.
+      assert.equal(await metric(gone), before + 1, id);
+    }
+  });
+
   test("the hot routes' requests are counted in the metrics under the app's labels", async () => {
-    const metric = async (series: string) => {
-      const text = await (await fetch(`${server.url}/metrics`)).text();
-      const line = text.split("\n").find((l) => l.startsWith(`${series} `));
-      return Number(line?.split(" ")[1] ?? 0);
-    };
     const status = 'perch_http_requests_total{method="GET",route="/me/status",status="200"}';
     const calls = 'perch_ai_requests_total{route="/chat/completions",model="my-chat",status="200"}';
     const http = 'perch_http_requests_total{method="POST",route="/openai/v1/chat/completions",status="200"}';

@@ -255,7 +255,6 @@ describe("engine scheduler", () => {
         max: 2,
         fits: () => true,
         fastAfterMs: 600,
-        fullOverFast: 2,
         run: (payloads, _cls, fast) => {
           runs.push({ payloads: payloads as number[], fast });
           return new Promise((resolve) => finishers.push(() => resolve(payloads)));
@@ -283,8 +282,7 @@ describe("engine scheduler", () => {
     const blocker = scheduler.runBatched<number, number>(0, { class: "api" });
     jobs.push(...[4, 5, 6, 7].map((n) => scheduler.runBatched<number, number>(n, { class: "conversation" })));
     await end(100);
-    // At 380 ms a batch (the fast run's 150 ms counted as 300; the api job's 100 ms is not a conversation batch's):
-    // [4, 5] would be done 480 ms after they were asked for, [6, 7] behind them 860 ms.
+    // At 400 ms a batch (the api job's 100 ms is not a conversation batch's): [4, 5] would be done 500 ms after they were asked for, [6, 7] behind them 900 ms.
     assert.deepEqual(runs.slice(2), [
       { payloads: [0], fast: false },
       { payloads: [4, 5], fast: true },
@@ -306,9 +304,9 @@ describe("engine scheduler", () => {
     assert.equal(await lone, 12);
   });
 
-  test("degradation ends with the load: fast batches' times, scaled to the full model's, bring a lone turn back to it", async () => {
+  test("degradation ends: a full-model mean measured under load comes down as fast batches get quicker, and a lone turn goes back to the full model", async () => {
     const clock = new FakeClock();
-    const modes: boolean[] = [];
+    const runs: boolean[] = [];
     const finishers: Array<() => void> = [];
     const scheduler = new Scheduler({
       name: "recovering",
@@ -317,30 +315,28 @@ describe("engine scheduler", () => {
       clock,
       batching: {
         classes: ["conversation"],
-        max: 8,
+        max: 2,
         fits: () => true,
         fastAfterMs: 600,
-        fullOverFast: 2,
         run: (payloads, _cls, fast) => {
-          modes.push(fast);
+          runs.push(fast);
           return new Promise((resolve) => finishers.push(() => resolve(payloads)));
         },
       },
     });
-    const turn = async (tookMs: number) => {
+    /** One turn alone (nothing queued): whether it ran fast, once it took `tookMs`. */
+    const lone = async (tookMs: number) => {
       const job = scheduler.runBatched<number, number>(1, { class: "conversation" });
       clock.advance(tookMs);
       finishers.shift()!();
       await settled();
       await job;
+      return runs.at(-1);
     };
-    // A loaded machine: a lone turn on the full model took 2 s (the mean 720 ms, over the 600 ms budget).
-    await turn(2000);
-    // The load is gone: fast batches take 100 ms (200 on the full model): the mean comes down, 616, then 533 ms.
-    await turn(100);
-    await turn(100);
-    await turn(300);
-    assert.deepEqual(modes, [false, true, true, false]);
+    assert.equal(await lone(1500), false, "the full model, measured slow (the mean is now 620 ms)");
+    assert.equal(await lone(500), true, "alone, yet late by the full model's mean");
+    assert.equal(await lone(100), true, "the fast model five times quicker than its mean: the load is gone");
+    assert.equal(await lone(100), false, "back on the full model");
   });
 
   test("a failing batch fails every job in it, and only those", async () => {

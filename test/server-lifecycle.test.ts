@@ -5,6 +5,7 @@ import { createServer } from "node:net";
 import { test } from "node:test";
 import { loadConfig } from "../src/config/config.ts";
 import { Node } from "../src/server.ts";
+import { TEST_ENGINES } from "./support/engines.ts";
 import { STORES, tempDir } from "./support/server.ts";
 
 /** A TCP port on the loopback address that no socket holds right now. */
@@ -24,7 +25,15 @@ for (const entry of STORES) {
       const databaseUrl = await entry.url();
       const config = loadConfig(
         {},
-        { port, host: "127.0.0.1", dataDir, logLevel: "silent", webrtc: { enabled: false }, ...(databaseUrl ? { databaseUrl } : {}) },
+        {
+          port,
+          host: "127.0.0.1",
+          dataDir,
+          logLevel: "silent",
+          webrtc: { enabled: false },
+          engines: TEST_ENGINES,
+          ...(databaseUrl ? { databaseUrl } : {}),
+        },
       );
 
       const built = await Node.build({ config });

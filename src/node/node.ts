@@ -149,7 +149,8 @@ export class Node {
     for (const warning of configWarnings(config)) logger.warn(warning);
     // Said once per process, when a speech worker cannot be given its lower priority.
     onWorkerPriorityUnavailable((message) => logger.warn(message));
-    const engines = o.engines ?? embeddedEngines(config.engines);
+    // With no agent no device converses: no turn can need Moonshine tiny, so it is not loaded.
+    const engines = o.engines ?? embeddedEngines(config.agents.length > 0 ? config.engines : { ...config.engines, fastRecognitionAfterMs: false });
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
     const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));

@@ -66,8 +66,6 @@ const BATCH_MAX = 8;
  * 1.2 s after the last word, of which 0.43 s is the end-of-speech silence and ~0.25 s the reply's start.
  */
 const FAST_AFTER_MS = 600;
-/** Base's CPU for a batch over tiny's (1.1 for one question, 1.5 for four, 1.4 for eight): a tiny batch's time says what base's would have been. */
-const BASE_OVER_TINY = 1.4;
 const BATCH_LENGTH_RATIO = 2;
 const INITIAL_VAD_MS = 10;
 /** Conversations' voice activity jobs waiting together are scored in one batch of at most this many streams. */
@@ -132,7 +130,7 @@ export class MoonshineEngine implements TranscriptionEngine {
         max: BATCH_MAX,
         fits: (a, b) => alike((a as Float32Array).length, (b as Float32Array).length),
         run: (audios, cls, fast) => this.recogniseBatch(audios as Float32Array[], cls, fast),
-        ...(fastAfterMs !== false ? { fastAfterMs, fullOverFast: BASE_OVER_TINY } : {}),
+        ...(fastAfterMs !== false ? { fastAfterMs } : {}),
       },
     });
     this.activity = new Scheduler({

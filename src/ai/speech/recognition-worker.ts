@@ -32,7 +32,16 @@ process.on("disconnect", () => process.exit(0));
 
 try {
   const moonshine = data.model === "moonshine" ? await MoonshineModel.load({ threads: data.threads }) : undefined;
-  const tiny = data.model === "moonshine" && data.fast ? await MoonshineModel.load({ threads: data.threads }, moonshineModelDir("tiny")) : undefined;
+  // Tiny is a help, not a need: without it every turn is recognised by base.
+  const tiny =
+    data.model === "moonshine" && data.fast
+      ? await MoonshineModel.load({ threads: data.threads }, moonshineModelDir("tiny")).catch((error: unknown) => {
+          process.stderr.write(
+            `Moonshine tiny could not be loaded; conversation turns use base only (${error instanceof Error ? error.message : String(error)})\n`,
+          );
+          return undefined;
+        })
+      : undefined;
   const silero = data.model === "silero" ? await SileroVad.load() : undefined;
   process.on("message", (message) => {
     const job = message as PoolJob<RecognitionRequest>;

@@ -20,8 +20,9 @@
  * about to start and those behind it), at the measured time a batch takes, would not all finish
  * within `fastAfterMs` of being queued, the batch runs in the engine's fast mode (a smaller model:
  * fewer words right, but the reply on time). "A batch takes" is the running mean of conversation
- * batches in full mode (a file's long job says nothing of it); a fast batch counts as its time
- * times `fullOverFast`, so that the mean follows the load down again while every batch runs fast.
+ * batches in full mode; a file's long job says nothing of it. Fast batches move it too, in
+ * proportion to how their own time moves against their mean: without that, a full-mode mean measured
+ * under load would send every later turn fast for good, nothing running in full mode to lower it.
  *
  * Admission: a job may carry `maxWaitMs`. When the queue's own estimate (the jobs ahead of it, at
  * the measured time a job takes) says it cannot start within that, an `api` or `partial` job is
@@ -80,8 +81,6 @@ export interface Batching<P = unknown, R = unknown> {
   run(payloads: P[], cls: JobClass, fast: boolean): Promise<R[]>;
   /** Conversation batches go fast when a waiting job would otherwise finish later than this after it was queued (none: never). */
   fastAfterMs?: number;
-  /** How many times longer a batch takes in full mode than in fast mode (default 1). */
-  fullOverFast?: number;
 }
 
 export interface SchedulerOptions {
@@ -154,6 +153,8 @@ export class Scheduler {
   private meanMs: number;
   /** The running mean of conversation batches run in full mode (degradation's measure). */
   private turnMeanMs: number;
+  /** The running mean of fast conversation batches (undefined until one ran). */
+  private fastMeanMs: number | undefined;
   private readonly conversation: Job[] = [];
   private readonly partial: Job[] = [];
   /** Waiting `api` jobs; the one with the lowest tag runs first. */
@@ -426,7 +427,9 @@ export class Scheduler {
         this.running--;
         const took = this.clock.now() - started;
         if (fast) {
-          this.turnMeanMs += SMOOTHING * (took * (this.batching?.fullOverFast ?? 1) - this.turnMeanMs);
+          // The full model would have taken as much longer or shorter than its mean as the fast one did.
+          if (this.fastMeanMs !== undefined && this.fastMeanMs > 0) this.turnMeanMs *= 1 + SMOOTHING * (took / this.fastMeanMs - 1);
+          this.fastMeanMs = this.fastMeanMs === undefined ? took : this.fastMeanMs + SMOOTHING * (took - this.fastMeanMs);
           return;
         }
         this.meanMs += SMOOTHING * (took - this.meanMs);

@@ -8,6 +8,7 @@ import { clientGoneOf } from "../client-gone.ts";
 import { logFailure, requestIdOf } from "../exchange.ts";
 import { nodeHeader } from "../headers.ts";
 import { type HotRoute, hotExchange, writeJson } from "../hot-routes.ts";
+import { pipeBody, writeStreamHead } from "../hot-stream.ts";
 import type { Metrics } from "../metrics.ts";
 import { CLIENT_CLOSED_REQUEST, clientLeft } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
@@ -15,6 +16,7 @@ import { authenticateCaller } from "./auth.ts";
 import { CHAT_ROUTE, ChatCallMetrics } from "./chat.ts";
 import { openAIErrorEnvelope, toOpenAIError } from "./errors.ts";
 import { MAX_JSON_VALUES } from "./json.ts";
+import { asIs, EVENT_STREAM, streamBody, streamHeaders } from "./stream-body.ts";
 import { COMPAT_BASE } from "./surface.ts";
 import { writeTimeoutOf } from "./write-timeout.ts";
 
@@ -31,10 +33,10 @@ export interface HotChatOptions {
 
 /**
  * `POST /openai/v1/chat/completions` served by the listener (see hot-routes.ts), for a request
- * that is not streamed and whose whole body arrived with its head (as a small one does).
+ * whose whole body arrived with its head (as a small one does), streamed or not.
  *
  * Until the provider is called nothing has changed, so every refusal before it is the app's: a
- * caller that does not authenticate, a body that is not a valid request, a stream, an unknown
+ * caller that does not authenticate, a body that is not a valid request, an unknown
  * model — the body is put back unread and the request handed to the app, which answers it in
  * full. From the call on, the route answers as the app's route does: the completion, or the
  * error through the surface's renderer (`toOpenAIError`), with the same metrics and log lines.
@@ -49,7 +51,7 @@ export function hotChatRoute(o: HotChatOptions): HotRoute {
     const bytes = incoming.read() as Buffer;
     try {
       const parsed = parseChatRequest(parseJsonHere(bytes));
-      if (parsed.success && !parsed.data.stream) return { request: parsed.data, entry: o.chat.resolve(caller, parsed.data.model) };
+      if (parsed.success) return { request: parsed.data, entry: o.chat.resolve(caller, parsed.data.model) };
     } catch {
       // Not JSON, or no such model for this caller: the app says which.
     }
@@ -80,7 +82,16 @@ export function hotChatRoute(o: HotChatOptions): HotRoute {
     let status = 200;
     try {
       const result = await o.chat.run(taken.entry, caller, taken.request, signal);
-      if (result.kind !== "completion") throw new Error("a stream answered a request that asked for none");
+      if (result.kind === "stream") {
+        const { stream } = result;
+        const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
+        // As the app's route: the same body (its error event, its cancellation), written as the adapter writes it.
+        const body = streamBody(stream.events[Symbol.asyncIterator](), { sse: true, encode: asIs, done });
+        writeStreamHead(outgoing, requestId, streamHeaders(EVENT_STREAM));
+        record(requestId, "POST", 200, o.callers.resolveAddress(env), started);
+        await pipeBody(body, outgoing);
+        return;
+      }
       call.completed(result.completion);
       writeJson(outgoing, requestId, 200, JSON_TYPE, JSON.stringify(result.completion));
     } catch (err) {
