@@ -3,7 +3,8 @@
  * `@roamhq/wrtc`, each speaking the question (PCM from QUESTION_FILE) TURNS times, or, in mode
  * `barge`, interrupting each reply. Reports every measurement over IPC, then exits.
  *
- * Environment: PERCH_URL, QUESTION_FILE, DEVICES, TURNS, MODE (turns | barge), START_DELAY_MS.
+ * Environment: PERCH_URL, QUESTION_FILE, DEVICES, TURNS, MODE (turns | barge), START_DELAY_MS (between
+ * this process's devices), START_OFFSET_MS (before the first).
  */
 import { readFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -60,7 +61,7 @@ function next(
 }
 
 async function conversation(index: number): Promise<void> {
-  await sleep(index * Number(process.env.START_DELAY_MS ?? 150));
+  await sleep(Number(process.env.START_OFFSET_MS ?? 0) + index * Number(process.env.START_DELAY_MS ?? 150));
   const conn = await PerchConnection.connect({ baseUrl: url, keyPair: generateKeyPair(), timeoutMs: 30_000 });
   const mic = await conn.microphone();
   await sleep(500);

@@ -15,7 +15,9 @@
  * proxy: the provider's own time to first byte and CPU are reported apart from the node's.
  *
  * BENCH_VOICE_TURNS (default 8), BENCH_VOICE_CONVERSATIONS (20), BENCH_VOICE_PROCESSES (4),
- * BENCH_VOICE_PHASES (default "one,crowd,mixed,barge": the phases to run).
+ * BENCH_VOICE_PHASES (default "one,crowd,mixed,barge": the phases to run), BENCH_VOICE_STAGGER_MS
+ * (the 20 conversations start this far apart, one after another across the device processes;
+ * unset: each process starts its devices 150 ms apart, the processes at once, so about 4 at a time).
  */
 import { type ChildProcess, fork, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -36,6 +38,7 @@ const PROCESSES = Number(process.env.BENCH_VOICE_PROCESSES ?? 4);
 const MIXED_CONVERSATIONS = Number(process.env.BENCH_VOICE_MIXED_CONVERSATIONS ?? 1);
 const MIXED_API = Number(process.env.BENCH_VOICE_MIXED_API ?? 8);
 const MIXED_FILES = Number(process.env.BENCH_VOICE_MIXED_FILES ?? 2);
+const STAGGER_MS = process.env.BENCH_VOICE_STAGGER_MS === undefined ? undefined : Number(process.env.BENCH_VOICE_STAGGER_MS);
 const PHASES = new Set((process.env.BENCH_VOICE_PHASES ?? "one,crowd,mixed,barge").split(","));
 const QUESTION = "What is the weather like today?";
 const API_KEY = "sk-perch-bench-voice";
@@ -118,7 +121,16 @@ async function devices(server: Server, file: string, total: number, processes: n
   for (let p = 0, left = total; p < processes && left > 0; p++, left -= per) {
     const child = fork(join(ROOT, "bench/voice-device.ts"), [], {
       execArgv: ["--import", "tsx"],
-      env: { ...process.env, PERCH_URL: server.url, QUESTION_FILE: file, DEVICES: String(Math.min(per, left)), TURNS: String(turns), MODE: mode },
+      env: {
+        ...process.env,
+        PERCH_URL: server.url,
+        QUESTION_FILE: file,
+        DEVICES: String(Math.min(per, left)),
+        TURNS: String(turns),
+        MODE: mode,
+        // Staggered: process p's devices are the p-th, (p + processes)-th, … to start.
+        ...(STAGGER_MS !== undefined ? { START_OFFSET_MS: String(p * STAGGER_MS), START_DELAY_MS: String(processes * STAGGER_MS) } : {}),
+      },
       stdio: ["ignore", "inherit", "inherit", "ipc"],
     });
     children.push(child);
@@ -296,6 +308,7 @@ export async function voiceBench(): Promise<unknown> {
       concurrent: {
         conversations: CONVERSATIONS,
         device_processes: PROCESSES,
+        start_stagger_ms: STAGGER_MS ?? "150 ms apart in each device process, the processes at once",
         ...crowd,
         frames_sent: frames,
         frames_late: late,

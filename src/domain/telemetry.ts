@@ -80,12 +80,13 @@ export class TelemetryService {
       stored.length = 0;
       // A peer removed while connected (by the operator, from another process) is skipped: its
       // samples have no peer to belong to, and failing the transaction would lose everyone's.
-      const present = await tx.peers.existingForShare([...byPeer.keys()]);
-      const kept = [...byPeer].filter(([key]) => present.has(key)).map(([publicKey, samples]) => ({ publicKey, samples }));
-      await tx.telemetry.insertMany(kept);
+      const kept = await tx.telemetry.insertMany(
+        [...byPeer].map(([publicKey, samples]) => ({ publicKey, samples })),
+        (keys) => tx.peers.existingForShare(keys),
+      );
       const changes = kept.map((e) => statusChanges(e.samples));
       const changing = kept.filter((_, i) => changes[i]!.size > 0).map((e) => e.publicKey);
-      const documents = changing.length > 0 ? await tx.status.getManyForUpdate(changing, now) : new Map<string, Record<string, unknown>>();
+      const documents = changing.length > 0 ? await tx.status.getManyForUpdate(changing, now) : new Map<string, Readonly<Record<string, unknown>>>();
       const puts: Array<[string, Record<string, unknown>]> = [];
       for (const [i, { publicKey, samples }] of kept.entries()) {
         const next = changes[i]!.size > 0 ? merged((documents.get(publicKey) ?? {}) as PeerStatus, changes[i]!) : undefined;
@@ -164,7 +165,7 @@ function statusChanges(samples: TelemetrySample[]): Map<keyof PeerStatus, { at: 
 }
 
 /** The status document with the values newer than its `reported_at`; undefined when none is. */
-function merged(current: PeerStatus, changes: Map<keyof PeerStatus, { at: number; value: unknown }>): PeerStatus | undefined {
+function merged(current: Readonly<PeerStatus>, changes: Map<keyof PeerStatus, { at: number; value: unknown }>): PeerStatus | undefined {
   const reportedAt = current.reported_at ? parseTime(current.reported_at) : Number.NEGATIVE_INFINITY;
   const next: Record<string, unknown> = { ...current };
   let latest = reportedAt;

@@ -17,6 +17,7 @@ import { RuntimeRepository } from "./runtime.ts";
 import { SessionRepository } from "./sessions.ts";
 import { StatusRepository } from "./status.ts";
 import { type QueryRunner, TelemetryRepository } from "./telemetry.ts";
+import { WriteMemory, WriteMemoryUnit } from "./write-memory.ts";
 
 export type { Db } from "./database.ts";
 export { StoreUnavailable } from "./errors.ts";
@@ -37,16 +38,19 @@ export class Repositories {
   readonly liveStreams: LiveStreamRepository;
   readonly busMessages: BusMessageRepository;
 
-  /** `authChanged`: told of each write that can end a session's authentication (see `Store.authStamp`). */
-  constructor(db: Db, dialect: DialectName, authChanged: () => void, longReads?: QueryRunner) {
-    this.peers = new PeerRepository(db, dialect, authChanged);
+  /**
+   * `authChanged`: told of each write that can end a session's authentication (see `Store.authStamp`).
+   * `memory`: the transaction's view of what the telemetry writes remember (SQLite only).
+   */
+  constructor(db: Db, dialect: DialectName, authChanged: () => void, longReads?: QueryRunner, memory?: WriteMemoryUnit) {
+    this.peers = new PeerRepository(db, dialect, authChanged, memory?.memory);
     this.sessions = new SessionRepository(db, dialect, authChanged);
     this.deviceTokens = new DeviceTokenRepository(db);
     this.assertionNonces = new NonceRepository(db, dialect, "assertion_nonces");
     this.signalingNonces = new NonceRepository(db, dialect, "signaling_nonces");
-    this.status = new StatusRepository(db, dialect);
+    this.status = new StatusRepository(db, dialect, memory);
     this.runtime = new RuntimeRepository(db);
-    this.telemetry = new TelemetryRepository(db, dialect, longReads);
+    this.telemetry = new TelemetryRepository(db, dialect, longReads, memory);
     this.contacts = new ContactRepository(db, dialect);
     this.locks = new LockRepository(db, dialect);
     this.conversations = new ConversationRepository(db, this.locks);
@@ -78,6 +82,8 @@ export class Store {
   }
   /** SQLite has one connection, so its transactions are grouped into shared commits. */
   private readonly groupCommit: GroupCommit | undefined;
+  /** SQLite: what the telemetry writes remember between transactions (see WriteMemory). */
+  private readonly memory: WriteMemory | undefined;
   private readonly readers: Repositories;
   private readonly readPool: ReadPool | undefined;
   private readonly database: Database;
@@ -89,7 +95,14 @@ export class Store {
     this.dialect = database.dialect;
     this.readPool = readPool;
     this.groupCommit = database.dialect === "sqlite" ? new GroupCommit(database.db) : undefined;
-    this.readers = new Repositories(database.db, database.dialect, () => this.authStampValue++, readPool && ((query) => readPool.query(query)));
+    this.memory = database.dataVersion && new WriteMemory(database.dataVersion);
+    this.readers = new Repositories(
+      database.db,
+      database.dialect,
+      () => this.authStampValue++,
+      readPool && ((query) => readPool.query(query)),
+      this.memory && new WriteMemoryUnit(this.memory),
+    );
   }
 
   static async open(url: string | undefined, dataDir: string, options: StoreOptions = {}): Promise<Store> {
@@ -114,7 +127,12 @@ export class Store {
       authChanged = true;
       this.authStampValue++;
     };
-    const work = (tx: Db) => inTransaction.run(true, () => fn(new Repositories(tx, this.dialect, onAuthChange)));
+    // A new view of the memory for each run of the work (a group commit may run it again alone).
+    let memory: WriteMemoryUnit | undefined;
+    const work = (tx: Db) => {
+      memory = this.memory && new WriteMemoryUnit(this.memory);
+      return inTransaction.run(true, () => fn(new Repositories(tx, this.dialect, onAuthChange, undefined, memory)));
+    };
     // Stamped again once the outcome is known: a read between the write and its commit saw the state before it.
     const stamp = () => {
       if (authChanged) this.authStampValue++;
@@ -122,6 +140,7 @@ export class Store {
     return (this.groupCommit ? this.groupCommit.run(work) : this.database.db.transaction().execute(work)).then(
       (value) => {
         stamp();
+        memory?.committed();
         return value;
       },
       (err: unknown) => {

@@ -2,6 +2,7 @@ import { batched, compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
 import type { Tables } from "./schema.ts";
+import type { WriteMemory } from "./write-memory.ts";
 
 export type PeerRow = Tables["peers"];
 
@@ -33,11 +34,13 @@ export class PeerRepository {
   private readonly dialect: DialectName;
   /** Told of every write that can end a session's authentication (status, removal). */
   private readonly authChanged: () => void;
+  private readonly memory: WriteMemory | undefined;
 
-  constructor(db: Db, dialect: DialectName, authChanged: () => void = () => {}) {
+  constructor(db: Db, dialect: DialectName, authChanged: () => void = () => {}, memory?: WriteMemory) {
     this.db = db;
     this.dialect = dialect;
     this.authChanged = authChanged;
+    this.memory = memory;
   }
 
   async get(publicKey: string): Promise<PeerRow | undefined> {
@@ -111,6 +114,8 @@ export class PeerRepository {
    */
   async remove(publicKey: string): Promise<boolean> {
     this.authChanged();
+    // Its telemetry series and status go with it: what the telemetry writes remember of them too.
+    this.memory?.forget();
     const r = await this.db.deleteFrom("peers").where("public_key", "=", publicKey).executeTakeFirst();
     if (r.numDeletedRows === 0n) return false;
     await this.db.deleteFrom("sessions").where("public_key", "=", publicKey).execute();

@@ -2,6 +2,7 @@ import { sql } from "kysely";
 import { batched, compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
+import type { WriteMemoryUnit } from "./write-memory.ts";
 
 /** The peer's status document, stored whole as JSON. */
 const documentByKey = compiled((db, key: string) => db.selectFrom("peer_status").select("document").where("public_key", "=", key), "");
@@ -64,10 +65,13 @@ const putDocuments = batched(
 export class StatusRepository {
   private readonly db: Db;
   private readonly dialect: DialectName;
+  /** SQLite: the documents the telemetry writes remember between transactions. */
+  private readonly memory: WriteMemoryUnit | undefined;
 
-  constructor(db: Db, dialect: DialectName) {
+  constructor(db: Db, dialect: DialectName, memory?: WriteMemoryUnit) {
     this.db = db;
     this.dialect = dialect;
+    this.memory = memory;
   }
 
   async get(publicKey: string): Promise<Record<string, unknown> | undefined> {
@@ -97,17 +101,24 @@ export class StatusRepository {
     return JSON.parse(row.document) as Record<string, unknown>;
   }
 
-  /** `getForUpdate` for many peers at once: the documents of those that have one. */
-  async getManyForUpdate(publicKeys: readonly string[], now: number): Promise<Map<string, Record<string, unknown>>> {
+  /**
+   * `getForUpdate` for many peers at once: the documents of those that have one, not to be modified
+   * (copied to change them). On SQLite, the documents the telemetry writes remember are not read again.
+   */
+  async getManyForUpdate(publicKeys: readonly string[], now: number): Promise<Map<string, Readonly<Record<string, unknown>>>> {
     const sorted = this.dialect === "postgres" ? [...publicKeys].sort() : publicKeys;
     let rows: Array<{ public_key: string; document: string }>;
-    if (this.dialect === "sqlite")
-      rows = await documentsByKey(
-        this.db,
-        this.dialect,
-        sorted.map((k) => [k]),
-      );
-    else {
+    const known = new Map<string, Readonly<Record<string, unknown>>>();
+    if (this.dialect === "sqlite") {
+      const unread: string[][] = [];
+      if (this.memory) this.memory.open();
+      for (const key of sorted) {
+        const document = this.memory?.memory.document(key);
+        if (document) known.set(key, document);
+        else unread.push([key]);
+      }
+      rows = unread.length > 0 ? await documentsByKey(this.db, this.dialect, unread) : [];
+    } else {
       await ensureDocuments(
         this.db,
         this.dialect,
@@ -119,20 +130,31 @@ export class StatusRepository {
         sorted.map((k) => [k]),
       );
     }
-    return new Map(rows.map((r) => [r.public_key, JSON.parse(r.document) as Record<string, unknown>]));
+    for (const r of rows) {
+      const document = JSON.parse(r.document) as Record<string, unknown>;
+      known.set(r.public_key, document);
+      this.memory?.keepDocument(r.public_key, document);
+    }
+    return known;
   }
 
-  /** `put` for many peers at once (on PostgreSQL in key order, the order every writer locks rows in). */
-  async putMany(documents: ReadonlyArray<[publicKey: string, document: Record<string, unknown>]>, now: number): Promise<void> {
+  /**
+   * `put` for many peers at once (on PostgreSQL in key order, the order every writer locks rows in):
+   * the telemetry writer's, whose documents are remembered once committed (so not to be modified after).
+   */
+  async putMany(documents: ReadonlyArray<[publicKey: string, document: Readonly<Record<string, unknown>>]>, now: number): Promise<void> {
     const sorted = this.dialect === "postgres" ? [...documents].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)) : documents;
     await putDocuments(
       this.db,
       this.dialect,
       sorted.map(([key, document]) => [key, JSON.stringify(document), now]),
     );
+    for (const [key, document] of documents) this.memory?.keepDocument(key, document);
   }
 
+  /** Replaces the document (not the telemetry writer's: the telemetry writes forget theirs). */
   async put(publicKey: string, document: Record<string, unknown>, now: number): Promise<void> {
+    this.memory?.memory.forgetDocument(publicKey);
     await putDocument(this.db, this.dialect, publicKey, JSON.stringify(document), now);
   }
 }

@@ -2,6 +2,7 @@ import { type CompiledQuery, type RawBuilder, sql } from "kysely";
 import { batched, compiled } from "./compiled.ts";
 import type { Db } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
+import type { WriteMemoryUnit } from "./write-memory.ts";
 
 export interface Sample {
   field: string;
@@ -142,47 +143,73 @@ export class TelemetryRepository {
   private readonly db: Db;
   private readonly dialect: DialectName;
   private readonly run: QueryRunner;
+  /** SQLite: the series ids the telemetry writes remember between transactions. */
+  private readonly memory: WriteMemoryUnit | undefined;
 
-  constructor(db: Db, dialect: DialectName, longReads?: QueryRunner) {
+  constructor(db: Db, dialect: DialectName, longReads?: QueryRunner, memory?: WriteMemoryUnit) {
     this.db = db;
     this.dialect = dialect;
     this.run = longReads ?? (async <R>(query: CompiledQuery<R>) => (await db.executeQuery(query)).rows);
+    this.memory = memory;
   }
 
   /** Writes samples; a second sample for the same field and millisecond replaces the first. The peer must exist. */
-  insert(publicKey: string, samples: Sample[]): Promise<void> {
-    return this.insertMany([{ publicKey, samples }]);
+  async insert(publicKey: string, samples: Sample[]): Promise<void> {
+    await this.insertMany([{ publicKey, samples }], async (keys) => new Set(keys));
   }
 
   /**
-   * `insert` for several peers at once. Every statement carries many peers' rows (series looked up
-   * and created, samples inserted, rollups added): a peer's share of a batch is often one frame, and
-   * statements per peer cost more than SQLite spends on the rows.
+   * `insert` for several peers at once, leaving out those that are not registered (any more):
+   * resolves with the entries written. `present` says which of some peers are registered (on
+   * PostgreSQL it also keeps them from removal until the transaction ends); it is asked about
+   * every peer on PostgreSQL, and on SQLite only about peers with a series not seen yet, as a
+   * series exists only while its peer does. Every statement carries many peers' rows (series
+   * looked up and created, samples inserted, rollups added): a peer's share of a batch is often
+   * one frame, and statements per peer cost more than SQLite spends on the rows.
    */
-  async insertMany(batch: ReadonlyArray<{ publicKey: string; samples: Sample[] }>): Promise<void> {
+  async insertMany<E extends { publicKey: string; samples: Sample[] }>(
+    batch: readonly E[],
+    present: (publicKeys: string[]) => Promise<Set<string>>,
+  ): Promise<E[]> {
     // PostgreSQL locks rows as statements reach them: in key order, concurrent batches cannot deadlock.
-    const entries = this.dialect === "postgres" ? [...batch].sort((a, b) => (a.publicKey < b.publicKey ? -1 : a.publicKey > b.publicKey ? 1 : 0)) : batch;
+    let entries: readonly E[] = batch;
+    if (this.dialect === "postgres") {
+      const sorted = [...batch].sort((a, b) => (a.publicKey < b.publicKey ? -1 : a.publicKey > b.publicKey ? 1 : 0));
+      const registered = await present(sorted.map((e) => e.publicKey));
+      entries = sorted.filter((e) => registered.has(e.publicKey));
+    }
+    this.memory?.open();
+    const memory = this.memory?.memory;
     // Keyed by two values without building a string per sample: this runs for every sample stored.
     const idOf = new PairMap<string, string, number>();
     const pairs: Array<[publicKey: string, field: string]> = [];
     for (const { publicKey, samples } of entries) {
       for (const s of samples) {
         if (idOf.get(publicKey, s.field) !== undefined) continue;
-        idOf.set(publicKey, s.field, -1);
-        pairs.push([publicKey, s.field]);
+        const known = memory?.seriesId(publicKey, s.field);
+        idOf.set(publicKey, s.field, known ?? -1);
+        if (known === undefined) pairs.push([publicKey, s.field]);
       }
     }
-    if (pairs.length === 0) return;
     const found = async (wanted: Array<[string, string]>) => {
       await seriesIds(this.db, this.dialect, wanted, (result, first) => {
         for (const r of result) {
           const [publicKey, field] = wanted[first + Number(r.i)]!;
           idOf.set(publicKey, field, Number(r.id));
+          this.memory?.keepSeries(publicKey, field, Number(r.id));
         }
       });
     };
-    await found(pairs);
-    const missing = pairs.filter(([publicKey, field]) => idOf.get(publicKey, field) === -1);
+    if (pairs.length > 0) await found(pairs);
+    let missing = pairs.filter(([publicKey, field]) => idOf.get(publicKey, field) === -1);
+    if (missing.length > 0 && this.dialect === "sqlite") {
+      // A peer without some series may have been removed: only registered ones get new series.
+      const registered = await present([...new Set(missing.map(([publicKey]) => publicKey))]);
+      if (registered.size < new Set(missing.map(([publicKey]) => publicKey)).size) {
+        entries = entries.filter((e) => registered.has(e.publicKey));
+        missing = missing.filter(([publicKey]) => registered.has(publicKey));
+      }
+    }
     if (missing.length > 0) {
       await insertSeries(this.db, this.dialect, missing);
       await found(missing);
@@ -226,6 +253,7 @@ export class TelemetryRepository {
     }
     await (this.dialect === "postgres" ? addToRollupsPostgres : addToRollupsSqlite)(this.db, this.dialect, [...added.values()]);
     for (const [series, minute] of recompute.values()) await rollUp(this.db, this.dialect, series, minute, minute + ROLLUP_MS);
+    return entries as E[];
   }
 
   /** The newest sample of each field that has one, in the order asked. */

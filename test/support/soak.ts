@@ -8,6 +8,7 @@ import v8 from "node:v8";
 import vm from "node:vm";
 import pino from "pino";
 import { generateKeyPair } from "../../src/crypto/keys.ts";
+import { engines } from "./engines.ts";
 import { startTestServer } from "./server.ts";
 import { connect, eventually } from "./webrtc.ts";
 
@@ -68,6 +69,9 @@ const run = async (n: number) => {
   await Promise.all(Array.from({ length: lanes }, (_, l) => lane(Math.floor(n / lanes) + (l < n % lanes ? 1 : 0))));
   await eventually(() => server.transport!.size === 0, 5000, "the server to let go of every connection");
 };
+// The engines load in the background after the start (flite's workers in this process, some 100 MB or
+// more): loaded before the first measure, so that the soak measures connections, not them.
+await Promise.all([engines().speech.warmUp(), engines().transcription.start?.()]);
 // Warm-up: the first connections grow the allocator's per-thread arenas and the caches for good, at every lane.
 await run(10 * lanes);
 const before = await usage();
