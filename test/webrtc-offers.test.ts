@@ -4,7 +4,7 @@ import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { OfferError } from "../src/sdk/webrtc.ts";
-import { MAX_ANSWER_BYTES } from "../src/transport/sdp.ts";
+import { MAX_ANSWER_BYTES, offerToApply } from "../src/transport/sdp.ts";
 import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
@@ -173,10 +173,10 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
    * Posts the offer with a UDP socket of the test, bound to `bait.address`, as its first candidate
    * (a server that checks it checks it at once, before it answers), written as libwebrtc writes its
    * candidates (`network-id`) or not; then hands what the socket received and the answer to `use`.
-   * The offer comes from 127.0.0.1, the test's HTTP client.
+   * The offer comes from 127.0.0.1, the test's HTTP client; `forwarded`: through a proxy, it says.
    */
   async function offerNamingSink(
-    bait: { address: string; libwebrtc: boolean },
+    bait: { address: string; libwebrtc: boolean; forwarded?: boolean },
     edit: (offer: string) => string,
     use: (heard: Buffer[], answer: string) => Promise<void>,
   ): Promise<void> {
@@ -189,7 +189,7 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
       const offer = edit(sdp.replace(/^a=candidate:/m, `${line}a=candidate:`));
       assert.ok(offer.includes(line));
       const s = sealOffer(serverKey, generateKeyPair(), offer);
-      const res = await postOffer(server.url, s.headers, s.body);
+      const res = await postOffer(server.url, bait.forwarded ? { ...s.headers, "x-forwarded-for": "198.51.100.7" } : s.headers, s.body);
       assert.equal(res.status, 200, await res.clone().text());
       await use(heard, s.exchange.openResponse(new Uint8Array(await res.arrayBuffer())));
     } finally {
@@ -213,6 +213,7 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
   for (const bait of [
     { address: "127.0.0.2", libwebrtc: true, why: "on another address than the offer came from (a device behind a NAT)" },
     { address: "127.0.0.1", libwebrtc: false, why: "of a stack other than libwebrtc (libdatachannel drops a DTLS hello before its answer)" },
+    { address: "127.0.0.1", libwebrtc: true, forwarded: true, why: "when a proxy no one trusts forwarded the offer (the address is the proxy's)" },
   ]) {
     test(`no candidate ${bait.why} is checked: the server answers the device's own checks (peer-reflexive), which connect`, () =>
       offerNamingSink(
@@ -228,6 +229,14 @@ describe("POST /webrtc/v1/offer: every check of the contract, in order", () => {
         },
       ));
   }
+
+  test("of a libwebrtc offer's candidates on its address, only host ones are kept for the early check (a server-reflexive one is the NAT's)", () => {
+    const candidate = (port: number, typ: string) => `a=candidate:${port} 1 udp 2130706431 203.0.113.7 ${port} typ ${typ} generation 0 network-id 1`;
+    const offer = ["v=0", "t=0 0", "m=audio 9 UDP/TLS/RTP/SAVPF 111", candidate(5001, "srflx raddr 0.0.0.0 rport 0"), candidate(5002, "host"), ""].join("\r\n");
+    const applied = offerToApply(offer, "203.0.113.7");
+    assert.ok(applied.includes(candidate(5002, "host")));
+    assert.ok(!applied.includes("5001"), applied);
+  });
 
   test("an ICE-lite device's offer keeps its candidates: the server checks them, since the device never checks", () =>
     offerNamingSink(

@@ -83,6 +83,16 @@ export class Callers {
     return address;
   }
 
+  /**
+   * The client's address where it is surely the client's own: undefined for a forwarded request
+   * when no proxy is trusted (`address` is then the proxy's, an address the client does not own).
+   */
+  ownAddress(c: Context<AppEnv>): string | undefined {
+    const headers = connectionOf(c.env) ? undefined : c.env?.incoming?.headers;
+    if (!this.trusted && headers && (headers["x-forwarded-for"] !== undefined || headers.forwarded !== undefined)) return undefined;
+    return this.address(c);
+  }
+
   /** `address` of a request known by its bindings. */
   resolveAddress(env: AppBindings | undefined): string {
     const connection = connectionOf(env);

@@ -184,8 +184,9 @@ function direction(lines: string[]): string | undefined {
  * certificate before it has stored the answer's fingerprint): other stacks get no early check.
  * libwebrtc is known by the `network-id` it writes on its candidates.
  *
- * The address is the HTTP client's: a device that reached the server with no NAT between (the same
- * host or network). Behind a NAT no host candidate answers, and each unanswered check would take
+ * The address is the HTTP client's own (never a proxy's) and the candidate a host one: a device that
+ * reached the server with no NAT between (the same host or network). Behind a NAT no host candidate
+ * answers (and a server-reflexive one on the NAT's address need not), and each unanswered check would take
  * one of the 50 ms slots the server's own check waits for; only the section whose transport the
  * answer uses counts (the BUNDLE group's tag). An ICE-lite device never checks (RFC 8445 §2.5):
  * its offer is applied as it is, every candidate checked.
@@ -201,7 +202,14 @@ export function offerToApply(sdp: string, from: string | undefined): string {
       if (line.startsWith("m=")) section++;
       if (!line.startsWith("a=candidate:")) return true;
       const c = CANDIDATE.exec(line.replace(/\r$/, ""));
-      return section === used && c !== null && c[3]!.toLowerCase() === "udp" && / network-id \d+/.test(line) && comparableAddress(c[5]!) === address;
+      return (
+        section === used &&
+        c !== null &&
+        c[3]!.toLowerCase() === "udp" &&
+        c[7]!.toLowerCase() === "host" &&
+        / network-id \d+/.test(line) &&
+        comparableAddress(c[5]!) === address
+      );
     })
     .join("\n");
 }

@@ -15,8 +15,8 @@ export const OFFER_BODY_LIMIT = 256 * 1024;
 
 /** What the HTTP surface needs of the WebRTC transport. */
 export interface WebRtcPort {
-  /** Checks 10–13 and the answer SDP; `timing` records phases for Server-Timing; `from` is the client's address. */
-  answer(offer: AcceptedOffer, timing: (phase: string, ms: number) => void, from: string): Promise<string>;
+  /** Checks 10–13 and the answer SDP; `timing` records phases for Server-Timing; `from` is the client's own address, when known. */
+  answer(offer: AcceptedOffer, timing: (phase: string, ms: number) => void, from: string | undefined): Promise<string>;
   /** Plays a tone to the key's connection, on whichever node holds it; undefined when none does. */
   playTone(publicKey: string, frequencyHz: number, durationMs: number): Promise<{ frames: number } | undefined>;
 }
@@ -81,7 +81,7 @@ export function registerWebRtcRoutes(app: App, domain: Domain, callers: Callers,
     const verifyStarted = performance.now();
     const accepted = await domain.signaling.accept(checked, body);
     phases.push(["verify", performance.now() - verifyStarted]);
-    const answer = await webrtc.answer(accepted, (phase, ms) => phases.push([phase, ms]), callers.address(c));
+    const answer = await webrtc.answer(accepted, (phase, ms) => phases.push([phase, ms]), callers.ownAddress(c));
     const sealStarted = performance.now();
     const sealed = accepted.exchange.sealResponse(answer);
     phases.push(["seal", performance.now() - sealStarted], ["total", performance.now() - started]);
