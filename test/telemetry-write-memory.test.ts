@@ -82,6 +82,16 @@ for (const entry of STORES) {
       assert.deepEqual(await status(key), { battery_percent: 50, reported_at: isoTime(t0 + 1) });
     });
 
+    test("two batches of one peer in the same shared commit: the second merges into the first's document", async () => {
+      const key = await registered();
+      const t0 = Date.now() - 60_000;
+      await record(key, battery(t0, 40));
+      // In one turn of the event loop: on SQLite both join one group commit, the first the newer.
+      await Promise.all([record(key, battery(t0 + 5, 50)), record(key, [{ field: "gnss.latitude", observedAt: t0 + 2, value: 1.5 }])]);
+      // The second's older sample does not move the newer document back (as when they commit apart).
+      assert.deepEqual(await status(key), { battery_percent: 50, reported_at: isoTime(t0 + 5) });
+    });
+
     test("a peer removed in the same shared commit as a batch of its telemetry is not remembered", async () => {
       const key = await registered();
       const t0 = Date.now() - 60_000;

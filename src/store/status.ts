@@ -149,7 +149,10 @@ export class StatusRepository {
       this.dialect,
       sorted.map(([key, document]) => [key, JSON.stringify(document), now]),
     );
-    for (const [key, document] of documents) this.memory?.keepDocument(key, document);
+    for (const [key, document] of documents) {
+      this.memory?.memory.setAside(key);
+      this.memory?.keepDocument(key, document);
+    }
   }
 
   /** Replaces the document (not the telemetry writer's: the telemetry writes forget theirs). */

@@ -70,6 +70,14 @@ export class WriteMemory {
     this.documents.clear();
   }
 
+  /**
+   * A document written by a transaction not yet committed: later units of the same group commit
+   * read it from the database (their shared transaction sees it), not the one before it.
+   */
+  setAside(publicKey: string): void {
+    this.documents.delete(publicKey);
+  }
+
   /** A status document written by something else than the telemetry writer. */
   forgetDocument(publicKey: string): void {
     this.generation++;
