@@ -69,11 +69,14 @@ describe("hot routes answer as the app does", () => {
 
   /**
    * `request` to the hot listener, then to the app alone: the same raw answer, and the same log
-   * lines (each request logs its own: two of each, the hot one first).
+   * lines (each request logs its own: two of each, the hot one first). `by`: whether a hot route
+   * answered it itself, or handed it to the app.
    */
-  const same = async (what: string, id: string, request: string, expectedStatus: number): Promise<string> => {
+  const same = async (what: string, id: string, request: string, expectedStatus: number, by?: "hot" | "app"): Promise<string> => {
     const before = linesOf(id).length;
+    const answered = server.hotRoutes.answered;
     const hot = await send(server.port, request);
+    if (by) assert.equal(server.hotRoutes.answered - answered, by === "hot" ? 1 : 0, `${what}: answered by the ${by === "hot" ? "hot route" : "app"}`);
     const hotLines = (await linesFor(id, before + 1)).slice(before);
     const app = await send(appPort, request);
     const all = await linesFor(id, before + 2 * hotLines.length);
@@ -144,11 +147,17 @@ describe("hot routes answer as the app does", () => {
 
   test("GET /me/status: the document, and every refusal", async () => {
     const bearer = { Authorization: `Bearer ${token}` };
-    const ok = await same("success", "st-ok", rawRequest("GET", "/me/status", { ...bearer, "X-Request-ID": "st-ok" }), 200);
+    const ok = await same("success", "st-ok", rawRequest("GET", "/me/status", { ...bearer, "X-Request-ID": "st-ok" }), 200, "hot");
     assert.match(ok, /\r\n\r\n\{.*"battery_percent":81/);
-    await same("with its X-Public-Key", "st-key", rawRequest("GET", "/me/status", { ...bearer, "X-Public-Key": publicKey, "X-Request-ID": "st-key" }), 200);
-    await same("no bearer", "st-none", rawRequest("GET", "/me/status", { "X-Request-ID": "st-none" }), 401);
-    await same("an unknown bearer", "st-unknown", rawRequest("GET", "/me/status", { Authorization: "Bearer nope", "X-Request-ID": "st-unknown" }), 401);
+    await same(
+      "with its X-Public-Key",
+      "st-key",
+      rawRequest("GET", "/me/status", { ...bearer, "X-Public-Key": publicKey, "X-Request-ID": "st-key" }),
+      200,
+      "hot",
+    );
+    await same("no bearer", "st-none", rawRequest("GET", "/me/status", { "X-Request-ID": "st-none" }), 401, "app");
+    await same("an unknown bearer", "st-unknown", rawRequest("GET", "/me/status", { Authorization: "Bearer nope", "X-Request-ID": "st-unknown" }), 401, "app");
     await same("not a bearer", "st-basic", rawRequest("GET", "/me/status", { Authorization: "Basic eDp5", "X-Request-ID": "st-basic" }), 401);
     await same(
       "another key's X-Public-Key",
@@ -187,6 +196,29 @@ describe("hot routes answer as the app does", () => {
     await same("a revoked session", "st-revoked", rawRequest("GET", "/me/status", { ...otherBearer, "X-Request-ID": "st-revoked" }), 401);
   });
 
+  test("a refusal the hot route hands to the app reads the session once: the app takes the same answer", async () => {
+    const auth = server.domain.auth;
+    const original = auth.authenticateWithStatus;
+    let reads = 0;
+    auth.authenticateWithStatus = (...args) => {
+      reads++;
+      return original.apply(auth, args);
+    };
+    try {
+      await same(
+        "an unknown bearer, counted",
+        "st-once",
+        rawRequest("GET", "/me/status", { Authorization: "Bearer nope", "X-Request-ID": "st-once" }),
+        401,
+        "app",
+      );
+      // Once for the hot listener's request, once for the app-only listener's.
+      assert.equal(reads, 2);
+    } finally {
+      auth.authenticateWithStatus = original;
+    }
+  });
+
   test("POST /openai/v1/chat/completions: the completion, and every error", async () => {
     const json = { "Content-Type": "application/json" };
     const device = { ...json, Authorization: `Bearer ${token}` };
@@ -194,9 +226,9 @@ describe("hot routes answer as the app does", () => {
     const body = (o: Record<string, unknown> = {}) => JSON.stringify({ model: "my-chat", messages: [{ role: "user", content: "Hi" }], ...o });
     const chat = (id: string, headers: Record<string, string>, b = body()) => rawRequest("POST", CHAT, { ...headers, "X-Request-ID": id }, b);
 
-    const ok = await same("a device's call", "ch-device", chat("ch-device", device), 200);
+    const ok = await same("a device's call", "ch-device", chat("ch-device", device), 200, "hot");
     assert.match(ok, /"content":"Hello from llama3\.2"/);
-    await same("an application's call", "ch-app", chat("ch-app", app), 200);
+    await same("an application's call", "ch-app", chat("ch-app", app), 200, "hot");
     await same("no content type (OpenAI reads any)", "ch-type", chat("ch-type", { Authorization: `Bearer ${APP_KEY}` }), 200);
     await same("another content type", "ch-text", chat("ch-text", { "Content-Type": "text/plain", Authorization: `Bearer ${APP_KEY}` }), 200);
     await same(
@@ -205,7 +237,7 @@ describe("hot routes answer as the app does", () => {
       chat("ch-large", app, body({ messages: [{ role: "user", content: "u".repeat(150_000) }] })),
       200,
     );
-    await same("no key", "ch-none", chat("ch-none", json), 401);
+    await same("no key", "ch-none", chat("ch-none", json), 401, "app");
     await same("a wrong key", "ch-wrong", chat("ch-wrong", { ...json, Authorization: "Bearer sk-wrong" }), 401);
     await same("a Side Control session", "ch-side", chat("ch-side", { ...json, Authorization: `Bearer ${sideControlToken}` }), 403);
     await same("malformed JSON", "ch-malformed", chat("ch-malformed", app, '{"model":'), 400);
@@ -219,7 +251,7 @@ describe("hot routes answer as the app does", () => {
       rawRequest("POST", CHAT, { ...app, "X-Request-ID": "ch-huge", "Content-Length": String(40 * 1024 * 1024) }),
       413,
     );
-    const streamed = await same("a stream", "ch-stream", chat("ch-stream", app, body({ stream: true })), 200);
+    const streamed = await same("a stream", "ch-stream", chat("ch-stream", app, body({ stream: true })), 200, "hot");
     assert.match(streamed, /data: \[DONE\]/);
     await same("a stream with its usage", "ch-usage", chat("ch-usage", device, body({ stream: true, stream_options: { include_usage: true } })), 200);
     const cut = { chunks: ["Hel", "lo"], after: "close" as const };
@@ -228,7 +260,7 @@ describe("hot routes answer as the app does", () => {
     assert.match(broken, /"error":/);
 
     upstream.reply({ status: 500, error: { message: "boom" } }, { status: 500, error: { message: "boom" } });
-    await same("the provider fails", "ch-upstream", chat("ch-upstream", app), 502);
+    await same("the provider fails", "ch-upstream", chat("ch-upstream", app), 502, "hot");
     upstream.reply({ status: 429, retryAfter: "7", error: { message: "slow down" } }, { status: 429, retryAfter: "7", error: { message: "slow down" } });
     await same("the provider limits", "ch-limited", chat("ch-limited", app), 502);
     upstream.reply({ hang: true }, { hang: true });

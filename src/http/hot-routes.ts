@@ -31,6 +31,8 @@ export class HotRoutes {
   private readonly table: Map<string, HotRoute>;
   private readonly hosts = new Set<string>();
   private readonly ready: () => boolean;
+  /** Requests a hot route answered itself (taken and never handed to the app), for operators and tests. */
+  answered = 0;
 
   /** `ready`: whether the node serves requests at once (not while it joins). */
   constructor(table: HotRouteTable, ready: () => boolean = () => true) {
@@ -49,7 +51,16 @@ export class HotRoutes {
     if (!route || !this.ready()) return false;
     const host = incoming.headers.host;
     if (host === undefined || !this.hosts.has(host)) return false;
-    return route(incoming, outgoing, app);
+    let handed = false;
+    const taken = route(incoming, outgoing, () => {
+      handed = true;
+      app();
+    });
+    if (taken)
+      outgoing.once("finish", () => {
+        if (!handed) this.answered++;
+      });
+    return taken;
   }
 }
 

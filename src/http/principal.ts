@@ -16,6 +16,8 @@ const BEARER = /^Bearer +(\S+)$/i;
  * API key's request is counted against its rate limit once.
  */
 const resolved = new WeakMap<IncomingMessage, Promise<Principal>>();
+/** The same for `primaryStatusOf` (the session and its status document, read in one statement). */
+const resolvedWithStatus = new WeakMap<IncomingMessage, Promise<{ principal: Principal; statusText: string | undefined }>>();
 
 /** The token of an `Authorization: Bearer …` header, if that is what it holds. */
 export function bearerToken(authorization: string | undefined): string | undefined {
@@ -123,6 +125,20 @@ export class Callers {
 
   /** `primaryStatus` of a request known by its bindings and its headers (lower-case names). */
   async primaryStatusOf(
+    env: AppBindings | undefined,
+    header: (name: string) => string | undefined,
+  ): Promise<{ principal: Principal; statusText: string | undefined }> {
+    const incoming = env?.incoming;
+    if (!incoming) return this.resolvePrimaryStatus(env, header);
+    let found = resolvedWithStatus.get(incoming);
+    if (!found) {
+      found = this.resolvePrimaryStatus(env, header);
+      resolvedWithStatus.set(incoming, found);
+    }
+    return found;
+  }
+
+  private async resolvePrimaryStatus(
     env: AppBindings | undefined,
     header: (name: string) => string | undefined,
   ): Promise<{ principal: Principal; statusText: string | undefined }> {

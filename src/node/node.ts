@@ -74,6 +74,8 @@ export interface RunningServer {
   httpServer: Server;
   /** The application the listener serves, bar its hot routes (`src/http/hot-routes.ts`). */
   app: OpenAPIHono<AppEnv>;
+  /** The hot routes the listener serves before the app. */
+  hotRoutes: HotRoutes;
   /** The WebRTC transport, when this node answers offers. */
   transport: WebRtcTransport | undefined;
   /** The event bus (PostgreSQL `LISTEN`/`NOTIFY` when the store is PostgreSQL, else in process). */
@@ -131,6 +133,7 @@ export class Node {
   private readonly serverKey: DomainContext["serverKey"];
   /** The HTTP application (`app.request()` serves a request in process, as the fast tests do). */
   readonly app: OpenAPIHono<AppEnv>;
+  readonly hotRoutes: HotRoutes;
   private readonly compat: (base?: string) => (callers: Callers) => Surface;
   /** The node's voice activity detector, and each agent's voice engines (from the catalog). */
   private readonly voiceEngines: { activity: VoiceActivityPort | undefined; engineFor: EngineFor };
@@ -227,6 +230,20 @@ export class Node {
       });
     this.app = this.createApp();
     const callers = new Callers(this.domain, config.trustProxy);
+    this.hotRoutes = new HotRoutes(
+      {
+        [`GET ${STATUS_PATH}`]: hotStatusRoute({ callers, logger: this.logger, metrics: this.metrics }),
+        [`POST ${HOT_CHAT_PATH}`]: hotChatRoute({
+          callers,
+          chat: this.chat,
+          logger: this.logger,
+          metrics: this.metrics,
+          writeTimeoutMs: config.compat?.writeTimeoutMs ?? DEFAULT_WRITE_TIMEOUT_MS,
+        }),
+      },
+      // Requests wait while the node joins (the listener below): the app's path does the waiting.
+      () => this.joining === undefined,
+    );
     this.httpServer = createHttpServer({
       // Requests wait while the node joins: what they write (an event stream's slot) must come after what the join clears.
       fetch: (request, env) => {
@@ -237,20 +254,7 @@ export class Node {
       maxConnections: config.http.maxConnections,
       logger: this.logger,
       metrics: this.metrics,
-      hot: new HotRoutes(
-        {
-          [`GET ${STATUS_PATH}`]: hotStatusRoute({ callers, logger: this.logger, metrics: this.metrics }),
-          [`POST ${HOT_CHAT_PATH}`]: hotChatRoute({
-            callers,
-            chat: this.chat,
-            logger: this.logger,
-            metrics: this.metrics,
-            writeTimeoutMs: config.compat?.writeTimeoutMs ?? DEFAULT_WRITE_TIMEOUT_MS,
-          }),
-        },
-        // Requests wait while the node joins (above): the app's path does the waiting.
-        () => this.joining === undefined,
-      ),
+      hot: this.hotRoutes,
     });
   }
 
@@ -391,7 +395,7 @@ export class Node {
 
   private running(): RunningServer {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
-    const { domain, store, httpServer, app, transport, events, commands } = this;
+    const { domain, store, httpServer, app, hotRoutes, transport, events, commands } = this;
     return {
       url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
@@ -399,6 +403,7 @@ export class Node {
       store,
       httpServer,
       app,
+      hotRoutes,
       transport,
       events,
       commands,
