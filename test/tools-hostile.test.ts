@@ -155,7 +155,8 @@ describe("tools: hostile devices", () => {
   });
 
   for (const [what, send] of [
-    ["a 5 MiB line", (s: RawToolStream) => s.write(Buffer.alloc(5 * 1024 * 1024, 0x61))],
+    // Just over the 1 MiB bound: the device must still flush what it wrote before a ping gets through.
+    ["a line over 1 MiB", (s: RawToolStream) => s.write(Buffer.alloc(1024 * 1024 + 64 * 1024, 0x61))],
     ["invalid JSON", (s: RawToolStream) => s.write("{this is not json\n")],
     ["a JSON line that is not JSON-RPC", (s: RawToolStream) => s.write('{"hello":"world"}\n')],
   ] as const) {
