@@ -385,10 +385,26 @@ export class Node {
     const startup = this.logger.level === "silent" ? this.logger : this.logger.child({}, { level: "info" });
     startup.info({ address: this.hostPort(this.config.host), server_public_key: this.serverKey.publicKeyText, store: this.store.dialect }, "perch listening");
     const { speech, transcription } = this.engines;
-    // The recogniser's models load in their worker threads while the server already answers.
-    transcription?.start?.().catch((err: unknown) => this.logger.error({ err }, "the transcription engine could not load its models"));
+    // The recogniser's models load in their worker threads while the server already answers; once
+    // they and the speech warm-up are done, a line says so (the start-up's CPU is then spent).
+    const started = performance.now();
+    const loading: Array<Promise<boolean>> = [];
+    const load = (work: Promise<unknown>, failed: (err: unknown) => void) =>
+      loading.push(
+        work.then(
+          () => true,
+          (err: unknown) => {
+            failed(err);
+            return false;
+          },
+        ),
+      );
+    if (transcription?.start) load(transcription.start(), (err) => this.logger.error({ err }, "the transcription engine could not load its models"));
     if (this.o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
-      (speech.warmUp as () => Promise<void>)().catch((err: unknown) => this.logger.warn({ err }, "speech engine warm-up failed"));
+      load((speech.warmUp as () => Promise<void>)(), (err) => this.logger.warn({ err }, "speech engine warm-up failed"));
+    }
+    if (loading.length > 0) {
+      void Promise.all(loading).then((done) => done.every(Boolean) && startup.info({ ms: Math.round(performance.now() - started) }, "speech engines ready"));
     }
     this.logger.flush();
   }
