@@ -241,7 +241,11 @@ describe("engine scheduler", () => {
     assert.equal(scheduler.stats().conversation.started, 6);
   });
 
-  test("degradation: under a long queue a conversation batch runs in the fast mode, a short queue's on the full model; only full conversation batches measure it", async () => {
+  /**
+   * One slot, batches of 2, the fast mode when a job would be done more than 600 ms after it was
+   * asked for (400 ms a batch at first); each run waits for `end(tookMs)`, which moves the clock.
+   */
+  function degrading() {
     const clock = new FakeClock();
     const runs: Array<{ payloads: number[]; fast: boolean }> = [];
     const finishers: Array<() => void> = [];
@@ -266,6 +270,11 @@ describe("engine scheduler", () => {
       finishers.shift()!();
       await settled();
     };
+    return { scheduler, runs, end };
+  }
+
+  test("degradation: under a long queue a conversation batch runs in the fast mode, a short queue's on the full model; only full conversation batches measure it", async () => {
+    const { scheduler, runs, end } = degrading();
     // Alone: done 400 ms after it was asked for, within 600.
     const jobs = [scheduler.runBatched<number, number>(1, { class: "conversation" })];
     // Two more wait behind it: they would be done 800 ms after they were asked for.
@@ -305,33 +314,13 @@ describe("engine scheduler", () => {
   });
 
   test("degradation ends: a full-model mean measured under load comes down as fast batches get quicker, and a lone turn goes back to the full model", async () => {
-    const clock = new FakeClock();
-    const runs: boolean[] = [];
-    const finishers: Array<() => void> = [];
-    const scheduler = new Scheduler({
-      name: "recovering",
-      slots: 1,
-      initialJobMs: 400,
-      clock,
-      batching: {
-        classes: ["conversation"],
-        max: 2,
-        fits: () => true,
-        fastAfterMs: 600,
-        run: (payloads, _cls, fast) => {
-          runs.push(fast);
-          return new Promise((resolve) => finishers.push(() => resolve(payloads)));
-        },
-      },
-    });
+    const { scheduler, runs, end } = degrading();
     /** One turn alone (nothing queued): whether it ran fast, once it took `tookMs`. */
     const lone = async (tookMs: number) => {
       const job = scheduler.runBatched<number, number>(1, { class: "conversation" });
-      clock.advance(tookMs);
-      finishers.shift()!();
-      await settled();
+      await end(tookMs);
       await job;
-      return runs.at(-1);
+      return runs.at(-1)!.fast;
     };
     assert.equal(await lone(1500), false, "the full model, measured slow (the mean is now 620 ms)");
     assert.equal(await lone(500), true, "alone, yet late by the full model's mean");
