@@ -327,7 +327,7 @@ export const ConfigSchema = z
     engines: z
       .strictObject({
         /**
-         * Recogniser processes (Moonshine, 350–480 MB resident each). One uses every core for each
+         * Recogniser processes (Moonshine, 350–580 MB resident each, README). One uses every core for each
          * recognition; more run recognitions side by side, one core each, which shortens the queue
          * when many conversations end their turns at once (docs/benchmarks.md, voice). With two or
          * more, the first is kept for conversations (never taken by file transcription or partials),

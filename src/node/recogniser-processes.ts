@@ -1,6 +1,6 @@
 import { availableParallelism, totalmem } from "node:os";
 
-/** A recogniser process holds Moonshine base and tiny: 350–480 MB resident once warm. */
+/** A recogniser process holds Moonshine base and tiny: 350–580 MB resident once warm (README). */
 const GIB = 1024 ** 3;
 
 /**
