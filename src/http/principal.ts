@@ -16,8 +16,21 @@ const BEARER = /^Bearer +(\S+)$/i;
  * API key's request is counted against its rate limit once.
  */
 const resolved = new WeakMap<IncomingMessage, Promise<Principal>>();
-/** The same for `primaryStatusOf` (the session and its status document, read in one statement). */
+/** The same where API keys count (the Compatible API), and for `primaryStatusOf` (the session and its status document). */
+const resolvedWithKeys = new WeakMap<IncomingMessage, Promise<Principal>>();
 const resolvedWithStatus = new WeakMap<IncomingMessage, Promise<{ principal: Principal; statusText: string | undefined }>>();
+
+/** `resolve()` once per request in `cache` (none kept for a request without Node's message). */
+function perRequest<T>(cache: WeakMap<IncomingMessage, Promise<T>>, env: AppBindings | undefined, resolve: () => Promise<T>): Promise<T> {
+  const incoming = env?.incoming;
+  if (!incoming) return resolve();
+  let found = cache.get(incoming);
+  if (!found) {
+    found = resolve();
+    cache.set(incoming, found);
+  }
+  return found;
+}
 
 /** The token of an `Authorization: Bearer …` header, if that is what it holds. */
 export function bearerToken(authorization: string | undefined): string | undefined {
@@ -47,14 +60,7 @@ export class Callers {
 
   /** `principal` of a request known by its bindings and its headers (lower-case names). */
   principalOf(env: AppBindings | undefined, header: (name: string) => string | undefined, o: { apiKeys?: boolean } = {}): Promise<Principal> {
-    const incoming = env?.incoming;
-    if (!incoming) return this.resolvePrincipal(env, header, o);
-    let principal = resolved.get(incoming);
-    if (!principal) {
-      principal = this.resolvePrincipal(env, header, o);
-      resolved.set(incoming, principal);
-    }
-    return principal;
+    return perRequest(o.apiKeys ? resolvedWithKeys : resolved, env, () => this.resolvePrincipal(env, header, o));
   }
 
   private resolvePrincipal(env: AppBindings | undefined, header: (name: string) => string | undefined, o: { apiKeys?: boolean }): Promise<Principal> {
@@ -124,18 +130,11 @@ export class Callers {
   }
 
   /** `primaryStatus` of a request known by its bindings and its headers (lower-case names). */
-  async primaryStatusOf(
+  primaryStatusOf(
     env: AppBindings | undefined,
     header: (name: string) => string | undefined,
   ): Promise<{ principal: Principal; statusText: string | undefined }> {
-    const incoming = env?.incoming;
-    if (!incoming) return this.resolvePrimaryStatus(env, header);
-    let found = resolvedWithStatus.get(incoming);
-    if (!found) {
-      found = this.resolvePrimaryStatus(env, header);
-      resolvedWithStatus.set(incoming, found);
-    }
-    return found;
+    return perRequest(resolvedWithStatus, env, () => this.resolvePrimaryStatus(env, header));
   }
 
   private async resolvePrimaryStatus(

@@ -121,10 +121,10 @@ export function hotChatRoute(o: HotChatOptions): HotRoute {
 }
 
 /**
- * Whether the whole declared body (small enough to take without counting its values, as `readJson`
- * does) waits unread. Node marks the request complete only later (after I/O), but the parser
+ * Whether the whole declared body (under MAX_JSON_VALUES bytes, checked by the route: small enough
+ * to take without counting its values, as `readJson` does) waits unread. Node marks the request complete only later (after I/O), but the parser
  * hands on no byte past the declared length, so holding that many is holding it whole.
  */
 function bodyArrived(incoming: IncomingMessage, declared: number): boolean {
-  return declared > 0 && declared < MAX_JSON_VALUES && !incoming.readableEnded && incoming.readableLength === declared;
+  return !incoming.readableEnded && incoming.readableLength === declared;
 }
