@@ -23,7 +23,7 @@ import { generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchConnection } from "../src/sdk/webrtc.ts";
 import { UdpRelay } from "../test/support/udp-relay.ts";
 import { Crowd } from "./crowd.ts";
-import { benchConfig, round, type Server, startServer } from "./support.ts";
+import { benchConfig, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
 
 const env = (name: string, fallback: number) => Number(process.env[name] ?? fallback);
 const DEVICES = env("BENCH_HEALTH_DEVICES", 200);
@@ -35,6 +35,14 @@ const LIVENESS_ROUNDS = env("BENCH_HEALTH_LIVENESS_ROUNDS", 3);
 const LIVENESS_LIMIT_S = env("BENCH_HEALTH_LIVENESS_LIMIT_S", 60);
 const TONES = env("BENCH_HEALTH_TONES", 20);
 const TONE_ROUNDS = env("BENCH_HEALTH_TONE_ROUNDS", 3);
+/**
+ * `BENCH_HEALTH_MEMORY_VARIANTS=";MALLOC_ARENA_MAX=8"`: only the memory part, on a fresh server for
+ * each variant of the server's environment (`;` between variants, spaces between `NAME=value`; an
+ * empty variant is the environment as it is), the variants taken in turn `BENCH_HEALTH_MEMORY_RUNS`
+ * times, so that they are measured side by side.
+ */
+const MEMORY_VARIANTS = process.env.BENCH_HEALTH_MEMORY_VARIANTS;
+const MEMORY_RUNS = env("BENCH_HEALTH_MEMORY_RUNS", 1);
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -48,12 +56,33 @@ async function gauges(server: Server): Promise<Map<string, number>> {
   return out;
 }
 
-/** The server's resident memory (from /proc) and, when `/metrics` reports it, its used heap, in KB. */
-async function memory(server: Server): Promise<{ rssKb: number; heapKb: number | null }> {
+/**
+ * The server's resident memory (from /proc) and, when `/metrics` reports them, its used heap and
+ * Node's external memory (Buffers, the native objects V8 is told about), in KB.
+ */
+async function memory(
+  server: Server,
+): Promise<{ rssKb: number; heapKb: number | null; heapTotalKb: number | null; externalKb: number | null; spacesKb: Record<string, number> }> {
   const status = readFileSync(`/proc/${server.child.pid}/status`, "utf8");
   const rssKb = Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1] ?? Number.NaN);
-  const heap = (await gauges(server)).get("nodejs_heap_size_used_bytes");
-  return { rssKb, heapKb: heap === undefined ? null : round(heap / 1024) };
+  const g = await gauges(server);
+  const kb = (name: string) => {
+    const bytes = g.get(name);
+    return bytes === undefined ? null : round(bytes / 1024);
+  };
+  // What V8 has committed for each of its heap's spaces (new, old, code…), used or not.
+  const spacesKb: Record<string, number> = {};
+  for (const [name, bytes] of g) {
+    const m = /^nodejs_heap_space_size_total_bytes\{space="([a-z_]+)"\}$/.exec(name);
+    if (m) spacesKb[m[1]!] = round(bytes / 1024);
+  }
+  return {
+    rssKb,
+    heapKb: kb("nodejs_heap_size_used_bytes"),
+    heapTotalKb: kb("nodejs_heap_size_total_bytes"),
+    externalKb: kb("nodejs_external_memory_bytes"),
+    spacesKb,
+  };
 }
 
 async function connections(server: Server): Promise<number> {
@@ -90,11 +119,15 @@ async function settled(server: Server): Promise<{ waited_ms: number; rss_kb_at_s
  * once the first round's memory is there to be reused (RSS is not given back to the system after
  * connections close).
  */
+type Reading = Awaited<ReturnType<typeof memory>>;
+type Round = { devices: number; before: Reading; held: Reading; after: Reading; cpuMs: number };
+
 async function perConnection(server: Server, crowd: Crowd) {
   const settle = await settled(server);
-  const rounds = [];
+  const rounds: Round[] = [];
   for (let round_ = 0; round_ < 2; round_++) {
     const before = await memory(server);
+    const cpuBefore = treeCpuSeconds(server.child.pid!);
     const r = await crowd.connect(DEVICES, 8, Date.now() + 120_000);
     await until("every device counted", async () => (await connections(server)) >= r.ok);
     await sleep(2_000);
@@ -103,18 +136,41 @@ async function perConnection(server: Server, crowd: Crowd) {
     await until("every device gone", async () => (await connections(server)) === 0);
     await sleep(1_000);
     const after = await memory(server);
-    rounds.push({ devices: r.ok, before, held, after });
+    // The server's CPU (with its idle recogniser processes) from the first connect to the last release.
+    const cpuMs = round((treeCpuSeconds(server.child.pid!) - cpuBefore) * 1000);
+    rounds.push({ devices: r.ok, before, held, after, cpuMs });
   }
   const per = (a: number | null, b: number | null, n: number) => (a === null || b === null ? null : round((a - b) / n));
-  const [first, second] = rounds as [(typeof rounds)[0], (typeof rounds)[0]];
+  const [first, second] = rounds as [Round, Round];
+  const netPer = (r: Round) =>
+    r.held.externalKb === null || r.before.externalKb === null
+      ? null
+      : round((r.held.rssKb - r.before.rssKb - (r.held.externalKb - r.before.externalKb)) / r.devices);
   return {
     devices: first.devices,
     settle,
     rss_kb_per_connection: per(first.held.rssKb, first.before.rssKb, first.devices),
     rss_kb_per_connection_second_round: per(second.held.rssKb, second.before.rssKb, second.devices),
+    /**
+     * The same less what Node's external memory (ArrayBuffers, Buffers) changed by meanwhile: a
+     * major collection during the first round may free what the engines left behind when they
+     * loaded (about 21 MB of buffers), which hides about 100 KB a connection of the round's growth.
+     */
+    rss_kb_per_connection_net_of_external: netPer(first),
+    rss_kb_per_connection_second_round_net_of_external: netPer(second),
+    cpu_ms_per_connection: round(first.cpuMs / first.devices),
+    cpu_ms_per_connection_second_round: round(second.cpuMs / second.devices),
     heap_kb_per_connection: per(first.held.heapKb, first.before.heapKb, first.devices),
     heap_kb_per_connection_second_round: per(second.held.heapKb, second.before.heapKb, second.devices),
     heap_kb_left_per_connection_after_release: per(second.after.heapKb, second.before.heapKb, second.devices),
+    heap_committed_kb_per_connection: per(first.held.heapTotalKb, first.before.heapTotalKb, first.devices),
+    external_kb_per_connection: per(first.held.externalKb, first.before.externalKb, first.devices),
+    /** The heap's spaces whose committed size changed in the first round, per connection. */
+    heap_space_committed_kb_per_connection: Object.fromEntries(
+      Object.entries(first.held.spacesKb)
+        .map(([space, kb]) => [space, per(kb, first.before.spacesKb[space] ?? 0, first.devices)] as const)
+        .filter(([, kb]) => kb !== 0),
+    ),
     rounds,
   };
 }
@@ -246,7 +302,74 @@ async function tones(server: Server) {
   }
 }
 
+/** "A=1 B=2" as an environment. */
+function variantEnv(variant: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const assignment of variant.trim().split(/\s+/).filter(Boolean)) {
+    const eq = assignment.indexOf("=");
+    if (eq < 1) throw new Error(`BENCH_HEALTH_MEMORY_VARIANTS: ${assignment} is not NAME=value`);
+    out[assignment.slice(0, eq)] = assignment.slice(eq + 1);
+  }
+  return out;
+}
+
+/** The memory part alone on a fresh server (of the checkout at `root`) started with `extraEnv`. */
+async function memoryOnFreshServer(extraEnv: Record<string, string>, root: string | undefined) {
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-health-"));
+  const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { webrtc: { maxConnections: 10_000 } }), ...extraEnv }, root);
+  let crowd: Crowd | undefined;
+  const killAll = () => {
+    crowd?.kill();
+    if (server.child.exitCode === null) server.child.kill("SIGKILL");
+  };
+  process.once("exit", killAll);
+  try {
+    const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
+    crowd = new Crowd(PROCESSES, { url: server.url, serverKey, bindAddress: new URL(server.url).hostname });
+    return await perConnection(server, crowd);
+  } finally {
+    await crowd?.stop().catch(() => crowd?.kill());
+    await server.stop();
+    process.off("exit", killAll);
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** With `BENCH_COMPARE_ROOT` (another checkout), that checkout's server, as it is, is one more case of each run. */
+async function memoryVariants(variants: string[]) {
+  const compareRoot = process.env.BENCH_COMPARE_ROOT;
+  const cases = [
+    ...(compareRoot ? [{ name: "BENCH_COMPARE_ROOT", variant: "", root: compareRoot as string | undefined }] : []),
+    ...variants.map((variant) => ({ name: variant || "(as is)", variant, root: undefined as string | undefined })),
+  ];
+  const runs: Record<string, unknown[]> = Object.fromEntries(cases.map((c) => [c.name, []]));
+  for (let run = 0; run < MEMORY_RUNS; run++) {
+    for (const { name, variant, root } of cases) {
+      const loadBefore = loadavg()[0]!;
+      const m = await memoryOnFreshServer(variantEnv(variant), root);
+      const figure = {
+        fresh_rss_kb: m.rss_kb_per_connection,
+        warm_rss_kb: m.rss_kb_per_connection_second_round,
+        fresh_rss_kb_net_of_external: m.rss_kb_per_connection_net_of_external,
+        warm_rss_kb_net_of_external: m.rss_kb_per_connection_second_round_net_of_external,
+        fresh_heap_kb: m.heap_kb_per_connection,
+        cpu_ms_per_connection: [m.cpu_ms_per_connection, m.cpu_ms_per_connection_second_round],
+        fresh_heap_committed_kb: m.heap_committed_kb_per_connection,
+        fresh_external_kb: m.external_kb_per_connection,
+        fresh_heap_spaces_kb: m.heap_space_committed_kb_per_connection,
+        load: [round(loadBefore), round(loadavg()[0]!)],
+        devices: m.devices,
+        rss_kb_settled: m.settle.rss_kb_settled,
+      };
+      process.stderr.write(`webrtc-health bench: ${name}: ${JSON.stringify(figure)}\n`);
+      runs[name]!.push(figure);
+    }
+  }
+  return { suite: "webrtc-health", part: "memory per connection, by server environment", devices: DEVICES, variants: runs };
+}
+
 export async function webrtcHealthBench(): Promise<unknown> {
+  if (MEMORY_VARIANTS !== undefined) return await memoryVariants(MEMORY_VARIANTS.split(";"));
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-health-"));
   const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { webrtc: { maxConnections: 10_000 } }) });
   let crowd: Crowd | undefined;

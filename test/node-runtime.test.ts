@@ -1,10 +1,11 @@
 /** `perch` runs on Node's own TypeScript support: nothing of the dev dependencies but the pinned Node. */
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { readFileSync, rmSync } from "node:fs";
+import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import { perch } from "./support/cli.ts";
-import { ROOT } from "./support/server.ts";
+import { ROOT, spawnServer, tempDir } from "./support/server.ts";
 
 test("npm start, npm run perch and bin/perch run without tsx, and print no warning", async () => {
   const scripts = (JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts;
@@ -15,4 +16,38 @@ test("npm start, npm run perch and bin/perch run without tsx, and print no warni
   assert.equal(r.code, 0, r.stderr);
   assert.equal(r.stderr, "");
   assert.match((JSON.parse(r.stdout) as { public_key: string }).public_key, /^[1-9A-HJ-NP-Za-km-z]{32,44}$/);
+});
+
+/** The server's process as the system sees it: its arguments and its environment. */
+function processOf(pid: number): { args: string[]; env: Map<string, string> } {
+  const split = (file: string) => readFileSync(`/proc/${pid}/${file}`, "utf8").split("\0").filter(Boolean);
+  return { args: split("cmdline"), env: new Map(split("environ").map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)])) };
+}
+
+test("perch serve runs with the memory defaults of bin/perch, unless the operator set them", { skip: process.platform !== "linux" }, async () => {
+  const dir = tempDir();
+  // Not in the environment at all, as on a machine where nobody set it.
+  const inherited = process.env.MALLOC_ARENA_MAX;
+  delete process.env.MALLOC_ARENA_MAX;
+  const none = { GLIBC_TUNABLES: "", NODE_OPTIONS: "" };
+  const started = Promise.all([
+    spawnServer({ ...none, PERCH_DATA_DIR: join(dir, "plain") }),
+    spawnServer({ ...none, PERCH_DATA_DIR: join(dir, "operators"), MALLOC_ARENA_MAX: "7", NODE_OPTIONS: "--max-semi-space-size=4" }),
+  ]);
+  if (inherited !== undefined) process.env.MALLOC_ARENA_MAX = inherited;
+  const [plain, operators] = await started;
+  try {
+    // docs/decisions.md, "Memory of a process": a young generation of at most 16 MB a
+    // semi-space, one malloc arena a core (at least two).
+    const p = processOf(plain.process.pid!);
+    assert.ok(p.args.includes("--max-semi-space-size=16"), p.args.join(" "));
+    assert.equal(p.env.get("MALLOC_ARENA_MAX"), String(Math.max(2, availableParallelism())));
+    const o = processOf(operators.process.pid!);
+    assert.ok(!o.args.some((a) => a.startsWith("--max-semi-space-size")), o.args.join(" "));
+    assert.equal(o.env.get("NODE_OPTIONS"), "--max-semi-space-size=4");
+    assert.equal(o.env.get("MALLOC_ARENA_MAX"), "7");
+  } finally {
+    await Promise.all([plain.stop(), operators.stop()]);
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
