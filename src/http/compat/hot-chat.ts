@@ -8,7 +8,7 @@ import { clientGoneOf } from "../client-gone.ts";
 import { logFailure, requestIdOf } from "../exchange.ts";
 import { nodeHeader } from "../headers.ts";
 import { type HotRoute, hotExchange, writeJson } from "../hot-routes.ts";
-import { pipeBody, writeStreamHead } from "../hot-stream.ts";
+import { pipeEvents, writeStreamHead } from "../hot-stream.ts";
 import type { Metrics } from "../metrics.ts";
 import { CLIENT_CLOSED_REQUEST, clientLeft } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
@@ -16,7 +16,7 @@ import { authenticateCaller } from "./auth.ts";
 import { CHAT_ROUTE, ChatCallMetrics } from "./chat.ts";
 import { openAIErrorEnvelope, toOpenAIError } from "./errors.ts";
 import { MAX_JSON_VALUES } from "./json.ts";
-import { asIs, EVENT_STREAM, streamBody, streamHeaders } from "./stream-body.ts";
+import { EVENT_STREAM, streamHeaders } from "./stream-body.ts";
 import { COMPAT_BASE } from "./surface.ts";
 import { unsent, writeTimeoutOf } from "./write-timeout.ts";
 
@@ -88,11 +88,10 @@ export function hotChatRoute(o: HotChatOptions): HotRoute {
         const { stream } = result;
         const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
         // As the app's route: the same body (its error event, its cancellation), written as the adapter writes it.
-        const body = streamBody(stream.events[Symbol.asyncIterator](), { sse: true, encode: asIs, done });
         watch(outgoing);
         writeStreamHead(outgoing, requestId, streamHeaders(EVENT_STREAM));
         record(requestId, "POST", 200, o.callers.resolveAddress(env), started);
-        await pipeBody(body, outgoing);
+        await pipeEvents(stream.events[Symbol.asyncIterator](), outgoing, done);
         return;
       }
       call.completed(result.completion);
