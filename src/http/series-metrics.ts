@@ -40,7 +40,7 @@ abstract class SeriesMetric<L extends string, S extends { labels: Record<L, stri
 
   /** The series of these label values, in `labelNames`' order (made at its first use). */
   protected at(values: readonly string[]): S {
-    const key = values.length === 1 ? values[0]! : values.join("\u0000");
+    const key = values.length === 1 ? values[0]! : values.length === 2 ? `${values[0]}\u0000${values[1]}` : values.join("\u0000");
     let s = this.series.get(key);
     if (!s) {
       const labels = {} as Record<L, string>;
