@@ -5,20 +5,9 @@ import { DomainError } from "./errors.ts";
 import type { ApiKeyPrincipal } from "./principal.ts";
 import { RateLimiter } from "./rate-limiter.ts";
 
-interface KeyEntry {
-  key: ApiKeyConfig;
-  limiter: RateLimiter | undefined;
-  principal: ApiKeyPrincipal;
-}
-
 /** The operator API keys of the configuration, known only by their SHA-256, each with its optional rate limit. */
 export class ApiKeyService {
-  private readonly keys: Map<string, KeyEntry>;
-  /**
-   * The keys already presented, by their bearer: a key's hash is taken once, not on every call.
-   * Only keys of the configuration are kept (at most one bearer each), never a refused one.
-   */
-  private readonly presented = new Map<string, KeyEntry>();
+  private readonly keys: Map<string, { key: ApiKeyConfig; limiter: RateLimiter | undefined; principal: ApiKeyPrincipal }>;
 
   constructor(ctx: DomainContext) {
     this.keys = new Map(
@@ -36,12 +25,8 @@ export class ApiKeyService {
   /** The key `bearer` is, counted against its rate limit; undefined when it is none of them. */
   authenticate(bearer: string): ApiKeyPrincipal | undefined {
     if (this.keys.size === 0) return undefined;
-    let entry = this.presented.get(bearer);
-    if (!entry) {
-      entry = this.keys.get(hash("sha256", bearer, "hex"));
-      if (!entry) return undefined;
-      this.presented.set(bearer, entry);
-    }
+    const entry = this.keys.get(hash("sha256", bearer, "hex"));
+    if (!entry) return undefined;
     const wait = entry.limiter?.hit(entry.key.name) ?? 0;
     if (wait > 0) throw new DomainError("rate_limited", "RATE_LIMITED", `rate limit reached for API key ${entry.key.name}`, undefined, wait);
     return entry.principal;

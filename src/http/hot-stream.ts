@@ -6,8 +6,8 @@ import { sharedHeaders } from "./exchange.ts";
 /**
  * Starts a streamed answer as the app's Node adapter starts one whose headers the app gave as an
  * object of several (a web `Headers`, copied out in its order: lower-case names, sorted): the
- * shared headers first, then those. Not flushed: the first piece of the body goes out with them,
- * in one write.
+ * shared headers first, then those. Not flushed yet: `pipeEvents` sends them with the first piece
+ * when it is at hand, else at once.
  */
 export function writeStreamHead(outgoing: ServerResponse, requestId: string, headers: Record<string, string>): void {
   const list: string[] = [];
@@ -38,10 +38,15 @@ export async function pipeEvents(source: AsyncIterator<Uint8Array>, outgoing: Se
   outgoing.once("close", left);
   try {
     if (outgoing.destroyed) return left();
+    let first: Promise<IteratorResult<Uint8Array>> | undefined = source.next();
+    // As the adapter: the head goes out with the first piece if that is at hand (a provider's
+    // stream starts with its first event), else at once (an agent's tool step has nothing yet).
+    if (!(await settledNow(first))) outgoing.flushHeaders();
     for (;;) {
       let next: IteratorResult<Uint8Array>;
       try {
-        next = await source.next();
+        next = await (first ?? source.next());
+        first = undefined;
       } catch (err) {
         if (end(200, "api_error")) outgoing.end(sseErrorEvent(err));
         return;
@@ -58,6 +63,17 @@ export async function pipeEvents(source: AsyncIterator<Uint8Array>, outgoing: Se
   } finally {
     outgoing.off("close", left);
   }
+}
+
+/** Whether `promise` has settled before this turn of the event loop's I/O. */
+function settledNow(promise: Promise<unknown>): Promise<boolean> {
+  return Promise.race([
+    promise.then(
+      () => true,
+      () => true,
+    ),
+    new Promise<boolean>((resolve) => setImmediate(resolve, false)),
+  ]);
 }
 
 /** Resolves once `outgoing` drains or closes. */

@@ -24,17 +24,22 @@ export function writeTimeoutOf(ms: number): (outgoing: ServerResponse) => void {
 
 interface Watched {
   outgoing: ServerResponse;
-  /** The socket's bytes waiting at the last sweep. */
+  /** The socket's bytes waiting at the last sweep (a TCP socket's). */
   waiting: number;
   stalledSince: number | undefined;
 }
 
 /**
  * One timer for all the responses in progress (a timer of each response's own showed in the
- * profile of short relayed calls), running only while there are some. What is read is the
- * socket's buffer, not the response's `writableNeedDrain` (false once a response has ended, so a
- * whole answer sitting in the buffer never counted as stalled): a response is stalled while its
- * socket holds bytes and fewer of them have left than the sweep before.
+ * profile of short relayed calls), running only while there are some.
+ *
+ * On a TCP socket progress is read from the socket: a response is stalled while bytes wait in its
+ * buffer and the handle's queue (what Node's own socket timeout reads for the same purpose) and
+ * their count has not changed since the sweep before. The response's own `writableNeedDrain`
+ * is false once it has ended, so a whole answer a client never read was never cut; and a whole
+ * answer is one write, which `writableLength` alone counts whole until it completes. Any other
+ * socket (a DataChannel stream of the WebRTC transport, served by the same adapter) has neither:
+ * there the response's own flag and its `drain` events say, as before.
  */
 function watcher(ms: number): (outgoing: ServerResponse) => void {
   const watched = new Set<Watched>();
@@ -48,12 +53,8 @@ function watcher(ms: number): (outgoing: ServerResponse) => void {
     }
     const now = performance.now();
     for (const w of watched) {
-      const socket = w.outgoing.socket;
-      if (w.outgoing.destroyed || !socket) continue;
-      const waiting = waitingBytes(socket);
-      const moved = waiting === 0 || waiting !== w.waiting;
-      w.waiting = waiting;
-      if (moved) {
+      if (w.outgoing.destroyed) continue;
+      if (moving(w)) {
         w.stalledSince = undefined;
         continue;
       }
@@ -62,27 +63,48 @@ function watcher(ms: number): (outgoing: ServerResponse) => void {
     }
   };
   return (outgoing) => {
+    if (outgoing.destroyed || outgoing.closed) return;
     const w: Watched = { outgoing, waiting: 0, stalledSince: undefined };
+    const onDrain = () => {
+      w.stalledSince = undefined;
+    };
     watched.add(w);
     if (!timer) {
       timer = setInterval(sweep, Math.max(10, Math.floor(ms / 4)));
       timer.unref();
     }
-    outgoing.once("close", () => watched.delete(w));
+    outgoing.on("drain", onDrain);
+    outgoing.once("close", () => {
+      watched.delete(w);
+      outgoing.off("drain", onDrain);
+    });
   };
 }
 
-/**
- * Bytes the socket has not yet handed to the kernel. A whole answer is one write, which
- * `writableLength` counts whole until it completes: the handle's queue (what Node's own socket
- * timeout reads for the same purpose) shrinks as the client takes it.
- */
-function waitingBytes(socket: Socket): number {
-  const queued = (socket as unknown as { _handle?: { writeQueueSize?: number } })._handle?.writeQueueSize;
-  return socket.writableLength + (typeof queued === "number" ? queued : 0);
+/** Whether `w`'s client took bytes since the last sweep, or has none waiting (updates `w.waiting`). */
+function moving(w: Watched): boolean {
+  const socket = w.outgoing.socket;
+  if (!socket) return true; // queued behind an earlier response on its connection: nothing written yet
+  const queued = queueOf(socket);
+  if (queued === undefined) return !w.outgoing.writableNeedDrain;
+  const waiting = socket.writableLength + queued;
+  const moved = waiting === 0 || waiting !== w.waiting;
+  w.waiting = waiting;
+  return moved;
 }
 
-/** Whether a whole answer, just written, still waits in its socket for the client to take it. */
+/** The bytes a TCP socket's handle has queued for the kernel; undefined for any other socket. */
+function queueOf(socket: Socket): number | undefined {
+  const queued = (socket as unknown as { _handle?: { writeQueueSize?: unknown } })._handle?.writeQueueSize;
+  return typeof queued === "number" ? queued : undefined;
+}
+
+/**
+ * Whether a whole answer, just written, may still wait for the client to take it: its socket
+ * holds bytes, or it has none yet (queued behind an earlier answer on the same connection).
+ */
 export function unsent(outgoing: ServerResponse): boolean {
-  return !outgoing.destroyed && (outgoing.socket?.writableLength ?? 0) > 0;
+  if (outgoing.destroyed) return false;
+  const socket = outgoing.socket;
+  return !socket || socket.writableLength > 0 || (queueOf(socket) ?? 0) > 0;
 }
