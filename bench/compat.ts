@@ -96,6 +96,7 @@ export async function compatBench(): Promise<unknown> {
       }
       const body = (model: string, stream: boolean) => JSON.stringify({ model, messages: [{ role: "user", content: "Say something short." }], stream });
 
+      await Promise.all([perch.settled(), compared?.settled()]);
       // Warm every path (JIT, keep-alive sockets).
       for (let i = 0; i < 300; i++) for (const t of targets) await request(t, body(t.short, false));
 

@@ -37,6 +37,7 @@ export async function publicBench(): Promise<unknown> {
   const server = await startServer({ PERCH_DATA_DIR: dataDir, ...(DATABASE_URL ? { PERCH_DATABASE_URL: DATABASE_URL } : {}), ...benchConfig(dataDir) });
   const pid = server.child.pid!;
   try {
+    await server.settled();
     const { url } = server;
     const client = new PerchClient({ baseUrl: url, keyPair: deviceKey });
     await client.login();
@@ -294,6 +295,7 @@ async function statusCpuBench(): Promise<unknown> {
       await client.putStatus({ volume: 50, battery_percent: 80, labels: { room: "lab" } });
       started.at(-1)!.headers = { authorization: `Bearer ${client.accessToken}` };
     }
+    await Promise.all(started.map((s) => s.server.settled()));
     const first = started[0]!;
     lean = await startLean(join(first.dataDir, "perch.db"));
     const leanUrl = lean.url;

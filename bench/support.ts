@@ -22,6 +22,12 @@ export interface Server {
   child: ChildProcess;
   /** Log lines at warn level or above since the start, and the last few of them. */
   warnings: { count: number; last: string[] };
+  /**
+   * Resolves once the server's start-up work is over: its speech engines load and warm up in
+   * worker threads and recogniser processes for seconds after it listens, on the same cores, and a
+   * load measured meanwhile counts their CPU as the requests'.
+   */
+  settled(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -56,6 +62,7 @@ export async function startServer(env: Record<string, string>, root = ROOT): Pro
     url,
     child,
     warnings,
+    settled: () => settledCpu(child.pid!),
     stop: async () => {
       if (child.exitCode !== null) return;
       child.kill("SIGTERM");
@@ -119,6 +126,18 @@ export async function withCpu(pid: number, fn: () => Promise<Figure>): Promise<F
   const figure = await fn();
   const cpu = treeCpuSeconds(pid) - before;
   return { ...figure, server_cpu_us_per_request: round((cpu * 1e6) / Math.max(1, figure.requests)) };
+}
+
+/** Waits until `pid`'s process tree uses under 5 % of a core over half a second (at most `maxMs`). */
+export async function settledCpu(pid: number, maxMs = 120_000): Promise<void> {
+  const until = performance.now() + maxMs;
+  let before = treeCpuSeconds(pid);
+  while (performance.now() < until) {
+    await new Promise((r) => setTimeout(r, 500));
+    const now = treeCpuSeconds(pid);
+    if (now - before < 0.025) return;
+    before = now;
+  }
 }
 
 export function round(x: number): number {

@@ -17,11 +17,11 @@ const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 const TEXT = "The small device reports its battery level and its temperature every minute. ".repeat(30).slice(0, 2048);
 
 /** A client that sends one POST and then never reads a byte of the answer. */
-function nonReader(port: number, path: string, body: unknown): net.Socket {
+function nonReader(port: number, path: string, body: unknown, host = "127.0.0.1"): net.Socket {
   const json = JSON.stringify(body);
   const socket = net.connect(port, "127.0.0.1", () => {
     socket.write(
-      `POST ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(json)}\r\n\r\n${json}`,
+      `POST ${path} HTTP/1.1\r\nHost: ${host}\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(json)}\r\n\r\n${json}`,
     );
     socket.pause();
   });
@@ -74,13 +74,29 @@ describe("slow readers cannot pin engines", () => {
 describe("a write timeout on responses", () => {
   let server: TestServer;
   let upstream: http.Server;
+  /** The same, with a write timeout of 2 s. */
+  let patient: TestServer;
   let closedEarly = 0;
   let written = 0;
 
   before(async () => {
     upstream = http.createServer((req, res) => {
-      req.resume();
+      const chunks: Buffer[] = [];
+      req.on("data", (c: Buffer) => chunks.push(c));
       req.on("end", () => {
+        if (!(JSON.parse(Buffer.concat(chunks).toString()) as { stream?: boolean }).stream) {
+          // A whole answer larger than the sockets' buffers: 40 MB of content.
+          const completion = {
+            id: "c",
+            object: "chat.completion",
+            created: 1,
+            model: "x",
+            choices: [{ index: 0, message: { role: "assistant", content: "a".repeat(40_000_000) }, finish_reason: "stop" }],
+          };
+          res.writeHead(200, { "content-type": "application/json" });
+          res.end(JSON.stringify(completion));
+          return;
+        }
         res.writeHead(200, { "content-type": "text/event-stream" });
         res.on("close", () => {
           if (!res.writableFinished) closedEarly++;
@@ -102,17 +118,18 @@ describe("a write timeout on responses", () => {
     });
     await new Promise<void>((resolve) => upstream.listen(0, "127.0.0.1", resolve));
     const base = `http://127.0.0.1:${(upstream.address() as net.AddressInfo).port}/v1`;
-    server = await startTestServer({
-      config: {
-        providers: [{ id: "p", kind: "openai-compatible", base_url: base, max_retries: 0 }],
-        models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "x" }],
-        api_keys: [{ name: "a", sha256: sha256(KEY) }],
-        compat: { writeTimeoutMs: 500 },
-      },
+    const config = (writeTimeoutMs: number) => ({
+      providers: [{ id: "p", kind: "openai-compatible" as const, base_url: base, max_retries: 0 }],
+      models: [{ id: "m", kind: "chat" as const, provider: "p", upstream_model: "x" }],
+      api_keys: [{ name: "a", sha256: sha256(KEY) }],
+      compat: { writeTimeoutMs },
     });
+    server = await startTestServer({ config: config(500) });
+    patient = await startTestServer({ config: config(2000) });
   });
   after(async () => {
     await server?.stop();
+    await patient?.stop();
     upstream.closeAllConnections();
     await new Promise((r) => upstream.close(r));
   });
@@ -133,6 +150,68 @@ describe("a write timeout on responses", () => {
       // What the client had received is still there to read, then the connection ends.
       socket.resume();
       assert.ok(await until(() => closed), "the client's connection is closed");
+    } finally {
+      socket.destroy();
+    }
+  });
+
+  test("a client that does not read a whole answer is disconnected, through the app and through the listener's hot route", async () => {
+    const port = Number(new URL(server.url).port);
+    // A Host's first request goes through the app, a later one to the hot route (hot-routes.ts).
+    for (const path of ["app", "hot route"]) {
+      let held: net.Socket | undefined;
+      server.httpServer.once("connection", (s: net.Socket) => {
+        held = s;
+      });
+      const socket = nonReader(port, "/openai/v1/chat/completions", { model: "m", messages: [{ role: "user", content: "hi" }] }, "whole.test");
+      let received = 0;
+      socket.on("data", (c: Buffer) => {
+        received += c.length;
+      });
+      let closed = false;
+      socket.once("close", () => {
+        closed = true;
+      });
+      try {
+        // The client cannot see the end of a connection it does not read: the server's side says.
+        assert.ok(await until(() => held?.destroyed === true), `${path}: the connection of a client that does not read is still open`);
+        socket.resume();
+        assert.ok(await until(() => closed), `${path}: the client's connection is closed`);
+        assert.ok(received < 40_000_000, `${path}: the whole answer arrived (${received} bytes)`);
+      } finally {
+        socket.destroy();
+      }
+    }
+  });
+
+  test("a client that reads a whole answer slowly, for longer than the write timeout, gets all of it", async () => {
+    // A megabyte each 100 ms: about 4 s for the answer, while the server's timeout is 2 s of no progress.
+    const socket = nonReader(Number(new URL(patient.url).port), "/openai/v1/chat/completions", { model: "m", messages: [{ role: "user", content: "hi" }] });
+    let received = 0;
+    let ended = false;
+    socket.once("end", () => {
+      ended = true;
+    });
+    const started = performance.now();
+    try {
+      while (!socket.destroyed && !ended) {
+        await new Promise((r) => setTimeout(r, 100));
+        const until = received + 1_000_000;
+        socket.resume();
+        await new Promise<void>((resolve) => {
+          const take = (c: Buffer) => {
+            received += c.length;
+            if (received < until) return;
+            socket.off("data", take);
+            socket.pause();
+            resolve();
+          };
+          socket.on("data", take);
+          socket.once("close", () => resolve());
+        });
+        if (received > 40_000_000) break;
+      }
+      assert.ok(received > 40_000_000, `only ${received} bytes arrived, in ${Math.round(performance.now() - started)} ms`);
     } finally {
       socket.destroy();
     }

@@ -310,11 +310,13 @@ describe("hot routes answer as the app does", () => {
 
   test("a client that leaves a stream: its call counted 499 either way, the provider's stream cancelled", async () => {
     const gone = 'perch_ai_requests_total{route="/chat/completions",model="my-chat",status="499"}';
+    const ok = 'perch_ai_requests_total{route="/chat/completions",model="my-chat",status="200"}';
     for (const [port, id] of [
       [server.port, "left-hot"],
       [appPort, "left-app"],
     ] as const) {
       const before = await metric(gone);
+      const okBefore = await metric(ok);
       upstream.reply({ hang: true });
       const socket = await tcp(port);
       const body = JSON.stringify({ model: "my-chat", messages: [{ role: "user", content: "Hi" }], stream: true });
@@ -325,6 +327,8 @@ describe("hot routes answer as the app does", () => {
       await upstream.received.at(-1)!.aborted;
       // The call is counted when its body is cancelled, which is what cancels the provider's stream.
       assert.equal(await metric(gone), before + 1, id);
+      // Once: the provider's stream, cut, then fails the awaited event; that is not a second end.
+      assert.equal(await metric(ok), okBefore, `${id}: counted again as ended`);
     }
   });
 

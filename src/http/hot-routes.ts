@@ -66,18 +66,17 @@ export class HotRoutes {
 
 /**
  * Writes a JSON answer as the app's Node adapter writes one that the app built whole: the shared
- * headers set on Node's response first, then the type (with `Retry-After`, as the adapter copies a
- * web `Headers`: lower-case names, in order), then the length.
+ * headers first, then the type (with `Retry-After`, as the adapter copies a web `Headers`:
+ * lower-case names, in order), then the length. Given to `writeHead` as one flat list, the order
+ * the adapter's `setHeader` calls give, without their per-header bookkeeping.
  */
 export function writeJson(outgoing: ServerResponse, requestId: string, status: number, contentType: string, body: string, retryAfter?: number): void {
-  sharedHeaders((name, value) => void outgoing.setHeader(name, value), requestId);
-  const length = Buffer.byteLength(body);
-  outgoing.writeHead(
-    status,
-    retryAfter === undefined
-      ? { "Content-Type": contentType, "Content-Length": length }
-      : { "content-type": contentType, "retry-after": String(retryAfter), "Content-Length": length },
-  );
+  const headers: string[] = [];
+  sharedHeaders((name, value) => void headers.push(name, value), requestId);
+  const length = String(Buffer.byteLength(body));
+  if (retryAfter === undefined) headers.push("Content-Type", contentType, "Content-Length", length);
+  else headers.push("content-type", contentType, "retry-after", String(retryAfter), "Content-Length", length);
+  outgoing.writeHead(status, headers);
   outgoing.end(body);
 }
 

@@ -1,6 +1,7 @@
 import { monitorEventLoopDelay } from "node:perf_hooks";
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import { Counter, collectDefaultMetrics, Gauge, Registry } from "prom-client";
 import { type ClassStats, JOB_CLASSES, schedulers } from "../ai/speech/scheduler.ts";
+import { SeriesCounter, SeriesHistogram } from "./series-metrics.ts";
 
 /** One per process: the event loop's delay, sampled every 10 ms. */
 const loopDelay = monitorEventLoopDelay({ resolution: 10 });
@@ -9,13 +10,13 @@ loopDelay.enable();
 /** Prometheus metrics of one node, served at `GET /metrics`. */
 export class Metrics {
   readonly registry = new Registry();
-  readonly requests = new Counter({
+  readonly requests = new SeriesCounter({
     name: "perch_http_requests_total",
     help: "HTTP requests by route and status",
     labelNames: ["method", "route", "status"] as const,
     registers: [this.registry],
   });
-  readonly latency = new Histogram({
+  readonly latency = new SeriesHistogram({
     name: "perch_http_request_duration_seconds",
     help: "HTTP request latency by route and status",
     labelNames: ["method", "route", "status"] as const,
@@ -23,26 +24,26 @@ export class Metrics {
     registers: [this.registry],
   });
 
-  readonly aiRequests = new Counter({
+  readonly aiRequests = new SeriesCounter({
     name: "perch_ai_requests_total",
     help: "Compatible API requests by route, model and status (streams count when they end)",
     labelNames: ["route", "model", "status"] as const,
     registers: [this.registry],
   });
-  readonly aiLatency = new Histogram({
+  readonly aiLatency = new SeriesHistogram({
     name: "perch_ai_request_duration_seconds",
     help: "Compatible API request duration by route and model, to the last byte",
     labelNames: ["route", "model"] as const,
     buckets: [0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
     registers: [this.registry],
   });
-  readonly aiTokens = new Counter({
+  readonly aiTokens = new SeriesCounter({
     name: "perch_ai_tokens_total",
     help: "Tokens by model and kind (prompt, completion), as the provider reported them",
     labelNames: ["model", "kind"] as const,
     registers: [this.registry],
   });
-  readonly aiErrors = new Counter({
+  readonly aiErrors = new SeriesCounter({
     name: "perch_ai_errors_total",
     help: "Compatible API errors by route, model and OpenAI error type, including errors after a stream started",
     labelNames: ["route", "model", "type"] as const,
@@ -73,23 +74,29 @@ export class Metrics {
   }
 
   observe(method: string, route: string, status: number, seconds: number): void {
-    const labels = { method, route, status: String(status) };
+    const labels = [method, route, statusText(status)];
     this.requests.inc(labels);
     this.latency.observe(labels, seconds);
   }
 
   /** One Compatible API request: `model` is the id the client sent when it is a known one, else "unknown". */
   observeAi(route: string, model: string, status: number, seconds: number, errorType?: string): void {
-    this.aiRequests.inc({ route, model, status: String(status) });
-    this.aiLatency.observe({ route, model }, seconds);
-    if (errorType) this.aiErrors.inc({ route, model, type: errorType });
+    this.aiRequests.inc([route, model, statusText(status)]);
+    this.aiLatency.observe([route, model], seconds);
+    if (errorType) this.aiErrors.inc([route, model, errorType]);
   }
 
   tokens(model: string, usage: { prompt_tokens?: number; completion_tokens?: number } | undefined): void {
     if (!usage) return;
-    if (usage.prompt_tokens) this.aiTokens.inc({ model, kind: "prompt" }, usage.prompt_tokens);
-    if (usage.completion_tokens) this.aiTokens.inc({ model, kind: "completion" }, usage.completion_tokens);
+    if (usage.prompt_tokens) this.aiTokens.inc([model, "prompt"], usage.prompt_tokens);
+    if (usage.completion_tokens) this.aiTokens.inc([model, "completion"], usage.completion_tokens);
   }
+}
+
+/** HTTP statuses as label values, made once. */
+const STATUS_TEXT = Array.from({ length: 600 }, (_, i) => String(i));
+function statusText(status: number): string {
+  return STATUS_TEXT[status] ?? String(status);
 }
 
 /**

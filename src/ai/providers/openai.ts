@@ -356,7 +356,10 @@ function approximateSize(request: ProviderRequest): number {
 /** The request as the provider gets it: absent and null fields are left out (some servers refuse null). */
 function withoutNulls(request: ProviderRequest): Record<string, unknown> {
   const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(request)) if (v !== null && v !== undefined) out[k] = v;
+  for (const k of Object.keys(request)) {
+    const v = request[k as keyof ProviderRequest];
+    if (v !== null && v !== undefined) out[k] = v;
+  }
   return out;
 }
 

@@ -8,7 +8,7 @@ import { clientGoneOf } from "../client-gone.ts";
 import { logFailure, requestIdOf } from "../exchange.ts";
 import { nodeHeader } from "../headers.ts";
 import { type HotRoute, hotExchange, writeJson } from "../hot-routes.ts";
-import { pipeBody, writeStreamHead } from "../hot-stream.ts";
+import { pipeEvents, writeStreamHead } from "../hot-stream.ts";
 import type { Metrics } from "../metrics.ts";
 import { CLIENT_CLOSED_REQUEST, clientLeft } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
@@ -16,9 +16,9 @@ import { authenticateCaller } from "./auth.ts";
 import { CHAT_ROUTE, ChatCallMetrics } from "./chat.ts";
 import { openAIErrorEnvelope, toOpenAIError } from "./errors.ts";
 import { MAX_JSON_VALUES } from "./json.ts";
-import { asIs, EVENT_STREAM, streamBody, streamHeaders } from "./stream-body.ts";
+import { EVENT_STREAM, streamHeaders } from "./stream-body.ts";
 import { COMPAT_BASE } from "./surface.ts";
-import { writeTimeoutOf } from "./write-timeout.ts";
+import { unsent, writeTimeoutOf } from "./write-timeout.ts";
 
 export const HOT_CHAT_PATH = `${COMPAT_BASE}${CHAT_ROUTE}`;
 const JSON_TYPE = "application/json";
@@ -44,6 +44,9 @@ export interface HotChatOptions {
 export function hotChatRoute(o: HotChatOptions): HotRoute {
   const record = hotExchange(o.logger, o.metrics, HOT_CHAT_PATH);
   const watch = writeTimeoutOf(o.writeTimeoutMs);
+  const watchUnsent = (outgoing: ServerResponse) => {
+    if (unsent(outgoing)) watch(outgoing);
+  };
 
   /** The parsed request and its model, taken in one tick (so that the body can still be put back), or undefined. */
   const take = (incoming: IncomingMessage, caller: Caller, declared: number): { request: ChatRequest; entry: ChatEntry } | undefined => {
@@ -75,7 +78,6 @@ export function hotChatRoute(o: HotChatOptions): HotRoute {
       return;
     }
     const requestId = requestIdOf(nodeHeader(incoming, "x-request-id"));
-    watch(outgoing);
     const signal = clientGoneOf(outgoing);
     const call = new ChatCallMetrics(o.metrics, started);
     call.model = taken.entry.id;
@@ -86,14 +88,15 @@ export function hotChatRoute(o: HotChatOptions): HotRoute {
         const { stream } = result;
         const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
         // As the app's route: the same body (its error event, its cancellation), written as the adapter writes it.
-        const body = streamBody(stream.events[Symbol.asyncIterator](), { sse: true, encode: asIs, done });
+        watch(outgoing);
         writeStreamHead(outgoing, requestId, streamHeaders(EVENT_STREAM));
         record(requestId, "POST", 200, o.callers.resolveAddress(env), started);
-        await pipeBody(body, outgoing);
+        await pipeEvents(stream.events[Symbol.asyncIterator](), outgoing, done);
         return;
       }
       call.completed(result.completion);
       writeJson(outgoing, requestId, 200, JSON_TYPE, JSON.stringify(result.completion));
+      watchUnsent(outgoing);
     } catch (err) {
       call.failed(err, signal.aborted);
       if (clientLeft(outgoing)) status = CLIENT_CLOSED_REQUEST;
@@ -102,6 +105,7 @@ export function hotChatRoute(o: HotChatOptions): HotRoute {
         status = e.status;
         logFailure(o.logger, err, status, requestId, HOT_CHAT_PATH);
         writeJson(outgoing, requestId, status, JSON_TYPE, JSON.stringify(openAIErrorEnvelope(e)), e.retryAfter);
+        watchUnsent(outgoing);
       }
     }
     record(requestId, "POST", status, o.callers.resolveAddress(env), started);

@@ -21,6 +21,14 @@ export function streamBody<T>(
     done: StreamEnd;
   },
 ): ReadableStream<Uint8Array> {
+  // Once: a client that leaves while a piece is awaited cancels (499), and the source's failure
+  // that follows (its upstream call cut) must not count the call again.
+  let ended = false;
+  const done: StreamEnd = (status, errorType) => {
+    if (ended) return;
+    ended = true;
+    o.done(status, errorType);
+  };
   return new ReadableStream<Uint8Array>(
     {
       async pull(controller) {
@@ -28,7 +36,7 @@ export function streamBody<T>(
         try {
           next = await source.next();
         } catch (err) {
-          o.done(200, "api_error");
+          done(200, "api_error");
           if (!o.sse) return controller.error(err);
           controller.enqueue(sseErrorEvent(err));
           controller.close();
@@ -36,14 +44,14 @@ export function streamBody<T>(
         }
         if (next.done) {
           if (o.last) controller.enqueue(o.last());
-          o.done(200);
+          done(200);
           controller.close();
           return;
         }
         controller.enqueue(o.encode(next.value));
       },
       async cancel() {
-        o.done(499);
+        done(499);
         await source.return?.();
       },
     },

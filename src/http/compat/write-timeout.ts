@@ -1,11 +1,13 @@
 import type { ServerResponse } from "node:http";
+import type { Socket } from "node:net";
 import type { Context } from "hono";
 
 /**
  * A write timeout on responses: a client that has not taken any of a response's bytes for `ms`
- * while more are waiting (the socket's buffer is full) is disconnected, which cancels whatever
- * produces the response (an upstream call, an engine). Through the Node adapter only: a stream of
- * a WebRTC connection has the transport's own flow control.
+ * while more are waiting (in its socket's buffer) is disconnected, which cancels whatever
+ * produces the response (an upstream call, an engine). A streamed answer is watched from its
+ * start; a whole one, written at once, only when its socket could not take all of it then.
+ * Through the Node adapter only: a stream of a WebRTC connection has the transport's own flow control.
  */
 export function writeTimeout(ms: number): (c: Context) => void {
   const watch = writeTimeoutOf(ms);
@@ -22,12 +24,22 @@ export function writeTimeoutOf(ms: number): (outgoing: ServerResponse) => void {
 
 interface Watched {
   outgoing: ServerResponse;
+  /** The socket's bytes waiting at the last sweep (a TCP socket's). */
+  waiting: number;
   stalledSince: number | undefined;
 }
 
 /**
  * One timer for all the responses in progress (a timer of each response's own showed in the
  * profile of short relayed calls), running only while there are some.
+ *
+ * On a TCP socket progress is read from the socket: a response is stalled while bytes wait in its
+ * buffer and the handle's queue (what Node's own socket timeout reads for the same purpose) and
+ * their count has not changed since the sweep before. The response's own `writableNeedDrain`
+ * is false once it has ended, so a whole answer a client never read was never cut; and a whole
+ * answer is one write, which `writableLength` alone counts whole until it completes. Any other
+ * socket (a DataChannel stream of the WebRTC transport, served by the same adapter) has neither:
+ * there the response's own flag and its `drain` events say, as before.
  */
 function watcher(ms: number): (outgoing: ServerResponse) => void {
   const watched = new Set<Watched>();
@@ -42,7 +54,7 @@ function watcher(ms: number): (outgoing: ServerResponse) => void {
     const now = performance.now();
     for (const w of watched) {
       if (w.outgoing.destroyed) continue;
-      if (!w.outgoing.writableNeedDrain) {
+      if (moving(w)) {
         w.stalledSince = undefined;
         continue;
       }
@@ -51,7 +63,8 @@ function watcher(ms: number): (outgoing: ServerResponse) => void {
     }
   };
   return (outgoing) => {
-    const w: Watched = { outgoing, stalledSince: undefined };
+    if (outgoing.destroyed || outgoing.closed) return;
+    const w: Watched = { outgoing, waiting: 0, stalledSince: undefined };
     const onDrain = () => {
       w.stalledSince = undefined;
     };
@@ -66,4 +79,32 @@ function watcher(ms: number): (outgoing: ServerResponse) => void {
       outgoing.off("drain", onDrain);
     });
   };
+}
+
+/** Whether `w`'s client took bytes since the last sweep, or has none waiting (updates `w.waiting`). */
+function moving(w: Watched): boolean {
+  const socket = w.outgoing.socket;
+  if (!socket) return true; // queued behind an earlier response on its connection: nothing written yet
+  const queued = queueOf(socket);
+  if (queued === undefined) return !w.outgoing.writableNeedDrain;
+  const waiting = socket.writableLength + queued;
+  const moved = waiting === 0 || waiting !== w.waiting;
+  w.waiting = waiting;
+  return moved;
+}
+
+/** The bytes a TCP socket's handle has queued for the kernel; undefined for any other socket. */
+function queueOf(socket: Socket): number | undefined {
+  const queued = (socket as unknown as { _handle?: { writeQueueSize?: unknown } })._handle?.writeQueueSize;
+  return typeof queued === "number" ? queued : undefined;
+}
+
+/**
+ * Whether a whole answer, just written, may still wait for the client to take it: its socket
+ * holds bytes, or it has none yet (queued behind an earlier answer on the same connection).
+ */
+export function unsent(outgoing: ServerResponse): boolean {
+  if (outgoing.destroyed) return false;
+  const socket = outgoing.socket;
+  return !socket || socket.writableLength > 0 || (queueOf(socket) ?? 0) > 0;
 }
