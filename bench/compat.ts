@@ -24,6 +24,8 @@ const LATENCY_REQUESTS = Number(process.env.BENCH_LATENCY_REQUESTS ?? 2000);
 const STREAM_REQUESTS = Number(process.env.BENCH_STREAM_REQUESTS ?? 300);
 const LONG_STREAMS = Number(process.env.BENCH_LONG_STREAMS ?? 40);
 const CHUNKS = 500;
+/** Seconds of 32-connection load each target gets before the loads are measured. */
+const WARM_LOAD_S = Number(process.env.BENCH_WARM_LOAD_S ?? 3);
 const API_KEY = "sk-perch-bench";
 
 const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
@@ -112,6 +114,9 @@ export async function compatBench(): Promise<unknown> {
         headers: { ...t.headers, "content-type": "application/json" },
         body: body(t.short, false),
       });
+      // The loads' concurrent path warmed too, every target alike: its first seconds compile code
+      // on V8's background threads, which counted as the requests' CPU in the first load measured.
+      for (const t of [...targets, ...leans.map((l) => l.target)]) await load("warm-up", { ...loadOf(t), duration: WARM_LOAD_S });
       const directLoad = await withCpu(upstream.child.pid!, () => load("non-streaming chat, direct to the provider", loadOf(direct)));
       const perchLoad = await withCpu(perch.child.pid!, () => load("non-streaming chat through Perch", loadOf(through)));
       const leanLoads: Record<string, unknown> = {};
