@@ -31,8 +31,8 @@ export class HotRoutes {
   private readonly table: Map<string, HotRoute>;
   private readonly hosts = new Set<string>();
   private readonly ready: () => boolean;
-  /** Requests a hot route answered itself (taken and never handed to the app), for operators and tests. */
-  answered = 0;
+  private taken = 0;
+  private handed = 0;
 
   /** `ready`: whether the node serves requests at once (not while it joins). */
   constructor(table: HotRouteTable, ready: () => boolean = () => true) {
@@ -51,16 +51,17 @@ export class HotRoutes {
     if (!route || !this.ready()) return false;
     const host = incoming.headers.host;
     if (host === undefined || !this.hosts.has(host)) return false;
-    let handed = false;
     const taken = route(incoming, outgoing, () => {
-      handed = true;
+      this.handed++;
       app();
     });
-    if (taken)
-      outgoing.once("finish", () => {
-        if (!handed) this.answered++;
-      });
+    if (taken) this.taken++;
     return taken;
+  }
+
+  /** Requests a hot route took and has not handed to the app (answered, or being answered), for operators and tests. */
+  get answered(): number {
+    return this.taken - this.handed;
   }
 }
 
