@@ -181,6 +181,10 @@ function threadRunner(options: WorkerPoolOptions): Runner {
 
 function processRunner(options: WorkerPoolOptions): Runner {
   const child: ChildProcess = fork(options.script, [], {
+    // Not bin/perch's cap on the young generation (given on the command line; an operator's own, in
+    // NODE_OPTIONS, still reaches it): it bounds the server's memory per connection, and a
+    // recogniser process spent more CPU a transcription with it (docs/benchmarks.md).
+    execArgv: process.execArgv.filter((arg) => !arg.startsWith("--max-semi-space-size")),
     // Structured clone: typed arrays cross as they are.
     serialization: "advanced",
     env: { ...process.env, PERCH_WORKER_DATA: JSON.stringify(options.workerData ?? null) },
