@@ -50,14 +50,14 @@ try {
     body: JSON.stringify({ model: "chat", messages: [{ role: "user", content: "Say something short." }] }),
   });
   for (const s of servers) await load("warm-up", { ...loadOf(s.server), duration: 3 });
-  const cpu: Record<string, number[]> = {};
-  const rps: Record<string, number[]> = {};
+  const cpu: Record<string, number[]> = Object.fromEntries(servers.map((s) => [s.name, []]));
+  const rps: Record<string, number[]> = Object.fromEntries(servers.map((s) => [s.name, []]));
   for (let round = 0; round < Number(process.env.BENCH_ROUNDS ?? 4); round++) {
     for (const s of servers) {
       const f = await withCpu(s.server.child.pid!, () => load(s.name, loadOf(s.server)));
       if (f.non_2xx || f.errors) throw new Error(`${s.name}: ${f.non_2xx} answers not 2xx, ${f.errors} errors`);
-      (cpu[s.name] ??= []).push(f.server_cpu_us_per_request);
-      (rps[s.name] ??= []).push(f.requests_per_second);
+      cpu[s.name]!.push(f.server_cpu_us_per_request);
+      rps[s.name]!.push(f.requests_per_second);
     }
   }
   console.log(
