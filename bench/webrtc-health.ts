@@ -313,8 +313,15 @@ function variantEnv(variant: string): Record<string, string> {
   return out;
 }
 
-/** The memory part alone on a fresh server (of the checkout at `root`) started with `extraEnv`. */
-async function memoryOnFreshServer(extraEnv: Record<string, string>, root: string | undefined) {
+/**
+ * A fresh server (of the checkout at `root`, started with `extraEnv`) and the crowd's processes
+ * connected to it, for `run`; both are stopped after it (and killed if the bench exits first).
+ */
+async function withServerAndCrowd<T>(
+  extraEnv: Record<string, string>,
+  root: string | undefined,
+  run: (server: Server, crowd: Crowd) => Promise<T>,
+): Promise<T> {
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-health-"));
   const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { webrtc: { maxConnections: 10_000 } }), ...extraEnv }, root);
   let crowd: Crowd | undefined;
@@ -326,13 +333,18 @@ async function memoryOnFreshServer(extraEnv: Record<string, string>, root: strin
   try {
     const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
     crowd = new Crowd(PROCESSES, { url: server.url, serverKey, bindAddress: new URL(server.url).hostname });
-    return await perConnection(server, crowd);
+    return await run(server, crowd);
   } finally {
     await crowd?.stop().catch(() => crowd?.kill());
     await server.stop();
     process.off("exit", killAll);
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** The memory part alone on a fresh server (of the checkout at `root`) started with `extraEnv`. */
+function memoryOnFreshServer(extraEnv: Record<string, string>, root: string | undefined) {
+  return withServerAndCrowd(extraEnv, root, perConnection);
 }
 
 /** With `BENCH_COMPARE_ROOT` (another checkout), that checkout's server, as it is, is one more case of each run. */
@@ -370,23 +382,12 @@ async function memoryVariants(variants: string[]) {
 
 export async function webrtcHealthBench(): Promise<unknown> {
   if (MEMORY_VARIANTS !== undefined) return await memoryVariants(MEMORY_VARIANTS.split(";"));
-  const dir = mkdtempSync(join(tmpdir(), "perch-bench-health-"));
-  const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { webrtc: { maxConnections: 10_000 } }) });
-  let crowd: Crowd | undefined;
-  const killAll = () => {
-    crowd?.kill();
-    if (server.child.exitCode === null) server.child.kill("SIGKILL");
-  };
-  process.once("exit", killAll);
-  try {
-    const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
+  return await withServerAndCrowd({}, undefined, async (server, crowd) => {
     const progress = (what: string) => process.stderr.write(`webrtc-health bench: ${what}\n`);
     // Memory first, on the fresh process; then refused channels; then liveness.
-    crowd = new Crowd(PROCESSES, { url: server.url, serverKey, bindAddress: new URL(server.url).hostname });
     const memoryPerConnection = await perConnection(server, crowd);
     progress(`memory per connection measured: ${memoryPerConnection.rss_kb_per_connection} KB RSS`);
     await crowd.stop();
-    crowd = undefined;
     const channels = await refusedChannels(server);
     progress(`refused channels measured: ${channels.rss_bytes_per_channel} B RSS each`);
     const live = await liveness(server);
@@ -403,10 +404,5 @@ export async function webrtcHealthBench(): Promise<unknown> {
       refused_channels: channels,
       server_warnings: server.warnings,
     };
-  } finally {
-    await crowd?.stop().catch(() => crowd?.kill());
-    await server.stop();
-    process.off("exit", killAll);
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 }
