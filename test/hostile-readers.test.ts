@@ -84,7 +84,23 @@ describe("a write timeout on responses", () => {
       const chunks: Buffer[] = [];
       req.on("data", (c: Buffer) => chunks.push(c));
       req.on("end", () => {
-        if (!(JSON.parse(Buffer.concat(chunks).toString()) as { stream?: boolean }).stream) {
+        const asked = JSON.parse(Buffer.concat(chunks).toString()) as { stream?: boolean; messages: Array<{ content: string }> };
+        if (asked.messages[0]?.content === "slow") {
+          // A small whole answer, a second late.
+          const completion = {
+            id: "c",
+            object: "chat.completion",
+            created: 1,
+            model: "x",
+            choices: [{ index: 0, message: { role: "assistant", content: "late" }, finish_reason: "stop" }],
+          };
+          setTimeout(() => {
+            res.writeHead(200, { "content-type": "application/json" });
+            res.end(JSON.stringify(completion));
+          }, 1000);
+          return;
+        }
+        if (!asked.stream) {
           // A whole answer larger than the sockets' buffers: 40 MB of content.
           const completion = {
             id: "c",
@@ -181,6 +197,33 @@ describe("a write timeout on responses", () => {
       } finally {
         socket.destroy();
       }
+    }
+  });
+
+  test("a whole answer queued behind another on its connection (pipelined), never read, is cut too", async () => {
+    const port = Number(new URL(server.url).port);
+    // The Host accepted by the app first, so that both requests below go to the hot route.
+    assert.equal((await fetch(`${server.url}/server-info`, { headers: { host: "pipelined.test" } })).status, 200);
+    let held: net.Socket | undefined;
+    server.httpServer.once("connection", (s: net.Socket) => {
+      held = s;
+    });
+    const request = (content: string) => {
+      const json = JSON.stringify({ model: "m", messages: [{ role: "user", content }] });
+      return `POST /openai/v1/chat/completions HTTP/1.1\r\nHost: pipelined.test\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(json)}\r\n\r\n${json}`;
+    };
+    const answered = server.hotRoutes.answered;
+    // The second answer (40 MB) is written while the first (a second late) still holds the connection.
+    const socket = net.connect(port, "127.0.0.1", () => {
+      socket.write(request("slow") + request("big"));
+      socket.pause();
+    });
+    socket.on("error", () => {});
+    try {
+      assert.ok(await until(() => held?.destroyed === true), "the connection of a client that does not read is still open");
+      assert.ok(server.hotRoutes.answered - answered >= 1, "answered by the hot route");
+    } finally {
+      socket.destroy();
     }
   });
 
