@@ -1,6 +1,6 @@
 /** `perch` runs on Node's own TypeScript support: nothing of the dev dependencies but the pinned Node. */
 import assert from "node:assert/strict";
-import { readFileSync, rmSync } from "node:fs";
+import { readdirSync, readFileSync, rmSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -22,6 +22,11 @@ test("npm start, npm run perch and bin/perch run without tsx, and print no warni
 function processOf(pid: number): { args: string[]; env: Map<string, string> } {
   const split = (file: string) => readFileSync(`/proc/${pid}/${file}`, "utf8").split("\0").filter(Boolean);
   return { args: split("cmdline"), env: new Map(split("environ").map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)])) };
+}
+
+/** The processes `pid` started (its children), by their ids. */
+function childrenOf(pid: number): number[] {
+  return readdirSync(`/proc/${pid}/task`).flatMap((task) => readFileSync(`/proc/${pid}/task/${task}/children`, "utf8").split(" ").filter(Boolean).map(Number));
 }
 
 test("perch serve runs with the memory defaults of bin/perch, unless the operator set them", { skip: process.platform !== "linux" }, async () => {
@@ -46,6 +51,16 @@ test("perch serve runs with the memory defaults of bin/perch, unless the operato
     assert.ok(!o.args.some((a) => a.startsWith("--max-semi-space-size")), o.args.join(" "));
     assert.equal(o.env.get("NODE_OPTIONS"), "--max-semi-space-size=4");
     assert.equal(o.env.get("MALLOC_ARENA_MAX"), "7");
+    // Its recogniser processes, which hold no connection, run without the young generation's cap.
+    let forked: string[][] = [];
+    for (let i = 0; i < 600 && forked.length === 0; i++) {
+      forked = childrenOf(plain.process.pid!)
+        .map((pid) => processOf(pid).args)
+        .filter((args) => args.some((a) => a.endsWith("recognition-worker.ts")));
+      if (forked.length === 0) await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.ok(forked.length > 0, "no recogniser process started");
+    for (const args of forked) assert.ok(!args.some((a) => a.startsWith("--max-semi-space-size")), args.join(" "));
   } finally {
     await Promise.all([plain.stop(), operators.stop()]);
     rmSync(dir, { recursive: true, force: true });

@@ -182,8 +182,8 @@ function threadRunner(options: WorkerPoolOptions): Runner {
 function processRunner(options: WorkerPoolOptions): Runner {
   const child: ChildProcess = fork(options.script, [], {
     // Not bin/perch's cap on the young generation (given on the command line; an operator's own, in
-    // NODE_OPTIONS, still reaches it): it bounds the server's memory per connection, and a
-    // recogniser process spent more CPU a transcription with it (docs/benchmarks.md).
+    // NODE_OPTIONS, still reaches it): it bounds the server's memory per connection, and a forked
+    // worker holds no connection (docs/decisions.md, "Memory of a process").
     execArgv: process.execArgv.filter((arg) => !arg.startsWith("--max-semi-space-size")),
     // Structured clone: typed arrays cross as they are.
     serialization: "advanced",
