@@ -44,6 +44,9 @@ export class Playout {
   private queued = 0;
   private ended = false;
   private stopped = false;
+  private paused = false;
+  /** The next frame starts a talkspurt again (the RTP marker): the first after a resume. */
+  private marker = false;
   private anchor: number | undefined;
   private index = 0;
   private timer: (() => void) | undefined;
@@ -81,16 +84,40 @@ export class Playout {
     if (this.stopped || this.ended || pcm.length === 0) return;
     this.queue.push(pcm);
     this.queued += pcm.length;
-    if (this.anchor === undefined) {
+    if (this.anchor === undefined && !this.paused) {
       this.anchor = this.clock.now();
       this.pump();
     }
   }
 
+  /** Holds the audio at once (speech over the reply): nothing is sent, the queue and its position are kept. */
+  pause(): void {
+    if (this.stopped || this.paused) return;
+    this.paused = true;
+    this.timer?.();
+    this.timer = undefined;
+  }
+
+  /** Goes on from where `pause()` held it, on a clock anchored now. */
+  resume(): void {
+    if (this.stopped || !this.paused) return;
+    this.paused = false;
+    if (this.anchor === undefined) {
+      if (this.queued > 0) {
+        this.anchor = this.clock.now();
+        this.pump();
+      } else if (this.ended) this.finish();
+      return;
+    }
+    this.anchor = this.clock.now() - this.index * FRAME_MS;
+    this.marker = true;
+    this.pump();
+  }
+
   /** No more audio: the playout finishes once the queue is sent. */
   end(): void {
     this.ended = true;
-    if (this.anchor === undefined) this.finish();
+    if (this.anchor === undefined && !this.paused) this.finish();
   }
 
   /** Stops at once (a barge-in): nothing more is sent. Returns the samples played. */
@@ -112,7 +139,7 @@ export class Playout {
 
   private pump = (): void => {
     this.timer = undefined;
-    if (this.stopped) return;
+    if (this.stopped || this.paused) return;
     try {
       let now = this.clock.now();
       for (;;) {
@@ -171,7 +198,8 @@ export class Playout {
     this.queued -= filled;
     const first = this.index === 0;
     this.index++;
-    this.o.send(this.o.codec.encode(frame), first);
+    this.o.send(this.o.codec.encode(frame), first || this.marker);
+    this.marker = false;
     this.frames++;
     this.played += filled;
     if (first) this.o.started?.();

@@ -85,7 +85,8 @@ export class VoiceService implements VoiceHost {
         metrics: this.metrics,
         logger: this.o.logger,
         agent: () => choice.current(),
-        run: (agentId, messages, signal, n) => this.reply(port.publicKey, agentId, messages, signal, toolEvents(events, `out-${n}`)),
+        run: (agentId, messages, signal, n, release) =>
+          this.reply(port.publicKey, agentId, messages, signal, { ...toolEvents(events, `out-${n}`), ...(release ? { ready: release } : {}) }),
       });
     } catch (err) {
       // Nothing of this connection's stays subscribed or open when its conversation cannot start.

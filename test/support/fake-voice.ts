@@ -138,13 +138,17 @@ export const loudnessVad: VoiceActivityPort = {
 export class FakeTurnTranscription implements TurnTranscription {
   samples = 0;
   pauses = 0;
+  /** `soFar()` calls. */
+  asked = 0;
   finished = false;
   readonly o: TurnTranscriptionOptions;
   private readonly answer: (turn: FakeTurnTranscription) => Promise<string> | string;
+  private readonly words: (turn: FakeTurnTranscription) => Promise<string> | string;
 
-  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"]) {
+  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"], words: FakeTranscription["answer"]) {
     this.o = o;
     this.answer = answer;
+    this.words = words;
   }
 
   push(pcm: Int16Array): void {
@@ -155,11 +159,21 @@ export class FakeTurnTranscription implements TurnTranscription {
     this.pauses++;
   }
 
+  /** The words so far: the transcription's `words` (default its final answer). */
+  async soFar(): Promise<string> {
+    this.asked++;
+    return await this.race(this.words(this));
+  }
+
   async finish(): Promise<string> {
     this.finished = true;
+    return await this.race(this.answer(this));
+  }
+
+  private async race(answer: Promise<string> | string): Promise<string> {
     const { signal } = this.o;
     const text = await Promise.race([
-      Promise.resolve(this.answer(this)),
+      Promise.resolve(answer),
       new Promise<never>((_, reject) => {
         if (signal.aborted) reject(signal.reason);
         signal.addEventListener("abort", () => reject(signal.reason), { once: true });
@@ -176,12 +190,18 @@ export class FakeTranscription implements TranscriptionPort {
   readonly streamsPartials = false;
   readonly turns: FakeTurnTranscription[] = [];
   answer: (turn: FakeTurnTranscription) => Promise<string> | string = () => "What time is it?";
+  /** The words so far at a pause or during speech (default the final answer). */
+  words: ((turn: FakeTurnTranscription) => Promise<string> | string) | undefined;
   /** Thrown by `open` (an engine that cannot take a turn). */
   refuse: Error | undefined;
 
   open(o: TurnTranscriptionOptions): TurnTranscription {
     if (this.refuse) throw this.refuse;
-    const t = new FakeTurnTranscription(o, (turn) => this.answer(turn));
+    const t = new FakeTurnTranscription(
+      o,
+      (turn) => this.answer(turn),
+      (turn) => (this.words ?? this.answer)(turn),
+    );
     this.turns.push(t);
     return t;
   }
