@@ -188,7 +188,10 @@ export class TurnActivity implements RecognitionHooks<Turn> {
 
   speechEnded(turn: Turn, end: TurnEnd): void {
     turn.ended = true;
-    if (turn.over) return this.overEnded(turn, end);
+    if (turn.over) {
+      this.overEnded(turn, end);
+      return;
+    }
     this.o.events.eos(`in-${turn.n}`, "audio", "user.audio");
     void this.respond(turn, end).catch((err: unknown) => this.o.log("warn", { err, turn: turn.n }, "voice turn failed"));
   }
@@ -237,7 +240,10 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   /** Speech over a reply ended before it was a barge-in: long enough and with words, it is one; else the reply resumes. */
   private overEnded(turn: Turn, end: TurnEnd): void {
     const { min_ms, min_words, resume_ms } = this.o.config.interruption;
-    if (end.lastVoiced - turn.onset < min_ms) return this.resume(turn);
+    if (end.lastVoiced - turn.onset < min_ms) {
+      this.resume(turn);
+      return;
+    }
     // The reply resumes by this time whatever the transcription says.
     turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => this.resume(turn))));
     const transcript = turn.transcription.finish();
@@ -245,7 +251,10 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       (text) =>
         this.guard(() => {
           if (!turn.over || this.closed) return;
-          if (contentWords(text) < min_words) return this.resume(turn);
+          if (contentWords(text) < min_words) {
+            this.resume(turn);
+            return;
+          }
           this.bargeIn(turn);
           this.o.events.eos(`in-${turn.n}`, "audio", "user.audio");
           void this.respond(turn, end, transcript).catch((err: unknown) => this.o.log("warn", { err, turn: turn.n }, "voice turn failed"));

@@ -320,7 +320,10 @@ export class AudioRecognition<T extends ListeningTurn> {
     if (!heard) return;
     const lastVoiced = Math.min(this.o.clock.now(), this.clockAt(this.position(at)));
     heard.stopped = { lastVoiced };
-    if (cut) return this.end(heard, true);
+    if (cut) {
+      this.end(heard, true);
+      return;
+    }
     // Without audio (a device that stopped sending) no pause was heard: the words are asked now.
     if (!heard.pause) this.askWords(heard, lastVoiced);
     this.decide(heard);
