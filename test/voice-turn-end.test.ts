@@ -414,7 +414,8 @@ describe("end of turn: the English rules (voice.md §7)", () => {
     assert.equal(turnEndSilence("What time is it?", undefined, t), 250);
     assert.equal(turnEndSilence("Set a timer for", "en", t), 1200);
     assert.equal(turnEndSilence("The weather is nice today.", "en", t), 400);
-    assert.equal(turnEndSilence(undefined, "en", t), 400, "no words known yet: silence_ms");
+    assert.equal(turnEndSilence(undefined, "en", t), 1200, "no words known yet: they are awaited, at most unfinished_silence_ms");
+    assert.equal(turnEndSilence(undefined, "de", t), 400);
     assert.equal(turnEndSilence("", "en", t), 400);
   });
 

@@ -50,6 +50,9 @@ export interface ActivityOptions {
   turnEnd?: TurnEndModel;
 }
 
+/** Audio is judged in pieces of about 20 ms: "sound until min_ms" allows this much short. */
+const SOUND_SLACK_MS = 40;
+
 /** A turn of the conversation, from its speech to the end of its reply. */
 export interface Turn extends ListeningTurn {
   /** Its number; 0 while it is speech over a reply that may yet be no turn at all. */
@@ -101,6 +104,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   private turns = 0;
   /** The turn whose final transcript is awaited. */
   private transcribing: Turn | undefined;
+  /** The last turn begun (its speech may still be heard). */
+  private listening: Turn | undefined;
   private speaking: Speaking | undefined;
   /** Preemptive replies not yet used or discarded. */
   private readonly prepared = new Set<PreparedReply>();
@@ -113,7 +118,10 @@ export class TurnActivity implements RecognitionHooks<Turn> {
 
   close(): void {
     this.closed = true;
-    this.transcribing?.abort.abort(new Error("the conversation ended"));
+    const ended = new Error("the conversation ended");
+    this.transcribing?.abort.abort(ended);
+    this.listening?.abort.abort(ended);
+    for (const stop of this.listening?.timers.splice(0) ?? []) stop();
     this.speaking?.reply.interrupt();
     this.speaking = undefined;
     for (const p of this.prepared) p.discard();
@@ -143,7 +151,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       this.o.log("warn", { err }, "the transcription could not start a turn");
       return undefined;
     }
-    turn = { n: 0, agent, onset, abort, ended: false, partialSent: "", transcription, timers: [], preempted: 0 };
+    turn = { n: 0, agent, onset, soundAt: onset, abort, ended: false, partialSent: "", transcription, timers: [], preempted: 0 };
+    this.listening = turn;
     if (speaking) {
       // Speech over a reply: its audio holds at once; whether this is a barge-in, its length and words say.
       speaking.reply.pause();
@@ -206,6 +215,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   /** Speech over a reply has lasted `interruption.min_ms`: with words that are not fillers, it is a barge-in. */
   private checkWords(turn: Turn): void {
     if (!turn.over || turn.ended) return;
+    // The sound stopped before min_ms (the detector has not said so yet): its end decides.
+    if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) return;
     turn.transcription.soFar().then(
       (text) => {
         if (turn.over && !this.closed && contentWords(text) >= this.o.config.interruption.min_words) this.guard(() => this.bargeIn(turn));

@@ -22,6 +22,8 @@ const QUIET_BEFORE_RECOGNITION_S = 0.12;
 /** A turn being heard: its transcription receives the turn's audio. */
 export interface ListeningTurn {
   readonly transcription: TurnTranscription;
+  /** When sound (audio that is not quiet) was last heard in the turn (clock); kept by the recognition. */
+  soundAt: number;
 }
 
 /** How the end of a turn was decided, on the conversation's clock. */
@@ -37,7 +39,7 @@ export interface TurnEnd {
 export interface RecognitionHooks<T extends ListeningTurn> {
   /** Speech began (its onset at `onset` on the clock): a turn to hear it, or undefined to ignore this speech until it ends. */
   speechStarted(onset: number): T | undefined;
-  /** The silence (ms) that ends `turn` now that its words so far are `text` (undefined: not known yet). */
+  /** The silence (ms) that ends `turn` now that its words so far are `text` (undefined: being recognised; asked again when known). */
   silenceNeeded(turn: T, text: string | undefined): number;
   /** The user has been quiet `preemptive_after_ms` and said `text` so far (once per quiet stretch). */
   paused(turn: T, text: string): void;
@@ -231,7 +233,9 @@ export class AudioRecognition<T extends ListeningTurn> {
   private listen(turn: Heard<T>, pcm: Int16Array): void {
     const level = rms(pcm);
     turn.peak = Math.max(turn.peak, level);
-    if (level < Math.max(QUIET_FLOOR, turn.peak * QUIET_SHARE)) turn.quietSince ??= this.timeline - pcm.length;
+    const quiet = level < Math.max(QUIET_FLOOR, turn.peak * QUIET_SHARE);
+    if (!quiet) turn.turn.soundAt = this.pushedAt;
+    if (quiet) turn.quietSince ??= this.timeline - pcm.length;
     else if (turn.quietSince !== undefined) {
       // Sound again: the words of the last pause are stale (a noise the detector drops keeps the turn's end where it was).
       turn.quietSince = undefined;
@@ -240,7 +244,8 @@ export class AudioRecognition<T extends ListeningTurn> {
       turn.preemptTimer?.();
       turn.preemptTimer = undefined;
     }
-    if (turn.quietSince !== undefined && !turn.paused && this.timeline - turn.quietSince >= QUIET_BEFORE_RECOGNITION_S * RATE) {
+    const hint = Math.min(QUIET_BEFORE_RECOGNITION_S, this.o.turn.preemptive_after_ms / 1000);
+    if (turn.quietSince !== undefined && !turn.paused && this.timeline - turn.quietSince >= hint * RATE) {
       turn.paused = true;
       turn.turn.transcription.pause();
       this.askWords(turn, this.clockAt(turn.quietSince));
@@ -258,7 +263,12 @@ export class AudioRecognition<T extends ListeningTurn> {
         this.preempt(turn, pause);
         if (turn.stopped !== undefined) this.decide(turn);
       },
-      () => {},
+      () => {
+        // No words to judge: the turn ends on the plain silence (the final transcript will say what failed).
+        if (this.closed || turn.pause !== pause || this.turn !== turn) return;
+        pause.text = "";
+        if (turn.stopped !== undefined) this.decide(turn);
+      },
     );
   }
 

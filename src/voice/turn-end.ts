@@ -21,9 +21,15 @@ export interface TurnSilences {
   unfinished_silence_ms: number;
 }
 
-/** The silence (ms) that ends a turn whose words so far are `text` (undefined: not known yet: `silence_ms`). */
+/**
+ * The silence (ms) that ends a turn whose words so far are `text`. Undefined: the words are not
+ * known yet (being recognised): at most `unfinished_silence_ms` is waited for them, and the caller
+ * asks again when they come. The reply needs them anyway, so waiting for them costs nothing.
+ * Languages other than English: `silence_ms` always.
+ */
 export function turnEndSilence(text: string | undefined, language: string | undefined, t: TurnSilences, model: TurnEndModel = englishRules): number {
-  if (text === undefined) return t.silence_ms;
+  if (!isEnglish(language)) return t.silence_ms;
+  if (text === undefined) return t.unfinished_silence_ms;
   const shape = model.shape(text, language);
   return shape === "finished" ? t.finished_silence_ms : shape === "unfinished" ? t.unfinished_silence_ms : t.silence_ms;
 }

@@ -151,8 +151,12 @@ export class FakeTurnTranscription implements TurnTranscription {
     this.words = words;
   }
 
+  /** Samples of loud audio (speech) heard. */
+  loud = 0;
+
   push(pcm: Int16Array): void {
     this.samples += pcm.length;
+    for (let at = 0; at + BLOCK <= pcm.length; at += BLOCK) if (Math.abs(pcm[at]!) > LOUD / 2) this.loud += BLOCK;
   }
 
   pause(): void {
@@ -217,12 +221,17 @@ export class FakeSpeech implements SpeechPort {
   /** Seconds of audio handed out so far (all sentences). */
   pulledSeconds = 0;
   fail: ((text: string) => Error | undefined) | undefined;
+  /** Conversation time before a sentence's first audio. */
+  delayMs = 0;
+  clock: VoiceClock | undefined;
 
   async *synthesize(r: SynthesisRequest): AsyncGenerator<SpeechChunk> {
     const request = { text: r.text, voice: r.voice, signal: r.signal, pulled: 0 };
     this.requests.push(request);
     const failure = this.fail?.(r.text);
     if (failure) throw failure;
+    const { clock, delayMs } = this;
+    if (delayMs > 0 && clock) await new Promise<void>((resolve) => clock.after(delayMs, resolve));
     const total = Math.round((r.text.length * this.msPerChar * this.sampleRate) / 1000);
     const step = Math.round((this.chunkMs * this.sampleRate) / 1000);
     for (let at = 0; at < total; at += step) {
@@ -238,11 +247,21 @@ export class FakeSpeech implements SpeechPort {
 
 /** A model the test scripts: each call answers with the next script (text pieces), and is recorded. */
 export class FakeModel {
-  readonly calls: Array<{ agentId: string; messages: ChatMessage[]; signal: AbortSignal; pieces: number }> = [];
+  readonly calls: Array<{
+    agentId: string;
+    messages: ChatMessage[];
+    signal: AbortSignal;
+    pieces: number;
+    /** The conversation's clock when the call was made. */
+    at: number;
+    /** Given to a call made in a pause (a preemptive reply): awaited before a tool may run. */
+    release: (() => Promise<void>) | undefined;
+  }> = [];
   script: (call: FakeModel["calls"][number]) => AsyncIterable<string> = () => pieces(["It is ten o'clock. ", "Anything else?"]);
+  now: () => number = () => 0;
 
-  run = async (agentId: string, messages: ChatMessage[], signal: AbortSignal): Promise<AsyncIterable<string>> => {
-    const call = { agentId, messages, signal, pieces: 0 };
+  run = async (agentId: string, messages: ChatMessage[], signal: AbortSignal, _n: number, release?: () => Promise<void>): Promise<AsyncIterable<string>> => {
+    const call = { agentId, messages, signal, pieces: 0, at: this.now(), release };
     this.calls.push(call);
     const source = this.script(call);
     return (async function* () {
@@ -287,12 +306,20 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
   const stt = new FakeTranscription();
   const tts = new FakeSpeech();
   const model = new FakeModel();
+  model.now = () => clock.now();
+  tts.clock = clock;
   const events: Seen[] = [];
   const observed: TranscriptEntry[] = [];
   const metrics = new Registry();
-  const config = VoiceConfigSchema.parse({ agent: "talker", ...voice });
+  const { language: _language, ...rest } = voice;
+  const config = VoiceConfigSchema.parse({ agent: "talker", ...rest });
   let sequence = 0n;
-  const agent: AgentChoice = { id: "talker", voice: "alloy", engines: { transcription: stt, speech: tts } };
+  const agent: AgentChoice = {
+    id: "talker",
+    voice: "alloy",
+    engines: { transcription: stt, speech: tts },
+    ...(typeof voice.language === "string" ? { language: voice.language } : {}),
+  };
   const r: Rig = {
     clock,
     stt,
