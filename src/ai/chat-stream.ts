@@ -37,21 +37,8 @@ export class ChatStream {
     return mapped(this.take(), (p) => p);
   }
 
-  async *events(): AsyncGenerator<ChatEvent> {
-    const source = this.take();
-    let finished = false;
-    try {
-      for (;;) {
-        const r = await source.next();
-        if (r.done) {
-          finished = true;
-          return;
-        }
-        yield* r.value.events;
-      }
-    } finally {
-      if (!finished) await source.return?.();
-    }
+  events(): AsyncGenerator<ChatEvent> {
+    return eventsOf(this.take());
   }
 
   /** Server-sent event bytes: a pass-through provider's own, encoded here otherwise. */
@@ -64,6 +51,22 @@ export class ChatStream {
     if (!source) throw new Error("a chat stream is read once");
     this.source = undefined;
     return source;
+  }
+}
+
+async function* eventsOf(source: AsyncIterator<ChatPiece>): AsyncGenerator<ChatEvent> {
+  let finished = false;
+  try {
+    for (;;) {
+      const r = await source.next();
+      if (r.done) {
+        finished = true;
+        return;
+      }
+      yield* r.value.events;
+    }
+  } finally {
+    if (!finished) await source.return?.();
   }
 }
 

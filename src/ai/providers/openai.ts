@@ -91,9 +91,14 @@ export class OpenAIProvider implements ChatProvider {
     const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
+    const stats: ChatStats = {};
     try {
       const res = await call.response;
       relay = new SseRelay(res.body, Buffer.from(o.publicModel), call.touch, call.failure);
+      // Before the first read: a short answer's usage may come in the same piece as its first event.
+      relay.onUsage = (u) => {
+        stats.usage = u;
+      };
       first = await relay.next();
     } catch (err) {
       call.done();
@@ -103,10 +108,6 @@ export class OpenAIProvider implements ChatProvider {
       call.done();
       throw new ProviderError("the provider's stream ended before its first event");
     }
-    const stats: ChatStats = {};
-    relay.onUsage = (u) => {
-      stats.usage = u;
-    };
     // The events stay the provider's bytes (model renamed); they are read as events only by a reader that asks.
     async function* pieces(): AsyncGenerator<ChatPiece> {
       try {
