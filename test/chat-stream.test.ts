@@ -14,7 +14,7 @@ describe("chat stream: typed inside, bytes at the edge", () => {
 
   before(async () => {
     upstream = await startFakeUpstream();
-    provider = new OpenAIProvider({ baseUrl: upstream.url, apiKey: undefined, timeoutMs: 5_000 });
+    provider = new OpenAIProvider({ baseUrl: upstream.url, apiKey: undefined, timeoutMs: 600_000 });
   });
   after(() => upstream.close());
 
