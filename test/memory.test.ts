@@ -3,6 +3,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { fitMemory, NOTES_HEADING, notesMessage, rewriteMessages } from "../src/ai/memory-prompt.ts";
+import { ConfigError, loadConfig } from "../src/config/config.ts";
 import { PerchApiError, type PerchClient } from "../src/sdk/client.ts";
 import { MemoryKeeper } from "../src/voice/memory-keeper.ts";
 import type { RewriteJob } from "../src/voice/memory-rewriter.ts";
@@ -83,6 +84,32 @@ describe("the rewrite prompt and the notes", () => {
     assert.equal(fitMemory("Mia is 7. She likes 3.14159", 14), "Mia is 7.");
     assert.equal(fitMemory("🐦🐦🐦. 🐦🐦", 4), "🐦🐦🐦.", "code points, not UTF-16 units");
     assert.equal(fitMemory("abcdefghij", 4), "abcd");
+  });
+});
+
+describe("memory configuration", () => {
+  const base = memoryConfig("http://127.0.0.1:9/v1");
+  const withMemory = (memory: Record<string, unknown>) => ({ ...base, agents: [{ ...base.agents[0]!, memory }] });
+
+  test("defaults: off unless enabled; 2,000 characters, the agent's own model, 120 s idle", () => {
+    const config = loadConfig({}, withMemory({ enabled: true }) as never);
+    assert.deepEqual(config.agents[0]!.memory, { enabled: true, max_chars: 2_000, idle_ms: 120_000 });
+  });
+
+  test("start-up refuses a memory model that is unknown or not a chat model, and unknown keys", () => {
+    const models = [...base.models, { id: "voice", kind: "speech" as const, provider: "local", upstream_model: "tts" }];
+    for (const [memory, message] of [
+      [{ enabled: true, model: "nope" }, /agents\.0\.memory\.model.*unknown model nope/],
+      [{ enabled: true, model: "voice" }, /agents\.0\.memory\.model.*voice is a speech model, not chat/],
+      [{ enabled: true, remember: "all" }, /remember/],
+      [{ enabled: true, max_chars: 0 }, /max_chars/],
+    ] as const) {
+      assert.throws(
+        () => loadConfig({}, { ...withMemory(memory), models } as never),
+        (e: unknown) => e instanceof ConfigError && message.test(e.message),
+        JSON.stringify(memory),
+      );
+    }
   });
 });
 
