@@ -3,10 +3,9 @@ import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
-import { parseEvents } from "../ai/sse.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
-import type { ChatChunk, ChatMessage, ChatRequest } from "../protocol/compat.ts";
+import type { ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { DeviceAgentChoice } from "./agent-choice.ts";
 import { systemClock } from "./clock.ts";
 import { Conversation } from "./conversation.ts";
@@ -140,18 +139,13 @@ export class VoiceService implements VoiceHost {
     const request = { model: agentId, messages, stream: true } as ChatRequest;
     const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools);
     if (result.kind !== "stream") throw new Error("the agent did not stream");
-    const events = result.stream.events;
+    const events = result.stream.events();
     return (async function* () {
-      for await (const block of events) {
-        for (const event of parseEvents(block)) {
-          if (event === "[DONE]" || typeof event !== "object" || event === null) continue;
-          if ("error" in event) {
-            const error = (event as { error?: { message?: string } }).error;
-            throw new Error(error?.message ?? "the model failed");
-          }
-          const text = (event as ChatChunk).choices?.[0]?.delta?.content;
-          if (text) yield text;
-        }
+      // A provider's failure is thrown by the stream itself, never an event.
+      for await (const event of events) {
+        if (event.type !== "chunk") continue;
+        const text = event.chunk.choices?.[0]?.delta?.content;
+        if (text) yield text;
       }
     })();
   }
