@@ -425,9 +425,28 @@ describe("end of turn: the English rules (voice.md §7)", () => {
   });
 
   test("fillers and backchannels are no words of a barge-in; anything else is", () => {
-    for (const s of ["Hm.", "Mm-hm.", "Uh-huh", "yeah", "Okay.", "right", "Hmm hmm.", "Oh, yes.", "um, uh", ""]) assert.equal(contentWords(s), 0, s);
+    for (const s of [
+      "Hm.",
+      "Mm-hm.",
+      "Mmhmm.",
+      "Mhm",
+      "Uh-huh",
+      "yeah",
+      "Okay.",
+      "right",
+      "Hmm hmm.",
+      "Oh, yes.",
+      "um, uh",
+      "Mmh and mh and m.",
+      "Hmmmm.",
+      "Uhm.",
+      "",
+    ])
+      assert.equal(contentWords(s), 0, s);
     assert.equal(contentWords("Wait."), 1);
     assert.equal(contentWords("Yeah, but what about tomorrow?"), 4);
     assert.equal(contentWords("Stop!"), 1);
+    assert.equal(contentWords("And then?"), 2);
+    assert.equal(contentWords("Mm, no."), 1);
   });
 });

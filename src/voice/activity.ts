@@ -67,6 +67,8 @@ export interface Turn extends ListeningTurn {
   partialSent: string;
   /** Speech over this reply, not (yet) a barge-in: its audio is paused, and this speech has no events. */
   over?: Speaking | undefined;
+  /** That speech brought words by `interruption.min_ms`: likely a barge-in, its end judged as a turn's. */
+  likely?: boolean;
   /** The barge-in check at `interruption.min_ms`, and the resume deadline. */
   timers: Array<() => void>;
   /** The reply asked of the model in the current pause. */
@@ -168,8 +170,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
 
   silenceNeeded(turn: Turn, text: string | undefined): number {
     const t = this.o.config.turn;
-    // Speech over a reply ends at the shortest silence: the reply resumes soon after a false interruption.
-    if (turn.over) return t.finished_silence_ms;
+    // Speech over a reply ends at the shortest silence (the reply resumes soon after a false interruption), unless it has words.
+    if (turn.over && !turn.likely) return t.finished_silence_ms;
     return turnEndSilence(text, turn.agent.language, t, this.turnEnd);
   }
 
@@ -212,14 +214,19 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     this.o.events.bos(`in-${turn.n}`, "audio", "user.audio");
   }
 
-  /** Speech over a reply has lasted `interruption.min_ms`: with words that are not fillers, it is a barge-in. */
+  /**
+   * Speech over a reply has lasted `interruption.min_ms`: with words that are not fillers so far,
+   * it is likely a turn, and its end is judged by its words as any turn's. The barge-in itself
+   * waits for the final transcript: a recogniser hears words in half a hum ("mm-hmm" → "and
+   * then?"), and the reply's audio is paused meanwhile anyway.
+   */
   private checkWords(turn: Turn): void {
     if (!turn.over || turn.ended) return;
     // The sound stopped before min_ms (the detector has not said so yet): its end decides.
     if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) return;
     turn.transcription.soFar().then(
       (text) => {
-        if (turn.over && !this.closed && contentWords(text) >= this.o.config.interruption.min_words) this.guard(() => this.bargeIn(turn));
+        if (turn.over && contentWords(text) >= this.o.config.interruption.min_words) turn.likely = true;
       },
       () => {},
     );
@@ -255,8 +262,9 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       this.resume(turn);
       return;
     }
-    // The reply resumes by this time whatever the transcription says.
-    turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => this.resume(turn))));
+    // Without words so far, the reply resumes by this time whatever the transcription says.
+    if (!turn.likely)
+      turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => this.resume(turn))));
     const transcript = turn.transcription.finish();
     transcript.then(
       (text) =>

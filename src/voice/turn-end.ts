@@ -52,11 +52,20 @@ export function words(text: string): string[] {
 const set = (list: string) => new Set(list.split(/\s+/).filter(Boolean));
 
 /** Fillers and backchannels (voice.md §7): alone, they are never a barge-in. */
-export const BACKCHANNELS = set(`hm hmm hmmm mm mmm mhm mm-hm mm-hmm uh-huh uh huh um umm uhm er erm ah oh ooh yeah yea yep yes okay ok right`);
+/** (Recognisers spell them many ways: "mm-hmm", "mmhmm", "mhm"…) */
+export const BACKCHANNELS = set(
+  `hm hmm hmmm mm mmm mhm mhmm mmhm mmhmm mm-hm mm-hmm hm-hm uh-huh uhhuh uh-uh huh uh um umm uhm er erm ah aha oh ooh yeah yea yep yes okay ok right`,
+);
 
-/** How many words of `text` are not fillers or backchannels. */
+/** A hum however a recogniser spells it ("mmh", "mh", "hmmm", "uhm", "m"). */
+const HUM = /^(?:[mhn]+|u+[hm]+|[ae]+h+|[ae]+m+)$/;
+/** Words that join other words and say nothing alone ("mmh and mh"). */
+const JOINERS = new Set(["and", "or"]);
+
+/** How many words of `text` are not fillers, backchannels or hums (joiners count only beside another word). */
 export function contentWords(text: string): number {
-  return words(text).filter((w) => !BACKCHANNELS.has(w)).length;
+  const said = words(text).filter((w) => !BACKCHANNELS.has(w) && !HUM.test(w));
+  return said.some((w) => !JOINERS.has(w)) ? said.length : 0;
 }
 
 const CONJUNCTIONS = set(`and or but so because cause 'cause if when while although though unless until since that which whereas whether nor than as plus`);
