@@ -309,6 +309,28 @@ describe("false interruptions (voice.md §7)", () => {
     r.close();
   });
 
+  test("a recogniser behind: the audio resumes at resume_ms; the words, when they come, still make it a barge-in", async () => {
+    const r = await rig();
+    const long = Array.from({ length: 12 }, (_, i) => `Sentence number ${i + 1} of the reply. `);
+    r.model.script = (call) => pieces(call.messages.length === 1 ? long : ["Sure."]);
+    r.stt.answer = (t) =>
+      r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : new Promise<string>((resolve) => r.clock.after(2_000, () => resolve("Call my mother.")));
+    r.stt.words = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : "");
+    await r.talk(600);
+    await r.talk(400, false);
+    for (let t = 0; t < 30_000 && r.frames < 100; t += 20) await r.wait(20);
+    await r.talk(800);
+    await r.talk(250, false);
+    const held = r.frames;
+    await r.talk(600, false);
+    assert.ok(r.frames > held, "the audio resumed without waiting for the words");
+    await untilTurn(r, 1);
+    assert.equal(r.turnMetrics(1)!.interrupted, true, "the words made it a barge-in");
+    await untilTurn(r, 2);
+    assert.equal(r.of("in-2").find((e) => e.type === "TEXT_DONE")!.text, "Call my mother.");
+    r.close();
+  });
+
   test("min_words 2: one real word is no barge-in", async () => {
     const { r } = await over({ interruption: { min_words: 2 } }, "Wait.", 800);
     await r.talk(600, false);

@@ -243,7 +243,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     this.begin(turn);
   }
 
-  /** A false interruption: no turn, no event, the reply goes on from where it paused. */
+  /** A false interruption: no turn, no event, the reply goes on from where it paused (if it did not already). */
   private resume(turn: Turn): void {
     const over = turn.over;
     if (!over) return;
@@ -262,9 +262,11 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       this.resume(turn);
       return;
     }
-    // Without words so far, the reply resumes by this time whatever the transcription says.
-    if (!turn.likely)
-      turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => this.resume(turn))));
+    // Without words so far, the reply's audio resumes by this time whatever the transcription
+    // says; words found later (a recogniser behind) still make it a barge-in.
+    const over = turn.over;
+    if (!turn.likely && over)
+      turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => over.reply.resume())));
     const transcript = turn.transcription.finish();
     transcript.then(
       (text) =>
