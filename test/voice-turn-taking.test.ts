@@ -51,7 +51,10 @@ describe("end of turn by the words (voice.md §7)", () => {
     wordsBySpeech(r, 900, ["Set a timer for", "Set a timer for twenty minutes."]);
     await r.talk(800);
     await r.talk(700, false);
-    await r.talk(800);
+    assert.equal(r.model.calls.length, 1, "asked in the pause");
+    await r.talk(300);
+    assert.ok(r.model.calls[0]!.signal.aborted, "the request was aborted as the speech went on");
+    await r.talk(500);
     await r.talk(400, false);
     const m = await untilTurn(r, 1);
     assert.equal(r.stt.turns.length, 1, "one turn");
@@ -124,6 +127,9 @@ describe("end of turn by the words (voice.md §7)", () => {
 describe("preemptive reply (voice.md §7)", () => {
   test("the model is asked at the first pause; nothing is sent or spoken before the turn ends; its reply is used", async () => {
     const r = await rig();
+    // The final transcript takes 100 ms: the prepared reply's text was ready before it (ttft 0).
+    r.stt.words = () => "What time is it?";
+    r.stt.answer = () => new Promise<string>((resolve) => r.clock.after(100, () => resolve("What time is it?")));
     await r.talk(600);
     await r.talk(200, false);
     assert.equal(r.model.calls.length, 1, "asked in the pause");
