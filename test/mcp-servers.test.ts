@@ -29,13 +29,25 @@ describe("MCP servers: bounds and presence", () => {
       configs.map((c) => ({ headers_env: {}, timeout_ms: 5_000, ping_interval_ms: 10_000, ...c })),
       {
         env: {},
-        logger: pino({ level: "info" }, { write: (line: string) => void (log += line) }),
+        logger: pino(
+          { level: "info" },
+          {
+            write: (line: string) => {
+              log += line;
+            },
+          },
+        ),
         metrics: new ToolMetrics(registry),
       },
     );
     open.push(s);
     await s.tried();
-    return { s, up: async (id: string) => /perch_mcp_servers_up\{server="(\w+)"\} (\d)/.exec((await registry.metrics()).split("\n").find((l) => l.includes(`"${id}"`)) ?? "")?.[2], log: () => log };
+    return {
+      s,
+      up: async (id: string) =>
+        /perch_mcp_servers_up\{server="(\w+)"\} (\d)/.exec((await registry.metrics()).split("\n").find((l) => l.includes(`"${id}"`)) ?? "")?.[2],
+      log: () => log,
+    };
   };
   const call = (s: McpServers, id: string, name: string, args: Record<string, unknown> = {}, timeoutMs = 5_000) =>
     s.call(id, name, args, { timeoutMs, signal: new AbortController().signal });
@@ -136,4 +148,3 @@ describe("MCP servers: bounds and presence", () => {
     assert.match(failed.text, /^eee\n\[the tool's result was cut/);
   });
 });
-

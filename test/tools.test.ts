@@ -260,7 +260,9 @@ describe("agents with tools: the device's own and MCP servers'", () => {
     await eventually(async () => /perch_mcp_servers_up\{server="weather"\} 1/.test(await (await fetch(`${server.url}/metrics`)).text()), 10_000, "weather up");
     const conn = await connect(server);
     try {
-      await conn.offerTools([{ name: "log", description: "The device's log.", inputSchema: { type: "object", properties: {} }, handler: () => "line;".repeat(1000) }]);
+      await conn.offerTools([
+        { name: "log", description: "The device's log.", inputSchema: { type: "object", properties: {} }, handler: () => "line;".repeat(1000) },
+      ]);
       await eventually(() => server.transport!.deviceTools(conn.publicKey)?.tools.length === 1, 5000, "listed");
       model.reply(
         {

@@ -1,9 +1,9 @@
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import type { Logger } from "pino";
 import { ErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
+import type { Logger } from "pino";
 import type { McpServerConfig } from "../config/config.ts";
-import type { OfferedTool } from "./bounds.ts";
 import { boundedFetch } from "./bounded-fetch.ts";
+import type { OfferedTool } from "./bounds.ts";
 import { McpToolClient } from "./mcp-client.ts";
 import type { ToolMetrics } from "./metrics.ts";
 import { failed, type ToolOutcome } from "./results.ts";
