@@ -70,11 +70,13 @@ class Sink {
   channels = 0;
   private readonly job: DecodeJob;
   private readonly speex: SpeexModule;
-  private readonly cpuStart = process.threadCpuUsage();
+  /** The thread's CPU time when the decode began (loading the decoders counts). */
+  private readonly cpuStart: NodeJS.CpuUsage;
 
-  constructor(job: DecodeJob, speex: SpeexModule) {
+  constructor(job: DecodeJob, speex: SpeexModule, cpuStart: NodeJS.CpuUsage) {
     this.job = job;
     this.speex = speex;
+    this.cpuStart = cpuStart;
   }
 
   checkCpu(): void {
@@ -128,10 +130,10 @@ function mixDown(channels: Float32Array[], n: number): Float32Array {
   return out;
 }
 
-async function decodeCompressed(job: DecodeJob, speex: Promise<SpeexModule>): Promise<Sink> {
+async function decodeCompressed(job: DecodeJob, speex: Promise<SpeexModule>, cpuStart: NodeJS.CpuUsage): Promise<Sink> {
   const decoder = await decoderFor(job.format as Exclude<WasmFormat, "wav">);
   const [, module] = await Promise.all([decoder.ready, speex]);
-  const sink = new Sink(job, module);
+  const sink = new Sink(job, module, cpuStart);
   try {
     for (let at = 0; at < job.bytes.length; at += FEED_BYTES) {
       sink.checkCpu();
@@ -202,14 +204,15 @@ function decodeWav(job: DecodeJob, sink: Sink): void {
 }
 
 async function main(job: DecodeJob): Promise<DecodeResult> {
+  const cpuStart = process.threadCpuUsage();
   // The resampler's module (this thread's own) loads beside the decoder's.
   const speex = loadResampler();
   try {
     let sink: Sink;
     if (job.format === "wav") {
-      sink = new Sink(job, await speex);
+      sink = new Sink(job, await speex, cpuStart);
       decodeWav(job, sink);
-    } else sink = await decodeCompressed(job, speex);
+    } else sink = await decodeCompressed(job, speex, cpuStart);
     const samples = sink.finish();
     return { ok: true, samples, sourceRate: sink.sourceRate, channels: sink.channels };
   } catch (err) {
