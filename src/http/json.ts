@@ -1,3 +1,4 @@
+import type { ServerResponse } from "node:http";
 import type { Context, TypedResponse } from "hono";
 
 /**
@@ -15,4 +16,16 @@ export const JSON_CONTENT_TYPE = JSON_UTF8["Content-Type"];
  */
 export function jsonText(c: Context, text: string): TypedResponse<never, 200, "json"> {
   return c.body(text, 200, { "Content-Type": JSON_CONTENT_TYPE }) as unknown as TypedResponse<never, 200, "json">;
+}
+
+/**
+ * Writes a whole JSON answer on Node's response (a native route's, exchange.ts): its type, its
+ * `Retry-After` when given, its length, in one `writeHead` (the exchange set the shared headers).
+ */
+export function writeJson(outgoing: ServerResponse, status: number, body: string, o: { contentType?: string; retryAfter?: number | undefined } = {}): void {
+  const headers = ["Content-Type", o.contentType ?? JSON_CONTENT_TYPE];
+  if (o.retryAfter !== undefined) headers.push("Retry-After", String(o.retryAfter));
+  headers.push("Content-Length", String(Buffer.byteLength(body)));
+  outgoing.writeHead(status, headers);
+  outgoing.end(body);
 }

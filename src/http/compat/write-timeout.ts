@@ -1,24 +1,12 @@
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
-import type { Context } from "hono";
 
 /**
  * A write timeout on responses: a client that has not taken any of a response's bytes for `ms`
  * while more are waiting (in its socket's buffer) is disconnected, which cancels whatever
- * produces the response (an upstream call, an engine). A streamed answer is watched from its
- * start; a whole one, written at once, only when its socket could not take all of it then.
- * Through the Node adapter only: a stream of a WebRTC connection has the transport's own flow control.
+ * produces the response (an upstream call, an engine). A response is watched from its start.
  */
-export function writeTimeout(ms: number): (c: Context) => void {
-  const watch = writeTimeoutOf(ms);
-  return (c) => {
-    const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
-    if (outgoing) watch(outgoing);
-  };
-}
-
-/** `writeTimeout` of Node's responses. */
-export function writeTimeoutOf(ms: number): (outgoing: ServerResponse) => void {
+export function writeTimeout(ms: number): (outgoing: ServerResponse) => void {
   return watcher(ms);
 }
 
@@ -97,14 +85,4 @@ function moving(w: Watched): boolean {
 function queueOf(socket: Socket): number | undefined {
   const queued = (socket as unknown as { _handle?: { writeQueueSize?: unknown } })._handle?.writeQueueSize;
   return typeof queued === "number" ? queued : undefined;
-}
-
-/**
- * Whether a whole answer, just written, may still wait for the client to take it: its socket
- * holds bytes, or it has none yet (queued behind an earlier answer on the same connection).
- */
-export function unsent(outgoing: ServerResponse): boolean {
-  if (outgoing.destroyed) return false;
-  const socket = outgoing.socket;
-  return !socket || socket.writableLength > 0 || (queueOf(socket) ?? 0) > 0;
 }
