@@ -30,7 +30,8 @@ interface LogLine {
 /** A raw HTTP/1.1 request written in one piece, the connection closed after it; `host` null leaves the Host line out. */
 function rawRequest(method: string, path: string, headers: Record<string, string>, body?: string, host: string | null = "exchange.test"): string {
   const lines = Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`);
-  if (body !== undefined && !Object.keys(headers).some((k) => /^(content-length|transfer-encoding)$/i.test(k))) lines.push(`Content-Length: ${Buffer.byteLength(body)}\r\n`);
+  if (body !== undefined && !Object.keys(headers).some((k) => /^(content-length|transfer-encoding)$/i.test(k)))
+    lines.push(`Content-Length: ${Buffer.byteLength(body)}\r\n`);
   return `${method} ${path} HTTP/1.1\r\n${host === null ? "" : `Host: ${host}\r\n`}${lines.join("")}Connection: close\r\n\r\n${body ?? ""}`;
 }
 
@@ -143,14 +144,27 @@ describe("the exchange and its native routes", () => {
     await answer("a query string", "st-query", `${STATUS}?x=1`, get(bearer), 200, STATUS);
     const head = await answer("HEAD", "st-head", STATUS, { method: "HEAD", headers: bearer }, 200, STATUS);
     assert.equal(head.headers.get("content-type"), "application/json; charset=utf-8");
-    const preflight = await answer("a preflight", "st-options", STATUS, { method: "OPTIONS", headers: { "Access-Control-Request-Method": "GET" } }, 204, "unmatched");
+    const preflight = await answer(
+      "a preflight",
+      "st-options",
+      STATUS,
+      { method: "OPTIONS", headers: { "Access-Control-Request-Method": "GET" } },
+      204,
+      "unmatched",
+    );
     assert.match(preflight.headers.get("access-control-allow-methods") ?? "", /GET/);
     const post = await answer("another method", "st-post", STATUS, { method: "POST", headers: bearer, body: "{}" }, 405, "unmatched");
     assert.equal(post.headers.get("allow"), "GET, PUT");
     assert.equal((await post.json()).error.code, "METHOD_NOT_ALLOWED");
 
     // Bodies a GET may carry: the Public API's limit, declared or counted.
-    const big = await answerRaw("a body over the limit", "st-big", rawRequest("GET", STATUS, { ...bearer, "X-Request-ID": "st-big" }, "x".repeat(70_000)), 413, STATUS);
+    const big = await answerRaw(
+      "a body over the limit",
+      "st-big",
+      rawRequest("GET", STATUS, { ...bearer, "X-Request-ID": "st-big" }, "x".repeat(70_000)),
+      413,
+      STATUS,
+    );
     assert.equal(JSON.parse(parseRawResponse(big)!.body).error.code, "PAYLOAD_TOO_LARGE");
     await answerRaw("a small body", "st-body", rawRequest("GET", STATUS, { ...bearer, "X-Request-ID": "st-body" }, "{}"), 200, STATUS);
     const chunk = "x".repeat(40_000);
@@ -246,7 +260,10 @@ describe("the exchange and its native routes", () => {
     await call("a large body", "ch-large", chat(app, body({ messages: [{ role: "user", content: "u".repeat(150_000) }] })), 200);
     assert.equal((await error(await call("no key", "ch-none", chat(json), 401))).code, "invalid_api_key");
     await call("a wrong key", "ch-wrong", chat({ ...json, Authorization: "Bearer sk-wrong" }), 401);
-    assert.equal((await error(await call("a Side Control session", "ch-side", chat({ ...json, Authorization: `Bearer ${sideControlToken}` }), 403))).type, "permission_error");
+    assert.equal(
+      (await error(await call("a Side Control session", "ch-side", chat({ ...json, Authorization: `Bearer ${sideControlToken}` }), 403))).type,
+      "permission_error",
+    );
     assert.equal((await error(await call("malformed JSON", "ch-malformed", chat(app, '{"model":'), 400))).code, "invalid_json");
     await call("an empty body", "ch-empty", chat(app, "   "), 400);
     assert.equal((await error(await call("an unknown parameter", "ch-param", chat(app, body({ bogus: 1 })), 400))).code, "unknown_parameter");

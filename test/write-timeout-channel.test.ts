@@ -6,8 +6,8 @@
  * watcher are Perch's own.
  */
 import assert from "node:assert/strict";
-import { test } from "node:test";
 import type { ServerResponse } from "node:http";
+import { test } from "node:test";
 import { Hono } from "hono";
 import pino from "pino";
 import { writeTimeout } from "../src/http/compat/write-timeout.ts";
@@ -55,7 +55,11 @@ test("a whole answer a service stream's peer takes steadily, for longer than the
     watch((c.env as { outgoing: ServerResponse }).outgoing);
     return c.json({ content });
   });
-  const http = new StreamHttpServer(adapterListener(app.fetch), { requestTimeoutMs: 30_000, logger: pino({ level: "silent" }), metrics: new Metrics(async () => 0) });
+  const http = new StreamHttpServer(adapterListener(app.fetch), {
+    requestTimeoutMs: 30_000,
+    logger: pino({ level: "silent" }),
+    metrics: new Metrics(async () => 0),
+  });
   // 500 KB a second: about 4 s for the answer, while the timeout is 0.6 s without progress.
   const channel = steadyPort(500_000);
   const socket = StreamHttpServer.socket(channel.port, "192.0.2.7:4000");

@@ -41,6 +41,8 @@ export class Exchange {
   readonly started = performance.now();
   /** The pattern of the route serving it, once known: a native route's path. */
   route = "unmatched";
+  /** Served by a native route: the shared headers go out with its head (`writeHead`), not set beforehand. */
+  native = false;
   private readonly recorder: Recorder;
   private recorded = false;
 
@@ -51,6 +53,16 @@ export class Exchange {
     this.recorder = recorder;
     this.requestId = requestIdOf(nodeHeader(incoming, "x-request-id"));
     this.env = { incoming, outgoing, exchange: this };
+  }
+
+  /** Writes the answer's head: the headers every answer carries first, then `headers` (a flat list of names and values). */
+  writeHead(status: number, headers: string[]): void {
+    this.outgoing.writeHead(
+      status,
+      this.native
+        ? ["X-Request-ID", this.requestId, "Access-Control-Allow-Origin", "*", "Access-Control-Expose-Headers", CORS_EXPOSE_HEADERS, ...headers]
+        : headers,
+    );
   }
 
   /** The log line and metrics of this request, once: its status and its route's pattern (or `unmatched`). */
@@ -75,7 +87,11 @@ export interface NativeRoute {
 /** Native routes by `METHOD /full/path`. */
 export type NativeRoutes = ReadonlyMap<string, NativeRoute>;
 
-/** The headers every answer but a preflight's carries, set on Node's response before the answer exists (in this order). */
+/**
+ * The headers every answer but a preflight's carries, set on Node's response before the answer
+ * exists (in this order), so that whatever the Hono adapter writes carries them; a native route's
+ * answer has them in its head instead (`Exchange.writeHead`: one list, no per-header bookkeeping).
+ */
 function sharedHeaders(outgoing: ServerResponse, requestId: string): void {
   outgoing.setHeader("X-Request-ID", requestId);
   outgoing.setHeader("Access-Control-Allow-Origin", "*");
@@ -109,7 +125,6 @@ export function createExchange(o: ExchangeOptions): (incoming: IncomingMessage, 
     const path = targetPath(incoming);
     if (path === undefined) return refuse(o, incoming, outgoing, framingError(undefined));
     const x = new Exchange(incoming, outgoing, path, recorder);
-    (incoming as ExchangeCarrier)[EXCHANGE] = x;
     const method = incoming.method ?? "GET";
     if (method === "OPTIONS") {
       outgoing.setHeader("X-Request-ID", x.requestId);
@@ -122,9 +137,14 @@ export function createExchange(o: ExchangeOptions): (incoming: IncomingMessage, 
       x.record(204);
       return;
     }
-    sharedHeaders(outgoing, x.requestId);
     const route = o.routes.get(`${method === "HEAD" ? "GET" : method} ${path}`);
-    if (route) x.route = route.path;
+    if (route) {
+      x.route = route.path;
+      x.native = true;
+    } else {
+      sharedHeaders(outgoing, x.requestId);
+      (incoming as ExchangeCarrier)[EXCHANGE] = x;
+    }
     const go = route
       ? () =>
           void route.serve(x).catch((err: unknown) => {

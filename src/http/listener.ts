@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { getRequestListener } from "@hono/node-server";
 import type { Logger } from "pino";
+import { recordRefusal } from "./exchange.ts";
 import {
   answerClientError,
   answerOnSocket,
@@ -12,7 +13,6 @@ import {
   framingErrorBody,
   framingErrorHeaders,
 } from "./framing.ts";
-import { recordRefusal } from "./exchange.ts";
 import type { Metrics } from "./metrics.ts";
 
 export type RequestListener = (incoming: IncomingMessage, outgoing: ServerResponse) => void;

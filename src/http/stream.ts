@@ -1,6 +1,8 @@
 import type { ServerResponse } from "node:http";
 import type { Context } from "hono";
 import { sseErrorEvent } from "./compat/errors.ts";
+import type { AppBindings } from "./env.ts";
+import { type Exchange, exchangeOf } from "./exchange.ts";
 
 /** How a streamed answer ended, for the metrics: 200 (with an error type when it broke off) or 499 (the client left). */
 export type StreamEnd = (status: number, errorType?: string) => void;
@@ -16,10 +18,10 @@ export interface StreamOptions<T> {
 
 export const EVENT_STREAM = "text/event-stream; charset=utf-8";
 
-/** Headers of a streamed answer of `contentType`. */
-export function streamHeaders(contentType: string): Record<string, string> {
+/** Headers of a streamed answer of `contentType`, as a flat list of names and values. */
+export function streamHeaders(contentType: string): string[] {
   const sse = contentType.startsWith("text/event-stream");
-  return { "content-type": contentType, ...(sse ? { "cache-control": "no-cache", "x-accel-buffering": "no" } : {}), "transfer-encoding": "chunked" };
+  return ["content-type", contentType, ...(sse ? ["cache-control", "no-cache", "x-accel-buffering", "no"] : []), "transfer-encoding", "chunked"];
 }
 
 /**
@@ -34,7 +36,8 @@ export function streamHeaders(contentType: string): Record<string, string> {
  * provider's connection, an engine's slot). `done` says how it ended, once: a client that leaves
  * while a piece is awaited is 499, and the source's failure that follows is not counted again.
  */
-export async function writeStream<T>(outgoing: ServerResponse, contentType: string, source: AsyncIterator<T>, o: StreamOptions<T>): Promise<void> {
+export async function writeStream<T>(x: Exchange, contentType: string, source: AsyncIterator<T>, o: StreamOptions<T>): Promise<void> {
+  const { outgoing } = x;
   let ended = false;
   const end = (status: number, errorType?: string) => {
     if (ended) return false;
@@ -49,7 +52,7 @@ export async function writeStream<T>(outgoing: ServerResponse, contentType: stri
   outgoing.once("close", left);
   try {
     if (outgoing.destroyed) return left();
-    outgoing.writeHead(200, streamHeaders(contentType));
+    x.writeHead(200, streamHeaders(contentType));
     let first: Promise<IteratorResult<T>> | undefined = source.next();
     if (!(await settledNow(first))) outgoing.flushHeaders();
     for (;;) {
@@ -80,9 +83,9 @@ export async function writeStream<T>(outgoing: ServerResponse, contentType: stri
 
 /** What a Hono route returns once it has handed its answer to `writeStream`: the adapter then writes nothing. */
 export function streamed<T>(c: Context, contentType: string, source: AsyncIterator<T>, o: StreamOptions<T>): Response {
-  const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
-  if (!outgoing) throw new Error("a streamed answer is written through the exchange (src/http/exchange.ts)");
-  writeStream(outgoing, contentType, source, o).catch(() => outgoing.destroy());
+  const x = exchangeOf(c.env as AppBindings | undefined);
+  if (!x) throw new Error("a streamed answer is written through the exchange (src/http/exchange.ts)");
+  writeStream(x, contentType, source, o).catch(() => x.outgoing.destroy());
   return new Response(null, { headers: { "x-hono-already-sent": "true" } });
 }
 

@@ -24,7 +24,7 @@ const JSON_TYPE = "application/json";
  */
 export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logger; gate: CompatGate }): NativeRoute {
   const serve = async (x: Exchange) => {
-    const caller = await o.gate.admit(x.env);
+    const caller = await o.gate.admit(x.env, true);
     const parsed = parseChatRequest(await readJsonBody(x.env, caller));
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;
@@ -36,14 +36,16 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logg
       const result = await o.chat.run(entry, caller, request, signal);
       if (result.kind === "completion") {
         call.completed(result.completion);
-        writeJson(x.outgoing, 200, JSON.stringify(result.completion), { contentType: JSON_TYPE });
+        writeJson(x, 200, JSON.stringify(result.completion), { contentType: JSON_TYPE });
+        o.gate.watch(x.outgoing, true);
         x.record(200);
         return;
       }
       const { stream } = result;
+      o.gate.watch(x.outgoing);
       x.record(200);
       const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
-      await writeStream(x.outgoing, EVENT_STREAM, stream.events[Symbol.asyncIterator](), { sse: true, encode: asIs, done });
+      await writeStream(x, EVENT_STREAM, stream.events[Symbol.asyncIterator](), { sse: true, encode: asIs, done });
     } catch (err) {
       call.failed(err, signal.aborted);
       throw err;
@@ -57,7 +59,8 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logg
         if (clientLeft(x.outgoing) || (!x.incoming.complete && x.incoming.destroyed)) return x.record(CLIENT_CLOSED_REQUEST);
         const e = toOpenAIError(err);
         logFailure(o.logger, err, e.status, x.requestId, x.path);
-        writeJson(x.outgoing, e.status, JSON.stringify(openAIErrorEnvelope(e)), { contentType: JSON_TYPE, retryAfter: e.retryAfter });
+        writeJson(x, e.status, JSON.stringify(openAIErrorEnvelope(e)), { contentType: JSON_TYPE, retryAfter: e.retryAfter });
+        o.gate.watch(x.outgoing, true);
         x.record(e.status);
       }),
   };
@@ -65,7 +68,6 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logg
 
 /** The Compatible API's metrics of one chat call. */
 export class ChatCallMetrics {
-
   /** The catalog id once resolved. */
   model = "unknown";
   private readonly metrics: Metrics;

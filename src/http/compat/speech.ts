@@ -94,8 +94,7 @@ export function registerSpeechRoute(
       done(e.status, e.type);
       throw e;
     }
-    if (r.stream_format === "audio")
-      return streamed(c, SPEECH_CONTENT_TYPES[r.response_format], it, { sse: false, encode: asIs, done });
+    if (r.stream_format === "audio") return streamed(c, SPEECH_CONTENT_TYPES[r.response_format], it, { sse: false, encode: asIs, done });
     const input = Math.ceil(r.input.length / 4);
     return streamed(c, EVENT_STREAM, it, {
       sse: true,

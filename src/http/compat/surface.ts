@@ -20,7 +20,7 @@ import { OpenAIError, openAIErrorResponse, toOpenAIError } from "./errors.ts";
 import { registerModelsRoute } from "./models.ts";
 import { registerSpeechRoute } from "./speech.ts";
 import { registerTranscriptionRoute } from "./transcription.ts";
-import { writeTimeout } from "./write-timeout.ts";
+import { unsent, writeTimeout } from "./write-timeout.ts";
 
 export const DEFAULT_WRITE_TIMEOUT_MS = 30_000;
 
@@ -95,15 +95,19 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
  */
 export class CompatGate {
   private readonly callers: Callers;
-  private readonly watch: (outgoing: NonNullable<AppBindings["outgoing"]>) => void;
+  private readonly watcher: (outgoing: NonNullable<AppBindings["outgoing"]>) => void;
 
   constructor(callers: Callers, writeTimeoutMs: number) {
     this.callers = callers;
-    this.watch = writeTimeout(writeTimeoutMs);
+    this.watcher = writeTimeout(writeTimeoutMs);
   }
 
-  /** The caller of a request admitted; throws the surface's error otherwise. A chunked body read whole is left in `env.body`. */
-  async admit(env: AppBindings): Promise<Caller> {
+  /**
+   * The caller of a request admitted; throws the surface's error otherwise. A chunked body read
+   * whole is left in `env.body`. With `watchLater`, the write timeout is the caller's to apply
+   * (`watch`), once it knows whether its answer is a stream or a whole one.
+   */
+  async admit(env: AppBindings, watchLater = false): Promise<Caller> {
     const { incoming, outgoing } = env;
     if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
     const within = nodeBodyWithin(env, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
@@ -111,8 +115,13 @@ export class CompatGate {
       throw new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" });
     }
     const caller = await authenticateCaller(this.callers, env, (name) => nodeHeader(incoming, name));
-    this.watch(outgoing);
+    if (!watchLater) this.watch(outgoing);
     return caller;
+  }
+
+  /** The write timeout on `outgoing`: a stream from its start, a whole answer (`whole`) when it is written and its socket still holds some of it. */
+  watch(outgoing: NonNullable<AppBindings["outgoing"]>, whole = false): void {
+    if (!whole || unsent(outgoing)) this.watcher(outgoing);
   }
 
   /** `admit` as the Hono routes' first middleware: a body read here is put back on the web request. */

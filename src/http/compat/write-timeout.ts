@@ -4,7 +4,8 @@ import type { Socket } from "node:net";
 /**
  * A write timeout on responses: a client that has not taken any of a response's bytes for `ms`
  * while more are waiting (in its socket's buffer) is disconnected, which cancels whatever
- * produces the response (an upstream call, an engine). A response is watched from its start.
+ * produces the response (an upstream call, an engine). A response is watched from its start, or
+ * (a whole answer of a native route) only once written, when its socket could not take it at once (`unsent`).
  */
 export function writeTimeout(ms: number): (outgoing: ServerResponse) => void {
   return watcher(ms);
@@ -85,4 +86,14 @@ function moving(w: Watched): boolean {
 function queueOf(socket: Socket): number | undefined {
   const queued = (socket as unknown as { _handle?: { writeQueueSize?: unknown } })._handle?.writeQueueSize;
   return typeof queued === "number" ? queued : undefined;
+}
+
+/**
+ * Whether a whole answer, just written, may still wait for the client to take it: its socket
+ * holds bytes, or it has none yet (queued behind an earlier answer on the same connection).
+ */
+export function unsent(outgoing: ServerResponse): boolean {
+  if (outgoing.destroyed) return false;
+  const socket = outgoing.socket;
+  return !socket || socket.writableLength > 0 || (queueOf(socket) ?? 0) > 0;
 }

@@ -1,6 +1,6 @@
 import type { Logger } from "pino";
 import { errorBody, toApiError } from "../errors.ts";
-import { type NativeRoute, logFailure } from "../exchange.ts";
+import { logFailure, type NativeRoute } from "../exchange.ts";
 import { nodeHeader } from "../headers.ts";
 import { writeJson } from "../json.ts";
 import { CLIENT_CLOSED_REQUEST, clientLeft, nodeBodyWithin } from "../middleware.ts";
@@ -25,7 +25,7 @@ export function statusRoute(o: { callers: Callers; logger: Logger }): NativeRout
         const within = nodeBodyWithin(x.env, JSON_BODY_LIMIT);
         if (within !== true && (within === false || !(await within))) throw payloadTooLarge();
         const { statusText } = await o.callers.primaryStatusOf(x.env, (name) => nodeHeader(incoming, name));
-        writeJson(outgoing, 200, statusText ?? "{}");
+        writeJson(x, 200, statusText ?? "{}");
         x.record(200, STATUS_PATH);
       } catch (err) {
         if (clientLeft(outgoing) || (!incoming.complete && incoming.destroyed)) {
@@ -34,7 +34,7 @@ export function statusRoute(o: { callers: Callers; logger: Logger }): NativeRout
         }
         const e = toApiError(err);
         logFailure(o.logger, err, e.status, x.requestId, x.path);
-        writeJson(outgoing, e.status, JSON.stringify(errorBody(e)), { retryAfter: e.retryAfter });
+        writeJson(x, e.status, JSON.stringify(errorBody(e)), { retryAfter: e.retryAfter });
         x.record(e.status, STATUS_PATH);
       }
     },
