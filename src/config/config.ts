@@ -125,9 +125,23 @@ const AgentConfig = z.strictObject({
     .default([]),
   /** How long a device or MCP server tool call may take before it fails as a tool error. */
   tool_timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
+  /** A device or MCP server tool's result reaches the model cut to this many characters, with a note that it was cut. */
+  tool_result_max_chars: z.number().int().min(1).max(4_194_304).default(65_536),
   max_steps: z.number().int().min(1).max(32).default(4),
   /** The most tokens one model call of this agent writes (sent as `max_tokens`; a request's own lower limit wins). */
   max_tokens: z.number().int().min(1).max(1_000_000).optional(),
+  /** What the agent remembers of each device's people between conversations (public-api.md, "Memory"). */
+  memory: z
+    .strictObject({
+      enabled: z.boolean().default(false),
+      /** The memory's length at most, in Unicode code points. */
+      max_chars: z.number().int().min(1).max(20_000).default(2_000),
+      /** The chat model (of `models`) that rewrites the memory after a conversation; default the agent's own. */
+      model: ID.optional(),
+      /** A conversation with no turn for this long has ended (its memory is rewritten; the next turn starts a new one). */
+      idle_ms: z.number().int().min(1_000).max(86_400_000).default(120_000),
+    })
+    .optional(),
 });
 
 /** An MCP server whose tools agents may use (Streamable HTTP; tools.md §2). */
@@ -141,6 +155,11 @@ const McpServerConfig = z.strictObject({
   headers_env: z.record(z.string().regex(/^[A-Za-z0-9-]{1,128}$/, "must be a header name"), z.string().min(1)).default({}),
   /** Connecting, listing and each call wait at most this long. */
   timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
+  /**
+   * How often a connected server is asked (MCP `ping`, answered within the lesser of `timeout_ms` and
+   * 10 s) whether it is still there: a server gone away is noticed within 30 s with no call made.
+   */
+  ping_interval_ms: z.number().int().min(100).max(20_000).default(10_000),
 });
 
 const ApiKeyConfig = z.strictObject({
@@ -452,6 +471,11 @@ function checkCatalog(
       const m = models.get(id);
       if (!m) issue(["agents", i, field], `unknown model ${id}`);
       else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
+    }
+    if (a.memory?.model !== undefined) {
+      const m = models.get(a.memory.model);
+      if (!m) issue(["agents", i, "memory", "model"], `unknown model ${a.memory.model}`);
+      else if (m.kind !== "chat") issue(["agents", i, "memory", "model"], `${a.memory.model} is a ${m.kind} model, not chat`);
     }
   });
   if (c.voice.agent !== undefined && !c.agents.some((a) => a.id === c.voice.agent)) issue(["voice", "agent"], `unknown agent ${c.voice.agent}`);

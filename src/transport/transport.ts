@@ -181,6 +181,12 @@ export class WebRtcTransport implements ConnectionHost {
       throw new DomainError("internal", "ANSWER_FAILED", "the server could not create an answer");
     }
     timing("answer", performance.now() - started);
+    try {
+      await this.domain.presence.answered(offer.publicKey);
+    } catch (err) {
+      link.close();
+      throw err;
+    }
     const connection = new Connection(this, offer.publicKey, link);
     this.all.add(connection);
     if (this.closing) void connection.close("shutdown");

@@ -45,7 +45,7 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logg
       o.gate.watch(x.outgoing);
       x.record(200);
       const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
-      await writeStream(x, EVENT_STREAM, stream.events[Symbol.asyncIterator](), { sse: true, encode: asIs, done });
+      await writeStream(x, EVENT_STREAM, stream.sse(), { sse: true, encode: asIs, done });
     } catch (err) {
       call.failed(err, signal.aborted);
       throw err;
