@@ -3,7 +3,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import pino, { type Logger } from "pino";
-import { startToolbox } from "../ai/agents/toolbox.ts";
+import { startToolbox, type Toolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { InFlight } from "../ai/in-flight.ts";
@@ -122,6 +122,7 @@ export class Node {
   readonly domain: Domain;
   readonly metrics: Metrics;
   readonly chat: ChatService;
+  private readonly tools: Toolbox;
   /** The HTTP server; it listens once `listen()` took the port. */
   readonly httpServer: Server;
   /** The periodic jobs, started by `listen()` and stopped first at shutdown. */
@@ -213,6 +214,7 @@ export class Node {
       registry: this.metrics.registry,
       devices: (key) => this.transport?.deviceTools(key),
     });
+    this.tools = tools;
     this.closers.defer(() => tools.close());
     this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
     this.chat = new ChatService({ router, catalog, tools });
@@ -364,6 +366,8 @@ export class Node {
       resampler: await loadResampler(),
       registry: this.metrics.registry,
       logger: this.logger.child({ component: "voice" }),
+      toolbox: this.tools,
+      env: this.o.env ?? process.env,
     });
   }
 
