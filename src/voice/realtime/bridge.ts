@@ -598,6 +598,13 @@ export class RealtimeBridge {
     if (!turn || turn.ended || id !== turn.responseId) return;
     turn.responseActive = false;
     const status = str(response, "status");
+    if (status === "cancelled" && !turn.cut) {
+      // The provider cancelled it (its own detector heard speech, with barge-in Perch's to decide): the reply ends here.
+      turn.playout?.stop();
+      this.cutItems(turn, turn.playout?.played ?? 0, true);
+      this.endTurn(turn, "interrupted");
+      return;
+    }
     if (status === "failed") {
       const error = obj(obj(response, "status_details"), "error");
       this.link.fail(`the model's response failed: ${str(error, "message") ?? str(error, "code") ?? "no reason given"}`);
@@ -665,7 +672,7 @@ export class RealtimeBridge {
   /** The model's items of the turn cut at what the device heard: truncated there, or deleted when none of one was sent. */
   private cutItems(turn: ReplyTurn, played: number, interrupted: boolean): void {
     for (const item of turn.items) {
-      if (item.received === 0) continue;
+      if (!interrupted && item.received === 0) continue;
       const heard = Math.max(0, Math.min(item.written, played - item.start));
       // A cut reply's items heard whole stay whole (an interrupted response may hold more than came).
       if (!interrupted && heard >= item.received * (OPUS_RATE / REALTIME_RATE) - OPUS_RATE / 50) continue;
