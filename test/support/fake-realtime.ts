@@ -56,6 +56,8 @@ export interface FakeRealtime {
   turns: Turn[];
   /** When its detector heard speech start (performance.now()), each time. */
   started: number[];
+  /** Audio deltas a flood has sent so far. */
+  flooded: number;
   /** The next upgrades are refused with this status (and an OpenAI error body). */
   refuse(status: number, message: string, times?: number): void;
   /** Scripts the next replies, in order; without one, `fallback` answers. */
@@ -95,6 +97,7 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
     sessions: [],
     turns: [],
     started: [],
+    flooded: 0,
     refuse(status, message, times = 1) {
       for (let i = 0; i < times; i++) refusals.push({ status, message });
     },
@@ -169,7 +172,10 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
     let active: { id: string; item: string; cancelled: boolean; sentMs: number } | undefined;
     let pendingCall: Extract<Script, { kind: "call" }> | undefined;
     const itemMs = new Map<string, number>();
-    send({ type: "session.created", session: { type: "realtime", id: id("sess") } });
+    send({
+      type: "session.created",
+      session: { type: "realtime", id: id("sess"), ...(fake.maxAgeMs !== undefined ? { expires_at: (Date.now() + fake.maxAgeMs) / 1000 } : {}) },
+    });
     const serverVad = () => {
       const td = (s.session?.audio as { input?: { turn_detection?: unknown } } | undefined)?.input?.turn_detection;
       return td !== null;
@@ -254,6 +260,7 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
         send({ type: "response.output_audio_transcript.delta", ...base, delta: script.text });
         for (let i = 0; i < script.deltas && ws.readyState === ws.OPEN; i++) {
           ws.send(JSON.stringify({ type: "response.output_audio.delta", ...base, delta }));
+          fake.flooded++;
           if (ws.bufferedAmount > 256 * 1024) while (ws.bufferedAmount > 64 * 1024 && ws.readyState === ws.OPEN) await new Promise((res) => setTimeout(res, 1));
         }
         if (active === r) active = undefined;

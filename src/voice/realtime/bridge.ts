@@ -28,6 +28,9 @@ const PLAYOUT_AHEAD = (OPUS_RATE * 200) / 1000;
 const TOOL_GRACE_MS = 1_000;
 /** Input transcripts awaited at most for this many items (an item whose transcript never comes is forgotten). */
 const MAX_ITEMS = 64;
+/** A session is renewed between turns this long before the provider's `expires_at` (at most half its life); a turn going on defers it. */
+const RENEW_BEFORE_MS = 60_000;
+const RENEW_RETRY_MS = 500;
 
 export interface RealtimeAgentInfo {
   id: string;
@@ -142,6 +145,7 @@ export class RealtimeBridge {
   private readonly ours = new Set<string>();
   private eventIds = 0;
   private toolsSent = "";
+  private cancelRenew: (() => void) | undefined;
   private closed = false;
 
   constructor(o: RealtimeOptions) {
@@ -206,6 +210,7 @@ export class RealtimeBridge {
     if (this.closed) return;
     if (this.reply && !this.reply.ended) this.endTurn(this.reply, "interrupted");
     this.closed = true;
+    this.cancelRenew?.();
     this.link.close();
     this.node?.recognition.close();
     this.node?.down.close();
@@ -273,6 +278,11 @@ export class RealtimeBridge {
     if (this.closed) return;
     const r = e.raw;
     switch (e.type) {
+      case "session.created": {
+        const expires = obj(r, "session")?.expires_at;
+        if (typeof expires === "number" && Number.isFinite(expires)) this.renewBefore(expires * 1000 - Date.now());
+        return;
+      }
       case "input_audio_buffer.speech_started":
         if (!this.node) this.speechStarted(str(r, "item_id"));
         return;
@@ -382,6 +392,23 @@ export class RealtimeBridge {
   private rememberItem(item: string, n: number): void {
     this.itemTurns.set(item, n);
     if (this.itemTurns.size > MAX_ITEMS) this.itemTurns.delete(this.itemTurns.keys().next().value!);
+  }
+
+  /** The provider ends a session at its age: a new one is opened before, between turns, so that no turn is lost. */
+  private renewBefore(remainingMs: number): void {
+    this.cancelRenew?.();
+    const at = Math.max(0, remainingMs - Math.min(RENEW_BEFORE_MS, remainingMs / 2));
+    const attempt = () => {
+      this.cancelRenew = undefined;
+      if (this.closed) return;
+      if (this.listening || (this.reply && !this.reply.ended)) {
+        this.cancelRenew = this.o.clock.after(RENEW_RETRY_MS, attempt);
+        return;
+      }
+      this.o.log("info", { agent: this.o.agent.id }, "the realtime session is near its age limit; a new one opens with the history");
+      this.link.renew();
+    };
+    this.cancelRenew = this.o.clock.after(at, attempt);
   }
 
   // ---- the user's turns -----------------------------------------------------------------------
@@ -684,6 +711,8 @@ export class RealtimeBridge {
   /** The session failed: the turn in progress (heard or being answered) ends as failed; the link reopens by itself. */
   private sessionLost(reason: string): void {
     if (this.closed) return;
+    this.cancelRenew?.();
+    this.cancelRenew = undefined;
     const heard = this.listening;
     this.listening = undefined;
     const turn = this.reply;
@@ -711,8 +740,10 @@ export class RealtimeBridge {
     turn.pending.length = 0;
     turn.pendingBytes = 0;
     const spoken = new SpokenText();
-    for (const item of turn.items) spoken.add(item.text, item.received * (OPUS_RATE / REALTIME_RATE));
-    const heard = (result === "answered" && !turn.cut ? spoken.text : spoken.heard(played)).trim();
+    const whole = result === "answered" && !turn.cut;
+    // An item none of whose audio came was not heard, whatever its words.
+    for (const item of turn.items) if (whole || item.received > 0) spoken.add(item.text, item.received * (OPUS_RATE / REALTIME_RATE));
+    const heard = (whole ? spoken.text : spoken.heard(played)).trim();
     const out = `out-${turn.n}`;
     const { events } = this.o;
     if (turn.textStarted) events.done(out, "assistant.text", heard);

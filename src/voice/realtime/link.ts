@@ -82,6 +82,20 @@ export class RealtimeLink {
     });
   }
 
+  /** Opens a new session now, the old one closed without a failure (a session near the end of its age, between turns). */
+  renew(): void {
+    if (this.closed || !this.open_) return;
+    const ws = this.ws;
+    this.ws = undefined;
+    this.open_ = false;
+    if (ws) {
+      ws.removeAllListeners();
+      ws.on("error", () => {});
+      ws.close(1000);
+    }
+    this.connect();
+  }
+
   close(): void {
     if (this.closed) return;
     this.closed = true;
