@@ -119,7 +119,10 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     assert.ok(rate > 24_000 * 0.75 && rate < 24_000 * 1.25, `appended at ${Math.round(rate)} samples a second`);
     // The device's Side Control sees the turn as stored entries.
     const list = await phone.request<{ items: Array<{ id: string }> }>("GET", "/side-control/conversations");
-    const entries = await phone.request<{ items: Array<{ role: string; text: string; turn: number }> }>("GET", `/side-control/conversations/${list.items[0]!.id}`);
+    const entries = await phone.request<{ items: Array<{ role: string; text: string; turn: number }> }>(
+      "GET",
+      `/side-control/conversations/${list.items[0]!.id}`,
+    );
     assert.deepEqual(
       entries.items.map((e) => [e.turn, e.role, e.text]),
       [
@@ -149,7 +152,7 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
         },
       },
     ]);
-    fake.script({ kind: "call", name: "device.set_volume", arguments: '{"level":3}', then: { kind: "reply", text: "Done, the volume is three.", ms: 600 } });
+    fake.script({ kind: "call", name: "device.set_volume", arguments: '{"level":3}', after: { kind: "reply", text: "Done, the volume is three.", ms: 600 } });
     await say(question);
     await metricsOf(log, 1);
     assert.deepEqual(got, [{ level: 3 }]);
@@ -167,7 +170,10 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     assert.match(call.call_id, /^call_/);
     assert.equal(s.events[s.events.indexOf(output) + 1]!.type, "response.create");
     assert.deepEqual(
-      log.of("out-1").filter((e) => e.label.startsWith("tool.")).map((e) => [e.label, JSON.parse(e.text!)]),
+      log
+        .of("out-1")
+        .filter((e) => e.label.startsWith("tool."))
+        .map((e) => [e.label, JSON.parse(e.text!)]),
       [
         ["tool.call", { name: "device.set_volume", arguments: { level: 3 } }],
         ["tool.result", { name: "device.set_volume", is_error: false, text: "volume is 3" }],
@@ -208,7 +214,11 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     clearInterval(poll);
     const last = counts.at(-1)![1];
     const lastPacketAt = counts.find(([, n]) => n === last)![0];
-    const truncate = s.events.find((e) => e.type === "conversation.item.truncate")! as unknown as { item_id: string; content_index: number; audio_end_ms: number };
+    const truncate = s.events.find((e) => e.type === "conversation.item.truncate")! as unknown as {
+      item_id: string;
+      content_index: number;
+      audio_end_ms: number;
+    };
     // What Perch sent of the reply: its 20 ms packets the device received.
     const heard = ((await packetsReceived(conn)) - packetsBefore) * 20;
     const stoppedAfter = lastPacketAt - path - startedAt;
@@ -216,7 +226,10 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     assert.equal(truncate.content_index, 0);
     // Never more than was sent; less by the silence frames that kept the stream's time where the model's audio came late
     // (the fake shares this process's event loop with Perch and the device).
-    assert.ok(truncate.audio_end_ms <= heard && truncate.audio_end_ms >= heard * 0.85, `truncated at ${truncate.audio_end_ms} ms; the device received ${heard} ms`);
+    assert.ok(
+      truncate.audio_end_ms <= heard && truncate.audio_end_ms >= heard * 0.85,
+      `truncated at ${truncate.audio_end_ms} ms; the device received ${heard} ms`,
+    );
     // The fake's own detector had cancelled the response: Perch's cancel got an error, which is harmless.
     assert.ok(s.events.some((e) => e.type === "response.cancel"));
     assert.ok(!lines.some((l) => l.msg === "the realtime session failed; reconnecting"), "its error answer is no failure");
@@ -238,7 +251,10 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     fake.script({ kind: "reply", text: "Okay.", ms: 400 });
     await say(await spoken("Never mind."));
     await metricsOf(log, 2);
-    assert.ok(s.events.some((e) => e.type === "conversation.item.delete"), "the unheard item is deleted");
+    assert.ok(
+      s.events.some((e) => e.type === "conversation.item.delete"),
+      "the unheard item is deleted",
+    );
     assert.ok(!s.events.some((e) => e.type === "conversation.item.truncate"), "no truncate: no audio of it was sent");
     assert.equal((await metricsOf(log, 1)).interrupted, true);
     assert.equal(log.all.find((e) => e.stream === "out-1" && e.type === "TEXT_DONE" && e.label === "assistant.text")!.text, "", "nothing was heard");
@@ -247,7 +263,7 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
   });
 
   test("a barge-in cancels a running tool: its output never goes back", async () => {
-    fake.script({ kind: "call", name: "device.slow", arguments: "{}", then: { kind: "reply", text: "Never heard.", ms: 3_000 } });
+    fake.script({ kind: "call", name: "device.slow", arguments: "{}", after: { kind: "reply", text: "Never heard.", ms: 3_000 } });
     const { conn, log, say, s } = await device();
     let release: (() => void) | undefined;
     await conn.offerTools([
@@ -295,7 +311,10 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
       assert.equal(m.interrupted, false);
       // A new session, reopened by itself, with the history as items.
       await fake.until(() => fake.sessions.length > sessions && fake.sessions.at(-1)!.session !== undefined, 15_000, `${what}: a new session`);
-      const items = fake.sessions.at(-1)!.events.filter((e) => e.type === "conversation.item.create").map((e) => e.item);
+      const items = fake.sessions
+        .at(-1)!
+        .events.filter((e) => e.type === "conversation.item.create")
+        .map((e) => e.item);
       assert.deepEqual(items.slice(0, 2), [
         { type: "message", role: "user", content: [{ type: "input_text", text: "Remember the number seven." }] },
         { type: "message", role: "assistant", content: [{ type: "output_text", text: "Seven it is." }] },
@@ -351,7 +370,10 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
       await say(question);
       await metricsOf(log, 2);
       assert.equal(log.of("out-2").find((e) => e.type === "EOS")?.error, undefined);
-      assert.ok(renewed.events.some((e) => e.type === "conversation.item.create"), "the history went to the new session");
+      assert.ok(
+        renewed.events.some((e) => e.type === "conversation.item.create"),
+        "the history went to the new session",
+      );
       assert.ok(!log.all.some((e) => e.error?.code === "failed"), "no turn failed");
       conn.close();
     } finally {

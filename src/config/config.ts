@@ -133,6 +133,18 @@ const AgentConfig = z.strictObject({
   turn_detection: z.enum(["server_vad", "semantic_vad", "node"]).optional(),
   /** A realtime agent's input transcription model (default `gpt-4o-mini-transcribe`); false: none. */
   input_transcription: z.union([z.string().min(1), z.literal(false)]).optional(),
+  /** What the agent remembers of each device's people between conversations (public-api.md, "Memory"). */
+  memory: z
+    .strictObject({
+      enabled: z.boolean().default(false),
+      /** The memory's length at most, in Unicode code points. */
+      max_chars: z.number().int().min(1).max(20_000).default(2_000),
+      /** The chat model (of `models`) that rewrites the memory after a conversation; default the agent's own. */
+      model: ID.optional(),
+      /** A conversation with no turn for this long has ended (its memory is rewritten; the next turn starts a new one). */
+      idle_ms: z.number().int().min(1_000).max(86_400_000).default(120_000),
+    })
+    .optional(),
 });
 
 /** An MCP server whose tools agents may use (Streamable HTTP; tools.md §2). */
@@ -463,6 +475,14 @@ function checkCatalog(
       const m = models.get(id);
       if (!m) issue(["agents", i, field], `unknown model ${id}`);
       else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
+    }
+    // A realtime model cannot rewrite a memory: such an agent names a chat model for it.
+    if (a.memory?.enabled && a.memory.model === undefined && model?.kind === "realtime")
+      issue(["agents", i, "memory", "model"], `agent ${a.id} converses on a realtime model: its memory needs a chat model (memory.model)`);
+    if (a.memory?.model !== undefined) {
+      const m = models.get(a.memory.model);
+      if (!m) issue(["agents", i, "memory", "model"], `unknown model ${a.memory.model}`);
+      else if (m.kind !== "chat") issue(["agents", i, "memory", "model"], `${a.memory.model} is a ${m.kind} model, not chat`);
     }
   });
   if (c.voice.agent !== undefined && !c.agents.some((a) => a.id === c.voice.agent)) issue(["voice", "agent"], `unknown agent ${c.voice.agent}`);

@@ -16,8 +16,8 @@ const FRAME = RATE / 50;
 export type Script =
   /** Speaks `pcm` (24 kHz; default a tone of `ms`) with `text` as its transcript, in deltas of `chunkMs`, `speed` times real time (0: at once). */
   | { kind: "reply"; text: string; pcm?: Int16Array; ms?: number; chunkMs?: number; speed?: number; dropAfterDeltas?: number; audioDelayMs?: number }
-  /** Calls a function; once its output and a `response.create` come, `then` answers. */
-  | { kind: "call"; name: string; arguments: string; then: Script }
+  /** Calls a function; once its output and a `response.create` come, `after` answers. */
+  | { kind: "call"; name: string; arguments: string; after: Script }
   | { kind: "error"; code: string; message: string }
   /** Never starts a response. */
   | { kind: "silent" }
@@ -140,7 +140,9 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
     const refusal = refusals.shift();
     if (refusal) {
       const body = JSON.stringify({ error: { message: refusal.message, type: "invalid_request_error", code: null, param: null } });
-      socket.end(`HTTP/1.1 ${refusal.status} Refused\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+      socket.end(
+        `HTTP/1.1 ${refusal.status} Refused\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+      );
       return;
     }
     if (!req.url?.startsWith("/v1/realtime")) {
@@ -158,7 +160,10 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
     };
     const age = fake.maxAgeMs !== undefined ? setTimeout(() => expire(), fake.maxAgeMs) : undefined;
     const expire = () => {
-      send({ type: "error", error: { type: "invalid_request_error", code: "session_expired", message: "Your session hit the maximum duration of 60 minutes." } });
+      send({
+        type: "error",
+        error: { type: "invalid_request_error", code: "session_expired", message: "Your session hit the maximum duration of 60 minutes." },
+      });
       ws.close(1000, "session expired");
     };
     // The energy detector's state.
@@ -241,8 +246,21 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
       send({ type: "response.created", response: { id: response.id, status: "in_progress", output: [] } });
       if (script.kind === "call") {
         const callId = id("call");
-        send({ type: "response.output_item.added", response_id: response.id, output_index: 0, item: { id: response.item, type: "function_call", call_id: callId, name: script.name } });
-        send({ type: "response.function_call_arguments.done", response_id: response.id, item_id: response.item, output_index: 0, call_id: callId, name: script.name, arguments: script.arguments });
+        send({
+          type: "response.output_item.added",
+          response_id: response.id,
+          output_index: 0,
+          item: { id: response.item, type: "function_call", call_id: callId, name: script.name },
+        });
+        send({
+          type: "response.function_call_arguments.done",
+          response_id: response.id,
+          item_id: response.item,
+          output_index: 0,
+          call_id: callId,
+          name: script.name,
+          arguments: script.arguments,
+        });
         send({ type: "response.done", response: { id: response.id, status: "completed" } });
         active = undefined;
         pendingCall = script;
@@ -355,15 +373,18 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
         }
         case "response.create":
           if (pendingCall) {
-            const then = pendingCall.then;
+            const after = pendingCall.after;
             pendingCall = undefined;
-            respond(then);
+            respond(after);
           } else respond(next());
           break;
         case "response.cancel":
           if (active && !active.cancelled) {
             active.cancelled = true;
-            send({ type: "response.done", response: { id: active.id, status: "cancelled", status_details: { type: "cancelled", reason: "client_cancelled" } } });
+            send({
+              type: "response.done",
+              response: { id: active.id, status: "cancelled", status_details: { type: "cancelled", reason: "client_cancelled" } },
+            });
             active = undefined;
           } else refuse("response_cancel_not_active", "Cancellation failed: no active response found");
           break;

@@ -56,6 +56,8 @@ export interface RealtimeOptions {
   toolEvents: (n: number) => ToolObserver;
   /** The node's voice activity, for `turn_detection: node`. */
   activity: VoiceActivityPort | undefined;
+  /** The device's memory, given after the agent's instructions once read. */
+  notes?: () => Promise<string | undefined>;
   resampler: SpeexModule;
   payloadType: number;
   metrics: VoiceMetrics;
@@ -146,6 +148,7 @@ export class RealtimeBridge {
   private eventIds = 0;
   private toolsSent = "";
   private cancelRenew: (() => void) | undefined;
+  private memory: string | undefined;
   private closed = false;
 
   constructor(o: RealtimeOptions) {
@@ -192,6 +195,19 @@ export class RealtimeBridge {
         this.sessionLost(reason);
       },
     });
+    this.readNotes();
+  }
+
+  /** The memory, once read, joins the instructions of this session (sent again) and of every reopened one. */
+  private readNotes(): void {
+    this.o.notes?.().then(
+      (notes) => {
+        if (!notes || this.closed) return;
+        this.memory = notes;
+        this.link.send(this.settingsEvent(this.nextId("memory")));
+      },
+      (err: unknown) => this.o.log("warn", { err }, "the device's memory could not be read for the realtime session"),
+    );
   }
 
   /** One RTP packet of the device's uplink. */
@@ -257,7 +273,7 @@ export class RealtimeBridge {
     this.toolsSent = JSON.stringify(tools);
     return sessionUpdate(
       {
-        instructions: agent.instructions,
+        instructions: this.memory ? `${agent.instructions}\n\n${this.memory}`.trim() : agent.instructions,
         voice: agent.voice,
         turnDetection: agent.turnDetection,
         transcription: agent.transcription,

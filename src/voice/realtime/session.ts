@@ -46,6 +46,8 @@ export interface RealtimeVoiceOptions {
   agents: ReadonlyMap<string, RealtimeAgentInfo>;
   /** The agent answering the device now (any kind), or undefined when its voice is off. */
   agentId: () => string | undefined;
+  /** The device's memory for an agent (read once a conversation), to follow its instructions. */
+  notes?: (agentId: string) => Promise<string | undefined>;
   toolbox: Toolbox;
   activity: VoiceActivityPort | undefined;
   resampler: SpeexModule;
@@ -122,6 +124,7 @@ export class RealtimeVoice {
           tools: o.toolbox.forRun(agentConfig, model, { kind: "device", publicKey: o.port.publicKey }),
           toolEvents: (n) => toolEvents(o.events, `out-${n}`),
           activity: o.activity,
+          ...(o.notes ? { notes: () => o.notes!(agent.id) } : {}),
           resampler: o.resampler,
           payloadType: o.port.payloadType,
           metrics: o.metrics,
