@@ -43,6 +43,9 @@ export interface FakeSession {
 }
 
 export interface Turn {
+  /** The speech as the fake's detector heard it, in ms of appended audio (24 kHz samples counted). */
+  audioStartMs?: number;
+  audioEndMs?: number;
   /** When the fake decided the user's speech started and stopped (performance.now()). */
   startedAt?: number;
   stoppedAt: number;
@@ -173,6 +176,7 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
     let speaking = false;
     let inputItem = id("item");
     let audioMs = 0;
+    let speechStartMs = 0;
     // The response going on.
     let active: { id: string; item: string; cancelled: boolean; sentMs: number } | undefined;
     let pendingCall: Extract<Script, { kind: "call" }> | undefined;
@@ -206,6 +210,7 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
       if (!speaking && voiced >= speechFrames) {
         speaking = true;
         fake.started.push(performance.now());
+        speechStartMs = audioMs - speechFrames * 20;
         send({ type: "input_audio_buffer.speech_started", audio_start_ms: audioMs - speechFrames * 20, item_id: inputItem });
         if (active && !active.cancelled && interrupts()) {
           active.cancelled = true;
@@ -217,7 +222,7 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
         voiced = 0;
         const item = inputItem;
         inputItem = id("item");
-        fake.turns.push({ stoppedAt: performance.now() });
+        fake.turns.push({ stoppedAt: performance.now(), audioStartMs: speechStartMs, audioEndMs: audioMs - silenceFrames * 20 });
         send({ type: "input_audio_buffer.speech_stopped", audio_end_ms: audioMs - silenceFrames * 20, item_id: item });
         send({ type: "input_audio_buffer.committed", item_id: item, previous_item_id: null });
         transcribe(item);
