@@ -126,6 +126,8 @@ const AgentConfig = z.strictObject({
     .default([]),
   /** How long a device or MCP server tool call may take before it fails as a tool error. */
   tool_timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
+  /** A device or MCP server tool's result reaches the model cut to this many characters, with a note that it was cut. */
+  tool_result_max_chars: z.number().int().min(1).max(4_194_304).default(65_536),
   max_steps: z.number().int().min(1).max(32).default(4),
   /** The most tokens one model call of this agent writes (sent as `max_tokens`; a request's own lower limit wins). */
   max_tokens: z.number().int().min(1).max(1_000_000).optional(),
@@ -158,6 +160,11 @@ const McpServerConfig = z.strictObject({
   headers_env: z.record(z.string().regex(/^[A-Za-z0-9-]{1,128}$/, "must be a header name"), z.string().min(1)).default({}),
   /** Connecting, listing and each call wait at most this long. */
   timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
+  /**
+   * How often a connected server is asked (MCP `ping`, answered within the lesser of `timeout_ms` and
+   * 10 s) whether it is still there: a server gone away is noticed within 30 s with no call made.
+   */
+  ping_interval_ms: z.number().int().min(100).max(20_000).default(10_000),
 });
 
 const ApiKeyConfig = z.strictObject({
