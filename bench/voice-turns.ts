@@ -15,7 +15,7 @@ import { existsSync, mkdtempSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createSpeechEngine } from "../src/ai/speech/index.ts";
-import { loadResampler, Resampler } from "../src/voice/resampler.ts";
+import { loadResampler, Resampler } from "../src/audio/resampler.ts";
 import { benchConfig, ROOT, round, type Server, startServer } from "./support.ts";
 import { devices, pct } from "./voice.ts";
 import type { DeviceMessage, FillerReport, TurnReport } from "./voice-device.ts";
