@@ -69,6 +69,8 @@ export interface Turn extends ListeningTurn {
   over?: Speaking | undefined;
   /** That speech brought words by `interruption.min_ms`: likely a barge-in, its end judged as a turn's. */
   likely?: boolean;
+  /** The reply it interrupted, whose heard text the history must have before this turn's reply is asked. */
+  interrupted?: Promise<void>;
   /** The barge-in check at `interruption.min_ms`, and the resume deadline. */
   timers: Array<() => void>;
   /** The reply asked of the model in the current pause. */
@@ -82,6 +84,8 @@ interface Speaking {
   n: number;
   reply: Reply;
   falseInterruptions: number;
+  /** Resolves once what was heard of it is in the history. */
+  remembered: Promise<void>;
 }
 
 /** A preemptive reply with what it was asked with. */
@@ -239,6 +243,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     turn.over = undefined;
     for (const stop of turn.timers.splice(0)) stop();
     over.reply.interrupt();
+    turn.interrupted = over.remembered;
     if (this.speaking === over) this.speaking = undefined;
     this.begin(turn);
   }
@@ -342,6 +347,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     } finally {
       if (this.transcribing === turn) this.transcribing = undefined;
     }
+    // What was heard of the reply this turn interrupted goes into the history first.
+    if (turn.interrupted) await turn.interrupted;
     const transcribed = clock.now();
     stages.transcription = transcribed - end.decided;
     if (this.closed) return;
@@ -380,12 +387,18 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       maxChars: this.o.config.max_reply_chars,
       maxWaitMs: this.o.config.max_reply_delay_ms,
     });
-    const speaking: Speaking = { n, reply, falseInterruptions: 0 };
+    let remembered = () => {};
+    const speaking: Speaking = { n, reply, falseInterruptions: 0, remembered: new Promise<void>((resolve) => (remembered = resolve)) };
     this.speaking = speaking;
-    const outcome = await reply.outcome;
-    if (this.speaking === speaking) this.speaking = undefined;
-    if (this.closed) return;
-    if (outcome.heard) this.remember("assistant", outcome.heard);
+    let outcome: Awaited<Reply["outcome"]>;
+    try {
+      outcome = await reply.outcome;
+      if (this.speaking === speaking) this.speaking = undefined;
+      if (this.closed) return;
+      if (outcome.heard) this.remember("assistant", outcome.heard);
+    } finally {
+      remembered();
+    }
     const { at } = outcome;
     if (at.firstToken !== undefined) {
       stages.first_token = at.firstToken - transcribed;
