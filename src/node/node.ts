@@ -2,13 +2,14 @@ import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import pino, { type Logger } from "pino";
-import { startToolbox } from "../ai/agents/toolbox.ts";
+import { startToolbox, type Toolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { InFlight } from "../ai/in-flight.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
 import { checkVoiceModels } from "../ai/voice-models.ts";
+import { loadResampler } from "../audio/resampler.ts";
 import { buildInfo } from "../build-info.ts";
 import { type Config, configWarnings } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
@@ -34,7 +35,6 @@ import { embeddedPorts } from "../voice/embedded-engines.ts";
 import { type EngineFor, engineChooser } from "../voice/engine-choice.ts";
 import type { VoiceActivityPort } from "../voice/engine-ports.ts";
 import { completeText, MemoryRewriter } from "../voice/memory-rewriter.ts";
-import { loadResampler } from "../voice/resampler.ts";
 import { VoiceService } from "../voice/service.ts";
 import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
 import { embeddedEngines } from "./engines.ts";
@@ -119,6 +119,7 @@ export class Node {
   readonly domain: Domain;
   readonly metrics: Metrics;
   readonly chat: ChatService;
+  private readonly tools: Toolbox;
   /** Rewrites devices' memories after their conversations. */
   readonly memory: MemoryRewriter;
   /** The HTTP server; it listens once `listen()` took the port. */
@@ -213,6 +214,7 @@ export class Node {
       registry: this.metrics.registry,
       devices: (key) => this.transport?.deviceTools(key),
     });
+    this.tools = tools;
     this.closers.defer(() => tools.close());
     this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
     this.chat = new ChatService({ router, catalog, tools });
@@ -355,6 +357,8 @@ export class Node {
       resampler: await loadResampler(),
       registry: this.metrics.registry,
       logger: this.logger.child({ component: "voice" }),
+      toolbox: this.tools,
+      env: this.o.env ?? process.env,
       memory: this.memory,
     });
   }
