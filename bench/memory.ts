@@ -13,10 +13,11 @@
  *
  * BENCH_VOICE_MEMORY_ROUNDS (default 8) rounds of the first part.
  */
-import { spawnSync } from "node:child_process";
+import { execFile } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { promisify } from "node:util";
 import { loadConfig } from "../src/config/config.ts";
 import { encodeKey, generateKeyPair, type KeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
@@ -69,11 +70,8 @@ export async function firstTurnWithMemory(url: string, env: Record<string, strin
     const device = new PerchClient({ baseUrl: url, keyPair });
     await device.login();
     if (remembers) {
-      const r = spawnSync(join(ROOT, "bin/perch"), ["peers", "voice", encodeKey(keyPair.publicKey), MEMORY_AGENT], {
-        env: { ...process.env, ...env },
-        encoding: "utf8",
-      });
-      if (r.status !== 0) throw new Error(`perch peers voice failed: ${r.stderr}`);
+      // Not spawnSync: a blocked event loop would miss the server closing an idle kept-alive connection.
+      await promisify(execFile)(join(ROOT, "bin/perch"), ["peers", "voice", encodeKey(keyPair.publicKey), MEMORY_AGENT], { env: { ...process.env, ...env } });
       const phone = new PerchClient({ baseUrl: url, keyPair: generateKeyPair() });
       await phone.login({ deviceToken: (await device.createDeviceToken()).token });
       await phone.request("PUT", "/side-control/memory", { body: { text: seedText(MEMORY_CHARS) } });
@@ -148,6 +146,7 @@ async function rewriteRate(upstreamUrl: string, databaseUrl: string | undefined)
     const durations: number[] = [];
     const until = performance.now() + SECONDS * 1000;
     let next = 0;
+    const cpu = process.cpuUsage();
     const started = performance.now();
     await Promise.all(
       Array.from({ length: CONCURRENCY }, async () => {
@@ -160,6 +159,8 @@ async function rewriteRate(upstreamUrl: string, databaseUrl: string | undefined)
       }),
     );
     const seconds = (performance.now() - started) / 1000;
+    const used = process.cpuUsage(cpu);
+    const cpuMs = (used.user + used.system) / 1000;
     return {
       devices: DEVICES,
       concurrency: CONCURRENCY,
@@ -167,6 +168,9 @@ async function rewriteRate(upstreamUrl: string, databaseUrl: string | undefined)
       results: counts,
       rewrites_per_second: round(counts.ok / seconds),
       rewrite_ms: pct(durations),
+      // The node's CPU (this process: the node and the submitting loop) per rewrite, and what one core of it sustains.
+      node_cpu_ms_per_rewrite: round(cpuMs / Math.max(1, counts.ok)),
+      rewrites_per_node_core_second: round((counts.ok / cpuMs) * 1000),
     };
   } finally {
     await server.close();

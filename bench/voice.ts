@@ -182,6 +182,7 @@ function turnFigures(reports: DeviceMessage[]) {
 }
 
 export async function voiceBench(): Promise<unknown> {
+  if (PHASES.size === 1 && PHASES.has("memory-rewrites")) return memoryRewritesOnly();
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-voice-"));
   // The question, spoken by another voice than the reply's, as the devices' microphones give it.
   const speech = createSpeechEngine();
@@ -354,6 +355,17 @@ export async function voiceBench(): Promise<unknown> {
     upstream.kill();
     await remote?.proxy.close();
     await remote?.node.stop();
+  }
+}
+
+/** `BENCH_VOICE_PHASES=memory-rewrites`: the memory phase's rewrites a second alone (no devices). */
+async function memoryRewritesOnly(): Promise<unknown> {
+  const upstream = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
+  try {
+    const upstreamUrl = await new Promise<string>((resolve) => upstream.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
+    return { suite: "voice", machine: { cores: availableParallelism(), load_1m: round(loadavg()[0]!) }, memory: { rewrites: await rewriteRates(upstreamUrl) } };
+  } finally {
+    upstream.kill();
   }
 }
 

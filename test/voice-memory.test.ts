@@ -21,6 +21,7 @@ describe("memory across a device's conversations (real WebRTC)", () => {
   let server: TestServer;
   const keyPair = generateKeyPair();
   let phone: PerchClient;
+  let owner: PerchClient;
 
   /** The conversation requests (streamed turns) the model got since `from`. */
   const turnRequests = (from: number) =>
@@ -42,7 +43,7 @@ describe("memory across a device's conversations (real WebRTC)", () => {
     scriptMemoryModel(upstream);
     await engines().transcription?.start?.();
     server = await startTestServer({ config: memoryConfig(upstream.url) });
-    const owner = new PerchClient({ baseUrl: server.url, keyPair });
+    owner = new PerchClient({ baseUrl: server.url, keyPair });
     await owner.login();
     phone = server.client();
     await phone.login({ deviceToken: (await owner.createDeviceToken()).token });
@@ -52,7 +53,7 @@ describe("memory across a device's conversations (real WebRTC)", () => {
     await upstream?.close();
   });
 
-  test("a name and a hobby said; after the device leaves the phone sees the memory; the next conversation's model gets it as notes; another device's never", async () => {
+  test("a name and a hobby said; after the device leaves the phone sees the memory; the next conversation's model gets it as notes; another device's and the Compatible API never", async () => {
     assert.deepEqual(await phone.request<Memory>("GET", "/side-control/memory"), { enabled: true, text: "", max_chars: 2_000 });
     const first = await voiceDevice(server, { keyPair });
     const from = upstream.received.length;
@@ -100,6 +101,26 @@ describe("memory across a device's conversations (real WebRTC)", () => {
     }
     other.conn.close();
     assert.notEqual(encodeKey(other.conn.keyPair.publicKey), encodeKey(keyPair.publicKey));
+
+    // The same agent on the Compatible API, called by the same device: never the memory.
+    const compatFrom = upstream.received.length;
+    const res = await fetch(`${server.url}/openai/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${owner.accessToken}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "talker", messages: [{ role: "user", content: "What is my name?" }] }),
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    // (The other device's rewrite may come in meanwhile.)
+    const compat = upstream.received
+      .slice(compatFrom)
+      .map((r) => r.body)
+      .filter((b) => !rewriteOf(b));
+    assert.equal(compat.length, 1);
+    assert.deepEqual(
+      (compat[0]!.messages as Message[]).filter((m) => m.role === "system"),
+      [{ role: "system", content: "You speak briefly." }],
+      "no memory on the Compatible API",
+    );
   });
 
   test("an edit from the phone is what the next conversation uses; turned off, nothing is given and nothing written", async () => {
