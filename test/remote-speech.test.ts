@@ -10,6 +10,7 @@ import { type Config, loadConfig } from "../src/config/config.ts";
 import { type FakeSpeechProvider, startFakeSpeechProvider, startSpeechNode, tone } from "./support/fake-speech.ts";
 import type { TestServer } from "./support/server.ts";
 import { resample } from "./support/voice.ts";
+import { within } from "./support/webrtc.ts";
 
 /** Two providers (the second a fallback's) on two fake servers, a speech and a transcription model on each. */
 function config(primary: string, second: string, o: { timeoutMs?: number; maxInFlight?: number; stream?: boolean } = {}): Config {
@@ -95,7 +96,7 @@ describe("provider speech and transcription for conversations", () => {
     await it.next();
     abort.abort(new Error("barge-in"));
     await assert.rejects(it.next());
-    await fake.of("/audio/speech").at(-1)!.closedEarly;
+    await within(fake.of("/audio/speech").at(-1)!.closedEarly, 5_000, "the provider's connection closed by the abort");
   });
 
   test("refused answers: another rate (declared by type or WAV header), HTML, an empty body; a 24 kHz WAV is read past its header", async () => {
