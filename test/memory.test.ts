@@ -84,6 +84,7 @@ describe("the rewrite prompt and the notes", () => {
     assert.equal(fitMemory("Mia is 7. She likes 3.14159", 14), "Mia is 7.");
     assert.equal(fitMemory("🐦🐦🐦. 🐦🐦", 4), "🐦🐦🐦.", "code points, not UTF-16 units");
     assert.equal(fitMemory("abcdefghij", 4), "abcd");
+    assert.equal(fitMemory("Mia\u0000 likes \ud800chess.", 100), "Mia likes \ufffdchess.", "storable on both databases");
   });
 });
 
@@ -252,7 +253,19 @@ for (const store of STORES) {
       const before = await get(phone);
       assert.equal((await put(phone, { text: "🐦".repeat(2_000) })).text.length, 4_000, "2,000 code points are allowed");
       await put(phone, { text: "kept" });
-      for (const body of [{ text: "a".repeat(2_001) }, {}, { text: 5 }, { enabled: "no" }, { text: "x", mood: "happy" }, [], null, "text"]) {
+      for (const body of [
+        { text: "a".repeat(2_001) },
+        {},
+        { text: 5 },
+        { enabled: "no" },
+        { text: "x", mood: "happy" },
+        [],
+        null,
+        "text",
+        // Not storable alike on both databases: PostgreSQL cannot hold NUL, a lone surrogate would come back as U+FFFD.
+        { text: "Mia\u0000 likes chess." },
+        { text: "Mia \ud800 likes chess." },
+      ]) {
         await assert.rejects(put(phone, body), refused(400, "INVALID_MEMORY"), JSON.stringify(body));
       }
       for (const raw of ["", "{", "not json"]) {
@@ -317,6 +330,13 @@ for (const store of STORES) {
       upstream.reply({ content: `${"Mia likes chess. ".repeat(200)}` });
       assert.equal(await server.memory.submit({ ...job(key, ["hi"]), policy: { max_chars: 40, idle_ms: 1, model: "chat" } }), "ok");
       assert.equal((await get(phone)).text, "Mia likes chess. Mia likes chess.");
+    });
+
+    test("a model's answer with NUL or a lone surrogate is stored as the same text on both databases", async () => {
+      const { phone, key } = await pairPhone(server);
+      upstream.reply({ content: "Mia\u0000 likes \ud800chess." });
+      assert.equal(await server.memory.submit(job(key, ["hi"])), "ok");
+      assert.equal((await get(phone)).text, "Mia likes \ufffdchess.");
     });
 
     test("enabled: false stops writing (and giving); on again, it writes", async () => {
