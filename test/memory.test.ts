@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import pino from "pino";
 import { fitMemory, NOTES_HEADING, notesMessage, rewriteMessages } from "../src/ai/memory-prompt.ts";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
 import { PerchApiError, type PerchClient } from "../src/sdk/client.ts";
@@ -501,3 +502,39 @@ for (const store of STORES) {
     });
   });
 }
+
+describe("memory in the logs", () => {
+  test("the memory's text and what was said reach the log only at debug; each rewrite logs one line with its result", async () => {
+    const upstream = await startFakeUpstream();
+    scriptMemoryModel(upstream);
+    const lines: string[] = [];
+    const logger = pino({ level: "debug" }, { write: (line: string) => void lines.push(line) });
+    const server = await startTestServer({ logger, config: memoryConfig(upstream.url) });
+    try {
+      const { phone, key } = await pairPhone(server);
+      await put(phone, { text: "Xanthippe-edited-secret." });
+      assert.equal(await server.memory.submit(job(key, ["Ophelia-said-secret"])), "ok");
+      upstream.reply({ status: 500, error: { message: "down" } });
+      assert.equal(await server.memory.submit(job(key, ["Ophelia-said-secret"])), "failed");
+      await phone.request("DELETE", "/side-control/memory");
+      logger.flush();
+      const parsed = lines.map((l) => JSON.parse(l) as { level: number; msg: string; result?: string });
+      const above = lines.filter((_, i) => parsed[i]!.level > 20);
+      assert.ok(above.length > 0);
+      for (const line of above) {
+        assert.ok(!/Xanthippe|Ophelia/.test(line), `above debug: ${line}`);
+      }
+      assert.ok(
+        lines.some((l) => l.includes("Ophelia-said-secret")),
+        "at debug it is there (so the check above can fail)",
+      );
+      assert.deepEqual(
+        parsed.filter((p) => p.level > 20 && /^memory rewr/.test(p.msg)).map((p) => p.result),
+        ["ok", "failed"],
+      );
+    } finally {
+      await server.stop();
+      await upstream.close();
+    }
+  });
+});
