@@ -93,7 +93,8 @@ const LanguageTag = z.string().regex(/^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$/, "mus
 
 const ModelConfig = z.strictObject({
   id: ID,
-  kind: z.enum(["chat", "speech", "transcription"]),
+  /** `realtime`: a speech-to-speech model on the OpenAI Realtime API (voice.md §6). */
+  kind: z.enum(["chat", "speech", "transcription", "realtime"]),
   provider: ID,
   upstream_model: z.string().min(1),
   fallbacks: z.array(ID).default([]),
@@ -130,6 +131,10 @@ const AgentConfig = z.strictObject({
   max_steps: z.number().int().min(1).max(32).default(4),
   /** The most tokens one model call of this agent writes (sent as `max_tokens`; a request's own lower limit wins). */
   max_tokens: z.number().int().min(1).max(1_000_000).optional(),
+  /** A realtime agent's turn detection (voice.md §6): the provider's `server_vad` or `semantic_vad`, or the node's own voice activity. */
+  turn_detection: z.enum(["server_vad", "semantic_vad", "node"]).optional(),
+  /** A realtime agent's input transcription model (default `gpt-4o-mini-transcribe`); false: none. */
+  input_transcription: z.union([z.string().min(1), z.literal(false)]).optional(),
   /** What the agent remembers of each device's people between conversations (public-api.md, "Memory"). */
   memory: z
     .strictObject({
@@ -438,10 +443,12 @@ function checkCatalog(
     }
     if (m.kind !== "chat" && m.input.length > 0) issue(["models", i, "input"], "only chat models take input kinds");
     if (m.kind !== "transcription" && m.stream) issue(["models", i, "stream"], "only transcription models stream");
+    if (m.kind === "realtime" && m.fallbacks.length > 0)
+      issue(["models", i, "fallbacks"], "a realtime model has no fallbacks (its conversation holds one session)");
     m.fallbacks.forEach((f, j) => {
       const target = models.get(f);
       // The embedded engine may close a speech or transcription model's list: it answers when every provider failed.
-      if (m.kind !== "chat" && f === EMBEDDED_MODEL[m.kind]) {
+      if ((m.kind === "speech" || m.kind === "transcription") && f === EMBEDDED_MODEL[m.kind]) {
         if (j !== m.fallbacks.length - 1) issue(["models", i, "fallbacks", j], `${f} (the embedded engine) can only be the last fallback`);
       } else if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);
       else if (f === m.id) issue(["models", i, "fallbacks", j], "a model cannot be its own fallback");
@@ -463,7 +470,11 @@ function checkCatalog(
   c.agents.forEach((a, i) => {
     const model = models.get(a.model);
     if (!model) issue(["agents", i, "model"], `unknown model ${a.model}`);
-    else if (model.kind !== "chat") issue(["agents", i, "model"], `${a.model} is not a chat model`);
+    else if (model.kind !== "chat" && model.kind !== "realtime") issue(["agents", i, "model"], `${a.model} is not a chat or realtime model`);
+    if (model?.kind !== "realtime") {
+      if (a.turn_detection !== undefined) issue(["agents", i, "turn_detection"], "only an agent whose model is realtime takes turn_detection");
+      if (a.input_transcription !== undefined) issue(["agents", i, "input_transcription"], "only an agent whose model is realtime takes input_transcription");
+    }
     for (const kind of ["speech", "transcription"] as const) {
       const id = kind === "speech" ? a.speech_model : a.transcription_model;
       const field = `${kind}_model`;
@@ -472,6 +483,9 @@ function checkCatalog(
       if (!m) issue(["agents", i, field], `unknown model ${id}`);
       else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
     }
+    // A realtime model cannot rewrite a memory: such an agent names a chat model for it.
+    if (a.memory?.enabled && a.memory.model === undefined && model?.kind === "realtime")
+      issue(["agents", i, "memory", "model"], `agent ${a.id} converses on a realtime model: its memory needs a chat model (memory.model)`);
     if (a.memory?.model !== undefined) {
       const m = models.get(a.memory.model);
       if (!m) issue(["agents", i, "memory", "model"], `unknown model ${a.memory.model}`);

@@ -2,7 +2,7 @@ import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import pino, { type Logger } from "pino";
-import { startToolbox } from "../ai/agents/toolbox.ts";
+import { startToolbox, type Toolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { InFlight } from "../ai/in-flight.ts";
@@ -124,6 +124,7 @@ export class Node {
   readonly domain: Domain;
   readonly metrics: Metrics;
   readonly chat: ChatService;
+  private readonly tools: Toolbox;
   /** Rewrites devices' memories after their conversations. */
   readonly memory: MemoryRewriter;
   /** The HTTP server; it listens once `listen()` took the port. */
@@ -230,6 +231,7 @@ export class Node {
       registry: this.metrics.registry,
       devices: (key) => this.transport?.deviceTools(key),
     });
+    this.tools = tools;
     this.closers.defer(() => tools.close());
     this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
     this.chat = new ChatService({ router, catalog, tools });
@@ -373,6 +375,8 @@ export class Node {
       resampler: await this.engines.resampler(),
       registry: this.metrics.registry,
       logger: this.logger.child({ component: "voice" }),
+      toolbox: this.tools,
+      env: this.o.env ?? process.env,
       memory: this.memory,
     });
   }

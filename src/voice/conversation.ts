@@ -103,6 +103,11 @@ export class Conversation {
     });
   }
 
+  /** Whether the device converses through this pipeline now (its agent is a text agent with engines). */
+  get active(): boolean {
+    return !this.closed && this.o.agent() !== undefined;
+  }
+
   /** 16 kHz audio of the device, in order (from the uplink; tests give it directly). */
   hear(pcm: Int16Array): void {
     if (this.closed) return;
