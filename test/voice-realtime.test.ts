@@ -358,7 +358,11 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
       await metricsOf(log, 1);
       // Renewed before its end (expires_at), not when it ends: it is closed by Perch, not expired by the provider.
       await fake.until(() => first.closed && fake.sessions.at(-1) !== first && fake.sessions.at(-1)!.session !== undefined, 15_000, "the renewed session");
-      assert.equal(lines.filter((l) => l.msg === "the realtime session failed; reconnecting").length, failuresBefore, "no failure: the session was renewed before");
+      assert.equal(
+        lines.filter((l) => l.msg === "the realtime session failed; reconnecting").length,
+        failuresBefore,
+        "no failure: the session was renewed before",
+      );
       fake.maxAgeMs = undefined;
       const renewed = fake.sessions.at(-1)!;
       fake.script({ kind: "reply", text: "Second.", ms: 300 });
