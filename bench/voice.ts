@@ -184,7 +184,7 @@ export function turnFigures(reports: DeviceMessage[]) {
 }
 
 export async function voiceBench(): Promise<unknown> {
-<<<<<<< HEAD
+  if (PHASES.size === 1 && PHASES.has("memory-rewrites")) return memoryRewritesOnly();
   if (ENGINES === "realtime") return await realtimeVoiceBench(() => pipelineBench("provider", new Set(["one", "crowd"])));
   return await pipelineBench(ENGINES, PHASES);
 }
@@ -205,9 +205,6 @@ export async function questionFile(dir: string): Promise<string> {
 
 /** The recogniser → model → speech pipeline (voice.md §2, §5) with `engines`, the phases in `phases`. */
 async function pipelineBench(ENGINES: "embedded" | "provider", PHASES: ReadonlySet<string>): Promise<unknown> {
-=======
-  if (PHASES.size === 1 && PHASES.has("memory-rewrites")) return memoryRewritesOnly();
->>>>>>> main
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-voice-"));
   // The question, spoken by another voice than the reply's, as the devices' microphones give it.
   const speech = createSpeechEngine();
