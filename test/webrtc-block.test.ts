@@ -15,7 +15,7 @@ for (const store of STORES) {
     let env: Record<string, string>;
     before(async () => {
       const databaseUrl = await store.url();
-      server = await startTestServer({ config: databaseUrl ? { databaseUrl } : {} });
+      server = await startTestServer({ config: databaseUrl ? { database_url: databaseUrl } : {} });
       env = { PERCH_DATA_DIR: server.dataDir, PERCH_LOG_LEVEL: "silent", ...(databaseUrl ? { PERCH_DATABASE_URL: databaseUrl } : {}) };
     });
     after(async () => {

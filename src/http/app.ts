@@ -35,7 +35,7 @@ export interface AppOptions {
  * DataChannel streams (see `connection.ts`).
  */
 export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
-  const callers = new Callers(o.domain, o.domain.ctx.config.trustProxy);
+  const callers = new Callers(o.domain, o.domain.ctx.config.trust_proxy);
   const root = rootApp(o, callers);
 
   let document: unknown;
@@ -48,7 +48,7 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
     ...(o.surfaces?.(callers) ?? []),
     publicSurface({ domain: o.domain, callers, serverInfo: o.serverInfo, webrtc: o.webrtc }),
     opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument }),
-    webAppSurface({ tileUrl: o.domain.ctx.config.app.tileUrl }),
+    webAppSurface({ tileUrl: o.domain.ctx.config.app.tile_url }),
   ];
   mountAll(o, root, surfaces);
   return root;
@@ -59,7 +59,7 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
  * CORS): what a transport serves on a stream of its own (the Compatible API at `/v1` on stream 2).
  */
 export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics">, surfaces: (callers: Callers) => Surface[]): OpenAPIHono<AppEnv> {
-  const callers = new Callers(o.domain, o.domain.ctx.config.trustProxy);
+  const callers = new Callers(o.domain, o.domain.ctx.config.trust_proxy);
   const root = rootApp(o, callers);
   mountAll(o, root, surfaces(callers));
   return root;

@@ -5,8 +5,8 @@ let engines: { speech: ReturnType<typeof createSpeechEngine>; transcription: Tra
 
 /** What the configuration says of the engines (`engines` of config.ts); unset: by the machine. */
 export interface EngineSettings {
-  recogniserProcesses?: number | undefined;
-  fastRecognitionAfterMs?: number | false | undefined;
+  recogniser_processes?: number | undefined;
+  fast_recognition_after_ms?: number | false | undefined;
 }
 
 /**
@@ -20,8 +20,8 @@ export function embeddedEngines(settings: EngineSettings = {}): {
   engines ??= {
     speech: createSpeechEngine(),
     transcription: createTranscriptionEngine({
-      processes: settings.recogniserProcesses ?? defaultRecogniserProcesses(thisMachine()),
-      ...(settings.fastRecognitionAfterMs !== undefined ? { fastAfterMs: settings.fastRecognitionAfterMs } : {}),
+      processes: settings.recogniser_processes ?? defaultRecogniserProcesses(thisMachine()),
+      ...(settings.fast_recognition_after_ms !== undefined ? { fastAfterMs: settings.fast_recognition_after_ms } : {}),
     }),
   };
   return engines;
