@@ -395,7 +395,7 @@ async function passThroughVsSdk(url: string) {
     for (let i = 0; i < 30; i++) {
       const t = performance.now();
       const s = await provider.stream({ model: `chunks-${CHUNKS}`, messages, stream: true }, o);
-      for await (const _ of s.events);
+      for await (const _ of s.sse());
       streamTimes.push(performance.now() - t);
     }
     out[name] = { complete_ms: precise(completeTimes), stream_500_chunks_ms: precise(streamTimes) };

@@ -25,7 +25,7 @@ import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { embeddedEngines, type RunningServer, startServer } from "../src/server.ts";
-import { VoiceEvents } from "../src/voice/events.ts";
+import { encodeVoiceEvent, VoiceEvents } from "../src/voice/events.ts";
 import { observeTranscript } from "../src/voice/transcript.ts";
 import { percentiles } from "./support.ts";
 
@@ -110,8 +110,8 @@ async function livePath(databaseUrl: string) {
           payloadType: 111,
           onPacket: () => {},
           sendFrame: () => true,
-          sendEvent: (make) => {
-            make(1n, BigInt(Date.now()));
+          sendEvent: (event) => {
+            encodeVoiceEvent(event, 1n, BigInt(Date.now()));
             return true;
           },
         },

@@ -623,6 +623,10 @@ const SIDE_CONTROL_ROUTES: BearerRoute[] = [
   { method: "GET", template: "/side-control/conversations/{id}", path: "/side-control/conversations/none", ok: 404 },
   { method: "DELETE", template: "/side-control/conversations/{id}", path: "/side-control/conversations/none", ok: 404 },
   { method: "DELETE", template: "/side-control/conversations", path: "/side-control/conversations", ok: 204 },
+  // No agent remembers on this server: the memory reads as off, an edit is refused, forgetting works.
+  { method: "GET", template: "/side-control/memory", path: "/side-control/memory", ok: 200 },
+  { method: "PUT", template: "/side-control/memory", path: "/side-control/memory", json: { text: "x" }, ok: 409 },
+  { method: "DELETE", template: "/side-control/memory", path: "/side-control/memory", ok: 204 },
   // Last: its success ends the Side Control session the routes above use.
   { method: "DELETE", template: "/side-control/session", path: "/side-control/session", ok: 204 },
 ];
@@ -643,7 +647,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     }
     const table = [...ME_ROUTES, ...SIDE_CONTROL_ROUTES].map((r) => `${r.method} ${r.template}`);
     assert.deepEqual([...table].sort(), [...documented].sort());
-    assert.equal(new Set(table).size, 26);
+    assert.equal(new Set(table).size, 29);
   });
 
   test("anonymous, unknown, wrong kind, revoked, mismatched key, then expired: refused everywhere, nothing written", async () => {

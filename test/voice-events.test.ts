@@ -7,7 +7,7 @@ import { test } from "node:test";
 import { fromBinary } from "@bufbuild/protobuf";
 import { encodeFrame, FrameType, MAX_FRAME_PAYLOAD } from "../src/protocol/frames.ts";
 import { type PeerEvent, PeerEventSchema } from "../src/protocol/gen/event_pb.ts";
-import { MAX_EVENT_TEXT_BYTES, VoiceEvents } from "../src/voice/events.ts";
+import { encodeVoiceEvent, MAX_EVENT_TEXT_BYTES, VoiceEvents } from "../src/voice/events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
 
 /** The transport's side of the port: each event encoded as its one frame, as the connection does. */
@@ -19,8 +19,8 @@ function framedPort(): { port: AudioPort; events: PeerEvent[] } {
     payloadType: 111,
     onPacket: () => {},
     sendFrame: () => true,
-    sendEvent: (make) => {
-      const bytes = make(++sequence, 0n);
+    sendEvent: (event) => {
+      const bytes = encodeVoiceEvent(event, ++sequence, 0n);
       encodeFrame(FrameType.BINARY, bytes); // throws past MAX_FRAME_PAYLOAD, as the connection's would
       events.push(fromBinary(PeerEventSchema, bytes));
       return true;

@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { VoiceEvents } from "../src/voice/events.ts";
+import { encodeVoiceEvent, type VoiceEvent, VoiceEvents } from "../src/voice/events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
 import { observeTranscript, type TranscriptEntry } from "../src/voice/transcript.ts";
 
@@ -18,9 +18,9 @@ function devicePort(open = true): AudioPort & { sent: number } {
     sent: 0,
     onPacket: () => {},
     sendFrame: () => true,
-    sendEvent: (make: (sequence: bigint, at: bigint) => Uint8Array) => {
+    sendEvent: (event: VoiceEvent) => {
       if (!open) return false;
-      make(++sequence, BigInt(Date.now()));
+      encodeVoiceEvent(event, ++sequence, BigInt(Date.now()));
       port.sent++;
       return true;
     },
@@ -102,5 +102,17 @@ describe("the conversation's transcript, read from its voice events", () => {
       { turn: 1, role: "user", text: "Hello" },
       { turn: 1, role: "assistant", text: "Hi th", interrupted: true },
     ]);
+  });
+
+  test("events stay objects until the transport encodes them: the device's port gets the very objects told, and the transcript reads them without decoding", () => {
+    const told: VoiceEvent[] = [];
+    const entries: TranscriptEntry[] = [];
+    const t = observeTranscript({ publicKey: "device", payloadType: 111, onPacket: () => {}, sendFrame: () => true, sendEvent: (e) => told.push(e) > 0 }, (e) =>
+      entries.push(e),
+    );
+    const event: VoiceEvent = { type: "done", streamId: "in-1", label: "user.transcript", text: "Hello" };
+    assert.equal(t.port.sendEvent(event), true);
+    assert.equal(told[0], event);
+    assert.deepEqual(entries, [{ turn: 1, role: "user", text: "Hello" }]);
   });
 });

@@ -3,8 +3,8 @@ import { AgentRunner } from "./agents/agent.ts";
 import type { Toolbox, ToolObserver } from "./agents/toolbox.ts";
 import type { Caller } from "./caller.ts";
 import type { Catalog, CatalogEntry } from "./catalog.ts";
+import type { ChatStream } from "./chat-stream.ts";
 import { GenerationError } from "./errors.ts";
-import type { ChatStream } from "./providers/provider.ts";
 import type { ChatRouter } from "./router.ts";
 
 /** A catalog entry that completes chats: a model or an agent. */

@@ -1,5 +1,5 @@
 import type { ChatChunk, FinishReason, Usage } from "../protocol/compat.ts";
-import { DONE_EVENT, sseEvent } from "./sse.ts";
+import type { ChatEvent } from "./chat-stream.ts";
 
 /**
  * The chunks of one streamed completion that Perch writes itself (an agent's run, an AI SDK
@@ -18,7 +18,7 @@ export class ChunkWriter {
     this.includeUsage = includeUsage;
   }
 
-  delta(delta: ChatChunk["choices"][number]["delta"], finish: FinishReason | null = null): Buffer {
+  delta(delta: ChatChunk["choices"][number]["delta"], finish: FinishReason | null = null): ChatEvent {
     if (!this.started) {
       this.started = true;
       delta = { role: "assistant", ...delta };
@@ -31,19 +31,19 @@ export class ChunkWriter {
       choices: [{ index: 0, delta, finish_reason: finish }],
     };
     if (this.includeUsage) c.usage = null;
-    return sseEvent(c);
+    return { type: "chunk", chunk: c };
   }
 
   /** The final delta with `reason`, then (with `include_usage`) the usage chunk. */
-  last(reason: FinishReason | null, usage: Usage): Buffer {
+  last(reason: FinishReason | null, usage: Usage): ChatEvent[] {
     const last = this.delta({}, reason);
-    if (!this.includeUsage) return last;
+    if (!this.includeUsage) return [last];
     const chunk: ChatChunk = { id: this.id, object: "chat.completion.chunk", created: this.created, model: this.model, choices: [], usage };
-    return Buffer.concat([last, sseEvent(chunk)]);
+    return [last, { type: "chunk", chunk }];
   }
 
-  /** `last`, then `[DONE]`. */
-  finish(reason: FinishReason, usage: Usage): Buffer {
-    return Buffer.concat([this.last(reason, usage), DONE_EVENT]);
+  /** `last`, then the end of the stream. */
+  finish(reason: FinishReason, usage: Usage): ChatEvent[] {
+    return [...this.last(reason, usage), { type: "done" }];
   }
 }

@@ -5,9 +5,9 @@
  * timeouts are the router's (the Compatible API's own); what is checked here is that the answer is
  * what was asked for, before the first byte is used.
  */
-import { createParser } from "eventsource-parser";
 import { wavFile } from "../audio/samples.ts";
 import type { ModelConfig } from "../config/config.ts";
+import { sseReader } from "../protocol/sse.ts";
 import type { InFlight } from "./in-flight.ts";
 import { multipart } from "./multipart.ts";
 import { closing, type RawAnswer } from "./providers/openai.ts";
@@ -243,20 +243,18 @@ async function readEvents(body: AsyncIterable<Uint8Array>, onDelta: ((delta: str
   let failure: string | undefined;
   let sofar = "";
   let size = 0;
-  const parser = createParser({
-    onEvent: (event) => {
-      let value: { type?: string; delta?: unknown; text?: unknown; error?: { message?: string } };
-      try {
-        value = JSON.parse(event.data);
-      } catch {
-        return;
-      }
-      if (value.error) failure ??= value.error.message ?? "the provider's transcription failed";
-      else if (value.type === "transcript.text.delta" && typeof value.delta === "string") {
-        sofar += value.delta;
-        if (done === undefined) onDelta?.(value.delta);
-      } else if (value.type === "transcript.text.done" && typeof value.text === "string") done = value.text;
-    },
+  const parser = sseReader((event) => {
+    let value: { type?: string; delta?: unknown; text?: unknown; error?: { message?: string } };
+    try {
+      value = JSON.parse(event.data);
+    } catch {
+      return;
+    }
+    if (value.error) failure ??= value.error.message ?? "the provider's transcription failed";
+    else if (value.type === "transcript.text.delta" && typeof value.delta === "string") {
+      sofar += value.delta;
+      if (done === undefined) onDelta?.(value.delta);
+    } else if (value.type === "transcript.text.done" && typeof value.text === "string") done = value.text;
   });
   const decoder = new TextDecoder();
   for await (const piece of body) {

@@ -1,10 +1,11 @@
 import { type Config, EMBEDDED_SPEECH_MODEL, EMBEDDED_TRANSCRIPTION_MODEL, type ModelConfig, type ProviderConfig } from "../config/config.ts";
 import type { ChatCompletion } from "../protocol/compat.ts";
+import type { ChatStream } from "./chat-stream.ts";
 import { GenerationError } from "./errors.ts";
 import type { InFlight } from "./in-flight.ts";
 import { AiSdkProvider } from "./providers/ai-sdk.ts";
 import { closing, OpenAIProvider, type RawAnswer } from "./providers/openai.ts";
-import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest } from "./providers/provider.ts";
+import { type CallOptions, type ChatProvider, ProviderError, type ProviderRequest } from "./providers/provider.ts";
 
 const DEFAULT_BASE_URL: Record<ProviderConfig["kind"], string | undefined> = {
   openai: "https://api.openai.com/v1",

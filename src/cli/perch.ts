@@ -191,8 +191,23 @@ peers
     }),
   );
 peers
+  .command("memory <key>")
+  .description("print what the device's agent remembers of its people; --delete forgets it for good")
+  .option("--delete", "forget the device's memory for good (deleted from the store and, on SQLite, from its files)")
+  .action((key: string, opts: { delete?: boolean }) =>
+    withDomain(async (d) => {
+      const publicKey = keyArg(key);
+      const memory = await d.memory.text(publicKey);
+      if (!memory) fail(`no registered peer ${key}`);
+      if (opts.delete) {
+        await d.memory.forget(publicKey);
+        print({ public_key: publicKey, forgotten: memory.text !== "" });
+      } else print({ public_key: publicKey, ...(await d.memory.view(publicKey)) });
+    }),
+  );
+peers
   .command("remove <key>")
-  .description("remove the peer with its sessions, tokens, status, telemetry, contacts and stored conversations")
+  .description("remove the peer with its sessions, tokens, status, telemetry, contacts, stored conversations and memory")
   .action((key: string) =>
     withDomain(async (d) => {
       if (!(await d.peers.remove(keyArg(key)))) fail(`no registered peer ${key}`);

@@ -195,6 +195,21 @@ const AgentConfig = z.strictObject({
     .max(1_000_000)
     .optional()
     .meta(info("the most tokens one model call of this agent writes (sent as `max_tokens`; a request's own lower limit wins)")),
+  memory: z
+    .strictObject({
+      enabled: z.boolean().default(false).meta(info("the agent remembers each device's people between conversations")),
+      max_chars: z.number().int().min(1).max(20_000).default(2_000).meta(info("the memory's length at most, in Unicode code points")),
+      model: ID.optional().meta(info("the chat model (of `models`) that rewrites the memory after a conversation", { default_text: "the agent's own" })),
+      idle_ms: z
+        .number()
+        .int()
+        .min(1_000)
+        .max(86_400_000)
+        .default(120_000)
+        .meta(info("a conversation with no turn for this long has ended (its memory is rewritten; the next turn starts a new one)")),
+    })
+    .optional()
+    .meta(info('what the agent remembers of each device\'s people between conversations (public-api.md, "Memory")')),
 });
 
 /** An MCP server whose tools agents may use (Streamable HTTP; tools.md §2). */
@@ -659,6 +674,11 @@ function checkCatalog(
       const m = models.get(id);
       if (!m) issue(["agents", i, field], `unknown model ${id}`);
       else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
+    }
+    if (a.memory?.model !== undefined) {
+      const m = models.get(a.memory.model);
+      if (!m) issue(["agents", i, "memory", "model"], `unknown model ${a.memory.model}`);
+      else if (m.kind !== "chat") issue(["agents", i, "memory", "model"], `${a.memory.model} is a ${m.kind} model, not chat`);
     }
   });
   if (c.voice.agent !== undefined && !c.agents.some((a) => a.id === c.voice.agent)) issue(["voice", "agent"], `unknown agent ${c.voice.agent}`);

@@ -19,7 +19,9 @@ export type DeviceMessage =
    * A conversation entry, its text in `parts` messages (one when it fits): `e` is the entry without
    * its text, `s` its place in the conversation, `p` this part (from 0), `t` this part's text.
    */
-  | { kind: "conversation"; e: Omit<ConversationEntry, "text">; s: number; p: number; parts: number; t: string };
+  | { kind: "conversation"; e: Omit<ConversationEntry, "text">; s: number; p: number; parts: number; t: string }
+  /** The device's memory changed (edited, rewritten, forgotten, turned on or off) at `at`. */
+  | { kind: "memory"; at: number };
 
 /** A session's end, on `topics.session(id)`. */
 export type SessionMessage = { kind: "revoked" };
@@ -67,6 +69,10 @@ export class DomainEvents {
 
   contacts(key: string, name: string, change: "created" | "updated" | "deleted"): void {
     this.device(key, { kind: "contacts", name, change });
+  }
+
+  memory(key: string, at: number): void {
+    this.device(key, { kind: "memory", at });
   }
 
   /** A conversation entry (number `seq` of its conversation); a long text goes in several messages. */

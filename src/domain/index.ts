@@ -5,6 +5,7 @@ import type { DomainContext } from "./context.ts";
 import { ConversationService } from "./conversations.ts";
 import { StoreUnavailable } from "./errors.ts";
 import { type LiveOptions, LiveService } from "./live.ts";
+import { MemoryService } from "./memory.ts";
 import { PeerService } from "./peers.ts";
 import { PresenceService } from "./presence.ts";
 import { SideControlService } from "./side-control.ts";
@@ -24,6 +25,7 @@ export class Domain {
   readonly telemetry: TelemetryService;
   readonly contacts: ContactService;
   readonly conversations: ConversationService;
+  readonly memory: MemoryService;
   readonly signaling: SignalingService;
   readonly presence: PresenceService;
   readonly live: LiveService;
@@ -39,6 +41,7 @@ export class Domain {
     this.telemetry = new TelemetryService(ctx);
     this.contacts = new ContactService(ctx);
     this.conversations = new ConversationService(ctx);
+    this.memory = new MemoryService(ctx);
     this.signaling = new SignalingService(ctx, this.auth);
     this.presence = new PresenceService(ctx);
     this.live = new LiveService(ctx, this.peers, o.live);

@@ -26,7 +26,8 @@ export type LiveEvent =
   | { event: "telemetry"; data: { values: TelemetryValue[] } }
   | { event: "contacts"; data: { name: string; change: "created" | "updated" | "deleted" } }
   | { event: "session"; data: { state: "revoked" | "expired" } }
-  | { event: "conversation"; data: ConversationEntry };
+  | { event: "conversation"; data: ConversationEntry }
+  | { event: "memory"; data: { updated_at_unix_ms: number } };
 
 /** Where a stream's events go (the HTTP response). Events handed out may be shared between streams: never mutate them. */
 export interface LiveSink {
@@ -398,6 +399,11 @@ class DeviceHub implements NodeWatcher {
       case "conversation":
         this.conversationPart(m);
         return;
+      case "memory": {
+        const e: LiveEvent = { event: "memory", data: { updated_at_unix_ms: m.at } };
+        this.each((s) => s.send(e));
+        return;
+      }
     }
   }
 

@@ -115,9 +115,13 @@ export class PeerService {
   }
 
   async remove(publicKey: string): Promise<boolean> {
-    const publish = await this.ctx.store.transaction(async (tx) =>
-      (await tx.peers.remove(publicKey)) ? this.ctx.events.peer(tx, publicKey, "removed") : undefined,
-    );
+    const publish = await this.ctx.store.transaction(async (tx) => {
+      // Its memory first, overwritten in the file (the cascade would leave the text in free space).
+      await tx.memories.delete(publicKey);
+      return (await tx.peers.remove(publicKey)) ? this.ctx.events.peer(tx, publicKey, "removed") : undefined;
+    });
+    // Best effort: the peer is gone either way, and SQLite checkpoints on its own later.
+    if (publish) await this.ctx.store.truncateLog().catch(() => false);
     publish?.();
     return publish !== undefined;
   }

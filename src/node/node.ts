@@ -37,6 +37,7 @@ import type { WebRtcTransport } from "../transport/transport.ts";
 import { embeddedPorts } from "../voice/embedded-engines.ts";
 import { type EngineFor, engineChooser } from "../voice/engine-choice.ts";
 import type { VoiceActivityPort } from "../voice/engine-ports.ts";
+import { completeText, MemoryRewriter } from "../voice/memory-rewriter.ts";
 import { loadResampler } from "../voice/resampler.ts";
 import { VoiceService } from "../voice/service.ts";
 import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
@@ -82,6 +83,8 @@ export interface RunningServer {
   events: EventBus;
   /** Commands to the node that holds a connection (over `events`). */
   commands: Commands;
+  /** Rewrites devices' memories after their conversations. */
+  memory: MemoryRewriter;
   /** Stops accepting, lets in-flight requests finish, then the node leaves and closes the store. */
   close(): Promise<void>;
 }
@@ -122,6 +125,8 @@ export class Node {
   readonly domain: Domain;
   readonly metrics: Metrics;
   readonly chat: ChatService;
+  /** Rewrites devices' memories after their conversations. */
+  readonly memory: MemoryRewriter;
   /** The HTTP server; it listens once `listen()` took the port. */
   readonly httpServer: Server;
   /** The periodic jobs, started by `listen()` and stopped first at shutdown. */
@@ -216,6 +221,14 @@ export class Node {
     this.closers.defer(() => tools.close());
     this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
     this.chat = new ChatService({ router, catalog, tools });
+    this.memory = new MemoryRewriter({
+      memory: this.domain.memory,
+      complete: (publicKey, model, messages, signal) => completeText(this.chat, publicKey, model, messages, signal),
+      registry: this.metrics.registry,
+      logger: this.logger.child({ component: "memory" }),
+    });
+    // Rewrites under way finish (or are aborted) before the store closes.
+    this.closers.defer(() => this.memory.close());
     this.compat = (base) => (callers) =>
       compatSurface({
         callers,
@@ -364,6 +377,7 @@ export class Node {
       resampler: await loadResampler(),
       registry: this.metrics.registry,
       logger: this.logger.child({ component: "voice" }),
+      memory: this.memory,
     });
   }
 
@@ -411,7 +425,7 @@ export class Node {
 
   private running(): RunningServer {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
-    const { domain, store, httpServer, app, hotRoutes, transport, events, commands } = this;
+    const { domain, store, httpServer, app, hotRoutes, transport, events, commands, memory } = this;
     return {
       url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
@@ -423,6 +437,7 @@ export class Node {
       transport,
       events,
       commands,
+      memory,
       close: () => this.close(),
     };
   }

@@ -350,6 +350,24 @@ export const ConversationListQuery = z.strictObject({
     .optional(),
 });
 
+/** What the device's agent remembers of its people (public-api.md, "Memory"). */
+export const MemoryView = z
+  .object({
+    enabled: z.boolean().openapi({ description: "the device's agent remembers and the device's people have not turned it off" }),
+    text: z.string().openapi({ description: "the memory, plain text; empty when there is none" }),
+    updated_at_unix_ms: Millis.optional().openapi({ description: "when the text last changed" }),
+    max_chars: z.number().int().min(0).openapi({ description: "its length at most (Unicode code points); 0 when the device's agent does not remember" }),
+  })
+  .openapi("Memory");
+
+export const MemoryUpdate = z
+  .strictObject({
+    text: z.string().optional().openapi({ description: "the new text (at most `max_chars`); empty clears it" }),
+    enabled: z.boolean().optional().openapi({ description: "false: nothing is written after conversations and nothing is given to the model" }),
+  })
+  .refine((u) => u.text !== undefined || u.enabled !== undefined, "give text, enabled or both")
+  .openapi("MemoryUpdate");
+
 export type ServerInfo = z.infer<typeof ServerInfo>;
 export type LoginRequest = z.infer<typeof LoginRequest>;
 export type LoginResult = z.infer<typeof LoginResult>;
@@ -373,3 +391,5 @@ export type ConversationEntry = z.infer<typeof ConversationEntry>;
 export type ConversationSummary = z.infer<typeof ConversationSummary>;
 export type ConversationList = z.infer<typeof ConversationList>;
 export type Conversation = z.infer<typeof Conversation>;
+export type MemoryView = z.infer<typeof MemoryView>;
+export type MemoryUpdate = z.infer<typeof MemoryUpdate>;

@@ -9,6 +9,7 @@ import { classify } from "./errors.ts";
 import { GroupCommit } from "./group-commit.ts";
 import { LiveStreamRepository } from "./live-streams.ts";
 import { LockRepository } from "./locks.ts";
+import { MemoryRepository } from "./memories.ts";
 import type { DialectName } from "./migrations.ts";
 import { NonceRepository } from "./nonces.ts";
 import { PeerRepository } from "./peers.ts";
@@ -34,6 +35,7 @@ export class Repositories {
   readonly telemetry: TelemetryRepository;
   readonly contacts: ContactRepository;
   readonly conversations: ConversationRepository;
+  readonly memories: MemoryRepository;
   readonly locks: LockRepository;
   readonly liveStreams: LiveStreamRepository;
   readonly busMessages: BusMessageRepository;
@@ -54,6 +56,7 @@ export class Repositories {
     this.contacts = new ContactRepository(db, dialect);
     this.locks = new LockRepository(db, dialect);
     this.conversations = new ConversationRepository(db, this.locks);
+    this.memories = new MemoryRepository(db, dialect);
     this.liveStreams = new LiveStreamRepository(db, dialect);
     this.busMessages = new BusMessageRepository(db, dialect);
   }
@@ -188,6 +191,23 @@ export class Store {
       // Let waiting requests run between batches.
       await new Promise((resolve) => setImmediate(resolve));
     }
+  }
+
+  /**
+   * SQLite: moves the write-ahead log into the database file and truncates it (`wal_checkpoint(TRUNCATE)`),
+   * so that text just deleted with `secure_delete` is left in neither file; tried again while readers
+   * hold the log. True once done; always true on PostgreSQL (nothing to do).
+   */
+  async truncateLog(tries = 20): Promise<boolean> {
+    if (this.dialect !== "sqlite") return true;
+    const nested = nestedUse("truncateLog");
+    if (nested) throw nested;
+    for (let i = 0; i < tries; i++) {
+      const r = await sql<{ busy: number }>`PRAGMA wal_checkpoint(TRUNCATE)`.execute(this.database.db).catch(rethrowClassified);
+      if (r.rows[0]?.busy === 0) return true;
+      await new Promise((resolve) => setTimeout(resolve, 10 * (i + 1)));
+    }
+    return false;
   }
 
   /** A round trip to the database. */

@@ -187,6 +187,25 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
         .execute();
     },
   },
+  // What a device's agent remembers of its people (public-api.md, "Memory"): one row per device, its
+  // `rev` changed by every write so that a rewrite writes only over the text it read. The device's
+  // switch and the time of its last forgetting stay on the peer: forgetting deletes the row.
+  "0008_memories": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("memories")
+        .addColumn("public_key", "text", (c) => c.primaryKey().references("peers.public_key").onDelete("cascade"))
+        .addColumn("text", "text", (c) => c.notNull())
+        .addColumn("rev", "text", (c) => c.notNull())
+        .addColumn("updated_at", "bigint", (c) => c.notNull())
+        .execute();
+      await db.schema
+        .alterTable("peers")
+        .addColumn("memory_off", "integer", (c) => c.notNull().defaultTo(0))
+        .execute();
+      await db.schema.alterTable("peers").addColumn("memory_forgotten_at", "bigint").execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

@@ -11,6 +11,10 @@ export interface Tables {
     updated_at: number;
     /** The voice conversations' agent for this device: an agent id, `off`, or null for the configured default. */
     voice_agent?: string | null;
+    /** 1: the device's people turned its memory off (public-api.md, "Memory"). */
+    memory_off?: number;
+    /** When its memory was last forgotten: a conversation that began before is not remembered. */
+    memory_forgotten_at?: number | null;
   };
   sessions: {
     id: string;
@@ -85,4 +89,6 @@ export interface Tables {
     tool_name: string | null;
     tool_is_error: number | null;
   };
+  /** A device's memory; `rev` is new at every write. */
+  memories: { public_key: string; text: string; rev: string; updated_at: number };
 }

@@ -9,6 +9,7 @@ import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { callRpc, RpcCode, RpcError, type RpcHandlers, serveRpc } from "../protocol/rpc.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
 import { DeviceToolSession } from "../tools/device.ts";
+import { encodeVoiceEvent, type VoiceEvent } from "../voice/events.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "../voice/port.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
@@ -283,7 +284,7 @@ export class Connection {
         this.audioIn = cb;
       },
       sendFrame: (opus, first) => this.state === "active" && this.audio.sendFrame(opus, first),
-      sendEvent: (make) => this.sendEvent(make),
+      sendEvent: (event) => this.sendEvent(event),
     };
     try {
       this.voice = this.host.voice.open(port);
@@ -292,13 +293,13 @@ export class Connection {
     }
   }
 
-  /** One `PeerEvent` on the event stream: one binary frame (transport contract §7), sequence numbers from 1. */
-  sendEvent(make: (sequence: bigint, timestampUnixMs: bigint) => Uint8Array): boolean {
+  /** One voice event on the event stream, encoded here: one binary frame (transport contract §7), sequence numbers from 1. */
+  sendEvent(event: VoiceEvent): boolean {
     const events = this.events;
     if (this.state !== "active" || !events || events.destroyed || !events.writable) return false;
     let frame: Buffer;
     try {
-      frame = encodeFrame(FrameType.BINARY, make(this.eventSequence + 1n, BigInt(Date.now())));
+      frame = encodeFrame(FrameType.BINARY, encodeVoiceEvent(event, this.eventSequence + 1n, BigInt(Date.now())));
     } catch (err) {
       // An event that cannot be one frame is dropped; the caller's work (a reply) goes on.
       this.host.logger.warn({ err, peer: this.publicKey }, "an event too large for one frame was not sent");

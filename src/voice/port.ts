@@ -1,3 +1,5 @@
+import type { VoiceEvent } from "./events.ts";
+
 /**
  * What the voice feature needs from a device's connection, and nothing more: the transport
  * implements it (src/transport/connection.ts), so the voice code never sees WebRTC.
@@ -12,10 +14,11 @@ export interface AudioPort {
   /** Sends one Opus frame (20 ms) on the track's sender, continuing its RTP sequence and timestamps; false when not sent. */
   sendFrame(opus: Buffer, first: boolean): boolean;
   /**
-   * Sends one `PeerEvent` on the event stream (service 32). `make` receives the connection's next
-   * event sequence number (from 1) and the server's time; false when the stream is gone.
+   * Sends one voice event on the event stream (service 32): the transport gives it the
+   * connection's next sequence number (from 1) and the server's time, and encodes it
+   * (`encodeVoiceEvent`); false when the stream is gone.
    */
-  sendEvent(make: (sequence: bigint, timestampUnixMs: bigint) => Uint8Array): boolean;
+  sendEvent(event: VoiceEvent): boolean;
 }
 
 /** One conversation's end, as the transport sees it. */

@@ -3,15 +3,17 @@ import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
-import { parseEvents } from "../ai/sse.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
-import type { ChatChunk, ChatMessage, ChatRequest } from "../protocol/compat.ts";
+import type { ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { DeviceAgentChoice } from "./agent-choice.ts";
+import { systemClock } from "./clock.ts";
 import { Conversation } from "./conversation.ts";
 import type { EngineFor } from "./engine-choice.ts";
 import type { VoiceActivityPort, VoiceEngines } from "./engine-ports.ts";
 import { VoiceEvents } from "./events.ts";
+import { MemoryKeeper } from "./memory-keeper.ts";
+import type { MemoryRewriter } from "./memory-rewriter.ts";
 import { VoiceMetrics } from "./metrics.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 import { toolEvents } from "./tool-events.ts";
@@ -28,6 +30,8 @@ export interface VoiceServiceOptions {
   resampler: SpeexModule;
   registry: Registry;
   logger: Logger;
+  /** Rewrites devices' memories after their conversations (agents with `memory`). */
+  memory?: MemoryRewriter;
 }
 
 /** Voice conversations of this node: one per active connection, sharing the process's engines. */
@@ -59,9 +63,11 @@ export class VoiceService implements VoiceHost {
     const recorder = this.o.domain.conversations.open(devicePort.publicKey, (err) =>
       this.o.logger.warn({ error: err instanceof Error ? err.message : String(err), peer: devicePort.publicKey }, "a conversation entry could not be stored"),
     );
+    const keeper = this.keeper(devicePort.publicKey);
     const transcript = observeTranscript(devicePort, (entry) => {
       this.o.logger.debug({ peer: devicePort.publicKey, conversation: recorder.id, ...entry }, "conversation entry");
       recorder.add(entry);
+      keeper?.entry(entry);
     });
     const port = transcript.port;
     const events = new VoiceEvents(port);
@@ -85,13 +91,18 @@ export class VoiceService implements VoiceHost {
         metrics: this.metrics,
         logger: this.o.logger,
         agent: () => choice.current(),
-        run: (agentId, messages, signal, n) => this.reply(port.publicKey, agentId, messages, signal, toolEvents(events, `out-${n}`)),
+        run: async (agentId, messages, signal, n) => {
+          // The memory as notes after the agent's instructions (read when the conversation began).
+          const notes = await keeper?.notes(agentId);
+          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, toolEvents(events, `out-${n}`));
+        },
       });
     } catch (err) {
       // Nothing of this connection's stays subscribed or open when its conversation cannot start.
       choice.close();
       transcript.close();
       recorder.close();
+      keeper?.close();
       throw err;
     }
     this.open_.add(conversation);
@@ -102,8 +113,25 @@ export class VoiceService implements VoiceHost {
         conversation.close();
         transcript.close();
         recorder.close();
+        keeper?.close();
       },
     };
+  }
+
+  /** The memory of a connection's conversations, when some agent remembers. */
+  private keeper(key: string): MemoryKeeper | undefined {
+    const rewriter = this.o.memory;
+    if (!rewriter || !this.o.config.agents.some((a) => a.memory?.enabled)) return undefined;
+    const { domain } = this.o;
+    return new MemoryKeeper({
+      deviceKey: key,
+      agents: this.o.config.agents,
+      read: () => domain.memory.forConversation(key),
+      rewrite: (job) => void rewriter.submit(job),
+      now: () => domain.ctx.clock.now(),
+      clock: systemClock,
+      onReadError: (err) => this.o.logger.warn({ error: err instanceof Error ? err.message : String(err), peer: key }, "could not read the device's memory"),
+    });
   }
 
   /** The agent's answer through the Compatible API's own agent code, with the device as the caller; text deltas. */
@@ -111,18 +139,13 @@ export class VoiceService implements VoiceHost {
     const request = { model: agentId, messages, stream: true } as ChatRequest;
     const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools);
     if (result.kind !== "stream") throw new Error("the agent did not stream");
-    const events = result.stream.events;
+    const events = result.stream.events();
     return (async function* () {
-      for await (const block of events) {
-        for (const event of parseEvents(block)) {
-          if (event === "[DONE]" || typeof event !== "object" || event === null) continue;
-          if ("error" in event) {
-            const error = (event as { error?: { message?: string } }).error;
-            throw new Error(error?.message ?? "the model failed");
-          }
-          const text = (event as ChatChunk).choices?.[0]?.delta?.content;
-          if (text) yield text;
-        }
+      // A provider's failure is thrown by the stream itself, never an event.
+      for await (const event of events) {
+        if (event.type !== "chunk") continue;
+        const text = event.chunk.choices?.[0]?.delta?.content;
+        if (text) yield text;
       }
     })();
   }

@@ -1,5 +1,4 @@
-import { fromBinary } from "@bufbuild/protobuf";
-import { type PeerEvent, PeerEventSchema } from "../protocol/gen/event_pb.ts";
+import type { VoiceEvent } from "./events.ts";
 import type { AudioPort } from "./port.ts";
 
 /** One finished part of a conversation, as the voice events tell it. */
@@ -9,8 +8,8 @@ export type TranscriptEntry =
   | { turn: number; role: "tool"; text: string; tool: { name: string; is_error: boolean } };
 
 /**
- * The conversation's transcript, read from the voice events it sends (voice.md §3, tools.md §2)
- * and nothing else, so that the conversation's internals can change freely: the final user
+ * The conversation's transcript, read from the voice events it sends (voice.md §3, tools.md §2), as
+ * objects before the transport encodes them, and nothing else, so that the conversation's internals can change freely: the final user
  * transcript (`TEXT_DONE user.transcript`), the reply (`TEXT_DONE assistant.text`: what was
  * spoken, interrupted when the turn's `turn.metrics` or its audio's end says so) and each tool
  * call (`tool.result`). Returns the port the conversation should use, and a `close` that hands on
@@ -23,14 +22,10 @@ export function observeTranscript(port: AudioPort, entry: (e: TranscriptEntry) =
     payloadType: port.payloadType,
     onPacket: (cb) => port.onPacket(cb),
     sendFrame: (opus, first) => port.sendFrame(opus, first),
-    sendEvent: (make) => {
-      let bytes: Uint8Array | undefined;
-      const sent = port.sendEvent((sequence, at) => {
-        bytes = make(sequence, at);
-        return bytes;
-      });
+    sendEvent: (event) => {
+      const sent = port.sendEvent(event);
       // The device may have no event stream open: its controllers hear the conversation all the same.
-      reading.event(bytes ?? make(0n, BigInt(Date.now())));
+      reading.event(event);
       return sent;
     },
   };
@@ -46,21 +41,14 @@ class TranscriptReader {
     this.entry = entry;
   }
 
-  event(bytes: Uint8Array): void {
-    let e: PeerEvent;
-    try {
-      e = fromBinary(PeerEventSchema, bytes);
-    } catch {
+  event(e: VoiceEvent): void {
+    if (e.type === "eos") {
+      const reply = this.replies.get(turnOf(e.streamId, "out-"));
+      if (reply && e.label === "assistant.audio" && e.error?.code === "interrupted") reply.interrupted = true;
       return;
     }
-    const p = e.payload;
-    if (p.case === "eos") {
-      const reply = this.replies.get(turnOf(p.value.streamId, "out-"));
-      if (reply && p.value.label === "assistant.audio" && p.value.error?.code === "interrupted") reply.interrupted = true;
-      return;
-    }
-    if (p.case !== "textDone") return;
-    const { streamId, label, text } = p.value;
+    if (e.type !== "done") return;
+    const { streamId, label, text } = e;
     if (label === "user.transcript") {
       const turn = turnOf(streamId, "in-");
       if (turn > 0 && text.trim()) this.entry({ turn, role: "user", text });

@@ -15,6 +15,8 @@ export type Reply =
       delayMs?: number;
       /** Stream the first chunk, then never finish (not streaming: never answer). */
       hang?: boolean;
+      /** Not streaming: the answer waits for this. */
+      wait?: Promise<unknown>;
       /** Awaited before each streamed piece after the first: the test decides when the next piece is sent. */
       gate?: (piece: number) => Promise<void>;
       /** After the pieces and tool calls: `close` ends the response with no finish chunk and no `[DONE]`; `hold` keeps it open, sending nothing more. */
@@ -97,6 +99,10 @@ export class FakeUpstream {
       }
       if (body.stream) void this.stream(body, reply, res);
       else if (reply.hang) return;
+      else if (reply.wait)
+        void reply.wait.then(() => {
+          if (!res.destroyed) res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(completion(body, reply)));
+        });
       else res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(completion(body, reply)));
     });
   }

@@ -23,6 +23,7 @@ import type {
   VadEvent,
   VoiceActivityPort,
 } from "../../src/voice/engine-ports.ts";
+import { encodeVoiceEvent } from "../../src/voice/events.ts";
 import { VoiceMetrics } from "../../src/voice/metrics.ts";
 import { loadResampler } from "../../src/voice/resampler.ts";
 import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
@@ -309,8 +310,8 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
         r.frames++;
         return true;
       },
-      sendEvent: (make) => {
-        const s = seen(fromBinary(PeerEventSchema, make(++sequence, BigInt(clock.now()))));
+      sendEvent: (event) => {
+        const s = seen(fromBinary(PeerEventSchema, encodeVoiceEvent(event, ++sequence, BigInt(clock.now()))));
         if (s) events.push(s);
         return true;
       },

@@ -1,11 +1,11 @@
 import type { AgentConfig, ModelConfig } from "../../config/config.ts";
 import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
 import type { Caller } from "../caller.ts";
+import { type ChatEvent, type ChatPiece, type ChatStats, ChatStream } from "../chat-stream.ts";
 import { ChunkWriter } from "../chunks.ts";
 import { GenerationError } from "../errors.ts";
-import type { ChatStream, ProviderRequest } from "../providers/provider.ts";
+import type { ProviderRequest } from "../providers/provider.ts";
 import type { ChatRouter } from "../router.ts";
-import { parseEvents } from "../sse.ts";
 import { checkedToolCalls, InvalidToolCallError, ToolCallCollector } from "./tool-calls.ts";
 import { type Toolbox, type ToolDefinition, type ToolKit, type ToolObserver, toolMessageText } from "./toolbox.ts";
 
@@ -65,7 +65,7 @@ export class AgentRunner {
     const messages = initialMessages(run);
     const kit = this.tools.forRun(agent, model, run.caller);
     const includeUsage = request.stream_options?.include_usage === true;
-    const stats: ChatStream["stats"] = {};
+    const stats: ChatStats = {};
     const total = emptyUsage();
     const out = new ChunkWriter(agent.id, includeUsage);
     const upstreamRequest = (offered: ToolDefinition[]) => ({
@@ -77,16 +77,17 @@ export class AgentRunner {
     let offered = step < agent.max_steps ? kit.definitions() : [];
     let current = await this.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id });
     const self = this;
-    async function* events(): AsyncGenerator<Uint8Array> {
+    // Step by step, the model's pieces in, the agent's out (as many as came in): events, never bytes.
+    async function* pieces(): AsyncGenerator<ChatPiece> {
       for (;;) {
         const calls = new ToolCallCollector();
         let finish: FinishReason | null = null;
         let content = "";
-        for await (const block of current.events) {
-          const parts: Buffer[] = [];
-          for (const event of parseEvents(block)) {
-            if (event === "[DONE]" || typeof event !== "object" || event === null) continue;
-            const chunk = event as ChatChunk;
+        for await (const piece of current.pieces()) {
+          const parts: ChatEvent[] = [];
+          for (const event of piece.events) {
+            if (event.type !== "chunk") continue;
+            const chunk: Partial<ChatChunk> = event.chunk;
             addUsage(total, chunk.usage);
             const choice = Array.isArray(chunk.choices) ? chunk.choices[0] : undefined;
             if (!choice || typeof choice !== "object") continue;
@@ -100,17 +101,17 @@ export class AgentRunner {
             } catch (err) {
               if (!(err instanceof InvalidToolCallError)) throw err;
               // The provider's call ends here: its connection is closed when the stream is left.
-              if (parts.length) yield Buffer.concat(parts);
+              if (parts.length) yield { events: parts };
               throw new GenerationError("upstream_failed", err.message, { code: "upstream_error" });
             }
             if (typeof choice.finish_reason === "string") finish = choice.finish_reason;
           }
-          if (parts.length) yield Buffer.concat(parts);
+          if (parts.length) yield { events: parts };
         }
         const made = calls.list();
         if (step >= agent.max_steps || made.length === 0) {
           stats.usage = total;
-          yield out.finish(finish ?? "stop", total);
+          yield { events: out.finish(finish ?? "stop", total) };
           return;
         }
         messages.push({ role: "assistant", content: content || null, tool_calls: made });
@@ -126,7 +127,7 @@ export class AgentRunner {
         }
       }
     }
-    return { events: events(), stats };
+    return new ChatStream(pieces(), stats);
   }
 
   /** Runs one step's calls side by side; their results (and images, for a model that takes them) join the messages. */

@@ -6,10 +6,10 @@
 import type { createAnthropic } from "@ai-sdk/anthropic";
 import type { APICallError as ApiCallErrorClass } from "ai";
 import type { ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
+import { type ChatEvent, type ChatPiece, type ChatStats, ChatStream } from "../chat-stream.ts";
 import { ChunkWriter } from "../chunks.ts";
 import { GenerationError } from "../errors.ts";
-import { DONE_EVENT } from "../sse.ts";
-import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
+import { type CallOptions, type ChatProvider, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
 type LanguageModel = ReturnType<ReturnType<typeof createAnthropic>>;
 type ModelOptions = Parameters<LanguageModel["doGenerate"]>[0];
@@ -98,9 +98,9 @@ export class AiSdkProvider implements ChatProvider {
       throw toProviderError(err, o.signal, timeout);
     }
     const encoder = new ChunkEncoder(o.publicModel, request.stream_options?.include_usage === true);
-    const stats: ChatStream["stats"] = {};
+    const stats: ChatStats = {};
     // The first event is awaited here, so that an error before it can still be retried or fall back.
-    const first: Buffer[] = [];
+    let first: ChatEvent[] | undefined;
     for (;;) {
       let r: ReadableStreamReadResult<StreamPart>;
       try {
@@ -118,15 +118,13 @@ export class AiSdkProvider implements ChatProvider {
           throw err;
         }
       }
-      const out = encoder.part(r.value, stats);
-      if (out) {
-        first.push(out);
-        break;
-      }
+      first = encoder.part(r.value, stats);
+      if (first) break;
     }
-    async function* events(): AsyncGenerator<Uint8Array> {
+    const start = first;
+    async function* pieces(): AsyncGenerator<ChatPiece> {
       try {
-        yield* first;
+        yield { events: start };
         for (;;) {
           let r: ReadableStreamReadResult<StreamPart>;
           try {
@@ -138,16 +136,16 @@ export class AiSdkProvider implements ChatProvider {
           if (r.value.type === "error") {
             throw streamFailed(`the provider's stream failed: ${errorMessage(r.value.error)}`);
           }
-          const out = encoder.part(r.value, stats);
-          if (out) yield out;
+          const events = encoder.part(r.value, stats);
+          if (events) yield { events };
         }
-        yield encoder.done();
+        yield { events: encoder.done() };
       } finally {
         controller.abort();
         reader.releaseLock();
       }
     }
-    return { events: events(), stats };
+    return new ChatStream(pieces(), stats);
   }
 }
 
@@ -161,24 +159,24 @@ class ChunkEncoder {
     this.out = new ChunkWriter(model, includeUsage);
   }
 
-  part(p: StreamPart, stats: ChatStream["stats"]): Buffer | undefined {
+  part(p: StreamPart, stats: ChatStats): ChatEvent[] | undefined {
     switch (p.type) {
       case "text-delta":
-        return p.delta ? this.out.delta({ content: p.delta }, null) : undefined;
+        return p.delta ? [this.out.delta({ content: p.delta }, null)] : undefined;
       case "tool-input-start": {
         const index = this.tools.size;
         this.tools.set(p.id, index);
-        return this.out.delta({ tool_calls: [{ index, id: p.id, type: "function", function: { name: p.toolName, arguments: "" } }] }, null);
+        return [this.out.delta({ tool_calls: [{ index, id: p.id, type: "function", function: { name: p.toolName, arguments: "" } }] }, null)];
       }
       case "tool-input-delta": {
         const index = this.tools.get(p.id);
-        return index === undefined ? undefined : this.out.delta({ tool_calls: [{ index, function: { arguments: p.delta } }] }, null);
+        return index === undefined ? undefined : [this.out.delta({ tool_calls: [{ index, function: { arguments: p.delta } }] }, null)];
       }
       case "tool-call": {
         if (this.tools.has(p.toolCallId)) return undefined;
         const index = this.tools.size;
         this.tools.set(p.toolCallId, index);
-        return this.out.delta({ tool_calls: [{ index, id: p.toolCallId, type: "function", function: { name: p.toolName, arguments: p.input } }] }, null);
+        return [this.out.delta({ tool_calls: [{ index, id: p.toolCallId, type: "function", function: { name: p.toolName, arguments: p.input } }] }, null)];
       }
       case "finish": {
         this.finished = true;
@@ -191,9 +189,9 @@ class ChunkEncoder {
     }
   }
 
-  done(): Buffer {
+  done(): ChatEvent[] {
     if (!this.finished) throw streamFailed("the provider's stream ended early");
-    return DONE_EVENT;
+    return [{ type: "done" }];
   }
 }
 

@@ -10,10 +10,11 @@ import { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
 import { Pool } from "undici";
 import type { ChatCompletion, Usage } from "../../protocol/compat.ts";
+import { DONE_EVENT, readSse } from "../../protocol/sse.ts";
+import { type ChatPiece, type ChatStats, ChatStream, RawChatPiece } from "../chat-stream.ts";
 import { GenerationError } from "../errors.ts";
 import { OFFLOAD_BYTES, stringifyJson } from "../json-thread.ts";
-import { DONE_EVENT, parseEvents } from "../sse.ts";
-import { type CallOptions, type ChatProvider, type ChatStream, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
+import { type CallOptions, type ChatProvider, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
 export interface OpenAIProviderOptions {
   baseUrl: string;
@@ -90,9 +91,14 @@ export class OpenAIProvider implements ChatProvider {
     const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
+    const stats: ChatStats = {};
     try {
       const res = await call.response;
       relay = new SseRelay(res.body, Buffer.from(o.publicModel), call.touch, call.failure);
+      // Before the first read: a short answer's usage may come in the same piece as its first event.
+      relay.onUsage = (u) => {
+        stats.usage = u;
+      };
       first = await relay.next();
     } catch (err) {
       call.done();
@@ -102,23 +108,20 @@ export class OpenAIProvider implements ChatProvider {
       call.done();
       throw new ProviderError("the provider's stream ended before its first event");
     }
-    const stats: ChatStream["stats"] = {};
-    relay.onUsage = (u) => {
-      stats.usage = u;
-    };
-    async function* events(): AsyncGenerator<Uint8Array> {
+    // The events stay the provider's bytes (model renamed); they are read as events only by a reader that asks.
+    async function* pieces(): AsyncGenerator<ChatPiece> {
       try {
-        yield first as Buffer;
+        yield new RawChatPiece(first as Buffer);
         for (;;) {
           const block = await relay.next();
           if (block === undefined) break;
-          yield block;
+          yield new RawChatPiece(block);
         }
       } finally {
         call.done();
       }
     }
-    return { events: events(), stats };
+    return new ChatStream(pieces(), stats);
   }
 
   /**
@@ -391,7 +394,12 @@ function streamFailed(message: string, code = "upstream_error"): GenerationError
 
 /** The provider's own error event (`data: {"error":{…}}`) as the failure it reports. */
 function providerErrorEvent(event: Buffer): GenerationError {
-  const [parsed] = parseEvents(event);
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(readSse(event.toString("utf8"))[0]?.data ?? "");
+  } catch {
+    // Not JSON: the generic message below.
+  }
   const error = (parsed as { error?: { message?: unknown; code?: unknown } } | undefined)?.error;
   const message = typeof error?.message === "string" ? error.message : "the provider reported an error";
   return streamFailed(`the provider's stream failed: ${message}`, typeof error?.code === "string" ? error.code : undefined);

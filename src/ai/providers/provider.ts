@@ -1,18 +1,8 @@
-import type { ChatCompletion, ChatRequest, Usage } from "../../protocol/compat.ts";
+import type { ChatCompletion, ChatRequest } from "../../protocol/compat.ts";
+import type { ChatStream } from "../chat-stream.ts";
 
 /** What a provider is asked: the client's validated request, with `model` already the upstream model. */
 export type ProviderRequest = Omit<ChatRequest, "model"> & { model: string };
-
-/**
- * A chat stream that has started: its first event has arrived. `events` yields OpenAI
- * `chat.completion.chunk` server-sent events as bytes, one or more whole events per item, ending
- * with `data: [DONE]` (or an `{"error":…}` event when the provider failed mid-stream).
- */
-export interface ChatStream {
-  events: AsyncIterable<Uint8Array>;
-  /** Filled in as the stream passes: the usage chunk, when the provider sends one. */
-  readonly stats: { usage?: Usage };
-}
 
 export interface CallOptions {
   signal: AbortSignal;

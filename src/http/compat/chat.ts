@@ -30,7 +30,7 @@ export function registerChatRoute(app: Hono<CompatEnv>, chat: ChatService, metri
       const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
       // A failure after the first event ends the stream with the error event; cancelling it (the
       // client went away) ends the provider's stream, which closes the provider's connection.
-      const body = streamBody(stream.events[Symbol.asyncIterator](), { sse: true, encode: asIs, done });
+      const body = streamBody(stream.sse(), { sse: true, encode: asIs, done });
       return c.body(body, 200, streamHeaders(EVENT_STREAM));
     } catch (err) {
       call.failed(err, signal.aborted);

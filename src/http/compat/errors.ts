@@ -1,8 +1,8 @@
 import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
-import { sseEvent } from "../../ai/sse.ts";
 import { PerchError, statusOf } from "../../errors.ts";
+import { sseEvent } from "../../protocol/sse.ts";
 
 export type OpenAIErrorType = "invalid_request_error" | "permission_error" | "rate_limit_error" | "api_error";
 

@@ -91,7 +91,7 @@ export function hotChatRoute(o: HotChatOptions): HotRoute {
         watch(outgoing);
         writeStreamHead(outgoing, requestId, streamHeaders(EVENT_STREAM));
         record(requestId, "POST", 200, o.callers.resolveAddress(env), started);
-        await pipeEvents(stream.events[Symbol.asyncIterator](), outgoing, done);
+        await pipeEvents(stream.sse(), outgoing, done);
         return;
       }
       call.completed(result.completion);

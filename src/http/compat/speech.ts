@@ -5,7 +5,7 @@ import type { Catalog } from "../../ai/catalog.ts";
 import type { RawAnswer } from "../../ai/providers/openai.ts";
 import { type ChatRouter, embeddedFallback } from "../../ai/router.ts";
 import { MAX_BYTES_PER_SECOND, SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
-import { sseEvent } from "../../ai/sse.ts";
+import { sseEvent } from "../../protocol/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { speechModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";

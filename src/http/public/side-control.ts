@@ -1,4 +1,5 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import type { MiddlewareHandler } from "hono";
 import type { Domain } from "../../domain/index.ts";
 import type { LiveEvent, LiveSink } from "../../domain/live.ts";
 import type { SideControlPrincipal } from "../../domain/principal.ts";
@@ -12,6 +13,8 @@ import {
   ConversationList,
   ConversationListQuery,
   DeviceInfo,
+  MemoryUpdate,
+  MemoryView,
   PeerStatus,
   Runtime,
   TelemetryAggregate,
@@ -22,8 +25,8 @@ import {
   TelemetryRangeQuery,
 } from "../../protocol/public.ts";
 import { clientGone } from "../client-gone.ts";
-import type { App } from "../env.ts";
-import { invalid } from "../errors.ts";
+import type { App, AppEnv } from "../env.ts";
+import { ApiError, invalid } from "../errors.ts";
 import { JSON_UTF8, jsonText } from "../json.ts";
 import { requireJson } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
@@ -101,7 +104,7 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       description:
         "Events `status` (PeerStatus) and `runtime` (Runtime) at once, then `status` on every change, `runtime` when `online` or the node " +
         "changes, `telemetry` ({values: [{field, value, observed_at_unix_ms}]}, at most every 250 ms), `contacts` ({name, change}), and " +
-        "`conversation` (ConversationEntry: each finished user transcript, reply and tool call of the device's voice conversation, " +
+        "`memory` ({updated_at_unix_ms}: the device's memory changed), `conversation` (ConversationEntry: each finished user transcript, reply and tool call of the device's voice conversation, " +
         "whether or not transcripts are stored), and `session` ({state: revoked | expired}) after which the stream ends. A comment line after 15 s without an event. " +
         "At most 4 open streams per session (429 `RATE_LIMITED`).",
       responses: {
@@ -217,6 +220,39 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
     async (c) => c.json(await domain.contacts.delete(target(c), nameOf(c)), 200, JSON_UTF8),
   );
 
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/memory"),
+      summary: "What the target device's agent remembers of its people (max_chars 0: its agent does not remember)",
+      responses: { 200: json(MemoryView, "The memory"), ...authErrors },
+    }),
+    async (c) => c.json(await domain.memory.view(target(c)), 200, JSON_UTF8),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("put", "/side-control/memory"),
+      middleware: [jsonBodyLimit, sideControl, requireJson, memoryBody],
+      summary: "Edit the memory (`text`), or turn remembering off or on for this device (`enabled`)",
+      request: { body: jsonBody(MemoryUpdate) },
+      responses: { 200: json(MemoryView, "The memory now"), ...authErrors, ...errors(400, 409, 413, 415) },
+    }),
+    async (c) => c.json(await domain.memory.update(target(c), c.req.valid("json")), 200, JSON_UTF8),
+    invalid("INVALID_MEMORY"),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("delete", "/side-control/memory"),
+      summary: "Forget the memory for good (deleted from the store and its files)",
+      responses: { 204: noContent, ...authErrors },
+    }),
+    async (c) => {
+      await domain.memory.forget(target(c));
+      return c.body(null, 204);
+    },
+  );
+
   const conversationId = z.object({ id: z.string().openapi({ description: "the conversation's id" }) });
 
   app.openapi(
@@ -268,6 +304,17 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
     },
   );
 }
+
+/** A memory edit's body that is empty or not JSON is `INVALID_MEMORY` too, as a wrong one is. */
+const memoryBody: MiddlewareHandler<AppEnv> = async (c, next) => {
+  const text = await c.req.text();
+  try {
+    JSON.parse(text);
+  } catch {
+    throw new ApiError(400, "INVALID_MEMORY", text.trim() ? "the body is not JSON" : "the body is empty: give text, enabled or both");
+  }
+  await next();
+};
 
 const SSE_HEADERS = {
   "content-type": "text/event-stream; charset=utf-8",

@@ -1,0 +1,128 @@
+import { sql } from "kysely";
+import type { Db } from "./database.ts";
+import type { DialectName } from "./migrations.ts";
+import type { Tables } from "./schema.ts";
+
+export type MemoryRow = Tables["memories"];
+
+/** A device's memory as a conversation or a rewrite reads it: the switch, when it was last forgotten, and the row. */
+export interface MemoryState {
+  /** The device's voice agent setting: an agent id, `off`, or null for `voice.agent`. */
+  voiceAgent: string | null;
+  off: boolean;
+  forgottenAt: number | null;
+  row: MemoryRow | undefined;
+}
+
+/**
+ * Devices' memories (one row each). Every write of the text happens with SQLite's `secure_delete`
+ * on, so that the text it replaces or deletes is overwritten in the file, not left in free space.
+ */
+export class MemoryRepository {
+  private readonly db: Db;
+  private readonly dialect: DialectName;
+
+  constructor(db: Db, dialect: DialectName) {
+    this.db = db;
+    this.dialect = dialect;
+  }
+
+  /** undefined when the device is not registered. */
+  async state(publicKey: string): Promise<MemoryState | undefined> {
+    const row = await this.db
+      .selectFrom("peers")
+      .leftJoin("memories", "memories.public_key", "peers.public_key")
+      .select(["peers.voice_agent", "peers.memory_off", "peers.memory_forgotten_at", "memories.text", "memories.rev", "memories.updated_at"])
+      .where("peers.public_key", "=", publicKey)
+      .executeTakeFirst();
+    if (!row) return undefined;
+    return {
+      voiceAgent: row.voice_agent ?? null,
+      off: row.memory_off === 1,
+      forgottenAt: row.memory_forgotten_at ?? null,
+      row:
+        row.rev === null || row.rev === undefined ? undefined : { public_key: publicKey, text: row.text ?? "", rev: row.rev, updated_at: row.updated_at ?? 0 },
+    };
+  }
+
+  /** Sets the text whatever it was (the phone's edit); false when the device is not registered. */
+  async put(publicKey: string, text: string, rev: string, at: number): Promise<boolean> {
+    const peer = await this.db.selectFrom("peers").select("public_key").where("public_key", "=", publicKey).executeTakeFirst();
+    if (!peer) return false;
+    await this.secure(() =>
+      this.db
+        .insertInto("memories")
+        .values({ public_key: publicKey, text, rev, updated_at: at })
+        .onConflict((oc) => oc.column("public_key").doUpdateSet({ text, rev, updated_at: at }))
+        .execute(),
+    );
+    return true;
+  }
+
+  /**
+   * A rewrite's write: only over the row it read (`base` its rev; undefined: there was none). False
+   * when the row changed since (an edit, another rewrite, forgetting), or the device is gone.
+   */
+  async replace(publicKey: string, base: string | undefined, text: string, rev: string, at: number): Promise<boolean> {
+    if (base === undefined) {
+      const r = await this.secure(() =>
+        this.db
+          .insertInto("memories")
+          .columns(["public_key", "text", "rev", "updated_at"])
+          .expression((eb) =>
+            eb
+              .selectFrom("peers")
+              .select([eb.val(publicKey).as("public_key"), eb.val(text).as("text"), eb.val(rev).as("rev"), eb.val(at).as("updated_at")])
+              .where("public_key", "=", publicKey),
+          )
+          .onConflict((oc) => oc.column("public_key").doNothing())
+          .executeTakeFirst(),
+      );
+      return Number(r.numInsertedOrUpdatedRows ?? 0n) > 0;
+    }
+    const r = await this.secure(() =>
+      this.db.updateTable("memories").set({ text, rev, updated_at: at }).where("public_key", "=", publicKey).where("rev", "=", base).executeTakeFirst(),
+    );
+    return r.numUpdatedRows > 0n;
+  }
+
+  /** Deletes the text for good and records when; false when there was none. */
+  async forget(publicKey: string, at: number): Promise<boolean> {
+    await this.db.updateTable("peers").set({ memory_forgotten_at: at }).where("public_key", "=", publicKey).execute();
+    const r = await this.secure(() => this.db.deleteFrom("memories").where("public_key", "=", publicKey).executeTakeFirst());
+    return r.numDeletedRows > 0n;
+  }
+
+  /** Deletes the row (with its peer's removal, before the cascade would, so that it is overwritten too). */
+  async delete(publicKey: string): Promise<void> {
+    await this.secure(() => this.db.deleteFrom("memories").where("public_key", "=", publicKey).execute());
+  }
+
+  /** The device's people's switch; false when the device is not registered. */
+  async setOff(publicKey: string, off: boolean): Promise<boolean> {
+    const r = await this.db
+      .updateTable("peers")
+      .set({ memory_off: off ? 1 : 0 })
+      .where("public_key", "=", publicKey)
+      .executeTakeFirst();
+    return r.numUpdatedRows > 0n;
+  }
+
+  /**
+   * SQLite: `work` with `secure_delete` on (a flag of the connection, read as pages are freed). The
+   * process's transactions share one connection (a group commit runs several at once), so the flag
+   * is set by the first memory write under way and cleared by the last.
+   */
+  private async secure<T>(work: () => Promise<T>): Promise<T> {
+    if (this.dialect !== "sqlite") return work();
+    if (secureWrites++ === 0) await sql`PRAGMA secure_delete = 1`.execute(this.db);
+    try {
+      return await work();
+    } finally {
+      if (--secureWrites === 0) await sql`PRAGMA secure_delete = 0`.execute(this.db);
+    }
+  }
+}
+
+/** Memory writes under way on this process's SQLite connection. */
+let secureWrites = 0;

@@ -1,0 +1,131 @@
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
+import { PerchClient } from "../src/sdk/client.ts";
+import { engines } from "./support/engines.ts";
+import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
+import { memoryConfig, rewriteOf, scriptMemoryModel } from "./support/memory.ts";
+import { startTestServer, type TestServer } from "./support/server.ts";
+import { spoken, voiceDevice } from "./support/voice.ts";
+import { eventually } from "./support/webrtc.ts";
+
+type Memory = { enabled: boolean; text: string; updated_at_unix_ms?: number; max_chars: number };
+type Message = { role: string; content: unknown };
+
+/**
+ * Devices converse over real WebRTC through the SDK with an agent that remembers; the model is a
+ * scripted one over HTTP, which writes the memory as "Heard: <each user line>."
+ */
+describe("memory across a device's conversations (real WebRTC)", () => {
+  let upstream: FakeUpstream;
+  let server: TestServer;
+  const keyPair = generateKeyPair();
+  let phone: PerchClient;
+
+  /** The conversation requests (streamed turns) the model got since `from`. */
+  const turnRequests = (from: number) =>
+    upstream.received
+      .slice(from)
+      .map((r) => r.body)
+      .filter((b) => b.stream && !rewriteOf(b));
+
+  /** One turn of a device: it says `text`, and the reply's turn finishes. */
+  async function converse(device: Awaited<ReturnType<typeof voiceDevice>>, text: string, n = 1): Promise<string> {
+    const mic = await device.conn.microphone();
+    await mic.say(await spoken(text));
+    await device.log.wait((s) => s.stream === `out-${n}` && s.label === "turn.metrics", 60_000, `turn ${n}`);
+    return device.log.all.find((s) => s.stream === `in-${n}` && s.type === "TEXT_DONE" && s.label === "user.transcript")!.text!;
+  }
+
+  before(async () => {
+    upstream = await startFakeUpstream();
+    scriptMemoryModel(upstream);
+    await engines().transcription?.start?.();
+    server = await startTestServer({ config: memoryConfig(upstream.url) });
+    const owner = new PerchClient({ baseUrl: server.url, keyPair });
+    await owner.login();
+    phone = server.client();
+    await phone.login({ deviceToken: (await owner.createDeviceToken()).token });
+  });
+  after(async () => {
+    await server?.stop();
+    await upstream?.close();
+  });
+
+  test("a name and a hobby said; after the device leaves the phone sees the memory; the next conversation's model gets it as notes; another device's never", async () => {
+    assert.deepEqual(await phone.request<Memory>("GET", "/side-control/memory"), { enabled: true, text: "", max_chars: 2_000 });
+    const first = await voiceDevice(server, { keyPair });
+    const from = upstream.received.length;
+    const heard = await converse(first, "My name is Peter and I love playing football.");
+    assert.match(heard, /peter|football/i, `heard: ${heard}`);
+    const firstTurn = turnRequests(from)[0]!;
+    assert.equal((firstTurn.messages as Message[]).filter((m) => m.role === "system").length, 1, "no memory yet: the agent's instructions only");
+    first.conn.close();
+
+    const memory = await eventually(
+      async () => {
+        const m = await phone.request<Memory>("GET", "/side-control/memory");
+        return m.text ? m : undefined;
+      },
+      30_000,
+      "the memory written after the device left",
+    );
+    assert.equal(memory.text, `Heard: ${heard.trim().replace(/[.!?]*$/, "")}.`, "what the scripted model wrote");
+    const rewrite = upstream.received.map((r) => rewriteOf(r.body)).find(Boolean)!;
+    assert.deepEqual(rewrite.conversation[0], { user: heard }, "the rewrite read the conversation's transcript");
+
+    // The next conversation: the model gets the memory as notes after the agent's instructions.
+    const again = await voiceDevice(server, { keyPair });
+    const next = upstream.received.length;
+    await converse(again, "What is my name?");
+    const [instructions, notes, ...rest] = turnRequests(next)[0]!.messages as Message[];
+    assert.deepEqual(instructions, { role: "system", content: "You speak briefly." });
+    assert.equal(notes?.role, "system");
+    assert.match(String(notes?.content), /What you remember about the people you talk with/);
+    assert.ok(String(notes?.content).includes(memory.text), "the memory, in a system message");
+    assert.ok(
+      rest.every((m) => !String(m.content).includes(memory.text)),
+      "not as user text",
+    );
+    again.conn.close();
+
+    // Another device converses with the same agent: it never gets this device's memory.
+    const other = await voiceDevice(server);
+    const otherFrom = upstream.received.length;
+    await converse(other, "Hello, who am I?");
+    for (const body of turnRequests(otherFrom)) {
+      const system = (body.messages as Message[]).filter((m) => m.role === "system");
+      assert.deepEqual(system, [{ role: "system", content: "You speak briefly." }], "another device's conversation carries no memory");
+      assert.ok(!JSON.stringify(body.messages).includes(memory.text));
+    }
+    other.conn.close();
+    assert.notEqual(encodeKey(other.conn.keyPair.publicKey), encodeKey(keyPair.publicKey));
+  });
+
+  test("an edit from the phone is what the next conversation uses; turned off, nothing is given and nothing written", async () => {
+    await phone.request("PUT", "/side-control/memory", { body: { text: "Peter prefers Celsius." } });
+    const device = await voiceDevice(server, { keyPair });
+    const from = upstream.received.length;
+    await converse(device, "What is the temperature?");
+    assert.match(String((turnRequests(from)[0]!.messages as Message[])[1]?.content), /Peter prefers Celsius\./);
+    device.conn.close();
+    await eventually(async () => (await phone.request<Memory>("GET", "/side-control/memory")).text.includes("Heard:") || undefined, 30_000, "the rewrite");
+    await server.memory.settled();
+
+    await phone.request("PUT", "/side-control/memory", { body: { enabled: false } });
+    const before = await phone.request<Memory>("GET", "/side-control/memory");
+    const off = await voiceDevice(server, { keyPair });
+    const offFrom = upstream.received.length;
+    await converse(off, "Remember that I have a dog.");
+    const system = (turnRequests(offFrom)[0]!.messages as Message[]).filter((m) => m.role === "system");
+    assert.deepEqual(system, [{ role: "system", content: "You speak briefly." }], "nothing given while off");
+    off.conn.close();
+    // The rewrite after the close is skipped: nothing written.
+    await eventually(
+      async () => (await fetch(`${server.url}/metrics`).then((r) => r.text())).includes('perch_memory_rewrites_total{result="skipped"} 1') || undefined,
+      30_000,
+      "the skipped rewrite",
+    );
+    assert.deepEqual(await phone.request<Memory>("GET", "/side-control/memory"), before);
+  });
+});
