@@ -163,6 +163,10 @@ test("an unknown key names the nearest valid key, at any level; a key near none 
   );
   assert.throws(() => fromFile("voice: { turn: { silenceMs: 300, maxx_ms: 1000 } }"), /did you mean max_ms\?/);
   assert.throws(
+    () => loadConfig({}, { rate_limits: { loginPerKey: 0, login_per_adress: 0, zzz: 1 } } as never),
+    /Unrecognized keys: "loginPerKey", "login_per_adress", "zzz" \(did you mean login_per_key for loginPerKey, login_per_address for login_per_adress\?\)/,
+  );
+  assert.throws(
     () => fromFile("completely_different: 1"),
     (err: Error) => err.message === 'invalid configuration at (root): Unrecognized key: "completely_different"',
   );

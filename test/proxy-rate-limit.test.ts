@@ -12,7 +12,7 @@ import type { PerchClient } from "../src/sdk/client.ts";
 import { assertFails, perch } from "./support/cli.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 
-const NO_LIMITS = { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 };
+const NO_LIMITS = { login_per_key: 0, login_per_address: 0, device_token_per_device: 0 };
 
 /** A fresh login of `client` through a proxy that sent `forwarded` as X-Forwarded-For (the test process is the proxy, on loopback). */
 async function loginVia(server: TestServer, client: PerchClient, forwarded: string | undefined): Promise<number> {

@@ -76,11 +76,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Conf
     const at = issue.path.join(".");
     let message = issue.message;
     if (issue.code === "unrecognized_keys") {
-      const hints = issue.keys.flatMap((k: string) => {
-        const near = nearestKey(issue.path, k);
-        return near ? [`did you mean ${near}?`] : [];
+      const near = issue.keys.flatMap((k: string) => {
+        const key = nearestKey(issue.path, k);
+        return key ? [{ k, key }] : [];
       });
-      if (hints.length > 0) message += ` (${hints.join("; ")})`;
+      if (issue.keys.length === 1 && near.length === 1) message += ` (did you mean ${near[0]!.key}?)`;
+      else if (near.length > 0) message += ` (did you mean ${near.map((n) => `${n.key} for ${n.k}`).join(", ")}?)`;
     }
     const variable = fromVariable.get(at);
     throw new ConfigError(`invalid configuration at ${at || "(root)"}${variable ? ` (${variable}=${env[variable]})` : ""}: ${message}`);
