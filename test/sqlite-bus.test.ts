@@ -3,8 +3,14 @@ import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, test } from "node:test";
-import { type BusMessage, SqliteBus, topics } from "../src/events/index.ts";
+import { loadConfig } from "../src/config/config.ts";
+import { encodeKey, generateKeyPair, privateKeyObject } from "../src/crypto/keys.ts";
+import { systemClock } from "../src/domain/clock.ts";
+import { DomainEvents } from "../src/domain/events.ts";
+import { Domain } from "../src/domain/index.ts";
+import { type BusMessage, InProcessBus, SqliteBus, topics } from "../src/events/index.ts";
 import { Store } from "../src/store/index.ts";
+import { PeerWatch } from "../src/transport/peer-watch.ts";
 import { tempDir } from "./support/server.ts";
 import { eventually } from "./support/webrtc.ts";
 
@@ -65,6 +71,16 @@ describe("SqliteBus: other processes' messages through the file", () => {
     }
   });
 
+  test("a burst of 2,500 rows in one commit, a block last: all are read (the bus polls again after a full batch of 1,000) with nothing committed after", async () => {
+    got.length = 0;
+    await other.transaction(async (tx) => {
+      for (let i = 0; i < 2_499; i++) await tx.busMessages.add("cli", topics.device(`filler-${i}`), { kind: "runtime" }, Date.now());
+      await tx.busMessages.add("cli", topics.peers, { kind: "blocked", key: "after-the-burst" }, Date.now());
+    });
+    await eventually(() => got.length >= 1, 5_000, "the block after 2,499 other rows");
+    assert.deepEqual(got, [{ kind: "blocked", key: "after-the-burst" }]);
+  });
+
   test("a row that is not JSON is reported and skipped; the next ones still come", async () => {
     got.length = 0;
     await other.transaction(async (tx) => {
@@ -85,5 +101,45 @@ describe("SqliteBus: other processes' messages through the file", () => {
       { kind: "blocked", key: "d" },
     ]);
     assert.equal(errors.length, 1);
+  });
+});
+
+/** A bus whose listening can be lost and found again (what PostgreSQL's reconnect does): `gap()` tells every subscriber. */
+class GappyBus extends InProcessBus {
+  gap(): void {
+    this.subs.gap();
+  }
+}
+
+describe("PeerWatch: a gap in the bus", () => {
+  test("peers blocked or removed while the bus was not listening are cut once it listens again; the others stay", async () => {
+    const dir = tempDir();
+    const store = await Store.open(undefined, dir, { readWorkers: 0 });
+    const bus = new GappyBus();
+    try {
+      const pair = generateKeyPair();
+      const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
+      const domain = new Domain({ store, clock: systemClock, config: loadConfig({}, { data_dir: dir }), serverKey, events: new DomainEvents(bus) });
+      const keys = ["blocked", "removed", "fine"].map(() => encodeKey(generateKeyPair().publicKey));
+      for (const key of keys) await domain.peers.add(key);
+      const cut: Array<[string, string]> = [];
+      const watch = new PeerWatch({ domain, connected: () => keys, cut: (key, why) => cut.push([key, why]), onError: (err) => assert.fail(String(err)) });
+      try {
+        // Written while nobody heard: straight to the store, no message on the bus.
+        await store.transaction((tx) => tx.peers.setStatus(keys[0]!, "blocked", Date.now()));
+        await store.transaction((tx) => tx.peers.remove(keys[1]!));
+        bus.gap();
+        await eventually(() => cut.length === 2, 5_000, "the two peers cut after the gap");
+        assert.deepEqual(cut, [
+          [keys[0], "blocked"],
+          [keys[1], "removed"],
+        ]);
+      } finally {
+        watch.stop();
+      }
+    } finally {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -3,6 +3,7 @@ import { createSocket } from "node:dgram";
 import { after, before, describe, test } from "node:test";
 import wrtc from "@roamhq/wrtc";
 import pino from "pino";
+import { adapterListener } from "../src/http/listener.ts";
 import { Metrics } from "../src/http/metrics.ts";
 import type { ChannelPort } from "../src/protocol/channel.ts";
 import type { StreamSocket } from "../src/protocol/stream-socket.ts";
@@ -82,12 +83,12 @@ describe("the seam Node's HTTP server and Hono's adapter rely on", () => {
     const used = new Set<string>();
     const absent = new Set<string>();
     const server = new StreamHttpServer(
-      async (request) => {
+      adapterListener(async (request) => {
         // An early answer to a body never read (Hono drains it, then calls destroySoon); a whole one otherwise.
         if (request.method === "POST") return new Response("early", { status: 413 });
         if (request.method === "PUT") await request.text();
         return new Response("ok");
-      },
+      }),
       { requestTimeoutMs: 400, logger: pino({ level: "silent" }), metrics: new Metrics(async () => 0) },
     );
     const exchanges = [

@@ -1,6 +1,6 @@
 /**
- * The fast layer: the surfaces' validation and error mapping served in process (`app.request()` on
- * a built node, as Hono's own tests do), with fake engines; no port is taken, except where a
+ * The fast layer: the surfaces' validation and error mapping served in process (`Node.request()` on
+ * a built node: the exchange and every route, as over TCP), with fake engines; no port is taken, except where a
  * transport must run to be shut down. The end-to-end tests beside it cover the same routes over
  * the network.
  */
@@ -34,7 +34,7 @@ async function builtNode(engines: { speech?: SpeechEngine; transcription?: Trans
   });
   return {
     node,
-    request: (path: string, init: RequestInit = {}) => node.app.request(path, init),
+    request: (path: string, init: RequestInit = {}) => node.request(path, init),
     close: async () => {
       await node.close();
       rmSync(dataDir, { recursive: true, force: true });

@@ -63,6 +63,7 @@ describe("agents with tools: the device's own and MCP servers'", () => {
           { id: "looker", model: "vision-chat", tools: ["device.*"] },
           { id: "forecaster", model: "my-chat", tools: ["weather.*"] },
           { id: "today-only", model: "my-chat", tools: ["weather.to*"] },
+          { id: "brief", model: "my-chat", tools: ["weather.history", "device.*"], tool_result_max_chars: 100 },
         ],
         api_keys: [{ name: "app", sha256: sha256(APP_KEY) }],
       },
@@ -240,7 +241,7 @@ describe("agents with tools: the device's own and MCP servers'", () => {
     let before = model.received.length;
     const r = await app.chat.completions.create({ model: "forecaster", messages: [{ role: "user", content: "Weather in Lisbon?" }] });
     assert.equal(r.choices[0]?.message.content, "Sunny.");
-    assert.deepEqual(toolNames(model.received[before]!.body), ["weather.alerts", "weather.today"]);
+    assert.deepEqual(toolNames(model.received[before]!.body), ["weather.alerts", "weather.history", "weather.today"]);
     assert.equal(model.received[before + 1]!.body.messages.at(-1).content, "Sunny and 21 °C in Lisbon.");
     assert.deepEqual(weather.calls.at(-1), { name: "today", args: { city: "Lisbon" } });
     assert.ok(weather.authorizations.length > 0 && weather.authorizations.every((a) => a === "Bearer weather-secret"));
@@ -253,6 +254,35 @@ describe("agents with tools: the device's own and MCP servers'", () => {
     assert.equal(model.received[before]!.body.tools, undefined);
     const metrics = await (await fetch(`${server.url}/metrics`)).text();
     assert.match(metrics, /perch_tool_calls_total\{source="weather",result="ok"\} 1/);
+  });
+
+  test("tool results reach the model cut to the agent's tool_result_max_chars, with a note: an MCP server's and a device's", async () => {
+    await eventually(async () => /perch_mcp_servers_up\{server="weather"\} 1/.test(await (await fetch(`${server.url}/metrics`)).text()), 10_000, "weather up");
+    const conn = await connect(server);
+    try {
+      await conn.offerTools([
+        { name: "log", description: "The device's log.", inputSchema: { type: "object", properties: {} }, handler: () => "line;".repeat(1000) },
+      ]);
+      await eventually(() => server.transport!.deviceTools(conn.publicKey)?.tools.length === 1, 5000, "listed");
+      model.reply(
+        {
+          tool_calls: [
+            { id: "h", name: "weather.history", arguments: '{"days": 1000}' },
+            { id: "l", name: "device.log", arguments: "{}" },
+          ],
+        },
+        { content: "Long." },
+      );
+      const before = model.received.length;
+      const body = JSON.stringify({ model: "brief", messages: [{ role: "user", content: "everything" }] });
+      const res = await conn.http(2, "POST", "/v1/chat/completions", { body, headers: { "content-type": "application/json" } });
+      assert.equal(res.status, 200, res.body.toString());
+      const [history, log] = model.received[before + 1]!.body.messages.slice(-2);
+      assert.equal(history.content, `${"sunny;".repeat(16)}sunn\n[the tool's result was cut: the first 100 of its 6000 characters]`);
+      assert.equal(log.content, `${"line;".repeat(20)}\n[the tool's result was cut: the first 100 of its 5000 characters]`);
+    } finally {
+      conn.close();
+    }
   });
 
   test("the MCP server going away mid-run: its tools are absent, the agent still answers; it comes back", async () => {

@@ -1,9 +1,9 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { loadResampler, Resampler } from "../src/audio/resampler.ts";
 import { concatInt16 } from "../src/audio/samples.ts";
 import { JitterBuffer, type JitterOutput } from "../src/voice/jitter.ts";
 import { FRAME_SAMPLES, OpusCodec } from "../src/voice/opus.ts";
-import { loadResampler, Resampler } from "../src/voice/resampler.ts";
 import { parseRtp, type RtpPacket } from "../src/voice/rtp.ts";
 import { Uplink } from "../src/voice/uplink.ts";
 

@@ -6,10 +6,12 @@
  * watcher are Perch's own.
  */
 import assert from "node:assert/strict";
+import type { ServerResponse } from "node:http";
 import { test } from "node:test";
 import { Hono } from "hono";
 import pino from "pino";
 import { writeTimeout } from "../src/http/compat/write-timeout.ts";
+import { adapterListener } from "../src/http/listener.ts";
 import { Metrics } from "../src/http/metrics.ts";
 import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../src/protocol/channel.ts";
 import { StreamHttpServer } from "../src/transport/http-streams.ts";
@@ -50,10 +52,14 @@ test("a whole answer a service stream's peer takes steadily, for longer than the
   const watch = writeTimeout(600);
   const content = "a".repeat(2_000_000);
   app.get("/big", (c) => {
-    watch(c);
+    watch((c.env as { outgoing: ServerResponse }).outgoing);
     return c.json({ content });
   });
-  const http = new StreamHttpServer(app.fetch as never, { requestTimeoutMs: 30_000, logger: pino({ level: "silent" }), metrics: new Metrics(async () => 0) });
+  const http = new StreamHttpServer(adapterListener(app.fetch), {
+    requestTimeoutMs: 30_000,
+    logger: pino({ level: "silent" }),
+    metrics: new Metrics(async () => 0),
+  });
   // 500 KB a second: about 4 s for the answer, while the timeout is 0.6 s without progress.
   const channel = steadyPort(500_000);
   const socket = StreamHttpServer.socket(channel.port, "192.0.2.7:4000");

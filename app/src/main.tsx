@@ -7,6 +7,7 @@ import { ended, link, linkPending, session } from "./state.ts";
 import { Contacts } from "./views/Contacts.tsx";
 import { Conversations } from "./views/Conversations.tsx";
 import { DeviceCard } from "./views/DeviceCard.tsx";
+import { Memory } from "./views/Memory.tsx";
 import { Pairing } from "./views/Pairing.tsx";
 import { Telemetry } from "./views/Telemetry.tsx";
 
@@ -50,6 +51,7 @@ function Paired({ bearer }: { bearer: string }) {
       <LinkState />
       <DeviceCard />
       <Conversations bearer={bearer} />
+      <Memory bearer={bearer} />
       <Telemetry bearer={bearer} />
       <Contacts bearer={bearer} />
       <p class="unpair">

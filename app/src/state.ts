@@ -17,6 +17,8 @@ export const runtime = signal<Runtime>({ online: false });
 /** Bumped on every (re)connect of the stream and every contacts event: views re-read then. */
 export const connectedCount = signal(0);
 export const contactsChanged = signal(0);
+/** Bumped on every `memory` event: the Memory section reads it again. */
+export const memoryChanged = signal(0);
 /** The device's conversation while the app watches: the entries of its newest conversation (the last 200). */
 export const liveConversation = signal<ConversationEntry[]>([]);
 const LIVE_ENTRIES = 200;

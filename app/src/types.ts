@@ -58,3 +58,11 @@ export interface ConversationList {
   has_next: boolean;
   next_cursor?: string;
 }
+
+/** What the device's agent remembers of its people (`GET /side-control/memory`); `max_chars` 0: its agent does not remember. */
+export interface Memory {
+  enabled: boolean;
+  text: string;
+  updated_at_unix_ms?: number;
+  max_chars: number;
+}

@@ -6,7 +6,9 @@ export type CatalogEntry =
   | { kind: "agent"; id: string; agent: AgentConfig; model: ModelConfig }
   /** `model` for an upstream model; without it, the embedded engine. */
   | { kind: "speech"; id: string; voices: readonly string[]; model?: ModelConfig }
-  | { kind: "transcription"; id: string; languages: readonly string[]; model?: ModelConfig };
+  | { kind: "transcription"; id: string; languages: readonly string[]; model?: ModelConfig }
+  /** A speech-to-speech model (voice.md §6): voice agents only, never `/chat/completions`. */
+  | { kind: "realtime"; id: string; model: ModelConfig };
 
 /** What the embedded engines offer; undefined when an engine is absent. */
 export interface EmbeddedModels {
@@ -28,6 +30,7 @@ export class Catalog {
       // Upstream speech and transcription models take any voice and language: the provider checks them.
       if (m.kind === "chat") this.entries.set(m.id, { kind: "chat", id: m.id, model: m });
       else if (m.kind === "speech") this.entries.set(m.id, { kind: "speech", id: m.id, voices: [], model: m });
+      else if (m.kind === "realtime") this.entries.set(m.id, { kind: "realtime", id: m.id, model: m });
       else this.entries.set(m.id, { kind: "transcription", id: m.id, languages: [], model: m });
     }
     for (const a of config.agents) this.entries.set(a.id, { kind: "agent", id: a.id, agent: a, model: models.get(a.model)! });

@@ -42,6 +42,13 @@ export class ChatService {
         code: "model_not_found",
       });
     }
+    if (entry.kind === "realtime" || (entry.kind === "agent" && entry.model.kind === "realtime")) {
+      const what = entry.kind === "agent" ? `the agent \`${id}\` converses speech to speech (its model is realtime)` : `\`${id}\` is a realtime model`;
+      throw new GenerationError("invalid", `${what}: it answers voice conversations only, not chat completions`, {
+        param: "model",
+        code: "model_not_supported",
+      });
+    }
     if (entry.kind !== "chat" && entry.kind !== "agent") {
       throw new GenerationError("invalid", `\`${id}\` is a ${entry.kind} model: it cannot complete chats`, { param: "model", code: "invalid_model" });
     }

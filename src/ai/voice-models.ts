@@ -30,7 +30,10 @@ export function languageCode(tag: string): string {
  * the agent's chains (a fallback is used as the first model would be).
  */
 export function checkVoiceModels(config: Pick<Config, "models" | "agents">, embedded: EmbeddedVoice): void {
+  const realtime = new Set(config.models.filter((m) => m.kind === "realtime").map((m) => m.id));
   config.agents.forEach((a, i) => {
+    // A realtime agent's voice is its model's, passed as is (voice.md §6).
+    if (realtime.has(a.model)) return;
     const speech = voiceChain(config, a, "speech");
     if (a.voice !== undefined && embedded.voices && speech.some((m) => m.kind === "embedded") && !embedded.voices.includes(a.voice)) {
       throw new ConfigError(

@@ -139,7 +139,7 @@ async function converse(
   fail: (message: string) => never,
 ): Promise<{ samples: Int16Array; rate: number }> {
   const { createSpeechEngine } = await import("../ai/speech/index.ts");
-  const { loadResampler, Resampler } = await import("../voice/resampler.ts");
+  const { loadResampler, Resampler } = await import("../audio/resampler.ts");
   const engine = createSpeechEngine();
   if (!engine.voices.includes(voice)) fail(`unknown voice ${voice}; voices: ${engine.voices.join(", ")}`);
   const spoken = await engine.speak(text, voice);

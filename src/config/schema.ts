@@ -139,8 +139,12 @@ const LanguageTag = z.string().regex(/^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$/, "mus
 const ModelConfig = z.strictObject({
   id: ID.meta(info("the model's id, as clients and agents name it")),
   kind: z
-    .enum(["chat", "speech", "transcription"])
-    .meta(info("`speech` and `transcription` need an `openai` or `openai-compatible` provider (relayed to its `/audio/*`)")),
+    .enum(["chat", "speech", "transcription", "realtime"])
+    .meta(
+      info(
+        "`speech` and `transcription` need an `openai` or `openai-compatible` provider (relayed to its `/audio/*`); `realtime`: a speech-to-speech model on the OpenAI Realtime API (voice.md §6)",
+      ),
+    ),
   provider: ID.meta(info("the provider (`providers[].id`) that serves it")),
   upstream_model: z.string().min(1).meta(info("the model's name at the provider")),
   fallbacks: z
@@ -187,6 +191,13 @@ const AgentConfig = z.strictObject({
     .max(600_000)
     .default(10_000)
     .meta(info("how long a device or MCP server tool call may take before it fails as a tool error")),
+  tool_result_max_chars: z
+    .number()
+    .int()
+    .min(1)
+    .max(4_194_304)
+    .default(65_536)
+    .meta(info("a device or MCP server tool's result reaches the model cut to this many characters, with a note that it was cut")),
   max_steps: z.number().int().min(1).max(32).default(4).meta(info("model calls of one request at most; the last offers no tools, so the model has to answer")),
   max_tokens: z
     .number()
@@ -195,6 +206,14 @@ const AgentConfig = z.strictObject({
     .max(1_000_000)
     .optional()
     .meta(info("the most tokens one model call of this agent writes (sent as `max_tokens`; a request's own lower limit wins)")),
+  turn_detection: z
+    .enum(["server_vad", "semantic_vad", "node"])
+    .optional()
+    .meta(info("a realtime agent's turn detection (voice.md §6): the provider's `server_vad` or `semantic_vad`, or the node's own voice activity")),
+  input_transcription: z
+    .union([z.string().min(1), z.literal(false)])
+    .optional()
+    .meta(info("a realtime agent's input transcription model; `false`: none", { default_text: "`gpt-4o-mini-transcribe`" })),
   memory: z
     .strictObject({
       enabled: z.boolean().default(false).meta(info("the agent remembers each device's people between conversations")),
@@ -225,6 +244,17 @@ const McpServerConfig = z.strictObject({
     .default({})
     .meta(info("header name → the environment variable holding its value (values never written in the file)")),
   timeout_ms: z.number().int().min(1).max(600_000).default(10_000).meta(info("connecting, listing and each call wait at most this long")),
+  ping_interval_ms: z
+    .number()
+    .int()
+    .min(100)
+    .max(20_000)
+    .default(10_000)
+    .meta(
+      info(
+        "how often a connected server is asked (MCP `ping`, answered within the lesser of `timeout_ms` and 10 s) whether it is still there: a server gone away is noticed within 30 s with no call made",
+      ),
+    ),
 });
 
 const ApiKeyConfig = z.strictObject({
@@ -641,10 +671,12 @@ function checkCatalog(
     }
     if (m.kind !== "chat" && m.input.length > 0) issue(["models", i, "input"], "only chat models take input kinds");
     if (m.kind !== "transcription" && m.stream) issue(["models", i, "stream"], "only transcription models stream");
+    if (m.kind === "realtime" && m.fallbacks.length > 0)
+      issue(["models", i, "fallbacks"], "a realtime model has no fallbacks (its conversation holds one session)");
     m.fallbacks.forEach((f, j) => {
       const target = models.get(f);
       // The embedded engine may close a speech or transcription model's list: it answers when every provider failed.
-      if (m.kind !== "chat" && f === EMBEDDED_MODEL[m.kind]) {
+      if ((m.kind === "speech" || m.kind === "transcription") && f === EMBEDDED_MODEL[m.kind]) {
         if (j !== m.fallbacks.length - 1) issue(["models", i, "fallbacks", j], `${f} (the embedded engine) can only be the last fallback`);
       } else if (!target) issue(["models", i, "fallbacks", j], `unknown model ${f}`);
       else if (f === m.id) issue(["models", i, "fallbacks", j], "a model cannot be its own fallback");
@@ -666,7 +698,11 @@ function checkCatalog(
   c.agents.forEach((a, i) => {
     const model = models.get(a.model);
     if (!model) issue(["agents", i, "model"], `unknown model ${a.model}`);
-    else if (model.kind !== "chat") issue(["agents", i, "model"], `${a.model} is not a chat model`);
+    else if (model.kind !== "chat" && model.kind !== "realtime") issue(["agents", i, "model"], `${a.model} is not a chat or realtime model`);
+    if (model?.kind !== "realtime") {
+      if (a.turn_detection !== undefined) issue(["agents", i, "turn_detection"], "only an agent whose model is realtime takes turn_detection");
+      if (a.input_transcription !== undefined) issue(["agents", i, "input_transcription"], "only an agent whose model is realtime takes input_transcription");
+    }
     for (const kind of ["speech", "transcription"] as const) {
       const id = kind === "speech" ? a.speech_model : a.transcription_model;
       const field = `${kind}_model`;
@@ -675,6 +711,9 @@ function checkCatalog(
       if (!m) issue(["agents", i, field], `unknown model ${id}`);
       else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
     }
+    // A realtime model cannot rewrite a memory: such an agent names a chat model for it.
+    if (a.memory?.enabled && a.memory.model === undefined && model?.kind === "realtime")
+      issue(["agents", i, "memory", "model"], `agent ${a.id} converses on a realtime model: its memory needs a chat model (memory.model)`);
     if (a.memory?.model !== undefined) {
       const m = models.get(a.memory.model);
       if (!m) issue(["agents", i, "memory", "model"], `unknown model ${a.memory.model}`);

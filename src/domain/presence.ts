@@ -28,13 +28,26 @@ export class PresenceService {
     return this.ctx.config.node_name;
   }
 
-  /** A connection became active: registers the key when unknown (the offer passed the policy) and marks it online here. */
+  /**
+   * An offer was answered (it passed every check): its key is registered now, not once the
+   * connection is up, so that a device that sees itself connected is a peer the operator can block
+   * or remove at once (`perch peers block` right after it connected found no peer before).
+   */
+  async answered(publicKey: string): Promise<void> {
+    const now = this.ctx.clock.now();
+    await this.ctx.store.transaction((tx) => tx.peers.register(newPeer(publicKey, now)));
+  }
+
+  /**
+   * A connection became active: marks it online here. The offer registered the key; one blocked or
+   * removed since (its bus message found no connection yet to close) is refused here.
+   */
   async connected(publicKey: string, lastAddr: string | null): Promise<void> {
     const now = this.ctx.clock.now();
     await this.ctx.store.transaction(async (tx) => {
       const peer = await tx.peers.get(publicKey);
       if (peer?.status === "blocked") throw new DomainError("forbidden", "PEER_BLOCKED", "this peer is blocked");
-      if (!peer) await tx.peers.register(newPeer(publicKey, now));
+      if (!peer) throw new DomainError("forbidden", "PEER_REMOVED", "this peer was removed");
       await tx.runtime.put({
         public_key: publicKey,
         online: 1,

@@ -3,9 +3,10 @@ import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
 import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
-import { logFailure } from "./exchange.ts";
+import { createExchange, logFailure, type NativeRoutes } from "./exchange.ts";
+import { adapterListener, type RequestListener } from "./listener.ts";
 import type { Metrics } from "./metrics.ts";
-import { CLIENT_CLOSED_REQUEST, clientClosedRequest, shared } from "./middleware.ts";
+import { CLIENT_CLOSED_REQUEST, clientClosedRequest, reported } from "./middleware.ts";
 import { opsSurface } from "./ops.ts";
 import { Callers } from "./principal.ts";
 import { publicSurface } from "./public/surface.ts";
@@ -28,15 +29,24 @@ export interface AppOptions {
   webrtc?: WebRtcPort | undefined;
 }
 
+/** The routes of a set of surfaces: the Hono application, and the surfaces' native routes (exchange.ts). */
+export interface HttpApp {
+  hono: OpenAPIHono<AppEnv>;
+  routes: NativeRoutes;
+  callers: Callers;
+  logger: Logger;
+  metrics: Metrics;
+}
+
 /**
- * The HTTP application: one root for every surface. The root keeps only what they share (request
- * id, logs and metrics, CORS) and hands unrouted requests and errors to the surface that owns them.
- * It is transport-agnostic (web Request → Response), so the same app serves the TCP listener and
- * DataChannel streams (see `connection.ts`).
+ * The HTTP application: one root for every surface, which hands unrouted requests and errors to
+ * the surface that owns them. What every request shares (request id, CORS, logs and metrics) is the
+ * exchange's (`listenerOf`), which serves this same application on the TCP listener, DataChannel
+ * streams (see `connection.ts`) and in process.
  */
-export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
+export function createApp(o: AppOptions): HttpApp {
   const callers = new Callers(o.domain, o.domain.ctx.config.trust_proxy);
-  const root = rootApp(o, callers);
+  const root = rootApp();
 
   let document: unknown;
   const openApiDocument = () =>
@@ -46,33 +56,45 @@ export function createApp(o: AppOptions): OpenAPIHono<AppEnv> {
     }));
   const surfaces = [
     ...(o.surfaces?.(callers) ?? []),
-    publicSurface({ domain: o.domain, callers, serverInfo: o.serverInfo, webrtc: o.webrtc }),
+    publicSurface({ domain: o.domain, callers, logger: o.logger, serverInfo: o.serverInfo, webrtc: o.webrtc }),
     opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument }),
     webAppSurface({ tileUrl: o.domain.ctx.config.app.tile_url }),
   ];
-  mountAll(o, root, surfaces);
-  return root;
+  const routes = mountAll(o, root, surfaces);
+  return { hono: root, routes, callers, logger: o.logger, metrics: o.metrics };
 }
 
 /**
- * An application of only `surfaces` under the same shared root (request id, logs and metrics,
- * CORS): what a transport serves on a stream of its own (the Compatible API at `/v1` on stream 2).
+ * An application of only `surfaces`, served by an exchange of its own: what a transport serves on a
+ * stream of its own (the Compatible API at `/v1` on stream 2).
  */
-export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics">, surfaces: (callers: Callers) => Surface[]): OpenAPIHono<AppEnv> {
+export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics">, surfaces: (callers: Callers) => Surface[]): HttpApp {
   const callers = new Callers(o.domain, o.domain.ctx.config.trust_proxy);
-  const root = rootApp(o, callers);
-  mountAll(o, root, surfaces(callers));
-  return root;
+  const root = rootApp();
+  const routes = mountAll(o, root, surfaces(callers));
+  return { hono: root, routes, callers, logger: o.logger, metrics: o.metrics };
 }
 
-function rootApp(o: Pick<AppOptions, "logger" | "metrics">, callers: Callers): OpenAPIHono<AppEnv> {
+/** The exchange serving `app`, as a Node request listener; `wait` holds requests while it returns a promise. */
+export function listenerOf(app: HttpApp, wait?: () => Promise<void> | undefined): RequestListener {
+  return createExchange({
+    logger: app.logger,
+    metrics: app.metrics,
+    callers: app.callers,
+    routes: app.routes,
+    app: adapterListener(app.hono.fetch),
+    ...(wait ? { wait } : {}),
+  });
+}
+
+function rootApp(): OpenAPIHono<AppEnv> {
   const root = new OpenAPIHono<AppEnv>();
-  root.use(shared(o.logger, o.metrics, callers));
+  root.use(reported);
   return root;
 }
 
-function mountAll(o: Pick<AppOptions, "logger">, root: OpenAPIHono<AppEnv>, surfaces: Surface[]): void {
-  mountSurfaces(root, surfaces, (c, err, surface) => {
+function mountAll(o: Pick<AppOptions, "logger">, root: OpenAPIHono<AppEnv>, surfaces: Surface[]): NativeRoutes {
+  return mountSurfaces(root, surfaces, (c, err, surface) => {
     // A body that stopped arriving because its client left: not a server error, and nobody reads the answer.
     if (clientClosedRequest(c)) return new Response(null, { status: CLIENT_CLOSED_REQUEST });
     const res = surface.error(c, err);

@@ -12,14 +12,16 @@ export interface ConnectionContext {
   remoteAddress: string;
 }
 
-const contexts = new WeakMap<object, ConnectionContext>();
+/** Where a bound stream carries its context (a property of the stream itself: no process-wide table). */
+const CONTEXT = Symbol("connection context");
+type Bound = { [CONTEXT]?: ConnectionContext };
 
 /**
  * Binds `context` to a stream before it is handed to the HTTP server (`server.emit("connection", stream)`):
  * every request read from that stream then runs as the connection's peer.
  */
 export function bindConnection(stream: object, context: ConnectionContext): void {
-  contexts.set(stream, Object.freeze({ ...context }));
+  (stream as Bound)[CONTEXT] = Object.freeze({ ...context });
 }
 
 /** The context of the connection a request came from, if it came from a bound stream or was given one directly. */
@@ -27,5 +29,5 @@ export function connectionOf(env: AppBindings | undefined): ConnectionContext | 
   if (!env) return undefined;
   if (env.connection) return env.connection;
   const socket = env.incoming?.socket;
-  return socket ? contexts.get(socket) : undefined;
+  return socket ? (socket as Bound)[CONTEXT] : undefined;
 }

@@ -2,6 +2,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import type { Principal } from "../domain/principal.ts";
 import type { ConnectionContext } from "./connection.ts";
+import type { Exchange } from "./exchange.ts";
 
 /** What the server hands the app with each request (all absent when the app is called with a bare `Request`). */
 export interface AppBindings {
@@ -10,6 +11,10 @@ export interface AppBindings {
   outgoing?: ServerResponse;
   /** The connection's context when the caller passes it directly (`app.fetch(request, { connection })`). */
   connection?: ConnectionContext;
+  /** The request as the exchange knows it (exchange.ts). */
+  exchange?: Exchange;
+  /** A chunked body the body limit read whole (`nodeBodyWithin`). */
+  body?: Buffer;
 }
 
 export interface AppEnv {

@@ -23,12 +23,17 @@ export class ApiError extends Error {
   }
 }
 
+/** The contract's `ErrorResponse` body for `err`. */
+export function errorBody(err: ApiError): { error: { code: string; message: string; details?: Record<string, unknown> } } {
+  const error: { code: string; message: string; details?: Record<string, unknown> } = { code: err.code, message: err.message };
+  if (err.details) error.details = err.details;
+  return { error };
+}
+
 /** Writes the contract's `ErrorResponse`. */
 export function errorResponse(c: Context, err: ApiError): Response {
   if (err.retryAfter !== undefined) c.header("Retry-After", String(err.retryAfter));
-  const error: { code: string; message: string; details?: Record<string, unknown> } = { code: err.code, message: err.message };
-  if (err.details) error.details = err.details;
-  return c.json({ error }, err.status, JSON_UTF8);
+  return c.json(errorBody(err), err.status, JSON_UTF8);
 }
 
 /** The `ErrorResponse` for a request no route answers: 405 with `Allow` when the path has other methods, else 404. */

@@ -1,4 +1,5 @@
 import type { Context, TypedResponse } from "hono";
+import type { Exchange } from "./exchange.ts";
 
 /**
  * Headers of every JSON response. Passed to `c.json` so that the type is set as the response is
@@ -15,4 +16,13 @@ export const JSON_CONTENT_TYPE = JSON_UTF8["Content-Type"];
  */
 export function jsonText(c: Context, text: string): TypedResponse<never, 200, "json"> {
   return c.body(text, 200, { "Content-Type": JSON_CONTENT_TYPE }) as unknown as TypedResponse<never, 200, "json">;
+}
+
+/** Writes a whole JSON answer of a native route (exchange.ts): its type, its `Retry-After` when given, its length, in one head. */
+export function writeJson(x: Exchange, status: number, body: string, o: { contentType?: string; retryAfter?: number | undefined } = {}): void {
+  const headers = ["Content-Type", o.contentType ?? JSON_CONTENT_TYPE];
+  if (o.retryAfter !== undefined) headers.push("Retry-After", String(o.retryAfter));
+  headers.push("Content-Length", String(Buffer.byteLength(body)));
+  x.writeHead(status, headers);
+  x.outgoing.end(body);
 }

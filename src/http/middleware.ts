@@ -1,64 +1,24 @@
 import type { ServerResponse } from "node:http";
 import type { Context, MiddlewareHandler } from "hono";
 import { routePath } from "hono/route";
-import type { Logger } from "pino";
-import type { AppEnv } from "./env.ts";
+import type { AppBindings, AppEnv } from "./env.ts";
 import { ApiError } from "./errors.ts";
-import { recordExchange, requestIdOf, sharedHeaders } from "./exchange.ts";
+import { exchangeOf } from "./exchange.ts";
 import { requestHeader } from "./headers.ts";
-import type { Metrics } from "./metrics.ts";
-import type { Callers } from "./principal.ts";
-
-const CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS";
-const CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-Public-Key, X-Registration-Token, X-Request-ID";
 
 /**
- * What every request gets, in one pass (one middleware frame instead of three):
- *
- * - a request id: a well-formed inbound `X-Request-ID` echoed, otherwise a new one; every response
- *   carries it;
- * - CORS for any origin: preflights answer 204 without authentication. Hand-written rather than
- *   hono/cors because that one touches `c.res` before the handler runs, which makes the Node adapter
- *   stream every response instead of writing it at once (it cost a quarter of the throughput);
- * - one log line and one metrics observation. Only method, path, route, status, client address and
- *   timing are logged: never headers, query strings or bodies, which can hold credentials.
- *
- * Under the Node server the shared headers go straight onto Node's response, which merges them into
- * whatever the app answers (errors, 404s and streams included): set through the context, each
- * request would build a web `Headers` object and the adapter would copy it out again.
+ * The application's one root middleware: the exchange (exchange.ts) did the request id, CORS and
+ * shared headers before the request got here; this hands the route's pattern and the answer's
+ * status back to it for the log line and metrics.
  */
-export function shared(logger: Logger, metrics: Metrics, callers: Callers): MiddlewareHandler<AppEnv> {
-  return async (c, next) => {
-    const started = performance.now();
-    const id = requestIdOf(requestHeader(c, "x-request-id"));
-    c.set("requestId", id);
-    const outgoing = c.env?.outgoing;
-    const header = outgoing ? (name: string, value: string) => void outgoing.setHeader(name, value) : c.header;
-    // Set before the response exists, so every response carries them.
-    if (c.req.method === "OPTIONS") {
-      header("X-Request-ID", id);
-      header("Access-Control-Allow-Origin", "*");
-      header("Access-Control-Allow-Methods", CORS_ALLOW_METHODS);
-      header("Access-Control-Allow-Headers", requestHeader(c, "access-control-request-headers") || CORS_ALLOW_HEADERS);
-      header("Access-Control-Max-Age", "600");
-      header("Vary", "Access-Control-Request-Headers");
-      c.res = c.body(null, 204);
-    } else {
-      sharedHeaders(header, id);
-      await next();
-    }
-    const path = routePath(c);
-    recordExchange(logger, metrics, {
-      requestId: id,
-      method: c.req.method,
-      path: c.req.path,
-      route: path === "/*" ? "unmatched" : path,
-      status: c.res.status,
-      client: callers.address(c),
-      ms: performance.now() - started,
-    });
-  };
-}
+export const reported: MiddlewareHandler<AppEnv> = async (c, next) => {
+  const x = exchangeOf(c.env);
+  if (!x) throw new Error("the application is served through the exchange (src/http/exchange.ts)");
+  c.set("requestId", x.requestId);
+  await next();
+  const path = routePath(c);
+  x.record(c.res.status, path === "/*" ? "unmatched" : path);
+};
 
 /** The status recorded for a request its client abandoned ("client closed request"). */
 export const CLIENT_CLOSED_REQUEST = 499;
@@ -104,41 +64,70 @@ export const requireJson: MiddlewareHandler<AppEnv> = async (c, next) => {
  * Content-Length is counted as it arrives and, once over the limit, still read (and dropped) to
  * its end, up to `drainLimit` bytes: a client still sending would otherwise stall on a socket
  * nobody reads and never see the answer. A declared length over the limit is refused unread, so
- * that the adapter can drain it after the answer.
+ * that it can be drained after the answer. A body the limit check already read is taken from the bindings.
  */
-export async function readBodyWithin(c: Context<AppEnv>, maxSize: number, drainLimit = 16 * maxSize): Promise<Uint8Array<ArrayBuffer> | null> {
-  // Headers first: touching `body` starts reading it.
-  const declared = requestHeader(c, "content-length");
-  const chunked = requestHeader(c, "transfer-encoding") !== undefined;
-  if (declared !== undefined && !chunked && Number(declared) > maxSize) return null;
-  const body = c.req.raw.body;
-  if (!body) return new Uint8Array(0);
-  const reader = body.getReader();
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  while (size <= drainLimit) {
-    const r = await reader.read();
-    if (r.done) break;
-    size += r.value.length;
-    if (size <= maxSize) chunks.push(r.value);
-  }
-  return size > maxSize ? null : Buffer.concat(chunks);
+export function readBodyWithin(env: AppBindings | undefined, maxSize: number, drainLimit = 16 * maxSize): Promise<Buffer | null> {
+  const incoming = env?.incoming;
+  if (!incoming) return Promise.reject(new Error("the application is served through the exchange (src/http/exchange.ts)"));
+  if (env.body) return Promise.resolve(env.body.length > maxSize ? null : env.body);
+  const declared = incoming.headers["content-length"];
+  const chunked = incoming.headers["transfer-encoding"] !== undefined;
+  if (declared !== undefined && !chunked && Number(declared) > maxSize) return Promise.resolve(null);
+  if (incoming.readableEnded) return Promise.resolve(Buffer.alloc(0));
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const finish = (body: Buffer | null) => {
+      incoming.off("data", onData);
+      incoming.off("end", onEnd);
+      incoming.off("close", onClose);
+      incoming.off("error", reject);
+      resolve(body);
+    };
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size <= maxSize) chunks.push(chunk);
+      else if (size > drainLimit) {
+        incoming.pause();
+        finish(null);
+      }
+    };
+    const onEnd = () => finish(size > maxSize ? null : chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
+    const onClose = () => {
+      if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
+    };
+    incoming.on("data", onData);
+    incoming.once("end", onEnd);
+    incoming.once("close", onClose);
+    incoming.once("error", reject);
+  });
 }
 
 /**
  * Whether the request body is at most `maxSize` bytes. A declared length is judged unread (at once,
- * no promise); a chunked body is read here (up to `drainLimit`) and kept on the request for the
- * route. Hono's `bodyLimit` leaves the stream half read.
+ * no promise); a chunked body is read here (up to `drainLimit`) and kept in the bindings (`body`)
+ * for the route.
  */
-export function bodyWithin(c: Context<AppEnv>, maxSize: number, drainLimit = 16 * maxSize): boolean | Promise<boolean> {
-  const declared = requestHeader(c, "content-length");
-  const chunked = requestHeader(c, "transfer-encoding") !== undefined;
+export function nodeBodyWithin(env: AppBindings, maxSize: number, drainLimit = 16 * maxSize): boolean | Promise<boolean> {
+  const headers = env.incoming?.headers ?? {};
+  const declared = headers["content-length"];
+  const chunked = headers["transfer-encoding"] !== undefined;
   if (declared !== undefined && !chunked) return Number(declared) <= maxSize;
   if (!chunked) return true; // HTTP/1.1: neither header means no body
-  return readBodyWithin(c, maxSize, drainLimit).then((body) => {
+  return readBodyWithin(env, maxSize, drainLimit).then((body) => {
     if (!body) return false;
-    c.req.raw = new Request(c.req.raw, { body });
+    env.body = body;
     return true;
+  });
+}
+
+/** `nodeBodyWithin` of a Hono request: a body read here is put back on the web request for the route's validator. */
+export function bodyWithin(c: Context<AppEnv>, maxSize: number, drainLimit = 16 * maxSize): boolean | Promise<boolean> {
+  const within = nodeBodyWithin(c.env, maxSize, drainLimit);
+  if (typeof within === "boolean") return within;
+  return within.then((ok) => {
+    if (ok && c.env.body) c.req.raw = new Request(c.req.raw, { body: c.env.body as Uint8Array<ArrayBuffer> });
+    return ok;
   });
 }
 

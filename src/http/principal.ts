@@ -1,4 +1,3 @@
-import type { IncomingMessage } from "node:http";
 import type { Context, MiddlewareHandler } from "hono";
 import proxyAddr from "proxy-addr";
 import { DomainError } from "../domain/errors.ts";
@@ -9,28 +8,6 @@ import type { AppBindings, AppEnv } from "./env.ts";
 import { requestHeader } from "./headers.ts";
 
 const BEARER = /^Bearer +(\S+)$/i;
-
-/**
- * The principal (or the refusal) already resolved for a request: asked again for the same request
- * (the listener's hot route handed it to the app, hot-routes.ts), it is the same answer, and an
- * API key's request is counted against its rate limit once.
- */
-const resolved = new WeakMap<IncomingMessage, Promise<Principal>>();
-/** The same where API keys count (the Compatible API), and for `primaryStatusOf` (the session and its status document). */
-const resolvedWithKeys = new WeakMap<IncomingMessage, Promise<Principal>>();
-const resolvedWithStatus = new WeakMap<IncomingMessage, Promise<{ principal: Principal; statusText: string | undefined }>>();
-
-/** `resolve()` once per request in `cache` (none kept for a request without Node's message). */
-function perRequest<T>(cache: WeakMap<IncomingMessage, Promise<T>>, env: AppBindings | undefined, resolve: () => Promise<T>): Promise<T> {
-  const incoming = env?.incoming;
-  if (!incoming) return resolve();
-  let found = cache.get(incoming);
-  if (!found) {
-    found = resolve();
-    cache.set(incoming, found);
-  }
-  return found;
-}
 
 /** The token of an `Authorization: Bearer …` header, if that is what it holds. */
 export function bearerToken(authorization: string | undefined): string | undefined {
@@ -60,10 +37,6 @@ export class Callers {
 
   /** `principal` of a request known by its bindings and its headers (lower-case names). */
   principalOf(env: AppBindings | undefined, header: (name: string) => string | undefined, o: { apiKeys?: boolean } = {}): Promise<Principal> {
-    return perRequest(o.apiKeys ? resolvedWithKeys : resolved, env, () => this.resolvePrincipal(env, header, o));
-  }
-
-  private resolvePrincipal(env: AppBindings | undefined, header: (name: string) => string | undefined, o: { apiKeys?: boolean }): Promise<Principal> {
     const publicKey = header("x-public-key");
     const connection = connectionOf(env);
     if (connection) return this.domain.auth.authenticateConnection(connection.peerKey, publicKey);
@@ -123,21 +96,7 @@ export class Callers {
    * A primary caller's status document as stored (undefined when none), authenticating as
    * `require("primary")` does: for a bearer, the session and the document in one statement.
    */
-  async primaryStatus(c: Context<AppEnv>): Promise<string | undefined> {
-    const { principal, statusText } = await this.primaryStatusOf(c.env, (name) => requestHeader(c, name));
-    c.set("principal", principal);
-    return statusText;
-  }
-
-  /** `primaryStatus` of a request known by its bindings and its headers (lower-case names). */
-  primaryStatusOf(
-    env: AppBindings | undefined,
-    header: (name: string) => string | undefined,
-  ): Promise<{ principal: Principal; statusText: string | undefined }> {
-    return perRequest(resolvedWithStatus, env, () => this.resolvePrimaryStatus(env, header));
-  }
-
-  private async resolvePrimaryStatus(
+  async primaryStatusOf(
     env: AppBindings | undefined,
     header: (name: string) => string | undefined,
   ): Promise<{ principal: Principal; statusText: string | undefined }> {

@@ -2,6 +2,7 @@ import type { OpenAPIHono } from "@hono/zod-openapi";
 import type { Context, Hono } from "hono";
 import { routePath } from "hono/route";
 import type { AppEnv } from "./env.ts";
+import type { NativeRoute } from "./exchange.ts";
 
 /**
  * One API surface: its routes with their own body limits and validation hook, and its own error
@@ -16,6 +17,8 @@ export interface Surface {
   error(c: Context<AppEnv>, err: unknown): Response;
   /** No route for the request: 404, or 405 when `allow` (the methods this path has) is not empty. */
   unrouted(c: Context<AppEnv>, allow: string[]): Response;
+  /** Its routes served on Node's request and response (exchange.ts), each the only handler of its method and path. */
+  readonly native?: readonly NativeRoute[];
 }
 
 interface MountedRoute {
@@ -26,14 +29,27 @@ interface MountedRoute {
 
 /**
  * Mounts `surfaces` on `root` (in this order) and routes what they do not answer: a path that some
- * surface's route matches with another method gets that surface's 405; any other path gets the
- * 404 of the surface mounted at the longest base path that contains it (the first one mounted,
- * when several share a base). An error goes to the surface whose route raised it.
+ * surface's route (native ones included) matches with another method gets that surface's 405; any
+ * other path gets the 404 of the surface mounted at the longest base path that contains it (the
+ * first one mounted, when several share a base). An error goes to the surface whose route raised
+ * it. Returns the surfaces' native routes by `METHOD /full/path`, for the exchange.
  */
-export function mountSurfaces(root: OpenAPIHono<AppEnv>, surfaces: Surface[], onError: (c: Context<AppEnv>, err: unknown, surface: Surface) => Response): void {
+export function mountSurfaces(
+  root: OpenAPIHono<AppEnv>,
+  surfaces: Surface[],
+  onError: (c: Context<AppEnv>, err: unknown, surface: Surface) => Response,
+): Map<string, NativeRoute> {
   const routes: MountedRoute[] = [];
+  const native = new Map<string, NativeRoute>();
   const ownerOfRoute = new Map<string, Surface>();
   for (const surface of surfaces) {
+    for (const r of surface.native ?? []) {
+      const path = `${normalBase(surface.base)}${r.path}`;
+      const key = `${r.method} ${path}`;
+      if (native.has(key)) throw new Error(`two native routes for ${key}`);
+      native.set(key, { ...r, path });
+      routes.push({ surface, method: r.method, pattern: pathPattern(path) });
+    }
     const before = root.routes.length;
     root.route(surface.base, surface.app);
     for (const r of root.routes.slice(before)) {
@@ -55,6 +71,7 @@ export function mountSurfaces(root: OpenAPIHono<AppEnv>, surfaces: Surface[], on
     if (!surface) throw err;
     return onError(c, err, surface);
   });
+  return native;
 }
 
 function normalBase(base: string): string {

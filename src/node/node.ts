@@ -1,15 +1,15 @@
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
-import type { OpenAPIHono } from "@hono/zod-openapi";
 import pino, { type Logger } from "pino";
-import { startToolbox } from "../ai/agents/toolbox.ts";
+import { startToolbox, type Toolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { InFlight } from "../ai/in-flight.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
 import { checkVoiceModels } from "../ai/voice-models.ts";
+import { loadResampler } from "../audio/resampler.ts";
 import { buildInfo } from "../build-info.ts";
 import { type Config, configWarnings } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
@@ -20,15 +20,12 @@ import { DomainEvents } from "../domain/events.ts";
 import { Domain } from "../domain/index.ts";
 import { serverInfo } from "../domain/server-info.ts";
 import { Commands, type EventBus, openEventBus } from "../events/index.ts";
-import { createApp, createSurfacesApp } from "../http/app.ts";
-import { HOT_CHAT_PATH, hotChatRoute } from "../http/compat/hot-chat.ts";
-import { compatSurface, DEFAULT_WRITE_TIMEOUT_MS } from "../http/compat/surface.ts";
-import type { AppEnv } from "../http/env.ts";
-import { HotRoutes } from "../http/hot-routes.ts";
+import { createApp, createSurfacesApp, type HttpApp, listenerOf } from "../http/app.ts";
+import { compatSurface } from "../http/compat/surface.ts";
+import { inProcess } from "../http/in-process.ts";
 import { createHttpServer } from "../http/listener.ts";
 import { Metrics } from "../http/metrics.ts";
-import { Callers } from "../http/principal.ts";
-import { hotStatusRoute, STATUS_PATH } from "../http/public/hot-status.ts";
+import type { Callers } from "../http/principal.ts";
 import type { Surface } from "../http/surface.ts";
 import { Store } from "../store/index.ts";
 import { toolSummary } from "../tools/device.ts";
@@ -38,7 +35,6 @@ import { embeddedPorts } from "../voice/embedded-engines.ts";
 import { type EngineFor, engineChooser } from "../voice/engine-choice.ts";
 import type { VoiceActivityPort } from "../voice/engine-ports.ts";
 import { completeText, MemoryRewriter } from "../voice/memory-rewriter.ts";
-import { loadResampler } from "../voice/resampler.ts";
 import { VoiceService } from "../voice/service.ts";
 import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
 import { embeddedEngines } from "./engines.ts";
@@ -73,10 +69,8 @@ export interface RunningServer {
   store: Store;
   /** The HTTP server: a transport hands it further connections (`emit("connection", stream)`). */
   httpServer: Server;
-  /** The application the listener serves, bar its hot routes (`src/http/hot-routes.ts`). */
-  app: OpenAPIHono<AppEnv>;
-  /** The hot routes the listener serves before the app. */
-  hotRoutes: HotRoutes;
+  /** Serves one request in process, through the exchange, as the listener would (`src/http/in-process.ts`). */
+  request(path: string, init?: RequestInit): Promise<Response>;
   /** The WebRTC transport, when this node answers offers. */
   transport: WebRtcTransport | undefined;
   /** The event bus (PostgreSQL `LISTEN`/`NOTIFY` when the store is PostgreSQL, else in process). */
@@ -125,6 +119,7 @@ export class Node {
   readonly domain: Domain;
   readonly metrics: Metrics;
   readonly chat: ChatService;
+  private readonly tools: Toolbox;
   /** Rewrites devices' memories after their conversations. */
   readonly memory: MemoryRewriter;
   /** The HTTP server; it listens once `listen()` took the port. */
@@ -136,9 +131,10 @@ export class Node {
   private readonly o: StartOptions;
   private readonly engines: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
   private readonly serverKey: DomainContext["serverKey"];
-  /** The HTTP application (`app.request()` serves a request in process, as the fast tests do). */
-  readonly app: OpenAPIHono<AppEnv>;
-  readonly hotRoutes: HotRoutes;
+  /** The HTTP application: the surfaces' routes, served by the exchange (`src/http/exchange.ts`). */
+  private readonly app: HttpApp;
+  /** Serves one request in process, through the exchange, as the listener would (no port taken; the fast tests' layer). */
+  readonly request: (path: string, init?: RequestInit) => Promise<Response>;
   private readonly compat: (base?: string) => (callers: Callers) => Surface;
   /** The node's voice activity detector, and each agent's voice engines (from the catalog). */
   private readonly voiceEngines: { activity: VoiceActivityPort | undefined; engineFor: EngineFor };
@@ -218,6 +214,7 @@ export class Node {
       registry: this.metrics.registry,
       devices: (key) => this.transport?.deviceTools(key),
     });
+    this.tools = tools;
     this.closers.defer(() => tools.close());
     this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
     this.chat = new ChatService({ router, catalog, tools });
@@ -236,42 +233,25 @@ export class Node {
         chat: this.chat,
         router,
         metrics: this.metrics,
+        logger: this.logger,
         speech,
         transcription,
         limits: config.compat,
         ...(base ? { base } : {}),
       });
     this.app = this.createApp();
-    const callers = new Callers(this.domain, config.trust_proxy);
-    this.hotRoutes = new HotRoutes(
-      {
-        [`GET ${STATUS_PATH}`]: hotStatusRoute({ callers, logger: this.logger, metrics: this.metrics }),
-        [`POST ${HOT_CHAT_PATH}`]: hotChatRoute({
-          callers,
-          chat: this.chat,
-          logger: this.logger,
-          metrics: this.metrics,
-          writeTimeoutMs: config.compat?.write_timeout_ms ?? DEFAULT_WRITE_TIMEOUT_MS,
-        }),
-      },
-      // Requests wait while the node joins (the listener below): the app's path does the waiting.
-      () => this.joining === undefined,
-    );
     this.httpServer = createHttpServer({
       // Requests wait while the node joins: what they write (an event stream's slot) must come after what the join clears.
-      fetch: (request, env) => {
-        const go = () => this.app.fetch(request, env);
-        return this.joining ? this.joining.then(go, go) : go();
-      },
+      listener: listenerOf(this.app, () => this.joining),
       requestTimeoutMs: config.http.request_timeout_ms,
       maxConnections: config.http.max_connections,
       logger: this.logger,
       metrics: this.metrics,
-      hot: this.hotRoutes,
     });
+    this.request = inProcess(this.httpServer);
   }
 
-  private createApp(): OpenAPIHono<AppEnv> {
+  private createApp(): HttpApp {
     const build = buildInfo();
     const webrtcEnabled = this.config.webrtc.enabled;
     const identity = { version: build.version, buildCommit: build.commit, ice: { udp: webrtcEnabled, tcp: false } };
@@ -355,8 +335,8 @@ export class Node {
       registry: this.metrics.registry,
       httpMetrics: this.metrics,
       httpPort: this.port,
-      publicApi: this.app.fetch,
-      compatibleApi: compatibleApi.fetch,
+      publicApi: listenerOf(this.app),
+      compatibleApi: listenerOf(compatibleApi),
     });
   }
 
@@ -377,6 +357,8 @@ export class Node {
       resampler: await loadResampler(),
       registry: this.metrics.registry,
       logger: this.logger.child({ component: "voice" }),
+      toolbox: this.tools,
+      env: this.o.env ?? process.env,
       memory: this.memory,
     });
   }
@@ -425,15 +407,14 @@ export class Node {
 
   private running(): RunningServer {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
-    const { domain, store, httpServer, app, hotRoutes, transport, events, commands, memory } = this;
+    const { domain, store, httpServer, request, transport, events, commands, memory } = this;
     return {
       url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
       domain,
       store,
       httpServer,
-      app,
-      hotRoutes,
+      request,
       transport,
       events,
       commands,

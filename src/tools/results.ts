@@ -35,3 +35,17 @@ export function fromCallResult(value: unknown): ToolOutcome {
 export function failed(text: string, result: "error" | "timeout" = "error", unreachable = false): ToolOutcome {
   return { text, isError: true, images: [], result, ...(unreachable ? { unreachable } : {}) };
 }
+
+/**
+ * The outcome with its text cut to `maxChars` characters (tools.md §2, `agents[].tool_result_max_chars`)
+ * on a character boundary, and a note telling the model so; within the bound, the outcome itself.
+ */
+export function cutOutcome(outcome: ToolOutcome, maxChars: number): ToolOutcome {
+  if (outcome.text.length <= maxChars) return outcome;
+  let end = maxChars;
+  // Not between the two halves of a surrogate pair.
+  const last = outcome.text.charCodeAt(end - 1);
+  if (last >= 0xd800 && last <= 0xdbff) end--;
+  const note = `\n[the tool's result was cut: the first ${end} of its ${outcome.text.length} characters]`;
+  return { ...outcome, text: outcome.text.slice(0, end) + note };
+}

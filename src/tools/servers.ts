@@ -1,6 +1,8 @@
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { ErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
 import type { Logger } from "pino";
 import type { McpServerConfig } from "../config/config.ts";
+import { boundedFetch } from "./bounded-fetch.ts";
 import type { OfferedTool } from "./bounds.ts";
 import { McpToolClient } from "./mcp-client.ts";
 import type { ToolMetrics } from "./metrics.ts";
@@ -8,10 +10,14 @@ import { failed, type ToolOutcome } from "./results.ts";
 
 const FIRST_RETRY_MS = 1_000;
 const MAX_RETRY_MS = 60_000;
+/** A ping waits at most this (or the server's `timeout_ms`, when shorter): with the interval's 20 s at most, away is noticed within 30 s. */
+const MAX_PING_WAIT_MS = 10_000;
 
 /**
- * One configured MCP server over Streamable HTTP (the SDK's client transport). Connected at
- * start-up and, whenever it fails, again with back-off; while it is away its tools are absent.
+ * One configured MCP server over Streamable HTTP (the SDK's client transport, each response read
+ * up to 4 MiB). Connected at start-up and, whenever it fails, again with back-off; while it is
+ * away its tools are absent. Away is a failed connect, list, ping (every `ping_interval_ms`, so
+ * that a server gone quiet is noticed with no call made) or a call that could not reach it.
  */
 class McpServerLink {
   readonly config: McpServerConfig;
@@ -20,6 +26,8 @@ class McpServerLink {
   private closed = false;
   private retryMs = FIRST_RETRY_MS;
   private timer: NodeJS.Timeout | undefined;
+  private pinger: NodeJS.Timeout | undefined;
+  private pinging = false;
   private readonly headers: Record<string, string>;
   private readonly logger: Logger;
   private readonly metrics: ToolMetrics;
@@ -54,7 +62,7 @@ class McpServerLink {
     mcp.client.onerror = () => {};
     this.mcp = mcp;
     try {
-      await mcp.connect(new StreamableHTTPClientTransport(new URL(this.config.url), { requestInit: { headers: this.headers } }));
+      await mcp.connect(new StreamableHTTPClientTransport(new URL(this.config.url), { requestInit: { headers: this.headers }, fetch: boundedFetch() }));
       if (this.closed || this.mcp !== mcp) {
         await mcp.close().catch(() => {});
         return;
@@ -63,8 +71,24 @@ class McpServerLink {
       this.retryMs = FIRST_RETRY_MS;
       this.metrics.serverUp(this.config.id, true);
       this.logger.info({ tools: mcp.tools.length }, "MCP server connected");
+      this.pinger = setInterval(() => void this.ping(mcp), this.config.ping_interval_ms);
+      this.pinger.unref();
     } catch (err) {
       this.away(mcp, err as Error);
+    }
+  }
+
+  /** Asks the server whether it is there; no answer in time, or no server, is away. An error answer is a server that is there. */
+  private async ping(mcp: McpToolClient): Promise<void> {
+    if (this.pinging) return;
+    this.pinging = true;
+    try {
+      await mcp.client.ping({ timeout: Math.min(this.config.timeout_ms, MAX_PING_WAIT_MS) });
+    } catch (err) {
+      const there = err instanceof McpError && err.code !== ErrorCode.ConnectionClosed && err.code !== ErrorCode.RequestTimeout;
+      if (!there) this.away(mcp, err as Error);
+    } finally {
+      this.pinging = false;
     }
   }
 
@@ -73,6 +97,8 @@ class McpServerLink {
     if (this.closed || this.mcp !== mcp) return;
     this.up = false;
     this.mcp = undefined;
+    if (this.pinger) clearInterval(this.pinger);
+    this.pinger = undefined;
     this.metrics.serverUp(this.config.id, false);
     void mcp.close().catch(() => {});
     const wait = this.retryMs / 2 + Math.random() * (this.retryMs / 2);
@@ -94,6 +120,7 @@ class McpServerLink {
   async close(): Promise<void> {
     this.closed = true;
     if (this.timer) clearTimeout(this.timer);
+    if (this.pinger) clearInterval(this.pinger);
     this.up = false;
     await this.mcp?.close().catch(() => {});
     this.mcp = undefined;

@@ -1,13 +1,13 @@
 import type { Server } from "node:http";
 import type { Logger } from "pino";
 import { bindConnection, type ConnectionContext } from "../http/connection.ts";
-import { createHttpServer } from "../http/listener.ts";
+import { createHttpServer, type RequestListener } from "../http/listener.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { ChannelPort } from "../protocol/channel.ts";
 import { StreamSocket } from "../protocol/stream-socket.ts";
 
-/** A web-standard application: the Public API's `fetch`, or the Compatible API's. */
-export type FetchApp = (request: Request, env?: any) => Response | Promise<Response>;
+/** What serves a stream's request: the exchange of the Public API, or of the Compatible API. */
+export type StreamApp = RequestListener;
 
 /**
  * HTTP over DataChannel streams: the one place that makes Node's HTTP server and Hono's adapter
@@ -29,17 +29,20 @@ export type FetchApp = (request: Request, env?: any) => Response | Promise<Respo
 export class StreamHttpServer {
   private readonly server: Server;
 
-  constructor(app: FetchApp, o: { requestTimeoutMs: number; logger: Logger; metrics: Metrics }) {
+  constructor(app: StreamApp, o: { requestTimeoutMs: number; logger: Logger; metrics: Metrics }) {
     // A request pipelined after the first is parsed but not run: its answer would never be sent.
     const served = new WeakSet<object>();
-    const firstOnly: FetchApp = (request, env) => {
-      const stream = env?.incoming?.socket;
-      if (stream && served.has(stream)) return new Response(null, { status: 400 });
-      if (stream) served.add(stream);
-      return app(request, env);
+    const firstOnly: StreamApp = (incoming, outgoing) => {
+      const stream = incoming.socket;
+      if (served.has(stream)) {
+        outgoing.writeHead(400).end();
+        return;
+      }
+      served.add(stream);
+      app(incoming, outgoing);
     };
     this.server = createHttpServer({
-      fetch: firstOnly,
+      listener: firstOnly,
       requestTimeoutMs: o.requestTimeoutMs,
       maxConnections: Number.MAX_SAFE_INTEGER,
       logger: o.logger,

@@ -7,7 +7,7 @@ import type { Domain } from "../domain/index.ts";
 import type { Metrics } from "../http/metrics.ts";
 import type { VoiceHost } from "../voice/port.ts";
 import { checkTimings, type TransportTimings } from "./timings.ts";
-import { type FetchApp, WebRtcTransport } from "./transport.ts";
+import { type StreamApp, WebRtcTransport } from "./transport.ts";
 
 /** The host part of `host:port` (brackets of an IPv6 literal removed). */
 export function endpointHost(endpoint: string): string {
@@ -24,8 +24,8 @@ export async function startTransport(
     registry: Registry;
     httpMetrics: Metrics;
     httpPort: number;
-    publicApi: FetchApp;
-    compatibleApi: FetchApp;
+    publicApi: StreamApp;
+    compatibleApi: StreamApp;
     voice?: VoiceHost;
   },
 ): Promise<WebRtcTransport> {

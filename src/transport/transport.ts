@@ -12,7 +12,7 @@ import type { VoiceHost } from "../voice/port.ts";
 import { Answerer, InvalidOffer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
 import { Connection, type ConnectionHost, type StreamService } from "./connection.ts";
-import { type FetchApp, StreamHttpServer } from "./http-streams.ts";
+import { type StreamApp, StreamHttpServer } from "./http-streams.ts";
 import { Liveness, type LivenessOptions } from "./liveness.ts";
 import { type TransportCensus, TransportMetrics } from "./metrics.ts";
 import { PeerWatch } from "./peer-watch.ts";
@@ -21,7 +21,7 @@ import { inspectOffer } from "./sdp.ts";
 import { TelemetryIngest } from "./telemetry-ingest.ts";
 import type { TransportTimings } from "./timings.ts";
 
-export type { FetchApp } from "./http-streams.ts";
+export type { StreamApp } from "./http-streams.ts";
 
 export interface TransportOptions {
   domain: Domain;
@@ -40,9 +40,9 @@ export interface TransportOptions {
   /** The transport's timings (configuration `webrtc.*Ms`), checked by `checkTimings` at start. */
   timings: TransportTimings;
   /** Served on stream 1. */
-  publicApi: FetchApp;
+  publicApi: StreamApp;
   /** Served on stream 2: the Compatible API, mounted at `/v1`. */
-  compatibleApi: FetchApp;
+  compatibleApi: StreamApp;
   /** Voice conversations on each active connection's audio track. */
   voice?: VoiceHost | undefined;
 }
@@ -181,6 +181,12 @@ export class WebRtcTransport implements ConnectionHost {
       throw new DomainError("internal", "ANSWER_FAILED", "the server could not create an answer");
     }
     timing("answer", performance.now() - started);
+    try {
+      await this.domain.presence.answered(offer.publicKey);
+    } catch (err) {
+      link.close();
+      throw err;
+    }
     const connection = new Connection(this, offer.publicKey, link);
     this.all.add(connection);
     if (this.closing) void connection.close("shutdown");

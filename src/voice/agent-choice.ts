@@ -53,9 +53,14 @@ export class DeviceAgentChoice {
     this.read();
   }
 
-  current(): AgentChoice | undefined {
+  /** The id of the agent chosen now (whatever its kind), or undefined: voice off, or not known yet. */
+  chosenId(): string | undefined {
     if (this.setting === undefined) return undefined;
-    const id = this.setting === null ? this.o.defaultAgent : this.setting === "off" ? undefined : this.setting;
+    return (this.setting === null ? this.o.defaultAgent : this.setting === "off" ? undefined : this.setting) || undefined;
+  }
+
+  current(): AgentChoice | undefined {
+    const id = this.chosenId();
     if (!id) return undefined;
     const agent = this.o.agents.find((a) => a.id === id);
     const engines = agent && this.o.engines.get(agent.id);

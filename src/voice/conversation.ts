@@ -1,5 +1,6 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
+import { Resampler } from "../audio/resampler.ts";
 import type { VoiceConfig } from "../config/config.ts";
 import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
@@ -9,7 +10,6 @@ import type { VoiceMetrics } from "./metrics.ts";
 import { OPUS_RATE, OpusCodec } from "./opus.ts";
 import type { AudioPort } from "./port.ts";
 import { AudioRecognition } from "./recognition.ts";
-import { Resampler } from "./resampler.ts";
 import { Uplink } from "./uplink.ts";
 
 export type { AgentChoice } from "./activity.ts";
@@ -101,6 +101,11 @@ export class Conversation {
         o.logger.warn({ err, peer }, "voice uplink tick failed");
       }
     });
+  }
+
+  /** Whether the device converses through this pipeline now (its agent is a text agent with engines). */
+  get active(): boolean {
+    return !this.closed && this.o.agent() !== undefined;
   }
 
   /** 16 kHz audio of the device, in order (from the uplink; tests give it directly). */

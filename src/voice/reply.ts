@@ -1,12 +1,12 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import { EngineBusyError } from "../ai/speech/errors.ts";
+import { Resampler } from "../audio/resampler.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { SpeechChunk, SpeechPort, SynthesisRequest } from "./engine-ports.ts";
 import type { VoiceEvents } from "./events.ts";
 import type { OpusCodec } from "./opus.ts";
 import { OPUS_RATE } from "./opus.ts";
 import { Playout } from "./playout.ts";
-import { Resampler } from "./resampler.ts";
 import { SentenceSplitter } from "./sentences.ts";
 import { SpokenText } from "./spoken.ts";
 

@@ -1,7 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
-import type { ToolObserver } from "../ai/agents/toolbox.ts";
+import type { Toolbox, ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
@@ -16,6 +16,8 @@ import { MemoryKeeper } from "./memory-keeper.ts";
 import type { MemoryRewriter } from "./memory-rewriter.ts";
 import { VoiceMetrics } from "./metrics.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
+import type { RealtimeAgentInfo } from "./realtime/bridge.ts";
+import { RealtimeVoice, realtimeAgents } from "./realtime/session.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
 
@@ -30,6 +32,10 @@ export interface VoiceServiceOptions {
   resampler: SpeexModule;
   registry: Registry;
   logger: Logger;
+  /** The agents' tools (a realtime agent's function calls run through it; a text agent's through `chat`). */
+  toolbox: Toolbox;
+  /** Where providers' keys are read (realtime agents). */
+  env?: NodeJS.ProcessEnv;
   /** Rewrites devices' memories after their conversations (agents with `memory`). */
   memory?: MemoryRewriter;
 }
@@ -39,13 +45,19 @@ export class VoiceService implements VoiceHost {
   private readonly o: VoiceServiceOptions;
   private readonly metrics: VoiceMetrics;
   private readonly open_ = new Set<Conversation>();
+  /** Realtime conversations going on now. */
+  private readonly realtimeOpen = new Set<RealtimeVoice>();
+  /** Agents whose model is realtime (voice.md §6): they converse through a bridge, not the engines. */
+  private readonly realtime: Map<string, RealtimeAgentInfo>;
   /** Each agent's engines, chosen once; an agent whose engines are missing does not converse. */
   private readonly engines = new Map<string, VoiceEngines>();
 
   constructor(o: VoiceServiceOptions) {
     this.o = o;
-    this.metrics = new VoiceMetrics(o.registry, () => this.open_.size);
+    this.metrics = new VoiceMetrics(o.registry, () => this.size);
+    this.realtime = realtimeAgents(o.config, o.env ?? process.env);
     for (const agent of o.config.agents) {
+      if (this.realtime.has(agent.id)) continue;
       const engines = o.engineFor(agent);
       if (typeof engines === "string") o.logger.warn({ agent: agent.id, reason: engines }, "this agent cannot converse");
       else this.engines.set(agent.id, engines);
@@ -54,7 +66,11 @@ export class VoiceService implements VoiceHost {
 
   /** Conversations held now. */
   get size(): number {
-    return this.open_.size;
+    let realtime = 0;
+    for (const r of this.realtimeOpen) if (r.active) realtime++;
+    let text = 0;
+    for (const c of this.open_) if (c.active) text++;
+    return text + realtime;
   }
 
   open(devicePort: AudioPort): VoiceSession {
@@ -69,7 +85,12 @@ export class VoiceService implements VoiceHost {
       recorder.add(entry);
       keeper?.entry(entry);
     });
-    const port = transcript.port;
+    // The device's packets go to both sides; each takes them only while its kind of agent answers.
+    const listeners: Array<(packet: Buffer) => void> = [];
+    transcript.port.onPacket((packet) => {
+      for (const l of listeners) l(packet);
+    });
+    const port: AudioPort = { ...transcript.port, onPacket: (cb) => listeners.push(cb) };
     const events = new VoiceEvents(port);
     const key = devicePort.publicKey;
     const choice = new DeviceAgentChoice({
@@ -82,7 +103,30 @@ export class VoiceService implements VoiceHost {
       onReadError: (err) => this.o.logger.warn({ err, peer: key }, "could not read the device's voice agent; trying again"),
     });
     let conversation: Conversation;
+    let realtime: RealtimeVoice | undefined;
     try {
+      if (this.realtime.size > 0) {
+        const r = new RealtimeVoice({
+          port,
+          events,
+          config: this.o.config,
+          agents: this.realtime,
+          agentId: () => choice.chosenId(),
+          // The device's memory as notes after the agent's instructions, as text agents have it.
+          notes: async (agentId) => {
+            const notes = await keeper?.notes(agentId);
+            return typeof notes?.content === "string" ? notes.content : undefined;
+          },
+          toolbox: this.o.toolbox,
+          activity: this.o.activity,
+          resampler: this.o.resampler,
+          metrics: this.metrics,
+          clock: systemClock,
+          log: (level, details, message) => this.o.logger[level]({ peer: key, ...details }, message),
+        });
+        realtime = r;
+        listeners.push((packet) => r.packet(packet));
+      }
       conversation = new Conversation({
         port,
         config: this.o.config.voice,
@@ -99,6 +143,7 @@ export class VoiceService implements VoiceHost {
       });
     } catch (err) {
       // Nothing of this connection's stays subscribed or open when its conversation cannot start.
+      realtime?.close();
       choice.close();
       transcript.close();
       recorder.close();
@@ -106,10 +151,13 @@ export class VoiceService implements VoiceHost {
       throw err;
     }
     this.open_.add(conversation);
+    if (realtime) this.realtimeOpen.add(realtime);
     return {
       close: () => {
         this.open_.delete(conversation);
+        if (realtime) this.realtimeOpen.delete(realtime);
         choice.close();
+        realtime?.close();
         conversation.close();
         transcript.close();
         recorder.close();

@@ -1,7 +1,7 @@
+import type { Resampler } from "../audio/resampler.ts";
 import { JitterBuffer, type JitterStats, opusPacketSamples } from "./jitter.ts";
 import type { OpusCodec } from "./opus.ts";
 import { FRAME_SAMPLES, OPUS_RATE } from "./opus.ts";
-import type { Resampler } from "./resampler.ts";
 import { parseRtp } from "./rtp.ts";
 
 /** Missing packets are waited for this long before concealment. */

@@ -7,6 +7,7 @@
 import { fromBinary } from "@bufbuild/protobuf";
 import pino from "pino";
 import { Registry } from "prom-client";
+import { loadResampler } from "../../src/audio/resampler.ts";
 import { VoiceConfig as VoiceConfigSchema } from "../../src/config/config.ts";
 import type { ChatMessage } from "../../src/protocol/compat.ts";
 import { PeerEventSchema } from "../../src/protocol/gen/event_pb.ts";
@@ -25,7 +26,6 @@ import type {
 } from "../../src/voice/engine-ports.ts";
 import { encodeVoiceEvent } from "../../src/voice/events.ts";
 import { VoiceMetrics } from "../../src/voice/metrics.ts";
-import { loadResampler } from "../../src/voice/resampler.ts";
 import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
 import { type Seen, seen } from "./voice.ts";
 

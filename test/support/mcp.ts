@@ -1,9 +1,63 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { z } from "zod";
 import type { StreamSocket } from "../../src/protocol/stream-socket.ts";
+
+/**
+ * A real MCP server over stateless Streamable HTTP on 127.0.0.1 (the SDK's transport), each request
+ * served by a server `build` makes (the SDK's `McpServer` or its low-level `Server`); answers as
+ * an event stream, or as JSON with `json`. `hang`: requests are taken and never answered.
+ */
+export class SdkHttpServer {
+  url = "";
+  port = 0;
+  hang = false;
+  /** Requests by JSON-RPC method. */
+  readonly methods: string[] = [];
+  private server: http.Server | undefined;
+  private readonly build: () => McpServer | Server;
+  private readonly json: boolean;
+
+  constructor(build: () => McpServer | Server, o: { json?: boolean } = {}) {
+    this.build = build;
+    this.json = o.json ?? false;
+  }
+
+  async start(port = 0): Promise<this> {
+    this.server = http.createServer((req, res) => void this.handle(req, res));
+    await new Promise<void>((resolve) => this.server!.listen(port, "127.0.0.1", resolve));
+    this.port = (this.server.address() as AddressInfo).port;
+    this.url = `http://127.0.0.1:${this.port}/mcp`;
+    return this;
+  }
+
+  private async handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const body = chunks.length ? JSON.parse(Buffer.concat(chunks).toString()) : undefined;
+    if (body?.method) this.methods.push(body.method);
+    if (this.hang) return;
+    const mcp = this.build();
+    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: this.json });
+    res.on("close", () => {
+      void transport.close();
+      void mcp.close();
+    });
+    await mcp.connect(transport);
+    await transport.handleRequest(req, res, body);
+  }
+
+  async stop(): Promise<void> {
+    const s = this.server;
+    this.server = undefined;
+    if (!s) return;
+    s.closeAllConnections();
+    await new Promise((resolve) => s.close(resolve));
+  }
+}
 
 /** A real MCP server (the SDK's `McpServer`, stateless Streamable HTTP) on 127.0.0.1 offering `today` and `alerts`. */
 export class WeatherServer {
@@ -30,6 +84,9 @@ export class WeatherServer {
       return { content: [{ type: "text", text: `Sunny and 21 °C in ${city}.` }] };
     });
     mcp.registerTool("alerts", { description: "Weather alerts.", inputSchema: {} }, async () => ({ content: [{ type: "text", text: "none" }] }));
+    mcp.registerTool("history", { description: "The weather of each past day: a long text.", inputSchema: { days: z.number() } }, async ({ days }) => ({
+      content: [{ type: "text", text: "sunny;".repeat(days) }],
+    }));
     const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
     res.on("close", () => {
       void transport.close();

@@ -1,9 +1,9 @@
 import type { FliteSpeechEngine } from "../../src/ai/speech/index.ts";
+import { loadResampler, Resampler } from "../../src/audio/resampler.ts";
 import type { KeyPair } from "../../src/crypto/keys.ts";
 import type { PeerEvent } from "../../src/protocol/gen/event_pb.ts";
 import { PeerEventType, StreamKind } from "../../src/protocol/gen/event_pb.ts";
 import type { PerchConnection } from "../../src/sdk/webrtc.ts";
-import { loadResampler, Resampler } from "../../src/voice/resampler.ts";
 import { engines } from "./engines.ts";
 import { connect, eventually } from "./webrtc.ts";
 

@@ -81,3 +81,18 @@ export async function eventually<T>(fn: () => Promise<T | undefined | false> | T
     await new Promise((r) => setTimeout(r, 25));
   }
 }
+
+/** `promise`, or a failure naming `what` after `ms`: a wait that would hang the file fails the test instead. */
+export async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      promise,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

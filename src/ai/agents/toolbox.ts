@@ -7,7 +7,7 @@ import type { ToolCall } from "../../protocol/compat.ts";
 import type { OfferedTool } from "../../tools/bounds.ts";
 import type { DeviceToolSession } from "../../tools/device.ts";
 import { ToolMetrics } from "../../tools/metrics.ts";
-import { failed, type ToolOutcome } from "../../tools/results.ts";
+import { cutOutcome, failed, type ToolOutcome } from "../../tools/results.ts";
 import { McpServers } from "../../tools/servers.ts";
 import type { Caller } from "../caller.ts";
 import { BUILTIN_TOOLS, type BuiltinName, runBuiltin } from "./tools.ts";
@@ -157,7 +157,7 @@ export class ToolKit {
     const started = performance.now();
     const outcome = await this.dispatch(target, call.function.arguments, signal);
     this.box.o.metrics.call(source, outcome.result, (performance.now() - started) / 1000);
-    return outcome;
+    return target.source === "builtin" ? outcome : cutOutcome(outcome, this.agent.tool_result_max_chars);
   }
 
   private async dispatch(target: Target, argumentsText: string, signal: AbortSignal): Promise<ToolOutcome> {

@@ -5,7 +5,8 @@
  * main thread's event loop. Mixed to mono and resampled to 16 kHz as the blocks come.
  */
 import { parentPort, workerData } from "node:worker_threads";
-import { Resampler } from "./resample.ts";
+import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
+import { loadResampler, Resampler } from "../../audio/resampler.ts";
 
 export type WasmFormat = "wav" | "mp3" | "flac" | "vorbis" | "opus";
 
@@ -63,14 +64,19 @@ class Sink {
   private readonly parts: Float32Array[] = [];
   private length = 0;
   private resampler: Resampler | undefined;
+  private started = false;
   private sourceSamples = 0;
   sourceRate = 0;
   channels = 0;
   private readonly job: DecodeJob;
-  private readonly cpuStart = process.threadCpuUsage();
+  private readonly speex: SpeexModule;
+  /** The thread's CPU time when the decode began (loading the decoders counts). */
+  private readonly cpuStart: NodeJS.CpuUsage;
 
-  constructor(job: DecodeJob) {
+  constructor(job: DecodeJob, speex: SpeexModule, cpuStart: NodeJS.CpuUsage) {
     this.job = job;
+    this.speex = speex;
+    this.cpuStart = cpuStart;
   }
 
   checkCpu(): void {
@@ -81,19 +87,24 @@ class Sink {
   add(block: Block): void {
     if (block.samplesDecoded === 0 || block.channelData.length === 0) return;
     if (!(block.sampleRate >= 1000 && block.sampleRate <= 384_000)) throw new Invalid(`a sample rate of ${block.sampleRate} Hz`);
-    if (!this.resampler) {
+    if (!this.started) {
+      this.started = true;
       this.sourceRate = block.sampleRate;
       this.channels = block.channelData.length;
-      this.resampler = new Resampler(block.sampleRate, this.job.outputRate);
+      if (block.sampleRate !== this.job.outputRate) this.resampler = new Resampler(this.speex, block.sampleRate, this.job.outputRate);
     } else if (block.sampleRate !== this.sourceRate) throw new Invalid("the sample rate changes within the file");
     this.sourceSamples += block.samplesDecoded;
     if (this.sourceSamples / this.sourceRate > this.job.maxSeconds) throw new TooLong();
     const mono = mixDown(block.channelData, block.samplesDecoded);
-    this.keep(this.resampler.push(mono));
+    // Kept as a copy when not resampled: the decoder reuses its blocks.
+    this.keep(this.resampler ? this.resampler.processFloat(mono) : mono.slice());
   }
 
   finish(): Float32Array {
-    if (this.resampler) this.keep(this.resampler.flush());
+    if (this.resampler) {
+      this.keep(this.resampler.flushFloat());
+      this.resampler.close();
+    }
     const out = new Float32Array(this.length);
     let at = 0;
     for (const p of this.parts) {
@@ -119,9 +130,10 @@ function mixDown(channels: Float32Array[], n: number): Float32Array {
   return out;
 }
 
-async function decodeCompressed(job: DecodeJob, sink: Sink): Promise<void> {
+async function decodeCompressed(job: DecodeJob, speex: Promise<SpeexModule>, cpuStart: NodeJS.CpuUsage): Promise<Sink> {
   const decoder = await decoderFor(job.format as Exclude<WasmFormat, "wav">);
-  await decoder.ready;
+  const [, module] = await Promise.all([decoder.ready, speex]);
+  const sink = new Sink(job, module, cpuStart);
   try {
     for (let at = 0; at < job.bytes.length; at += FEED_BYTES) {
       sink.checkCpu();
@@ -131,6 +143,7 @@ async function decodeCompressed(job: DecodeJob, sink: Sink): Promise<void> {
   } finally {
     decoder.free();
   }
+  return sink;
 }
 
 /** RIFF/WAVE with integer PCM (8–32 bits) or IEEE float (32/64 bits), mono or more channels. */
@@ -191,10 +204,15 @@ function decodeWav(job: DecodeJob, sink: Sink): void {
 }
 
 async function main(job: DecodeJob): Promise<DecodeResult> {
-  const sink = new Sink(job);
+  const cpuStart = process.threadCpuUsage();
+  // The resampler's module (this thread's own) loads beside the decoder's.
+  const speex = loadResampler();
   try {
-    if (job.format === "wav") decodeWav(job, sink);
-    else await decodeCompressed(job, sink);
+    let sink: Sink;
+    if (job.format === "wav") {
+      sink = new Sink(job, await speex, cpuStart);
+      decodeWav(job, sink);
+    } else sink = await decodeCompressed(job, speex, cpuStart);
     const samples = sink.finish();
     return { ok: true, samples, sourceRate: sink.sourceRate, channels: sink.channels };
   } catch (err) {

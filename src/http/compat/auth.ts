@@ -1,22 +1,14 @@
-import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
 import { DomainError } from "../../domain/errors.ts";
-import type { AppBindings, AppEnv } from "../env.ts";
-import { requestHeader } from "../headers.ts";
+import type { AppBindings } from "../env.ts";
 import type { Callers } from "../principal.ts";
-import type { CompatEnv } from "./env.ts";
 import { OpenAIError } from "./errors.ts";
 
 /**
- * Resolves the caller through the one principal resolver: a connection's device (service stream
- * 2), an operator API key, or a primary session's bearer. Side Control sessions are refused.
+ * The caller of a Compatible API request, through the one principal resolver: a connection's
+ * device (service stream 2), an operator API key, or a primary session's bearer (headers by
+ * lower-case name). Side Control sessions are refused.
  */
-export function authenticate(callers: Callers, c: Context<CompatEnv>): Promise<Caller> {
-  const ctx = c as unknown as Context<AppEnv>;
-  return authenticateCaller(callers, ctx.env, (name) => requestHeader(ctx, name));
-}
-
-/** `authenticate` of a request known by its bindings and its headers (lower-case names). */
 export async function authenticateCaller(callers: Callers, env: AppBindings | undefined, header: (name: string) => string | undefined): Promise<Caller> {
   try {
     const principal = await callers.principalOf(env, header, { apiKeys: true });

@@ -1,45 +1,72 @@
-import type { Hono } from "hono";
+import type { Logger } from "pino";
 import type { ChatService } from "../../ai/chat.ts";
 import type { ChatCompletion } from "../../protocol/compat.ts";
 import { parseChatRequest } from "../../protocol/compat.ts";
+import { clientGoneOf } from "../client-gone.ts";
+import { type Exchange, logFailure, type NativeRoute } from "../exchange.ts";
+import { writeJson } from "../json.ts";
 import type { Metrics } from "../metrics.ts";
-import type { CompatEnv } from "./env.ts";
-import { invalidParameter, toOpenAIError } from "./errors.ts";
-import { clientGone, readJson } from "./json.ts";
-import { asIs, EVENT_STREAM, streamBody, streamHeaders } from "./stream-body.ts";
+import { CLIENT_CLOSED_REQUEST, clientLeft } from "../middleware.ts";
+import { asIs, EVENT_STREAM, writeStream } from "../stream.ts";
+import { invalidParameter, openAIErrorEnvelope, toOpenAIError } from "./errors.ts";
+import { readJsonBody } from "./json.ts";
+import type { CompatGate } from "./surface.ts";
 
 export const CHAT_ROUTE = "/chat/completions";
+const JSON_TYPE = "application/json";
 
-export function registerChatRoute(app: Hono<CompatEnv>, chat: ChatService, metrics: Metrics): void {
-  app.post(CHAT_ROUTE, async (c) => {
-    const call = new ChatCallMetrics(metrics, performance.now());
-    const parsed = parseChatRequest(await readJson(c));
+/**
+ * `POST /chat/completions`, the Compatible API's busiest route: served on Node's request and
+ * response (its only handler; the Compatible API has no OpenAPI document), behind the surface's
+ * gate like its other routes, every error in OpenAI's envelope. A stream is written by the one
+ * stream writer: a failure after the first event ends it with the `error` event; the client's
+ * leaving ends the provider's stream, which closes the provider's connection.
+ */
+export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logger; gate: CompatGate }): NativeRoute {
+  const serve = async (x: Exchange) => {
+    const caller = await o.gate.admit(x.env, true);
+    const parsed = parseChatRequest(await readJsonBody(x.env, caller));
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;
-    const caller = c.get("caller");
-    const signal = clientGone(c);
+    const call = new ChatCallMetrics(o.metrics, x.started);
+    const signal = clientGoneOf(x.outgoing);
     try {
-      const entry = chat.resolve(caller, request.model);
+      const entry = o.chat.resolve(caller, request.model);
       call.model = entry.id;
-      const result = await chat.run(entry, caller, request, signal);
+      const result = await o.chat.run(entry, caller, request, signal);
       if (result.kind === "completion") {
         call.completed(result.completion);
-        return c.json(result.completion);
+        writeJson(x, 200, JSON.stringify(result.completion), { contentType: JSON_TYPE });
+        o.gate.watch(x.outgoing, true);
+        x.record(200);
+        return;
       }
       const { stream } = result;
+      o.gate.watch(x.outgoing);
+      x.record(200);
       const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
-      // A failure after the first event ends the stream with the error event; cancelling it (the
-      // client went away) ends the provider's stream, which closes the provider's connection.
-      const body = streamBody(stream.sse(), { sse: true, encode: asIs, done });
-      return c.body(body, 200, streamHeaders(EVENT_STREAM));
+      await writeStream(x, EVENT_STREAM, stream.sse(), { sse: true, encode: asIs, done });
     } catch (err) {
       call.failed(err, signal.aborted);
       throw err;
     }
-  });
+  };
+  return {
+    method: "POST",
+    path: CHAT_ROUTE,
+    serve: (x) =>
+      serve(x).catch((err: unknown) => {
+        if (clientLeft(x.outgoing) || (!x.incoming.complete && x.incoming.destroyed)) return x.record(CLIENT_CLOSED_REQUEST);
+        const e = toOpenAIError(err);
+        logFailure(o.logger, err, e.status, x.requestId, x.path);
+        writeJson(x, e.status, JSON.stringify(openAIErrorEnvelope(e)), { contentType: JSON_TYPE, retryAfter: e.retryAfter });
+        o.gate.watch(x.outgoing, true);
+        x.record(e.status);
+      }),
+  };
 }
 
-/** The Compatible API's metrics of one chat call, shared by the app's route and the listener's hot route (`hot-chat.ts`). */
+/** The Compatible API's metrics of one chat call. */
 export class ChatCallMetrics {
   /** The catalog id once resolved. */
   model = "unknown";

@@ -2,6 +2,7 @@ import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
 import { parseJson } from "../../ai/json-thread.ts";
 import { clientGone, nodeBindings } from "../client-gone.ts";
+import type { AppBindings } from "../env.ts";
 import { JsonBudget, LargeBodies } from "../json-budget.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError } from "./errors.ts";
@@ -18,8 +19,7 @@ export const MAX_LARGE_BODIES = 8;
 
 const largeBodies = new LargeBodies(MAX_LARGE_BODIES_PER_CALLER, MAX_LARGE_BODIES);
 
-function callerKey(c: Context): string {
-  const caller = (c as Context<CompatEnv>).get("caller") as Caller | undefined;
+function callerKey(caller: Caller | undefined): string {
   if (!caller) return "anonymous";
   return caller.kind === "device" ? `device:${caller.publicKey}` : `application:${caller.name}`;
 }
@@ -40,41 +40,40 @@ const tooManyLarge = (who: "caller" | "node") =>
  * called). Throws a 429 when none is free; undefined when the body is not large.
  */
 export function largeBodySlot(c: Context, bytes: number): (() => void) | undefined {
+  return largeBodySlotOf(nodeBindings(c)?.outgoing, (c as Context<CompatEnv>).get("caller"), bytes);
+}
+
+function largeBodySlotOf(outgoing: AppBindings["outgoing"], caller: Caller | undefined, bytes: number): (() => void) | undefined {
   if (bytes <= LARGE_BODY_BYTES) return undefined;
-  const slot = largeBodies.acquire(callerKey(c));
+  const slot = largeBodies.acquire(callerKey(caller));
   if (typeof slot === "string") throw tooManyLarge(slot);
-  nodeBindings(c)?.outgoing.once("close", slot);
+  outgoing?.once("close", slot);
   return slot;
 }
 
 /**
  * The request body's bytes, their cost checked as it arrives: more than MAX_JSON_VALUES values, or
  * a large body beyond the caller's allowance, is refused before the rest is read (the rest is
- * drained unread). Through the Node adapter a body of declared length is read straight from the
- * socket: asking the web Request for it builds a full undici Request and a web stream, which cost
- * more than the rest of a relayed call.
+ * drained unread). A body of declared length is read straight from Node's request: asking the web
+ * Request for it builds a full undici Request and a web stream, which cost more than the rest of a
+ * relayed call.
  */
-async function bodyBytes(c: Context): Promise<Buffer> {
+async function bodyBytes(env: AppBindings, caller: Caller | undefined): Promise<Buffer> {
   const budget = new JsonBudget(MAX_JSON_VALUES);
-  const node = nodeBindings(c);
+  const { incoming, outgoing } = env;
+  if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
   let release: (() => void) | undefined;
   const sized = (bytes: number) => {
-    if (!release) release = largeBodySlot(c, bytes);
+    if (!release) release = largeBodySlotOf(outgoing, caller, bytes);
   };
-  try {
-    if (!node || node.incoming.headers["transfer-encoding"] !== undefined || node.incoming.readableEnded) {
-      // Already in memory (a chunked body the body limit read, or a stream of a connection).
-      const chunks: Uint8Array[] = [];
-      let size = 0;
-      for await (const chunk of (c.req.raw.body ?? []) as AsyncIterable<Uint8Array>) {
-        size += chunk.length;
-        sized(size);
-        if (!budget.feed(chunk)) throw tooComplex();
-        chunks.push(chunk);
-      }
-      return Buffer.concat(chunks);
-    }
-    const { incoming } = node;
+  if (env.body || incoming.readableEnded) {
+    // Already in memory (a chunked body the body limit read).
+    const body = env.body ?? Buffer.alloc(0);
+    sized(body.length);
+    if (!budget.feed(body)) throw tooComplex();
+    return body;
+  }
+  {
     const declared = Number(incoming.headers["content-length"] ?? 0);
     sized(declared);
     if (declared < MAX_JSON_VALUES && incoming.complete && incoming.readableLength === declared) {
@@ -113,9 +112,6 @@ async function bodyBytes(c: Context): Promise<Buffer> {
         if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
       });
     });
-  } finally {
-    // Without the Node response to wait for, the slot covers reading and parsing.
-    if (!node) release?.();
   }
 }
 
@@ -129,8 +125,13 @@ function blank(b: Uint8Array): boolean {
  * The request body as JSON; any content type is read, as OpenAI does. A body over a MiB is parsed
  * in a worker thread (json-thread.ts), so that it does not hold the event loop.
  */
-export async function readJson(c: Context): Promise<unknown> {
-  const bytes = await bodyBytes(c);
+export function readJson(c: Context): Promise<unknown> {
+  return readJsonBody(c.env as AppBindings, (c as Context<CompatEnv>).get("caller"));
+}
+
+/** `readJson` of a request known by its bindings, sent by `caller`. */
+export async function readJsonBody(env: AppBindings, caller: Caller | undefined): Promise<unknown> {
+  const bytes = await bodyBytes(env, caller);
   if (blank(bytes)) throw new OpenAIError(400, "The request body is empty: send a JSON object.", { code: "invalid_json" });
   try {
     return await parseJson(bytes);

@@ -7,7 +7,14 @@ import type { CompatEnv } from "./env.ts";
 export function registerModelsRoute(app: Hono<CompatEnv>, catalog: Catalog, metrics: Metrics): void {
   app.get("/models", (c) => {
     const started = performance.now();
-    const data = catalog.list(c.get("caller")).map((e) => ({ id: e.id, object: "model" as const, created: catalog.created, owned_by: "perch" }));
+    // A speech-to-speech model or agent says so (voice.md §6): `/chat/completions` refuses it.
+    const data = catalog.list(c.get("caller")).map((e) => ({
+      id: e.id,
+      object: "model" as const,
+      created: catalog.created,
+      owned_by: "perch",
+      ...(e.kind === "realtime" || (e.kind === "agent" && e.model.kind === "realtime") ? { kind: "realtime" as const } : {}),
+    }));
     metrics.observeAi("/models", "-", 200, (performance.now() - started) / 1000);
     return c.json({ object: "list" as const, data });
   });

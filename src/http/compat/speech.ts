@@ -1,4 +1,4 @@
-import type { Hono } from "hono";
+import type { Context, Hono } from "hono";
 import { z } from "zod";
 import { callerKey } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
@@ -7,12 +7,12 @@ import { type ChatRouter, embeddedFallback } from "../../ai/router.ts";
 import { MAX_BYTES_PER_SECOND, SPEECH_CONTENT_TYPES, type SpeechEngine } from "../../ai/speech/index.ts";
 import { sseEvent } from "../../protocol/sse.ts";
 import type { Metrics } from "../metrics.ts";
+import { asIs, EVENT_STREAM, type StreamEnd, startingWith, streamed } from "../stream.ts";
 import { speechModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, readJson } from "./json.ts";
 import { readAhead } from "./read-ahead.ts";
-import { asIs, EVENT_STREAM, type StreamEnd, startingWith, streamBody, streamHeaders } from "./stream-body.ts";
 
 const ROUTE = "/audio/speech";
 /**
@@ -63,7 +63,7 @@ export function registerSpeechRoute(
           throw e;
         }
       }
-      if (answer) return c.body(relayedBody(answer, done), 200, streamHeaders(answer.contentType));
+      if (answer) return relayed(c, answer, done);
     }
     if (!engine) throw new OpenAIError(503, "No speech engine is available on this server.", { code: "engine_unavailable" });
     if (r.instructions !== undefined) {
@@ -94,20 +94,18 @@ export function registerSpeechRoute(
       done(e.status, e.type);
       throw e;
     }
-    if (r.stream_format === "audio")
-      return c.body(streamBody(it, { sse: false, encode: asIs, done }), 200, streamHeaders(SPEECH_CONTENT_TYPES[r.response_format]));
+    if (r.stream_format === "audio") return streamed(c, SPEECH_CONTENT_TYPES[r.response_format], it, { sse: false, encode: asIs, done });
     const input = Math.ceil(r.input.length / 4);
-    const body = streamBody(it, {
+    return streamed(c, EVENT_STREAM, it, {
       sse: true,
       encode: (audio) => sseEvent({ type: "speech.audio.delta", audio: Buffer.from(audio).toString("base64") }),
       last: () => sseEvent({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }),
       done,
     });
-    return c.body(body, 200, streamHeaders(EVENT_STREAM));
   });
 }
 
-/** A provider's relayed answer as a response body, pulled as the client reads; one that breaks off is aborted. */
-export function relayedBody(answer: RawAnswer, done: StreamEnd): ReadableStream<Uint8Array> {
-  return streamBody(answer.body[Symbol.asyncIterator](), { sse: false, encode: asIs, done });
+/** A provider's relayed answer, pulled as the client reads; one that breaks off is aborted. */
+export function relayed(c: Context, answer: RawAnswer, done: StreamEnd): Response {
+  return streamed(c, answer.contentType, answer.body[Symbol.asyncIterator](), { sse: false, encode: asIs, done });
 }

@@ -1,23 +1,26 @@
-import { type Context, Hono, type MiddlewareHandler } from "hono";
+import { Hono, type MiddlewareHandler } from "hono";
+import type { Logger } from "pino";
+import type { Caller } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { ChatService } from "../../ai/chat.ts";
 import { warmJsonThread } from "../../ai/json-thread.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import { TranscriptionService } from "../../ai/transcription.ts";
-import type { AppEnv } from "../env.ts";
+import type { AppBindings, AppEnv } from "../env.ts";
+import { nodeHeader } from "../headers.ts";
 import type { Metrics } from "../metrics.ts";
-import { bodyWithin } from "../middleware.ts";
+import { nodeBodyWithin } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import type { Surface } from "../surface.ts";
-import { authenticate } from "./auth.ts";
-import { registerChatRoute } from "./chat.ts";
+import { authenticateCaller } from "./auth.ts";
+import { chatRoute } from "./chat.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError, openAIErrorResponse, toOpenAIError } from "./errors.ts";
 import { registerModelsRoute } from "./models.ts";
 import { registerSpeechRoute } from "./speech.ts";
 import { registerTranscriptionRoute } from "./transcription.ts";
-import { writeTimeout } from "./write-timeout.ts";
+import { unsent, writeTimeout } from "./write-timeout.ts";
 
 export const DEFAULT_WRITE_TIMEOUT_MS = 30_000;
 
@@ -39,6 +42,7 @@ export interface CompatSurfaceOptions {
   chat: ChatService;
   router: ChatRouter;
   metrics: Metrics;
+  logger: Logger;
   /** The embedded engines (`tts-1`, `whisper-1` in the catalog when present). */
   speech?: SpeechEngine | undefined;
   transcription?: TranscriptionEngine | undefined;
@@ -52,11 +56,11 @@ export interface CompatSurfaceOptions {
 export function compatSurface(o: CompatSurfaceOptions): Surface {
   warmJsonThread();
   const app = new Hono<CompatEnv>();
-  const guard = compatGuard(o.callers, o.limits?.write_timeout_ms ?? DEFAULT_WRITE_TIMEOUT_MS);
+  const gate = new CompatGate(o.callers, o.limits?.write_timeout_ms ?? DEFAULT_WRITE_TIMEOUT_MS);
+  const guard = gate.middleware();
   app.get("/models", guard);
-  for (const path of ["/chat/completions", "/audio/speech", "/audio/transcriptions"]) app.post(path, guard);
+  for (const path of ["/audio/speech", "/audio/transcriptions"]) app.post(path, guard);
   registerModelsRoute(app, o.catalog, o.metrics);
-  registerChatRoute(app, o.chat, o.metrics);
   registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, o.limits?.max_queue_wait_ms);
   registerTranscriptionRoute(
     app,
@@ -80,23 +84,52 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
       }
       return openAIErrorResponse(c, new OpenAIError(404, `Unknown request URL: ${c.req.method} ${c.req.path}.`, { code: "unknown_url" }));
     },
+    native: [chatRoute({ chat: o.chat, metrics: o.metrics, logger: o.logger, gate })],
   };
 }
 
 /**
- * What every route of the surface checks first, in this order and in one middleware (one frame of
- * Hono's chain instead of three on each call): the body's size (413 over COMPAT_BODY_LIMIT), the
- * caller (401, 403), then the response's write timeout.
+ * What every route of the surface checks first, in this order, for its native route (chat) and its
+ * Hono routes alike: the body's size (413 over COMPAT_BODY_LIMIT), the caller (401, 403), then
+ * the response's write timeout.
  */
-function compatGuard(callers: Callers, writeTimeoutMs: number): MiddlewareHandler<CompatEnv> {
-  const watch = writeTimeout(writeTimeoutMs);
-  const tooLarge = (c: Context<CompatEnv>) =>
-    openAIErrorResponse(c, new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" }));
-  return async (c, next) => {
-    const within = bodyWithin(c as unknown as Context<AppEnv>, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
-    if (within !== true && (within === false || !(await within))) return tooLarge(c);
-    c.set("caller", await authenticate(callers, c));
-    watch(c);
-    await next();
-  };
+export class CompatGate {
+  private readonly callers: Callers;
+  private readonly watcher: (outgoing: NonNullable<AppBindings["outgoing"]>) => void;
+
+  constructor(callers: Callers, writeTimeoutMs: number) {
+    this.callers = callers;
+    this.watcher = writeTimeout(writeTimeoutMs);
+  }
+
+  /**
+   * The caller of a request admitted; throws the surface's error otherwise. A chunked body read
+   * whole is left in `env.body`. With `watchLater`, the write timeout is the caller's to apply
+   * (`watch`), once it knows whether its answer is a stream or a whole one.
+   */
+  async admit(env: AppBindings, watchLater = false): Promise<Caller> {
+    const { incoming, outgoing } = env;
+    if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
+    const within = nodeBodyWithin(env, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
+    if (within !== true && (within === false || !(await within))) {
+      throw new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" });
+    }
+    const caller = await authenticateCaller(this.callers, env, (name) => nodeHeader(incoming, name));
+    if (!watchLater) this.watch(outgoing);
+    return caller;
+  }
+
+  /** The write timeout on `outgoing`: a stream from its start, a whole answer (`whole`) when it is written and its socket still holds some of it. */
+  watch(outgoing: NonNullable<AppBindings["outgoing"]>, whole = false): void {
+    if (!whole || unsent(outgoing)) this.watcher(outgoing);
+  }
+
+  /** `admit` as the Hono routes' first middleware: a body read here is put back on the web request. */
+  middleware(): MiddlewareHandler<CompatEnv> {
+    return async (c, next) => {
+      c.set("caller", await this.admit(c.env));
+      if (c.env.body) c.req.raw = new Request(c.req.raw, { body: c.env.body as Uint8Array<ArrayBuffer> });
+      await next();
+    };
+  }
 }

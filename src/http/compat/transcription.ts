@@ -6,12 +6,12 @@ import type { Transcript } from "../../ai/speech/index.ts";
 import type { TranscriptionService } from "../../ai/transcription.ts";
 import { sseEvent } from "../../protocol/sse.ts";
 import type { Metrics } from "../metrics.ts";
+import { EVENT_STREAM, streamed } from "../stream.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, largeBodySlot } from "./json.ts";
-import { relayedBody } from "./speech.ts";
-import { EVENT_STREAM, streamBody, streamHeaders } from "./stream-body.ts";
+import { relayed } from "./speech.ts";
 
 const ROUTE = "/audio/transcriptions";
 
@@ -135,8 +135,8 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
       done(e.status, e.type);
       throw e;
     }
-    if (outcome.kind === "relayed") return c.body(relayedBody(outcome.answer, done), 200, streamHeaders(outcome.answer.contentType));
-    if (outcome.kind === "events") return c.body(streamBody(outcome.events, { sse: true, encode: sseEvent, done }), 200, streamHeaders(EVENT_STREAM));
+    if (outcome.kind === "relayed") return relayed(c, outcome.answer, done);
+    if (outcome.kind === "events") return streamed(c, EVENT_STREAM, outcome.events, { sse: true, encode: sseEvent, done });
     done(200);
     const rendered = RENDERERS[f.response_format](outcome.transcript, f);
     return c.body(rendered.body, 200, { "content-type": rendered.contentType });

@@ -1,24 +1,13 @@
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
-import type { Context } from "hono";
 
 /**
  * A write timeout on responses: a client that has not taken any of a response's bytes for `ms`
  * while more are waiting (in its socket's buffer) is disconnected, which cancels whatever
- * produces the response (an upstream call, an engine). A streamed answer is watched from its
- * start; a whole one, written at once, only when its socket could not take all of it then.
- * Through the Node adapter only: a stream of a WebRTC connection has the transport's own flow control.
+ * produces the response (an upstream call, an engine). A response is watched from its start, or
+ * (a whole answer of a native route) only once written, when its socket could not take it at once (`unsent`).
  */
-export function writeTimeout(ms: number): (c: Context) => void {
-  const watch = writeTimeoutOf(ms);
-  return (c) => {
-    const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
-    if (outgoing) watch(outgoing);
-  };
-}
-
-/** `writeTimeout` of Node's responses. */
-export function writeTimeoutOf(ms: number): (outgoing: ServerResponse) => void {
+export function writeTimeout(ms: number): (outgoing: ServerResponse) => void {
   return watcher(ms);
 }
 

@@ -4,7 +4,7 @@ import type { PrimaryPrincipal } from "../../domain/principal.ts";
 import { DeviceToken, PeerSelf, PeerStatus, Runtime, SideControlSessionList } from "../../protocol/public.ts";
 import type { App } from "../env.ts";
 import { invalid } from "../errors.ts";
-import { JSON_UTF8, jsonText } from "../json.ts";
+import { JSON_UTF8 } from "../json.ts";
 import { requireJson } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import { jsonBodyLimit } from "./limits.ts";
@@ -32,16 +32,13 @@ export function registerMeRoutes(app: App, domain: Domain, callers: Callers): vo
     async (c) => c.json(await domain.peers.self(self(c)), 200, JSON_UTF8),
   );
 
-  app.openapi(
-    createRoute({
-      ...route("get", "/me/status"),
-      // Authenticated by the handler: the session and the document are read in one statement.
-      middleware: [jsonBodyLimit],
-      summary: "The caller's status document ({} when none)",
-      responses: { 200: json(PeerStatus, "Status"), ...authErrors },
-    }),
-    async (c) => jsonText(c, (await callers.primaryStatus(c)) ?? "{}"),
-  );
+  // Served by the native route of status.ts, its only handler: documented here.
+  const { middleware: _served, ...statusDoc } = createRoute({
+    ...route("get", "/me/status"),
+    summary: "The caller's status document ({} when none)",
+    responses: { 200: json(PeerStatus, "Status"), ...authErrors },
+  });
+  app.openAPIRegistry.registerPath(statusDoc);
 
   app.openapi(
     createRoute({

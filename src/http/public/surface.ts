@@ -1,4 +1,5 @@
 import { OpenAPIHono, type z } from "@hono/zod-openapi";
+import type { Logger } from "pino";
 import type { Domain } from "../../domain/index.ts";
 import type { ServerInfo } from "../../protocol/public.ts";
 import type { AppEnv } from "../env.ts";
@@ -8,11 +9,13 @@ import type { Surface } from "../surface.ts";
 import { registerMeRoutes } from "./me.ts";
 import { registerServerRoutes } from "./server.ts";
 import { registerSideControlRoutes } from "./side-control.ts";
+import { statusRoute } from "./status.ts";
 import { registerWebRtcRoutes, type WebRtcPort } from "./webrtc.ts";
 
 export interface PublicSurfaceOptions {
   domain: Domain;
   callers: Callers;
+  logger: Logger;
   /** `GET /server-info` for a request that arrived with this `Host` header. */
   serverInfo: (host: string | undefined) => z.infer<typeof ServerInfo>;
   /** The WebRTC transport of this node, when it answers offers. */
@@ -31,5 +34,11 @@ export function publicSurface(o: PublicSurfaceOptions): Surface {
     scheme: "bearer",
     description: "access_token from POST /login",
   });
-  return { base: "/", app, error: (c, err) => errorResponse(c, toApiError(err)), unrouted: unroutedResponse };
+  return {
+    base: "/",
+    app,
+    error: (c, err) => errorResponse(c, toApiError(err)),
+    unrouted: unroutedResponse,
+    native: [statusRoute({ callers: o.callers, logger: o.logger })],
+  };
 }

@@ -76,7 +76,7 @@ export function registerWebRtcRoutes(app: App, domain: Domain, callers: Callers,
       registrationToken: requestHeader(c, "x-registration-token"),
     });
     // Check 6 comes after the header checks, so the size is checked here rather than by a middleware.
-    const body = await readBodyWithin(c, OFFER_BODY_LIMIT, 4 * OFFER_BODY_LIMIT);
+    const body = await readBodyWithin(c.env, OFFER_BODY_LIMIT, 4 * OFFER_BODY_LIMIT);
     if (!body) throw new ApiError(413, "PAYLOAD_TOO_LARGE", `the offer is over ${OFFER_BODY_LIMIT} bytes`);
     const verifyStarted = performance.now();
     const accepted = await domain.signaling.accept(checked, body);

@@ -1,0 +1,805 @@
+import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
+import type { ToolKit, ToolObserver } from "../../ai/agents/toolbox.ts";
+import { toolMessageText } from "../../ai/agents/toolbox.ts";
+import type { VoiceConfig } from "../../config/config.ts";
+import type { ChatMessage } from "../../protocol/compat.ts";
+import { failed, type ToolOutcome } from "../../tools/results.ts";
+import type { VoiceClock } from "../clock.ts";
+import { RECOGNITION_RATE, type TurnTranscription, type VoiceActivityPort } from "../engine-ports.ts";
+import type { VoiceEvents } from "../events.ts";
+import type { Stage, TurnResult, VoiceMetrics } from "../metrics.ts";
+import { OPUS_RATE, OpusCodec } from "../opus.ts";
+import { Playout } from "../playout.ts";
+import { AudioRecognition, type ListeningTurn, type TurnEnd } from "../recognition.ts";
+import { Resampler } from "../resampler.ts";
+import { SpokenText } from "../spoken.ts";
+import { Uplink } from "../uplink.ts";
+import { RealtimeLink } from "./link.ts";
+import { errorOf, historyItems, obj, REALTIME_RATE, type RealtimeTool, type ServerEvent, type SessionSettings, sessionUpdate, str } from "./wire.ts";
+
+/** Uplink audio goes to the model in appends of this much (voice.md §6: every 20–100 ms). */
+const APPEND_SAMPLES = (REALTIME_RATE * 40) / 1000;
+/** Audio the model sent ahead of playback waits here, at most this long (voice.md §6); beyond, the reply is cut. */
+export const MAX_BUFFER_S = 60;
+const MAX_BUFFER_BYTES = MAX_BUFFER_S * REALTIME_RATE * 2;
+/** The reply's audio is resampled and handed to the playout only this far ahead of what it has sent (48 kHz samples). */
+const PLAYOUT_AHEAD = (OPUS_RATE * 200) / 1000;
+/** A tool gets this much beyond the agent's `tool_timeout_ms` before it is answered as failed whatever it does. */
+const TOOL_GRACE_MS = 1_000;
+/** Input transcripts awaited at most for this many items (an item whose transcript never comes is forgotten). */
+const MAX_ITEMS = 64;
+/** A session is renewed between turns this long before the provider's `expires_at` (at most half its life); a turn going on defers it. */
+const RENEW_BEFORE_MS = 60_000;
+const RENEW_RETRY_MS = 500;
+
+export interface RealtimeAgentInfo {
+  id: string;
+  instructions: string;
+  voice: string;
+  turnDetection: SessionSettings["turnDetection"];
+  transcription: string | false;
+  toolTimeoutMs: number;
+  /** The provider's id (`turn.metrics.engines.realtime`), WebSocket URL, key and `timeout_ms`. */
+  provider: string;
+  url: string;
+  apiKey: string | undefined;
+  timeoutMs: number;
+}
+
+export interface RealtimeOptions {
+  agent: RealtimeAgentInfo;
+  config: VoiceConfig;
+  events: VoiceEvents;
+  /** The agent's tools for this device (device tools of this device only). */
+  tools: ToolKit;
+  /** A turn's `tool.call` / `tool.result` events. */
+  toolEvents: (n: number) => ToolObserver;
+  /** The node's voice activity, for `turn_detection: node`. */
+  activity: VoiceActivityPort | undefined;
+  /** The device's memory, given after the agent's instructions once read. */
+  notes?: () => Promise<string | undefined>;
+  resampler: SpeexModule;
+  payloadType: number;
+  metrics: VoiceMetrics;
+  clock: VoiceClock;
+  /** Sends one Opus frame of a reply. */
+  send: (opus: Buffer, first: boolean) => boolean;
+  log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
+}
+
+interface AudioItem {
+  id: string;
+  text: string;
+  /** Samples (24 kHz) the model sent for it, those dropped by a cut included. */
+  received: number;
+  /** Playout samples (48 kHz) written before it began, and of it. */
+  start: number;
+  written: number;
+}
+
+/** A turn's reply: from the end of the user's speech to the last of its audio sent. */
+interface ReplyTurn {
+  n: number;
+  /** Clock time the user's speech ended (undefined: a reply nobody asked for). */
+  stoppedAt: number | undefined;
+  createdAt?: number;
+  firstAudioAt?: number;
+  /** The response whose events belong to this turn, while it is active. */
+  responseId?: string;
+  responseActive: boolean;
+  /** `response.created` is awaited until this cancels it. */
+  cancelWait?: () => void;
+  items: AudioItem[];
+  pending: Buffer[];
+  pendingBytes: number;
+  /** The last response is done: once `pending` is empty, the audio ends. */
+  audioComplete: boolean;
+  playout?: Playout;
+  up?: Resampler;
+  wake?: () => void;
+  pumping: boolean;
+  textStarted: boolean;
+  audioStarted: boolean;
+  cut: boolean;
+  ended: boolean;
+  /** Tool calls of the current response. */
+  calls: Array<{ callId: string; name: string; outcome: Promise<ToolOutcome> }>;
+  tools: AbortController;
+  /** Resolves once the turn has ended (a next reply's audio waits for it when barge-in is off). */
+  finished: Promise<void>;
+  finish: () => void;
+  /** The previous reply's end, when this one must wait for it. */
+  after?: Promise<void>;
+}
+
+/** A turn being heard by the node's own voice activity (`turn_detection: node`); the model does the transcribing. */
+interface NodeTurn extends ListeningTurn {
+  n: number;
+}
+
+const NO_TRANSCRIPTION: TurnTranscription = { push() {}, pause() {}, finish: () => Promise.resolve("") };
+
+/**
+ * One device's conversation with a realtime model (voice.md §6): the device's audio at 24 kHz to
+ * the model over one WebSocket, the model's audio paced to the device, its events turned into the
+ * conversation's events, barge-in with truncation at what was heard, tools through the agent's
+ * toolbox, and a session reopened with the history after any failure. Nothing here ends the
+ * device's connection: a failure ends at most the turn in progress.
+ */
+export class RealtimeBridge {
+  private readonly o: RealtimeOptions;
+  private readonly link: RealtimeLink;
+  private readonly codec = new OpusCodec();
+  private readonly toModel: Resampler;
+  private readonly uplink: Uplink;
+  private readonly node: { recognition: AudioRecognition<NodeTurn>; down: Resampler } | undefined;
+  private appendParts: Int16Array[] = [];
+  private appendSamples = 0;
+  private readonly history: Array<ChatMessage & { n: number }> = [];
+  private turns = 0;
+  /** The user's speech being heard (its turn number and input item). */
+  private listening: { n: number } | undefined;
+  /** The last turn number a reply was made for. */
+  private answered = 0;
+  private reply: ReplyTurn | undefined;
+  private readonly itemTurns = new Map<string, number>();
+  /** Event ids of Perch's own cancels, truncates and deletes: an error answering one is expected. */
+  private readonly ours = new Set<string>();
+  private eventIds = 0;
+  private toolsSent = "";
+  private cancelRenew: (() => void) | undefined;
+  private memory: string | undefined;
+  private closed = false;
+
+  constructor(o: RealtimeOptions) {
+    this.o = o;
+    this.toModel = new Resampler(o.resampler, OPUS_RATE, REALTIME_RATE);
+    this.uplink = new Uplink({
+      codec: this.codec,
+      resampler: this.toModel,
+      payloadType: o.payloadType,
+      pcm: (pcm) => this.hear(pcm),
+      now: () => o.clock.now(),
+    });
+    if (o.agent.turnDetection === "node") {
+      if (!o.activity) throw new Error("turn_detection node needs the node's voice activity detection (the embedded recogniser)");
+      const down = new Resampler(o.resampler, REALTIME_RATE, RECOGNITION_RATE);
+      const recognition = new AudioRecognition<NodeTurn>({
+        vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.silence_ms }),
+        turn: o.config.turn,
+        clock: o.clock,
+        hooks: { speechStarted: () => this.nodeSpeechStarted(), speechEnded: (t, end) => this.nodeSpeechEnded(t, end) },
+        warn: (message, details) => o.log("warn", details, message),
+      });
+      this.node = { recognition, down };
+    }
+    this.link = new RealtimeLink({
+      url: o.agent.url,
+      apiKey: o.agent.apiKey,
+      timeoutMs: o.agent.timeoutMs,
+      clock: o.clock,
+      opening: (setupId) => {
+        const recent = this.history.slice(-2 * o.config.history_turns).map(({ role, content }) => ({ role, content }) as ChatMessage);
+        return [this.settingsEvent(setupId), ...historyItems(recent)];
+      },
+      event: (e) => {
+        try {
+          this.event(e);
+        } catch (err) {
+          o.log("warn", { err, event: e.type }, "a realtime event could not be handled");
+        }
+      },
+      up: () => o.log("debug", { agent: o.agent.id }, "realtime session open"),
+      down: (reason, retryInMs) => {
+        o.log("warn", { agent: o.agent.id, provider: o.agent.provider, reason, retry_in_ms: retryInMs }, "the realtime session failed; reconnecting");
+        this.sessionLost(reason);
+      },
+    });
+    this.readNotes();
+  }
+
+  /** The memory, once read, joins the instructions of this session (sent again) and of every reopened one. */
+  private readNotes(): void {
+    this.o.notes?.().then(
+      (notes) => {
+        if (!notes || this.closed) return;
+        this.memory = notes;
+        this.link.send(this.settingsEvent(this.nextId("memory")));
+      },
+      (err: unknown) => this.o.log("warn", { err }, "the device's memory could not be read for the realtime session"),
+    );
+  }
+
+  /** One RTP packet of the device's uplink. */
+  packet(bytes: Buffer): void {
+    if (!this.closed) this.uplink.packet(bytes);
+  }
+
+  /** Every 20 ms: the jitter buffer, the node's end of turn. */
+  tick(): void {
+    if (this.closed) return;
+    this.uplink.tick();
+    this.node?.recognition.tick();
+  }
+
+  close(): void {
+    if (this.closed) return;
+    if (this.reply && !this.reply.ended) this.endTurn(this.reply, "interrupted");
+    this.closed = true;
+    this.cancelRenew?.();
+    this.link.close();
+    this.node?.recognition.close();
+    this.node?.down.close();
+    this.toModel.close();
+    this.codec.close();
+    this.history.length = 0;
+  }
+
+  /** The device's audio at 24 kHz: appended in pieces of APPEND_SAMPLES; dropped while no session is open. */
+  private hear(pcm: Int16Array): void {
+    if (this.node) this.node.recognition.hear(this.node.down.process(pcm));
+    this.appendParts.push(pcm);
+    this.appendSamples += pcm.length;
+    if (this.appendSamples < APPEND_SAMPLES) return;
+    const parts = this.appendParts;
+    this.appendParts = [];
+    this.appendSamples = 0;
+    if (!this.link.isOpen) return;
+    const bytes = Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength)));
+    this.link.send({ type: "input_audio_buffer.append", audio: bytes.toString("base64") }, true);
+  }
+
+  private nextId(prefix: string): string {
+    return `perch_${prefix}_${++this.eventIds}`;
+  }
+
+  /** Sends an event whose error answer is expected and harmless (a cancel, truncate or delete of Perch's own). */
+  private sendOwn(event: Record<string, unknown>): void {
+    const id = this.nextId(String(event.type).replace(/\W/g, "_"));
+    this.ours.add(id);
+    if (this.ours.size > MAX_ITEMS) this.ours.delete(this.ours.values().next().value!);
+    this.link.send({ ...event, event_id: id });
+  }
+
+  private tools(): RealtimeTool[] {
+    return this.o.tools
+      .definitions()
+      .map((d) => ({ type: "function", name: d.function.name, description: d.function.description, parameters: d.function.parameters }));
+  }
+
+  private settingsEvent(eventId: string): Record<string, unknown> {
+    const { agent } = this.o;
+    const tools = this.tools();
+    this.toolsSent = JSON.stringify(tools);
+    return sessionUpdate(
+      {
+        instructions: this.memory ? `${agent.instructions}\n\n${this.memory}`.trim() : agent.instructions,
+        voice: agent.voice,
+        turnDetection: agent.turnDetection,
+        transcription: agent.transcription,
+        bargeIn: this.o.config.barge_in,
+        tools,
+      },
+      eventId,
+    );
+  }
+
+  /** The device's tools may have changed since the session was set up: the model is told before it answers. */
+  private refreshTools(): void {
+    if (JSON.stringify(this.tools()) === this.toolsSent) return;
+    this.link.send(this.settingsEvent(this.nextId("tools")));
+  }
+
+  private event(e: ServerEvent): void {
+    if (this.closed) return;
+    const r = e.raw;
+    switch (e.type) {
+      case "session.created": {
+        const expires = obj(r, "session")?.expires_at;
+        if (typeof expires === "number" && Number.isFinite(expires)) this.renewBefore(expires * 1000 - Date.now());
+        return;
+      }
+      case "input_audio_buffer.speech_started":
+        if (!this.node) this.speechStarted(str(r, "item_id"));
+        return;
+      case "input_audio_buffer.speech_stopped":
+        if (!this.node) this.speechStopped(this.o.clock.now());
+        return;
+      case "input_audio_buffer.committed": {
+        const item = str(r, "item_id");
+        if (item && this.node && !this.itemTurns.has(item)) this.rememberItem(item, this.answered || this.turns);
+        return;
+      }
+      case "conversation.item.input_audio_transcription.delta": {
+        const n = this.itemTurns.get(str(r, "item_id") ?? "");
+        const delta = str(r, "delta");
+        if (n && delta) this.o.events.delta(`in-${n}`, "user.transcript", delta);
+        return;
+      }
+      case "conversation.item.input_audio_transcription.completed": {
+        const item = str(r, "item_id") ?? "";
+        const n = this.itemTurns.get(item);
+        if (!n) return;
+        this.itemTurns.delete(item);
+        const text = (str(r, "transcript") ?? "").trim();
+        this.o.events.done(`in-${n}`, "user.transcript", text);
+        this.o.log("debug", { turn: n, transcript: text }, "voice turn transcript");
+        if (text) this.remember(n, "user", text);
+        return;
+      }
+      case "conversation.item.input_audio_transcription.failed":
+        this.itemTurns.delete(str(r, "item_id") ?? "");
+        return;
+      case "response.created":
+        this.responseCreated(str(obj(r, "response"), "id") ?? "");
+        return;
+      case "response.output_item.added": {
+        const turn = this.current(str(r, "response_id"));
+        const item = obj(r, "item");
+        const id = str(item, "id");
+        if (turn && id && str(item, "type") === "message") this.item(turn, id);
+        return;
+      }
+      case "response.output_audio.delta":
+        this.audio(str(r, "response_id"), str(r, "item_id") ?? "", str(r, "delta") ?? "");
+        return;
+      case "response.output_audio_transcript.delta": {
+        const turn = this.current(str(r, "response_id"));
+        const delta = str(r, "delta");
+        if (!turn || !delta) return;
+        const item = this.item(turn, str(r, "item_id") ?? "");
+        item.text += delta;
+        // Past a cut the words are kept (what share was heard is counted on them) but not told.
+        if (turn.cut) return;
+        if (!turn.textStarted) {
+          turn.textStarted = true;
+          this.o.events.bos(`out-${turn.n}`, "text", "assistant.text");
+        }
+        this.o.events.delta(`out-${turn.n}`, "assistant.text", delta);
+        return;
+      }
+      case "response.output_audio_transcript.done": {
+        const turn = this.current(str(r, "response_id"));
+        const transcript = str(r, "transcript");
+        if (turn && transcript !== undefined) this.item(turn, str(r, "item_id") ?? "").text = transcript;
+        return;
+      }
+      case "response.function_call_arguments.done": {
+        const turn = this.current(str(r, "response_id"));
+        const callId = str(r, "call_id");
+        const name = str(r, "name");
+        if (turn && !turn.cut && callId && name) this.callTool(turn, callId, name, str(r, "arguments") ?? "");
+        return;
+      }
+      case "response.done":
+        this.responseDone(obj(r, "response"));
+        return;
+      case "error": {
+        const err = errorOf(e);
+        if (err.eventId && this.ours.has(err.eventId)) {
+          this.o.log("debug", { code: err.code, message: err.message }, "the model refused a cancel or truncation of Perch's (harmless)");
+          return;
+        }
+        this.link.fail(`the model reported an error: ${err.code}: ${err.message}`);
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  /** The turn a response's events belong to; undefined for a stale (cancelled, cut) response. */
+  private current(responseId: string | undefined): ReplyTurn | undefined {
+    const turn = this.reply;
+    if (!turn || turn.ended) return undefined;
+    if (responseId !== undefined && responseId !== turn.responseId) return undefined;
+    return turn;
+  }
+
+  private item(turn: ReplyTurn, id: string): AudioItem {
+    let item = turn.items.find((i) => i.id === id);
+    if (!item) {
+      item = { id, text: "", received: 0, start: 0, written: 0 };
+      turn.items.push(item);
+    }
+    return item;
+  }
+
+  private rememberItem(item: string, n: number): void {
+    this.itemTurns.set(item, n);
+    if (this.itemTurns.size > MAX_ITEMS) this.itemTurns.delete(this.itemTurns.keys().next().value!);
+  }
+
+  /** The provider ends a session at its age: a new one is opened before, between turns, so that no turn is lost. */
+  private renewBefore(remainingMs: number): void {
+    this.cancelRenew?.();
+    const at = Math.max(0, remainingMs - Math.min(RENEW_BEFORE_MS, remainingMs / 2));
+    const attempt = () => {
+      this.cancelRenew = undefined;
+      if (this.closed) return;
+      if (this.listening || (this.reply && !this.reply.ended)) {
+        this.cancelRenew = this.o.clock.after(RENEW_RETRY_MS, attempt);
+        return;
+      }
+      this.o.log("info", { agent: this.o.agent.id }, "the realtime session is near its age limit; a new one opens with the history");
+      this.link.renew();
+    };
+    this.cancelRenew = this.o.clock.after(at, attempt);
+  }
+
+  // ---- the user's turns -----------------------------------------------------------------------
+
+  private speechStarted(item: string | undefined): void {
+    if (this.reply && !this.reply.ended && this.o.config.barge_in) this.bargeIn(this.reply);
+    const n = ++this.turns;
+    this.listening = { n };
+    if (item) this.rememberItem(item, n);
+    this.o.events.bos(`in-${n}`, "audio", "user.audio");
+    this.refreshTools();
+  }
+
+  private speechStopped(at: number): void {
+    const heard = this.listening;
+    if (!heard) return;
+    this.listening = undefined;
+    this.o.events.eos(`in-${heard.n}`, "audio", "user.audio");
+    this.await(this.newTurn(heard.n, at));
+  }
+
+  private nodeSpeechStarted(): NodeTurn | undefined {
+    if (this.closed) return undefined;
+    if (this.reply && !this.reply.ended) {
+      if (!this.o.config.barge_in) return undefined;
+      this.bargeIn(this.reply);
+    }
+    this.speechStarted(undefined);
+    return { n: this.turns, transcription: NO_TRANSCRIPTION };
+  }
+
+  private nodeSpeechEnded(t: NodeTurn, end: TurnEnd): void {
+    if (this.closed || this.listening?.n !== t.n) return;
+    // What is still held back for the next append belongs to this turn.
+    this.flushAppend();
+    this.link.send({ type: "input_audio_buffer.commit" });
+    this.link.send({ type: "response.create" });
+    this.answered = t.n;
+    this.speechStopped(end.lastVoiced);
+  }
+
+  private flushAppend(): void {
+    if (this.appendSamples === 0 || !this.link.isOpen) return;
+    const parts = this.appendParts;
+    this.appendParts = [];
+    this.appendSamples = 0;
+    this.link.send({
+      type: "input_audio_buffer.append",
+      audio: Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength))).toString("base64"),
+    });
+  }
+
+  private newTurn(n: number, stoppedAt: number | undefined): ReplyTurn {
+    let finish!: () => void;
+    const finished = new Promise<void>((resolve) => {
+      finish = resolve;
+    });
+    const previous = this.reply;
+    const turn: ReplyTurn = {
+      n,
+      stoppedAt,
+      responseActive: false,
+      items: [],
+      pending: [],
+      pendingBytes: 0,
+      audioComplete: false,
+      pumping: false,
+      textStarted: false,
+      audioStarted: false,
+      cut: false,
+      ended: false,
+      calls: [],
+      tools: new AbortController(),
+      finished,
+      finish,
+      // Barge-in off: the previous reply plays to its end before this one's audio starts.
+      ...(previous && !previous.ended ? { after: previous.finished } : {}),
+    };
+    this.answered = Math.max(this.answered, n);
+    this.reply = turn;
+    return turn;
+  }
+
+  /** `response.created` is awaited for at most the provider's `timeout_ms`; then the turn fails and the session is reopened. */
+  private await(turn: ReplyTurn): void {
+    turn.cancelWait?.();
+    const ms = this.o.agent.timeoutMs;
+    turn.cancelWait = this.o.clock.after(ms, () => {
+      turn.cancelWait = undefined;
+      if (turn.ended || this.closed) return;
+      try {
+        this.link.fail(`the model did not start its response within ${ms} ms`);
+      } catch (err) {
+        this.o.log("warn", { err }, "realtime response timeout handling failed");
+      }
+    });
+  }
+
+  // ---- the model's replies --------------------------------------------------------------------
+
+  private responseCreated(id: string): void {
+    let turn = this.reply;
+    if (!turn || turn.ended) {
+      // A response nobody's speech asked for (or its speech_stopped was missed): a turn of its own.
+      const n = this.listening && this.listening.n > this.answered ? this.listening.n : ++this.turns;
+      turn = this.newTurn(n, undefined);
+    }
+    turn.cancelWait?.();
+    turn.cancelWait = undefined;
+    turn.responseId = id;
+    turn.responseActive = true;
+    turn.audioComplete = false;
+    turn.createdAt ??= this.o.clock.now();
+  }
+
+  private audio(responseId: string | undefined, itemId: string, delta: string): void {
+    const turn = this.reply;
+    if (!turn || turn.ended || responseId !== turn.responseId) return;
+    const item = this.item(turn, itemId);
+    if (turn.cut) {
+      // Counted, not decoded: a model that keeps sending past the cut costs little.
+      item.received += Math.floor(base64Bytes(delta) / 2);
+      return;
+    }
+    let bytes = Buffer.from(delta, "base64");
+    if (bytes.length % 2) bytes = bytes.subarray(0, bytes.length - 1);
+    if (bytes.length === 0) return;
+    item.received += bytes.length / 2;
+    if (turn.pendingBytes + bytes.length > MAX_BUFFER_BYTES) {
+      // The model speaks faster than the device plays beyond the buffer: the reply is cut here.
+      turn.cut = true;
+      if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
+      turn.audioComplete = true;
+      this.wake(turn);
+      return;
+    }
+    turn.pending.push(bytes);
+    turn.pendingBytes += bytes.length;
+    (turn.pending as Array<Buffer & { item?: AudioItem }>)[turn.pending.length - 1]!.item = item;
+    if (!turn.pumping) void this.pump(turn);
+    else this.wake(turn);
+  }
+
+  private wake(turn: ReplyTurn): void {
+    const w = turn.wake;
+    turn.wake = undefined;
+    w?.();
+  }
+
+  /** Feeds the turn's audio to its playout as playback makes room, resampled to 48 kHz. */
+  private async pump(turn: ReplyTurn): Promise<void> {
+    turn.pumping = true;
+    try {
+      if (turn.after) await turn.after;
+      if (turn.ended) return;
+      turn.up = new Resampler(this.o.resampler, REALTIME_RATE, OPUS_RATE);
+      const playout = new Playout({
+        codec: this.codec,
+        clock: this.o.clock,
+        send: (opus, first) => {
+          this.o.metrics.frameSent();
+          return this.o.send(opus, first);
+        },
+        late: () => this.o.metrics.frameLate(),
+        started: () => {
+          turn.audioStarted = true;
+          turn.firstAudioAt = this.o.clock.now();
+          this.o.events.bos(`out-${turn.n}`, "audio", "assistant.audio", "audio/opus");
+        },
+      });
+      turn.playout = playout;
+      let written = 0;
+      for (;;) {
+        if (turn.ended) return;
+        const chunk = turn.pending.shift() as (Buffer & { item?: AudioItem }) | undefined;
+        if (!chunk) {
+          if (turn.audioComplete) break;
+          await new Promise<void>((resolve) => {
+            turn.wake = resolve;
+          });
+          continue;
+        }
+        turn.pendingBytes -= chunk.length;
+        const pcm =
+          chunk.byteOffset % 2 === 0 ? new Int16Array(chunk.buffer, chunk.byteOffset, chunk.length / 2) : new Int16Array(new Uint8Array(chunk).buffer);
+        const out = turn.up.process(pcm);
+        const item = chunk.item;
+        if (item) {
+          if (item.written === 0) item.start = written;
+          item.written += out.length;
+        }
+        written += out.length;
+        playout.write(out);
+        await playout.room(PLAYOUT_AHEAD);
+      }
+      // The resampler's tail, and a breath of silence after the reply.
+      playout.write(turn.up.process(new Int16Array(REALTIME_RATE / 10)));
+      playout.end();
+      await playout.done;
+      if (turn.ended) return;
+      // A cut reply: the model's items end where the device's audio did.
+      if (turn.cut) this.cutItems(turn, playout.played, false);
+      this.endTurn(turn, "answered");
+    } catch (err) {
+      if (!turn.ended) this.endTurn(turn, "failed", `the reply's audio failed: ${(err as Error).message}`);
+    } finally {
+      turn.pumping = false;
+    }
+  }
+
+  private responseDone(response: Record<string, unknown> | undefined): void {
+    const turn = this.reply;
+    const id = str(response, "id");
+    if (!turn || turn.ended || id !== turn.responseId) return;
+    turn.responseActive = false;
+    const status = str(response, "status");
+    if (status === "cancelled" && !turn.cut) {
+      // The provider cancelled it (its own detector heard speech, with barge-in Perch's to decide): the reply ends here.
+      turn.playout?.stop();
+      this.cutItems(turn, turn.playout?.played ?? 0, true);
+      this.endTurn(turn, "interrupted");
+      return;
+    }
+    if (status === "failed") {
+      const error = obj(obj(response, "status_details"), "error");
+      this.link.fail(`the model's response failed: ${str(error, "message") ?? str(error, "code") ?? "no reason given"}`);
+      return;
+    }
+    const calls = turn.calls;
+    turn.calls = [];
+    if (calls.length > 0 && !turn.cut) {
+      void this.answerCalls(turn, calls);
+      return;
+    }
+    turn.audioComplete = true;
+    if (turn.pumping) this.wake(turn);
+    else if (!turn.playout) this.endTurn(turn, "answered");
+  }
+
+  // ---- tools ----------------------------------------------------------------------------------
+
+  private callTool(turn: ReplyTurn, callId: string, name: string, args: string): void {
+    const observer = this.o.toolEvents(turn.n);
+    observer.called(name, args);
+    const limit = this.o.agent.toolTimeoutMs + TOOL_GRACE_MS;
+    const outcome = new Promise<ToolOutcome>((resolve) => {
+      // A tool that never answers still gets an answer: the model is not left waiting.
+      const cancel = this.o.clock.after(limit, () => resolve(failed(`the tool did not answer within ${limit} ms`, "timeout")));
+      this.o.tools
+        .run({ id: callId, type: "function", function: { name, arguments: args } }, turn.tools.signal)
+        .then(resolve, (err: unknown) => resolve(failed(`the tool failed: ${(err as Error)?.message ?? String(err)}`)))
+        .finally(cancel);
+    }).then((o) => {
+      if (!turn.tools.signal.aborted) observer.finished(name, o);
+      return o;
+    });
+    turn.calls.push({ callId, name, outcome });
+  }
+
+  /** The calls' outputs, then `response.create`: the model answers with them. */
+  private async answerCalls(turn: ReplyTurn, calls: ReplyTurn["calls"]): Promise<void> {
+    const outcomes = await Promise.all(calls.map((c) => c.outcome));
+    if (turn.ended || this.closed || turn.tools.signal.aborted) return;
+    calls.forEach((c, i) => {
+      this.link.send({
+        type: "conversation.item.create",
+        item: { type: "function_call_output", call_id: c.callId, output: toolMessageText(outcomes[i]!, false) },
+      });
+    });
+    this.link.send({ type: "response.create" });
+    this.await(turn);
+  }
+
+  // ---- barge-in, failures, the end of a turn ----------------------------------------------------
+
+  /** Speech over the reply: its audio stops now, the response is cancelled, the model's items cut at what was heard. */
+  private bargeIn(turn: ReplyTurn): void {
+    turn.tools.abort(new Error("interrupted"));
+    const played = turn.playout?.stop() ?? 0;
+    turn.pending.length = 0;
+    turn.pendingBytes = 0;
+    if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
+    turn.responseActive = false;
+    this.cutItems(turn, played, true);
+    this.endTurn(turn, "interrupted");
+  }
+
+  /** The model's items of the turn cut at what the device heard: truncated there, or deleted when none of one was sent. */
+  private cutItems(turn: ReplyTurn, played: number, interrupted: boolean): void {
+    for (const item of turn.items) {
+      if (!interrupted && item.received === 0) continue;
+      const heard = Math.max(0, Math.min(item.written, played - item.start));
+      // A cut reply's items heard whole stay whole (an interrupted response may hold more than came).
+      if (!interrupted && heard >= item.received * (OPUS_RATE / REALTIME_RATE) - OPUS_RATE / 50) continue;
+      if (heard <= 0) this.sendOwn({ type: "conversation.item.delete", item_id: item.id });
+      else this.sendOwn({ type: "conversation.item.truncate", item_id: item.id, content_index: 0, audio_end_ms: Math.floor((heard * 1000) / OPUS_RATE) });
+    }
+  }
+
+  /** The session failed: the turn in progress (heard or being answered) ends as failed; the link reopens by itself. */
+  private sessionLost(reason: string): void {
+    if (this.closed) return;
+    this.cancelRenew?.();
+    this.cancelRenew = undefined;
+    const heard = this.listening;
+    this.listening = undefined;
+    const turn = this.reply;
+    if (turn && !turn.ended) {
+      turn.tools.abort(new Error("the session failed"));
+      turn.playout?.stop();
+      this.endTurn(turn, "failed", reason);
+    }
+    if (heard) {
+      this.o.events.eos(`in-${heard.n}`, "audio", "user.audio");
+      this.endTurn(this.newTurn(heard.n, undefined), "failed", reason);
+    }
+    this.itemTurns.clear();
+  }
+
+  private endTurn(turn: ReplyTurn, result: Exclude<TurnResult, "empty">, error?: string): void {
+    if (turn.ended) return;
+    turn.ended = true;
+    turn.cancelWait?.();
+    turn.cancelWait = undefined;
+    this.wake(turn);
+    const played = turn.playout?.played ?? 0;
+    if (result !== "answered") turn.playout?.stop();
+    turn.up?.close();
+    turn.pending.length = 0;
+    turn.pendingBytes = 0;
+    const spoken = new SpokenText();
+    const whole = result === "answered" && !turn.cut;
+    // An item none of whose audio came was not heard, whatever its words.
+    for (const item of turn.items) if (whole || item.received > 0) spoken.add(item.text, item.received * (OPUS_RATE / REALTIME_RATE));
+    const heard = (whole ? spoken.text : spoken.heard(played)).trim();
+    const out = `out-${turn.n}`;
+    const { events } = this.o;
+    if (turn.textStarted) events.done(out, "assistant.text", heard);
+    if (result === "failed" && (!turn.textStarted || !turn.audioStarted))
+      events.eos(out, "text", "assistant.text", { code: "failed", message: error ?? "failed" });
+    if (turn.audioStarted)
+      events.eos(
+        out,
+        "audio",
+        "assistant.audio",
+        result === "interrupted" ? { code: "interrupted" } : result === "failed" ? { code: "failed", message: error ?? "failed" } : undefined,
+      );
+    if (heard) this.remember(turn.n, "assistant", heard);
+    const stages: Partial<Record<Stage, number>> = {};
+    if (turn.firstAudioAt !== undefined) {
+      if (turn.stoppedAt !== undefined) stages.speech_to_audio = turn.firstAudioAt - turn.stoppedAt;
+      if (turn.createdAt !== undefined) stages.first_audio = turn.firstAudioAt - turn.createdAt;
+    }
+    const metrics: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(stages)) metrics[k] = Math.round(v * 10) / 10;
+    Object.assign(metrics, { interrupted: result === "interrupted", reply_cut: turn.cut, engines: { realtime: this.o.agent.provider } });
+    events.done(out, "turn.metrics", JSON.stringify(metrics));
+    this.o.metrics.turn(result, stages, { transcription: this.o.agent.provider, speech: this.o.agent.provider });
+    this.o.log(result === "failed" ? "warn" : "info", { turn: turn.n, result, ...metrics, ...(error ? { error } : {}) }, "voice turn");
+    turn.finish();
+  }
+
+  /** The history of what was said and heard, for a reopened session: in turn order, bounded. */
+  private remember(n: number, role: "user" | "assistant", content: string): void {
+    // A user's transcript may complete after its reply began: it goes before that reply.
+    let at = this.history.length;
+    while (at > 0 && (this.history[at - 1]!.n > n || (role === "user" && this.history[at - 1]!.n === n && this.history[at - 1]!.role === "assistant"))) at--;
+    this.history.splice(at, 0, { n, role, content });
+    const max = this.o.config.history_turns * 2;
+    if (this.history.length > max) this.history.splice(0, this.history.length - max);
+  }
+}
+
+/** The bytes a base64 string decodes to. */
+function base64Bytes(s: string): number {
+  const pad = s.endsWith("==") ? 2 : s.endsWith("=") ? 1 : 0;
+  return Math.max(0, Math.floor((s.length * 3) / 4) - pad);
+}
