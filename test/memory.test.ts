@@ -392,6 +392,43 @@ for (const store of STORES) {
       assert.equal((await get(phone)).text, "Heard: I like tea.");
     });
 
+    test("the race: turned off, or forgotten with nothing stored yet, while a rewrite's model call is in flight; nothing is written", async () => {
+      const hold = () => {
+        let release!: () => void;
+        let inFlight!: () => void;
+        const started = new Promise<void>((r) => (inFlight = r));
+        gate = () => {
+          inFlight();
+          return new Promise<void>((resolve) => (release = resolve));
+        };
+        return { started, release: () => release() };
+      };
+      {
+        const { phone, key } = await pairPhone(server);
+        await put(phone, { text: "Mia." });
+        const held = hold();
+        const run = server.memory.submit(job(key, ["I like chess"], server.domain.ctx.clock.now()));
+        await held.started;
+        await put(phone, { enabled: false });
+        gate = undefined;
+        held.release();
+        assert.equal(await run, "skipped", "turned off while the model was writing");
+        assert.equal((await get(phone)).text, "Mia.");
+      }
+      {
+        const { phone, key } = await pairPhone(server);
+        const held = hold();
+        const run = server.memory.submit(job(key, ["I like chess"], server.domain.ctx.clock.now()));
+        await held.started;
+        await phone.request("DELETE", "/side-control/memory");
+        gate = undefined;
+        held.release();
+        assert.equal(await run, "skipped", "forgotten while the model was writing");
+        assert.equal((await get(phone)).text, "");
+        assert.equal(await countRows(server, databaseUrl, "select count(*) as n from memories where public_key = $1", [key]), 0);
+      }
+    });
+
     test("removed with the device's registration, and from the database files", async () => {
       const { phone, key } = await pairPhone(server);
       await put(phone, { text: "Quentin-the-removable-parrot." });

@@ -32,6 +32,8 @@ export interface ConversationMemory {
 export interface RewriteBase {
   text: string;
   rev: string | undefined;
+  /** When the conversation began: its write is refused if the memory was forgotten since, or turned off. */
+  startedAt: number;
 }
 
 /**
@@ -98,13 +100,16 @@ export class MemoryService {
   async rewriteBase(deviceKey: string, startedAt: number): Promise<RewriteBase | undefined> {
     const state = await this.ctx.store.read((r) => r.memories.state(deviceKey));
     if (!state || state.off || (state.forgottenAt !== null && state.forgottenAt >= startedAt)) return undefined;
-    return { text: state.row?.text ?? "", rev: state.row?.rev };
+    return { text: state.row?.text ?? "", rev: state.row?.rev, startedAt };
   }
 
-  /** A rewrite's write, only over the revision it read; false when the memory changed since (read it again and redo). */
+  /**
+   * A rewrite's write, only over the revision it read and while remembering is on and nothing was
+   * forgotten since the conversation began; false otherwise (read it again and redo, or skip).
+   */
   async replace(deviceKey: string, base: RewriteBase, text: string): Promise<boolean> {
     const at = this.ctx.clock.now();
-    const written = await this.ctx.store.transaction((tx) => tx.memories.replace(deviceKey, base.rev, text, randomUUID(), at));
+    const written = await this.ctx.store.transaction((tx) => tx.memories.replace(deviceKey, base.rev, base.startedAt, text, randomUUID(), at));
     if (written) this.ctx.events.memory(deviceKey, at);
     return written;
   }

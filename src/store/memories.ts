@@ -1,4 +1,4 @@
-import { sql } from "kysely";
+import { type ExpressionBuilder, sql } from "kysely";
 import type { Db } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
 import type { Tables } from "./schema.ts";
@@ -60,10 +60,13 @@ export class MemoryRepository {
   }
 
   /**
-   * A rewrite's write: only over the row it read (`base` its rev; undefined: there was none). False
-   * when the row changed since (an edit, another rewrite, forgetting), or the device is gone.
+   * A rewrite's write: only over the row it read (`base` its rev; undefined: there was none), and
+   * only while the device's people have remembering on and have not forgotten since `startedAt` (in
+   * the same statement, so that a switch or a forgetting during the model call is never overwritten).
+   * False when the row changed since (an edit, another rewrite, forgetting), the switch is off, or
+   * the device is gone.
    */
-  async replace(publicKey: string, base: string | undefined, text: string, rev: string, at: number): Promise<boolean> {
+  async replace(publicKey: string, base: string | undefined, startedAt: number, text: string, rev: string, at: number): Promise<boolean> {
     if (base === undefined) {
       const r = await this.secure(() =>
         this.db
@@ -73,7 +76,8 @@ export class MemoryRepository {
             eb
               .selectFrom("peers")
               .select([eb.val(publicKey).as("public_key"), eb.val(text).as("text"), eb.val(rev).as("rev"), eb.val(at).as("updated_at")])
-              .where("public_key", "=", publicKey),
+              .where("public_key", "=", publicKey)
+              .where((w) => remembering(w, startedAt)),
           )
           .onConflict((oc) => oc.column("public_key").doNothing())
           .executeTakeFirst(),
@@ -81,7 +85,21 @@ export class MemoryRepository {
       return Number(r.numInsertedOrUpdatedRows ?? 0n) > 0;
     }
     const r = await this.secure(() =>
-      this.db.updateTable("memories").set({ text, rev, updated_at: at }).where("public_key", "=", publicKey).where("rev", "=", base).executeTakeFirst(),
+      this.db
+        .updateTable("memories")
+        .set({ text, rev, updated_at: at })
+        .where("public_key", "=", publicKey)
+        .where("rev", "=", base)
+        .where((eb) =>
+          eb.exists(
+            eb
+              .selectFrom("peers")
+              .select("peers.public_key")
+              .where("peers.public_key", "=", publicKey)
+              .where((w) => remembering(w, startedAt)),
+          ),
+        )
+        .executeTakeFirst(),
     );
     return r.numUpdatedRows > 0n;
   }
@@ -122,6 +140,11 @@ export class MemoryRepository {
       if (--secureWrites === 0) await sql`PRAGMA secure_delete = 0`.execute(this.db);
     }
   }
+}
+
+/** The peer's people have remembering on and have not forgotten since `startedAt`. */
+function remembering(eb: ExpressionBuilder<Tables, "peers">, startedAt: number) {
+  return eb.and([eb("peers.memory_off", "=", 0), eb.or([eb("peers.memory_forgotten_at", "is", null), eb("peers.memory_forgotten_at", "<", startedAt)])]);
 }
 
 /** Memory writes under way on this process's SQLite connection. */

@@ -1,6 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { ToolKit, ToolObserver } from "../../ai/agents/toolbox.ts";
 import { toolMessageText } from "../../ai/agents/toolbox.ts";
+import { Resampler } from "../../audio/resampler.ts";
 import type { VoiceConfig } from "../../config/config.ts";
 import type { ChatMessage } from "../../protocol/compat.ts";
 import { failed, type ToolOutcome } from "../../tools/results.ts";
@@ -11,7 +12,6 @@ import type { Stage, TurnResult, VoiceMetrics } from "../metrics.ts";
 import { OPUS_RATE, OpusCodec } from "../opus.ts";
 import { Playout } from "../playout.ts";
 import { AudioRecognition, type ListeningTurn, type TurnEnd } from "../recognition.ts";
-import { Resampler } from "../resampler.ts";
 import { SpokenText } from "../spoken.ts";
 import { Uplink } from "../uplink.ts";
 import { RealtimeLink } from "./link.ts";
