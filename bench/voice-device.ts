@@ -4,11 +4,11 @@
  * `barge`, interrupting each reply. Reports every measurement over IPC, then exits.
  *
  * Environment: PERCH_URL, QUESTION_FILE, DEVICES, TURNS, MODE (turns | barge), START_DELAY_MS (between
- * this process's devices), START_OFFSET_MS (before the first).
+ * this process's devices), START_OFFSET_MS (before the first), PRIVATE_KEYS (the devices' keys, hex, comma-separated; default new ones).
  */
 import { readFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
-import { generateKeyPair } from "../src/crypto/keys.ts";
+import { generateKeyPair, keyPairFromPrivate } from "../src/crypto/keys.ts";
 import { PeerEventType } from "../src/protocol/gen/event_pb.ts";
 import { PerchConnection } from "../src/sdk/webrtc.ts";
 
@@ -62,7 +62,10 @@ function next(
 
 async function conversation(index: number): Promise<void> {
   await sleep(Number(process.env.START_OFFSET_MS ?? 0) + index * Number(process.env.START_DELAY_MS ?? 150));
-  const conn = await PerchConnection.connect({ baseUrl: url, keyPair: generateKeyPair(), timeoutMs: 30_000 });
+  // PRIVATE_KEYS (hex, comma-separated): the devices' own keys, for devices registered beforehand.
+  const own = process.env.PRIVATE_KEYS?.split(",")[index];
+  const keyPair = own ? keyPairFromPrivate(Buffer.from(own, "hex")) : generateKeyPair();
+  const conn = await PerchConnection.connect({ baseUrl: url, keyPair, timeoutMs: 30_000 });
   const mic = await conn.microphone();
   await sleep(500);
   try {

@@ -8,7 +8,8 @@
  * CPU and memory per conversation. A mixed phase (issue 24): BENCH_VOICE_MIXED_CONVERSATIONS (1)
  * conversations taking turns while BENCH_VOICE_MIXED_API (8) Compatible API clients loop on
  * 4,096-character speech and BENCH_VOICE_MIXED_FILES (2) loop on transcribing a 20 s file; a turn
- * with no reply within 60 s counts as an error.
+ * with no reply within 60 s counts as an error. A memory phase (issue 38, bench/memory.ts): the first
+ * turn with memory on versus off, and the memory rewrites a second one node sustains.
  *
  * `--engines provider`: the same phases with recognition and synthesis on a second `perch serve`
  * (its embedded engines on its Compatible API) as an `openai-compatible` provider, behind a timing
@@ -28,6 +29,7 @@ import { createSpeechEngine } from "../src/ai/speech/index.ts";
 import { loadResampler, Resampler } from "../src/audio/resampler.ts";
 import { wavFile } from "../src/audio/samples.ts";
 import { LONG_TEXT, loop, speechRequest, transcriptionRequest } from "./api-load.ts";
+import { firstTurnWithMemory, rewriteRates, withMemoryAgent } from "./memory.ts";
 import { benchConfig, ROOT, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
 import { startTimingProxy, type Timing } from "./timing-proxy.ts";
 import type { DeviceMessage, TurnReport } from "./voice-device.ts";
@@ -39,7 +41,7 @@ const MIXED_CONVERSATIONS = Number(process.env.BENCH_VOICE_MIXED_CONVERSATIONS ?
 const MIXED_API = Number(process.env.BENCH_VOICE_MIXED_API ?? 8);
 const MIXED_FILES = Number(process.env.BENCH_VOICE_MIXED_FILES ?? 2);
 const STAGGER_MS = process.env.BENCH_VOICE_STAGGER_MS === undefined ? undefined : Number(process.env.BENCH_VOICE_STAGGER_MS);
-const PHASES = new Set((process.env.BENCH_VOICE_PHASES ?? "one,crowd,mixed,barge").split(","));
+const PHASES = new Set((process.env.BENCH_VOICE_PHASES ?? "one,crowd,mixed,barge,memory").split(","));
 const QUESTION = "What is the weather like today?";
 const API_KEY = "sk-perch-bench-voice";
 /** `--engines provider`: both engines on a second Perch; `embedded` (the default): the node's own. */
@@ -114,7 +116,15 @@ function queueDelta(before: QueueFigures, after: QueueFigures) {
 }
 
 /** Runs `total` devices over `processes` processes; collects their reports. */
-async function devices(server: Server, file: string, total: number, processes: number, mode: "turns" | "barge", turns: number): Promise<DeviceMessage[]> {
+async function devices(
+  server: Server,
+  file: string,
+  total: number,
+  processes: number,
+  mode: "turns" | "barge",
+  turns: number,
+  env: Record<string, string> = {},
+): Promise<DeviceMessage[]> {
   const reports: DeviceMessage[] = [];
   const children: ChildProcess[] = [];
   const per = Math.ceil(total / processes);
@@ -128,6 +138,7 @@ async function devices(server: Server, file: string, total: number, processes: n
         DEVICES: String(Math.min(per, left)),
         TURNS: String(turns),
         MODE: mode,
+        ...env,
         // Staggered: process p's devices are the p-th, (p + processes)-th, … to start.
         ...(STAGGER_MS !== undefined ? { START_OFFSET_MS: String(p * STAGGER_MS), START_DELAY_MS: String(processes * STAGGER_MS) } : {}),
       },
@@ -171,6 +182,7 @@ function turnFigures(reports: DeviceMessage[]) {
 }
 
 export async function voiceBench(): Promise<unknown> {
+  if (PHASES.size === 1 && PHASES.has("memory-rewrites")) return memoryRewritesOnly();
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-voice-"));
   // The question, spoken by another voice than the reply's, as the devices' microphones give it.
   const speech = createSpeechEngine();
@@ -206,15 +218,14 @@ export async function voiceBench(): Promise<unknown> {
             ]
           : []),
       ],
-      agents: [
-        {
-          id: "talker",
-          model: "chat",
-          instructions: "Answer briefly.",
-          voice: "alloy",
-          ...(remote ? { speech_model: "remote-tts", transcription_model: "remote-stt" } : {}),
-        },
-      ],
+      // The memory phase's agent beside it: the same, remembering.
+      agents: withMemoryAgent({
+        id: "talker",
+        model: "chat",
+        instructions: "Answer briefly.",
+        voice: "alloy",
+        ...(remote ? { speech_model: "remote-tts", transcription_model: "remote-stt" } : {}),
+      }),
       voice: { agent: "talker" },
       api_keys: [{ name: "bench", sha256: createHash("sha256").update(API_KEY).digest("hex") }],
     }),
@@ -278,6 +289,16 @@ export async function voiceBench(): Promise<unknown> {
     const queue = queueDelta(queueBefore, await recognitionQueue(server));
     const turnOutcomes = outcomeDelta(outcomesBefore, await outcomes(server));
 
+    const memory = PHASES.has("memory")
+      ? {
+          goals: { first_token_p50_difference_ms: "≤ 5", rewrites_per_second: "≥ 200 on SQLite and PostgreSQL" },
+          first_turn: await firstTurnWithMemory(server.url, { PERCH_DATA_DIR: dir, PERCH_CONFIG: join(dir, "bench.json") }, (key, turns) =>
+            devices(server, file, 1, 1, "turns", turns, { PRIVATE_KEYS: key }),
+          ),
+          rewrites: await rewriteRates(upstreamUrl),
+        }
+      : undefined;
+
     const barge = PHASES.has("barge") ? (await devices(server, file, 1, 1, "barge", Math.max(3, Math.round(TURNS / 2)))).filter((r) => r.type === "barge") : [];
     return {
       suite: "voice",
@@ -318,6 +339,7 @@ export async function voiceBench(): Promise<unknown> {
         server_cpu_percent_per_conversation: round(((cpu / seconds) * 100) / CONVERSATIONS),
         server_rss_mb: { before: rssBefore, peak: peakRss, per_conversation: round((peakRss - rssBefore) / CONVERSATIONS) },
       },
+      memory,
       barge_in: {
         trials: barge.length,
         interrupted: barge.filter((b) => b.type === "barge" && b.interrupted).length,
@@ -333,6 +355,17 @@ export async function voiceBench(): Promise<unknown> {
     upstream.kill();
     await remote?.proxy.close();
     await remote?.node.stop();
+  }
+}
+
+/** `BENCH_VOICE_PHASES=memory-rewrites`: the memory phase's rewrites a second alone (no devices). */
+async function memoryRewritesOnly(): Promise<unknown> {
+  const upstream = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
+  try {
+    const upstreamUrl = await new Promise<string>((resolve) => upstream.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
+    return { suite: "voice", machine: { cores: availableParallelism(), load_1m: round(loadavg()[0]!) }, memory: { rewrites: await rewriteRates(upstreamUrl) } };
+  } finally {
+    upstream.kill();
   }
 }
 

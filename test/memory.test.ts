@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import pino from "pino";
 import { fitMemory, NOTES_HEADING, notesMessage, rewriteMessages } from "../src/ai/memory-prompt.ts";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
 import { PerchApiError, type PerchClient } from "../src/sdk/client.ts";
@@ -84,6 +85,7 @@ describe("the rewrite prompt and the notes", () => {
     assert.equal(fitMemory("Mia is 7. She likes 3.14159", 14), "Mia is 7.");
     assert.equal(fitMemory("🐦🐦🐦. 🐦🐦", 4), "🐦🐦🐦.", "code points, not UTF-16 units");
     assert.equal(fitMemory("abcdefghij", 4), "abcd");
+    assert.equal(fitMemory("Mia\u0000 likes \ud800chess.", 100), "Mia likes \ufffdchess.", "storable on both databases");
   });
 });
 
@@ -252,7 +254,19 @@ for (const store of STORES) {
       const before = await get(phone);
       assert.equal((await put(phone, { text: "🐦".repeat(2_000) })).text.length, 4_000, "2,000 code points are allowed");
       await put(phone, { text: "kept" });
-      for (const body of [{ text: "a".repeat(2_001) }, {}, { text: 5 }, { enabled: "no" }, { text: "x", mood: "happy" }, [], null, "text"]) {
+      for (const body of [
+        { text: "a".repeat(2_001) },
+        {},
+        { text: 5 },
+        { enabled: "no" },
+        { text: "x", mood: "happy" },
+        [],
+        null,
+        "text",
+        // Not storable alike on both databases: PostgreSQL cannot hold NUL, a lone surrogate would come back as U+FFFD.
+        { text: "Mia\u0000 likes chess." },
+        { text: "Mia \ud800 likes chess." },
+      ]) {
         await assert.rejects(put(phone, body), refused(400, "INVALID_MEMORY"), JSON.stringify(body));
       }
       for (const raw of ["", "{", "not json"]) {
@@ -317,6 +331,13 @@ for (const store of STORES) {
       upstream.reply({ content: `${"Mia likes chess. ".repeat(200)}` });
       assert.equal(await server.memory.submit({ ...job(key, ["hi"]), policy: { max_chars: 40, idle_ms: 1, model: "chat" } }), "ok");
       assert.equal((await get(phone)).text, "Mia likes chess. Mia likes chess.");
+    });
+
+    test("a model's answer with NUL or a lone surrogate is stored as the same text on both databases", async () => {
+      const { phone, key } = await pairPhone(server);
+      upstream.reply({ content: "Mia\u0000 likes \ud800chess." });
+      assert.equal(await server.memory.submit(job(key, ["hi"])), "ok");
+      assert.equal((await get(phone)).text, "Mia likes \ufffdchess.");
     });
 
     test("enabled: false stops writing (and giving); on again, it writes", async () => {
@@ -484,3 +505,39 @@ for (const store of STORES) {
     });
   });
 }
+
+describe("memory in the logs", () => {
+  test("the memory's text and what was said reach the log only at debug; each rewrite logs one line with its result", async () => {
+    const upstream = await startFakeUpstream();
+    scriptMemoryModel(upstream);
+    const lines: string[] = [];
+    const logger = pino({ level: "debug" }, { write: (line: string) => void lines.push(line) });
+    const server = await startTestServer({ logger, config: memoryConfig(upstream.url) });
+    try {
+      const { phone, key } = await pairPhone(server);
+      await put(phone, { text: "Xanthippe-edited-secret." });
+      assert.equal(await server.memory.submit(job(key, ["Ophelia-said-secret"])), "ok");
+      upstream.reply({ status: 500, error: { message: "down" } });
+      assert.equal(await server.memory.submit(job(key, ["Ophelia-said-secret"])), "failed");
+      await phone.request("DELETE", "/side-control/memory");
+      logger.flush();
+      const parsed = lines.map((l) => JSON.parse(l) as { level: number; msg: string; result?: string });
+      const above = lines.filter((_, i) => parsed[i]!.level > 20);
+      assert.ok(above.length > 0);
+      for (const line of above) {
+        assert.ok(!/Xanthippe|Ophelia/.test(line), `above debug: ${line}`);
+      }
+      assert.ok(
+        lines.some((l) => l.includes("Ophelia-said-secret")),
+        "at debug it is there (so the check above can fail)",
+      );
+      assert.deepEqual(
+        parsed.filter((p) => p.level > 20 && /^memory rewr/.test(p.msg)).map((p) => p.result),
+        ["ok", "failed"],
+      );
+    } finally {
+      await server.stop();
+      await upstream.close();
+    }
+  });
+});

@@ -3,6 +3,7 @@ import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { engines } from "./support/engines.ts";
+import { type FakeRealtime, startFakeRealtime } from "./support/fake-realtime.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { memoryConfig, rewriteOf, scriptMemoryModel } from "./support/memory.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
@@ -21,6 +22,7 @@ describe("memory across a device's conversations (real WebRTC)", () => {
   let server: TestServer;
   const keyPair = generateKeyPair();
   let phone: PerchClient;
+  let owner: PerchClient;
 
   /** The conversation requests (streamed turns) the model got since `from`. */
   const turnRequests = (from: number) =>
@@ -42,7 +44,7 @@ describe("memory across a device's conversations (real WebRTC)", () => {
     scriptMemoryModel(upstream);
     await engines().transcription?.start?.();
     server = await startTestServer({ config: memoryConfig(upstream.url) });
-    const owner = new PerchClient({ baseUrl: server.url, keyPair });
+    owner = new PerchClient({ baseUrl: server.url, keyPair });
     await owner.login();
     phone = server.client();
     await phone.login({ deviceToken: (await owner.createDeviceToken()).token });
@@ -52,7 +54,7 @@ describe("memory across a device's conversations (real WebRTC)", () => {
     await upstream?.close();
   });
 
-  test("a name and a hobby said; after the device leaves the phone sees the memory; the next conversation's model gets it as notes; another device's never", async () => {
+  test("a name and a hobby said; after the device leaves the phone sees the memory; the next conversation's model gets it as notes; another device's and the Compatible API never", async () => {
     assert.deepEqual(await phone.request<Memory>("GET", "/side-control/memory"), { enabled: true, text: "", max_chars: 2_000 });
     const first = await voiceDevice(server, { keyPair });
     const from = upstream.received.length;
@@ -100,6 +102,26 @@ describe("memory across a device's conversations (real WebRTC)", () => {
     }
     other.conn.close();
     assert.notEqual(encodeKey(other.conn.keyPair.publicKey), encodeKey(keyPair.publicKey));
+
+    // The same agent on the Compatible API, called by the same device: never the memory.
+    const compatFrom = upstream.received.length;
+    const res = await fetch(`${server.url}/openai/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${owner.accessToken}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "talker", messages: [{ role: "user", content: "What is my name?" }] }),
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    // (The other device's rewrite may come in meanwhile.)
+    const compat = upstream.received
+      .slice(compatFrom)
+      .map((r) => r.body)
+      .filter((b) => !rewriteOf(b));
+    assert.equal(compat.length, 1);
+    assert.deepEqual(
+      (compat[0]!.messages as Message[]).filter((m) => m.role === "system"),
+      [{ role: "system", content: "You speak briefly." }],
+      "no memory on the Compatible API",
+    );
   });
 
   test("an edit from the phone is what the next conversation uses; turned off, nothing is given and nothing written", async () => {
@@ -127,5 +149,76 @@ describe("memory across a device's conversations (real WebRTC)", () => {
       "the skipped rewrite",
     );
     assert.deepEqual(await phone.request<Memory>("GET", "/side-control/memory"), before);
+  });
+});
+
+/** A realtime agent that remembers (voice.md §6): the memory joins the session's instructions; its chat `memory.model` rewrites it. */
+describe("memory of a realtime agent (real WebRTC, a fake realtime provider)", () => {
+  const KEY = "sk-realtime-memory-test";
+  process.env.PERCH_TEST_REALTIME_MEMORY_KEY = KEY;
+  let fake: FakeRealtime;
+  let upstream: FakeUpstream;
+  let server: TestServer;
+
+  before(async () => {
+    fake = await startFakeRealtime();
+    upstream = await startFakeUpstream();
+    scriptMemoryModel(upstream);
+    server = await startTestServer({
+      engines: engines(),
+      config: {
+        providers: [
+          { id: "rt", kind: "openai-compatible" as const, base_url: fake.url, api_key_env: "PERCH_TEST_REALTIME_MEMORY_KEY", timeout_ms: 3_000 },
+          { id: "local", kind: "openai-compatible" as const, base_url: upstream.url, max_retries: 0 },
+        ],
+        models: [
+          { id: "live", kind: "realtime" as const, provider: "rt", upstream_model: "gpt-realtime" },
+          { id: "chat", kind: "chat" as const, provider: "local", upstream_model: "scripted" },
+        ],
+        agents: [{ id: "talker", model: "live", instructions: "Be brief.", voice: "marin", memory: { enabled: true, model: "chat" } }],
+        voice: { agent: "talker" },
+      },
+    });
+  });
+  after(async () => {
+    await server?.stop();
+    await fake?.close();
+    await upstream?.close();
+  });
+
+  test("the memory is appended to the session's instructions; after the conversation the chat memory model rewrites it", async () => {
+    const owner = server.client();
+    await owner.login();
+    const phone = server.client();
+    await phone.login({ deviceToken: (await owner.createDeviceToken()).token });
+    await phone.request("PUT", "/side-control/memory", { body: { text: "Peter prefers Celsius." } });
+    const before = fake.sessions.length;
+    fake.transcript = "I love playing football.";
+    fake.script({ kind: "reply", text: "Football is great.", ms: 600 });
+    const { conn, log } = await voiceDevice(server, { keyPair: owner.keyPair });
+    const mic = await conn.microphone();
+    await fake.until(
+      () => fake.sessions.slice(before).some((s) => String(s.session?.instructions ?? "").includes("Peter prefers Celsius.")),
+      10_000,
+      "the memory in the session's instructions",
+    );
+    const instructions = String(fake.sessions.slice(before).find((s) => s.session)!.session!.instructions);
+    assert.ok(instructions.startsWith("Be brief."), instructions);
+    assert.match(instructions, /What you remember about the people you talk with/);
+    await mic.say(await spoken("I love playing football."));
+    await log.wait((s) => s.stream === "out-1" && s.label === "turn.metrics", 30_000, "the turn");
+    conn.close();
+    const memory = await eventually(
+      async () => {
+        const m = await phone.request<Memory>("GET", "/side-control/memory");
+        return m.text !== "Peter prefers Celsius." ? m : undefined;
+      },
+      30_000,
+      "the rewrite",
+    );
+    assert.equal(memory.text, "Peter prefers Celsius. Heard: I love playing football.");
+    const rewrite = upstream.received.map((r) => rewriteOf(r.body)).find(Boolean)!;
+    assert.equal(upstream.received.find((r) => rewriteOf(r.body))!.body.model, "scripted", "the chat memory model");
+    assert.deepEqual(rewrite.conversation, [{ user: "I love playing football." }, { assistant: "Football is great." }]);
   });
 });

@@ -4,7 +4,7 @@ import pino from "pino";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { engines } from "./support/engines.ts";
-import { type FakeRealtime, type FakeSession, startFakeRealtime } from "./support/fake-realtime.ts";
+import { type FakeRealtime, type FakeSession, type Script, startFakeRealtime } from "./support/fake-realtime.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { type EventLog, heardFor, spoken, voiceDevice } from "./support/voice.ts";
 import { connect } from "./support/webrtc.ts";
@@ -181,6 +181,33 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     assert.equal(log.all.find((e) => e.stream === "out-1" && e.type === "TEXT_DONE" && e.label === "assistant.text")!.text, "Done, the volume is three.");
     conn.close();
     other.close();
+  });
+
+  test("max_steps bounds a model that keeps calling tools, as for text agents: the last step offers none (tool_choice none) and a call in it is not run", async () => {
+    const { conn, log, say, s } = await device();
+    let runs = 0;
+    await conn.offerTools([
+      {
+        name: "next_page",
+        description: "Reads the next page.",
+        inputSchema: { type: "object" },
+        handler: async () => `page ${++runs}`,
+      },
+    ]);
+    // A model that calls the tool at every step, the last one too (max_steps: 4, the default).
+    let script: Script = { kind: "call", name: "device.next_page", arguments: "{}", after: { kind: "reply", text: "The end.", ms: 200 } };
+    for (let i = 0; i < 4; i++) script = { kind: "call", name: "device.next_page", arguments: "{}", after: script };
+    fake.script(script);
+    await say(question);
+    await metricsOf(log, 1);
+    assert.equal(runs, 3, "steps 1 to 3 run their calls; step 4 offers no tools");
+    const creates = s.events.filter((e) => e.type === "response.create");
+    assert.equal(creates.length, 3);
+    assert.deepEqual(
+      creates.map((e) => (e.response as { tool_choice?: string } | undefined)?.tool_choice),
+      [undefined, undefined, "none"],
+    );
+    conn.close();
   });
 
   test("barge-in: the device's audio stops within 250 ms of speech_started; the truncate carries what was sent; nothing sent -> item.delete", async () => {

@@ -47,11 +47,12 @@ export function notesMessage(memory: string): ChatMessage {
 }
 
 /**
- * The model's answer as the memory: trimmed, and when longer than `maxChars` code points, cut at the
+ * The model's answer as the memory: without NUL or lone surrogates, trimmed, and when longer than `maxChars` code points, cut at the
  * last sentence end within them (hard at the limit when there is none).
  */
 export function fitMemory(answer: string, maxChars: number): string {
-  const text = answer.trim();
+  // Storable alike on both databases (PostgreSQL cannot hold NUL; a lone surrogate would be changed by the store).
+  const text = answer.replaceAll("\u0000", "").toWellFormed().trim();
   const points = Array.from(text);
   if (points.length <= maxChars) return text;
   const head = points.slice(0, maxChars).join("");

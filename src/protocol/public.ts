@@ -362,7 +362,11 @@ export const MemoryView = z
 
 export const MemoryUpdate = z
   .strictObject({
-    text: z.string().optional().openapi({ description: "the new text (at most `max_chars`); empty clears it" }),
+    text: z
+      .string()
+      .refine(isStorableText, `text ${STORABLE_TEXT_MESSAGE}`)
+      .optional()
+      .openapi({ description: "the new text (at most `max_chars`); empty clears it" }),
     enabled: z.boolean().optional().openapi({ description: "false: nothing is written after conversations and nothing is given to the model" }),
   })
   .refine((u) => u.text !== undefined || u.enabled !== undefined, "give text, enabled or both")

@@ -1,4 +1,5 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
+import { MAX_TOOL_CALLS_PER_STEP } from "../../ai/agents/tool-calls.ts";
 import type { ToolKit, ToolObserver } from "../../ai/agents/toolbox.ts";
 import { toolMessageText } from "../../ai/agents/toolbox.ts";
 import { Resampler } from "../../audio/resampler.ts";
@@ -39,6 +40,8 @@ export interface RealtimeAgentInfo {
   turnDetection: SessionSettings["turnDetection"];
   transcription: string | false;
   toolTimeoutMs: number;
+  /** Model calls (responses) of one turn at most, as for text agents: the last one offers no tools. */
+  maxSteps: number;
   /** The provider's id (`turn.metrics.engines.realtime`), WebSocket URL, key and `timeout_ms`. */
   provider: string;
   url: string;
@@ -102,6 +105,8 @@ interface ReplyTurn {
   audioStarted: boolean;
   cut: boolean;
   ended: boolean;
+  /** The model call (response) of this turn under way, from 1: tools are offered while it is below `maxSteps`. */
+  steps: number;
   /** Tool calls of the current response. */
   calls: Array<{ callId: string; name: string; outcome: Promise<ToolOutcome> }>;
   tools: AbortController;
@@ -368,7 +373,10 @@ export class RealtimeBridge {
         const turn = this.current(str(r, "response_id"));
         const callId = str(r, "call_id");
         const name = str(r, "name");
-        if (turn && !turn.cut && callId && name) this.callTool(turn, callId, name, str(r, "arguments") ?? "");
+        // A call in the last step (no tools offered) or beyond a step's bound is not run, as for text agents.
+        if (turn && !turn.cut && callId && name && turn.steps < this.o.agent.maxSteps && turn.calls.length < MAX_TOOL_CALLS_PER_STEP) {
+          this.callTool(turn, callId, name, str(r, "arguments") ?? "");
+        }
         return;
       }
       case "response.done":
@@ -496,6 +504,7 @@ export class RealtimeBridge {
       audioStarted: false,
       cut: false,
       ended: false,
+      steps: 1,
       calls: [],
       tools: new AbortController(),
       finished,
@@ -694,7 +703,9 @@ export class RealtimeBridge {
         item: { type: "function_call_output", call_id: c.callId, output: toolMessageText(outcomes[i]!, false) },
       });
     });
-    this.link.send({ type: "response.create" });
+    // The last step offers no tools, so that the model has to answer.
+    turn.steps++;
+    this.link.send({ type: "response.create", ...(turn.steps >= this.o.agent.maxSteps ? { response: { tool_choice: "none" } } : {}) });
     this.await(turn);
   }
 

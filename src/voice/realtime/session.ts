@@ -30,6 +30,7 @@ export function realtimeAgents(config: Pick<Config, "agents" | "models" | "provi
       turnDetection: a.turn_detection ?? "server_vad",
       transcription: a.input_transcription ?? DEFAULT_INPUT_TRANSCRIPTION,
       toolTimeoutMs: a.tool_timeout_ms,
+      maxSteps: a.max_steps,
       provider: provider.id,
       url: realtimeUrl(provider.base_url ?? DEFAULT_BASE_URL, model.upstream_model),
       apiKey: provider.api_key_env ? env[provider.api_key_env] : undefined,
