@@ -1,6 +1,7 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
 import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
+import { mcpBoundsBench } from "./mcp-bounds.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
 import { revocationBench } from "./revocation.ts";
@@ -24,6 +25,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   "telemetry-ingest": telemetryIngestBench,
   voice: voiceBench,
   tools: toolsBench,
+  "mcp-bounds": mcpBoundsBench,
   revocation: revocationBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */

@@ -196,6 +196,49 @@ for (const store of STORES) {
       assert.deepEqual(await storedRows(server, databaseUrl, key), [0, 0]);
     });
 
+    test("a conversation still going: what it says after delete all (a reply finishing) or after it is deleted is not written back", async () => {
+      const { phone, key } = await pairPhone(server);
+      for (const remove of [
+        () => phone.request("DELETE", "/side-control/conversations"),
+        (id: string) => phone.request("DELETE", `/side-control/conversations/${id}`),
+      ]) {
+        const errors: unknown[] = [];
+        const rec = server.domain.conversations.open(key, (err) => errors.push(err));
+        rec.add({ turn: 1, role: "user", text: "tell me a long story" });
+        await rec.settled();
+        assert.equal((await list(phone)).items.length, 1);
+        await remove(rec.id);
+        // The reply finishes after the delete, then the conversation goes on.
+        rec.add({ turn: 1, role: "assistant", text: "once upon a time", interrupted: true });
+        rec.add({ turn: 2, role: "user", text: "and then?" });
+        rec.close();
+        await rec.settled();
+        assert.deepEqual(errors, []);
+        assert.deepEqual((await list(phone)).items, []);
+        await assert.rejects(one(phone, rec.id), refused(404, "CONVERSATION_NOT_FOUND"));
+        assert.deepEqual(await storedRows(server, databaseUrl, key), [0, 0]);
+      }
+      // A conversation after the delete is stored as ever.
+      const next = await converse(server, key, [{ turn: 1, role: "user", text: "a new one" }]);
+      assert.deepEqual(
+        (await list(phone)).items.map((c) => c.id),
+        [next],
+      );
+    });
+
+    test("delete all racing a conversation's writes: once both are done, nothing of it is stored", async () => {
+      const { phone, key } = await pairPhone(server);
+      for (let round = 0; round < 5; round++) {
+        const rec = server.domain.conversations.open(key, (err) => assert.fail(String(err)));
+        rec.add({ turn: 1, role: "user", text: "first" });
+        await rec.settled();
+        const deleting = server.domain.conversations.deleteAll(key);
+        for (let i = 0; i < 20; i++) rec.add({ turn: 1, role: "assistant", text: `piece ${i}` });
+        await Promise.all([deleting, rec.settled()]);
+        assert.deepEqual((await list(phone)).items, [], `round ${round}`);
+      }
+    });
+
     test("a conversation its node left open (the node died) ends at its last entry when the device converses again", async () => {
       const { phone, key } = await pairPhone(server);
       const errors: unknown[] = [];

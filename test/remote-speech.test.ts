@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { getEventListeners } from "node:events";
 import { after, before, beforeEach, describe, test } from "node:test";
 import { GenerationError } from "../src/ai/errors.ts";
 import { InFlight } from "../src/ai/in-flight.ts";
@@ -9,6 +10,7 @@ import { type Config, loadConfig } from "../src/config/config.ts";
 import { type FakeSpeechProvider, startFakeSpeechProvider, startSpeechNode, tone } from "./support/fake-speech.ts";
 import type { TestServer } from "./support/server.ts";
 import { resample } from "./support/voice.ts";
+import { within } from "./support/webrtc.ts";
 
 /** Two providers (the second a fallback's) on two fake servers, a speech and a transcription model on each. */
 function config(primary: string, second: string, o: { timeoutMs?: number; maxInFlight?: number; stream?: boolean } = {}): Config {
@@ -94,7 +96,7 @@ describe("provider speech and transcription for conversations", () => {
     await it.next();
     abort.abort(new Error("barge-in"));
     await assert.rejects(it.next());
-    await fake.of("/audio/speech").at(-1)!.closedEarly;
+    await within(fake.of("/audio/speech").at(-1)!.closedEarly, 5_000, "the provider's connection closed by the abort");
   });
 
   test("refused answers: another rate (declared by type or WAV header), HTML, an empty body; a 24 kHz WAV is read past its header", async () => {
@@ -108,6 +110,8 @@ describe("provider speech and transcription for conversations", () => {
     };
     await refused({ kind: "pcm", contentType: "audio/pcm; rate=16000" }, /16000 Hz instead of 24000 Hz/);
     await refused({ kind: "wav", rate: 16_000 }, /16000 Hz instead of 24000 Hz/);
+    await refused({ kind: "pcm", contentType: "audio/pcm; rate=24000; channels=2" }, /2 channels instead of mono/);
+    await refused({ kind: "wav", rate: 24_000, channels: 2 }, /2 channels instead of mono/);
     await refused({ kind: "html" }, /text\/html instead of PCM audio/);
     await refused(
       { kind: "pcm", contentType: "application/octet-stream", pcm: new Int16Array(new Uint8Array(Buffer.from("<!DOCTYPE html><html>oops</html>")).buffer) },
@@ -119,8 +123,8 @@ describe("provider speech and transcription for conversations", () => {
     fake.speech({ kind: "html" });
     const abort = new AbortController();
     await assert.rejects(remoteSpeech(ctx, model(cfg, "voice"), "Hi.", "alloy", abort.signal));
+    assert.deepEqual(getEventListeners(abort.signal, "abort"), [], "nothing of the refused exchange waits on the signal");
     abort.abort();
-    await new Promise((r) => setTimeout(r, 50));
     fake.speech({ kind: "wav", rate: 24_000, pcm: tone(100) });
     const wav = await remoteSpeech(ctx, model(cfg, "voice"), "Hi.", "alloy", new AbortController().signal);
     assert.equal(await collect(wav.samples), 2400);

@@ -6,7 +6,7 @@ import type { PerchConnection } from "../src/sdk/webrtc.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { RawToolStream, tool } from "./support/mcp.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
-import { connect, eventually } from "./support/webrtc.ts";
+import { connect, eventually, within } from "./support/webrtc.ts";
 
 /** Hostile devices on service stream 3: each is bounded as tools.md §1 says; the node and the other devices go on. */
 describe("tools: hostile devices", () => {
@@ -182,7 +182,9 @@ describe("tools: hostile devices", () => {
       await stream.request("initialize");
       await stream.whenClosed(10_000);
       assert.deepEqual(tools(conn), []);
-      assert.ok((await conn.ping()).rttMs >= 0);
+      // The connection outlives its tool stream: still active on the node, and it answers a ping.
+      assert.equal(server.transport!.connection(conn.publicKey)?.active, true);
+      await within(conn.ping(), 5_000, "a ping after the tool stream closed");
     } finally {
       conn.close();
     }
@@ -193,8 +195,12 @@ describe("tools: hostile devices", () => {
     try {
       model.reply({ tool_calls: [{ id: "s", name: "device.slow", arguments: "{}" }] }, { content: "it timed out" });
       const before = model.received.length;
+      const started = performance.now();
       const res = await ask(conn);
+      const elapsed = performance.now() - started;
       assert.equal(res.status, 200);
+      // The configured 600 ms, measured: not the message built from it (ten times longer would be 6 s).
+      assert.ok(elapsed >= 600 && elapsed < 4_000, `the call gave up after ${Math.round(elapsed)} ms`);
       assert.equal(res.json<any>().choices[0].message.content, "it timed out");
       const call = await stream.request("tools/call");
       assert.equal(call.params.name, "slow");
@@ -204,7 +210,9 @@ describe("tools: hostile devices", () => {
       assert.match(await (await fetch(`${server.url}/metrics`)).text(), /perch_tool_calls_total\{source="device",result="timeout"\} 1/);
       // An answer arriving after the timeout changes nothing.
       stream.send({ jsonrpc: "2.0", id: call.id, result: { content: [{ type: "text", text: "late" }] } });
-      assert.ok((await conn.ping()).rttMs >= 0);
+      // The node keeps the stream and the tool; the connection answers.
+      await within(conn.ping(), 5_000, "a ping after the late answer");
+      assert.equal(stream.closed, false);
       assert.deepEqual(tools(conn), ["slow"]);
     } finally {
       conn.close();

@@ -8,6 +8,7 @@ import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
 import { type EventLog, resample, spoken, voiceDevice } from "./support/voice.ts";
+import { within } from "./support/webrtc.ts";
 
 const QUESTION = "What is the weather like today?";
 const ANSWER = "It is sunny and warm today. Is there anything else you would like to know?";
@@ -157,7 +158,7 @@ describe("voice conversations with a fake speech provider", () => {
     assert.deepEqual(metrics.engines, { transcription: "speechbox", speech: "speechbox" });
     const request = fake.of("/audio/speech").at(-1)!;
     assert.deepEqual(request.fields, { model: "kokoro", input: "Here is a long answer.", voice: "af_bella", response_format: "pcm" });
-    await request.finished;
+    await within(request.finished, 30_000, "the provider's answer written whole");
     assert.equal(log.of("out-1").find((s) => s.type === "EOS" && s.label === "assistant.audio")?.error, undefined);
     // The turn went as a 16 kHz WAV.
     const upload = fake.of("/audio/transcriptions").at(-1)!;
@@ -179,7 +180,9 @@ describe("voice conversations with a fake speech provider", () => {
     await say(await spoken("Call my mother tomorrow morning."));
     const end = await log.wait((s) => s.stream === "out-1" && s.type === "EOS" && s.label === "assistant.audio", 30_000, "the reply's end");
     assert.equal(end.error?.code, "interrupted");
-    await synthesis.closedEarly;
+    // Within 1 s of the reply's end, below the provider's 1.5 s stall timeout and the 10 s of audio:
+    // only the barge-in's abort closes the request that soon.
+    await within(synthesis.closedEarly, 1_000, "the provider's request closed by the barge-in");
     await metricsOf(log, 2);
     conn.close();
   });

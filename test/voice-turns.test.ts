@@ -5,8 +5,9 @@
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { AudioRecognition } from "../src/voice/recognition.ts";
 import { AHEAD_S } from "../src/voice/reply.ts";
-import { pieces, type Rig, rig } from "./support/fake-voice.ts";
+import { FakeClock, pieces, type Rig, rig, settle } from "./support/fake-voice.ts";
 
 /** A question: 600 ms of speech, then the silence that ends the turn. */
 async function ask(r: Rig, speechMs = 600): Promise<void> {
@@ -172,7 +173,23 @@ describe("voice turns (fake engines, fake clock)", () => {
     assert.ok(inFlight.signal.aborted, "the synthesis in flight was aborted");
     await untilTurn(r, 2);
     const heard = r.model.calls[1]!.messages[1]!.content as string;
-    assert.ok(heard.length > 0 && heard.length < long.join("").length / 2, `only what was heard: ${heard}`);
+    // What played: every sentence whose audio played whole, then words of the one playing; never a
+    // sentence synthesised ahead and queued whose audio had not begun. 60 ms a character at 24 kHz,
+    // played at 48 kHz; a frame's slack either way for the resampler's edges.
+    const played = r.frames * 960;
+    const slack = 960;
+    const whole: string[] = [];
+    const begun: string[] = [];
+    let at = 0;
+    for (const { text } of r.tts.requests.filter((q) => q.text.startsWith("Sentence"))) {
+      const samples = Math.round((text.length * 60 * 24_000) / 1000) * 2;
+      if (played - slack >= at + samples) whole.push(text);
+      if (played + slack > at) begun.push(text);
+      at += samples;
+    }
+    assert.ok(r.tts.requests.length > begun.length, "sentences were queued beyond what played");
+    assert.ok(heard.startsWith(whole.join(" ")), `heard ${JSON.stringify(heard)}: the sentences played whole`);
+    assert.ok(begun.join(" ").startsWith(heard), `heard ${JSON.stringify(heard)}: nothing beyond the sentence playing`);
     const assistant = r.observed.find((e) => e.role === "assistant" && e.turn === 1);
     assert.deepEqual(assistant?.role === "assistant" && { interrupted: assistant.interrupted, text: assistant.text }, { interrupted: true, text: heard });
     r.close();
@@ -245,5 +262,38 @@ describe("voice turns (fake engines, fake clock)", () => {
     release("too late");
     await r.wait(5_000);
     assert.equal(r.events.length, before);
+  });
+});
+
+describe("recognition: a detector that falls behind", () => {
+  test("audio beyond 4 s waiting for the detector is dropped (counted), not queued; the detector then gets what was kept in one push", async () => {
+    const clock = new FakeClock();
+    const pushes: number[] = [];
+    let release: () => void = () => {};
+    const vad = {
+      push: async (pcm: Int16Array) => {
+        pushes.push(pcm.length);
+        if (pushes.length === 1) await new Promise<void>((resolve) => (release = resolve));
+        return [];
+      },
+      flush: () => [],
+    };
+    const recognition = new AudioRecognition({
+      vad,
+      turn: { silence_ms: 400, max_ms: 30_000 },
+      clock,
+      hooks: { speechStarted: () => undefined, speechEnded: () => {} },
+      warn: (what) => assert.fail(what),
+    });
+    // 6 s of speech in 20 ms pieces while the detector is stuck on the first.
+    const piece = () => new Int16Array(320).fill(3000);
+    for (let i = 0; i < 300; i++) recognition.hear(piece());
+    // The first piece is with the detector; 4 s (200 pieces) wait; the other 99 are dropped.
+    assert.equal(recognition.takeDropped(), 99 * 320);
+    assert.equal(recognition.takeDropped(), 0);
+    release();
+    await settle();
+    assert.deepEqual(pushes, [320, 200 * 320]);
+    recognition.close();
   });
 });

@@ -57,11 +57,13 @@ export class ConversationService {
 
   /** Deletes for good; deletes work while storing is off too (what was stored before can still go). */
   async delete(deviceKey: string, id: string): Promise<void> {
-    if (!(await this.ctx.store.transaction((tx) => tx.conversations.delete(deviceKey, id)))) throw notFound(id);
+    const at = this.ctx.clock.now();
+    if (!(await this.ctx.store.transaction((tx) => tx.conversations.delete(deviceKey, id, at)))) throw notFound(id);
   }
 
   async deleteAll(deviceKey: string): Promise<number> {
-    return this.ctx.store.transaction((tx) => tx.conversations.deleteAll(deviceKey));
+    const at = this.ctx.clock.now();
+    return this.ctx.store.transaction((tx) => tx.conversations.deleteAll(deviceKey, at));
   }
 
   /** Every stored conversation of the device with its entries, newest first, whether or not storing is on now (for operators). */
@@ -84,6 +86,7 @@ export class ConversationService {
   async sweep(): Promise<number> {
     const before = this.ctx.clock.now() - this.ctx.config.voice.transcript_retention_days * DAY_MS;
     let total = 0;
+    await this.ctx.store.transaction((tx) => tx.conversations.forgetDeletionsBefore(before));
     for (;;) {
       const n = await this.ctx.store.transaction((tx) => tx.conversations.deleteOlderThan(before, RETENTION_BATCH));
       total += n;

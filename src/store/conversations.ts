@@ -18,11 +18,15 @@ export class ConversationRepository {
 
   /**
    * Appends an entry (its `seq` is the conversation's count so far), creating the conversation on
-   * its first entry; false when the device is no longer registered (nothing is written).
+   * its first entry; false when the device is no longer registered or the conversation was deleted
+   * (nothing is written). The device's lock orders it with a delete on PostgreSQL.
    */
   async append(c: { id: string; publicKey: string; startedAt: number }, e: Omit<ConversationEntryRow, "conversation_id" | "seq">): Promise<boolean> {
+    await this.locks.take(`conversations:${c.publicKey}`);
     const peer = await this.db.selectFrom("peers").select("public_key").where("public_key", "=", c.publicKey).executeTakeFirst();
     if (!peer) return false;
+    const deleted = await this.db.selectFrom("conversation_deletions").select("id").where("id", "=", c.id).executeTakeFirst();
+    if (deleted) return false;
     const created = await this.db
       .insertInto("conversations")
       .values({ id: c.id, public_key: c.publicKey, started_at: c.startedAt, ended_at: null, last_at: e.at, turns: 0, entries: 0, last_text: "" })
@@ -34,7 +38,6 @@ export class ConversationRepository {
     // and every older one ends with its last entry. The device's lock makes two first entries racing
     // on PostgreSQL (READ COMMITTED) take turns, so the second sees the first.
     if (Number(created.numInsertedOrUpdatedRows ?? 0n) > 0) {
-      await this.locks.take(`conversations:${c.publicKey}`);
       const newest = await this.db
         .selectFrom("conversations")
         .select(["id", "started_at"])
@@ -101,16 +104,43 @@ export class ConversationRepository {
     return this.db.selectFrom("conversation_entries").selectAll().where("conversation_id", "=", id).orderBy("seq").execute();
   }
 
-  /** Deletes one of the device's conversations with its entries; false when it has none of that id. */
-  async delete(publicKey: string, id: string): Promise<boolean> {
+  /**
+   * Deletes one of the device's conversations with its entries, for good: its later entries (it may
+   * still be going) are not stored. False when it has none of that id.
+   */
+  async delete(publicKey: string, id: string, at: number): Promise<boolean> {
+    await this.locks.take(`conversations:${publicKey}`);
     const r = await this.db.deleteFrom("conversations").where("id", "=", id).where("public_key", "=", publicKey).executeTakeFirst();
-    return r.numDeletedRows > 0n;
+    if (r.numDeletedRows === 0n) return false;
+    await this.db
+      .insertInto("conversation_deletions")
+      .values({ id, public_key: publicKey, at })
+      .onConflict((oc) => oc.column("id").doNothing())
+      .execute();
+    return true;
   }
 
-  /** Deletes every conversation of the device; returns how many. */
-  async deleteAll(publicKey: string): Promise<number> {
+  /** Deletes every conversation of the device, for good as `delete` does; returns how many. */
+  async deleteAll(publicKey: string, at: number): Promise<number> {
+    await this.locks.take(`conversations:${publicKey}`);
+    await this.db
+      .insertInto("conversation_deletions")
+      .columns(["id", "public_key", "at"])
+      .expression((eb) =>
+        eb
+          .selectFrom("conversations")
+          .select(["id", "public_key", eb.val(at).as("at")])
+          .where("public_key", "=", publicKey),
+      )
+      .onConflict((oc) => oc.column("id").doNothing())
+      .execute();
     const r = await this.db.deleteFrom("conversations").where("public_key", "=", publicKey).executeTakeFirst();
     return Number(r.numDeletedRows);
+  }
+
+  /** Forgets deletions older than `before` (the retention job: a conversation going on that long is a rarity left to it). */
+  async forgetDeletionsBefore(before: number): Promise<void> {
+    await this.db.deleteFrom("conversation_deletions").where("at", "<", before).execute();
   }
 
   /** Deletes up to `batch` conversations whose last entry is older than `before`; returns how many. */

@@ -206,6 +206,19 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
       await db.schema.alterTable("peers").addColumn("memory_forgotten_at", "bigint").execute();
     },
   },
+  // Conversations deleted by the device's controller: a conversation still going (its connection
+  // open, a reply finishing) must not write its later entries back. Kept as long as transcripts are.
+  "0009_conversation_deletions": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("conversation_deletions")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("public_key", "text", (c) => c.notNull().references("peers.public_key").onDelete("cascade"))
+        .addColumn("at", "bigint", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("conversation_deletions_at").on("conversation_deletions").column("at").execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

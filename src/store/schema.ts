@@ -89,6 +89,8 @@ export interface Tables {
     tool_name: string | null;
     tool_is_error: number | null;
   };
+  /** A conversation its controller deleted: its later entries are not stored. */
+  conversation_deletions: { id: string; public_key: string; at: number };
   /** A device's memory; `rev` is new at every write. */
   memories: { public_key: string; text: string; rev: string; updated_at: number };
 }

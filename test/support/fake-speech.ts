@@ -10,7 +10,7 @@ export type SpeechAct =
   /** 24 kHz PCM (default: half a second of a tone), in pieces of `pieceMs`, `delayMs` apart; `gate` awaited before each piece after the first. */
   | { kind: "pcm"; pcm?: Int16Array; pieceMs?: number; delayMs?: number; gate?: (piece: number) => Promise<void>; contentType?: string }
   /** The same audio inside a WAV at `rate` (a model that declares another rate than asked). */
-  | { kind: "wav"; rate: number; pcm?: Int16Array }
+  | { kind: "wav"; rate: number; pcm?: Int16Array; channels?: number }
   | { kind: "status"; status: number; retryAfter?: string }
   /** Headers and `pieces` pieces of audio, then nothing more (the connection stays open). */
   | { kind: "stall"; pieces?: number }
@@ -37,6 +37,14 @@ export interface SpeechRequestSeen {
   finished: Promise<void>;
   /** Milliseconds of audio written so far (speech). */
   sentMs: number;
+}
+
+/** A mono WAV's header saying `channels` channels (its fmt chunk at byte 12: channels at 22, block align at 32). */
+function withChannels(wav: Buffer, channels: number): Buffer {
+  if (channels === 1) return wav;
+  wav.writeUInt16LE(channels, 22);
+  wav.writeUInt16LE(2 * channels, 32);
+  return wav;
 }
 
 /** A tone of `ms` at 24 kHz. */
@@ -140,7 +148,7 @@ export class FakeSpeechProvider {
         res.writeHead(200, { "content-type": "text/html" }).end("<!DOCTYPE html><html><body>Bad gateway</body></html>");
         return;
       case "wav":
-        res.writeHead(200, { "content-type": "audio/wav" }).end(wavFile(pcm, act.rate));
+        res.writeHead(200, { "content-type": "audio/wav" }).end(withChannels(wavFile(pcm, act.rate), act.channels ?? 1));
         return;
       case "stall": {
         res.writeHead(200, { "content-type": "audio/pcm" });
