@@ -76,9 +76,11 @@ async function bodyBytes(env: AppBindings, caller: Caller | undefined): Promise<
   {
     const declared = Number(incoming.headers["content-length"] ?? 0);
     sized(declared);
-    if (declared < MAX_JSON_VALUES && incoming.complete && incoming.readableLength === declared) {
+    if (declared < MAX_JSON_VALUES && incoming.readableLength === declared) {
       // The whole body arrived with its head (a small request usually does): taken at once, without
       // listeners, and not counted: each value takes at least a byte, so it cannot be over budget.
+      // Node marks the request complete only later (after I/O), but its parser hands on no byte
+      // past the declared length, so holding that many is holding it whole.
       return declared === 0 ? Buffer.alloc(0) : (incoming.read() as Buffer);
     }
     return await new Promise((resolve, reject) => {
