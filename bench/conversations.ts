@@ -24,7 +24,7 @@ import pg from "pg";
 import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
-import { embeddedEngines, type RunningServer, startServer } from "../src/server.ts";
+import { type RunningServer, startServer } from "../src/server.ts";
 import { encodeVoiceEvent, VoiceEvents } from "../src/voice/events.ts";
 import { observeTranscript } from "../src/voice/transcript.ts";
 import { percentiles } from "./support.ts";
@@ -53,7 +53,7 @@ async function node(dir: string, databaseUrl: string | undefined, nodeName: stri
   );
   const server = await startServer({ config });
   // The recogniser's models load on every core after the start: measured only once they have.
-  await embeddedEngines().transcription?.start?.();
+  await server.engines.transcription?.start?.();
   return server;
 }
 

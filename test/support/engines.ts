@@ -1,4 +1,4 @@
-import { embeddedEngines } from "../../src/server.ts";
+import { EngineHost } from "../../src/server.ts";
 
 /**
  * The engines of the test servers and of the tests that use them directly: one recogniser process
@@ -7,8 +7,16 @@ import { embeddedEngines } from "../../src/server.ts";
  */
 export const TEST_ENGINES = { recogniser_processes: 1, fast_recognition_after_ms: false } as const;
 
-/** The embedded speech engines the servers of this test process share (one pair per process). */
-export const engines = () => embeddedEngines(TEST_ENGINES);
+let shared: ReturnType<typeof EngineHost.embedded> | undefined;
+
+/**
+ * The engine host the servers of this test process share, on purpose (each node would otherwise
+ * start its own engines and load the recogniser's models again): `startTestServer` passes it.
+ */
+export const engines = () => {
+  shared ??= EngineHost.embedded(TEST_ENGINES);
+  return shared;
+};
 
 /** Loads the recogniser's models before a test's first question: on a loaded machine their first load outlasts the detector's 4 s backlog. */
 export async function warmRecogniser(): Promise<void> {

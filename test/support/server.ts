@@ -13,7 +13,7 @@ import type { Clock } from "../../src/domain/clock.ts";
 import type { Surface } from "../../src/http/surface.ts";
 import { PerchClient } from "../../src/sdk/client.ts";
 import { type RunningServer, type StartOptions, startServer } from "../../src/server.ts";
-import { TEST_ENGINES } from "./engines.ts";
+import { engines, TEST_ENGINES } from "./engines.ts";
 
 export const ROOT = new URL("../../", import.meta.url).pathname;
 
@@ -104,7 +104,8 @@ export async function startTestServer(
     ...(o.surfaces ? { surfaces: o.surfaces } : {}),
     ...(o.cleanupIntervalMs ? { cleanupIntervalMs: o.cleanupIntervalMs } : {}),
     ...(o.liveKeepAliveMs ? { liveKeepAliveMs: o.liveKeepAliveMs } : {}),
-    ...(o.engines ? { engines: o.engines } : {}),
+    // The test process's shared engine host unless the test brings its own.
+    engines: o.engines ?? engines(),
   });
   const now = o.clock ? () => o.clock!.now() : undefined;
   return {

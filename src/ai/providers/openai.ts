@@ -13,7 +13,7 @@ import type { ChatCompletion, Usage } from "../../protocol/compat.ts";
 import { DONE_EVENT, readSse } from "../../protocol/sse.ts";
 import { type ChatPiece, type ChatStats, ChatStream, RawChatPiece } from "../chat-stream.ts";
 import { GenerationError } from "../errors.ts";
-import { OFFLOAD_BYTES, stringifyJson } from "../json-thread.ts";
+import { JsonThread, OFFLOAD_BYTES } from "../json-thread.ts";
 import { type CallOptions, type ChatProvider, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
 export interface OpenAIProviderOptions {
@@ -23,6 +23,8 @@ export interface OpenAIProviderOptions {
   timeoutMs: number;
   /** Overall deadline of one call (default 10 minutes). */
   deadlineMs?: number;
+  /** Where a large request's JSON is written (the node's; default one of this provider's own). */
+  json?: JsonThread;
 }
 
 const MAX_ERROR_BODY = 64 * 1024;
@@ -52,8 +54,10 @@ export class OpenAIProvider implements ChatProvider {
   private readonly jsonHeaders: Readonly<Record<string, string>>;
   private readonly timeoutMs: number;
   private readonly deadlineMs: number;
+  private readonly json: JsonThread;
 
   constructor(o: OpenAIProviderOptions) {
+    this.json = o.json ?? new JsonThread();
     const url = new URL(`${o.baseUrl.replace(/\/+$/, "")}/chat/completions`);
     this.basePath = url.pathname.slice(0, -"/chat/completions".length);
     // The idle timeout and the deadline are this class's own (undici's are turned off): one error for each.
@@ -66,7 +70,7 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async complete(request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
-    const body = requestBody(request);
+    const body = requestBody(request, this.json);
     const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     try {
       const res = await call.response;
@@ -87,7 +91,7 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async stream(request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
-    const body = requestBody(request);
+    const body = requestBody(request, this.json);
     const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
@@ -335,9 +339,9 @@ function readBody(res: Readable, max: number, touch?: () => void): Promise<strin
 }
 
 /** The request's JSON: at once when it is small, in the JSON thread when it is large (a request over a MiB). */
-function requestBody(request: ProviderRequest): string | Promise<Buffer> {
+function requestBody(request: ProviderRequest, json: JsonThread): string | Promise<Buffer> {
   const size = approximateSize(request);
-  return size < OFFLOAD_BYTES ? JSON.stringify(withoutNulls(request)) : stringifyJson(withoutNulls(request), size);
+  return size < OFFLOAD_BYTES ? JSON.stringify(withoutNulls(request)) : json.stringify(withoutNulls(request), size);
 }
 
 /** Characters the request's messages hold, roughly (text, image URLs, audio data): cheap, one pass over the parts. */

@@ -1,6 +1,6 @@
 import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
-import { parseJson } from "../../ai/json-thread.ts";
+import type { JsonThread } from "../../ai/json-thread.ts";
 import { clientGone, nodeBindings } from "../client-gone.ts";
 import type { AppBindings } from "../env.ts";
 import { JsonBudget, LargeBodies } from "../json-budget.ts";
@@ -17,8 +17,6 @@ export const MAX_LARGE_BODIES_PER_CALLER = 2;
 /** Large bodies in progress on the node at once, whoever sends them. */
 export const MAX_LARGE_BODIES = 8;
 
-const largeBodies = new LargeBodies(MAX_LARGE_BODIES_PER_CALLER, MAX_LARGE_BODIES);
-
 function callerKey(caller: Caller | undefined): string {
   if (!caller) return "anonymous";
   return caller.kind === "device" ? `device:${caller.publicKey}` : `application:${caller.name}`;
@@ -34,22 +32,60 @@ const tooManyLarge = (who: "caller" | "node") =>
     { code: "too_many_large_requests", retryAfter: 1 },
   );
 
-/**
- * One of the caller's (and the node's) large-body slots when `bytes` makes the body large, held
- * until the response has gone (through the Node adapter; otherwise until the returned function is
- * called). Throws a 429 when none is free; undefined when the body is not large.
- */
-export function largeBodySlot(c: Context, bytes: number): (() => void) | undefined {
-  return largeBodySlotOf(nodeBindings(c)?.outgoing, (c as Context<CompatEnv>).get("caller"), bytes);
+/** The Compatible API's request bodies on one node: its large-body slots and its JSON thread. */
+export class JsonBodies {
+  private readonly largeBodies = new LargeBodies(MAX_LARGE_BODIES_PER_CALLER, MAX_LARGE_BODIES);
+  private readonly json: JsonThread;
+
+  constructor(json: JsonThread) {
+    this.json = json;
+  }
+
+  /** Starts the JSON thread before the first large body needs it. */
+  warm(): void {
+    this.json.warm();
+  }
+
+  /**
+   * One of the caller's (and the node's) large-body slots when `bytes` makes the body large, held
+   * until the response has gone (through the Node adapter; otherwise until the returned function is
+   * called). Throws a 429 when none is free; undefined when the body is not large.
+   */
+  slot(c: Context, bytes: number): (() => void) | undefined {
+    return this.slotOf(nodeBindings(c)?.outgoing, (c as Context<CompatEnv>).get("caller"), bytes);
+  }
+
+  /**
+   * The request body as JSON; any content type is read, as OpenAI does. A body over a MiB is parsed
+   * in the JSON thread, so that it does not hold the event loop.
+   */
+  readOf(c: Context): Promise<unknown> {
+    return this.read(c.env as AppBindings, (c as Context<CompatEnv>).get("caller"));
+  }
+
+  /** `readOf` of a request known by its bindings, sent by `caller`. */
+  async read(env: AppBindings, caller: Caller | undefined): Promise<unknown> {
+    const bytes = await bodyBytes(env, (outgoing, bytes) => this.slotOf(outgoing, caller, bytes));
+    if (blank(bytes)) throw new OpenAIError(400, "The request body is empty: send a JSON object.", { code: "invalid_json" });
+    try {
+      return await this.json.parse(bytes);
+    } catch (err) {
+      if (err instanceof SyntaxError) throw new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
+      // The JSON thread failed (it is replaced): the node's fault, not the body's.
+      throw new OpenAIError(503, "The server could not read this large body just now; try again shortly.", { code: "unavailable", retryAfter: 1 });
+    }
+  }
+
+  private slotOf(outgoing: AppBindings["outgoing"], caller: Caller | undefined, bytes: number): (() => void) | undefined {
+    if (bytes <= LARGE_BODY_BYTES) return undefined;
+    const slot = this.largeBodies.acquire(callerKey(caller));
+    if (typeof slot === "string") throw tooManyLarge(slot);
+    outgoing?.once("close", slot);
+    return slot;
+  }
 }
 
-function largeBodySlotOf(outgoing: AppBindings["outgoing"], caller: Caller | undefined, bytes: number): (() => void) | undefined {
-  if (bytes <= LARGE_BODY_BYTES) return undefined;
-  const slot = largeBodies.acquire(callerKey(caller));
-  if (typeof slot === "string") throw tooManyLarge(slot);
-  outgoing?.once("close", slot);
-  return slot;
-}
+type SlotOf = (outgoing: AppBindings["outgoing"], bytes: number) => (() => void) | undefined;
 
 /**
  * The request body's bytes, their cost checked as it arrives: more than MAX_JSON_VALUES values, or
@@ -58,13 +94,13 @@ function largeBodySlotOf(outgoing: AppBindings["outgoing"], caller: Caller | und
  * Request for it builds a full undici Request and a web stream, which cost more than the rest of a
  * relayed call.
  */
-async function bodyBytes(env: AppBindings, caller: Caller | undefined): Promise<Buffer> {
+async function bodyBytes(env: AppBindings, slotOf: SlotOf): Promise<Buffer> {
   const budget = new JsonBudget(MAX_JSON_VALUES);
   const { incoming, outgoing } = env;
   if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
   let release: (() => void) | undefined;
   const sized = (bytes: number) => {
-    if (!release) release = largeBodySlotOf(outgoing, caller, bytes);
+    if (!release) release = slotOf(outgoing, bytes);
   };
   if (env.body || incoming.readableEnded) {
     // Already in memory (a chunked body the body limit read).
@@ -121,25 +157,4 @@ async function bodyBytes(env: AppBindings, caller: Caller | undefined): Promise<
 function blank(b: Uint8Array): boolean {
   for (const byte of b) if (byte !== 0x20 && byte !== 0x0a && byte !== 0x0d && byte !== 0x09) return false;
   return true;
-}
-
-/**
- * The request body as JSON; any content type is read, as OpenAI does. A body over a MiB is parsed
- * in a worker thread (json-thread.ts), so that it does not hold the event loop.
- */
-export function readJson(c: Context): Promise<unknown> {
-  return readJsonBody(c.env as AppBindings, (c as Context<CompatEnv>).get("caller"));
-}
-
-/** `readJson` of a request known by its bindings, sent by `caller`. */
-export async function readJsonBody(env: AppBindings, caller: Caller | undefined): Promise<unknown> {
-  const bytes = await bodyBytes(env, caller);
-  if (blank(bytes)) throw new OpenAIError(400, "The request body is empty: send a JSON object.", { code: "invalid_json" });
-  try {
-    return await parseJson(bytes);
-  } catch (err) {
-    if (err instanceof SyntaxError) throw new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
-    // The JSON thread failed (it is replaced): the node's fault, not the body's.
-    throw new OpenAIError(503, "The server could not read this large body just now; try again shortly.", { code: "unavailable", retryAfter: 1 });
-  }
 }

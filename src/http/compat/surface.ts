@@ -3,7 +3,6 @@ import type { Logger } from "pino";
 import type { Caller } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { ChatService } from "../../ai/chat.ts";
-import { warmJsonThread } from "../../ai/json-thread.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import { TranscriptionService } from "../../ai/transcription.ts";
@@ -17,6 +16,7 @@ import { authenticateCaller } from "./auth.ts";
 import { chatRoute } from "./chat.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError, openAIErrorResponse, toOpenAIError } from "./errors.ts";
+import type { JsonBodies } from "./json.ts";
 import { registerModelsRoute } from "./models.ts";
 import { registerSpeechRoute } from "./speech.ts";
 import { registerTranscriptionRoute } from "./transcription.ts";
@@ -50,18 +50,20 @@ export interface CompatSurfaceOptions {
   limits?: CompatLimits;
   /** Default `/openai/v1`; service stream 2 mounts the same routes at `/v1`. */
   base?: string;
+  /** The node's request bodies (one for all its Compatible API surfaces: the large-body slots are the node's). */
+  bodies: JsonBodies;
 }
 
 /** The Compatible API: OpenAI's routes, every error in OpenAI's envelope, 32 MiB bodies. */
 export function compatSurface(o: CompatSurfaceOptions): Surface {
-  warmJsonThread();
+  o.bodies.warm();
   const app = new Hono<CompatEnv>();
-  const gate = new CompatGate(o.callers, o.limits?.write_timeout_ms ?? DEFAULT_WRITE_TIMEOUT_MS);
+  const gate = new CompatGate(o.callers, o.limits?.write_timeout_ms ?? DEFAULT_WRITE_TIMEOUT_MS, o.bodies);
   const guard = gate.middleware();
   app.get("/models", guard);
   for (const path of ["/audio/speech", "/audio/transcriptions"]) app.post(path, guard);
   registerModelsRoute(app, o.catalog, o.metrics);
-  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, o.limits?.max_queue_wait_ms);
+  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, gate.bodies, o.limits?.max_queue_wait_ms);
   registerTranscriptionRoute(
     app,
     o.catalog,
@@ -72,6 +74,7 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
       maxQueueWaitMs: o.limits?.max_queue_wait_ms,
     }),
     o.metrics,
+    gate.bodies,
   );
   return {
     base: o.base ?? COMPAT_BASE,
@@ -96,9 +99,12 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
 export class CompatGate {
   private readonly callers: Callers;
   private readonly watcher: (outgoing: NonNullable<AppBindings["outgoing"]>) => void;
+  /** The surface's request bodies (large-body slots, the JSON thread). */
+  readonly bodies: JsonBodies;
 
-  constructor(callers: Callers, writeTimeoutMs: number) {
+  constructor(callers: Callers, writeTimeoutMs: number, bodies: JsonBodies) {
     this.callers = callers;
+    this.bodies = bodies;
     this.watcher = writeTimeout(writeTimeoutMs);
   }
 
