@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import pg from "pg";
 import pino from "pino";
 import { fitMemory, NOTES_HEADING, notesMessage, rewriteMessages } from "../src/ai/memory-prompt.ts";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
@@ -445,6 +446,48 @@ for (const store of STORES) {
         gate = undefined;
         held.release();
         assert.equal(await run, "skipped", "forgotten while the model was writing");
+        assert.equal((await get(phone)).text, "");
+        assert.equal(await countRows(server, databaseUrl, "select count(*) as n from memories where public_key = $1", [key]), 0);
+      }
+    });
+
+    test("PostgreSQL: a rewrite's write waits for a forgetting or a switch off still committing, and then writes nothing", {
+      skip: store.name === "sqlite" ? "one connection: SQLite's transactions take turns" : false,
+    }, async () => {
+      for (const change of ["memory_forgotten_at = $2", "memory_off = 1"]) {
+        const { phone, key } = await pairPhone(server);
+        const startedAt = server.domain.ctx.clock.now();
+        const base = await server.domain.memory.rewriteBase(key, startedAt);
+        assert.ok(base, "nothing stored yet, remembering on");
+        // The phone's change, its transaction open (as forget() holds it between its statements).
+        const other = new pg.Client({ connectionString: databaseUrl });
+        // Another connection watches: statistics views are read once per transaction.
+        const watch = new pg.Client({ connectionString: databaseUrl });
+        await other.connect();
+        await watch.connect();
+        try {
+          await other.query("begin");
+          await other.query(`update peers set ${change} where public_key = $1`, change.includes("$2") ? [key, startedAt + 1] : [key]);
+          const write = server.domain.memory.replace(key, base, "Written over the change.");
+          // Either the write is done (it did not wait) or it waits on the peer's row.
+          let settled = false;
+          const waiting = (async () => {
+            while (!settled) {
+              const r = await watch.query("select 1 from pg_stat_activity where wait_event_type = 'Lock' and query ilike '%memories%'");
+              if (r.rowCount) return "waiting";
+              await new Promise((resolve) => setImmediate(resolve));
+            }
+            return "settled";
+          })();
+          const first = await Promise.race([write.then(() => "written"), waiting]);
+          settled = true;
+          await waiting;
+          await other.query("commit");
+          assert.equal(await write, false, `${change}: the write must not land over the change (${first})`);
+        } finally {
+          await other.end();
+          await watch.end();
+        }
         assert.equal((await get(phone)).text, "");
         assert.equal(await countRows(server, databaseUrl, "select count(*) as n from memories where public_key = $1", [key]), 0);
       }
