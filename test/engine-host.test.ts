@@ -18,8 +18,8 @@ async function buildNode(engines: ConfigInput["engines"]) {
     config: loadConfig({}, {
       port: 0,
       host: "127.0.0.1",
-      dataDir,
-      logLevel: "silent",
+      data_dir: dataDir,
+      log_level: "silent",
       api_keys: [{ name: "app", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["*"] }],
       engines,
     } as ConfigInput),
