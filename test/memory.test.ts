@@ -214,7 +214,7 @@ for (const store of STORES) {
         },
       });
       databaseUrl = await store.url();
-      server = await startTestServer({ config: { ...memoryConfig(upstream.url), databaseUrl } });
+      server = await startTestServer({ config: { ...memoryConfig(upstream.url), database_url: databaseUrl } });
     });
     after(async () => {
       await server?.stop();
@@ -529,7 +529,10 @@ for (const store of STORES) {
     });
 
     test("two nodes end one device's conversations at once: one consistent memory reflecting both", async () => {
-      const other = await startTestServer({ dataDir: server.dataDir, config: { ...memoryConfig(upstream.url), databaseUrl, nodeName: "node-b" } });
+      const other = await startTestServer({
+        dataDir: server.dataDir,
+        config: { ...memoryConfig(upstream.url), database_url: databaseUrl, node_name: "node-b" },
+      });
       try {
         const { phone, key } = await pairPhone(server);
         await put(phone, { text: "Their name is Mia." });
