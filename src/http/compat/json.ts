@@ -1,6 +1,7 @@
 import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
 import { parseJson } from "../../ai/json-thread.ts";
+import { readNodeBody } from "../body.ts";
 import { clientGone, nodeBindings } from "../client-gone.ts";
 import type { AppBindings } from "../env.ts";
 import { JsonBudget, LargeBodies } from "../json-budget.ts";
@@ -83,37 +84,20 @@ async function bodyBytes(env: AppBindings, caller: Caller | undefined): Promise<
       // past the declared length, so holding that many is holding it whole.
       return declared === 0 ? Buffer.alloc(0) : (incoming.read() as Buffer);
     }
-    return await new Promise((resolve, reject) => {
-      const chunks: Buffer[] = [];
-      let size = 0;
-      // A large body of declared length is copied piece by piece into one buffer of its own as it
-      // arrives (no 30 MB concatenation at the end), which then moves to the JSON thread uncopied.
-      const whole = declared > LARGE_BODY_BYTES ? Buffer.allocUnsafeSlow(declared) : undefined;
-      const onData = (chunk: Buffer) => {
-        size += chunk.length;
-        try {
-          sized(size);
-          if (!budget.feed(chunk)) throw tooComplex();
-        } catch (err) {
-          // The rest of the body is read and dropped, never kept or parsed.
-          incoming.off("data", onData);
-          incoming.resume();
-          reject(err);
-          return;
-        }
-        if (whole && size <= whole.length) chunk.copy(whole, size - chunk.length);
-        else chunks.push(chunk);
-      };
-      incoming.on("data", onData);
-      incoming.once("end", () => {
-        if (whole) resolve(size === whole.length ? whole : whole.subarray(0, size));
-        else resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
-      });
-      incoming.once("error", reject);
-      incoming.once("close", () => {
-        if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
-      });
+    // A large body of declared length is copied piece by piece into one buffer of its own as it
+    // arrives (no 30 MB concatenation at the end), which then moves to the JSON thread uncopied.
+    const into = declared > LARGE_BODY_BYTES ? Buffer.allocUnsafeSlow(declared) : undefined;
+    const body = await readNodeBody(incoming, {
+      maxSize: Number.POSITIVE_INFINITY,
+      drainLimit: Number.POSITIVE_INFINITY,
+      // Refused as it arrives: the rest is read and dropped, never kept or parsed.
+      take: (piece, size) => {
+        sized(size);
+        if (!budget.feed(piece)) throw tooComplex();
+      },
+      ...(into ? { into } : {}),
     });
+    return body ?? Buffer.alloc(0);
   }
 }
 
