@@ -100,9 +100,12 @@ export function readBodyWithin(env: AppBindings | undefined, maxSize: number, dr
  * for the route.
  */
 export function bodyWithinLimit(env: AppBindings, maxSize: number, drainLimit = 16 * maxSize): boolean | Promise<boolean> {
-  const { declared, chunked } = announced(env.incoming);
-  if (declared !== undefined) return declared <= maxSize;
-  if (!chunked) return true; // HTTP/1.1: neither header means no body
+  const headers = env.incoming?.headers;
+  if (headers?.["transfer-encoding"] === undefined) {
+    // HTTP/1.1: neither header means no body.
+    const length = headers?.["content-length"];
+    return length === undefined || Number(length) <= maxSize;
+  }
   return readBodyWithin(env, maxSize, drainLimit).then((body) => {
     if (!body) return false;
     env.body = body;
