@@ -25,7 +25,8 @@ const JSON_TYPE = "application/json";
 export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logger; gate: CompatGate }): NativeRoute {
   const serve = async (x: Exchange) => {
     const caller = await o.gate.admit(x.env, true);
-    const parsed = parseChatRequest(await readJsonBody(x.env, caller));
+    const body = readJsonBody(x.env, caller);
+    const parsed = parseChatRequest(body instanceof Promise ? await body : body);
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;
     const call = new ChatCallMetrics(o.metrics, x.started);

@@ -1,6 +1,6 @@
 import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
-import { parseJson } from "../../ai/json-thread.ts";
+import { OFFLOAD_BYTES, parseJson, parseJsonHere } from "../../ai/json-thread.ts";
 import { readNodeBody } from "../body.ts";
 import { clientGone, nodeBindings } from "../client-gone.ts";
 import type { AppBindings } from "../env.ts";
@@ -59,7 +59,7 @@ function largeBodySlotOf(outgoing: AppBindings["outgoing"], caller: Caller | und
  * Request for it builds a full undici Request and a web stream, which cost more than the rest of a
  * relayed call.
  */
-async function bodyBytes(env: AppBindings, caller: Caller | undefined): Promise<Buffer> {
+function bodyBytes(env: AppBindings, caller: Caller | undefined): Buffer | Promise<Buffer> {
   const budget = new JsonBudget(MAX_JSON_VALUES);
   const { incoming, outgoing } = env;
   if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
@@ -87,7 +87,7 @@ async function bodyBytes(env: AppBindings, caller: Caller | undefined): Promise<
     // A large body of declared length is copied piece by piece into one buffer of its own as it
     // arrives (no 30 MB concatenation at the end), which then moves to the JSON thread uncopied.
     const into = declared > LARGE_BODY_BYTES ? Buffer.allocUnsafeSlow(declared) : undefined;
-    const body = await readNodeBody(incoming, {
+    return readNodeBody(incoming, {
       maxSize: Number.POSITIVE_INFINITY,
       drainLimit: Number.POSITIVE_INFINITY,
       // Refused as it arrives: the rest is read and dropped, never kept or parsed.
@@ -96,8 +96,7 @@ async function bodyBytes(env: AppBindings, caller: Caller | undefined): Promise<
         if (!budget.feed(piece)) throw tooComplex();
       },
       ...(into ? { into } : {}),
-    });
-    return body ?? Buffer.alloc(0);
+    }).then((body) => body ?? Buffer.alloc(0));
   }
 }
 
@@ -111,19 +110,34 @@ function blank(b: Uint8Array): boolean {
  * The request body as JSON; any content type is read, as OpenAI does. A body over a MiB is parsed
  * in a worker thread (json-thread.ts), so that it does not hold the event loop.
  */
-export function readJson(c: Context): Promise<unknown> {
+export async function readJson(c: Context): Promise<unknown> {
   return readJsonBody(c.env as AppBindings, (c as Context<CompatEnv>).get("caller"));
 }
 
-/** `readJson` of a request known by its bindings, sent by `caller`. */
-export async function readJsonBody(env: AppBindings, caller: Caller | undefined): Promise<unknown> {
-  const bytes = await bodyBytes(env, caller);
+/**
+ * `readJson` of a request known by its bindings, sent by `caller`: the value itself when the body
+ * was at hand and small (parsed on this thread, no promise), else a promise of it.
+ */
+export function readJsonBody(env: AppBindings, caller: Caller | undefined): unknown {
+  const bytes = bodyBytes(env, caller);
+  return bytes instanceof Promise ? bytes.then(jsonOf) : jsonOf(bytes);
+}
+
+const invalidJson = () => new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
+
+/** The JSON value of a body: parsed here when small, in the JSON thread (a promise) when large. */
+function jsonOf(bytes: Buffer): unknown {
   if (blank(bytes)) throw new OpenAIError(400, "The request body is empty: send a JSON object.", { code: "invalid_json" });
-  try {
-    return await parseJson(bytes);
-  } catch (err) {
-    if (err instanceof SyntaxError) throw new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
+  if (bytes.length < OFFLOAD_BYTES) {
+    try {
+      return parseJsonHere(bytes);
+    } catch {
+      throw invalidJson();
+    }
+  }
+  return parseJson(bytes).catch((err: unknown) => {
+    if (err instanceof SyntaxError) throw invalidJson();
     // The JSON thread failed (it is replaced): the node's fault, not the body's.
     throw new OpenAIError(503, "The server could not read this large body just now; try again shortly.", { code: "unavailable", retryAfter: 1 });
-  }
+  });
 }
