@@ -24,7 +24,7 @@ import pg from "pg";
 import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
-import { embeddedEngines, type RunningServer, startServer } from "../src/server.ts";
+import { type RunningServer, startServer } from "../src/server.ts";
 import { encodeVoiceEvent, VoiceEvents } from "../src/voice/events.ts";
 import { observeTranscript } from "../src/voice/transcript.ts";
 import { percentiles } from "./support.ts";
@@ -42,18 +42,18 @@ async function node(dir: string, databaseUrl: string | undefined, nodeName: stri
     {
       port: 0,
       host: "127.0.0.1",
-      dataDir: dir,
-      logLevel: "warn",
-      nodeName,
+      data_dir: dir,
+      log_level: "warn",
+      node_name: nodeName,
       webrtc: { enabled: false },
-      rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 },
+      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
       voice: { store_transcripts: true },
       ...(databaseUrl ? { databaseUrl } : {}),
     },
   );
   const server = await startServer({ config });
   // The recogniser's models load on every core after the start: measured only once they have.
-  await embeddedEngines().transcription?.start?.();
+  await server.engines.transcription?.start?.();
   return server;
 }
 

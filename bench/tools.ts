@@ -105,7 +105,7 @@ export async function toolsBench(): Promise<unknown> {
   await sessionHeapKb(5, listLine); // warm-up: what the first session builds once (schemas, caches) is not per session
   const perSessionKb = await sessionHeapKb(DEVICES, listLine);
   const dataDir = mkdtempSync(join(tmpdir(), "perch-bench-tools-"));
-  const config = loadConfig({}, { port: 0, host: "127.0.0.1", dataDir, logLevel: "silent", rateLimits: { loginPerKey: 0, offerPerKey: 0 } });
+  const config = loadConfig({}, { port: 0, host: "127.0.0.1", data_dir: dataDir, log_level: "silent", rate_limits: { login_per_key: 0, offer_per_key: 0 } });
   const server = await startServer({ config });
   const transport = server.transport!;
   const devices: PerchConnection[] = [];

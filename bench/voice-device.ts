@@ -18,6 +18,8 @@ export interface TurnReport {
   server: Record<string, number | boolean>;
   /** Last voiced sample handed to the device's stack → first audible sample heard, ms. */
   device_ms: number | undefined;
+  /** A stamping fake realtime model's speech_stopped (the reply text's `t=`) → first audible sample heard, ms. */
+  stopped_to_heard_ms?: number | undefined;
 }
 export interface BargeReport {
   type: "barge";
@@ -100,6 +102,9 @@ async function conversation(index: number): Promise<void> {
         continue;
       }
       const metrics = next(conn, (e) => e.type === PeerEventType.TEXT_DONE && e.stream === `out-${n}` && e.label === "turn.metrics");
+      const firstText = next(conn, (e) => e.type === PeerEventType.TEXT_DELTA && e.stream === `out-${n}` && e.label === "assistant.text").catch(
+        () => ({}) as { text?: string },
+      );
       conn.speaker.mark();
       await mic.say(question);
       const lastVoiced = mic.lastVoicedAt;
@@ -107,10 +112,14 @@ async function conversation(index: number): Promise<void> {
       // The reply's last packets are still playing: wait for silence before the next question.
       for (let i = 0; i < 100 && conn.speaker.lastAudibleAt !== undefined && performance.now() - conn.speaker.lastAudibleAt < 400; i++) await sleep(50);
       const heard = conn.speaker.firstAudibleAt;
+      const stamp = /^t=(\d+)/.exec((await firstText).text ?? "");
+      // performance.now() of the first audible sample as wall-clock time (the fake is another process on this machine).
+      const heardUnix = heard !== undefined ? Date.now() - (performance.now() - heard) : undefined;
       send({
         type: "turn",
         server: JSON.parse(m.text ?? "{}") as Record<string, number | boolean>,
         device_ms: heard !== undefined && lastVoiced !== undefined && heard > lastVoiced ? heard - lastVoiced : undefined,
+        ...(stamp && heardUnix !== undefined ? { stopped_to_heard_ms: heardUnix - Number(stamp[1]) } : {}),
       });
     }
   } finally {

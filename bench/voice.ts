@@ -33,6 +33,7 @@ import { firstTurnWithMemory, rewriteRates, withMemoryAgent } from "./memory.ts"
 import { benchConfig, ROOT, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
 import { startTimingProxy, type Timing } from "./timing-proxy.ts";
 import type { DeviceMessage, TurnReport } from "./voice-device.ts";
+import { realtimeVoiceBench } from "./voice-realtime.ts";
 
 const TURNS = Number(process.env.BENCH_VOICE_TURNS ?? 8);
 const CONVERSATIONS = Number(process.env.BENCH_VOICE_CONVERSATIONS ?? 20);
@@ -44,30 +45,30 @@ const STAGGER_MS = process.env.BENCH_VOICE_STAGGER_MS === undefined ? undefined 
 const PHASES = new Set((process.env.BENCH_VOICE_PHASES ?? "one,crowd,mixed,barge,memory").split(","));
 const QUESTION = "What is the weather like today?";
 const API_KEY = "sk-perch-bench-voice";
-/** `--engines provider`: both engines on a second Perch; `embedded` (the default): the node's own. */
+/** `--engines provider`: both engines on a second Perch; `embedded` (the default): the node's own; `realtime`: bench/voice-realtime.ts. */
 const ENGINES = engines();
 const SPEECH_NODE_KEY = "sk-bench-speech-node";
 
-function engines(): "embedded" | "provider" {
+function engines(): "embedded" | "provider" | "realtime" {
   const at = process.argv.indexOf("--engines");
   if (at < 0) return "embedded";
   const value = process.argv[at + 1];
-  if (value !== "embedded" && value !== "provider") throw new Error(`--engines takes embedded or provider, not ${value}`);
+  if (value !== "embedded" && value !== "provider" && value !== "realtime") throw new Error(`--engines takes embedded, provider or realtime, not ${value}`);
   return value;
 }
 
-function pct(samples: number[]): { p50: number; p95: number; n: number } {
+export function pct(samples: number[]): { p50: number; p95: number; n: number } {
   const s = [...samples].sort((a, b) => a - b);
   const at = (q: number) => round(s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? Number.NaN);
   return { p50: at(0.5), p95: at(0.95), n: s.length };
 }
 
-function rssMb(pid: number): number {
+export function rssMb(pid: number): number {
   const status = readFileSync(`/proc/${pid}/status`, "utf8");
   return round(Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1] ?? Number.NaN) / 1024);
 }
 
-async function metric(server: Server, name: string, labels = ""): Promise<number> {
+export async function metric(server: Server, name: string, labels = ""): Promise<number> {
   const text = await (await fetch(`${server.url}/metrics`)).text();
   const line = text.split("\n").find((l) => l.startsWith(labels ? `${name}{${labels}} ` : `${name} `));
   return Number(line?.split(" ").at(-1) ?? 0);
@@ -116,7 +117,7 @@ function queueDelta(before: QueueFigures, after: QueueFigures) {
 }
 
 /** Runs `total` devices over `processes` processes; collects their reports. */
-async function devices(
+export async function devices(
   server: Server,
   file: string,
   total: number,
@@ -162,7 +163,7 @@ async function devices(
   return reports;
 }
 
-function turnFigures(reports: DeviceMessage[]) {
+export function turnFigures(reports: DeviceMessage[]) {
   const turns = reports.filter((r): r is TurnReport => r.type === "turn");
   const server = turns.map((t) => t.server.speech_to_audio).filter((x): x is number => typeof x === "number");
   const stage = (k: string) => pct(turns.map((t) => t.server[k]).filter((x): x is number => typeof x === "number"));
@@ -172,6 +173,7 @@ function turnFigures(reports: DeviceMessage[]) {
     server_speech_to_audio_ms: pct(server),
     server_beyond_silence_ms: pct(server.map((x) => x - 400)),
     device_speech_to_audio_ms: pct(turns.map((t) => t.device_ms).filter((x): x is number => typeof x === "number")),
+    model_stopped_to_heard_ms: pct(turns.map((t) => t.stopped_to_heard_ms).filter((x): x is number => typeof x === "number")),
     stages_ms: {
       end_of_speech: stage("end_of_speech"),
       transcription: stage("transcription"),
@@ -183,6 +185,26 @@ function turnFigures(reports: DeviceMessage[]) {
 
 export async function voiceBench(): Promise<unknown> {
   if (PHASES.size === 1 && PHASES.has("memory-rewrites")) return memoryRewritesOnly();
+  if (ENGINES === "realtime") return await realtimeVoiceBench(() => pipelineBench("provider", new Set(["one", "crowd"])));
+  return await pipelineBench(ENGINES, PHASES);
+}
+
+/** Turn an utterance into the devices' question file (48 kHz PCM), in `dir`. */
+export async function questionFile(dir: string): Promise<string> {
+  const speech = createSpeechEngine();
+  const spoken = await speech.speak(QUESTION, "nova");
+  const up = new Resampler(await loadResampler(), spoken.sampleRate, 48_000);
+  const padded = new Int16Array(spoken.samples.length + spoken.sampleRate / 10);
+  padded.set(spoken.samples);
+  const pcm = up.process(padded);
+  up.close();
+  const file = join(dir, "question.pcm");
+  writeFileSync(file, Buffer.from(pcm.buffer, pcm.byteOffset, pcm.byteLength));
+  return file;
+}
+
+/** The recogniser → model → speech pipeline (voice.md §2, §5) with `engines`, the phases in `phases`. */
+async function pipelineBench(ENGINES: "embedded" | "provider", PHASES: ReadonlySet<string>): Promise<unknown> {
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-voice-"));
   // The question, spoken by another voice than the reply's, as the devices' microphones give it.
   const speech = createSpeechEngine();

@@ -1,6 +1,6 @@
 import { Node, type RunningServer, type StartOptions } from "./node/node.ts";
 
-export { embeddedEngines } from "./node/engines.ts";
+export { EngineHost, type EngineParts, type EngineSettings } from "./node/engines.ts";
 export { Node, type RunningServer, type StartOptions } from "./node/node.ts";
 
 /** Checks the configuration, opens the store and the event bus, and wires the node; listens on nothing. */

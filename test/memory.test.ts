@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import pg from "pg";
 import pino from "pino";
 import { fitMemory, NOTES_HEADING, notesMessage, rewriteMessages } from "../src/ai/memory-prompt.ts";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
@@ -213,7 +214,7 @@ for (const store of STORES) {
         },
       });
       databaseUrl = await store.url();
-      server = await startTestServer({ config: { ...memoryConfig(upstream.url), databaseUrl } });
+      server = await startTestServer({ config: { ...memoryConfig(upstream.url), database_url: databaseUrl } });
     });
     after(async () => {
       await server?.stop();
@@ -450,6 +451,48 @@ for (const store of STORES) {
       }
     });
 
+    test("PostgreSQL: a rewrite's write waits for a forgetting or a switch off still committing, and then writes nothing", {
+      skip: store.name === "sqlite" ? "one connection: SQLite's transactions take turns" : false,
+    }, async () => {
+      for (const change of ["memory_forgotten_at = $2", "memory_off = 1"]) {
+        const { phone, key } = await pairPhone(server);
+        const startedAt = server.domain.ctx.clock.now();
+        const base = await server.domain.memory.rewriteBase(key, startedAt);
+        assert.ok(base, "nothing stored yet, remembering on");
+        // The phone's change, its transaction open (as forget() holds it between its statements).
+        const other = new pg.Client({ connectionString: databaseUrl });
+        // Another connection watches: statistics views are read once per transaction.
+        const watch = new pg.Client({ connectionString: databaseUrl });
+        await other.connect();
+        await watch.connect();
+        try {
+          await other.query("begin");
+          await other.query(`update peers set ${change} where public_key = $1`, change.includes("$2") ? [key, startedAt + 1] : [key]);
+          const write = server.domain.memory.replace(key, base, "Written over the change.");
+          // Either the write is done (it did not wait) or it waits on the peer's row.
+          let settled = false;
+          const waiting = (async () => {
+            while (!settled) {
+              const r = await watch.query("select 1 from pg_stat_activity where wait_event_type = 'Lock' and query ilike '%memories%'");
+              if (r.rowCount) return "waiting";
+              await new Promise((resolve) => setImmediate(resolve));
+            }
+            return "settled";
+          })();
+          const first = await Promise.race([write.then(() => "written"), waiting]);
+          settled = true;
+          await waiting;
+          await other.query("commit");
+          assert.equal(await write, false, `${change}: the write must not land over the change (${first})`);
+        } finally {
+          await other.end();
+          await watch.end();
+        }
+        assert.equal((await get(phone)).text, "");
+        assert.equal(await countRows(server, databaseUrl, "select count(*) as n from memories where public_key = $1", [key]), 0);
+      }
+    });
+
     test("removed with the device's registration, and from the database files", async () => {
       const { phone, key } = await pairPhone(server);
       await put(phone, { text: "Quentin-the-removable-parrot." });
@@ -475,7 +518,10 @@ for (const store of STORES) {
     });
 
     test("two nodes end one device's conversations at once: one consistent memory reflecting both", async () => {
-      const other = await startTestServer({ dataDir: server.dataDir, config: { ...memoryConfig(upstream.url), databaseUrl, nodeName: "node-b" } });
+      const other = await startTestServer({
+        dataDir: server.dataDir,
+        config: { ...memoryConfig(upstream.url), database_url: databaseUrl, node_name: "node-b" },
+      });
       try {
         const { phone, key } = await pairPhone(server);
         await put(phone, { text: "Their name is Mia." });

@@ -119,7 +119,7 @@ describe("PeerWatch: a gap in the bus", () => {
     try {
       const pair = generateKeyPair();
       const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
-      const domain = new Domain({ store, clock: systemClock, config: loadConfig({}, { dataDir: dir }), serverKey, events: new DomainEvents(bus) });
+      const domain = new Domain({ store, clock: systemClock, config: loadConfig({}, { data_dir: dir }), serverKey, events: new DomainEvents(bus) });
       const keys = ["blocked", "removed", "fine"].map(() => encodeKey(generateKeyPair().publicKey));
       for (const key of keys) await domain.peers.add(key);
       const cut: Array<[string, string]> = [];

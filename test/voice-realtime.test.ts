@@ -250,12 +250,7 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     const stoppedAfter = lastPacketAt - path - startedAt;
     assert.ok(stoppedAfter <= 250, `audio went on ${Math.round(stoppedAfter)} ms after speech_started (the path takes ${Math.round(path)} ms)`);
     assert.equal(truncate.content_index, 0);
-    // Never more than was sent; less by the silence frames that kept the stream's time where the model's audio came late
-    // (the fake shares this process's event loop with Perch and the device).
-    assert.ok(
-      truncate.audio_end_ms <= heard && truncate.audio_end_ms >= heard * 0.85,
-      `truncated at ${truncate.audio_end_ms} ms; the device received ${heard} ms`,
-    );
+    assert.ok(Math.abs(truncate.audio_end_ms - heard) <= 20, `truncated at ${truncate.audio_end_ms} ms; the device received ${heard} ms`);
     // The fake's own detector had cancelled the response: Perch's cancel got an error, which is harmless.
     assert.ok(s.events.some((e) => e.type === "response.cancel"));
     assert.ok(!lines.some((l) => l.msg === "the realtime session failed; reconnecting"), "its error answer is no failure");
@@ -383,13 +378,18 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
   test("a session the provider ends for its age is renewed between turns without losing one", async () => {
     fake.maxAgeMs = 8_000;
     try {
+      const failuresBefore = lines.filter((l) => l.msg === "the realtime session failed; reconnecting").length;
       const { conn, log, say, s: first } = await device();
       fake.script({ kind: "reply", text: "First.", ms: 300 });
       await say(question);
       await metricsOf(log, 1);
       // Renewed before its end (expires_at), not when it ends: it is closed by Perch, not expired by the provider.
       await fake.until(() => first.closed && fake.sessions.at(-1) !== first && fake.sessions.at(-1)!.session !== undefined, 15_000, "the renewed session");
-      assert.ok(!first.events.some((e) => e.type === "error"));
+      assert.equal(
+        lines.filter((l) => l.msg === "the realtime session failed; reconnecting").length,
+        failuresBefore,
+        "no failure: the session was renewed before",
+      );
       fake.maxAgeMs = undefined;
       const renewed = fake.sessions.at(-1)!;
       fake.script({ kind: "reply", text: "Second.", ms: 300 });

@@ -122,4 +122,31 @@ describe("playout", () => {
     assert.equal(await p.done, 2 * FRAME_SAMPLES);
     codec.close();
   });
+
+  test("fillGaps false (a realtime model's audio): nothing is sent while audio is awaited; the next keeps its time, or goes now when late", async () => {
+    const codec = new OpusCodec();
+    let clock = 0;
+    const sentAt: number[] = [];
+    const p = new Playout({ codec, now: () => clock, fillGaps: false, send: () => sentAt.push(clock) > 0 });
+    p.write(new Int16Array(FRAME_SAMPLES * 2));
+    assert.deepEqual(sentAt, [0, 0], "the two frames written, no silence after them");
+    clock = 10;
+    p.write(new Int16Array(FRAME_SAMPLES * 6));
+    // Frames 2..7 keep their times (40..140 ms): up to 80 ms ahead of the clock at 10 ms, those due by 90 go now.
+    assert.deepEqual(sentAt, [0, 0, 10, 10, 10]);
+    clock = 500;
+    await until(() => sentAt.length === 8, "the rest of what was written");
+    assert.equal(p.frames, 8, "no filler while nothing more was written");
+    // Late now: the next frame goes at once, and the clock runs on from there.
+    clock = 1_000;
+    p.write(new Int16Array(FRAME_SAMPLES * 10));
+    p.end();
+    assert.equal(sentAt.filter((t) => t === 1_000).length, 5, "frames due within 80 ms of the new start, not a burst of ten");
+    while (sentAt.length < 18) {
+      clock += 20;
+      await new Promise((r) => setTimeout(r, 1));
+    }
+    assert.equal(await p.done, 18 * FRAME_SAMPLES);
+    codec.close();
+  });
 });

@@ -25,7 +25,7 @@ for (const store of STORES) {
     let databaseUrl: string | undefined;
     before(async () => {
       databaseUrl = await store.url();
-      server = await startTestServer({ config: databaseUrl ? { databaseUrl } : {} });
+      server = await startTestServer({ config: databaseUrl ? { database_url: databaseUrl } : {} });
       env = { PERCH_DATA_DIR: server.dataDir, PERCH_LOG_LEVEL: "silent", ...(databaseUrl ? { PERCH_DATABASE_URL: databaseUrl } : {}) };
     });
     after(async () => {
@@ -62,7 +62,7 @@ for (const store of STORES) {
       const other = await Store.open(databaseUrl, server.dataDir, { readWorkers: 0 });
       const bus: EventBus = await openEventBus(databaseUrl, { listen: false });
       try {
-        const config = loadConfig({}, { dataDir: server.dataDir, ...(databaseUrl ? { databaseUrl } : {}) });
+        const config = loadConfig({}, { data_dir: server.dataDir, ...(databaseUrl ? { databaseUrl } : {}) });
         const pair = loadOrCreateServerKey(join(server.dataDir, "server.key"));
         const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
         const operator = new Domain({ store: other, clock: systemClock, config, serverKey, events: new DomainEvents(bus) });

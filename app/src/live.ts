@@ -1,5 +1,5 @@
 import { ApiError, request, type Session } from "./api.ts";
-import { addConversationEntry, connectedCount, contactsChanged, emitTelemetry, endSession, info, link, runtime, status } from "./state.ts";
+import { addConversationEntry, connectedCount, contactsChanged, emitTelemetry, endSession, info, link, memoryChanged, runtime, status } from "./state.ts";
 import type { ConversationEntry, DeviceInfo, PeerStatus, Runtime, TelemetryValue } from "./types.ts";
 
 const BACKOFF_MIN_MS = 1_000;
@@ -36,6 +36,9 @@ function dispatch(event: string, data: unknown): void {
       break;
     case "conversation":
       addConversationEntry(data as ConversationEntry);
+      break;
+    case "memory":
+      memoryChanged.value++;
       break;
     case "session":
       endSession((data as { state: "revoked" | "expired" }).state === "expired" ? "expired" : "revoked");

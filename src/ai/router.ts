@@ -3,6 +3,7 @@ import type { ChatCompletion } from "../protocol/compat.ts";
 import type { ChatStream } from "./chat-stream.ts";
 import { GenerationError } from "./errors.ts";
 import type { InFlight } from "./in-flight.ts";
+import { JsonThread } from "./json-thread.ts";
 import { AiSdkProvider } from "./providers/ai-sdk.ts";
 import { closing, OpenAIProvider, type RawAnswer } from "./providers/openai.ts";
 import { type CallOptions, type ChatProvider, ProviderError, type ProviderRequest } from "./providers/provider.ts";
@@ -17,12 +18,13 @@ const DEFAULT_BASE_URL: Record<ProviderConfig["kind"], string | undefined> = {
 /** The longest `Retry-After` honoured between retries; a longer wait moves on to the next fallback. */
 const MAX_RETRY_AFTER_MS = 10_000;
 
-export type ProviderFactory = (p: ProviderConfig, apiKey: string | undefined) => ChatProvider;
+/** `json`: the node's JSON thread, for large requests. */
+export type ProviderFactory = (p: ProviderConfig, apiKey: string | undefined, json: JsonThread) => ChatProvider;
 
-export const defaultProviderFactory: ProviderFactory = (p, apiKey) =>
+export const defaultProviderFactory: ProviderFactory = (p, apiKey, json) =>
   p.kind === "anthropic" || p.kind === "google"
     ? new AiSdkProvider({ kind: p.kind, baseUrl: p.base_url, apiKey, timeoutMs: Math.min(p.timeout_ms, p.deadline_ms) })
-    : new OpenAIProvider({ baseUrl: p.base_url ?? DEFAULT_BASE_URL[p.kind]!, apiKey, timeoutMs: p.timeout_ms, deadlineMs: p.deadline_ms });
+    : new OpenAIProvider({ baseUrl: p.base_url ?? DEFAULT_BASE_URL[p.kind]!, apiKey, timeoutMs: p.timeout_ms, deadlineMs: p.deadline_ms, json });
 
 /**
  * Calls a chat model through its provider, with retries (back-off on 429, 5xx, timeouts and broken
@@ -33,8 +35,9 @@ export class ChatRouter {
   private readonly providers = new Map<string, { config: ProviderConfig; provider: ChatProvider }>();
   private readonly models: Map<string, ModelConfig>;
 
-  constructor(config: Pick<Config, "providers" | "models">, env: NodeJS.ProcessEnv = process.env, factory = defaultProviderFactory) {
-    for (const p of config.providers) this.providers.set(p.id, { config: p, provider: factory(p, p.api_key_env ? env[p.api_key_env] : undefined) });
+  /** `json`: the node's JSON thread (default one of this router's own). */
+  constructor(config: Pick<Config, "providers" | "models">, env: NodeJS.ProcessEnv = process.env, factory = defaultProviderFactory, json = new JsonThread()) {
+    for (const p of config.providers) this.providers.set(p.id, { config: p, provider: factory(p, p.api_key_env ? env[p.api_key_env] : undefined, json) });
     this.models = new Map(config.models.map((m) => [m.id, m]));
   }
 

@@ -1,11 +1,8 @@
 import createSpeex, { type SpeexModule } from "@echogarden/speex-resampler-wasm";
 
-let loaded: Promise<SpeexModule> | undefined;
-
-/** The Speex resampler (SpeexDSP, in WebAssembly): one module per process, one small state per stream. */
+/** The Speex resampler (SpeexDSP, in WebAssembly): a module (its own heap) for its holder to keep, one small state per stream. */
 export function loadResampler(): Promise<SpeexModule> {
-  loaded ??= createSpeex();
-  return loaded;
+  return createSpeex();
 }
 
 /** Speex quality 0–10: 5 is its VoIP default, far above what speech recognition or a small speaker can tell apart. */

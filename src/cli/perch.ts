@@ -24,11 +24,11 @@ async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
     import("../events/index.ts"),
     import("../store/index.ts"),
   ]);
-  const pair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
-  const store = await Store.open(config.databaseUrl, config.dataDir, { readWorkers: 0 });
+  const pair = loadOrCreateServerKey(config.server_key_file ?? join(config.data_dir, "server.key"));
+  const store = await Store.open(config.database_url, config.data_dir, { readWorkers: 0 });
   try {
     // On PostgreSQL what this process changes (a peer blocked or removed) reaches every node; it listens to nothing.
-    const bus = await openEventBus(config.databaseUrl, { listen: false });
+    const bus = await openEventBus(config.database_url, { listen: false });
     try {
       const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
       return await fn(new Domain({ store, clock: systemClock, config, serverKey, events: new DomainEvents(bus) }));
@@ -143,7 +143,7 @@ peers
       if (!online || node === undefined) return print({ public_key: peer, online: false, tools: [] });
       // On SQLite the command and its reply go through the file's bus_messages, read every 100 ms here.
       const store = d.ctx.store;
-      const bus = await openEventBus(config.databaseUrl, {
+      const bus = await openEventBus(config.database_url, {
         sqlite: {
           file: store.sqliteFile,
           pollMs: 100,

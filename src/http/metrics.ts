@@ -1,6 +1,6 @@
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { Counter, collectDefaultMetrics, Gauge, Registry } from "prom-client";
-import { type ClassStats, JOB_CLASSES, schedulers } from "../ai/speech/scheduler.ts";
+import { type ClassStats, JOB_CLASSES, type Scheduler } from "../ai/speech/scheduler.ts";
 import { SeriesCounter, SeriesHistogram } from "./series-metrics.ts";
 
 /** One per process: the event loop's delay, sampled every 10 ms. */
@@ -50,7 +50,8 @@ export class Metrics {
     registers: [this.registry],
   });
 
-  constructor(countActiveSessions: () => Promise<number>) {
+  /** `engineSchedulers`: the queues of the node's engines (its engine host's). */
+  constructor(countActiveSessions: () => Promise<number>, engineSchedulers: () => readonly Scheduler[] = () => []) {
     // Node's own figures: resident memory, heap by space, event-loop lag, GC, handles, descriptors.
     collectDefaultMetrics({ register: this.registry });
     new Gauge({
@@ -70,7 +71,7 @@ export class Metrics {
         this.set(await countActiveSessions());
       },
     });
-    engineQueueMetrics(this.registry);
+    engineQueueMetrics(this.registry, engineSchedulers);
   }
 
   observe(method: string, route: string, status: number, seconds: number): void {
@@ -104,7 +105,7 @@ function statusText(status: number): string {
  * depth and the oldest wait now, jobs started, seconds waited and refusals since the process
  * started (the mean wait is the rate of one over the other).
  */
-function engineQueueMetrics(registry: Registry): void {
+function engineQueueMetrics(registry: Registry, schedulers: () => readonly Scheduler[]): void {
   const labelNames = ["engine", "class"] as const;
   const each = (fill: (labels: { engine: string; class: string }, s: ClassStats) => void) => {
     for (const scheduler of schedulers()) {

@@ -7,9 +7,7 @@ import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { InFlight } from "../ai/in-flight.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
-import type { SpeechEngine, TranscriptionEngine } from "../ai/speech/index.ts";
 import { checkVoiceModels } from "../ai/voice-models.ts";
-import { loadResampler } from "../audio/resampler.ts";
 import { buildInfo } from "../build-info.ts";
 import { type Config, configWarnings } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
@@ -21,6 +19,7 @@ import { Domain } from "../domain/index.ts";
 import { serverInfo } from "../domain/server-info.ts";
 import { Commands, type EventBus, openEventBus } from "../events/index.ts";
 import { createApp, createSurfacesApp, type HttpApp, listenerOf } from "../http/app.ts";
+import { JsonBodies } from "../http/compat/json.ts";
 import { compatSurface } from "../http/compat/surface.ts";
 import { inProcess } from "../http/in-process.ts";
 import { createHttpServer } from "../http/listener.ts";
@@ -37,7 +36,7 @@ import type { VoiceActivityPort } from "../voice/engine-ports.ts";
 import { completeText, MemoryRewriter } from "../voice/memory-rewriter.ts";
 import { VoiceService } from "../voice/service.ts";
 import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
-import { embeddedEngines } from "./engines.ts";
+import { EngineHost, type EngineParts } from "./engines.ts";
 import { Closers, Jobs } from "./jobs.ts";
 import { BatchedLines } from "./log-lines.ts";
 import { nodeWebRtcPort } from "./webrtc-port.ts";
@@ -51,8 +50,12 @@ export interface StartOptions {
   /** Where provider keys (`api_key_env`) are read; default the process environment. */
   env?: NodeJS.ProcessEnv;
   providerFactory?: ProviderFactory;
-  /** The embedded speech engines; default the process's own (see `embeddedEngines`). */
-  engines?: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
+  /**
+   * The node's engine host; default one of its own, made from `config.engines` and closed with it.
+   * A host given here is the caller's to close (tests share one between the nodes of a process);
+   * engines given alone are put in a host of the node's own (its JSON thread, its resampler).
+   */
+  engines?: EngineHost | EngineParts;
   /** Warm the speech engine up in the background once listening (the command line does). */
   warmUp?: boolean;
   /** How often expired rows and old telemetry are deleted (default a minute). */
@@ -79,6 +82,8 @@ export interface RunningServer {
   commands: Commands;
   /** Rewrites devices' memories after their conversations. */
   memory: MemoryRewriter;
+  /** The node's engine host. */
+  engines: EngineHost;
   /** Stops accepting, lets in-flight requests finish, then the node leaves and closes the store. */
   close(): Promise<void>;
 }
@@ -92,7 +97,7 @@ const LOG_FLUSH_INTERVAL_MS = 250;
  * The batches are gathered in front of pino's destination, which writes each at once (see `BatchedLines`).
  */
 function createLogger(config: Config): Logger {
-  return pino({ level: config.logLevel, base: { node: config.nodeName } }, new BatchedLines(pino.destination({ dest: 1, sync: false, minLength: 0 })));
+  return pino({ level: config.log_level, base: { node: config.node_name } }, new BatchedLines(pino.destination({ dest: 1, sync: false, minLength: 0 })));
 }
 
 /** What `Node.build` opened before the node's parts are wired: the store and the event bus. */
@@ -129,7 +134,8 @@ export class Node {
   /** Set by `listen()` when the configuration enables WebRTC. */
   transport: WebRtcTransport | undefined;
   private readonly o: StartOptions;
-  private readonly engines: { speech?: SpeechEngine; transcription?: TranscriptionEngine };
+  /** The node's engine host (`src/node/engines.ts`). */
+  readonly engines: EngineHost;
   private readonly serverKey: DomainContext["serverKey"];
   /** The HTTP application: the surfaces' routes, served by the exchange (`src/http/exchange.ts`). */
   private readonly app: HttpApp;
@@ -154,22 +160,29 @@ export class Node {
     // Said once per process, when a speech worker cannot be given its lower priority.
     onWorkerPriorityUnavailable((message) => logger.warn(message));
     // With no agent no device converses: no turn can need Moonshine tiny, so it is not loaded.
-    const engines = o.engines ?? embeddedEngines(config.agents.length > 0 ? config.engines : { ...config.engines, fastRecognitionAfterMs: false });
+    const given = o.engines;
+    const engines =
+      given instanceof EngineHost
+        ? given
+        : given
+          ? EngineHost.of(given)
+          : EngineHost.embedded(config.agents.length > 0 ? config.engines : { ...config.engines, fast_recognition_after_ms: false });
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
-    const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
+    const keyPair = loadOrCreateServerKey(config.server_key_file ?? join(config.data_dir, "server.key"));
     const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
     const closers = new Closers();
-    const store = await Store.open(config.databaseUrl, config.dataDir, {
+    if (engines !== given) closers.defer(() => engines.close());
+    const store = await Store.open(config.database_url, config.data_dir, {
       onError: (err) => logger.warn({ err: err.message }, "a database connection failed; it is replaced on next use"),
     });
     closers.defer(() => store.close());
     try {
-      const events = await openEventBus(config.databaseUrl, {
+      const events = await openEventBus(config.database_url, {
         log: logger,
         sqlite: {
           file: store.sqliteFile,
-          pollMs: config.webrtc.peerPollMs,
+          pollMs: config.webrtc.peer_poll_ms,
           persist: (origin, topic, message) => store.transaction((tx) => tx.busMessages.add(origin, topic, message, Date.now())),
         },
       });
@@ -188,20 +201,24 @@ export class Node {
     this.engines = engines;
     this.clock = o.clock ?? systemClock;
     ({ logger: this.logger, serverKey: this.serverKey, store: this.store, events: this.events, closers: this.closers } = opened);
-    this.commands = new Commands(this.events, config.nodeName);
+    this.commands = new Commands(this.events, config.node_name);
     this.closers.defer(() => this.commands.close());
     this.domain = new Domain(
       { store: this.store, clock: this.clock, config, serverKey: this.serverKey, events: new DomainEvents(this.events) },
       { live: o.liveKeepAliveMs ? { keepAliveMs: o.liveKeepAliveMs } : {} },
     );
-    this.metrics = new Metrics(() => this.store.read((r) => r.sessions.countLive(this.clock.now())));
+    this.metrics = new Metrics(
+      () => this.store.read((r) => r.sessions.countLive(this.clock.now())),
+      () => engines.schedulers(),
+    );
     this.jobs = new Jobs(this.logger);
     const { speech, transcription } = engines;
     const catalog = new Catalog(config, {
       ...(speech ? { speech: { voices: speech.voices } } : {}),
       ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
     });
-    const router = new ChatRouter(config, o.env, o.providerFactory);
+    const router = new ChatRouter(config, o.env, o.providerFactory, engines.json);
+    const bodies = new JsonBodies(engines.json);
     const embeddedVoice = embeddedPorts(speech, transcription);
     this.voiceEngines = {
       activity: embeddedVoice.activity,
@@ -237,14 +254,15 @@ export class Node {
         speech,
         transcription,
         limits: config.compat,
+        bodies,
         ...(base ? { base } : {}),
       });
     this.app = this.createApp();
     this.httpServer = createHttpServer({
       // Requests wait while the node joins: what they write (an event stream's slot) must come after what the join clears.
       listener: listenerOf(this.app, () => this.joining),
-      requestTimeoutMs: config.http.requestTimeoutMs,
-      maxConnections: config.http.maxConnections,
+      requestTimeoutMs: config.http.request_timeout_ms,
+      maxConnections: config.http.max_connections,
       logger: this.logger,
       metrics: this.metrics,
     });
@@ -255,7 +273,7 @@ export class Node {
     const build = buildInfo();
     const webrtcEnabled = this.config.webrtc.enabled;
     const identity = { version: build.version, buildCommit: build.commit, ice: { udp: webrtcEnabled, tcp: false } };
-    const { host, publicEndpoint } = this.config;
+    const { host, public_endpoint } = this.config;
     const wildcard = host === "0.0.0.0" || host === "::";
     return createApp({
       domain: this.domain,
@@ -267,7 +285,7 @@ export class Node {
       surfaces: (callers) => [...(this.o.surfaces?.() ?? []), this.compat()(callers)],
       // A wildcard listen address is not one a client can dial, so then the request's Host is used.
       serverInfo: (requestHost) =>
-        serverInfo(this.domain.ctx, identity, publicEndpoint ?? (wildcard ? (requestHost ?? this.hostPort("127.0.0.1")) : this.hostPort(host))),
+        serverInfo(this.domain.ctx, identity, public_endpoint ?? (wildcard ? (requestHost ?? this.hostPort("127.0.0.1")) : this.hostPort(host))),
     });
   }
 
@@ -354,7 +372,7 @@ export class Node {
       chat: this.chat,
       activity,
       engineFor,
-      resampler: await loadResampler(),
+      resampler: await this.engines.resampler(),
       registry: this.metrics.registry,
       logger: this.logger.child({ component: "voice" }),
       toolbox: this.tools,
@@ -368,7 +386,7 @@ export class Node {
     const { config, clock, store } = this;
     this.jobs.every("cleanup of expired rows", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, async () => {
       const now = clock.now();
-      await store.deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS);
+      await store.deleteExpired(now, now - config.telemetry.retention_days * DAY_MS);
       await this.domain.live.sweep();
     });
     this.jobs.every("transcript retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.conversations.sweep());
@@ -407,7 +425,7 @@ export class Node {
 
   private running(): RunningServer {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
-    const { domain, store, httpServer, request, transport, events, commands, memory } = this;
+    const { domain, store, httpServer, request, transport, events, commands, memory, engines } = this;
     return {
       url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
@@ -419,6 +437,7 @@ export class Node {
       events,
       commands,
       memory,
+      engines,
       close: () => this.close(),
     };
   }

@@ -62,7 +62,9 @@ export class MemoryRepository {
   /**
    * A rewrite's write: only over the row it read (`base` its rev; undefined: there was none), and
    * only while the device's people have remembering on and have not forgotten since `startedAt` (in
-   * the same statement, so that a switch or a forgetting during the model call is never overwritten).
+   * the same statement, so that a switch or a forgetting during the model call is never overwritten;
+   * on PostgreSQL the peer's row is read `FOR SHARE`, so that one still committing is waited for and
+   * read as committed, not as the statement's snapshot had it).
    * False when the row changed since (an edit, another rewrite, forgetting), the switch is off, or
    * the device is gone.
    */
@@ -77,7 +79,8 @@ export class MemoryRepository {
               .selectFrom("peers")
               .select([eb.val(publicKey).as("public_key"), eb.val(text).as("text"), eb.val(rev).as("rev"), eb.val(at).as("updated_at")])
               .where("public_key", "=", publicKey)
-              .where((w) => remembering(w, startedAt)),
+              .where((w) => remembering(w, startedAt))
+              .$if(this.dialect === "postgres", (q) => q.forShare()),
           )
           .onConflict((oc) => oc.column("public_key").doNothing())
           .executeTakeFirst(),
@@ -96,7 +99,8 @@ export class MemoryRepository {
               .selectFrom("peers")
               .select("peers.public_key")
               .where("peers.public_key", "=", publicKey)
-              .where((w) => remembering(w, startedAt)),
+              .where((w) => remembering(w, startedAt))
+              .$if(this.dialect === "postgres", (q) => q.forShare()),
           ),
         )
         .executeTakeFirst(),

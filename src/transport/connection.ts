@@ -32,7 +32,7 @@ export interface ConnectionHost {
   ingest: TelemetryIngest;
   /** Voice conversations over the audio track, when configured. */
   voice?: VoiceHost | undefined;
-  /** Time for a whole Peer RPC request (`webrtc.rpcRequestTimeoutMs`); its stream is closed after it. */
+  /** Time for a whole Peer RPC request (`webrtc.rpc_request_timeout_ms`); its stream is closed after it. */
   readonly rpcRequestTimeoutMs: number;
   /** Serves an HTTP stream (service 1 or 2). */
   serveHttp(service: 1 | 2, stream: StreamSocket, context: ConnectionContext): void;

@@ -79,8 +79,8 @@ export class WebRtcTransport implements ConnectionHost {
     this.metrics = new TransportMetrics(o.registry, () => this.census());
     this.telemetry = new TelemetryWriter({
       sink: o.domain.telemetry,
-      bufferSamples: o.domain.ctx.config.telemetry.bufferSamples,
-      intervalMs: o.domain.ctx.config.telemetry.writeIntervalMs,
+      bufferSamples: o.domain.ctx.config.telemetry.buffer_samples,
+      intervalMs: o.domain.ctx.config.telemetry.write_interval_ms,
       onStored: (frames) => this.metrics.frame(frames),
       onDropped: (reason, frames) => this.metrics.dropped(reason, frames),
       onError: (err) =>

@@ -23,6 +23,12 @@ export interface PlayoutOptions {
   clock?: VoiceClock;
   /** Only the time from this (the timers stay the system's). */
   now?: () => number;
+  /**
+   * false: while less than a frame waits and more is to come, nothing is sent (the clock waits for
+   * the audio) instead of silence keeping the time: every frame sent is the reply's own audio, as a
+   * realtime model's truncation at what was sent needs (voice.md §6). Default true.
+   */
+  fillGaps?: boolean;
 }
 
 /**
@@ -45,6 +51,8 @@ export class Playout {
   private ended = false;
   private stopped = false;
   private anchor: number | undefined;
+  /** No frame is scheduled: the playout waits for audio (fillGaps false). */
+  private waiting = false;
   private index = 0;
   private timer: (() => void) | undefined;
   /** Writers waiting for the queue to shrink (back-pressure). */
@@ -84,6 +92,11 @@ export class Playout {
     if (this.anchor === undefined) {
       this.anchor = this.clock.now();
       this.pump();
+    } else if (this.waiting) {
+      // After a wait for audio: the next frame keeps its time, or goes now when that has passed.
+      this.waiting = false;
+      this.anchor = Math.max(this.anchor, this.clock.now() - this.index * FRAME_MS);
+      this.pump();
     }
   }
 
@@ -91,6 +104,10 @@ export class Playout {
   end(): void {
     this.ended = true;
     if (this.anchor === undefined) this.finish();
+    else if (this.waiting) {
+      this.waiting = false;
+      this.pump();
+    }
   }
 
   /** Stops at once (a barge-in): nothing more is sent. Returns the samples played. */
@@ -118,6 +135,12 @@ export class Playout {
       for (;;) {
         if (this.ended && this.queued === 0) {
           this.finish();
+          return;
+        }
+        if (this.o.fillGaps === false && !this.ended && this.queued < FRAME_SAMPLES) {
+          // Waiting for audio: the next write starts the clock again.
+          this.waiting = true;
+          this.release();
           return;
         }
         const due = this.anchor! + this.index * FRAME_MS;

@@ -79,7 +79,13 @@ export interface FakeRealtime {
   close(): Promise<void>;
 }
 
-export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: number; level?: number } = {}): Promise<FakeRealtime> {
+/**
+ * `stamp`: each reply's transcript begins with `t=<Date.now() when the user's speech stopped>`, so
+ * that a device on the same machine can time the model's speech_stopped → the reply heard.
+ */
+export async function startFakeRealtime(
+  o: { speechMs?: number; silenceMs?: number; level?: number; stamp?: boolean; port?: number } = {},
+): Promise<FakeRealtime> {
   const speechFrames = Math.ceil((o.speechMs ?? 80) / 20);
   const silenceFrames = Math.ceil((o.silenceMs ?? 300) / 20);
   const level = o.level ?? 400;
@@ -226,9 +232,10 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
         send({ type: "input_audio_buffer.speech_stopped", audio_end_ms: audioMs - silenceFrames * 20, item_id: item });
         send({ type: "input_audio_buffer.committed", item_id: item, previous_item_id: null });
         transcribe(item);
-        respond(next());
+        respond(stamped(next()));
       }
     };
+    const stamped = (script: Script): Script => (o.stamp && script.kind === "reply" ? { ...script, text: `t=${Date.now()} ${script.text}` } : script);
     const transcribe = (item: string) => {
       const transcription = (s.session?.audio as { input?: { transcription?: unknown } } | undefined)?.input?.transcription;
       if (!transcription) return;
@@ -418,7 +425,7 @@ export async function startFakeRealtime(o: { speechMs?: number; silenceMs?: numb
     });
   }
 
-  await new Promise<void>((resolve) => http.listen(0, "127.0.0.1", resolve));
+  await new Promise<void>((resolve) => http.listen(o.port ?? 0, "127.0.0.1", resolve));
   const address = http.address();
   fake.url = `http://127.0.0.1:${typeof address === "object" && address ? address.port : 0}/v1`;
   return fake;

@@ -9,11 +9,11 @@
 import { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
 import { Pool } from "undici";
-import type { ChatCompletion, Usage } from "../../protocol/compat.ts";
+import type { ChatCompletion } from "../../protocol/compat.ts";
 import { DONE_EVENT, readSse } from "../../protocol/sse.ts";
 import { type ChatPiece, type ChatStats, ChatStream, RawChatPiece } from "../chat-stream.ts";
 import { GenerationError } from "../errors.ts";
-import { OFFLOAD_BYTES, stringifyJson } from "../json-thread.ts";
+import { JsonThread, OFFLOAD_BYTES } from "../json-thread.ts";
 import { type CallOptions, type ChatProvider, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
 export interface OpenAIProviderOptions {
@@ -23,6 +23,8 @@ export interface OpenAIProviderOptions {
   timeoutMs: number;
   /** Overall deadline of one call (default 10 minutes). */
   deadlineMs?: number;
+  /** Where a large request's JSON is written (the node's; default one of this provider's own). */
+  json?: JsonThread;
 }
 
 const MAX_ERROR_BODY = 64 * 1024;
@@ -52,8 +54,10 @@ export class OpenAIProvider implements ChatProvider {
   private readonly jsonHeaders: Readonly<Record<string, string>>;
   private readonly timeoutMs: number;
   private readonly deadlineMs: number;
+  private readonly json: JsonThread;
 
   constructor(o: OpenAIProviderOptions) {
+    this.json = o.json ?? new JsonThread();
     const url = new URL(`${o.baseUrl.replace(/\/+$/, "")}/chat/completions`);
     this.basePath = url.pathname.slice(0, -"/chat/completions".length);
     // The idle timeout and the deadline are this class's own (undici's are turned off): one error for each.
@@ -66,7 +70,7 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async complete(request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
-    const body = requestBody(request);
+    const body = requestBody(request, this.json);
     const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     try {
       const res = await call.response;
@@ -87,18 +91,13 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async stream(request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
-    const body = requestBody(request);
+    const body = requestBody(request, this.json);
     const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
-    const stats: ChatStats = {};
     try {
       const res = await call.response;
       relay = new SseRelay(res.body, Buffer.from(o.publicModel), call.touch, call.failure);
-      // Before the first read: a short answer's usage may come in the same piece as its first event.
-      relay.onUsage = (u) => {
-        stats.usage = u;
-      };
       first = await relay.next();
     } catch (err) {
       call.done();
@@ -108,14 +107,21 @@ export class OpenAIProvider implements ChatProvider {
       call.done();
       throw new ProviderError("the provider's stream ended before its first event");
     }
-    // The events stay the provider's bytes (model renamed); they are read as events only by a reader that asks.
+    const stats: ChatStats = {};
+    // The events stay the provider's bytes (model renamed); they are read as events only by a
+    // reader that asks, and here only where the usage chunk is (for the metrics).
+    const piece = (block: Buffer): ChatPiece => {
+      const p = new RawChatPiece(block);
+      if (block.includes(USAGE_KEY)) for (const e of p.events) if (e.type === "chunk" && e.chunk.usage) stats.usage = e.chunk.usage;
+      return p;
+    };
     async function* pieces(): AsyncGenerator<ChatPiece> {
       try {
-        yield new RawChatPiece(first as Buffer);
+        yield piece(first as Buffer);
         for (;;) {
           const block = await relay.next();
           if (block === undefined) break;
-          yield new RawChatPiece(block);
+          yield piece(block);
         }
       } finally {
         call.done();
@@ -335,9 +341,9 @@ function readBody(res: Readable, max: number, touch?: () => void): Promise<strin
 }
 
 /** The request's JSON: at once when it is small, in the JSON thread when it is large (a request over a MiB). */
-function requestBody(request: ProviderRequest): string | Promise<Buffer> {
+function requestBody(request: ProviderRequest, json: JsonThread): string | Promise<Buffer> {
   const size = approximateSize(request);
-  return size < OFFLOAD_BYTES ? JSON.stringify(withoutNulls(request)) : stringifyJson(withoutNulls(request), size);
+  return size < OFFLOAD_BYTES ? JSON.stringify(withoutNulls(request)) : json.stringify(withoutNulls(request), size);
 }
 
 /** Characters the request's messages hold, roughly (text, image URLs, audio data): cheap, one pass over the parts. */
@@ -407,11 +413,10 @@ function providerErrorEvent(event: Buffer): GenerationError {
 
 /**
  * Cuts the provider's byte stream at server-sent event boundaries and hands on whole events,
- * as few pieces as arrived. Reads the events only where it must: the model name (renamed), a usage
- * chunk (parsed for metrics), and whether the stream ended properly.
+ * as few pieces as arrived. Looks into their bytes only where it must: the model name (renamed),
+ * the provider's error event, and whether the stream ended properly.
  */
 class SseRelay {
-  onUsage: ((u: Usage) => void) | undefined;
   /** The bytes of an event not yet complete, as they arrived (joined once, when it completes). */
   private pending: Buffer[] = [];
   private pendingLength = 0;
@@ -530,22 +535,7 @@ class SseRelay {
     if (block.length === 0) throw this.takeFailing();
     if (!this.sawDone && block.includes(DONE)) this.sawDone = true;
     if (!this.sawFinish && block.includes(FINISH)) this.sawFinish = true;
-    if (this.onUsage) {
-      const at = block.indexOf(USAGE_KEY);
-      if (at >= 0) this.readUsage(block, at);
-    }
     return renameModel(block, this.model);
-  }
-
-  private readUsage(block: Buffer, at: number): void {
-    const start = block.lastIndexOf("data:", at);
-    const end = block.indexOf(LF, at);
-    try {
-      const chunk = JSON.parse(block.subarray(start + 5, end < 0 ? block.length : end).toString("utf8")) as { usage?: Usage };
-      if (chunk.usage) this.onUsage?.(chunk.usage);
-    } catch {
-      // Not a parsable chunk: no usage to report.
-    }
   }
 }
 

@@ -60,6 +60,13 @@ export class FlitePool {
     await this.synthesize("Ready.", { name: "kal16" }, 1);
   }
 
+  /** Stops the workers, when they were started. */
+  async close(): Promise<void> {
+    const pool = this.pool;
+    this.pool = undefined;
+    if (pool) await (await pool.catch(() => undefined))?.close();
+  }
+
   /** The pool's workers once started (tests: their lanes and priorities). */
   async workers(): Promise<PoolWorker[]> {
     return this.pool ? (await this.pool).workers() : [];

@@ -17,7 +17,7 @@ export {
 export { AudioDecodeError, AudioTooLongError, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 export { ffmpegPath, MAX_BYTES_PER_SECOND } from "./ffmpeg.ts";
 export { IncrementalRecogniser, LiveVad, MoonshineEngine, type MoonshineEngineOptions } from "./recogniser.ts";
-export { type ClassStats, type JobClass, OverloadedError, Scheduler, schedulers } from "./scheduler.ts";
+export { type ClassStats, type JobClass, OverloadedError, Scheduler } from "./scheduler.ts";
 export { FliteSpeechEngine, MAX_INPUT_CHARACTERS, MAX_SPEED, MIN_SPEED, type SpeechEngineOptions, VOICES } from "./speech.ts";
 export * from "./types.ts";
 export type { VadEvent, VadOptions } from "./vad.ts";

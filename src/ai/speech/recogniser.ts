@@ -96,6 +96,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   /** Recognitions on the recogniser processes, voice activity on its own. */
   readonly recognitions: Scheduler;
   readonly activity: Scheduler;
+  readonly schedulers: readonly Scheduler[];
   private readonly processes: number;
   private readonly threads: number;
   private readonly fast: boolean;
@@ -139,6 +140,7 @@ export class MoonshineEngine implements TranscriptionEngine {
       initialJobMs: INITIAL_VAD_MS,
       batching: { classes: ["conversation"], max: VAD_BATCH_MAX, fits: () => true, run: (items) => this.scoreBatch(items as VadItem[]) },
     });
+    this.schedulers = [this.recognitions, this.activity];
   }
 
   /** Transcriptions running and waiting for a slot. */

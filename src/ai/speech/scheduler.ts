@@ -131,19 +131,12 @@ interface Job {
   timer: unknown;
 }
 
-/** Every scheduler of the process (the engines are one per process), for /metrics. */
-const all = new Set<Scheduler>();
-
-export function schedulers(): readonly Scheduler[] {
-  return [...all];
-}
-
 /** Weight of the newest job's duration in the running mean. */
 const SMOOTHING = 0.2;
 
 export class Scheduler {
   readonly name: string;
-  private readonly slots: number;
+  readonly slots: number;
   private readonly clock: SchedulerClock;
   private readonly batching: Batching | undefined;
   private readonly reserved: () => number;
@@ -175,7 +168,6 @@ export class Scheduler {
     this.clock = o.clock ?? systemClock;
     this.batching = o.batching;
     this.reserved = o.reserved ?? (() => 0);
-    all.add(this);
   }
 
   /**

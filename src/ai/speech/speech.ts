@@ -74,6 +74,7 @@ export class FliteSpeechEngine implements SpeechEngine {
   readonly voices: readonly string[] = Object.keys(VOICES);
   readonly sampleRate = OUTPUT_SAMPLE_RATE;
   readonly scheduler: Scheduler;
+  readonly schedulers: readonly Scheduler[];
   private readonly pool: FlitePool;
   private readonly maxStreams: number;
   private streams = 0;
@@ -83,6 +84,7 @@ export class FliteSpeechEngine implements SpeechEngine {
     const foreground = options.foreground ?? 1;
     // The scheduler's reserved slots are the foreground workers: other jobs than conversations' never run on them.
     this.scheduler = new Scheduler({ name: "speech", slots: background + foreground, initialJobMs: INITIAL_JOB_MS, reserved: () => foreground });
+    this.schedulers = [this.scheduler];
     this.pool = new FlitePool(background + foreground, foreground > 0 ? background : 0);
     this.maxStreams = options.maxStreams ?? 64;
   }
@@ -102,6 +104,10 @@ export class FliteSpeechEngine implements SpeechEngine {
       for (const voice of voices) await this.pool.synthesize(text, { name: voice }, 1, urgent);
     };
     await Promise.all([lane(true), lane(false)]);
+  }
+
+  async close(): Promise<void> {
+    await this.pool.close();
   }
 
   /** The flite workers once started (tests: their lanes and priorities). */

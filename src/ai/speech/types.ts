@@ -1,3 +1,5 @@
+import type { Scheduler } from "./scheduler.ts";
+
 export type SpeechFormat = "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm";
 
 export const SPEECH_FORMATS: readonly SpeechFormat[] = ["mp3", "opus", "aac", "flac", "wav", "pcm"];
@@ -35,6 +37,10 @@ export interface SpeechEngine {
    * when the queue is already full at the call, else from the first `next()` if it filled since.
    */
   synthesize(o: SynthesizeOptions): AsyncIterable<Uint8Array>;
+  /** Its queues, for `/metrics`. */
+  readonly schedulers?: readonly Scheduler[];
+  /** Stops its workers. */
+  close?(): Promise<void>;
 }
 
 export interface TranscriptWord {
@@ -95,4 +101,8 @@ export interface TranscriptionEngine {
   transcribe(o: TranscribeOptions, progress?: TranscribeProgress): Promise<Transcript>;
   /** Starts loading the models in the background (idempotent); resolves when they are ready. */
   start?(): Promise<void>;
+  /** Its queues, for `/metrics`. */
+  readonly schedulers?: readonly Scheduler[];
+  /** Stops its workers and processes. */
+  close?(): Promise<void>;
 }

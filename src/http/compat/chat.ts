@@ -9,7 +9,6 @@ import type { Metrics } from "../metrics.ts";
 import { CLIENT_CLOSED_REQUEST, clientLeft } from "../middleware.ts";
 import { asIs, EVENT_STREAM, writeStream } from "../stream.ts";
 import { invalidParameter, openAIErrorEnvelope, toOpenAIError } from "./errors.ts";
-import { readJsonBody } from "./json.ts";
 import type { CompatGate } from "./surface.ts";
 
 export const CHAT_ROUTE = "/chat/completions";
@@ -25,7 +24,7 @@ const JSON_TYPE = "application/json";
 export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logger; gate: CompatGate }): NativeRoute {
   const serve = async (x: Exchange) => {
     const caller = await o.gate.admit(x.env, true);
-    const body = readJsonBody(x.env, caller);
+    const body = o.gate.bodies.read(x.env, caller);
     const parsed = parseChatRequest(body instanceof Promise ? await body : body);
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;

@@ -11,7 +11,7 @@ import { asIs, EVENT_STREAM, type StreamEnd, startingWith, streamed } from "../s
 import { speechModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
-import { clientGone, readJson } from "./json.ts";
+import { clientGone, type JsonBodies } from "./json.ts";
 import { readAhead } from "./read-ahead.ts";
 
 const ROUTE = "/audio/speech";
@@ -39,11 +39,12 @@ export function registerSpeechRoute(
   engine: SpeechEngine | undefined,
   router: ChatRouter,
   metrics: Metrics,
+  bodies: JsonBodies,
   maxQueueWaitMs?: number,
 ): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
-    const parsed = SpeechRequest.safeParse(await readJson(c));
+    const parsed = SpeechRequest.safeParse(await bodies.readOf(c));
     if (!parsed.success) throw invalidParameter(parsed.error);
     const r = parsed.data;
     const entry = speechModel(catalog, c.get("caller"), r.model);

@@ -3,7 +3,6 @@ import type { Logger } from "pino";
 import type { Caller } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { ChatService } from "../../ai/chat.ts";
-import { warmJsonThread } from "../../ai/json-thread.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import { TranscriptionService } from "../../ai/transcription.ts";
@@ -17,6 +16,7 @@ import { authenticateCaller } from "./auth.ts";
 import { chatRoute } from "./chat.ts";
 import type { CompatEnv } from "./env.ts";
 import { OpenAIError, openAIErrorResponse, toOpenAIError } from "./errors.ts";
+import type { JsonBodies } from "./json.ts";
 import { registerModelsRoute } from "./models.ts";
 import { registerSpeechRoute } from "./speech.ts";
 import { registerTranscriptionRoute } from "./transcription.ts";
@@ -29,11 +29,11 @@ export const COMPAT_BODY_LIMIT = 32 * 1024 * 1024;
 
 export interface CompatLimits {
   /** Longest audio a transcription decodes, in seconds. */
-  maxAudioSeconds: number;
+  max_audio_seconds: number;
   /** A client that takes none of a response's waiting bytes for this long is disconnected. */
-  writeTimeoutMs: number;
+  write_timeout_ms: number;
   /** An embedded-engine request that cannot start within this is refused at once (429). */
-  maxQueueWaitMs?: number;
+  max_queue_wait_ms?: number;
 }
 
 export interface CompatSurfaceOptions {
@@ -50,28 +50,31 @@ export interface CompatSurfaceOptions {
   limits?: CompatLimits;
   /** Default `/openai/v1`; service stream 2 mounts the same routes at `/v1`. */
   base?: string;
+  /** The node's request bodies (one for all its Compatible API surfaces: the large-body slots are the node's). */
+  bodies: JsonBodies;
 }
 
 /** The Compatible API: OpenAI's routes, every error in OpenAI's envelope, 32 MiB bodies. */
 export function compatSurface(o: CompatSurfaceOptions): Surface {
-  warmJsonThread();
+  o.bodies.warm();
   const app = new Hono<CompatEnv>();
-  const gate = new CompatGate(o.callers, o.limits?.writeTimeoutMs ?? DEFAULT_WRITE_TIMEOUT_MS);
+  const gate = new CompatGate(o.callers, o.limits?.write_timeout_ms ?? DEFAULT_WRITE_TIMEOUT_MS, o.bodies);
   const guard = gate.middleware();
   app.get("/models", guard);
   for (const path of ["/audio/speech", "/audio/transcriptions"]) app.post(path, guard);
   registerModelsRoute(app, o.catalog, o.metrics);
-  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, o.limits?.maxQueueWaitMs);
+  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, gate.bodies, o.limits?.max_queue_wait_ms);
   registerTranscriptionRoute(
     app,
     o.catalog,
     new TranscriptionService({
       engine: o.transcription,
       router: o.router,
-      maxAudioSeconds: o.limits?.maxAudioSeconds,
-      maxQueueWaitMs: o.limits?.maxQueueWaitMs,
+      maxAudioSeconds: o.limits?.max_audio_seconds,
+      maxQueueWaitMs: o.limits?.max_queue_wait_ms,
     }),
     o.metrics,
+    gate.bodies,
   );
   return {
     base: o.base ?? COMPAT_BASE,
@@ -96,9 +99,12 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
 export class CompatGate {
   private readonly callers: Callers;
   private readonly watcher: (outgoing: NonNullable<AppBindings["outgoing"]>) => void;
+  /** The surface's request bodies (large-body slots, the JSON thread). */
+  readonly bodies: JsonBodies;
 
-  constructor(callers: Callers, writeTimeoutMs: number) {
+  constructor(callers: Callers, writeTimeoutMs: number, bodies: JsonBodies) {
     this.callers = callers;
+    this.bodies = bodies;
     this.watcher = writeTimeout(writeTimeoutMs);
   }
 

@@ -10,7 +10,7 @@ import { EVENT_STREAM, streamed } from "../stream.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
-import { clientGone, largeBodySlot } from "./json.ts";
+import { clientGone, type JsonBodies } from "./json.ts";
 import { relayed } from "./speech.ts";
 
 const ROUTE = "/audio/transcriptions";
@@ -93,10 +93,10 @@ const RENDERERS: Record<Format, (t: Transcript, f: Form) => { body: string; cont
 const param = (name: string, message: string, code = "invalid_value") => new OpenAIError(400, message, { param: name, code });
 
 /** Reads the multipart body (an upload over 1 MiB takes one of the caller's large-body slots, see json.ts). */
-async function readForm(c: Context<CompatEnv>): Promise<FormData> {
+async function readForm(c: Context<CompatEnv>, bodies: JsonBodies): Promise<FormData> {
   if (!/^multipart\/form-data/i.test(c.req.header("content-type") ?? ""))
     throw new OpenAIError(400, "Send the audio as multipart/form-data.", { code: "invalid_content_type" });
-  const slot = largeBodySlot(c, Number(c.req.header("content-length") ?? 0));
+  const slot = bodies.slot(c, Number(c.req.header("content-length") ?? 0));
   try {
     const form = await c.req.formData();
     if (!(c.env as { outgoing?: unknown } | undefined)?.outgoing) slot?.();
@@ -108,10 +108,10 @@ async function readForm(c: Context<CompatEnv>): Promise<FormData> {
 }
 
 /** `POST /audio/transcriptions`: the form validated, the service called, the answer rendered or streamed. */
-export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalog, service: TranscriptionService, metrics: Metrics): void {
+export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalog, service: TranscriptionService, metrics: Metrics, bodies: JsonBodies): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
-    const form = await readForm(c);
+    const form = await readForm(c, bodies);
     const parsed = TranscriptionForm.safeParse(formFields(form));
     if (!parsed.success) throw formError(parsed.error);
     const f = parsed.data;

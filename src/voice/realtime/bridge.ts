@@ -598,6 +598,8 @@ export class RealtimeBridge {
           return this.o.send(opus, first);
         },
         late: () => this.o.metrics.frameLate(),
+        // Only the model's audio is sent: a truncation at what was sent is then exact.
+        fillGaps: false,
         started: () => {
           turn.audioStarted = true;
           turn.firstAudioAt = this.o.clock.now();
