@@ -493,6 +493,17 @@ for (const store of STORES) {
       }
     });
 
+    test("seven conversations of one device ending at once on one node: each remembered, one model call each", async () => {
+      const { phone, key } = await pairPhone(server);
+      rewrites = [];
+      const said = Array.from({ length: 7 }, (_, i) => `I like game ${i}`);
+      const results = await Promise.all(said.map((line) => server.memory.submit(job(key, [line]))));
+      assert.deepEqual(results, Array(7).fill("ok"));
+      const text = (await get(phone)).text;
+      for (const line of said) assert.ok(text.includes(`Heard: ${line}.`), `${line}: ${text}`);
+      assert.equal(rewrites.length, 7, "no rewrite redone for another of this node's");
+    });
+
     test("removed with the device's registration, and from the database files", async () => {
       const { phone, key } = await pairPhone(server);
       await put(phone, { text: "Quentin-the-removable-parrot." });
