@@ -66,7 +66,7 @@ const TrustProxy = z.union([z.string(), z.array(z.string()), z.boolean()]).trans
 
 const ID = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/, "must be 1–128 letters, digits or . _ : / -");
 
-/** The built-in tools an agent may list (see src/ai/agents/tools.ts). */
+/** The built-in tools an agent may list (see src/ai/agents/builtin-tools.ts). */
 export const AGENT_TOOLS = ["device_status", "device_runtime", "device_telemetry", "contacts_list"] as const;
 /** A tool's name as MCP offers it (tools.md §1). */
 export const TOOL_NAME = /^[a-zA-Z0-9_.-]{1,64}$/;
