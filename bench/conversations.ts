@@ -25,7 +25,7 @@ import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { type RunningServer, startServer } from "../src/server.ts";
-import { encodeVoiceEvent, VoiceEvents } from "../src/voice/events.ts";
+import { encodeVoiceEvent, VoiceEvents } from "../src/voice/peer-events.ts";
 import { observeTranscript } from "../src/voice/transcript.ts";
 import { percentiles } from "./support.ts";
 
@@ -42,11 +42,11 @@ async function node(dir: string, databaseUrl: string | undefined, nodeName: stri
     {
       port: 0,
       host: "127.0.0.1",
-      dataDir: dir,
-      logLevel: "warn",
-      nodeName,
+      data_dir: dir,
+      log_level: "warn",
+      node_name: nodeName,
       webrtc: { enabled: false },
-      rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 },
+      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
       voice: { store_transcripts: true },
       ...(databaseUrl ? { databaseUrl } : {}),
     },

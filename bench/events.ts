@@ -43,8 +43,8 @@ interface Nodes {
 
 async function startNodes(kind: "one node" | "two nodes"): Promise<Nodes> {
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-events-"));
-  const limits = { sideControlSessionsPerDevice: 100_000, sideControlSessionsPerController: 100_000 };
-  const env = { ...benchConfig(dir, { limits, webrtc: { maxConnections: 5000 } }), PERCH_DATA_DIR: dir, PERCH_LOG_LEVEL: "warn" };
+  const limits = { side_control_sessions_per_device: 100_000, side_control_sessions_per_controller: 100_000 };
+  const env = { ...benchConfig(dir, { limits, webrtc: { max_connections: 5000 } }), PERCH_DATA_DIR: dir, PERCH_LOG_LEVEL: "warn" };
   if (kind === "one node") {
     const a = await startServer({ ...env, PERCH_NODE_NAME: "bench-a" });
     const stop = async () => {
@@ -287,7 +287,7 @@ async function manySubscribers(kind: "one node" | "two nodes") {
 
 /** The bus alone: two PostgreSQL buses (two nodes' listening connections), messages of telemetry's size from one to the other. */
 async function busAlone(perSecond: number) {
-  const { PgEventBus } = await import("../src/events/index.ts");
+  const { PgEventBus } = await import("../src/bus/index.ts");
   const url = await freshPgDatabase(PG_URL!);
   const a = new PgEventBus({ url });
   const b = new PgEventBus({ url });

@@ -116,10 +116,10 @@ async function rewriteRate(upstreamUrl: string, databaseUrl: string | undefined)
     {
       port: 0,
       host: "127.0.0.1",
-      dataDir: dir,
-      logLevel: "warn",
+      data_dir: dir,
+      log_level: "warn",
       webrtc: { enabled: false },
-      ...(databaseUrl ? { databaseUrl } : {}),
+      ...(databaseUrl ? { database_url: databaseUrl } : {}),
       providers: [{ id: "local", kind: "openai-compatible", base_url: upstreamUrl, max_retries: 0 }],
       models: [{ id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" }],
       agents: [{ id: "talker", model: "chat", memory: { enabled: true, max_chars: MEMORY_CHARS } }],

@@ -6,7 +6,7 @@
  * the change having committed (the call returned) to the stream's `session` event being read here;
  * for `DELETE /side-control/session`, from the request being sent.
  *
- * Runs: one node on SQLite (at `webrtc.peerPollMs`, 500 ms by default); two nodes sharing
+ * Runs: one node on SQLite (at `webrtc.peer_poll_ms`, 500 ms by default); two nodes sharing
  * PostgreSQL (`PERCH_BENCH_DATABASE_URL` or `PERCH_TEST_DATABASE_URL`), one stream on each. Each
  * change — `sessions revoke`, `peers block`, `peers remove`, and the controller's own
  * `DELETE /side-control/session` (sent to the last node, streams on every node) — is made
@@ -17,13 +17,13 @@ import { once } from "node:events";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { openEventBus } from "../src/bus/index.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { loadOrCreateServerKey } from "../src/config/server-key.ts";
 import { encodeKey, generateKeyPair, privateKeyObject } from "../src/crypto/keys.ts";
+import { DomainEvents } from "../src/domain/changes.ts";
 import { systemClock } from "../src/domain/clock.ts";
-import { DomainEvents } from "../src/domain/events.ts";
 import { Domain } from "../src/domain/index.ts";
-import { openEventBus } from "../src/events/index.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { PerchConnection } from "../src/sdk/webrtc.ts";
 import { Store } from "../src/store/index.ts";
@@ -63,9 +63,9 @@ async function openStream(url: string, bearer: string, marker = "event: session"
 /** The operator, as `perch` builds it: the store of the data directory or database, a bus that does not listen. */
 async function operator(env: Record<string, string>): Promise<{ domain: Domain; close(): Promise<void> }> {
   const config = loadConfig({ ...process.env, PERCH_CONFIG: "", ...env });
-  const pair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
-  const store = await Store.open(config.databaseUrl, config.dataDir, { readWorkers: 0 });
-  const bus = await openEventBus(config.databaseUrl, { listen: false });
+  const pair = loadOrCreateServerKey(config.server_key_file ?? join(config.data_dir, "server.key"));
+  const store = await Store.open(config.database_url, config.data_dir, { readWorkers: 0 });
+  const bus = await openEventBus(config.database_url, { listen: false });
   const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
   const domain = new Domain({ store, clock: systemClock, config, serverKey, events: new DomainEvents(bus) });
   return {

@@ -83,7 +83,7 @@ function cpuProfile(): Record<string, string> {
 /** A config file in `dir` with rate limits off (the load generator is one address and few keys). */
 export function benchConfig(dir: string, extra: Record<string, unknown> = {}): Record<string, string> {
   const file = join(dir, "bench.json");
-  writeFileSync(file, JSON.stringify({ rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 }, ...extra }));
+  writeFileSync(file, JSON.stringify({ rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0 }, ...extra }));
   return { PERCH_CONFIG: file };
 }
 

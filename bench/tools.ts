@@ -17,12 +17,12 @@ import vm from "node:vm";
 import pino from "pino";
 import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
+import { DeviceToolSession } from "../src/mcp/device.ts";
 import { SERVICE } from "../src/protocol/channel.ts";
 import { RpcMethod } from "../src/protocol/gen/rpc_pb.ts";
 import { rpcPayload } from "../src/protocol/rpc.ts";
 import { PerchConnection } from "../src/sdk/webrtc.ts";
 import { startServer } from "../src/server.ts";
-import { DeviceToolSession } from "../src/tools/device.ts";
 import { round } from "./support.ts";
 
 const env = (name: string, fallback: number) => Number(process.env[name] ?? fallback);
@@ -105,7 +105,7 @@ export async function toolsBench(): Promise<unknown> {
   await sessionHeapKb(5, listLine); // warm-up: what the first session builds once (schemas, caches) is not per session
   const perSessionKb = await sessionHeapKb(DEVICES, listLine);
   const dataDir = mkdtempSync(join(tmpdir(), "perch-bench-tools-"));
-  const config = loadConfig({}, { port: 0, host: "127.0.0.1", dataDir, logLevel: "silent", rateLimits: { loginPerKey: 0, offerPerKey: 0 } });
+  const config = loadConfig({}, { port: 0, host: "127.0.0.1", data_dir: dataDir, log_level: "silent", rate_limits: { login_per_key: 0, offer_per_key: 0 } });
   const server = await startServer({ config });
   const transport = server.transport!;
   const devices: PerchConnection[] = [];

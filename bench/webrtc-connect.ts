@@ -41,7 +41,7 @@ async function start(name: string, root: string): Promise<Target> {
     {
       PERCH_DATA_DIR: dir,
       PERCH_LOG_LEVEL: "warn",
-      ...benchConfig(dir, { rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 } }),
+      ...benchConfig(dir, { rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 } }),
     },
     root,
   );

@@ -323,7 +323,7 @@ async function withServerAndCrowd<T>(
   run: (server: Server, crowd: Crowd) => Promise<T>,
 ): Promise<T> {
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-health-"));
-  const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { webrtc: { maxConnections: 10_000 } }), ...extraEnv }, root);
+  const server = await startServer({ PERCH_DATA_DIR: dir, ...benchConfig(dir, { webrtc: { max_connections: 10_000 } }), ...extraEnv }, root);
   let crowd: Crowd | undefined;
   const killAll = () => {
     crowd?.kill();

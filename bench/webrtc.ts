@@ -188,8 +188,8 @@ export async function webrtcBench(): Promise<unknown> {
     PERCH_DATA_DIR: dir,
     PERCH_LOG_LEVEL: "warn",
     ...benchConfig(dir, {
-      rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 },
-      webrtc: { maxConnections: MAX_CONNECTIONS },
+      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
+      webrtc: { max_connections: MAX_CONNECTIONS },
     }),
   });
   let crowd: Crowd | undefined;

@@ -135,7 +135,7 @@ for (const store of STORES) {
     before(async () => {
       const databaseUrl = await store.url();
       env = { PERCH_DATA_DIR: dataDir, ...(databaseUrl ? { PERCH_DATABASE_URL: databaseUrl } : {}) };
-      server = await startTestServer({ dataDir, config: { databaseUrl } });
+      server = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
     });
     after(async () => {
       await server.stop();
@@ -182,7 +182,7 @@ for (const store of STORES) {
     const servers: TestServer[] = [];
     after(() => Promise.all(servers.map((s) => s.stop())));
     const start = async (registration: { policy: "open" | "token" | "closed"; tokens?: string[] }) => {
-      const server = await startTestServer({ config: { databaseUrl: await store.url(), registration } });
+      const server = await startTestServer({ config: { database_url: await store.url(), registration } });
       servers.push(server);
       return server;
     };
@@ -249,7 +249,7 @@ for (const store of STORES) {
   describe(`blocked and removed peers (${store.name})`, () => {
     let server: TestServer;
     before(async () => {
-      server = await startTestServer({ config: { databaseUrl: await store.url() } });
+      server = await startTestServer({ config: { database_url: await store.url() } });
     });
     after(() => server.stop());
 
@@ -402,20 +402,20 @@ describe("configuration files and environment", () => {
   test("a YAML or JSON file sets the configuration; environment variables win, field by field", () => {
     const fromYaml = loadConfig({ PERCH_CONFIG: yaml });
     assert.deepEqual(
-      [fromYaml.port, fromYaml.host, fromYaml.nodeName, fromYaml.publicEndpoint, fromYaml.registration],
+      [fromYaml.port, fromYaml.host, fromYaml.node_name, fromYaml.public_endpoint, fromYaml.registration],
       [9123, "127.0.0.1", "yaml-node", "yaml.example:443", { policy: "token", tokens: ["abc", "def"] }],
     );
-    assert.deepEqual(fromYaml.rateLimits, { loginPerKey: 5, loginPerAddress: 600, deviceTokenPerDevice: 30, offerPerKey: 30 });
+    assert.deepEqual(fromYaml.rate_limits, { login_per_key: 5, login_per_address: 600, device_token_per_device: 30, offer_per_key: 30 });
 
     const fromJson = loadConfig({ PERCH_CONFIG: json });
     assert.deepEqual(
-      [fromJson.port, fromJson.host, fromJson.nodeName, fromJson.registration, fromJson.rateLimits.deviceTokenPerDevice],
+      [fromJson.port, fromJson.host, fromJson.node_name, fromJson.registration, fromJson.rate_limits.device_token_per_device],
       [9124, "0.0.0.0", "json-node", { policy: "closed", tokens: [] }, 7],
     );
 
     const overridden = loadConfig({ PERCH_CONFIG: yaml, PERCH_PORT: "9200", PERCH_REGISTRATION_POLICY: "closed", PERCH_NODE_NAME: "env-node" });
     assert.deepEqual(
-      [overridden.port, overridden.nodeName, overridden.registration, overridden.publicEndpoint],
+      [overridden.port, overridden.node_name, overridden.registration, overridden.public_endpoint],
       [9200, "env-node", { policy: "closed", tokens: ["abc", "def"] }, "yaml.example:443"],
     );
     assert.deepEqual(loadConfig({ PERCH_CONFIG: yaml, PERCH_REGISTRATION_TOKENS: "x,y" }).registration, { policy: "token", tokens: ["x", "y"] });

@@ -62,10 +62,10 @@ test("invalid catalogs stop start-up with a message naming the field", () => {
   refused({ providers: [{ ...provider, api_key: "sk-inline" }] }, "providers.0");
 });
 
-test("engines.recogniserProcesses: unset by default (the machine decides), from PERCH_RECOGNISER_PROCESSES, and 1–16 only", () => {
-  assert.equal(loadConfig({}).engines.recogniserProcesses, undefined);
-  assert.equal(loadConfig({ PERCH_RECOGNISER_PROCESSES: "2" }).engines.recogniserProcesses, 2);
-  assert.equal(loadConfig({ PERCH_RECOGNISER_PROCESSES: "1" }).engines.recogniserProcesses, 1);
+test("engines.recogniser_processes: unset by default (the machine decides), from PERCH_RECOGNISER_PROCESSES, and 1–16 only", () => {
+  assert.equal(loadConfig({}).engines.recogniser_processes, undefined);
+  assert.equal(loadConfig({ PERCH_RECOGNISER_PROCESSES: "2" }).engines.recogniser_processes, 2);
+  assert.equal(loadConfig({ PERCH_RECOGNISER_PROCESSES: "1" }).engines.recogniser_processes, 1);
   for (const bad of ["0", "17", "1.5", "two"]) assert.throws(() => loadConfig({ PERCH_RECOGNISER_PROCESSES: bad }), ConfigError, bad);
 });
 
@@ -78,9 +78,9 @@ test("without a configured count, two recogniser processes on a machine with 2 c
   assert.equal(defaultRecogniserProcesses({ cores: 4, memoryBytes: 2 * GiB }), 1);
 });
 
-test("engines.fastRecognitionAfterMs: 600 by default, false or 1–60000 ms, from PERCH_FAST_RECOGNITION_AFTER_MS", () => {
-  assert.equal(loadConfig({}).engines.fastRecognitionAfterMs, 600);
-  assert.equal(loadConfig({ PERCH_FAST_RECOGNITION_AFTER_MS: "false" }).engines.fastRecognitionAfterMs, false);
-  assert.equal(loadConfig({ PERCH_FAST_RECOGNITION_AFTER_MS: "900" }).engines.fastRecognitionAfterMs, 900);
+test("engines.fast_recognition_after_ms: 600 by default, false or 1–60000 ms, from PERCH_FAST_RECOGNITION_AFTER_MS", () => {
+  assert.equal(loadConfig({}).engines.fast_recognition_after_ms, 600);
+  assert.equal(loadConfig({ PERCH_FAST_RECOGNITION_AFTER_MS: "false" }).engines.fast_recognition_after_ms, false);
+  assert.equal(loadConfig({ PERCH_FAST_RECOGNITION_AFTER_MS: "900" }).engines.fast_recognition_after_ms, 900);
   for (const bad of ["0", "60001", "true", "soon"]) assert.throws(() => loadConfig({ PERCH_FAST_RECOGNITION_AFTER_MS: bad }), ConfigError, bad);
 });

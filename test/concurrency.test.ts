@@ -28,7 +28,7 @@ for (const entry of STORES) {
     let device: PerchClient;
     let phone: PerchClient;
     before(async () => {
-      server = await startTestServer({ config: { databaseUrl: await entry.url() } });
+      server = await startTestServer({ config: { database_url: await entry.url() } });
       device = server.client();
       await device.login();
       phone = server.client();

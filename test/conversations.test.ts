@@ -68,7 +68,11 @@ for (const store of STORES) {
       server = await startTestServer({
         clock,
         cleanupIntervalMs: 50,
-        config: { databaseUrl, voice: { store_transcripts: true, transcript_retention_days: 30 }, api_keys: [{ name: "ops", sha256: sha256(API_KEY) }] },
+        config: {
+          database_url: databaseUrl,
+          voice: { store_transcripts: true, transcript_retention_days: 30 },
+          api_keys: [{ name: "ops", sha256: sha256(API_KEY) }],
+        },
       });
     });
     after(async () => {
@@ -305,7 +309,7 @@ for (const store of STORES) {
 
     before(async () => {
       databaseUrl = await store.url();
-      server = await startTestServer({ config: { databaseUrl } });
+      server = await startTestServer({ config: { database_url: databaseUrl } });
     });
     after(async () => {
       await server?.stop();
@@ -332,7 +336,7 @@ for (const store of STORES) {
 
     test("what was stored while storing was on is neither listed nor read once it is off, and can still be deleted", async () => {
       const dataDir = tempDir();
-      const on = await startTestServer({ dataDir, config: { databaseUrl, voice: { store_transcripts: true } } });
+      const on = await startTestServer({ dataDir, config: { database_url: databaseUrl, voice: { store_transcripts: true } } });
       let key: string;
       let id: string;
       let owner: PerchClient;
@@ -342,7 +346,7 @@ for (const store of STORES) {
       } finally {
         await on.close();
       }
-      const off = await startTestServer({ dataDir, config: { databaseUrl } });
+      const off = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
       try {
         const phone = off.client();
         const device = new PerchClient({ baseUrl: off.url, keyPair: owner.keyPair });

@@ -18,8 +18,8 @@ async function buildNode(engines: ConfigInput["engines"]) {
     config: loadConfig({}, {
       port: 0,
       host: "127.0.0.1",
-      dataDir,
-      logLevel: "silent",
+      data_dir: dataDir,
+      log_level: "silent",
       api_keys: [{ name: "app", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["*"] }],
       engines,
     } as ConfigInput),
@@ -45,8 +45,8 @@ async function buildNode(engines: ConfigInput["engines"]) {
 }
 
 test("two nodes in one process, different engine settings: each has its own engines, queues, JSON thread and figures", async () => {
-  const a = await buildNode({ recogniserProcesses: 1, fastRecognitionAfterMs: false });
-  const b = await buildNode({ recogniserProcesses: 2, fastRecognitionAfterMs: 900 });
+  const a = await buildNode({ recogniser_processes: 1, fast_recognition_after_ms: false });
+  const b = await buildNode({ recogniser_processes: 2, fast_recognition_after_ms: 900 });
   let bClosed = false;
   try {
     assert.notEqual(a.node.engines, b.node.engines);
@@ -57,8 +57,8 @@ test("two nodes in one process, different engine settings: each has its own engi
     const recognition = (n: typeof a) => n.node.engines.schedulers().find((s) => s.name === "recognition");
     assert.equal(recognition(a)?.slots, 1);
     assert.equal(recognition(b)?.slots, 2);
-    assert.equal(a.node.engines.settings?.recogniserProcesses, 1);
-    assert.equal(b.node.engines.settings?.recogniserProcesses, 2);
+    assert.equal(a.node.engines.settings?.recogniser_processes, 1);
+    assert.equal(b.node.engines.settings?.recogniser_processes, 2);
 
     // Work on one node's engine is counted by that node alone.
     const res = await a.speak();

@@ -7,7 +7,7 @@ for (const store of STORES) {
   describe(`happy path (${store.name})`, () => {
     let server: TestServer;
     before(async () => {
-      server = await startTestServer({ config: { databaseUrl: await store.url() } });
+      server = await startTestServer({ config: { database_url: await store.url() } });
     });
     after(() => server.stop());
 

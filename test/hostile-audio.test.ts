@@ -98,7 +98,7 @@ describe("decoding untrusted audio", () => {
 describe("transcription route against a decompression bomb", { skip: engines().transcription ? false : "no transcription engine" }, () => {
   let server: TestServer;
   before(async () => {
-    server = await startTestServer({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }], compat: { maxAudioSeconds: 120 } }, engines: engines() });
+    server = await startTestServer({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }], compat: { max_audio_seconds: 120 } }, engines: engines() });
   });
   after(() => server?.stop());
 

@@ -14,7 +14,7 @@ for (const store of STORES) {
     let device: PerchClient;
     let phone: PerchClient;
     before(async () => {
-      server = await startTestServer({ config: { databaseUrl: await store.url() } });
+      server = await startTestServer({ config: { database_url: await store.url() } });
       device = server.client();
       await device.login();
       phone = server.client();

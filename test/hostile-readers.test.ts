@@ -40,7 +40,7 @@ describe("slow readers cannot pin engines", () => {
     // No write timeout to speak of here (only the read-ahead may free the slots), and no admission
     // budget (on a busy machine the queue's estimate for this one caller's next job can pass 10 s).
     server = await startTestServer({
-      config: { api_keys: [{ name: "a", sha256: sha256(KEY) }], compat: { writeTimeoutMs: 600_000, maxQueueWaitMs: 600_000 } },
+      config: { api_keys: [{ name: "a", sha256: sha256(KEY) }], compat: { write_timeout_ms: 600_000, max_queue_wait_ms: 600_000 } },
       engines: engines(),
     });
   });
@@ -138,7 +138,7 @@ describe("a write timeout on responses", () => {
       providers: [{ id: "p", kind: "openai-compatible" as const, base_url: base, max_retries: 0 }],
       models: [{ id: "m", kind: "chat" as const, provider: "p", upstream_model: "x" }],
       api_keys: [{ name: "a", sha256: sha256(KEY) }],
-      compat: { writeTimeoutMs },
+      compat: { write_timeout_ms: writeTimeoutMs },
     });
     server = await startTestServer({ config: config(500) });
     patient = await startTestServer({ config: config(2000) });

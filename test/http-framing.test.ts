@@ -68,7 +68,7 @@ describe("bounded request time and connections", () => {
   let server: TestServer;
   let device: PerchClient;
   before(async () => {
-    server = await startTestServer({ config: { http: { requestTimeoutMs: 400 } } });
+    server = await startTestServer({ config: { http: { request_timeout_ms: 400 } } });
     device = server.client();
     await device.login();
   });
@@ -103,7 +103,7 @@ describe("bounded request time and connections", () => {
 
   test("connections over http.maxConnections are closed on arrival", async () => {
     // A server of its own: no client of this process holds a kept-alive connection to it.
-    const s = await startTestServer({ config: { http: { maxConnections: 2 } } });
+    const s = await startTestServer({ config: { http: { max_connections: 2 } } });
     try {
       const held = [await tcp(s.port), await tcp(s.port)];
       try {

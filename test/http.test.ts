@@ -139,7 +139,7 @@ for (const store of STORES) {
     let server: TestServer;
     let device: PerchClient;
     before(async () => {
-      server = await startTestServer({ config: { databaseUrl: await store.url() } });
+      server = await startTestServer({ config: { database_url: await store.url() } });
       device = server.client();
       await device.login();
     });
@@ -433,7 +433,7 @@ for (const store of STORES) {
     });
 
     test("GET /metrics: requests by route pattern and status, latency buckets, live sessions", async () => {
-      const s = await startTestServer({ config: { databaseUrl: await store.url() } });
+      const s = await startTestServer({ config: { database_url: await store.url() } });
       try {
         let m = await metrics(s);
         assert.equal(sample(m.samples, "perch_active_sessions"), 0);
@@ -490,7 +490,7 @@ for (const store of STORES) {
           },
         },
       );
-      const s = await startTestServer({ config: { databaseUrl: await store.url() }, logger });
+      const s = await startTestServer({ config: { database_url: await store.url() }, logger });
       const secrets: Record<string, string> = {};
       try {
         const dev = s.client();
@@ -590,7 +590,7 @@ for (const store of STORES) {
       const databaseUrl = await store.url();
       const dataDir = tempDir();
       try {
-        const s = await startTestServer({ dataDir, config: { databaseUrl } });
+        const s = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
         const dev = s.client();
         await dev.login();
         const caller = s.client();
@@ -649,7 +649,7 @@ for (const store of STORES) {
         assert.equal(await tcpConnect(s.port), "ECONNREFUSED");
 
         // What the in-flight requests wrote is in the store.
-        const again = await startTestServer({ dataDir, config: { databaseUrl } });
+        const again = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
         try {
           const devAgain = new PerchClient({ baseUrl: again.url, keyPair: dev.keyPair });
           await devAgain.login();
@@ -670,14 +670,14 @@ for (const store of STORES) {
       const dataDir = tempDir();
       try {
         const keyPath = join(dataDir, "server.key");
-        const first = await startTestServer({ dataDir, config: { databaseUrl } });
+        const first = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
         const key1 = (await first.client().serverInfo()).public_key;
         await first.stop();
         assert.equal(statSync(keyPath).mode & 0o777, 0o600);
         const file = JSON.parse(readFileSync(keyPath, "utf8")) as { private_key: string };
         assert.equal(encodeKey(keyPairFromPrivate(decodePrivateKey(file.private_key)).publicKey), key1, "server.key holds the published key's private half");
 
-        const second = await startTestServer({ dataDir, config: { databaseUrl } });
+        const second = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
         try {
           assert.equal((await second.client().serverInfo()).public_key, key1);
           assert.equal(statSync(keyPath).mode & 0o777, 0o600);
@@ -685,7 +685,7 @@ for (const store of STORES) {
           await second.stop();
         }
 
-        const other = await startTestServer({ config: { databaseUrl: await store.url() } });
+        const other = await startTestServer({ config: { database_url: await store.url() } });
         try {
           const key3 = (await other.client().serverInfo()).public_key;
           assert.notEqual(key3, key1);
@@ -703,8 +703,8 @@ for (const store of STORES) {
       const s = await startTestServer({
         clock,
         config: {
-          databaseUrl: await store.url(),
-          publicEndpoint: "perch.example:443",
+          database_url: await store.url(),
+          public_endpoint: "perch.example:443",
           ice: { servers: [{ urls: ["turn:turn.example:3478"], secret: "s3cret", name: "alice" }, { urls: ["stun:stun.example:3478"] }] },
         },
       });
@@ -744,7 +744,7 @@ for (const store of STORES) {
       }
 
       // Defaults: the listen address as endpoint; no ice_servers; a TURN secret without a name; static credentials.
-      const plain = await startTestServer({ clock, config: { databaseUrl: await store.url() } });
+      const plain = await startTestServer({ clock, config: { database_url: await store.url() } });
       try {
         const info = await plain.client().serverInfo();
         assert.equal(info.endpoint, `127.0.0.1:${plain.port}`);
@@ -755,7 +755,7 @@ for (const store of STORES) {
       const unnamed = await startTestServer({
         clock,
         config: {
-          databaseUrl: await store.url(),
+          database_url: await store.url(),
           ice: {
             servers: [
               { urls: ["turns:t.example:5349"], secret: "k" },

@@ -17,11 +17,11 @@ function refused(status: number, code: string) {
 }
 
 const limits = {
-  primarySessionsPerDevice: 3,
-  sideControlSessionsPerDevice: 2,
-  sideControlSessionsPerController: 2,
-  contactsPerDevice: 3,
-  keyCacheSize: 2,
+  primary_sessions_per_device: 3,
+  side_control_sessions_per_device: 2,
+  side_control_sessions_per_controller: 2,
+  contacts_per_device: 3,
+  key_cache_size: 2,
 };
 
 for (const entry of STORES) {
@@ -29,7 +29,7 @@ for (const entry of STORES) {
     const clock = new ManualClock(Date.UTC(2026, 10, 21, 12, 0, 0));
     let server: TestServer;
     before(async () => {
-      server = await startTestServer({ clock, cleanupIntervalMs: 20, config: { databaseUrl: await entry.url(), limits, telemetry: { retentionDays: 30 } } });
+      server = await startTestServer({ clock, cleanupIntervalMs: 20, config: { database_url: await entry.url(), limits, telemetry: { retention_days: 30 } } });
     });
     after(() => server.stop());
 
@@ -107,21 +107,21 @@ for (const entry of STORES) {
       await phone.login({ deviceToken: (await device.createDeviceToken()).token });
 
       await many((i) => phone.sideControl.contacts.create({ name: `c${i}`, display_name: "x" }));
-      assert.equal((await phone.sideControl.contacts.list()).items.length, limits.contactsPerDevice, "contacts");
+      assert.equal((await phone.sideControl.contacts.list()).items.length, limits.contacts_per_device, "contacts");
 
       await Promise.allSettled(Array.from({ length: 2 * MAX_USABLE_DEVICE_TOKENS }, () => device.createDeviceToken()));
       assert.equal(await server.store.read((r) => r.deviceTokens.countUsable(device.publicKey, clock.now())), MAX_USABLE_DEVICE_TOKENS, "device tokens");
 
       await many(() => sameKey(device).login());
       const live = (await server.domain.auth.liveSessions()).filter((s) => s.kind === "primary" && s.public_key === device.publicKey);
-      assert.equal(live.length, limits.primarySessionsPerDevice, "primary sessions");
+      assert.equal(live.length, limits.primary_sessions_per_device, "primary sessions");
 
       const target = server.client();
       await target.login();
       const tokens = [];
       for (let i = 0; i < 10; i++) tokens.push(await target.createDeviceToken());
       await Promise.allSettled(tokens.map((t) => server.client().login({ deviceToken: t.token })));
-      assert.equal((await target.sideControlSessions()).items.length, limits.sideControlSessionsPerDevice, "Side Control sessions per device");
+      assert.equal((await target.sideControlSessions()).items.length, limits.side_control_sessions_per_device, "Side Control sessions per device");
 
       const controller = server.client();
       const owned = [];
@@ -132,7 +132,7 @@ for (const entry of STORES) {
       }
       await Promise.allSettled(owned.map((t) => sameKey(controller).login({ deviceToken: t.token })));
       const held = (await server.domain.auth.liveSessions()).filter((s) => s.kind === "side_control" && s.public_key === controller.publicKey);
-      assert.equal(held.length, limits.sideControlSessionsPerController, "Side Control sessions per controller");
+      assert.equal(held.length, limits.side_control_sessions_per_controller, "Side Control sessions per controller");
     });
 
     test("telemetry older than the retention is deleted by the cleanup job", async () => {
@@ -154,7 +154,7 @@ for (const entry of STORES) {
       assert.deepEqual(await kept(), times.slice(2));
     });
 
-    test("X25519 results are cached least recently used first, sized by limits.keyCacheSize", async () => {
+    test("X25519 results are cached least recently used first, sized by limits.key_cache_size", async () => {
       const auth = server.domain.auth;
       const [a, b, c] = [server.client(), server.client(), server.client()].map((x) => x.publicKey) as [string, string, string];
       const secretA = auth.sharedSecretWith(a);

@@ -15,7 +15,7 @@ for (const store of STORES) {
   describe(`the runtime event after another node stops beating (${store.name})`, () => {
     let server: TestServer;
     before(async () => {
-      server = await startTestServer({ config: { databaseUrl: await store.url(), nodeName: "watcher" } });
+      server = await startTestServer({ config: { database_url: await store.url(), node_name: "watcher" } });
     });
     after(() => server.stop());
 

@@ -214,7 +214,7 @@ for (const store of STORES) {
         },
       });
       databaseUrl = await store.url();
-      server = await startTestServer({ config: { ...memoryConfig(upstream.url), databaseUrl } });
+      server = await startTestServer({ config: { ...memoryConfig(upstream.url), database_url: databaseUrl } });
     });
     after(async () => {
       await server?.stop();
@@ -493,6 +493,17 @@ for (const store of STORES) {
       }
     });
 
+    test("seven conversations of one device ending at once on one node: each remembered, one model call each", async () => {
+      const { phone, key } = await pairPhone(server);
+      rewrites = [];
+      const said = Array.from({ length: 7 }, (_, i) => `I like game ${i}`);
+      const results = await Promise.all(said.map((line) => server.memory.submit(job(key, [line]))));
+      assert.deepEqual(results, Array(7).fill("ok"));
+      const text = (await get(phone)).text;
+      for (const line of said) assert.ok(text.includes(`Heard: ${line}.`), `${line}: ${text}`);
+      assert.equal(rewrites.length, 7, "no rewrite redone for another of this node's");
+    });
+
     test("removed with the device's registration, and from the database files", async () => {
       const { phone, key } = await pairPhone(server);
       await put(phone, { text: "Quentin-the-removable-parrot." });
@@ -518,7 +529,10 @@ for (const store of STORES) {
     });
 
     test("two nodes end one device's conversations at once: one consistent memory reflecting both", async () => {
-      const other = await startTestServer({ dataDir: server.dataDir, config: { ...memoryConfig(upstream.url), databaseUrl, nodeName: "node-b" } });
+      const other = await startTestServer({
+        dataDir: server.dataDir,
+        config: { ...memoryConfig(upstream.url), database_url: databaseUrl, node_name: "node-b" },
+      });
       try {
         const { phone, key } = await pairPhone(server);
         await put(phone, { text: "Their name is Mia." });

@@ -42,7 +42,7 @@ for (const entry of STORES) {
       const dataDir = tempDir();
       const databaseUrl = await entry.url();
       // Frames wait in the writer (a write at most every minute, or at 500 samples): only close() can store them.
-      const server = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "closing", telemetry: { writeIntervalMs: 60_000 } } });
+      const server = await startTestServer({ dataDir, config: { database_url: databaseUrl, node_name: "closing", telemetry: { write_interval_ms: 60_000 } } });
       cleanup.push(() => rmSync(dataDir, { recursive: true, force: true }));
       const conn = await connect(server);
       let stopped = false;
@@ -72,7 +72,7 @@ for (const entry of STORES) {
     });
 
     test("frames beyond the telemetry buffer are dropped and counted as overload; the rest counted once stored", async () => {
-      const server = await startTestServer({ config: { databaseUrl: await entry.url(), telemetry: { bufferSamples: 1 } } });
+      const server = await startTestServer({ config: { database_url: await entry.url(), telemetry: { buffer_samples: 1 } } });
       const conn = await connect(server);
       try {
         await eventually(() => server.transport!.connection(conn.publicKey)?.active, 10_000, "the connection active");
@@ -103,10 +103,10 @@ for (const entry of STORES) {
 
 for (const entry of STORES) {
   test(`a node whose port is taken fails to start and leaves nothing of itself open (${entry.name})`, async () => {
-    const first = await startTestServer({ config: { databaseUrl: await entry.url() } });
+    const first = await startTestServer({ config: { database_url: await entry.url() } });
     const databaseUrl = await entry.url();
     try {
-      await assert.rejects(startTestServer({ config: { databaseUrl, port: first.port, webrtc: { enabled: false } } }), /EADDRINUSE/);
+      await assert.rejects(startTestServer({ config: { database_url: databaseUrl, port: first.port, webrtc: { enabled: false } } }), /EADDRINUSE/);
       if (databaseUrl) {
         // The store's pool and the event bus's connection were closed: nothing connected to its database.
         const admin = new pg.Client({ connectionString: databaseUrl.replace(/\/[^/]+$/, "/postgres") });
@@ -132,7 +132,7 @@ for (const entry of STORES) {
   test(`a second start of a running node (its name, its store, its port) fails and leaves the running node's records alone (${entry.name})`, async () => {
     const dataDir = tempDir();
     const databaseUrl = await entry.url();
-    const config = { databaseUrl, nodeName: "started-twice" };
+    const config = { database_url: databaseUrl, node_name: "started-twice" };
     const running = await startTestServer({ dataDir, config });
     const conn = await connect(running);
     const streams: EventStream[] = [];

@@ -12,7 +12,7 @@ import type { PerchClient } from "../src/sdk/client.ts";
 import { assertFails, perch } from "./support/cli.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 
-const NO_LIMITS = { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 };
+const NO_LIMITS = { login_per_key: 0, login_per_address: 0, device_token_per_device: 0 };
 
 /** A fresh login of `client` through a proxy that sent `forwarded` as X-Forwarded-For (the test process is the proxy, on loopback). */
 async function loginVia(server: TestServer, client: PerchClient, forwarded: string | undefined): Promise<number> {
@@ -30,7 +30,7 @@ async function loginVia(server: TestServer, client: PerchClient, forwarded: stri
 
 describe("client address behind proxies", () => {
   test("behind a trusted loopback proxy, entries the client writes cannot choose its address or lock out a victim", async () => {
-    const server = await startTestServer({ config: { trustProxy: "loopback", rateLimits: { ...NO_LIMITS, loginPerAddress: 3 } } });
+    const server = await startTestServer({ config: { trust_proxy: "loopback", rate_limits: { ...NO_LIMITS, login_per_address: 3 } } });
     try {
       // The attacker is 203.0.113.7; the proxy appends that to whatever the attacker wrote.
       const statuses: number[] = [];
@@ -47,7 +47,7 @@ describe("client address behind proxies", () => {
   });
 
   test("with no trusted proxy (the default) X-Forwarded-For is ignored", async () => {
-    const server = await startTestServer({ config: { rateLimits: { ...NO_LIMITS, loginPerAddress: 2 } } });
+    const server = await startTestServer({ config: { rate_limits: { ...NO_LIMITS, login_per_address: 2 } } });
     try {
       assert.equal(await loginVia(server, server.client(), "192.0.2.1"), 200);
       assert.equal(await loginVia(server, server.client(), "192.0.2.2"), 200);
@@ -78,7 +78,7 @@ describe("rate limits (GCRA)", () => {
   test("60 logins of one key cannot be made in one second across a minute boundary", async () => {
     const minute = Math.floor(Date.now() / 60_000) * 60_000;
     const clock = new ManualClock(minute + 59_500);
-    const server = await startTestServer({ clock, config: { rateLimits: { ...NO_LIMITS, loginPerKey: 30 } } });
+    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_key: 30 } } });
     try {
       const k = server.client();
       let accepted = 0;

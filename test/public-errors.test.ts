@@ -160,7 +160,7 @@ function manualClock(): ManualClock {
   return new ManualClock(Math.floor(Date.now() / 60_000) * 60_000 + 15_000);
 }
 
-const NO_LIMITS = { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0 };
+const NO_LIMITS = { login_per_key: 0, login_per_address: 0, device_token_per_device: 0 };
 
 // ---------------------------------------------------------------------------------------------
 
@@ -1102,7 +1102,7 @@ describe("bodies, media types and routing", () => {
 describe("429 RATE_LIMITED", () => {
   test("loginPerKey: only verified assertions count; over the limit 429 with Retry-After, nothing written", async () => {
     const clock = manualClock();
-    const server = await startTestServer({ clock, config: { rateLimits: { ...NO_LIMITS, loginPerKey: 3 } } });
+    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_key: 3 } } });
     try {
       const k = server.client();
       // Somebody without K's private key sends many bad assertions for K: none of them counts.
@@ -1135,7 +1135,7 @@ describe("429 RATE_LIMITED", () => {
 
   test("loginPerKey: replays of an accepted assertion do not count, even in a burst; concurrent logins stop exactly at the limit", async () => {
     const clock = manualClock();
-    const server = await startTestServer({ clock, config: { rateLimits: { ...NO_LIMITS, loginPerKey: 2 } } });
+    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_key: 2 } } });
     try {
       const k = server.client();
       const seen = await k.assertion();
@@ -1161,7 +1161,7 @@ describe("429 RATE_LIMITED", () => {
 
   test("loginPerAddress: every login from one address counts; 429 with Retry-After, nothing written", async () => {
     const clock = manualClock();
-    const server = await startTestServer({ clock, config: { rateLimits: { ...NO_LIMITS, loginPerAddress: 3 } } });
+    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_address: 3 } } });
     try {
       expectError(await call(server, "POST", "/login"), 401, "MISSING_ASSERTION");
       expectLogin(await loginCall(server, server.client()), "primary");
@@ -1182,7 +1182,7 @@ describe("429 RATE_LIMITED", () => {
 
   test("deviceTokenPerDevice: 429 with Retry-After, nothing written, other devices unaffected", async () => {
     const clock = manualClock();
-    const server = await startTestServer({ clock, config: { rateLimits: { ...NO_LIMITS, deviceTokenPerDevice: 2 } } });
+    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, device_token_per_device: 2 } } });
     try {
       const device = await newDevice(server);
       await device.createDeviceToken();
@@ -1212,7 +1212,7 @@ for (const store of STORES) {
     const dataDir = tempDir();
     before(async () => {
       databaseUrl = await store.url();
-      server = await startTestServer({ dataDir, config: { databaseUrl } });
+      server = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
     });
     after(async () => {
       await server.stop();
@@ -1254,7 +1254,7 @@ for (const store of STORES) {
       expectError(await loginCall(server, c, { assertion }), 401, "INVALID_ASSERTION", undefined, "replay");
 
       await server.stop();
-      server = await startTestServer({ dataDir, config: { databaseUrl } });
+      server = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
       expectError(await loginCall(server, c, { assertion }), 401, "INVALID_ASSERTION", undefined, "replay after a restart");
       expectLogin(await loginCall(server, c), "primary", "a fresh assertion");
     });

@@ -68,8 +68,8 @@ for (const store of STORES) {
     let env: Record<string, string>;
     before(async () => {
       const databaseUrl = await store.url();
-      const first = await startTestServer({ config: { databaseUrl, nodeName: "node-a" } });
-      nodes = twoNodes ? [first, await startTestServer({ config: { databaseUrl, nodeName: "node-b" } })] : [first];
+      const first = await startTestServer({ config: { database_url: databaseUrl, node_name: "node-a" } });
+      nodes = twoNodes ? [first, await startTestServer({ config: { database_url: databaseUrl, node_name: "node-b" } })] : [first];
       env = { PERCH_DATA_DIR: first.dataDir, PERCH_LOG_LEVEL: "silent", ...(databaseUrl ? { PERCH_DATABASE_URL: databaseUrl } : {}) };
     });
     after(async () => {
@@ -184,8 +184,8 @@ describe("the session expiring ends its streams on both nodes (postgres)", { ski
   before(async () => {
     const databaseUrl = await freshPostgresDatabase();
     nodes = [
-      await startTestServer({ clock, config: { databaseUrl, nodeName: "node-a" } }),
-      await startTestServer({ clock, config: { databaseUrl, nodeName: "node-b" } }),
+      await startTestServer({ clock, config: { database_url: databaseUrl, node_name: "node-a" } }),
+      await startTestServer({ clock, config: { database_url: databaseUrl, node_name: "node-b" } }),
     ];
   });
   after(async () => {

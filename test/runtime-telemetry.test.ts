@@ -16,7 +16,7 @@ for (const store of STORES) {
     let device: PerchClient;
     let phone: PerchClient;
     before(async () => {
-      server = await startTestServer({ clock, config: { databaseUrl: await store.url() } });
+      server = await startTestServer({ clock, config: { database_url: await store.url() } });
       device = server.client();
       await device.login();
       phone = server.client();

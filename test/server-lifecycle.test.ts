@@ -28,11 +28,11 @@ for (const entry of STORES) {
         {
           port,
           host: "127.0.0.1",
-          dataDir,
-          logLevel: "silent",
+          data_dir: dataDir,
+          log_level: "silent",
           webrtc: { enabled: false },
           engines: TEST_ENGINES,
-          ...(databaseUrl ? { databaseUrl } : {}),
+          ...(databaseUrl ? { database_url: databaseUrl } : {}),
         },
       );
 

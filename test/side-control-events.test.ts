@@ -66,7 +66,7 @@ for (const store of STORES) {
   describe(`GET /side-control/events (${store.name})`, () => {
     let server: TestServer;
     before(async () => {
-      server = await startTestServer({ config: { databaseUrl: await store.url() }, liveKeepAliveMs: 300 });
+      server = await startTestServer({ config: { database_url: await store.url() }, liveKeepAliveMs: 300 });
     });
     after(() => server.stop());
 
@@ -231,7 +231,7 @@ for (const store of STORES) {
     const clock = new ManualClock();
     let server: TestServer;
     before(async () => {
-      server = await startTestServer({ clock, cleanupIntervalMs: 50, config: { databaseUrl: await store.url(), nodeName: "sweeper" } });
+      server = await startTestServer({ clock, cleanupIntervalMs: 50, config: { database_url: await store.url(), node_name: "sweeper" } });
     });
     after(() => server.stop());
 
@@ -261,7 +261,7 @@ for (const store of STORES) {
     let databaseUrl: string | undefined;
     before(async () => {
       databaseUrl = await store.url();
-      server = await startTestServer({ config: { databaseUrl, nodeName: "left" } });
+      server = await startTestServer({ config: { database_url: databaseUrl, node_name: "left" } });
     });
     after(() => server.stop());
 
@@ -318,7 +318,7 @@ for (const store of STORES) {
 describe("GET /side-control/events: a stream outlives the request timeout", () => {
   let server: TestServer;
   before(async () => {
-    server = await startTestServer({ config: { http: { requestTimeoutMs: 500, maxConnections: 100 } }, liveKeepAliveMs: 200 });
+    server = await startTestServer({ config: { http: { request_timeout_ms: 500, max_connections: 100 } }, liveKeepAliveMs: 200 });
   });
   after(() => server.stop());
 

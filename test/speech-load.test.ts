@@ -224,7 +224,7 @@ describe("a client that never reads", () => {
   let server: TestServer;
   before(async () => {
     // Long enough that without a bound on the read-ahead the whole text would be synthesised first.
-    server = await startTestServer({ config: { api_keys: API_KEYS, compat: { writeTimeoutMs: 15_000 } }, engines: engines() });
+    server = await startTestServer({ config: { api_keys: API_KEYS, compat: { write_timeout_ms: 15_000 } }, engines: engines() });
   });
   after(() => server?.stop());
 
@@ -287,7 +287,7 @@ describe("overload: refused honestly, and recovered from", { timeout: 600_000 },
     const shared = { speech: speechEngine, transcription: engines().transcription };
     load = await startTestServer({ config: { api_keys: API_KEYS }, engines: shared });
     server = await startTestServer({
-      config: { ...talkerConfig(upstream.url), api_keys: API_KEYS, compat: { maxQueueWaitMs: 1 }, voice: { agent: "talker", max_reply_delay_ms: 1 } },
+      config: { ...talkerConfig(upstream.url), api_keys: API_KEYS, compat: { max_queue_wait_ms: 1 }, voice: { agent: "talker", max_reply_delay_ms: 1 } },
       engines: shared,
     });
     const { samples, sampleRate } = await speechEngine.speak(QUESTION, "nova");

@@ -3,12 +3,12 @@ import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, test } from "node:test";
+import { type BusMessage, InProcessBus, SqliteBus, topics } from "../src/bus/index.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { encodeKey, generateKeyPair, privateKeyObject } from "../src/crypto/keys.ts";
+import { DomainEvents } from "../src/domain/changes.ts";
 import { systemClock } from "../src/domain/clock.ts";
-import { DomainEvents } from "../src/domain/events.ts";
 import { Domain } from "../src/domain/index.ts";
-import { type BusMessage, InProcessBus, SqliteBus, topics } from "../src/events/index.ts";
 import { Store } from "../src/store/index.ts";
 import { PeerWatch } from "../src/transport/peer-watch.ts";
 import { tempDir } from "./support/server.ts";
@@ -119,7 +119,7 @@ describe("PeerWatch: a gap in the bus", () => {
     try {
       const pair = generateKeyPair();
       const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
-      const domain = new Domain({ store, clock: systemClock, config: loadConfig({}, { dataDir: dir }), serverKey, events: new DomainEvents(bus) });
+      const domain = new Domain({ store, clock: systemClock, config: loadConfig({}, { data_dir: dir }), serverKey, events: new DomainEvents(bus) });
       const keys = ["blocked", "removed", "fine"].map(() => encodeKey(generateKeyPair().publicKey));
       for (const key of keys) await domain.peers.add(key);
       const cut: Array<[string, string]> = [];

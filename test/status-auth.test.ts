@@ -27,8 +27,8 @@ for (const store of STORES) {
     before(async () => {
       const databaseUrl = await store.url();
       const dataDir = tempDir();
-      a = await startTestServer({ clock, dataDir, config: { databaseUrl, nodeName: "node-a" } });
-      b = await startTestServer({ clock, dataDir, config: { databaseUrl, nodeName: "node-b" } });
+      a = await startTestServer({ clock, dataDir, config: { database_url: databaseUrl, node_name: "node-a" } });
+      b = await startTestServer({ clock, dataDir, config: { database_url: databaseUrl, node_name: "node-b" } });
     });
     after(async () => {
       await b?.stop();

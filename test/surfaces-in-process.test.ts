@@ -25,8 +25,8 @@ async function builtNode(engines: { speech?: SpeechEngine; transcription?: Trans
     config: loadConfig({}, {
       port: 0,
       host: "127.0.0.1",
-      dataDir,
-      logLevel: "silent",
+      data_dir: dataDir,
+      log_level: "silent",
       api_keys: [{ name: "app", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["*"] }],
       ...config,
     } as ConfigInput),
@@ -228,7 +228,7 @@ describe("in process: offers to a node whose transport does not run", () => {
   });
 
   test("once its transport is shutting down, an offer is 503 UNAVAILABLE with Retry-After", async () => {
-    const n = await builtNode({}, { webrtc: { udpPort: await freeUdpPort() } });
+    const n = await builtNode({}, { webrtc: { udp_port: await freeUdpPort() } });
     try {
       await n.node.listen();
       await n.node.transport!.close();

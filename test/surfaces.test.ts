@@ -202,7 +202,7 @@ describe("who is calling", () => {
     // The watch for blocked and removed peers polls SQLite off: a block written to the store below
     // reaches the open connection only through its requests' own checks, as one written by another
     // node whose notice has not arrived yet would.
-    server = await startTestServer({ logger, config: { webrtc: { peerPollMs: 0 } } });
+    server = await startTestServer({ logger, config: { webrtc: { peer_poll_ms: 0 } } });
   });
   after(async () => {
     for (const c of conns) c.close();
@@ -277,7 +277,7 @@ describe("who is calling", () => {
   });
 
   test("per-address limits count a stream's login under its connection's address: apart from TCP's, or with it when the same", async () => {
-    const s = await startTestServer({ config: { rateLimits: { loginPerKey: 0, loginPerAddress: 2, deviceTokenPerDevice: 0 } } });
+    const s = await startTestServer({ config: { rate_limits: { login_per_key: 0, login_per_address: 2, device_token_per_device: 0 } } });
     try {
       const login = async (conn: PerchConnection) => {
         const assertion = await new PerchClient({ baseUrl: s.url, keyPair: conn.keyPair }).assertion();

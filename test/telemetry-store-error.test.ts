@@ -49,7 +49,7 @@ for (const entry of STORES) {
 
     test("a write failing for one peer's samples loses and counts (store_error) only that peer's frames", async () => {
       const databaseUrl = await entry.url();
-      server = await startTestServer({ config: { databaseUrl } });
+      server = await startTestServer({ config: { database_url: databaseUrl } });
       const refused = await connect(server);
       const kept = await connect(server);
       try {

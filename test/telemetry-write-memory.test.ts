@@ -25,7 +25,7 @@ for (const entry of STORES) {
 
     before(async () => {
       const databaseUrl = await entry.url();
-      server = await startTestServer({ config: { databaseUrl } });
+      server = await startTestServer({ config: { database_url: databaseUrl } });
       other = await Store.open(databaseUrl, server.dataDir);
     });
     after(async () => {

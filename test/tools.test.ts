@@ -322,7 +322,7 @@ describe("perch peers tools", () => {
   for (const store of STORES) {
     test(`asks the node that holds the connection, over the ${store.name} store's bus`, async () => {
       const databaseUrl = await store.url();
-      const server = await startTestServer({ config: { ...(databaseUrl ? { databaseUrl } : {}), nodeName: "tools-node" } });
+      const server = await startTestServer({ config: { ...(databaseUrl ? { databaseUrl } : {}), node_name: "tools-node" } });
       try {
         const { conn } = await volumeDevice(server);
         try {

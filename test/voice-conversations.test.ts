@@ -34,7 +34,12 @@ describe("a device's conversation reaches its phone on another node", { skip: TE
   const node = async (nodeName: string) =>
     startTestServer({
       dataDir,
-      config: { ...talkerConfig(upstream.url), databaseUrl, nodeName, voice: { ...talkerConfig(upstream.url).voice, store_transcripts: true } },
+      config: {
+        ...talkerConfig(upstream.url),
+        database_url: databaseUrl,
+        node_name: nodeName,
+        voice: { ...talkerConfig(upstream.url).voice, store_transcripts: true },
+      },
     });
 
   const device = (server: TestServer) => voiceDevice(server, { keyPair });

@@ -110,7 +110,7 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
       `Chromium is required for this test and was not found at ${CHROMIUM} (install Debian's chromium, or set PERCH_TEST_CHROMIUM)`,
     );
     mkdirSync(ARTIFACTS, { recursive: true });
-    server = await startTestServer({ dataDir, config: { nodeName: "webapp-node" } });
+    server = await startTestServer({ dataDir, config: { node_name: "webapp-node" } });
     browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ARGS, timeout: 20_000 });
     // A phone's screen: 360 CSS pixels wide.
     context = await browser.newContext({ viewport: { width: 360, height: 780 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
@@ -222,10 +222,10 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     // The same HTTP port (the page's origin). The WebRTC port is the HTTP port's number by
     // default; another process may have taken that UDP port meanwhile, so then any free one is used.
     try {
-      server = await startTestServer({ dataDir, config: { nodeName: "webapp-node", port } });
+      server = await startTestServer({ dataDir, config: { node_name: "webapp-node", port } });
     } catch (err) {
       if (!/EADDRINUSE/.test(String(err))) throw err;
-      server = await startTestServer({ dataDir, config: { nodeName: "webapp-node", port, webrtc: { udpPort: await freeUdpPort() } } });
+      server = await startTestServer({ dataDir, config: { node_name: "webapp-node", port, webrtc: { udp_port: await freeUdpPort() } } });
     }
     conn = await connect(server, { keyPair: conn.keyPair });
     await page.getByText("Live", { exact: true }).waitFor({ timeout: 40_000 });
@@ -307,7 +307,7 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
 
 describe("the web app with map tiles configured", () => {
   test("the page names the tile server to the app and lets images come from it, and nothing else", async () => {
-    const server = await startTestServer({ config: { app: { tileUrl: "https://tiles.example.org/{z}/{x}/{y}.png?key=a&b=c" } } });
+    const server = await startTestServer({ config: { app: { tile_url: "https://tiles.example.org/{z}/{x}/{y}.png?key=a&b=c" } } });
     try {
       const res = await fetch(`${server.url}/app/`);
       const html = await res.text();

@@ -65,7 +65,7 @@ for (const store of STORES) {
     before(async () => {
       dataDir = tempDir();
       const config = join(dataDir, "perch.json");
-      writeFileSync(config, JSON.stringify({ rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 } }));
+      writeFileSync(config, JSON.stringify({ rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 } }));
       const databaseUrl = await store.url();
       server = await spawnServer({
         PERCH_DATA_DIR: dataDir,

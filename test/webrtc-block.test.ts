@@ -1,13 +1,13 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import { type EventBus, openEventBus } from "../src/bus/index.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { loadOrCreateServerKey } from "../src/config/server-key.ts";
 import { encodeKey, privateKeyObject } from "../src/crypto/keys.ts";
+import { DomainEvents } from "../src/domain/changes.ts";
 import { systemClock } from "../src/domain/clock.ts";
-import { DomainEvents } from "../src/domain/events.ts";
 import { Domain } from "../src/domain/index.ts";
-import { type EventBus, openEventBus } from "../src/events/index.ts";
 import { Store } from "../src/store/index.ts";
 import { perchJson } from "./support/cli.ts";
 import { STORES, startTestServer, type TestServer } from "./support/server.ts";
@@ -25,7 +25,7 @@ for (const store of STORES) {
     let databaseUrl: string | undefined;
     before(async () => {
       databaseUrl = await store.url();
-      server = await startTestServer({ config: databaseUrl ? { databaseUrl } : {} });
+      server = await startTestServer({ config: databaseUrl ? { database_url: databaseUrl } : {} });
       env = { PERCH_DATA_DIR: server.dataDir, PERCH_LOG_LEVEL: "silent", ...(databaseUrl ? { PERCH_DATABASE_URL: databaseUrl } : {}) };
     });
     after(async () => {
@@ -62,7 +62,7 @@ for (const store of STORES) {
       const other = await Store.open(databaseUrl, server.dataDir, { readWorkers: 0 });
       const bus: EventBus = await openEventBus(databaseUrl, { listen: false });
       try {
-        const config = loadConfig({}, { dataDir: server.dataDir, ...(databaseUrl ? { databaseUrl } : {}) });
+        const config = loadConfig({}, { data_dir: server.dataDir, ...(databaseUrl ? { databaseUrl } : {}) });
         const pair = loadOrCreateServerKey(join(server.dataDir, "server.key"));
         const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
         const operator = new Domain({ store: other, clock: systemClock, config, serverKey, events: new DomainEvents(bus) });

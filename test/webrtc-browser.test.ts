@@ -88,7 +88,7 @@ test("headless Chromium as a device: sealed offer, event stream, HTTP on stream 
   const serverLog: Array<{ level: number; msg: string; method?: number; err?: string }> = [];
   const logger = pino({ level: "debug" }, { write: (line: string) => void serverLog.push(JSON.parse(line)) });
   try {
-    const [script, s] = await Promise.all([bundleDevice(), startTestServer({ config: { nodeName: "browser-test-node" }, logger })]);
+    const [script, s] = await Promise.all([bundleDevice(), startTestServer({ config: { node_name: "browser-test-node" }, logger })]);
     server = s;
     browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS, timeout: 20_000 });
     const page = await browser.newPage();

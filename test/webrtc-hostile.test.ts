@@ -39,7 +39,7 @@ describe("a hostile device over HTTP streams 1 and 2", () => {
   let server: TestServer;
   let conn: PerchConnection;
   before(async () => {
-    server = await startTestServer({ config: { http: { requestTimeoutMs: 1_000, maxConnections: 10_000 } } });
+    server = await startTestServer({ config: { http: { request_timeout_ms: 1_000, max_connections: 10_000 } } });
     conn = await connect(server);
   });
   after(async () => {
@@ -305,7 +305,7 @@ describe("a hostile device on Peer RPC (stream 0)", () => {
   let conn: PerchConnection;
   before(async () => {
     // A short request deadline (default 10 s): the requests that never finish are closed sooner.
-    server = await startTestServer({ config: { webrtc: { rpcRequestTimeoutMs: 2_000 } } });
+    server = await startTestServer({ config: { webrtc: { rpc_request_timeout_ms: 2_000 } } });
     conn = await connect(server);
   });
   after(async () => {
@@ -394,7 +394,7 @@ describe("a hostile device on Peer RPC (stream 0)", () => {
     // The call's own stream closes on its turn: the four are what is left.
     await eventually(() => rpcStreams() === 4, 5_000, "the four streams still open on the server after a whole call on another stream");
     assert.deepEqual(settled, [false, false, false, false], "none closed yet");
-    // Then its deadline (webrtc.rpcRequestTimeoutMs) closes them, with no answer.
+    // Then its deadline (webrtc.rpc_request_timeout_ms) closes them, with no answer.
     const results = await Promise.all(pending);
     for (const r of results) {
       assert.ok(r.closed, "closed by the server (the 15 s wait here would report closed: false)");
@@ -773,7 +773,7 @@ describe("a hostile device asking for test tones", () => {
 
 describe("telemetry of a removed peer on PostgreSQL", { skip: TEST_DATABASE_URL ? false : "PERCH_TEST_DATABASE_URL is not set" }, () => {
   test("a removed peer's telemetry does not take other peers' frames down with it", async () => {
-    const server = await startTestServer({ config: { databaseUrl: await freshPostgresDatabase() } });
+    const server = await startTestServer({ config: { database_url: await freshPostgresDatabase() } });
     try {
       await removedPeerTelemetry(server);
     } finally {

@@ -15,7 +15,7 @@ import { connect, eventually } from "./support/webrtc.ts";
 describe("a device that vanishes is noticed; one that answers is kept", () => {
   let server: TestServer;
   before(async () => {
-    server = await startTestServer({ config: { webrtc: { livenessQuietMs: 1_000, livenessProbeTimeoutMs: 1_000 } } });
+    server = await startTestServer({ config: { webrtc: { liveness_quiet_ms: 1_000, liveness_probe_timeout_ms: 1_000 } } });
   });
   after(async () => {
     await server.stop();
@@ -90,6 +90,9 @@ describe("the transport's timings are checked at start", () => {
       () => checkTimings(timings, { beatMs: 5_000, staleMs: 8_000 }),
       /staleness window \(8000 ms\) must exceed twice the node heartbeat interval \(5000 ms\)/,
     );
-    await assert.rejects(startTestServer({ config: { webrtc: { ownershipCheckMs: 9_000 } } }), /inconsistent WebRTC timings: webrtc.ownershipCheckMs \(9000\)/);
+    await assert.rejects(
+      startTestServer({ config: { webrtc: { ownership_check_ms: 9_000 } } }),
+      /inconsistent WebRTC timings: webrtc.ownership_check_ms \(9000\)/,
+    );
   });
 });

@@ -272,7 +272,7 @@ describe("offers: policy, blocked peers, capacity and the rate limit", () => {
   });
 
   test("12 and the rate limit: 503 CAPACITY_EXCEEDED with Retry-After; 429 after 2 verified offers a minute", async () => {
-    const server = await startTestServer({ config: { webrtc: { maxConnections: 1 }, rateLimits: { offerPerKey: 2 } } });
+    const server = await startTestServer({ config: { webrtc: { max_connections: 1 }, rate_limits: { offer_per_key: 2 } } });
     try {
       const first = await connect(server);
       await assert.rejects(
@@ -310,8 +310,8 @@ for (const store of STORES)
     before(async () => {
       const databaseUrl = await store.url();
       dataDir = tempDir();
-      a = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "node-a" } });
-      b = await startTestServer({ dataDir, config: { databaseUrl, nodeName: "node-b" } });
+      a = await startTestServer({ dataDir, config: { database_url: databaseUrl, node_name: "node-a" } });
+      b = await startTestServer({ dataDir, config: { database_url: databaseUrl, node_name: "node-b" } });
     });
     after(async () => {
       await a?.stop();

@@ -53,7 +53,7 @@ describe("the node's UDP port", () => {
     const port = await freeUdpPort();
     const taken = await bindUdp(port);
     try {
-      await assert.rejects(startTestServer({ config: { webrtc: { udpPort: port } } }), new RegExp(`cannot use UDP port ${port}`));
+      await assert.rejects(startTestServer({ config: { webrtc: { udp_port: port } } }), new RegExp(`cannot use UDP port ${port}`));
     } finally {
       taken.close();
     }
@@ -61,7 +61,7 @@ describe("the node's UDP port", () => {
 
   test("is held from the start, with no device and after the last one left; a device still connects after; let go when the node stops", async () => {
     const port = await freeUdpPort();
-    server = await startTestServer({ config: { webrtc: { udpPort: port } } });
+    server = await startTestServer({ config: { webrtc: { udp_port: port } } });
     assert.ok(heldHere(port), "bound by this process at start");
     await assert.rejects(bindUdp(port), /EADDRINUSE/, "held before any device");
     const first = await connect(server);

@@ -35,7 +35,7 @@ const partial = (method: string, path: string) =>
 describe("an HTTP stream is a whole socket to Node's HTTP server and Hono's adapter", () => {
   let server: TestServer;
   before(async () => {
-    server = await startTestServer({ config: { http: { requestTimeoutMs: 1_000, maxConnections: 10_000 } } });
+    server = await startTestServer({ config: { http: { request_timeout_ms: 1_000, max_connections: 10_000 } } });
   });
   after(async () => {
     await server.stop();

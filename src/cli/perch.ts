@@ -19,16 +19,16 @@ async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
     import("../config/server-key.ts"),
     import("../crypto/keys.ts"),
     import("../domain/clock.ts"),
-    import("../domain/events.ts"),
+    import("../domain/changes.ts"),
     import("../domain/index.ts"),
-    import("../events/index.ts"),
+    import("../bus/index.ts"),
     import("../store/index.ts"),
   ]);
-  const pair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
-  const store = await Store.open(config.databaseUrl, config.dataDir, { readWorkers: 0 });
+  const pair = loadOrCreateServerKey(config.server_key_file ?? join(config.data_dir, "server.key"));
+  const store = await Store.open(config.database_url, config.data_dir, { readWorkers: 0 });
   try {
     // On PostgreSQL what this process changes (a peer blocked or removed) reaches every node; it listens to nothing.
-    const bus = await openEventBus(config.databaseUrl, { listen: false });
+    const bus = await openEventBus(config.database_url, { listen: false });
     try {
       const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
       return await fn(new Domain({ store, clock: systemClock, config, serverKey, events: new DomainEvents(bus) }));
@@ -137,13 +137,13 @@ peers
   .action(async (key: string) => {
     const config = loadConfig();
     const peer = keyArg(key);
-    const { Commands, openEventBus } = await import("../events/index.ts");
+    const { Commands, openEventBus } = await import("../bus/index.ts");
     await withDomain(async (d) => {
       const { online, node } = await d.peers.runtime(peer);
       if (!online || node === undefined) return print({ public_key: peer, online: false, tools: [] });
       // On SQLite the command and its reply go through the file's bus_messages, read every 100 ms here.
       const store = d.ctx.store;
-      const bus = await openEventBus(config.databaseUrl, {
+      const bus = await openEventBus(config.database_url, {
         sqlite: {
           file: store.sqliteFile,
           pollMs: 100,

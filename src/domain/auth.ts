@@ -44,11 +44,11 @@ export class AuthService {
 
   constructor(ctx: DomainContext) {
     this.ctx = ctx;
-    const { rateLimits, limits } = ctx.config;
-    this.byAddress = new RateLimiter(rateLimits.loginPerAddress, ctx.clock, limits.rateLimiterKeys);
-    this.byKey = new RateLimiter(rateLimits.loginPerKey, ctx.clock, limits.rateLimiterKeys);
-    this.secrets = new LRUCache({ max: ctx.config.limits.keyCacheSize });
-    this.sessions = new LRUCache({ max: ctx.config.limits.keyCacheSize });
+    const { rate_limits, limits } = ctx.config;
+    this.byAddress = new RateLimiter(rate_limits.login_per_address, ctx.clock, limits.rate_limiter_keys);
+    this.byKey = new RateLimiter(rate_limits.login_per_key, ctx.clock, limits.rate_limiter_keys);
+    this.secrets = new LRUCache({ max: ctx.config.limits.key_cache_size });
+    this.sessions = new LRUCache({ max: ctx.config.limits.key_cache_size });
   }
 
   /** X25519(server private, `publicKey`) as an HMAC key; throws INVALID_PUBLIC_KEY for an unusable key. */
@@ -125,7 +125,7 @@ export class AuthService {
       }
       await tx.locks.take(`sessions:${key}`);
       // The newest sessions win: the oldest beyond the cap are signed out.
-      await tx.sessions.trimPrimary(key, session.createdAt, this.ctx.config.limits.primarySessionsPerDevice - 1);
+      await tx.sessions.trimPrimary(key, session.createdAt, this.ctx.config.limits.primary_sessions_per_device - 1);
       await tx.sessions.insert(sessionRow(session, "primary", key, key, expiresAt));
     });
     return result(session, expiresAt, "primary");
@@ -142,7 +142,7 @@ export class AuthService {
     if (!target) throw invalidDeviceToken();
     if (target.status === "blocked") throw new DomainError("forbidden", "PEER_BLOCKED", "the device behind this token is blocked");
     const expiresAt = now + SIDE_CONTROL_SESSION_TTL_MS;
-    const { sideControlSessionsPerDevice: perDevice, sideControlSessionsPerController: perController } = config.limits;
+    const { side_control_sessions_per_device: perDevice, side_control_sessions_per_controller: perController } = config.limits;
     await store.transaction(async (tx) => {
       await tx.locks.take(`sessions:${target.public_key}`, `controller:${key}`);
       if ((await tx.sessions.countLive(now, { kind: "side_control", targetKey: target.public_key })) >= perDevice) {

@@ -46,7 +46,7 @@ export class ContactService {
       created_at: now,
       updated_at: now,
     };
-    const max = this.ctx.config.limits.contactsPerDevice;
+    const max = this.ctx.config.limits.contacts_per_device;
     const inserted = await this.ctx.store.transaction(async (tx) => {
       await tx.locks.take(`contacts:${deviceKey}`);
       if ((await tx.contacts.count(deviceKey)) >= max) {

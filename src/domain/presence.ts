@@ -25,7 +25,7 @@ export class PresenceService {
   }
 
   private get node(): string {
-    return this.ctx.config.nodeName;
+    return this.ctx.config.node_name;
   }
 
   /**

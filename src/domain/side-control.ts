@@ -19,7 +19,7 @@ export class SideControlService {
 
   constructor(ctx: DomainContext) {
     this.ctx = ctx;
-    this.tokenLimiter = new RateLimiter(ctx.config.rateLimits.deviceTokenPerDevice, ctx.clock, ctx.config.limits.rateLimiterKeys);
+    this.tokenLimiter = new RateLimiter(ctx.config.rate_limits.device_token_per_device, ctx.clock, ctx.config.limits.rate_limiter_keys);
   }
 
   async createDeviceToken(deviceKey: string): Promise<DeviceToken> {

@@ -42,7 +42,7 @@ export class SignalingService {
   constructor(ctx: DomainContext, auth: AuthService) {
     this.ctx = ctx;
     this.auth = auth;
-    this.byKey = new RateLimiter(ctx.config.rateLimits.offerPerKey, ctx.clock, ctx.config.limits.rateLimiterKeys);
+    this.byKey = new RateLimiter(ctx.config.rate_limits.offer_per_key, ctx.clock, ctx.config.limits.rate_limiter_keys);
   }
 
   /** Checks 2–5: key, timestamp, freshness, nonce. */

@@ -24,7 +24,7 @@ export class StreamSlots {
   }
 
   private get node(): string {
-    return this.ctx.config.nodeName;
+    return this.ctx.config.node_name;
   }
 
   /**

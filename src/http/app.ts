@@ -45,7 +45,7 @@ export interface HttpApp {
  * streams (see `connection.ts`) and in process.
  */
 export function createApp(o: AppOptions): HttpApp {
-  const callers = new Callers(o.domain, o.domain.ctx.config.trustProxy);
+  const callers = new Callers(o.domain, o.domain.ctx.config.trust_proxy);
   const root = rootApp();
 
   let document: unknown;
@@ -58,7 +58,7 @@ export function createApp(o: AppOptions): HttpApp {
     ...(o.surfaces?.(callers) ?? []),
     publicSurface({ domain: o.domain, callers, logger: o.logger, serverInfo: o.serverInfo, webrtc: o.webrtc }),
     opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument }),
-    webAppSurface({ tileUrl: o.domain.ctx.config.app.tileUrl }),
+    webAppSurface({ tileUrl: o.domain.ctx.config.app.tile_url }),
   ];
   const routes = mountAll(o, root, surfaces);
   return { hono: root, routes, callers, logger: o.logger, metrics: o.metrics };
@@ -69,7 +69,7 @@ export function createApp(o: AppOptions): HttpApp {
  * stream of its own (the Compatible API at `/v1` on stream 2).
  */
 export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics">, surfaces: (callers: Callers) => Surface[]): HttpApp {
-  const callers = new Callers(o.domain, o.domain.ctx.config.trustProxy);
+  const callers = new Callers(o.domain, o.domain.ctx.config.trust_proxy);
   const root = rootApp();
   const routes = mountAll(o, root, surfaces(callers));
   return { hono: root, routes, callers, logger: o.logger, metrics: o.metrics };

@@ -6,8 +6,8 @@ import { defaultRecogniserProcesses, thisMachine } from "./recogniser-processes.
 
 /** What the configuration says of the engines (`engines` of config.ts); unset: by the machine. */
 export interface EngineSettings {
-  recogniserProcesses?: number | undefined;
-  fastRecognitionAfterMs?: number | false | undefined;
+  recogniser_processes?: number | undefined;
+  fast_recognition_after_ms?: number | false | undefined;
 }
 
 /** Speech engines given to a host instead of the embedded ones (tests' fakes, a shared recogniser). */
@@ -43,8 +43,8 @@ export class EngineHost {
   static embedded(settings: EngineSettings = {}): EngineHost & { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine } {
     const speech = createSpeechEngine();
     const transcription = createTranscriptionEngine({
-      processes: settings.recogniserProcesses ?? defaultRecogniserProcesses(thisMachine()),
-      ...(settings.fastRecognitionAfterMs !== undefined ? { fastAfterMs: settings.fastRecognitionAfterMs } : {}),
+      processes: settings.recogniser_processes ?? defaultRecogniserProcesses(thisMachine()),
+      ...(settings.fast_recognition_after_ms !== undefined ? { fastAfterMs: settings.fast_recognition_after_ms } : {}),
     });
     return new EngineHost({ speech, transcription }, settings) as ReturnType<typeof EngineHost.embedded>;
   }

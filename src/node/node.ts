@@ -9,15 +9,15 @@ import { InFlight } from "../ai/in-flight.ts";
 import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
 import { checkVoiceModels } from "../ai/voice-models.ts";
 import { buildInfo } from "../build-info.ts";
+import { Commands, type EventBus, openEventBus } from "../bus/index.ts";
 import { type Config, configWarnings } from "../config/config.ts";
 import { loadOrCreateServerKey } from "../config/server-key.ts";
 import { encodeKey, privateKeyObject } from "../crypto/keys.ts";
+import { DomainEvents } from "../domain/changes.ts";
 import { type Clock, systemClock } from "../domain/clock.ts";
 import { DAY_MS, type DomainContext } from "../domain/context.ts";
-import { DomainEvents } from "../domain/events.ts";
 import { Domain } from "../domain/index.ts";
 import { serverInfo } from "../domain/server-info.ts";
-import { Commands, type EventBus, openEventBus } from "../events/index.ts";
 import { createApp, createSurfacesApp, type HttpApp, listenerOf } from "../http/app.ts";
 import { JsonBodies } from "../http/compat/json.ts";
 import { compatSurface } from "../http/compat/surface.ts";
@@ -26,8 +26,8 @@ import { createHttpServer } from "../http/listener.ts";
 import { Metrics } from "../http/metrics.ts";
 import type { Callers } from "../http/principal.ts";
 import type { Surface } from "../http/surface.ts";
+import { toolSummary } from "../mcp/device.ts";
 import { Store } from "../store/index.ts";
-import { toolSummary } from "../tools/device.ts";
 import { startTransport } from "../transport/start.ts";
 import type { WebRtcTransport } from "../transport/transport.ts";
 import { embeddedPorts } from "../voice/embedded-engines.ts";
@@ -97,7 +97,7 @@ const LOG_FLUSH_INTERVAL_MS = 250;
  * The batches are gathered in front of pino's destination, which writes each at once (see `BatchedLines`).
  */
 function createLogger(config: Config): Logger {
-  return pino({ level: config.logLevel, base: { node: config.nodeName } }, new BatchedLines(pino.destination({ dest: 1, sync: false, minLength: 0 })));
+  return pino({ level: config.log_level, base: { node: config.node_name } }, new BatchedLines(pino.destination({ dest: 1, sync: false, minLength: 0 })));
 }
 
 /** What `Node.build` opened before the node's parts are wired: the store and the event bus. */
@@ -166,23 +166,23 @@ export class Node {
         ? given
         : given
           ? EngineHost.of(given)
-          : EngineHost.embedded(config.agents.length > 0 ? config.engines : { ...config.engines, fastRecognitionAfterMs: false });
+          : EngineHost.embedded(config.agents.length > 0 ? config.engines : { ...config.engines, fast_recognition_after_ms: false });
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
-    const keyPair = loadOrCreateServerKey(config.serverKeyFile ?? join(config.dataDir, "server.key"));
+    const keyPair = loadOrCreateServerKey(config.server_key_file ?? join(config.data_dir, "server.key"));
     const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
     const closers = new Closers();
     if (engines !== given) closers.defer(() => engines.close());
-    const store = await Store.open(config.databaseUrl, config.dataDir, {
+    const store = await Store.open(config.database_url, config.data_dir, {
       onError: (err) => logger.warn({ err: err.message }, "a database connection failed; it is replaced on next use"),
     });
     closers.defer(() => store.close());
     try {
-      const events = await openEventBus(config.databaseUrl, {
+      const events = await openEventBus(config.database_url, {
         log: logger,
         sqlite: {
           file: store.sqliteFile,
-          pollMs: config.webrtc.peerPollMs,
+          pollMs: config.webrtc.peer_poll_ms,
           persist: (origin, topic, message) => store.transaction((tx) => tx.busMessages.add(origin, topic, message, Date.now())),
         },
       });
@@ -201,7 +201,7 @@ export class Node {
     this.engines = engines;
     this.clock = o.clock ?? systemClock;
     ({ logger: this.logger, serverKey: this.serverKey, store: this.store, events: this.events, closers: this.closers } = opened);
-    this.commands = new Commands(this.events, config.nodeName);
+    this.commands = new Commands(this.events, config.node_name);
     this.closers.defer(() => this.commands.close());
     this.domain = new Domain(
       { store: this.store, clock: this.clock, config, serverKey: this.serverKey, events: new DomainEvents(this.events) },
@@ -261,8 +261,8 @@ export class Node {
     this.httpServer = createHttpServer({
       // Requests wait while the node joins: what they write (an event stream's slot) must come after what the join clears.
       listener: listenerOf(this.app, () => this.joining),
-      requestTimeoutMs: config.http.requestTimeoutMs,
-      maxConnections: config.http.maxConnections,
+      requestTimeoutMs: config.http.request_timeout_ms,
+      maxConnections: config.http.max_connections,
       logger: this.logger,
       metrics: this.metrics,
     });
@@ -273,7 +273,7 @@ export class Node {
     const build = buildInfo();
     const webrtcEnabled = this.config.webrtc.enabled;
     const identity = { version: build.version, buildCommit: build.commit, ice: { udp: webrtcEnabled, tcp: false } };
-    const { host, publicEndpoint } = this.config;
+    const { host, public_endpoint } = this.config;
     const wildcard = host === "0.0.0.0" || host === "::";
     return createApp({
       domain: this.domain,
@@ -285,7 +285,7 @@ export class Node {
       surfaces: (callers) => [...(this.o.surfaces?.() ?? []), this.compat()(callers)],
       // A wildcard listen address is not one a client can dial, so then the request's Host is used.
       serverInfo: (requestHost) =>
-        serverInfo(this.domain.ctx, identity, publicEndpoint ?? (wildcard ? (requestHost ?? this.hostPort("127.0.0.1")) : this.hostPort(host))),
+        serverInfo(this.domain.ctx, identity, public_endpoint ?? (wildcard ? (requestHost ?? this.hostPort("127.0.0.1")) : this.hostPort(host))),
     });
   }
 
@@ -386,7 +386,7 @@ export class Node {
     const { config, clock, store } = this;
     this.jobs.every("cleanup of expired rows", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, async () => {
       const now = clock.now();
-      await store.deleteExpired(now, now - config.telemetry.retentionDays * DAY_MS);
+      await store.deleteExpired(now, now - config.telemetry.retention_days * DAY_MS);
       await this.domain.live.sweep();
     });
     this.jobs.every("transcript retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.conversations.sweep());

@@ -1,6 +1,6 @@
+import { CommandError, type Commands } from "../bus/index.ts";
 import { DomainError } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
-import { CommandError, type Commands } from "../events/index.ts";
 import type { WebRtcPort } from "../http/public/webrtc.ts";
 import type { WebRtcTransport } from "../transport/transport.ts";
 
@@ -16,7 +16,12 @@ const TONE_COMMAND_TIMEOUT_MS = 10_000;
  * only once the node listens); a tone for a device connected to another node goes there as a
  * command over the bus, which this node answers in turn for its own connections.
  */
-export function nodeWebRtcPort(node: { domain: Domain; commands: Commands; transport: WebRtcTransport | undefined; config: { nodeName: string } }): WebRtcPort {
+export function nodeWebRtcPort(node: {
+  domain: Domain;
+  commands: Commands;
+  transport: WebRtcTransport | undefined;
+  config: { node_name: string };
+}): WebRtcPort {
   node.commands.handle("audio.tone", ({ key, frequency, duration }) =>
     typeof key === "string" && typeof frequency === "number" && typeof duration === "number" ? node.transport?.playTone(key, frequency, duration) : undefined,
   );
@@ -30,7 +35,7 @@ export function nodeWebRtcPort(node: { domain: Domain; commands: Commands; trans
       const here = node.transport?.playTone(key, frequency, duration);
       if (here) return here;
       const { online, node: holder } = await node.domain.peers.runtime(key);
-      if (!online || holder === undefined || holder === node.config.nodeName) return undefined;
+      if (!online || holder === undefined || holder === node.config.node_name) return undefined;
       try {
         return (await node.commands.call(holder, "audio.tone", { key, frequency, duration }, TONE_COMMAND_TIMEOUT_MS)) as { frames: number } | undefined;
       } catch (err) {

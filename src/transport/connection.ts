@@ -3,13 +3,13 @@ import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
 import type { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import type { ConnectionContext } from "../http/connection.ts";
+import { DeviceToolSession } from "../mcp/device.ts";
 import { type ChannelPort, ChannelStream, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
 import { encodeFrame, FrameType } from "../protocol/frames.ts";
 import { EmptySchema, RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { callRpc, RpcCode, RpcError, type RpcHandlers, serveRpc } from "../protocol/rpc.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
-import { DeviceToolSession } from "../tools/device.ts";
-import { encodeVoiceEvent, type VoiceEvent } from "../voice/events.ts";
+import { encodeVoiceEvent, type VoiceEvent } from "../voice/peer-events.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "../voice/port.ts";
 import type { PeerLink } from "./answerer.ts";
 import { AudioSender } from "./audio.ts";
@@ -32,7 +32,7 @@ export interface ConnectionHost {
   ingest: TelemetryIngest;
   /** Voice conversations over the audio track, when configured. */
   voice?: VoiceHost | undefined;
-  /** Time for a whole Peer RPC request (`webrtc.rpcRequestTimeoutMs`); its stream is closed after it. */
+  /** Time for a whole Peer RPC request (`webrtc.rpc_request_timeout_ms`); its stream is closed after it. */
   readonly rpcRequestTimeoutMs: number;
   /** Serves an HTTP stream (service 1 or 2). */
   serveHttp(service: 1 | 2, stream: StreamSocket, context: ConnectionContext): void;

@@ -30,25 +30,25 @@ export async function startTransport(
   },
 ): Promise<WebRtcTransport> {
   const timings: TransportTimings = {
-    ownershipCheckMs: config.webrtc.ownershipCheckMs,
-    runtimeRefreshMs: config.webrtc.runtimeRefreshMs,
-    gatherTimeoutMs: config.webrtc.gatherTimeoutMs,
-    livenessQuietMs: config.webrtc.livenessQuietMs,
-    livenessProbeTimeoutMs: config.webrtc.livenessProbeTimeoutMs,
-    rpcRequestTimeoutMs: config.webrtc.rpcRequestTimeoutMs,
+    ownershipCheckMs: config.webrtc.ownership_check_ms,
+    runtimeRefreshMs: config.webrtc.runtime_refresh_ms,
+    gatherTimeoutMs: config.webrtc.gather_timeout_ms,
+    livenessQuietMs: config.webrtc.liveness_quiet_ms,
+    livenessProbeTimeoutMs: config.webrtc.liveness_probe_timeout_ms,
+    rpcRequestTimeoutMs: config.webrtc.rpc_request_timeout_ms,
   };
   checkTimings(timings);
-  const udpPort = config.webrtc.udpPort ?? o.httpPort;
+  const udpPort = config.webrtc.udp_port ?? o.httpPort;
   const wildcard = config.host === "0.0.0.0" || config.host === "::";
   const bindAddress = wildcard ? undefined : config.host;
   let publicAddress: string | undefined;
-  if (config.publicEndpoint) {
-    const host = endpointHost(config.publicEndpoint);
+  if (config.public_endpoint) {
+    const host = endpointHost(config.public_endpoint);
     try {
       publicAddress = isIP(host) ? host : (await lookup(host)).address;
     } catch (err) {
       // Candidates must be addresses; without one the gathered host candidates are kept.
-      o.logger.warn({ err, endpoint: config.publicEndpoint }, "the public endpoint's host does not resolve; host candidates are not rewritten");
+      o.logger.warn({ err, endpoint: config.public_endpoint }, "the public endpoint's host does not resolve; host candidates are not rewritten");
     }
   }
   const transport = new WebRtcTransport({
@@ -56,13 +56,13 @@ export async function startTransport(
     logger: o.logger.child({ component: "webrtc" }),
     registry: o.registry,
     httpMetrics: o.httpMetrics,
-    requestTimeoutMs: config.http.requestTimeoutMs,
+    requestTimeoutMs: config.http.request_timeout_ms,
     udpPort,
     bindAddress,
     publicAddress,
-    maxConnections: config.webrtc.maxConnections,
+    maxConnections: config.webrtc.max_connections,
     timings,
-    liveness: { quietMs: config.webrtc.livenessQuietMs, probeTimeoutMs: config.webrtc.livenessProbeTimeoutMs, checkEveryMs: 1_000 },
+    liveness: { quietMs: config.webrtc.liveness_quiet_ms, probeTimeoutMs: config.webrtc.liveness_probe_timeout_ms, checkEveryMs: 1_000 },
     publicApi: o.publicApi,
     compatibleApi: o.compatibleApi,
     voice: o.voice,

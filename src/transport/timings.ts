@@ -27,9 +27,9 @@ export function checkTimings(t: TransportTimings, presence = { beatMs: NODE_BEAT
     problems.push(`the runtime's staleness window (${presence.staleMs} ms) must exceed twice the node heartbeat interval (${presence.beatMs} ms)`);
   }
   if (t.runtimeRefreshMs > CONTRACT_REFRESH_MS)
-    problems.push(`webrtc.runtimeRefreshMs (${t.runtimeRefreshMs}) must be at most ${CONTRACT_REFRESH_MS} ms (transport contract)`);
+    problems.push(`webrtc.runtime_refresh_ms (${t.runtimeRefreshMs}) must be at most ${CONTRACT_REFRESH_MS} ms (transport contract)`);
   if (t.ownershipCheckMs >= presence.staleMs) {
-    problems.push(`webrtc.ownershipCheckMs (${t.ownershipCheckMs}) must be shorter than the runtime's staleness window (${presence.staleMs} ms)`);
+    problems.push(`webrtc.ownership_check_ms (${t.ownershipCheckMs}) must be shorter than the runtime's staleness window (${presence.staleMs} ms)`);
   }
   if (problems.length > 0) throw new Error(`inconsistent WebRTC timings: ${problems.join("; ")}`);
 }

@@ -6,8 +6,8 @@ import type { AcceptedOffer } from "../domain/signaling.ts";
 import { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import type { ConnectionContext } from "../http/connection.ts";
 import type { Metrics } from "../http/metrics.ts";
+import type { DeviceToolSession } from "../mcp/device.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
-import type { DeviceToolSession } from "../tools/device.ts";
 import type { VoiceHost } from "../voice/port.ts";
 import { Answerer, InvalidOffer } from "./answerer.ts";
 import { toneFrameCount, toneFrames } from "./audio.ts";
@@ -79,8 +79,8 @@ export class WebRtcTransport implements ConnectionHost {
     this.metrics = new TransportMetrics(o.registry, () => this.census());
     this.telemetry = new TelemetryWriter({
       sink: o.domain.telemetry,
-      bufferSamples: o.domain.ctx.config.telemetry.bufferSamples,
-      intervalMs: o.domain.ctx.config.telemetry.writeIntervalMs,
+      bufferSamples: o.domain.ctx.config.telemetry.buffer_samples,
+      intervalMs: o.domain.ctx.config.telemetry.write_interval_ms,
       onStored: (frames) => this.metrics.frame(frames),
       onDropped: (reason, frames) => this.metrics.dropped(reason, frames),
       onError: (err) =>

@@ -3,9 +3,9 @@ import type { VoiceConfig } from "../config/config.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { EngineId, VoiceEngines } from "./engine-ports.ts";
-import type { VoiceEvents } from "./events.ts";
 import type { Stage, TurnResult, VoiceMetrics } from "./metrics.ts";
 import type { OpusCodec } from "./opus.ts";
+import type { VoiceEvents } from "./peer-events.ts";
 import type { ListeningTurn, RecognitionHooks, TurnEnd } from "./recognition.ts";
 import { failureCode, Reply } from "./reply.ts";
 

@@ -5,7 +5,7 @@ import { EngineHost } from "../../src/server.ts";
  * and Moonshine base only, whatever the machine (the suite runs three files at once on 2 cores; a
  * loaded machine must not turn a test's words into tiny's). The engine tests cover the rest.
  */
-export const TEST_ENGINES = { recogniserProcesses: 1, fastRecognitionAfterMs: false } as const;
+export const TEST_ENGINES = { recogniser_processes: 1, fast_recognition_after_ms: false } as const;
 
 let shared: ReturnType<typeof EngineHost.embedded> | undefined;
 

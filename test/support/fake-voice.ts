@@ -24,8 +24,8 @@ import type {
   VadEvent,
   VoiceActivityPort,
 } from "../../src/voice/engine-ports.ts";
-import { encodeVoiceEvent } from "../../src/voice/events.ts";
 import { VoiceMetrics } from "../../src/voice/metrics.ts";
+import { encodeVoiceEvent } from "../../src/voice/peer-events.ts";
 import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
 import { type Seen, seen } from "./voice.ts";
 

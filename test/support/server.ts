@@ -82,19 +82,19 @@ export async function startTestServer(
   const dataDir = o.dataDir ?? tempDir();
   // The UDP port defaults to the HTTP port's number, which another process on this machine (a
   // WebRTC peer of a test running beside) may hold as its UDP port: a free UDP port is picked here.
-  const udpPort = o.config?.webrtc?.udpPort ?? (await freeUdpPort());
+  const udpPort = o.config?.webrtc?.udp_port ?? (await freeUdpPort());
   const config = loadConfig(
     {},
     {
       port: 0,
       host: "127.0.0.1",
-      dataDir,
+      data_dir: dataDir,
       // PERCH_TEST_LOG=warn (or any level) shows the server's log while debugging a test.
-      logLevel: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
-      rateLimits: { loginPerKey: 0, loginPerAddress: 0, deviceTokenPerDevice: 0, offerPerKey: 0 },
+      log_level: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
+      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
       ...o.config,
       engines: { ...TEST_ENGINES, ...o.config?.engines },
-      webrtc: { ...o.config?.webrtc, udpPort },
+      webrtc: { ...o.config?.webrtc, udp_port: udpPort },
     },
   );
   const server = await startServer({

@@ -9,7 +9,7 @@
 import { EventEmitter } from "node:events";
 import type { Readable } from "node:stream";
 import { Pool } from "undici";
-import type { ChatCompletion, Usage } from "../../protocol/compat.ts";
+import type { ChatCompletion } from "../../protocol/compat.ts";
 import { DONE_EVENT, readSse } from "../../protocol/sse.ts";
 import { type ChatPiece, type ChatStats, ChatStream, RawChatPiece } from "../chat-stream.ts";
 import { GenerationError } from "../errors.ts";
@@ -95,14 +95,9 @@ export class OpenAIProvider implements ChatProvider {
     const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
-    const stats: ChatStats = {};
     try {
       const res = await call.response;
       relay = new SseRelay(res.body, Buffer.from(o.publicModel), call.touch, call.failure);
-      // Before the first read: a short answer's usage may come in the same piece as its first event.
-      relay.onUsage = (u) => {
-        stats.usage = u;
-      };
       first = await relay.next();
     } catch (err) {
       call.done();
@@ -112,14 +107,21 @@ export class OpenAIProvider implements ChatProvider {
       call.done();
       throw new ProviderError("the provider's stream ended before its first event");
     }
-    // The events stay the provider's bytes (model renamed); they are read as events only by a reader that asks.
+    const stats: ChatStats = {};
+    // The events stay the provider's bytes (model renamed); they are read as events only by a
+    // reader that asks, and here only where the usage chunk is (for the metrics).
+    const piece = (block: Buffer): ChatPiece => {
+      const p = new RawChatPiece(block);
+      if (block.includes(USAGE_KEY)) for (const e of p.events) if (e.type === "chunk" && e.chunk.usage) stats.usage = e.chunk.usage;
+      return p;
+    };
     async function* pieces(): AsyncGenerator<ChatPiece> {
       try {
-        yield new RawChatPiece(first as Buffer);
+        yield piece(first as Buffer);
         for (;;) {
           const block = await relay.next();
           if (block === undefined) break;
-          yield new RawChatPiece(block);
+          yield piece(block);
         }
       } finally {
         call.done();
@@ -411,11 +413,10 @@ function providerErrorEvent(event: Buffer): GenerationError {
 
 /**
  * Cuts the provider's byte stream at server-sent event boundaries and hands on whole events,
- * as few pieces as arrived. Reads the events only where it must: the model name (renamed), a usage
- * chunk (parsed for metrics), and whether the stream ended properly.
+ * as few pieces as arrived. Looks into their bytes only where it must: the model name (renamed),
+ * the provider's error event, and whether the stream ended properly.
  */
 class SseRelay {
-  onUsage: ((u: Usage) => void) | undefined;
   /** The bytes of an event not yet complete, as they arrived (joined once, when it completes). */
   private pending: Buffer[] = [];
   private pendingLength = 0;
@@ -534,22 +535,7 @@ class SseRelay {
     if (block.length === 0) throw this.takeFailing();
     if (!this.sawDone && block.includes(DONE)) this.sawDone = true;
     if (!this.sawFinish && block.includes(FINISH)) this.sawFinish = true;
-    if (this.onUsage) {
-      const at = block.indexOf(USAGE_KEY);
-      if (at >= 0) this.readUsage(block, at);
-    }
     return renameModel(block, this.model);
-  }
-
-  private readUsage(block: Buffer, at: number): void {
-    const start = block.lastIndexOf("data:", at);
-    const end = block.indexOf(LF, at);
-    try {
-      const chunk = JSON.parse(block.subarray(start + 5, end < 0 ? block.length : end).toString("utf8")) as { usage?: Usage };
-      if (chunk.usage) this.onUsage?.(chunk.usage);
-    } catch {
-      // Not a parsable chunk: no usage to report.
-    }
   }
 }
 

@@ -6,10 +6,10 @@ import type { ChatService } from "../../ai/chat.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import { TranscriptionService } from "../../ai/transcription.ts";
+import { bodyWithinLimit } from "../body.ts";
 import type { AppBindings, AppEnv } from "../env.ts";
 import { nodeHeader } from "../headers.ts";
 import type { Metrics } from "../metrics.ts";
-import { nodeBodyWithin } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import type { Surface } from "../surface.ts";
 import { authenticateCaller } from "./auth.ts";
@@ -29,11 +29,11 @@ export const COMPAT_BODY_LIMIT = 32 * 1024 * 1024;
 
 export interface CompatLimits {
   /** Longest audio a transcription decodes, in seconds. */
-  maxAudioSeconds: number;
+  max_audio_seconds: number;
   /** A client that takes none of a response's waiting bytes for this long is disconnected. */
-  writeTimeoutMs: number;
+  write_timeout_ms: number;
   /** An embedded-engine request that cannot start within this is refused at once (429). */
-  maxQueueWaitMs?: number;
+  max_queue_wait_ms?: number;
 }
 
 export interface CompatSurfaceOptions {
@@ -58,20 +58,20 @@ export interface CompatSurfaceOptions {
 export function compatSurface(o: CompatSurfaceOptions): Surface {
   o.bodies.warm();
   const app = new Hono<CompatEnv>();
-  const gate = new CompatGate(o.callers, o.limits?.writeTimeoutMs ?? DEFAULT_WRITE_TIMEOUT_MS, o.bodies);
+  const gate = new CompatGate(o.callers, o.limits?.write_timeout_ms ?? DEFAULT_WRITE_TIMEOUT_MS, o.bodies);
   const guard = gate.middleware();
   app.get("/models", guard);
   for (const path of ["/audio/speech", "/audio/transcriptions"]) app.post(path, guard);
   registerModelsRoute(app, o.catalog, o.metrics);
-  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, gate.bodies, o.limits?.maxQueueWaitMs);
+  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, gate.bodies, o.limits?.max_queue_wait_ms);
   registerTranscriptionRoute(
     app,
     o.catalog,
     new TranscriptionService({
       engine: o.transcription,
       router: o.router,
-      maxAudioSeconds: o.limits?.maxAudioSeconds,
-      maxQueueWaitMs: o.limits?.maxQueueWaitMs,
+      maxAudioSeconds: o.limits?.max_audio_seconds,
+      maxQueueWaitMs: o.limits?.max_queue_wait_ms,
     }),
     o.metrics,
     gate.bodies,
@@ -116,7 +116,7 @@ export class CompatGate {
   async admit(env: AppBindings, watchLater = false): Promise<Caller> {
     const { incoming, outgoing } = env;
     if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
-    const within = nodeBodyWithin(env, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
+    const within = bodyWithinLimit(env, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
     if (within !== true && (within === false || !(await within))) {
       throw new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" });
     }
