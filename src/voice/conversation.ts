@@ -71,7 +71,8 @@ export class Conversation {
       log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
     });
     this.recognition = new AudioRecognition({
-      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.silence_ms }),
+      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest (voice.md §7).
+      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms }),
       turn: o.config.turn,
       clock: this.clock,
       hooks: this.turns,

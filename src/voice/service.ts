@@ -135,10 +135,12 @@ export class VoiceService implements VoiceHost {
         metrics: this.metrics,
         logger: this.o.logger,
         agent: () => choice.current(),
-        run: async (agentId, messages, signal, n) => {
+        run: async (agentId, messages, signal, n, release) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
-          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, toolEvents(events, `out-${n}`));
+          // A reply prepared in a pause (voice.md §7) runs its tools only once it is used.
+          const tools = { ...toolEvents(events, `out-${n}`), ...(release ? { ready: release } : {}) };
+          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools);
         },
       });
     } catch (err) {

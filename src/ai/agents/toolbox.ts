@@ -19,6 +19,8 @@ export interface ToolDefinition {
 
 /** Sees each tool call of a run as it starts and ends (the voice turn's `tool.call` / `tool.result` events). */
 export interface ToolObserver {
+  /** Awaited before the tools of a step run; a rejection ends the run and no tool runs (a voice reply prepared ahead and then discarded). */
+  ready?(): Promise<void>;
   called(name: string, argumentsText: string): void;
   finished(name: string, outcome: ToolOutcome): void;
 }
