@@ -25,7 +25,7 @@ import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { type RunningServer, startServer } from "../src/server.ts";
-import { encodeVoiceEvent, VoiceEvents } from "../src/voice/events.ts";
+import { encodeVoiceEvent, VoiceEvents } from "../src/voice/peer-events.ts";
 import { observeTranscript } from "../src/voice/transcript.ts";
 import { percentiles } from "./support.ts";
 

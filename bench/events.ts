@@ -287,7 +287,7 @@ async function manySubscribers(kind: "one node" | "two nodes") {
 
 /** The bus alone: two PostgreSQL buses (two nodes' listening connections), messages of telemetry's size from one to the other. */
 async function busAlone(perSecond: number) {
-  const { PgEventBus } = await import("../src/events/index.ts");
+  const { PgEventBus } = await import("../src/bus/index.ts");
   const url = await freshPgDatabase(PG_URL!);
   const a = new PgEventBus({ url });
   const b = new PgEventBus({ url });

@@ -22,7 +22,7 @@ const TICK_MS = 10;
 const from = (path: string) => import(join(root!, "src", path));
 const { Store } = await from("store/index.ts");
 const { InProcessBus } = await from("events/index.ts");
-const { DomainEvents } = await from("domain/events.ts");
+const { DomainEvents } = await from("domain/changes.ts");
 const { Domain } = await from("domain/index.ts");
 const { newPeer } = await from("domain/auth.ts");
 const { loadConfig } = await from("config/config.ts");

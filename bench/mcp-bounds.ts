@@ -12,8 +12,8 @@ import { monitorEventLoopDelay } from "node:perf_hooks";
 import v8 from "node:v8";
 import vm from "node:vm";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { boundedFetch } from "../src/tools/bounded-fetch.ts";
-import { McpToolClient } from "../src/tools/mcp-client.ts";
+import { boundedFetch } from "../src/mcp/bounded-fetch.ts";
+import { McpToolClient } from "../src/mcp/mcp-client.ts";
 import { ROOT, round } from "./support.ts";
 
 v8.setFlagsFromString("--expose-gc");

@@ -17,12 +17,12 @@ import vm from "node:vm";
 import pino from "pino";
 import { loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
+import { DeviceToolSession } from "../src/mcp/device.ts";
 import { SERVICE } from "../src/protocol/channel.ts";
 import { RpcMethod } from "../src/protocol/gen/rpc_pb.ts";
 import { rpcPayload } from "../src/protocol/rpc.ts";
 import { PerchConnection } from "../src/sdk/webrtc.ts";
 import { startServer } from "../src/server.ts";
-import { DeviceToolSession } from "../src/tools/device.ts";
 import { round } from "./support.ts";
 
 const env = (name: string, fallback: number) => Number(process.env[name] ?? fallback);

@@ -3,8 +3,10 @@
  * `@roamhq/wrtc`, each speaking the question (PCM from QUESTION_FILE) TURNS times, or, in mode
  * `barge`, interrupting each reply. Reports every measurement over IPC, then exits.
  *
- * Environment: PERCH_URL, QUESTION_FILE, DEVICES, TURNS, MODE (turns | barge), START_DELAY_MS (between
+ * Environment: PERCH_URL, QUESTION_FILE, DEVICES, TURNS, MODE (turns | barge | filler), START_DELAY_MS (between
  * this process's devices), START_OFFSET_MS (before the first), PRIVATE_KEYS (the devices' keys, hex, comma-separated; default new ones).
+ * Mode `filler` (voice.md §7): the device asks for a story (STORY_FILE) and says a backchannel
+ * (FILLER_FILE) a second into its audio.
  */
 import { readFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -15,7 +17,7 @@ import { PerchConnection } from "../src/sdk/webrtc.ts";
 export interface TurnReport {
   type: "turn";
   /** From turn.metrics (measured at the server). */
-  server: Record<string, number | boolean>;
+  server: Record<string, number | boolean | string>;
   /** Last voiced sample handed to the device's stack → first audible sample heard, ms. */
   device_ms: number | undefined;
   /** A stamping fake realtime model's speech_stopped (the reply text's `t=`) → first audible sample heard, ms. */
@@ -29,7 +31,14 @@ export interface BargeReport {
   onset_to_last_packet_ms: number | undefined;
   interrupted: boolean;
 }
-export type DeviceMessage = TurnReport | BargeReport | { type: "ready" } | { type: "done" } | { type: "error"; message: string };
+export interface FillerReport {
+  type: "filler";
+  /** The reply was cut by the filler (a barge-in) rather than resumed. */
+  interrupted: boolean;
+  /** turn.metrics `false_interruptions` of the reply (absent before voice.md §7: 0). */
+  false_interruptions: number;
+}
+export type DeviceMessage = TurnReport | BargeReport | FillerReport | { type: "ready" } | { type: "done" } | { type: "error"; message: string };
 
 const send = (m: DeviceMessage) => process.send?.(m);
 process.on("disconnect", () => process.exit(0));
@@ -40,6 +49,13 @@ const question = new Int16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
 const devices = Number(process.env.DEVICES ?? 1);
 const turns = Number(process.env.TURNS ?? 5);
 const mode = process.env.MODE ?? "turns";
+const pcmFile = (name: string | undefined) => {
+  if (!name) return new Int16Array(0);
+  const b = readFileSync(name);
+  return new Int16Array(b.buffer, b.byteOffset, b.byteLength / 2);
+};
+const story = pcmFile(process.env.STORY_FILE);
+const filler = pcmFile(process.env.FILLER_FILE);
 
 /** Resolves with the next event matching `match` (label and type). */
 function next(
@@ -71,9 +87,30 @@ async function conversation(index: number): Promise<void> {
   const mic = await conn.microphone();
   await sleep(500);
   try {
+    let turn = 1;
     for (let n = 1; n <= turns; n++) {
       // Conversations take turns at their own pace.
       await sleep(300 + Math.random() * 700);
+      if (mode === "filler") {
+        const t = turn;
+        const audio = next(conn, (e) => e.type === PeerEventType.BOS && e.stream === `out-${t}` && e.label === "assistant.audio");
+        const metrics = next(conn, (e) => e.type === PeerEventType.TEXT_DONE && e.stream === `out-${t}` && e.label === "turn.metrics");
+        // The filler's own turn, if it becomes one (a barge-in).
+        const after = next(conn, (e) => e.type === PeerEventType.TEXT_DONE && e.stream === `out-${t + 1}` && e.label === "turn.metrics");
+        after.catch(() => {});
+        await mic.say(story);
+        await audio;
+        await sleep(1000);
+        await mic.say(filler);
+        const m = JSON.parse((await metrics).text ?? "{}") as { interrupted?: boolean; false_interruptions?: number };
+        if (m.interrupted) {
+          await after.catch(() => undefined);
+          turn += 2;
+        } else turn += 1;
+        send({ type: "filler", interrupted: m.interrupted === true, false_interruptions: m.false_interruptions ?? 0 });
+        await sleep(1500);
+        continue;
+      }
       if (mode === "barge") {
         const n1 = 2 * n - 1;
         const audio = next(conn, (e) => e.type === PeerEventType.BOS && e.stream === `out-${n1}` && e.label === "assistant.audio");
@@ -117,7 +154,7 @@ async function conversation(index: number): Promise<void> {
       const heardUnix = heard !== undefined ? Date.now() - (performance.now() - heard) : undefined;
       send({
         type: "turn",
-        server: JSON.parse(m.text ?? "{}") as Record<string, number | boolean>,
+        server: JSON.parse(m.text ?? "{}") as Record<string, number | boolean | string>,
         device_ms: heard !== undefined && lastVoiced !== undefined && heard > lastVoiced ? heard - lastVoiced : undefined,
         ...(stamp && heardUnix !== undefined ? { stopped_to_heard_ms: heardUnix - Number(stamp[1]) } : {}),
       });

@@ -15,8 +15,10 @@
  * (its embedded engines on its Compatible API) as an `openai-compatible` provider, behind a timing
  * proxy: the provider's own time to first byte and CPU are reported apart from the node's.
  *
+ * Phase `taking` (bench/voice-turns.ts): turn-taking (voice.md §7) before and after, side by side.
+ *
  * BENCH_VOICE_TURNS (default 8), BENCH_VOICE_CONVERSATIONS (20), BENCH_VOICE_PROCESSES (4),
- * BENCH_VOICE_PHASES (default "one,crowd,mixed,barge": the phases to run), BENCH_VOICE_STAGGER_MS
+ * BENCH_VOICE_PHASES (default "one,crowd,mixed,barge,taking": the phases to run), BENCH_VOICE_STAGGER_MS
  * (the 20 conversations start this far apart, one after another across the device processes;
  * unset: each process starts its devices 150 ms apart, the processes at once, so about 4 at a time).
  */
@@ -34,6 +36,7 @@ import { benchConfig, ROOT, round, type Server, startServer, treeCpuSeconds } fr
 import { startTimingProxy, type Timing } from "./timing-proxy.ts";
 import type { DeviceMessage, TurnReport } from "./voice-device.ts";
 import { realtimeVoiceBench } from "./voice-realtime.ts";
+import { turnTaking } from "./voice-turns.ts";
 
 const TURNS = Number(process.env.BENCH_VOICE_TURNS ?? 8);
 const CONVERSATIONS = Number(process.env.BENCH_VOICE_CONVERSATIONS ?? 20);
@@ -42,7 +45,7 @@ const MIXED_CONVERSATIONS = Number(process.env.BENCH_VOICE_MIXED_CONVERSATIONS ?
 const MIXED_API = Number(process.env.BENCH_VOICE_MIXED_API ?? 8);
 const MIXED_FILES = Number(process.env.BENCH_VOICE_MIXED_FILES ?? 2);
 const STAGGER_MS = process.env.BENCH_VOICE_STAGGER_MS === undefined ? undefined : Number(process.env.BENCH_VOICE_STAGGER_MS);
-const PHASES = new Set((process.env.BENCH_VOICE_PHASES ?? "one,crowd,mixed,barge,memory").split(","));
+const PHASES = new Set((process.env.BENCH_VOICE_PHASES ?? "one,crowd,mixed,barge,memory,taking").split(","));
 const QUESTION = "What is the weather like today?";
 const API_KEY = "sk-perch-bench-voice";
 /** `--engines provider`: both engines on a second Perch; `embedded` (the default): the node's own; `realtime`: bench/voice-realtime.ts. */
@@ -122,7 +125,7 @@ export async function devices(
   file: string,
   total: number,
   processes: number,
-  mode: "turns" | "barge",
+  mode: "turns" | "barge" | "filler",
   turns: number,
   env: Record<string, string> = {},
 ): Promise<DeviceMessage[]> {
@@ -222,6 +225,18 @@ async function pipelineBench(ENGINES: "embedded" | "provider", PHASES: ReadonlyS
 
   const upstream = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
   const upstreamUrl = await new Promise<string>((resolve) => upstream.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
+  const machine = () => ({ cores: availableParallelism(), load_1m: round(loadavg()[0]!) });
+  let taking: unknown;
+  try {
+    taking = PHASES.has("taking") ? await turnTaking({ dir, upstreamUrl, question: file }) : undefined;
+  } catch (err) {
+    upstream.kill();
+    throw err;
+  }
+  if ([...PHASES].every((p) => p === "taking")) {
+    upstream.kill();
+    return { suite: "voice", machine: machine(), turn_taking: taking };
+  }
   const remote = ENGINES === "provider" ? await speechNode() : undefined;
   const server = await startServer({
     PERCH_DATA_DIR: dir,
@@ -337,7 +352,8 @@ async function pipelineBench(ENGINES: "embedded" | "provider", PHASES: ReadonlyS
             },
           }
         : {}),
-      machine: { cores: availableParallelism(), load_1m: round(loadavg()[0]!) },
+      machine: machine(),
+      turn_taking: taking,
       goals: {
         server_beyond_silence_ms: "≤ 200 p50, ≤ 350 p95",
         device_speech_to_audio_ms: "≤ 700 p50",

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
-import { type BusMessage, CommandError, Commands, type EventBus, InProcessBus, MAX_MESSAGE_BYTES, PgEventBus } from "../src/events/index.ts";
+import { type BusMessage, CommandError, Commands, type EventBus, InProcessBus, MAX_MESSAGE_BYTES, PgEventBus } from "../src/bus/index.ts";
 import { OwnCluster } from "./support/pg-cluster.ts";
 import { freshPostgresDatabase, TEST_DATABASE_URL } from "./support/server.ts";
 

@@ -5,10 +5,10 @@ import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 import pino from "pino";
 import { Registry } from "prom-client";
-import { MAX_RESPONSE_BYTES } from "../src/tools/bounded-fetch.ts";
-import { ToolMetrics } from "../src/tools/metrics.ts";
-import { cutOutcome } from "../src/tools/results.ts";
-import { McpServers } from "../src/tools/servers.ts";
+import { MAX_RESPONSE_BYTES } from "../src/mcp/bounded-fetch.ts";
+import { ToolMetrics } from "../src/mcp/metrics.ts";
+import { cutOutcome } from "../src/mcp/results.ts";
+import { McpServers } from "../src/mcp/servers.ts";
 import { SdkHttpServer } from "./support/mcp.ts";
 import { eventually } from "./support/webrtc.ts";
 

@@ -167,6 +167,35 @@ describe("a connection's memory (MemoryKeeper)", () => {
     assert.equal(jobs.length, 2, "no idle end after the close");
   });
 
+  test("after an idle end the next conversation gets the memory as it is when it starts: forgotten, turned off or edited since the last one ended", async () => {
+    const clock = new FakeClock();
+    let stored: string | undefined = "Mia likes chess.";
+    const keeper = new MemoryKeeper({
+      deviceKey: "dev",
+      agents,
+      read: async () => ({ text: stored }),
+      rewrite: () => {},
+      now: () => clock.now(),
+      clock,
+      onReadError: (err) => assert.fail(String(err)),
+    });
+    assert.match(String((await keeper.notes("talker"))?.content), /Mia likes chess/);
+    keeper.entry({ turn: 1, role: "user", text: "I am Mia" });
+    await clock.advance(1_000);
+    // Between the conversations: the phone forgets, then turns remembering off, then on with an edit.
+    stored = "";
+    assert.equal(await keeper.notes("talker"), undefined, "forgotten after the last conversation ended: nothing given");
+    keeper.entry({ turn: 2, role: "user", text: "hello" });
+    await clock.advance(1_000);
+    stored = undefined;
+    assert.equal(await keeper.notes("talker"), undefined, "turned off: nothing given");
+    keeper.entry({ turn: 3, role: "user", text: "hello" });
+    await clock.advance(1_000);
+    stored = "Mia is eight now.";
+    assert.match(String((await keeper.notes("talker"))?.content), /Mia is eight now/);
+    keeper.close();
+  });
+
   test("remembering off: nothing is given, and a conversation without an agent that remembers is not rewritten", async () => {
     const clock = new FakeClock();
     const jobs: RewriteJob[] = [];
@@ -491,6 +520,17 @@ for (const store of STORES) {
         assert.equal((await get(phone)).text, "");
         assert.equal(await countRows(server, databaseUrl, "select count(*) as n from memories where public_key = $1", [key]), 0);
       }
+    });
+
+    test("seven conversations of one device ending at once on one node: each remembered, one model call each", async () => {
+      const { phone, key } = await pairPhone(server);
+      rewrites = [];
+      const said = Array.from({ length: 7 }, (_, i) => `I like game ${i}`);
+      const results = await Promise.all(said.map((line) => server.memory.submit(job(key, [line]))));
+      assert.deepEqual(results, Array(7).fill("ok"));
+      const text = (await get(phone)).text;
+      for (const line of said) assert.ok(text.includes(`Heard: ${line}.`), `${line}: ${text}`);
+      assert.equal(rewrites.length, 7, "no rewrite redone for another of this node's");
     });
 
     test("removed with the device's registration, and from the database files", async () => {

@@ -27,6 +27,7 @@ const embeddedTranscription: TranscriptionPort = {
         samples += pcm.length;
       },
       pause: () => {},
+      soFar: async () => "embedded heard it",
       finish: async () => {
         heardByEmbedded.push(samples);
         return "embedded heard it";

@@ -1,9 +1,9 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { toolMessageText } from "../src/ai/agents/toolbox.ts";
-import { acceptTools, type OfferedTool } from "../src/tools/bounds.ts";
-import { fromCallResult } from "../src/tools/results.ts";
-import type { VoiceEvents } from "../src/voice/events.ts";
+import { acceptTools, type OfferedTool } from "../src/mcp/bounds.ts";
+import { fromCallResult } from "../src/mcp/results.ts";
+import type { VoiceEvents } from "../src/voice/peer-events.ts";
 import { toolEvents } from "../src/voice/tool-events.ts";
 
 /** In process, no network: what the tool results and the voice events carry. */

@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { InProcessBus, topics } from "../src/events/index.ts";
+import { InProcessBus, topics } from "../src/bus/index.ts";
 import { AGENT_READ_RETRY_MS, DeviceAgentChoice } from "../src/voice/agent-choice.ts";
 import type { VoiceEngines } from "../src/voice/engine-ports.ts";
 import { FakeClock } from "./support/fake-voice.ts";

@@ -45,7 +45,11 @@ describe("voice conversations within bounds", { skip: engines().transcription ? 
     const config = talkerConfig(upstream.url);
     // Turns are cut at 5 s here (30 s by default): the cut is the same code at any length, and a test's utterance need not last 35 s.
     server = await startTestServer({
-      config: { ...config, agents: [{ ...config.agents[0]!, max_tokens: 700 }], voice: { ...config.voice, turn: { max_ms: MAX_TURN_MS } } },
+      config: {
+        ...config,
+        agents: [{ ...config.agents[0]!, max_tokens: 700 }],
+        voice: { ...config.voice, turn: { ...config.voice.turn, max_ms: MAX_TURN_MS } },
+      },
     });
   });
 

@@ -7,7 +7,7 @@ import { test } from "node:test";
 import { fromBinary } from "@bufbuild/protobuf";
 import { encodeFrame, FrameType, MAX_FRAME_PAYLOAD } from "../src/protocol/frames.ts";
 import { type PeerEvent, PeerEventSchema } from "../src/protocol/gen/event_pb.ts";
-import { encodeVoiceEvent, MAX_EVENT_TEXT_BYTES, VoiceEvents } from "../src/voice/events.ts";
+import { encodeVoiceEvent, MAX_EVENT_TEXT_BYTES, VoiceEvents } from "../src/voice/peer-events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
 
 /** The transport's side of the port: each event encoded as its one frame, as the connection does. */

@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { encodeVoiceEvent, type VoiceEvent, VoiceEvents } from "../src/voice/events.ts";
+import { encodeVoiceEvent, type VoiceEvent, VoiceEvents } from "../src/voice/peer-events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
 import { observeTranscript, type TranscriptEntry } from "../src/voice/transcript.ts";
 

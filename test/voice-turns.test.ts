@@ -280,9 +280,9 @@ describe("recognition: a detector that falls behind", () => {
     };
     const recognition = new AudioRecognition({
       vad,
-      turn: { silence_ms: 400, max_ms: 30_000 },
+      turn: { silence_ms: 400, finished_silence_ms: 250, preemptive_after_ms: 150, max_ms: 30_000 },
       clock,
-      hooks: { speechStarted: () => undefined, speechEnded: () => {} },
+      hooks: { speechStarted: () => undefined, silenceNeeded: () => 400, paused: () => {}, resumed: () => {}, speechEnded: () => {} },
       warn: (what) => assert.fail(what),
     });
     // 6 s of speech in 20 ms pieces while the detector is stuck on the first.

@@ -1,13 +1,13 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import { type EventBus, openEventBus } from "../src/bus/index.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { loadOrCreateServerKey } from "../src/config/server-key.ts";
 import { encodeKey, privateKeyObject } from "../src/crypto/keys.ts";
+import { DomainEvents } from "../src/domain/changes.ts";
 import { systemClock } from "../src/domain/clock.ts";
-import { DomainEvents } from "../src/domain/events.ts";
 import { Domain } from "../src/domain/index.ts";
-import { type EventBus, openEventBus } from "../src/events/index.ts";
 import { Store } from "../src/store/index.ts";
 import { perchJson } from "./support/cli.ts";
 import { STORES, startTestServer, type TestServer } from "./support/server.ts";

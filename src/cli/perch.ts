@@ -19,9 +19,9 @@ async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
     import("../config/server-key.ts"),
     import("../crypto/keys.ts"),
     import("../domain/clock.ts"),
-    import("../domain/events.ts"),
+    import("../domain/changes.ts"),
     import("../domain/index.ts"),
-    import("../events/index.ts"),
+    import("../bus/index.ts"),
     import("../store/index.ts"),
   ]);
   const pair = loadOrCreateServerKey(config.server_key_file ?? join(config.data_dir, "server.key"));
@@ -178,7 +178,7 @@ peers
   .action(async (key: string) => {
     const config = loadConfig();
     const peer = keyArg(key);
-    const { Commands, openEventBus } = await import("../events/index.ts");
+    const { Commands, openEventBus } = await import("../bus/index.ts");
     await withDomain(async (d) => {
       const { online, node } = await d.peers.runtime(peer);
       if (!online || node === undefined) return print({ public_key: peer, online: false, tools: [] });

@@ -66,7 +66,7 @@ const TrustProxy = z.union([z.string(), z.array(z.string()), z.boolean()]).trans
 
 const ID = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/, "must be 1–128 letters, digits or . _ : / -");
 
-/** The built-in tools an agent may list (see src/ai/agents/tools.ts). */
+/** The built-in tools an agent may list (see src/ai/agents/builtin-tools.ts). */
 export const AGENT_TOOLS = ["device_status", "device_runtime", "device_telemetry", "contacts_list"] as const;
 /** A tool's name as MCP offers it (tools.md §1). */
 export const TOOL_NAME = /^[a-zA-Z0-9_.-]{1,64}$/;
@@ -268,7 +268,16 @@ const ApiKeyConfig = z.strictObject({
   rate_limit: z.number().int().min(0).default(0).meta(info("requests a minute; 0 is unlimited")),
 });
 
-const TURN_DEFAULTS = { min_speech_ms: 200, silence_ms: 400, max_ms: 30_000 };
+const TURN_DEFAULTS = {
+  min_speech_ms: 200,
+  silence_ms: 400,
+  finished_silence_ms: 250,
+  unfinished_silence_ms: 1_200,
+  preemptive: true,
+  preemptive_after_ms: 150,
+  max_ms: 30_000,
+};
+const INTERRUPTION_DEFAULTS = { min_ms: 400, min_words: 1, resume_ms: 600 };
 const VOICE_DEFAULTS = {
   barge_in: true,
   history_turns: 20,
@@ -277,6 +286,7 @@ const VOICE_DEFAULTS = {
   store_transcripts: false,
   transcript_retention_days: 30,
   turn: TURN_DEFAULTS,
+  interruption: INTERRUPTION_DEFAULTS,
 };
 
 /** Voice conversations over a connected device's audio (voice.md). */
@@ -316,11 +326,60 @@ export const VoiceConfig = z.strictObject({
   turn: z
     .strictObject({
       min_speech_ms: z.number().int().min(20).max(5_000).default(200).meta(info("voice activity shorter than this is a noise, not speech")),
-      silence_ms: z.number().int().min(100).max(10_000).default(400).meta(info("silence that ends a turn (no packets at all for this long ends it too)")),
+      silence_ms: z
+        .number()
+        .int()
+        .min(100)
+        .max(10_000)
+        .default(400)
+        .meta(info("silence that ends a turn whose words look neither finished nor unfinished, and every turn in another language than English")),
+      finished_silence_ms: z
+        .number()
+        .int()
+        .min(100)
+        .max(10_000)
+        .default(250)
+        .meta(info("silence that ends a turn whose words look finished: a complete question or command (docs/turn-taking.md)")),
+      unfinished_silence_ms: z
+        .number()
+        .int()
+        .min(100)
+        .max(10_000)
+        .default(1_200)
+        .meta(info('silence that ends a turn whose words look unfinished: a trailing "and", "the", "for", "um", a number being said')),
+      preemptive: z
+        .boolean()
+        .default(true)
+        .meta(info("ask the model already in the pause with the words so far; its reply is used only if the turn ends with the same words")),
+      preemptive_after_ms: z.number().int().min(0).max(10_000).default(150).meta(info("silence after which the preemptive request starts")),
       max_ms: z.number().int().min(1_000).max(300_000).default(30_000).meta(info("a turn ends here however long the user speaks (and is answered)")),
+    })
+    .refine((t) => t.finished_silence_ms <= t.silence_ms && t.silence_ms <= t.unfinished_silence_ms, {
+      message: "finished_silence_ms <= silence_ms <= unfinished_silence_ms is required",
+      path: ["silence_ms"],
     })
     .default(TURN_DEFAULTS)
     .meta(info("turn-taking")),
+  interruption: z
+    .strictObject({
+      min_ms: z.number().int().min(0).max(10_000).default(400).meta(info("speech over a reply is a barge-in only once it lasts this long…")),
+      min_words: z
+        .number()
+        .int()
+        .min(1)
+        .max(20)
+        .default(1)
+        .meta(info('…and brings at least this many words that are not fillers or backchannels ("hm", "yeah", "okay")')),
+      resume_ms: z
+        .number()
+        .int()
+        .min(100)
+        .max(10_000)
+        .default(600)
+        .meta(info("otherwise the reply resumes where it paused at most this long after the sound ended")),
+    })
+    .default(INTERRUPTION_DEFAULTS)
+    .meta(info("speech over a reply (voice.md §7): it pauses the reply; only some of it is a barge-in")),
 });
 
 export type ProviderConfig = z.infer<typeof ProviderConfig>;

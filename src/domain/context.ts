@@ -2,8 +2,8 @@ import type { KeyObject } from "node:crypto";
 import type { Config } from "../config/config.ts";
 import type { KeyPair } from "../crypto/keys.ts";
 import type { Store } from "../store/index.ts";
+import type { DomainEvents } from "./changes.ts";
 import type { Clock } from "./clock.ts";
-import type { DomainEvents } from "./events.ts";
 
 /** What every domain service is built from. */
 export interface DomainContext {

@@ -1,9 +1,9 @@
 import { randomUUID } from "node:crypto";
-import { topics } from "../events/index.ts";
+import { topics } from "../bus/index.ts";
 import type { ConversationEntry, PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts";
+import type { DeviceMessage, PeerMessage } from "./changes.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
-import type { DeviceMessage, PeerMessage } from "./events.ts";
 import { NodeDeadlines, type NodeWatcher } from "./node-deadlines.ts";
 import type { PeerService } from "./peers.ts";
 import type { SideControlPrincipal } from "./principal.ts";

@@ -13,7 +13,7 @@ export interface AppBindings {
   connection?: ConnectionContext;
   /** The request as the exchange knows it (exchange.ts). */
   exchange?: Exchange;
-  /** A chunked body the body limit read whole (`nodeBodyWithin`). */
+  /** A chunked body the body limit read whole (`bodyWithinLimit`). */
   body?: Buffer;
 }
 

@@ -41,7 +41,7 @@ export class Exchange {
   readonly started = performance.now();
   /** The pattern of the route serving it, once known: a native route's path. */
   route = "unmatched";
-  /** Served by a native route: the shared headers go out with its head (`writeHead`), not set beforehand. */
+  /** Served by a native route: the shared headers go out with its head (`headers`), not set beforehand. */
   native = false;
   private readonly recorder: Recorder;
   private recorded = false;
@@ -55,14 +55,13 @@ export class Exchange {
     this.env = { incoming, outgoing, exchange: this };
   }
 
-  /** Writes the answer's head: the headers every answer carries first, then `headers` (a flat list of names and values). */
-  writeHead(status: number, headers: string[]): void {
-    this.outgoing.writeHead(
-      status,
-      this.native
-        ? ["X-Request-ID", this.requestId, "Access-Control-Allow-Origin", "*", "Access-Control-Expose-Headers", CORS_EXPOSE_HEADERS, ...headers]
-        : headers,
-    );
+  /**
+   * A new list of the answer's head to write (`outgoing.writeHead(status, list)`), holding the
+   * headers every answer carries for a native route (set beforehand on the Hono routes'), for the
+   * writer to add its own to: one list, no per-header bookkeeping.
+   */
+  headers(): string[] {
+    return this.native ? ["X-Request-ID", this.requestId, "Access-Control-Allow-Origin", "*", "Access-Control-Expose-Headers", CORS_EXPOSE_HEADERS] : [];
   }
 
   /** The log line and metrics of this request, once: its status and its route's pattern (or `unmatched`). */
@@ -90,7 +89,7 @@ export type NativeRoutes = ReadonlyMap<string, NativeRoute>;
 /**
  * The headers every answer but a preflight's carries, set on Node's response before the answer
  * exists (in this order), so that whatever the Hono adapter writes carries them; a native route's
- * answer has them in its head instead (`Exchange.writeHead`: one list, no per-header bookkeeping).
+ * answer has them in its head instead (`Exchange.headers`).
  */
 function sharedHeaders(outgoing: ServerResponse, requestId: string): void {
   outgoing.setHeader("X-Request-ID", requestId);

@@ -20,9 +20,10 @@ export function jsonText(c: Context, text: string): TypedResponse<never, 200, "j
 
 /** Writes a whole JSON answer of a native route (exchange.ts): its type, its `Retry-After` when given, its length, in one head. */
 export function writeJson(x: Exchange, status: number, body: string, o: { contentType?: string; retryAfter?: number | undefined } = {}): void {
-  const headers = ["Content-Type", o.contentType ?? JSON_CONTENT_TYPE];
+  const headers = x.headers();
+  headers.push("Content-Type", o.contentType ?? JSON_CONTENT_TYPE);
   if (o.retryAfter !== undefined) headers.push("Retry-After", String(o.retryAfter));
   headers.push("Content-Length", String(Buffer.byteLength(body)));
-  x.writeHead(status, headers);
+  x.outgoing.writeHead(status, headers);
   x.outgoing.end(body);
 }

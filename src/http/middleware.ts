@@ -1,7 +1,8 @@
 import type { ServerResponse } from "node:http";
 import type { Context, MiddlewareHandler } from "hono";
 import { routePath } from "hono/route";
-import type { AppBindings, AppEnv } from "./env.ts";
+import { bodyWithinLimit } from "./body.ts";
+import type { AppEnv } from "./env.ts";
 import { ApiError } from "./errors.ts";
 import { exchangeOf } from "./exchange.ts";
 import { requestHeader } from "./headers.ts";
@@ -59,71 +60,9 @@ export const requireJson: MiddlewareHandler<AppEnv> = async (c, next) => {
   await next();
 };
 
-/**
- * Reads a request body of at most `maxSize` bytes; null when it is larger. A body without
- * Content-Length is counted as it arrives and, once over the limit, still read (and dropped) to
- * its end, up to `drainLimit` bytes: a client still sending would otherwise stall on a socket
- * nobody reads and never see the answer. A declared length over the limit is refused unread, so
- * that it can be drained after the answer. A body the limit check already read is taken from the bindings.
- */
-export function readBodyWithin(env: AppBindings | undefined, maxSize: number, drainLimit = 16 * maxSize): Promise<Buffer | null> {
-  const incoming = env?.incoming;
-  if (!incoming) return Promise.reject(new Error("the application is served through the exchange (src/http/exchange.ts)"));
-  if (env.body) return Promise.resolve(env.body.length > maxSize ? null : env.body);
-  const declared = incoming.headers["content-length"];
-  const chunked = incoming.headers["transfer-encoding"] !== undefined;
-  if (declared !== undefined && !chunked && Number(declared) > maxSize) return Promise.resolve(null);
-  if (incoming.readableEnded) return Promise.resolve(Buffer.alloc(0));
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const finish = (body: Buffer | null) => {
-      incoming.off("data", onData);
-      incoming.off("end", onEnd);
-      incoming.off("close", onClose);
-      incoming.off("error", reject);
-      resolve(body);
-    };
-    const onData = (chunk: Buffer) => {
-      size += chunk.length;
-      if (size <= maxSize) chunks.push(chunk);
-      else if (size > drainLimit) {
-        incoming.pause();
-        finish(null);
-      }
-    };
-    const onEnd = () => finish(size > maxSize ? null : chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
-    const onClose = () => {
-      if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
-    };
-    incoming.on("data", onData);
-    incoming.once("end", onEnd);
-    incoming.once("close", onClose);
-    incoming.once("error", reject);
-  });
-}
-
-/**
- * Whether the request body is at most `maxSize` bytes. A declared length is judged unread (at once,
- * no promise); a chunked body is read here (up to `drainLimit`) and kept in the bindings (`body`)
- * for the route.
- */
-export function nodeBodyWithin(env: AppBindings, maxSize: number, drainLimit = 16 * maxSize): boolean | Promise<boolean> {
-  const headers = env.incoming?.headers ?? {};
-  const declared = headers["content-length"];
-  const chunked = headers["transfer-encoding"] !== undefined;
-  if (declared !== undefined && !chunked) return Number(declared) <= maxSize;
-  if (!chunked) return true; // HTTP/1.1: neither header means no body
-  return readBodyWithin(env, maxSize, drainLimit).then((body) => {
-    if (!body) return false;
-    env.body = body;
-    return true;
-  });
-}
-
-/** `nodeBodyWithin` of a Hono request: a body read here is put back on the web request for the route's validator. */
+/** `bodyWithinLimit` of a Hono request: a body read here is put back on the web request for the route's validator. */
 export function bodyWithin(c: Context<AppEnv>, maxSize: number, drainLimit = 16 * maxSize): boolean | Promise<boolean> {
-  const within = nodeBodyWithin(c.env, maxSize, drainLimit);
+  const within = bodyWithinLimit(c.env, maxSize, drainLimit);
   if (typeof within === "boolean") return within;
   return within.then((ok) => {
     if (ok && c.env.body) c.req.raw = new Request(c.req.raw, { body: c.env.body as Uint8Array<ArrayBuffer> });

@@ -18,10 +18,12 @@ export interface StreamOptions<T> {
 
 export const EVENT_STREAM = "text/event-stream; charset=utf-8";
 
-/** Headers of a streamed answer of `contentType`, as a flat list of names and values. */
-export function streamHeaders(contentType: string): string[] {
-  const sse = contentType.startsWith("text/event-stream");
-  return ["content-type", contentType, ...(sse ? ["cache-control", "no-cache", "x-accel-buffering", "no"] : []), "transfer-encoding", "chunked"];
+/** Adds the headers of a streamed answer of `contentType` to `headers` (a flat list of names and values). */
+function streamHeaders(headers: string[], contentType: string): string[] {
+  headers.push("content-type", contentType);
+  if (contentType.startsWith("text/event-stream")) headers.push("cache-control", "no-cache", "x-accel-buffering", "no");
+  headers.push("transfer-encoding", "chunked");
+  return headers;
 }
 
 /**
@@ -52,7 +54,7 @@ export async function writeStream<T>(x: Exchange, contentType: string, source: A
   outgoing.once("close", left);
   try {
     if (outgoing.destroyed) return left();
-    x.writeHead(200, streamHeaders(contentType));
+    outgoing.writeHead(200, streamHeaders(x.headers(), contentType));
     let first: Promise<IteratorResult<T>> | undefined = source.next();
     if (!(await settledNow(first))) outgoing.flushHeaders();
     for (;;) {

@@ -1,6 +1,6 @@
+import { CommandError, type Commands } from "../bus/index.ts";
 import { DomainError } from "../domain/errors.ts";
 import type { Domain } from "../domain/index.ts";
-import { CommandError, type Commands } from "../events/index.ts";
 import type { WebRtcPort } from "../http/public/webrtc.ts";
 import type { WebRtcTransport } from "../transport/transport.ts";
 

@@ -2,8 +2,8 @@ import { McpServer, type RegisteredTool } from "@modelcontextprotocol/sdk/server
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 import { buildInfo } from "../build-info.ts";
+import { LineTransport } from "../mcp/line-transport.ts";
 import type { StreamSocket } from "../protocol/stream-socket.ts";
-import { LineTransport } from "../tools/line-transport.ts";
 
 /** One function a device offers its agent (tools.md §1). */
 export interface DeviceTool {

@@ -1,6 +1,6 @@
-import type { PeerMessage } from "../domain/events.ts";
+import { topics } from "../bus/index.ts";
+import type { PeerMessage } from "../domain/changes.ts";
 import type { Domain } from "../domain/index.ts";
-import { topics } from "../events/index.ts";
 
 /**
  * Tells the transport, at once, that a connected peer was blocked or removed, whichever process

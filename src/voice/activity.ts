@@ -3,11 +3,13 @@ import type { VoiceConfig } from "../config/config.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { EngineId, VoiceEngines } from "./engine-ports.ts";
-import type { VoiceEvents } from "./events.ts";
 import type { Stage, TurnResult, VoiceMetrics } from "./metrics.ts";
 import type { OpusCodec } from "./opus.ts";
+import type { VoiceEvents } from "./peer-events.ts";
+import { PreparedReply } from "./preemptive.ts";
 import type { ListeningTurn, RecognitionHooks, TurnEnd } from "./recognition.ts";
-import { failureCode, Reply } from "./reply.ts";
+import { failureCode, Reply, type ReplyOptions } from "./reply.ts";
+import { contentWords, englishRules, type TurnEndModel, turnEndSilence } from "./turn-end.ts";
 
 /** The agent answering this device now, with the engines its conversations use. */
 export interface AgentChoice {
@@ -18,9 +20,18 @@ export interface AgentChoice {
   language?: string;
 }
 
-/** The agent's reply to `messages` as text deltas; throws on failure; `signal` ends the model call (a barge-in, a cut reply). */
-/** The agent's reply to `messages` in turn `n`, as text deltas. */
-export type AgentRun = (agentId: string, messages: ChatMessage[], signal: AbortSignal, n: number) => Promise<AsyncIterable<string>>;
+/**
+ * The agent's reply to `messages` in turn `n`, as text deltas; throws on failure; `signal` ends the
+ * model call (a barge-in, a cut reply, a discarded preemptive reply). `release`, when given, is
+ * awaited before any tool runs (a reply prepared in a pause runs no tool unless it is used).
+ */
+export type AgentRun = (
+  agentId: string,
+  messages: ChatMessage[],
+  signal: AbortSignal,
+  n: number,
+  release?: () => Promise<void>,
+) => Promise<AsyncIterable<string>>;
 
 export interface ActivityOptions {
   config: VoiceConfig;
@@ -35,54 +46,100 @@ export interface ActivityOptions {
   run: AgentRun;
   /** One line per turn, and what went wrong. */
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
+  /** The end-of-turn rules (default the English rules of src/voice/turn-end.ts). */
+  turnEnd?: TurnEndModel;
 }
+
+/** Audio is judged in pieces of about 20 ms: "sound until min_ms" allows this much short. */
+const SOUND_SLACK_MS = 40;
 
 /** A turn of the conversation, from its speech to the end of its reply. */
 export interface Turn extends ListeningTurn {
+  /** Its number; 0 while it is speech over a reply that may yet be no turn at all. */
   n: number;
   agent: AgentChoice;
+  /** When its speech began (clock). */
+  onset: number;
   /** Ends the turn's transcription (a barge-in, the connection's end). */
   abort: AbortController;
   ended: boolean;
   /** Text already sent as `TEXT_DELTA`. */
   partialSent: string;
+  /** Speech over this reply, not (yet) a barge-in: its audio is paused, and this speech has no events. */
+  over?: Speaking | undefined;
+  /** That speech brought words by `interruption.min_ms`: likely a barge-in, its end judged as a turn's. */
+  likely?: boolean;
+  /** The reply it interrupted, whose heard text the history must have before this turn's reply is asked. */
+  interrupted?: Promise<void>;
+  /** The barge-in check at `interruption.min_ms`, and the resume deadline. */
+  timers: Array<() => void>;
+  /** The reply asked of the model in the current pause. */
+  prepared?: Prepared | undefined;
+  /** Preemptive replies asked in this turn. */
+  preempted: number;
+}
+
+/** A reply being spoken, and the false interruptions it survived. */
+interface Speaking {
+  n: number;
+  reply: Reply;
+  falseInterruptions: number;
+  /** Resolves once what was heard of it is in the history. */
+  remembered: Promise<void>;
+}
+
+/** A preemptive reply with what it was asked with. */
+interface Prepared {
+  reply: PreparedReply;
+  agentId: string;
+  /** The history it was given (before the user's words). */
+  history: ChatMessage[];
 }
 
 /**
  * The turns of one conversation (agents-js's agent activity): a turn per speech, its transcript,
  * the agent's reply spoken through a reply handle, barge-in, and the bounded history of what was
- * said and heard.
+ * said and heard. voice.md §7: the silence that ends a turn follows its words; the model is asked
+ * already in the pause; speech over a reply pauses it and is a barge-in only when it lasts and
+ * brings words that are not fillers, else the reply resumes as if nothing happened.
  */
 export class TurnActivity implements RecognitionHooks<Turn> {
   private readonly o: ActivityOptions;
   private readonly history: ChatMessage[] = [];
+  private readonly turnEnd: TurnEndModel;
   private turns = 0;
   /** The turn whose final transcript is awaited. */
   private transcribing: Turn | undefined;
-  private reply: Reply | undefined;
+  /** The last turn begun (its speech may still be heard). */
+  private listening: Turn | undefined;
+  private speaking: Speaking | undefined;
+  /** Preemptive replies not yet used or discarded. */
+  private readonly prepared = new Set<PreparedReply>();
   private closed = false;
 
   constructor(o: ActivityOptions) {
     this.o = o;
+    this.turnEnd = o.turnEnd ?? englishRules;
   }
 
   close(): void {
     this.closed = true;
-    this.transcribing?.abort.abort(new Error("the conversation ended"));
-    this.reply?.interrupt();
-    this.reply = undefined;
+    const ended = new Error("the conversation ended");
+    this.transcribing?.abort.abort(ended);
+    this.listening?.abort.abort(ended);
+    for (const stop of this.listening?.timers.splice(0) ?? []) stop();
+    this.speaking?.reply.interrupt();
+    this.speaking = undefined;
+    for (const p of this.prepared) p.discard();
+    this.prepared.clear();
     this.history.length = 0;
   }
 
-  speechStarted(): Turn | undefined {
+  speechStarted(onset: number): Turn | undefined {
     const agent = this.o.agent();
     if (!agent || this.closed) return undefined;
-    if (this.reply) {
-      if (!this.o.config.barge_in) return undefined;
-      this.reply.interrupt();
-      this.reply = undefined;
-    }
-    const n = this.turns + 1;
+    const speaking = this.speaking;
+    if (speaking && !this.o.config.barge_in) return undefined;
     const abort = new AbortController();
     let turn: Turn | undefined;
     let transcription: Turn["transcription"];
@@ -100,21 +157,159 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       this.o.log("warn", { err }, "the transcription could not start a turn");
       return undefined;
     }
-    this.turns = n;
-    turn = { n, agent, abort, ended: false, partialSent: "", transcription };
-    this.o.events.bos(`in-${n}`, "audio", "user.audio");
+    turn = { n: 0, agent, onset, soundAt: onset, abort, ended: false, partialSent: "", transcription, timers: [], preempted: 0 };
+    this.listening = turn;
+    if (speaking) {
+      // Speech over a reply: its audio holds at once; whether this is a barge-in, its length and words say.
+      speaking.reply.pause();
+      turn.over = speaking;
+      const check = turn;
+      const at = onset + this.o.config.interruption.min_ms - this.o.clock.now();
+      turn.timers.push(this.o.clock.after(Math.max(0, at), () => this.guard(() => this.checkWords(check))));
+      return turn;
+    }
+    this.begin(turn);
     return turn;
+  }
+
+  silenceNeeded(turn: Turn, text: string | undefined): number {
+    const t = this.o.config.turn;
+    // Speech over a reply ends at the shortest silence (the reply resumes soon after a false interruption), unless it has words.
+    if (turn.over && !turn.likely) return t.finished_silence_ms;
+    return turnEndSilence(text, turn.agent.language, t, this.turnEnd);
+  }
+
+  paused(turn: Turn, text: string): void {
+    if (turn.over || turn.n === 0 || this.closed || !this.o.config.turn.preemptive) return;
+    if (turn.prepared && !turn.prepared.reply.discarded && turn.prepared.reply.answers(text)) return;
+    this.drop(turn);
+    const agent = this.o.agent();
+    if (!agent || agent.id !== turn.agent.id || this.turns !== turn.n) return;
+    const history = [...this.history];
+    const messages: ChatMessage[] = [...history, { role: "user", content: text }];
+    const { n } = turn;
+    const reply = new PreparedReply(text, (signal, release) => this.o.run(agent.id, messages, signal, n, release), {
+      clock: this.o.clock,
+      maxChars: this.o.config.max_reply_chars,
+    });
+    this.prepared.add(reply);
+    turn.prepared = { reply, agentId: agent.id, history };
+    turn.preempted++;
+  }
+
+  resumed(turn: Turn): void {
+    this.drop(turn);
   }
 
   speechEnded(turn: Turn, end: TurnEnd): void {
     turn.ended = true;
+    if (turn.over) {
+      this.overEnded(turn, end);
+      return;
+    }
     this.o.events.eos(`in-${turn.n}`, "audio", "user.audio");
     void this.respond(turn, end).catch((err: unknown) => this.o.log("warn", { err, turn: turn.n }, "voice turn failed"));
   }
 
+  /** A turn of its own: its number and its first event. */
+  private begin(turn: Turn): void {
+    this.turns++;
+    turn.n = this.turns;
+    this.o.events.bos(`in-${turn.n}`, "audio", "user.audio");
+  }
+
+  /**
+   * Speech over a reply has lasted `interruption.min_ms`: with words that are not fillers so far,
+   * it is likely a turn, and its end is judged by its words as any turn's. The barge-in itself
+   * waits for the final transcript: a recogniser hears words in half a hum ("mm-hmm" → "and
+   * then?"), and the reply's audio is paused meanwhile anyway.
+   */
+  private checkWords(turn: Turn): void {
+    if (!turn.over || turn.ended) return;
+    // The sound stopped before min_ms (the detector has not said so yet): its end decides.
+    if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) return;
+    turn.transcription.soFar().then(
+      (text) => {
+        if (turn.over && contentWords(text) >= this.o.config.interruption.min_words) turn.likely = true;
+      },
+      () => {},
+    );
+  }
+
+  /** The speech over the reply is a turn: the reply ends as interrupted (keeping what was heard). */
+  private bargeIn(turn: Turn): void {
+    const over = turn.over;
+    if (!over) return;
+    turn.over = undefined;
+    for (const stop of turn.timers.splice(0)) stop();
+    over.reply.interrupt();
+    turn.interrupted = over.remembered;
+    if (this.speaking === over) this.speaking = undefined;
+    this.begin(turn);
+  }
+
+  /** A false interruption: no turn, no event, the reply goes on from where it paused (if it did not already). */
+  private resume(turn: Turn): void {
+    const over = turn.over;
+    if (!over) return;
+    turn.over = undefined;
+    for (const stop of turn.timers.splice(0)) stop();
+    turn.abort.abort(new Error("a false interruption"));
+    over.falseInterruptions++;
+    this.o.metrics.falseInterruption();
+    over.reply.resume();
+  }
+
+  /** Speech over a reply ended before it was a barge-in: long enough and with words, it is one; else the reply resumes. */
+  private overEnded(turn: Turn, end: TurnEnd): void {
+    const { min_ms, min_words, resume_ms } = this.o.config.interruption;
+    if (end.lastVoiced - turn.onset < min_ms) {
+      this.resume(turn);
+      return;
+    }
+    // Without words so far, the reply's audio resumes by this time whatever the transcription
+    // says; words found later (a recogniser behind) still make it a barge-in.
+    const over = turn.over;
+    if (!turn.likely && over)
+      turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => over.reply.resume())));
+    const transcript = turn.transcription.finish();
+    transcript.then(
+      (text) =>
+        this.guard(() => {
+          if (!turn.over || this.closed) return;
+          if (contentWords(text) < min_words) {
+            this.resume(turn);
+            return;
+          }
+          this.bargeIn(turn);
+          this.o.events.eos(`in-${turn.n}`, "audio", "user.audio");
+          void this.respond(turn, end, transcript).catch((err: unknown) => this.o.log("warn", { err, turn: turn.n }, "voice turn failed"));
+        }),
+      () => this.guard(() => this.resume(turn)),
+    );
+  }
+
+  private guard(fn: () => void): void {
+    try {
+      fn();
+    } catch (err) {
+      this.o.log("warn", { err }, "voice turn handling failed");
+    }
+  }
+
+  /** The turn's preemptive reply is not used: it ends, unseen, and is counted. */
+  private drop(turn: Turn): void {
+    const p = turn.prepared;
+    if (!p) return;
+    turn.prepared = undefined;
+    p.reply.discard();
+    this.prepared.delete(p.reply);
+    this.o.metrics.preemptive("discarded");
+  }
+
   /** Partial words: only those that extend what was sent (a revision is left to the final transcript). */
   private partial(turn: Turn, text: string): void {
-    if (turn.ended || this.closed) return;
+    if (turn.ended || this.closed || turn.n === 0) return;
     if (text.length > turn.partialSent.length && text.startsWith(turn.partialSent)) {
       const fresh = text.slice(turn.partialSent.length);
       turn.partialSent = text;
@@ -122,17 +317,28 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     }
   }
 
-  private async respond(turn: Turn, end: TurnEnd): Promise<void> {
+  private async respond(turn: Turn, end: TurnEnd, known?: Promise<string>): Promise<void> {
     const { n } = turn;
     const { clock } = this.o;
-    const stages: Partial<Record<Stage, number>> = { end_of_speech: end.decided - end.lastVoiced };
-    const done = (result: TurnResult, engines: TurnEngines, flags: TurnFlags) => this.finishTurn(n, result, stages, engines, flags);
+    const eou = end.decided - end.lastVoiced;
+    const stages: Partial<Record<Stage, number>> = { end_of_speech: eou, end_of_utterance_delay: eou };
+    const flags: TurnFlags = {
+      interrupted: false,
+      turn_cut: end.cut,
+      reply_cut: false,
+      preemptive: "off",
+      false_interruptions: 0,
+    };
+    const done = (result: TurnResult, engines: TurnEngines, f: TurnFlags) => {
+      this.drop(turn);
+      if (f.preemptive === "off" && turn.preempted > 0) f.preemptive = "discarded";
+      this.finishTurn(n, result, stages, engines, f);
+    };
     const engines: TurnEngines = { transcription: turn.agent.engines.transcription.engine, speech: turn.agent.engines.speech.engine };
-    const flags: TurnFlags = { interrupted: false, turn_cut: end.cut, reply_cut: false };
     this.transcribing = turn;
     let transcript: string;
     try {
-      transcript = await turn.transcription.finish();
+      transcript = await (known ?? turn.transcription.finish());
     } catch (err) {
       if (this.closed) return;
       if (turn.abort.signal.aborted) return done("empty", engines, flags);
@@ -141,6 +347,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     } finally {
       if (this.transcribing === turn) this.transcribing = undefined;
     }
+    // What was heard of the reply this turn interrupted goes into the history first.
+    if (turn.interrupted) await turn.interrupted;
     const transcribed = clock.now();
     stages.transcription = transcribed - end.decided;
     if (this.closed) return;
@@ -149,13 +357,23 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     const agent = this.o.agent();
     // A newer turn began while this one was transcribed: it answers instead.
     if (!transcript || !agent || this.turns !== n) return done("empty", engines, flags);
+    const prepared = turn.prepared;
+    const usable = prepared !== undefined && prepared.agentId === agent.id && prepared.reply.answers(transcript) && sameHistory(prepared.history, this.history);
     this.remember("user", transcript);
     const messages = [...this.history];
     engines.speech = agent.engines.speech.engine;
+    let text: ReplyOptions["text"] = (signal) => this.o.run(agent.id, messages, signal, n);
+    if (usable) {
+      turn.prepared = undefined;
+      this.prepared.delete(prepared.reply);
+      text = prepared.reply.adopt();
+      flags.preemptive = "used";
+      this.o.metrics.preemptive("used");
+    } else this.drop(turn);
     const reply = new Reply({
       n,
       voice: agent.voice,
-      text: (signal) => this.o.run(agent.id, messages, signal, n),
+      text,
       speech: agent.engines.speech,
       resampler: this.o.resampler,
       codec: this.o.codec,
@@ -169,18 +387,37 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       maxChars: this.o.config.max_reply_chars,
       maxWaitMs: this.o.config.max_reply_delay_ms,
     });
-    this.reply = reply;
-    const outcome = await reply.outcome;
-    if (this.reply === reply) this.reply = undefined;
-    if (this.closed) return;
-    if (outcome.heard) this.remember("assistant", outcome.heard);
-    if (outcome.at.firstToken !== undefined) stages.first_token = outcome.at.firstToken - transcribed;
-    if (outcome.at.firstAudio !== undefined) {
-      if (outcome.at.firstSentence !== undefined) stages.first_audio = outcome.at.firstAudio - outcome.at.firstSentence;
-      stages.speech_to_audio = outcome.at.firstAudio - end.lastVoiced;
+    let remembered = () => {};
+    const speaking: Speaking = { n, reply, falseInterruptions: 0, remembered: new Promise<void>((resolve) => (remembered = resolve)) };
+    this.speaking = speaking;
+    let outcome: Awaited<Reply["outcome"]>;
+    try {
+      outcome = await reply.outcome;
+      if (this.speaking === speaking) this.speaking = undefined;
+      if (this.closed) return;
+      if (outcome.heard) this.remember("assistant", outcome.heard);
+    } finally {
+      remembered();
+    }
+    const { at } = outcome;
+    if (at.firstToken !== undefined) {
+      stages.first_token = at.firstToken - transcribed;
+      // The reply's first text: when the model gave it (a preemptive reply may have had it before the turn ended).
+      const firstText = usable ? Math.min(prepared.reply.firstAt ?? at.firstToken, at.firstToken) : at.firstToken;
+      stages.ttft = Math.max(0, firstText - end.decided);
+    }
+    if (at.firstSpeech !== undefined && at.firstSentence !== undefined) stages.ttfb = at.firstSpeech - at.firstSentence;
+    if (at.firstAudio !== undefined) {
+      if (at.firstSentence !== undefined) stages.first_audio = at.firstAudio - at.firstSentence;
+      stages.speech_to_audio = at.firstAudio - end.lastVoiced;
     }
     if (outcome.error) this.o.log("warn", { turn: n, error: outcome.error }, "voice reply failed");
-    done(outcome.result, engines, { ...flags, interrupted: outcome.result === "interrupted", reply_cut: outcome.cut });
+    done(outcome.result, engines, {
+      ...flags,
+      interrupted: outcome.result === "interrupted",
+      reply_cut: outcome.cut,
+      false_interruptions: speaking.falseInterruptions,
+    });
   }
 
   private remember(role: "user" | "assistant", content: string): void {
@@ -199,6 +436,11 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   }
 }
 
+/** The history a preemptive reply was given is still the conversation's (same entries, same order). */
+function sameHistory(a: ChatMessage[], b: ChatMessage[]): boolean {
+  return a.length === b.length && a.every((m, i) => m === b[i]);
+}
+
 /** Which engines answered a turn (`turn.metrics.engines`). */
 export interface TurnEngines {
   transcription: EngineId;
@@ -208,6 +450,10 @@ export interface TurnEngines {
 /** What else `turn.metrics` says of a turn. */
 interface TurnFlags {
   interrupted: boolean;
+  /** The reply prepared in the pause was used, or one was asked and discarded, or none was asked. */
+  preemptive: "used" | "discarded" | "off";
+  /** Speech over the reply that was no barge-in (the reply resumed). */
+  false_interruptions: number;
   /** The user's turn reached `voice.turn.max_ms` and was cut there. */
   turn_cut: boolean;
   /** The reply reached `voice.max_reply_chars`: the rest was not spoken. */

@@ -1,5 +1,5 @@
-import type { PeerMessage } from "../domain/events.ts";
-import { type EventBus, topics } from "../events/index.ts";
+import { type EventBus, topics } from "../bus/index.ts";
+import type { PeerMessage } from "../domain/changes.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
 import type { AgentChoice } from "./conversation.ts";
 import type { VoiceEngines } from "./engine-ports.ts";

@@ -5,9 +5,9 @@ import type { VoiceConfig } from "../config/config.ts";
 import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
 import { RECOGNITION_RATE, type VoiceActivityPort } from "./engine-ports.ts";
-import { VoiceEvents } from "./events.ts";
 import type { VoiceMetrics } from "./metrics.ts";
 import { OPUS_RATE, OpusCodec } from "./opus.ts";
+import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort } from "./port.ts";
 import { AudioRecognition } from "./recognition.ts";
 import { Uplink } from "./uplink.ts";
@@ -71,7 +71,8 @@ export class Conversation {
       log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
     });
     this.recognition = new AudioRecognition({
-      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.silence_ms }),
+      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest (voice.md §7).
+      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms }),
       turn: o.config.turn,
       clock: this.clock,
       hooks: this.turns,

@@ -97,6 +97,13 @@ class EmbeddedTurn implements TurnTranscription {
     this.partial(() => {}, true);
   }
 
+  async soFar(): Promise<string> {
+    this.o.signal.throwIfAborted();
+    const text = await this.recogniser.speculate();
+    this.o.signal.throwIfAborted();
+    return text.trim();
+  }
+
   async finish(): Promise<string> {
     this.o.signal.throwIfAborted();
     const text = await this.recogniser.finish(this.o.maxWaitMs !== undefined ? { maxWaitMs: this.o.maxWaitMs } : {});

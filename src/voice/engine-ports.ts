@@ -84,6 +84,12 @@ export interface TurnTranscription {
    * silence makes that recognition stale: the engine aborts it and may start again at the next pause.
    */
   pause(): void;
+  /**
+   * The text of everything pushed so far (trimmed), recognised now or reused from a recognition
+   * that covers it: the words at a pause (voice.md §7's end of turn and preemptive reply), or of
+   * speech over a reply (is it a barge-in?). Rejects when the turn was abandoned or the engine failed.
+   */
+  soFar(): Promise<string>;
   /** The final text of everything pushed (trimmed; "" when nothing was said). Called once. */
   finish(): Promise<string>;
 }

@@ -51,6 +51,8 @@ export class MemoryRewriter {
   private readonly results: Counter<"result">;
   private readonly seconds: Histogram<"result">;
   private readonly running = new Set<Promise<RewriteResult>>();
+  /** Each device's last rewrite submitted here: the next waits for it (the same node's rewrites would only redo each other). */
+  private readonly lastOf = new Map<string, Promise<RewriteResult>>();
   private readonly abort = new AbortController();
 
   constructor(o: MemoryRewriterOptions) {
@@ -73,9 +75,16 @@ export class MemoryRewriter {
 
   /** Starts the rewrite in the background; the promise never rejects. */
   submit(job: RewriteJob): Promise<RewriteResult> {
-    const run = this.rewrite(job);
+    // One at a time per device on this node: concurrent ones would each redo after the other's write,
+    // and past `attempts` a conversation would be lost. Other nodes' are met by the revision check.
+    const before = this.lastOf.get(job.deviceKey);
+    const run = before ? before.then(() => this.rewrite(job)) : this.rewrite(job);
+    this.lastOf.set(job.deviceKey, run);
     this.running.add(run);
-    void run.finally(() => this.running.delete(run));
+    void run.finally(() => {
+      this.running.delete(run);
+      if (this.lastOf.get(job.deviceKey) === run) this.lastOf.delete(job.deviceKey);
+    });
     return run;
   }
 

@@ -1,7 +1,7 @@
 import { Counter, Gauge, Histogram, type Registry } from "prom-client";
 
 export type TurnResult = "answered" | "empty" | "interrupted" | "failed";
-export const STAGES = ["end_of_speech", "transcription", "first_token", "first_audio", "speech_to_audio"] as const;
+export const STAGES = ["end_of_speech", "end_of_utterance_delay", "transcription", "first_token", "ttft", "ttfb", "first_audio", "speech_to_audio"] as const;
 export type Stage = (typeof STAGES)[number];
 
 /** voice.md §4. */
@@ -11,6 +11,8 @@ export class VoiceMetrics {
   private readonly late: Counter;
   private readonly frames: Counter;
   private readonly dropped: Counter;
+  private readonly falseInterruptions: Counter;
+  private readonly preemptives: Counter<"result">;
 
   constructor(registry: Registry, conversations: () => number) {
     this.turns = new Counter({ name: "perch_voice_turns_total", help: "Voice turns by result", labelNames: ["result"], registers: [registry] });
@@ -39,6 +41,17 @@ export class VoiceMetrics {
       help: "Uplink audio dropped undecoded: what devices claimed beyond real time",
       registers: [registry],
     });
+    this.falseInterruptions = new Counter({
+      name: "perch_voice_false_interruptions_total",
+      help: "Speech over a reply that was no barge-in: the reply paused and resumed (voice.md §7)",
+      registers: [registry],
+    });
+    this.preemptives = new Counter({
+      name: "perch_voice_preemptive_total",
+      help: "Replies asked of the model in a pause, by what became of them (used, discarded)",
+      labelNames: ["result"],
+      registers: [registry],
+    });
     this.late = new Counter({
       name: "perch_voice_frames_late_total",
       help: "Downlink voice frames sent more than 20 ms after their time",
@@ -48,20 +61,32 @@ export class VoiceMetrics {
 
   /**
    * A finished turn. Each stage is labelled with the engine that took it: the transcription's for
-   * `transcription`, the speech engine's for `first_audio` and `speech_to_audio`, the node's own
-   * detector (`embedded`) for `end_of_speech`, and `model` for `first_token` (the chat model's).
+   * `transcription`, the speech engine's for `ttfb`, `first_audio` and `speech_to_audio`, the node's
+   * own detector (`embedded`) for `end_of_speech` and `end_of_utterance_delay`, and `model` for
+   * `first_token` and `ttft` (the chat model's).
    */
   turn(result: TurnResult, stages: Partial<Record<Stage, number>>, engines: { transcription: string; speech: string }): void {
     this.turns.inc({ result });
     const engine: Record<Stage, string> = {
       end_of_speech: "embedded",
+      end_of_utterance_delay: "embedded",
       transcription: engines.transcription,
       first_token: "model",
+      ttft: "model",
+      ttfb: engines.speech,
       first_audio: engines.speech,
       speech_to_audio: engines.speech,
     };
     for (const [stage, ms] of Object.entries(stages) as Array<[Stage, number]>)
       if (typeof ms === "number" && Number.isFinite(ms)) this.stages.observe({ stage, engine: engine[stage] }, ms / 1000);
+  }
+
+  falseInterruption(): void {
+    this.falseInterruptions.inc();
+  }
+
+  preemptive(result: "used" | "discarded"): void {
+    this.preemptives.inc({ result });
   }
 
   frameLate(): void {

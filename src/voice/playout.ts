@@ -50,6 +50,9 @@ export class Playout {
   private queued = 0;
   private ended = false;
   private stopped = false;
+  private paused = false;
+  /** The next frame starts a talkspurt again (the RTP marker): the first after a resume. */
+  private marker = false;
   private anchor: number | undefined;
   /** No frame is scheduled: the playout waits for audio (fillGaps false). */
   private waiting = false;
@@ -89,10 +92,10 @@ export class Playout {
     if (this.stopped || this.ended || pcm.length === 0) return;
     this.queue.push(pcm);
     this.queued += pcm.length;
-    if (this.anchor === undefined) {
+    if (this.anchor === undefined && !this.paused) {
       this.anchor = this.clock.now();
       this.pump();
-    } else if (this.waiting) {
+    } else if (this.waiting && this.anchor !== undefined) {
       // After a wait for audio: the next frame keeps its time, or goes now when that has passed.
       this.waiting = false;
       this.anchor = Math.max(this.anchor, this.clock.now() - this.index * FRAME_MS);
@@ -100,11 +103,35 @@ export class Playout {
     }
   }
 
+  /** Holds the audio at once (speech over the reply): nothing is sent, the queue and its position are kept. */
+  pause(): void {
+    if (this.stopped || this.paused) return;
+    this.paused = true;
+    this.timer?.();
+    this.timer = undefined;
+  }
+
+  /** Goes on from where `pause()` held it, on a clock anchored now. */
+  resume(): void {
+    if (this.stopped || !this.paused) return;
+    this.paused = false;
+    if (this.anchor === undefined) {
+      if (this.queued > 0) {
+        this.anchor = this.clock.now();
+        this.pump();
+      } else if (this.ended) this.finish();
+      return;
+    }
+    this.anchor = this.clock.now() - this.index * FRAME_MS;
+    this.marker = true;
+    this.pump();
+  }
+
   /** No more audio: the playout finishes once the queue is sent. */
   end(): void {
     this.ended = true;
-    if (this.anchor === undefined) this.finish();
-    else if (this.waiting) {
+    if (this.anchor === undefined && !this.paused) this.finish();
+    else if (this.waiting && !this.paused) {
       this.waiting = false;
       this.pump();
     }
@@ -129,7 +156,7 @@ export class Playout {
 
   private pump = (): void => {
     this.timer = undefined;
-    if (this.stopped) return;
+    if (this.stopped || this.paused) return;
     try {
       let now = this.clock.now();
       for (;;) {
@@ -194,7 +221,8 @@ export class Playout {
     this.queued -= filled;
     const first = this.index === 0;
     this.index++;
-    this.o.send(this.o.codec.encode(frame), first);
+    this.o.send(this.o.codec.encode(frame), first || this.marker);
+    this.marker = false;
     this.frames++;
     this.played += filled;
     if (first) this.o.started?.();

@@ -1,4 +1,4 @@
-import type { VoiceEvent } from "./events.ts";
+import type { VoiceEvent } from "./peer-events.ts";
 
 /**
  * What the voice feature needs from a device's connection, and nothing more: the transport

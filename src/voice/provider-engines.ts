@@ -81,6 +81,12 @@ class ProviderTurn implements TurnTranscription {
     this.pending = this.recognise();
   }
 
+  async soFar(): Promise<string> {
+    if (this.finished) throw new Error("the turn's transcription has finished");
+    // At a pause, the recognition under way; during speech, one of its own (more speech must not abort it).
+    return (await (this.pending ?? this.recognise()).text).trim();
+  }
+
   async finish(): Promise<string> {
     this.finished = true;
     const pending = this.pending ?? this.recognise();

@@ -14,12 +14,16 @@ const QUIET_SHARE = 0.1;
 const QUIET_FLOOR = 100;
 /** Near-digital silence longer than this between turns is not given to the detector. */
 const SKIP_QUIET_AFTER_S = 0.5;
+/** Audio heard this recently that is not quiet is sound going on (the end of a turn waits for it). */
+const SOUNDING_MS = 60;
 /** Quiet this long tells the transcription that the turn may be ending (it may start recognising). */
 const QUIET_BEFORE_RECOGNITION_S = 0.12;
 
 /** A turn being heard: its transcription receives the turn's audio. */
 export interface ListeningTurn {
   readonly transcription: TurnTranscription;
+  /** When sound (audio that is not quiet) was last heard in the turn (clock); kept by the recognition. */
+  soundAt: number;
 }
 
 /** How the end of a turn was decided, on the conversation's clock. */
@@ -33,14 +37,21 @@ export interface TurnEnd {
 }
 
 export interface RecognitionHooks<T extends ListeningTurn> {
-  /** Speech began: a turn to hear it, or undefined to ignore this speech until it ends. */
-  speechStarted(): T | undefined;
+  /** Speech began (its onset at `onset` on the clock): a turn to hear it, or undefined to ignore this speech until it ends. */
+  speechStarted(onset: number): T | undefined;
+  /** The silence (ms) that ends `turn` now that its words so far are `text` (undefined: being recognised; asked again when known). */
+  silenceNeeded(turn: T, text: string | undefined): number;
+  /** The user has been quiet `preemptive_after_ms` and said `text` so far (once per quiet stretch). */
+  paused(turn: T, text: string): void;
+  /** Speech went on after a pause: the turn goes on. */
+  resumed(turn: T): void;
   speechEnded(turn: T, end: TurnEnd): void;
 }
 
 export interface RecognitionOptions<T extends ListeningTurn> {
+  /** Created with `minSilenceMs` = `turn.finished_silence_ms`, the shortest silence that can end a turn. */
   vad: VoiceActivity;
-  turn: { silence_ms: number; max_ms: number };
+  turn: { silence_ms: number; finished_silence_ms: number; preemptive_after_ms: number; max_ms: number };
   clock: VoiceClock;
   hooks: RecognitionHooks<T>;
   /** Something went wrong that the conversation survives (logged by the caller, rate-limited where it could repeat). */
@@ -50,9 +61,11 @@ export interface RecognitionOptions<T extends ListeningTurn> {
 /**
  * The uplink as turns (agents-js's audio recognition): 16 kHz audio → the voice activity detector
  * (its backlog bounded, near-digital silence between turns spared) → turns, each with the audio
- * from just before its onset given to its transcription, a pause hint when the user goes quiet,
- * and an end: the detector's silence, no audio at all for `silence_ms` on the conversation's clock
- * (a device that stops sending), or `max_ms`.
+ * from just before its onset given to its transcription, a pause hint when the user goes quiet
+ * (with the words so far, asked of the transcription), and an end: once the detector heard the
+ * speech stop (or no audio came at all: a device that stops sending), the silence the hooks ask
+ * for the words so far (voice.md §7: shorter after finished-looking words, longer after unfinished
+ * ones); speech before then continues the turn. `max_ms` ends it regardless.
  */
 export class AudioRecognition<T extends ListeningTurn> {
   private readonly o: RecognitionOptions<T>;
@@ -112,7 +125,7 @@ export class AudioRecognition<T extends ListeningTurn> {
    */
   tick(): void {
     if (this.closed || this.draining || !this.vadSpeaking) return;
-    if (this.o.clock.now() - this.heardAt < this.o.turn.silence_ms) return;
+    if (this.o.clock.now() - this.heardAt < this.o.turn.finished_silence_ms) return;
     for (const e of this.o.vad.flush()) this.vadEvent(e);
     // The detector may not have confirmed the end (its own speech state): either way, speech is over.
     this.vadSpeaking = false;
@@ -120,6 +133,7 @@ export class AudioRecognition<T extends ListeningTurn> {
 
   close(): void {
     this.closed = true;
+    this.turn?.stopTimers();
     this.turn = undefined;
     this.pending.length = 0;
     this.recent.length = 0;
@@ -151,10 +165,11 @@ export class AudioRecognition<T extends ListeningTurn> {
         if (this.closed) return;
         for (const e of events) this.vadEvent(e);
         const turn = this.turn;
-        if (turn && this.timeline - turn.start >= (this.o.turn.max_ms / 1000) * RATE) {
+        if (turn && this.turn === turn && this.timeline - turn.start >= (this.o.turn.max_ms / 1000) * RATE) {
           this.cutAt = this.timeline;
           for (const e of this.o.vad.flush()) this.vadEvent(e, true);
-        } else if (turn) this.listen(turn, pcm);
+          if (this.turn === turn) this.end(turn, true);
+        } else if (turn && this.turn === turn) this.listen(turn, pcm);
       }
     } finally {
       this.draining = false;
@@ -184,10 +199,18 @@ export class AudioRecognition<T extends ListeningTurn> {
 
   private started(at: number): void {
     const position = this.position(at);
+    const going = this.turn;
+    if (going?.stopped !== undefined) {
+      // Speech again before the silence that ends the turn: the same turn goes on.
+      going.stopped = undefined;
+      going.stopTimers();
+      this.o.hooks.resumed(going.turn);
+      return;
+    }
     // Speech that goes on past a cut (it starts again right where the cut was) is not a new turn.
     const continued = this.cutAt !== undefined && position - this.cutAt <= (this.o.turn.silence_ms / 1000) * RATE;
     this.cutAt = undefined;
-    const turn = continued ? undefined : this.o.hooks.speechStarted();
+    const turn = continued ? undefined : this.o.hooks.speechStarted(this.clockAt(position));
     if (!turn) {
       this.ignoring = true;
       return;
@@ -199,7 +222,7 @@ export class AudioRecognition<T extends ListeningTurn> {
       if (end <= start) continue;
       turn.transcription.push(from >= start ? pcm : pcm.subarray(start - from));
     }
-    this.turn = { turn, start, peak: 0, quietSince: undefined, paused: false };
+    this.turn = new Heard(turn, start);
   }
 
   /**
@@ -210,15 +233,92 @@ export class AudioRecognition<T extends ListeningTurn> {
   private listen(turn: Heard<T>, pcm: Int16Array): void {
     const level = rms(pcm);
     turn.peak = Math.max(turn.peak, level);
-    if (level < Math.max(QUIET_FLOOR, turn.peak * QUIET_SHARE)) turn.quietSince ??= this.timeline - pcm.length;
-    else {
+    const quiet = level < Math.max(QUIET_FLOOR, turn.peak * QUIET_SHARE);
+    if (!quiet) turn.turn.soundAt = this.pushedAt;
+    if (quiet) turn.quietSince ??= this.timeline - pcm.length;
+    else if (turn.quietSince !== undefined) {
+      // Sound again: the words of the last pause are stale (a noise the detector drops keeps the turn's end where it was).
       turn.quietSince = undefined;
       turn.paused = false;
+      turn.pause = undefined;
+      turn.preemptTimer?.();
+      turn.preemptTimer = undefined;
     }
-    if (turn.quietSince !== undefined && !turn.paused && this.timeline - turn.quietSince >= QUIET_BEFORE_RECOGNITION_S * RATE) {
+    const hint = Math.min(QUIET_BEFORE_RECOGNITION_S, this.o.turn.preemptive_after_ms / 1000);
+    if (turn.quietSince !== undefined && !turn.paused && this.timeline - turn.quietSince >= hint * RATE) {
       turn.paused = true;
       turn.turn.transcription.pause();
+      this.askWords(turn, this.clockAt(turn.quietSince));
     }
+  }
+
+  /** The words so far at this pause (quiet since `quietAt` on the clock), for the end of turn and the preemptive reply. */
+  private askWords(turn: Heard<T>, quietAt: number): void {
+    const pause: Pause = { quietAt, text: undefined, told: false };
+    turn.pause = pause;
+    turn.turn.transcription.soFar().then(
+      (text) => {
+        if (this.closed || turn.pause !== pause || this.turn !== turn) return;
+        pause.text = text;
+        this.preempt(turn, pause);
+        if (turn.stopped !== undefined) this.decide(turn);
+      },
+      () => {
+        // No words to judge: the turn ends on the plain silence (the final transcript will say what failed).
+        if (this.closed || turn.pause !== pause || this.turn !== turn) return;
+        pause.text = "";
+        if (turn.stopped !== undefined) this.decide(turn);
+      },
+    );
+  }
+
+  /** The pause's words go to the hooks once the user has been quiet `preemptive_after_ms`. */
+  private preempt(turn: Heard<T>, pause: Pause): void {
+    if (pause.told || pause.text === undefined || !pause.text) return;
+    const wait = pause.quietAt + this.o.turn.preemptive_after_ms - this.o.clock.now();
+    if (wait > 0) {
+      turn.preemptTimer?.();
+      turn.preemptTimer = this.o.clock.after(wait, () => this.guard(() => this.preempt(turn, pause)));
+      return;
+    }
+    if (turn.pause !== pause || this.turn !== turn) return;
+    pause.told = true;
+    this.o.hooks.paused(turn.turn, pause.text);
+  }
+
+  /** The turn ends once its silence is what its words ask for; until then, a timer waits for it. */
+  private decide(turn: Heard<T>): void {
+    if (this.turn !== turn || turn.stopped === undefined) return;
+    const now = this.o.clock.now();
+    const text = turn.pause?.text;
+    const needed = this.o.hooks.silenceNeeded(turn.turn, text);
+    // Sound is being heard (speech the detector has not confirmed yet, or a noise): no end in the middle of it.
+    const sounding = turn.quietSince === undefined && now - this.heardAt < SOUNDING_MS;
+    const wait = sounding ? Math.max(SOUNDING_MS, turn.stopped.lastVoiced + needed - now) : turn.stopped.lastVoiced + needed - now;
+    turn.endTimer?.();
+    turn.endTimer = undefined;
+    if (wait <= 0) {
+      this.end(turn, false);
+      return;
+    }
+    turn.endTimer = this.o.clock.after(wait, () => this.guard(() => this.decide(turn)));
+  }
+
+  private guard(fn: () => void): void {
+    try {
+      if (!this.closed) fn();
+    } catch (err) {
+      this.o.warn("voice end of turn failed", { err });
+    }
+  }
+
+  private end(turn: Heard<T>, cut: boolean): void {
+    if (this.turn !== turn) return;
+    this.turn = undefined;
+    turn.stopTimers();
+    const decided = this.o.clock.now();
+    const lastVoiced = Math.min(decided, turn.stopped?.lastVoiced ?? decided);
+    this.o.hooks.speechEnded(turn.turn, { lastVoiced, decided, cut });
   }
 
   private ended(at: number, cut: boolean): void {
@@ -228,23 +328,54 @@ export class AudioRecognition<T extends ListeningTurn> {
     }
     const heard = this.turn;
     if (!heard) return;
-    this.turn = undefined;
-    const decided = this.o.clock.now();
-    const lastVoiced = Math.min(decided, this.clockAt(this.position(at)));
-    this.o.hooks.speechEnded(heard.turn, { lastVoiced, decided, cut });
+    const lastVoiced = Math.min(this.o.clock.now(), this.clockAt(this.position(at)));
+    heard.stopped = { lastVoiced };
+    if (cut) {
+      this.end(heard, true);
+      return;
+    }
+    // Without audio (a device that stopped sending) no pause was heard: the words are asked now.
+    if (!heard.pause) this.askWords(heard, lastVoiced);
+    this.decide(heard);
   }
 }
 
-interface Heard<T> {
-  turn: T;
+/** A quiet stretch in a turn and the words said before it. */
+interface Pause {
+  /** When the quiet began (clock). */
+  quietAt: number;
+  text: string | undefined;
+  /** `paused` was called for it. */
+  told: boolean;
+}
+
+class Heard<T> {
+  readonly turn: T;
   /** Samples of the timeline where the turn's speech began. */
-  start: number;
+  readonly start: number;
   /** The loudest chunk of the turn (RMS), the yardstick of quiet. */
-  peak: number;
+  peak = 0;
   /** Where the current quiet stretch began (timeline samples); undefined while the user speaks. */
   quietSince: number | undefined;
   /** The transcription was told of the current quiet stretch. */
-  paused: boolean;
+  paused = false;
+  pause: Pause | undefined;
+  /** The detector heard the speech stop (its last voiced audio on the clock); the turn ends after the silence its words ask. */
+  stopped: { lastVoiced: number } | undefined;
+  endTimer: (() => void) | undefined;
+  preemptTimer: (() => void) | undefined;
+
+  constructor(turn: T, start: number) {
+    this.turn = turn;
+    this.start = start;
+  }
+
+  stopTimers(): void {
+    this.endTimer?.();
+    this.preemptTimer?.();
+    this.endTimer = undefined;
+    this.preemptTimer = undefined;
+  }
 }
 
 function rms(pcm: Int16Array): number {

@@ -3,9 +3,9 @@ import { EngineBusyError } from "../ai/speech/errors.ts";
 import { Resampler } from "../audio/resampler.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { SpeechChunk, SpeechPort, SynthesisRequest } from "./engine-ports.ts";
-import type { VoiceEvents } from "./events.ts";
 import type { OpusCodec } from "./opus.ts";
 import { OPUS_RATE } from "./opus.ts";
+import type { VoiceEvents } from "./peer-events.ts";
 import { Playout } from "./playout.ts";
 import { SentenceSplitter } from "./sentences.ts";
 import { SpokenText } from "./spoken.ts";
@@ -52,8 +52,8 @@ export interface ReplyOutcome {
   /** The text reached `maxChars`: the rest was not spoken. */
   cut: boolean;
   error?: string;
-  /** Clock times of the moments the turn's metrics need. */
-  at: { firstToken?: number; firstSentence?: number; firstAudio?: number };
+  /** Clock times of the moments the turn's metrics need: the first text, sentence, synthesised audio, audio sent. */
+  at: { firstToken?: number; firstSentence?: number; firstSpeech?: number; firstAudio?: number };
 }
 
 /**
@@ -76,6 +76,16 @@ export class Reply {
     this.o = o;
     this.signal = this.abort.signal;
     this.outcome = this.run();
+  }
+
+  /** Speech over the reply (voice.md §7): its audio holds at once; the text and synthesis go on (bounded by AHEAD_S). */
+  pause(): void {
+    if (!this.interrupted) this.playout?.pause();
+  }
+
+  /** A false interruption: the audio goes on from where it paused. */
+  resume(): void {
+    if (!this.interrupted) this.playout?.resume();
   }
 
   /** Barge-in: the audio stops before this returns; the rest ends as the cancellation reaches it. */
@@ -210,6 +220,7 @@ export class Reply {
           if (signal.aborted) return;
           const chunk = await current.next();
           if (signal.aborted) return;
+          if (chunk) this.at.firstSpeech ??= o.clock.now();
           // The next sentence is requested while this one plays (one ahead at most).
           if (!following) {
             const text = sentences.take();

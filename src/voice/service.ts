@@ -11,10 +11,10 @@ import { systemClock } from "./clock.ts";
 import { Conversation } from "./conversation.ts";
 import type { EngineFor } from "./engine-choice.ts";
 import type { VoiceActivityPort, VoiceEngines } from "./engine-ports.ts";
-import { VoiceEvents } from "./events.ts";
 import { MemoryKeeper } from "./memory-keeper.ts";
 import type { MemoryRewriter } from "./memory-rewriter.ts";
 import { VoiceMetrics } from "./metrics.ts";
+import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 import type { RealtimeAgentInfo } from "./realtime/bridge.ts";
 import { RealtimeVoice, realtimeAgents } from "./realtime/session.ts";
@@ -135,10 +135,12 @@ export class VoiceService implements VoiceHost {
         metrics: this.metrics,
         logger: this.o.logger,
         agent: () => choice.current(),
-        run: async (agentId, messages, signal, n) => {
+        run: async (agentId, messages, signal, n, release) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
-          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, toolEvents(events, `out-${n}`));
+          // A reply prepared in a pause (voice.md §7) runs its tools only once it is used.
+          const tools = { ...toolEvents(events, `out-${n}`), ...(release ? { ready: release } : {}) };
+          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools);
         },
       });
     } catch (err) {

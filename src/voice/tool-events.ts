@@ -1,5 +1,5 @@
 import type { ToolObserver } from "../ai/agents/toolbox.ts";
-import type { VoiceEvents } from "./events.ts";
+import type { VoiceEvents } from "./peer-events.ts";
 
 /** A tool result's text on the event stream is cut here (tools.md §2). */
 const MAX_RESULT_BYTES = 4096;

@@ -1,4 +1,4 @@
-import type { VoiceEvent } from "./events.ts";
+import type { VoiceEvent } from "./peer-events.ts";
 import type { AudioPort } from "./port.ts";
 
 /** One finished part of a conversation, as the voice events tell it. */

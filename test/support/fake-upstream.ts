@@ -13,6 +13,8 @@ export type Reply =
       usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
       /** Milliseconds between streamed chunks; 0 yields to the event loop between them, so each is its own write. */
       delayMs?: number;
+      /** Milliseconds before the first streamed piece (a model's time to first token). */
+      firstTokenMs?: number;
       /** Stream the first chunk, then never finish (not streaming: never answer). */
       hang?: boolean;
       /** Not streaming: the answer waits for this. */
@@ -116,6 +118,7 @@ export class FakeUpstream {
     res.writeHead(200, { "content-type": "text/event-stream" });
     send([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]);
     if (reply.hang) return;
+    if (reply.firstTokenMs) await new Promise((r) => setTimeout(r, reply.firstTokenMs));
     const pieces = reply.chunks ?? (reply.content !== undefined ? [reply.content] : []);
     for (const [i, piece] of pieces.entries()) {
       await pause();

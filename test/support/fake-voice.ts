@@ -24,8 +24,8 @@ import type {
   VadEvent,
   VoiceActivityPort,
 } from "../../src/voice/engine-ports.ts";
-import { encodeVoiceEvent } from "../../src/voice/events.ts";
 import { VoiceMetrics } from "../../src/voice/metrics.ts";
+import { encodeVoiceEvent } from "../../src/voice/peer-events.ts";
 import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
 import { type Seen, seen } from "./voice.ts";
 
@@ -139,28 +139,46 @@ export const loudnessVad: VoiceActivityPort = {
 export class FakeTurnTranscription implements TurnTranscription {
   samples = 0;
   pauses = 0;
+  /** `soFar()` calls. */
+  asked = 0;
   finished = false;
   readonly o: TurnTranscriptionOptions;
   private readonly answer: (turn: FakeTurnTranscription) => Promise<string> | string;
+  private readonly words: (turn: FakeTurnTranscription) => Promise<string> | string;
 
-  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"]) {
+  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"], words: FakeTranscription["answer"]) {
     this.o = o;
     this.answer = answer;
+    this.words = words;
   }
+
+  /** Samples of loud audio (speech) heard. */
+  loud = 0;
 
   push(pcm: Int16Array): void {
     this.samples += pcm.length;
+    for (let at = 0; at + BLOCK <= pcm.length; at += BLOCK) if (Math.abs(pcm[at]!) > LOUD / 2) this.loud += BLOCK;
   }
 
   pause(): void {
     this.pauses++;
   }
 
+  /** The words so far: the transcription's `words` (default its final answer). */
+  async soFar(): Promise<string> {
+    this.asked++;
+    return await this.race(this.words(this));
+  }
+
   async finish(): Promise<string> {
     this.finished = true;
+    return await this.race(this.answer(this));
+  }
+
+  private async race(answer: Promise<string> | string): Promise<string> {
     const { signal } = this.o;
     const text = await Promise.race([
-      Promise.resolve(this.answer(this)),
+      Promise.resolve(answer),
       new Promise<never>((_, reject) => {
         if (signal.aborted) reject(signal.reason);
         signal.addEventListener("abort", () => reject(signal.reason), { once: true });
@@ -177,12 +195,18 @@ export class FakeTranscription implements TranscriptionPort {
   readonly streamsPartials = false;
   readonly turns: FakeTurnTranscription[] = [];
   answer: (turn: FakeTurnTranscription) => Promise<string> | string = () => "What time is it?";
+  /** The words so far at a pause or during speech (default the final answer). */
+  words: ((turn: FakeTurnTranscription) => Promise<string> | string) | undefined;
   /** Thrown by `open` (an engine that cannot take a turn). */
   refuse: Error | undefined;
 
   open(o: TurnTranscriptionOptions): TurnTranscription {
     if (this.refuse) throw this.refuse;
-    const t = new FakeTurnTranscription(o, (turn) => this.answer(turn));
+    const t = new FakeTurnTranscription(
+      o,
+      (turn) => this.answer(turn),
+      (turn) => (this.words ?? this.answer)(turn),
+    );
     this.turns.push(t);
     return t;
   }
@@ -198,12 +222,17 @@ export class FakeSpeech implements SpeechPort {
   /** Seconds of audio handed out so far (all sentences). */
   pulledSeconds = 0;
   fail: ((text: string) => Error | undefined) | undefined;
+  /** Conversation time before a sentence's first audio. */
+  delayMs = 0;
+  clock: VoiceClock | undefined;
 
   async *synthesize(r: SynthesisRequest): AsyncGenerator<SpeechChunk> {
     const request = { text: r.text, voice: r.voice, signal: r.signal, pulled: 0 };
     this.requests.push(request);
     const failure = this.fail?.(r.text);
     if (failure) throw failure;
+    const { clock, delayMs } = this;
+    if (delayMs > 0 && clock) await new Promise<void>((resolve) => clock.after(delayMs, resolve));
     const total = Math.round((r.text.length * this.msPerChar * this.sampleRate) / 1000);
     const step = Math.round((this.chunkMs * this.sampleRate) / 1000);
     for (let at = 0; at < total; at += step) {
@@ -219,11 +248,21 @@ export class FakeSpeech implements SpeechPort {
 
 /** A model the test scripts: each call answers with the next script (text pieces), and is recorded. */
 export class FakeModel {
-  readonly calls: Array<{ agentId: string; messages: ChatMessage[]; signal: AbortSignal; pieces: number }> = [];
+  readonly calls: Array<{
+    agentId: string;
+    messages: ChatMessage[];
+    signal: AbortSignal;
+    pieces: number;
+    /** The conversation's clock when the call was made. */
+    at: number;
+    /** Given to a call made in a pause (a preemptive reply): awaited before a tool may run. */
+    release: (() => Promise<void>) | undefined;
+  }> = [];
   script: (call: FakeModel["calls"][number]) => AsyncIterable<string> = () => pieces(["It is ten o'clock. ", "Anything else?"]);
+  now: () => number = () => 0;
 
-  run = async (agentId: string, messages: ChatMessage[], signal: AbortSignal): Promise<AsyncIterable<string>> => {
-    const call = { agentId, messages, signal, pieces: 0 };
+  run = async (agentId: string, messages: ChatMessage[], signal: AbortSignal, _n: number, release?: () => Promise<void>): Promise<AsyncIterable<string>> => {
+    const call = { agentId, messages, signal, pieces: 0, at: this.now(), release };
     this.calls.push(call);
     const source = this.script(call);
     return (async function* () {
@@ -268,12 +307,20 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
   const stt = new FakeTranscription();
   const tts = new FakeSpeech();
   const model = new FakeModel();
+  model.now = () => clock.now();
+  tts.clock = clock;
   const events: Seen[] = [];
   const observed: TranscriptEntry[] = [];
   const metrics = new Registry();
-  const config = VoiceConfigSchema.parse({ agent: "talker", ...voice });
+  const { language: _language, ...rest } = voice;
+  const config = VoiceConfigSchema.parse({ agent: "talker", ...rest });
   let sequence = 0n;
-  const agent: AgentChoice = { id: "talker", voice: "alloy", engines: { transcription: stt, speech: tts } };
+  const agent: AgentChoice = {
+    id: "talker",
+    voice: "alloy",
+    engines: { transcription: stt, speech: tts },
+    ...(typeof voice.language === "string" ? { language: voice.language } : {}),
+  };
   const r: Rig = {
     clock,
     stt,

@@ -108,7 +108,10 @@ export function talkerConfig(upstreamUrl: string) {
     // A turn's reply may start up to a minute late before it is refused `overloaded` (2 s by
     // default): a busy CI machine must not turn a test about something else into one about
     // admission. The admission tests set their own.
-    voice: { agent: "talker", max_reply_delay_ms: 60_000 },
+    // These tests script the model's replies in the order of its requests: a reply prepared in a
+    // pause inside a sentence (voice.md §7) would take one. Preemptive replies are tested in
+    // voice-turn-taking*.test.ts.
+    voice: { agent: "talker", max_reply_delay_ms: 60_000, turn: { preemptive: false } },
   };
 }
 

@@ -132,6 +132,8 @@ export class AgentRunner {
 
   /** Runs one step's calls side by side; their results (and images, for a model that takes them) join the messages. */
   private async runCalls(run: AgentRun, kit: ToolKit, calls: ToolCall[], messages: ChatMessage[]): Promise<void> {
+    await run.observer?.ready?.();
+    run.signal.throwIfAborted();
     const outcomes = await Promise.all(
       calls.map(async (call) => {
         // The events name the tool as configured, not in the provider's form (`device__set_volume`).

@@ -3,14 +3,14 @@ import type { Registry } from "prom-client";
 import type { AgentConfig, Config, ModelConfig } from "../../config/config.ts";
 import { toolPattern } from "../../config/config.ts";
 import type { Domain } from "../../domain/index.ts";
+import type { OfferedTool } from "../../mcp/bounds.ts";
+import type { DeviceToolSession } from "../../mcp/device.ts";
+import { ToolMetrics } from "../../mcp/metrics.ts";
+import { cutOutcome, failed, type ToolOutcome } from "../../mcp/results.ts";
+import { McpServers } from "../../mcp/servers.ts";
 import type { ToolCall } from "../../protocol/compat.ts";
-import type { OfferedTool } from "../../tools/bounds.ts";
-import type { DeviceToolSession } from "../../tools/device.ts";
-import { ToolMetrics } from "../../tools/metrics.ts";
-import { cutOutcome, failed, type ToolOutcome } from "../../tools/results.ts";
-import { McpServers } from "../../tools/servers.ts";
 import type { Caller } from "../caller.ts";
-import { BUILTIN_TOOLS, type BuiltinName, runBuiltin } from "./tools.ts";
+import { BUILTIN_TOOLS, type BuiltinName, runBuiltin } from "./builtin-tools.ts";
 
 export interface ToolDefinition {
   type: "function";
@@ -19,6 +19,8 @@ export interface ToolDefinition {
 
 /** Sees each tool call of a run as it starts and ends (the voice turn's `tool.call` / `tool.result` events). */
 export interface ToolObserver {
+  /** Awaited before the tools of a step run; a rejection ends the run and no tool runs (a voice reply prepared ahead and then discarded). */
+  ready?(): Promise<void>;
   called(name: string, argumentsText: string): void;
   finished(name: string, outcome: ToolOutcome): void;
 }

@@ -24,7 +24,8 @@ const JSON_TYPE = "application/json";
 export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logger; gate: CompatGate }): NativeRoute {
   const serve = async (x: Exchange) => {
     const caller = await o.gate.admit(x.env, true);
-    const parsed = parseChatRequest(await o.gate.bodies.read(x.env, caller));
+    const body = o.gate.bodies.read(x.env, caller);
+    const parsed = parseChatRequest(body instanceof Promise ? await body : body);
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;
     const call = new ChatCallMetrics(o.metrics, x.started);

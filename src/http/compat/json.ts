@@ -1,6 +1,7 @@
 import type { Context } from "hono";
 import type { Caller } from "../../ai/caller.ts";
-import type { JsonThread } from "../../ai/json-thread.ts";
+import { type JsonThread, OFFLOAD_BYTES, parseJsonHere } from "../../ai/json-thread.ts";
+import { readNodeBody } from "../body.ts";
 import { clientGone, nodeBindings } from "../client-gone.ts";
 import type { AppBindings } from "../env.ts";
 import { JsonBudget, LargeBodies } from "../json-budget.ts";
@@ -22,6 +23,7 @@ function callerKey(caller: Caller | undefined): string {
   return caller.kind === "device" ? `device:${caller.publicKey}` : `application:${caller.name}`;
 }
 
+const invalidJson = () => new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
 const tooComplex = () => new OpenAIError(413, `The JSON body holds more than ${MAX_JSON_VALUES} values.`, { code: "request_too_complex" });
 const tooManyLarge = (who: "caller" | "node") =>
   new OpenAIError(
@@ -59,21 +61,34 @@ export class JsonBodies {
    * The request body as JSON; any content type is read, as OpenAI does. A body over a MiB is parsed
    * in the JSON thread, so that it does not hold the event loop.
    */
-  readOf(c: Context): Promise<unknown> {
+  async readOf(c: Context): Promise<unknown> {
     return this.read(c.env as AppBindings, (c as Context<CompatEnv>).get("caller"));
   }
 
-  /** `readOf` of a request known by its bindings, sent by `caller`. */
-  async read(env: AppBindings, caller: Caller | undefined): Promise<unknown> {
-    const bytes = await bodyBytes(env, (outgoing, bytes) => this.slotOf(outgoing, caller, bytes));
+  /**
+   * `readOf` of a request known by its bindings, sent by `caller`: the value itself when the body
+   * was at hand and small (parsed on this thread, no promise), else a promise of it.
+   */
+  read(env: AppBindings, caller: Caller | undefined): unknown {
+    const bytes = bodyBytes(env, (outgoing, bytes) => this.slotOf(outgoing, caller, bytes));
+    return bytes instanceof Promise ? bytes.then((b) => this.jsonOf(b)) : this.jsonOf(bytes);
+  }
+
+  /** The JSON value of a body: parsed here when small, in the JSON thread (a promise) when large. */
+  private jsonOf(bytes: Buffer): unknown {
     if (blank(bytes)) throw new OpenAIError(400, "The request body is empty: send a JSON object.", { code: "invalid_json" });
-    try {
-      return await this.json.parse(bytes);
-    } catch (err) {
-      if (err instanceof SyntaxError) throw new OpenAIError(400, "We could not parse the JSON body of your request.", { code: "invalid_json" });
+    if (bytes.length < OFFLOAD_BYTES) {
+      try {
+        return parseJsonHere(bytes);
+      } catch {
+        throw invalidJson();
+      }
+    }
+    return this.json.parse(bytes).catch((err: unknown) => {
+      if (err instanceof SyntaxError) throw invalidJson();
       // The JSON thread failed (it is replaced): the node's fault, not the body's.
       throw new OpenAIError(503, "The server could not read this large body just now; try again shortly.", { code: "unavailable", retryAfter: 1 });
-    }
+    });
   }
 
   private slotOf(outgoing: AppBindings["outgoing"], caller: Caller | undefined, bytes: number): (() => void) | undefined {
@@ -94,7 +109,7 @@ type SlotOf = (outgoing: AppBindings["outgoing"], bytes: number) => (() => void)
  * Request for it builds a full undici Request and a web stream, which cost more than the rest of a
  * relayed call.
  */
-async function bodyBytes(env: AppBindings, slotOf: SlotOf): Promise<Buffer> {
+function bodyBytes(env: AppBindings, slotOf: SlotOf): Buffer | Promise<Buffer> {
   const budget = new JsonBudget(MAX_JSON_VALUES);
   const { incoming, outgoing } = env;
   if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
@@ -119,37 +134,19 @@ async function bodyBytes(env: AppBindings, slotOf: SlotOf): Promise<Buffer> {
       // past the declared length, so holding that many is holding it whole.
       return declared === 0 ? Buffer.alloc(0) : (incoming.read() as Buffer);
     }
-    return await new Promise((resolve, reject) => {
-      const chunks: Buffer[] = [];
-      let size = 0;
-      // A large body of declared length is copied piece by piece into one buffer of its own as it
-      // arrives (no 30 MB concatenation at the end), which then moves to the JSON thread uncopied.
-      const whole = declared > LARGE_BODY_BYTES ? Buffer.allocUnsafeSlow(declared) : undefined;
-      const onData = (chunk: Buffer) => {
-        size += chunk.length;
-        try {
-          sized(size);
-          if (!budget.feed(chunk)) throw tooComplex();
-        } catch (err) {
-          // The rest of the body is read and dropped, never kept or parsed.
-          incoming.off("data", onData);
-          incoming.resume();
-          reject(err);
-          return;
-        }
-        if (whole && size <= whole.length) chunk.copy(whole, size - chunk.length);
-        else chunks.push(chunk);
-      };
-      incoming.on("data", onData);
-      incoming.once("end", () => {
-        if (whole) resolve(size === whole.length ? whole : whole.subarray(0, size));
-        else resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
-      });
-      incoming.once("error", reject);
-      incoming.once("close", () => {
-        if (!incoming.complete) reject(new Error("the client closed the connection before its body ended"));
-      });
-    });
+    // A large body of declared length is copied piece by piece into one buffer of its own as it
+    // arrives (no 30 MB concatenation at the end), which then moves to the JSON thread uncopied.
+    const into = declared > LARGE_BODY_BYTES ? Buffer.allocUnsafeSlow(declared) : undefined;
+    return readNodeBody(incoming, {
+      maxSize: Number.POSITIVE_INFINITY,
+      drainLimit: Number.POSITIVE_INFINITY,
+      // Refused as it arrives: the rest is read and dropped, never kept or parsed.
+      take: (piece, size) => {
+        sized(size);
+        if (!budget.feed(piece)) throw tooComplex();
+      },
+      ...(into ? { into } : {}),
+    }).then((body) => body ?? Buffer.alloc(0));
   }
 }
 

@@ -6,10 +6,10 @@ import type { ChatService } from "../../ai/chat.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import { TranscriptionService } from "../../ai/transcription.ts";
+import { bodyWithinLimit } from "../body.ts";
 import type { AppBindings, AppEnv } from "../env.ts";
 import { nodeHeader } from "../headers.ts";
 import type { Metrics } from "../metrics.ts";
-import { nodeBodyWithin } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import type { Surface } from "../surface.ts";
 import { authenticateCaller } from "./auth.ts";
@@ -116,7 +116,7 @@ export class CompatGate {
   async admit(env: AppBindings, watchLater = false): Promise<Caller> {
     const { incoming, outgoing } = env;
     if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
-    const within = nodeBodyWithin(env, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
+    const within = bodyWithinLimit(env, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
     if (within !== true && (within === false || !(await within))) {
       throw new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" });
     }

@@ -1,9 +1,10 @@
 import type { Logger } from "pino";
+import { bodyWithinLimit } from "../body.ts";
 import { errorBody, toApiError } from "../errors.ts";
 import { logFailure, type NativeRoute } from "../exchange.ts";
 import { nodeHeader } from "../headers.ts";
 import { writeJson } from "../json.ts";
-import { CLIENT_CLOSED_REQUEST, clientLeft, nodeBodyWithin } from "../middleware.ts";
+import { CLIENT_CLOSED_REQUEST, clientLeft } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
 import { JSON_BODY_LIMIT, payloadTooLarge } from "./limits.ts";
 
@@ -22,7 +23,7 @@ export function statusRoute(o: { callers: Callers; logger: Logger }): NativeRout
     async serve(x) {
       const { incoming, outgoing } = x;
       try {
-        const within = nodeBodyWithin(x.env, JSON_BODY_LIMIT);
+        const within = bodyWithinLimit(x.env, JSON_BODY_LIMIT);
         if (within !== true && (within === false || !(await within))) throw payloadTooLarge();
         const { statusText } = await o.callers.primaryStatusOf(x.env, (name) => nodeHeader(incoming, name));
         writeJson(x, 200, statusText ?? "{}");

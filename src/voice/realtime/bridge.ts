@@ -4,16 +4,17 @@ import type { ToolKit, ToolObserver } from "../../ai/agents/toolbox.ts";
 import { toolMessageText } from "../../ai/agents/toolbox.ts";
 import { Resampler } from "../../audio/resampler.ts";
 import type { VoiceConfig } from "../../config/config.ts";
+import { failed, type ToolOutcome } from "../../mcp/results.ts";
 import type { ChatMessage } from "../../protocol/compat.ts";
-import { failed, type ToolOutcome } from "../../tools/results.ts";
 import type { VoiceClock } from "../clock.ts";
 import { RECOGNITION_RATE, type TurnTranscription, type VoiceActivityPort } from "../engine-ports.ts";
-import type { VoiceEvents } from "../events.ts";
 import type { Stage, TurnResult, VoiceMetrics } from "../metrics.ts";
 import { OPUS_RATE, OpusCodec } from "../opus.ts";
+import type { VoiceEvents } from "../peer-events.ts";
 import { Playout } from "../playout.ts";
 import { AudioRecognition, type ListeningTurn, type TurnEnd } from "../recognition.ts";
 import { SpokenText } from "../spoken.ts";
+import { turnEndSilence } from "../turn-end.ts";
 import { Uplink } from "../uplink.ts";
 import { RealtimeLink } from "./link.ts";
 import { errorOf, historyItems, obj, REALTIME_RATE, type RealtimeTool, type ServerEvent, type SessionSettings, sessionUpdate, str } from "./wire.ts";
@@ -122,7 +123,7 @@ interface NodeTurn extends ListeningTurn {
   n: number;
 }
 
-const NO_TRANSCRIPTION: TurnTranscription = { push() {}, pause() {}, finish: () => Promise.resolve("") };
+const NO_TRANSCRIPTION: TurnTranscription = { push() {}, pause() {}, soFar: () => Promise.resolve(""), finish: () => Promise.resolve("") };
 
 /**
  * One device's conversation with a realtime model (voice.md §6): the device's audio at 24 kHz to
@@ -173,7 +174,14 @@ export class RealtimeBridge {
         vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.silence_ms }),
         turn: o.config.turn,
         clock: o.clock,
-        hooks: { speechStarted: () => this.nodeSpeechStarted(), speechEnded: (t, end) => this.nodeSpeechEnded(t, end) },
+        hooks: {
+          speechStarted: () => this.nodeSpeechStarted(),
+          // voice.md §7's end of turn; without words of the node's own (the model transcribes), its plain silence.
+          silenceNeeded: (_t, text) => turnEndSilence(text, undefined, o.config.turn),
+          paused: () => {},
+          resumed: () => {},
+          speechEnded: (t, end) => this.nodeSpeechEnded(t, end),
+        },
         warn: (message, details) => o.log("warn", details, message),
       });
       this.node = { recognition, down };
@@ -461,7 +469,7 @@ export class RealtimeBridge {
       this.bargeIn(this.reply);
     }
     this.speechStarted(undefined);
-    return { n: this.turns, transcription: NO_TRANSCRIPTION };
+    return { n: this.turns, transcription: NO_TRANSCRIPTION, soundAt: this.o.clock.now() };
   }
 
   private nodeSpeechEnded(t: NodeTurn, end: TurnEnd): void {

@@ -1,7 +1,7 @@
 import type { AGENT_TOOLS } from "../../config/config.ts";
 import type { Domain } from "../../domain/index.ts";
+import { failed, type ToolOutcome } from "../../mcp/results.ts";
 import { TELEMETRY_FIELDS, type TelemetryField } from "../../protocol/public.ts";
-import { failed, type ToolOutcome } from "../../tools/results.ts";
 
 /** A built-in tool: it runs on the server, always on behalf of the calling device. */
 interface BuiltinTool {

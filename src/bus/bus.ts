@@ -51,7 +51,7 @@ export const topics = {
   device: (publicKey: string) => `device:${publicKey}`,
   /** A session revoked or deleted (`{kind: "revoked"}`). */
   session: (sessionId: string) => `session:${sessionId}`,
-  /** A peer blocked, unblocked or removed, or its voice agent set (`PeerMessage` in src/domain/events.ts), for every node. */
+  /** A peer blocked, unblocked or removed, or its voice agent set (`PeerMessage` in src/domain/changes.ts), for every node. */
   peers: "peers",
   /** Commands for the node named so (`commands.ts`). */
   node: (nodeName: string) => `node:${nodeName}`,

@@ -1,4 +1,4 @@
-import { type BusMessage, type EventBus, topics } from "../events/index.ts";
+import { type BusMessage, type EventBus, topics } from "../bus/index.ts";
 import type { ConversationEntry, PeerStatus, TelemetryField } from "../protocol/public.ts";
 import { splitText } from "../protocol/text.ts";
 import type { Repositories } from "../store/index.ts";

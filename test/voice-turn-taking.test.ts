@@ -1,0 +1,394 @@
+/**
+ * Turn-taking (voice.md §7), fast: fake engines on a fake clock (test/support/fake-voice.ts). The
+ * end of a turn follows its words; the model is asked in the pause and its reply used only when
+ * the words stayed the same; speech over a reply pauses it and is a barge-in only with length and
+ * words. voice-turn-taking-e2e.test.ts proves the same over WebRTC with real engines.
+ */
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { ConfigError, loadConfig } from "../src/config/config.ts";
+import { type FakeTurnTranscription, pieces, type Rig, rig } from "./support/fake-voice.ts";
+
+const MS = 16; // samples of 16 kHz audio in a millisecond
+
+/** Moves the clock until turn `n`'s metrics are out (at most `ms` of conversation time). */
+async function untilTurn(r: Rig, n: number, ms = 60_000): Promise<Record<string, unknown>> {
+  for (let t = 0; t < ms && !r.turnMetrics(n); t += 20) await r.wait(20);
+  const m = r.turnMetrics(n);
+  assert.ok(m, `turn ${n} finished; events: ${JSON.stringify(r.events.map((e) => [e.type, e.stream, e.label]))}`);
+  return m;
+}
+
+/** When (conversation clock) the first event matching was seen; events carry the clock as their timestamp. */
+function eventCount(r: Rig, stream: string, label: string, type: string): number {
+  return r.events.filter((e) => e.stream === stream && e.label === label && e.type === type).length;
+}
+
+/** A model that takes `ms` of the conversation's clock to its first text. */
+function slowModel(r: Rig, ms: number, text = ["It is ten o'clock. ", "Anything else?"]): void {
+  r.model.script = (call) =>
+    (async function* () {
+      await new Promise<void>((resolve, reject) => {
+        const stop = r.clock.after(ms, resolve);
+        call.signal.addEventListener("abort", () => {
+          stop();
+          reject(call.signal.reason);
+        });
+      });
+      yield* text;
+    })();
+}
+
+/** Words by how much speech the transcription heard: `parts[i]` once more than `i` × `stepMs` of speech was heard. */
+function wordsBySpeech(r: Rig, stepMs: number, parts: string[]): void {
+  r.stt.words = (t: FakeTurnTranscription) => parts[Math.min(parts.length - 1, Math.floor(t.loud / (stepMs * MS)))]!;
+  r.stt.answer = r.stt.words;
+}
+
+describe("end of turn by the words (voice.md §7)", () => {
+  test('"set a timer for" + 700 ms + "twenty minutes" is one turn, answered once, for the whole command', async () => {
+    const r = await rig();
+    wordsBySpeech(r, 900, ["Set a timer for", "Set a timer for twenty minutes."]);
+    await r.talk(800);
+    await r.talk(700, false);
+    assert.equal(r.model.calls.length, 1, "asked in the pause");
+    await r.talk(300);
+    assert.ok(r.model.calls[0]!.signal.aborted, "the request was aborted as the speech went on");
+    await r.talk(500);
+    await r.talk(400, false);
+    const m = await untilTurn(r, 1);
+    assert.equal(r.stt.turns.length, 1, "one turn");
+    assert.equal(eventCount(r, "in-2", "user.audio", "BOS"), 0, "no second turn");
+    assert.equal(r.of("in-1").find((e) => e.type === "TEXT_DONE")!.text, "Set a timer for twenty minutes.");
+    assert.equal(m.preemptive, "used", "the reply prepared in the last pause was used");
+    // The model was asked in the first pause with the words so far; more speech aborted that request.
+    const [first, last] = [r.model.calls[0]!, r.model.calls.at(-1)!];
+    assert.equal(first.messages.at(-1)!.content, "Set a timer for");
+    assert.ok(first.signal.aborted, "the request of the first pause was aborted");
+    assert.ok(first.at >= 780 + 150 && first.at < 780 + 700, `asked in the pause: at ${first.at} ms`);
+    assert.equal(last.messages.at(-1)!.content, "Set a timer for twenty minutes.");
+    assert.equal(r.of("out-1").filter((e) => e.label === "turn.metrics").length, 1);
+    const text = await r.metrics.getSingleMetricAsString("perch_voice_preemptive_total");
+    assert.match(text, /result="discarded"\} 1/);
+    assert.match(text, /result="used"\} 1/);
+    r.close();
+  });
+
+  test("with the fixed rule (another language), the same pause ends the turn: two turns", async () => {
+    const r = await rig({ language: "fr" });
+    wordsBySpeech(r, 900, ["Set a timer for", "Set a timer for twenty minutes."]);
+    await r.talk(800);
+    await r.talk(700, false);
+    await r.talk(800);
+    await r.talk(400, false);
+    await untilTurn(r, 2);
+    assert.equal(r.stt.turns.length, 2);
+    r.close();
+  });
+
+  for (const [words, wanted, key] of [
+    ["What time is it?", 250, "finished_silence_ms"],
+    ["The weather is nice today.", 400, "silence_ms"],
+    ["Tell me about", 1200, "unfinished_silence_ms"],
+  ] as const) {
+    test(`"${words}" + silence: the turn ends after ${key} (${wanted} ms)`, async () => {
+      const r = await rig();
+      r.stt.answer = () => words;
+      await r.talk(600);
+      await r.talk(2_000, false);
+      const m = await untilTurn(r, 1);
+      const eou = m.end_of_utterance_delay as number;
+      assert.ok(eou >= wanted && eou <= wanted + 20, `end_of_utterance_delay ${eou}, want ${wanted}`);
+      assert.equal(m.end_of_speech, eou);
+      r.close();
+    });
+  }
+
+  test("the silences are settings: finished_silence_ms 300, unfinished 2000", async () => {
+    const r = await rig({ turn: { finished_silence_ms: 300, unfinished_silence_ms: 2_000 } });
+    r.stt.answer = () => "Set a timer for";
+    await r.talk(600);
+    await r.talk(3_000, false);
+    const eou = (await untilTurn(r, 1)).end_of_utterance_delay as number;
+    assert.ok(eou >= 2_000 && eou <= 2_020, `${eou}`);
+    r.close();
+  });
+
+  test("a device that stops sending after finished words: the turn ends at finished_silence_ms all the same", async () => {
+    const r = await rig();
+    await r.talk(600);
+    await r.wait(1_000);
+    const m = await untilTurn(r, 1);
+    assert.ok((m.end_of_utterance_delay as number) <= 270, `${m.end_of_utterance_delay}`);
+    r.close();
+  });
+});
+
+describe("preemptive reply (voice.md §7)", () => {
+  test("the model is asked at the first pause; nothing is sent or spoken before the turn ends; its reply is used", async () => {
+    const r = await rig();
+    // The final transcript takes 100 ms: the prepared reply's text was ready before it (ttft 0).
+    r.stt.words = () => "What time is it?";
+    r.stt.answer = () => new Promise<string>((resolve) => r.clock.after(100, () => resolve("What time is it?")));
+    await r.talk(600);
+    await r.talk(200, false);
+    assert.equal(r.model.calls.length, 1, "asked in the pause");
+    // The rig's audio pushed at t covers (t - 20, t]: the speech ended at 580.
+    assert.ok(r.model.calls[0]!.at >= 580 + 150, `after preemptive_after_ms: ${r.model.calls[0]!.at}`);
+    assert.equal(r.frames, 0, "nothing spoken before the end of the turn");
+    assert.equal(eventCount(r, "out-1", "assistant.text", "BOS"), 0, "no reply event before the end of the turn");
+    const m = await untilTurn(r, 1);
+    assert.equal(r.model.calls.length, 1, "the prepared reply was the reply");
+    assert.equal(m.preemptive, "used");
+    assert.equal(m.ttft, 0, "its text was ready when the turn ended");
+    r.close();
+  });
+
+  test("with a model 300 ms to its first token, the reply starts 300 ms after the pause's start, not after the end of turn", async () => {
+    const results: Record<string, number> = {};
+    for (const preemptive of [true, false]) {
+      const r = await rig({ turn: { preemptive } });
+      slowModel(r, 300);
+      await r.talk(600);
+      await r.talk(1_000, false);
+      const m = await untilTurn(r, 1);
+      results[String(preemptive)] = m.speech_to_audio as number;
+      assert.equal(m.preemptive, preemptive ? "used" : "off");
+      r.close();
+    }
+    // Asked at preemptive_after_ms (150) into the pause: the first token comes at 450 ms, the end of turn at 250 ms.
+    assert.ok(results.true! <= 150 + 300 + 30, `speech → audio with the preemptive reply: ${results.true} ms`);
+    assert.ok(results.false! >= 250 + 300, `speech → audio without: ${results.false} ms`);
+    assert.ok(results.false! - results.true! >= 90, `the preemptive reply gains the pause: ${JSON.stringify(results)}`);
+  });
+
+  test("with preemptive_after_ms 50 and that model, the reply starts within finished_silence_ms + 150 ms of the end of speech", async () => {
+    const r = await rig({ turn: { preemptive_after_ms: 50 } });
+    slowModel(r, 300);
+    await r.talk(600);
+    await r.talk(1_000, false);
+    const m = await untilTurn(r, 1);
+    assert.ok((m.speech_to_audio as number) <= 250 + 150, `speech → audio ${m.speech_to_audio} ms`);
+    r.close();
+  });
+
+  test("a discarded reply leaves no trace: no event, no entry, its tool never released; the words that ended the turn are answered", async () => {
+    const r = await rig();
+    wordsBySpeech(r, 900, ["Turn the volume down to", "Turn the volume down to three."]);
+    const tools: string[] = [];
+    r.model.script = (call) =>
+      (async function* () {
+        const words = call.messages.at(-1)!.content as string;
+        yield `Setting it for "${words}". `;
+        // As the agent does before a tool runs.
+        await call.release?.();
+        call.signal.throwIfAborted();
+        tools.push(words);
+        yield "Done.";
+      })();
+    await r.talk(800);
+    await r.talk(700, false);
+    await r.talk(800);
+    await r.talk(400, false);
+    await untilTurn(r, 1);
+    assert.deepEqual(tools, ["Turn the volume down to three."], "only the used reply's tool ran");
+    const said = r.events.filter((e) => e.stream.startsWith("out-") && e.label === "assistant.text").map((e) => e.text ?? "");
+    assert.ok(!said.some((t) => t.includes('"Turn the volume down to"')), `nothing of the discarded reply went out: ${JSON.stringify(said)}`);
+    assert.deepEqual(
+      r.observed.map((e) => [e.role, e.text]),
+      [
+        ["user", "Turn the volume down to three."],
+        ["assistant", 'Setting it for "Turn the volume down to three.". Done.'],
+      ],
+    );
+    r.close();
+  });
+
+  test("a reply prepared with other words than the turn ended with is discarded and the model asked again", async () => {
+    const r = await rig();
+    r.stt.words = () => "What time is it";
+    r.stt.answer = () => "What time is it in Tokyo?";
+    await r.talk(600);
+    await r.talk(1_000, false);
+    const m = await untilTurn(r, 1);
+    assert.equal(m.preemptive, "discarded");
+    assert.equal(r.model.calls.length, 2);
+    assert.ok(r.model.calls[0]!.signal.aborted);
+    assert.equal(r.model.calls[1]!.messages.at(-1)!.content, "What time is it in Tokyo?");
+    r.close();
+  });
+
+  test("preemptive off: the model is asked only after the end of the turn", async () => {
+    const r = await rig({ turn: { preemptive: false } });
+    await r.talk(600);
+    await r.talk(200, false);
+    assert.equal(r.model.calls.length, 0);
+    const m = await untilTurn(r, 1);
+    assert.equal(m.preemptive, "off");
+    assert.equal(r.model.calls.length, 1);
+    r.close();
+  });
+});
+
+describe("false interruptions (voice.md §7)", () => {
+  /** A reply of many sentences playing; the user says `words` over it for `ms`. */
+  async function over(voice: Record<string, unknown>, words: string, ms: number) {
+    const r = await rig(voice);
+    const long = Array.from({ length: 12 }, (_, i) => `Sentence number ${i + 1} of the reply. `);
+    r.model.script = (call) => pieces(call.messages.length === 1 ? long : ["Sure."]);
+    r.stt.answer = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : words);
+    r.stt.words = r.stt.answer;
+    await r.talk(600);
+    await r.talk(400, false);
+    for (let t = 0; t < 30_000 && r.frames < 100; t += 20) await r.wait(20);
+    assert.ok(r.frames >= 100, "the reply plays");
+    const before = r.frames;
+    await r.talk(ms);
+    const during = r.frames;
+    return { r, long, before, during };
+  }
+
+  test('"Hm" over a reply: its audio pauses at once, resumes within resume_ms, the reply ends whole, no turn, the history as if nothing happened', async () => {
+    const { r, long, before, during } = await over({}, "Hm.", 500);
+    // Speech is confirmed after min_speech_ms (200): the audio stops then (frames already sent ahead aside).
+    assert.ok(during - before <= (200 + 100) / 20, `frames sent while the user spoke: ${during - before}`);
+    await r.talk(250, false);
+    const paused = r.frames;
+    await r.talk(350, false);
+    assert.ok(r.frames > paused, "resumed within resume_ms (600 ms) of the sound's end");
+    const m = await untilTurn(r, 1);
+    assert.equal(m.interrupted, false);
+    assert.equal(m.false_interruptions, 1);
+    assert.equal(r.of("out-1").find((e) => e.type === "EOS" && e.label === "assistant.audio")!.error, undefined);
+    assert.equal(r.of("out-1").find((e) => e.type === "TEXT_DONE" && e.label === "assistant.text")!.text, long.join("").trim());
+    assert.equal(r.events.filter((e) => e.stream === "in-2").length, 0, "no events for the sound");
+    assert.deepEqual(
+      r.observed.map((e) => e.role),
+      ["user", "assistant"],
+    );
+    assert.match(await r.metrics.getSingleMetricAsString("perch_voice_false_interruptions_total"), / 1$/m);
+    // The next real turn sees the whole reply in its history, and nothing of the "Hm".
+    r.stt.answer = () => "Thanks.";
+    r.stt.words = r.stt.answer;
+    await r.talk(600);
+    await r.talk(600, false);
+    await untilTurn(r, 2);
+    const history = r.model.calls.at(-1)!.messages.map((x) => [x.role, x.content]);
+    assert.deepEqual(history, [
+      ["user", "Tell me a story."],
+      ["assistant", long.join("").trim()],
+      ["user", "Thanks."],
+    ]);
+    r.close();
+  });
+
+  test("a long filler (1.5 s of 'hmm yeah okay') and a sound with no words are never a barge-in", async () => {
+    for (const words of ["Hmm, yeah, okay.", ""]) {
+      const { r } = await over({}, words, 1_500);
+      const m = await untilTurn(r, 1);
+      assert.equal(m.interrupted, false, JSON.stringify(words));
+      assert.equal(m.false_interruptions, 1);
+      r.close();
+    }
+  });
+
+  test("a real word shorter than interruption.min_ms is no barge-in; with min_ms 200 it is", async () => {
+    const { r } = await over({}, "No.", 300);
+    assert.equal((await untilTurn(r, 1)).interrupted, false);
+    r.close();
+    const { r: r2 } = await over({ interruption: { min_ms: 200 } }, "No.", 300);
+    await r2.talk(600, false);
+    assert.equal((await untilTurn(r2, 1)).interrupted, true);
+    r2.close();
+  });
+
+  test("a real question over a reply is a barge-in as before: audio stopped, the reply interrupted, the question answered", async () => {
+    const { r, before, during } = await over({}, "What about tomorrow?", 800);
+    assert.ok(during - before <= (200 + 100) / 20, `frames sent while the user spoke: ${during - before}`);
+    await r.talk(600, false);
+    assert.equal(eventCount(r, "in-2", "user.audio", "BOS"), 1, "the speech is turn 2");
+    const m = await untilTurn(r, 1);
+    assert.equal(m.interrupted, true);
+    assert.equal(r.of("out-1").find((e) => e.type === "EOS" && e.label === "assistant.audio")!.error?.code, "interrupted");
+    await untilTurn(r, 2);
+    assert.equal(r.of("in-2").find((e) => e.type === "TEXT_DONE")!.text, "What about tomorrow?");
+    r.close();
+  });
+
+  test("a recogniser behind: the audio resumes at resume_ms; the words, when they come, still make it a barge-in", async () => {
+    const r = await rig();
+    const long = Array.from({ length: 12 }, (_, i) => `Sentence number ${i + 1} of the reply. `);
+    r.model.script = (call) => pieces(call.messages.length === 1 ? long : ["Sure."]);
+    r.stt.answer = (t) =>
+      r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : new Promise<string>((resolve) => r.clock.after(2_000, () => resolve("Call my mother.")));
+    r.stt.words = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : "");
+    await r.talk(600);
+    await r.talk(400, false);
+    for (let t = 0; t < 30_000 && r.frames < 100; t += 20) await r.wait(20);
+    await r.talk(800);
+    await r.talk(250, false);
+    const held = r.frames;
+    await r.talk(600, false);
+    assert.ok(r.frames > held, "the audio resumed without waiting for the words");
+    await untilTurn(r, 1);
+    assert.equal(r.turnMetrics(1)!.interrupted, true, "the words made it a barge-in");
+    await untilTurn(r, 2);
+    assert.equal(r.of("in-2").find((e) => e.type === "TEXT_DONE")!.text, "Call my mother.");
+    r.close();
+  });
+
+  test("min_words 2: one real word is no barge-in", async () => {
+    const { r } = await over({ interruption: { min_words: 2 } }, "Wait.", 800);
+    await r.talk(600, false);
+    assert.equal((await untilTurn(r, 1)).interrupted, false);
+    r.close();
+  });
+});
+
+describe("latency accounting (voice.md §7)", () => {
+  test("turn.metrics: speech_to_audio ≈ end_of_utterance_delay + ttft + ttfb + sending; the stages are histograms", async () => {
+    const r = await rig({ turn: { preemptive: false } });
+    slowModel(r, 300);
+    r.tts.delayMs = 40;
+    await r.talk(600);
+    await r.talk(1_000, false);
+    const m = await untilTurn(r, 1);
+    const [eou, ttft, ttfb, total] = [m.end_of_utterance_delay, m.ttft, m.ttfb, m.speech_to_audio] as number[];
+    assert.ok(ttft! >= 300, `ttft ${ttft}`);
+    assert.ok(ttfb! >= 40, `ttfb ${ttfb}`);
+    const parts = eou! + ttft! + ttfb!;
+    assert.ok(total! >= parts && total! <= parts + 40, `speech_to_audio ${total} vs ${eou} + ${ttft} + ${ttfb}`);
+    assert.equal(m.preemptive, "off");
+    assert.equal(m.false_interruptions, 0);
+    const text = await r.metrics.getSingleMetricAsString("perch_voice_stage_seconds");
+    for (const stage of ["end_of_utterance_delay", "ttft", "ttfb"]) assert.match(text, new RegExp(`stage="${stage}"`));
+    r.close();
+  });
+});
+
+describe("turn-taking settings", () => {
+  const refused = (voice: Record<string, unknown>, field: RegExp) =>
+    assert.throws(
+      () => loadConfig({}, { voice } as never),
+      (err: unknown) => err instanceof ConfigError && field.test(err.message),
+      JSON.stringify(voice),
+    );
+
+  test("defaults, and values out of range or out of order refused with the field named", () => {
+    const { turn, interruption } = loadConfig({}, {} as never).voice;
+    assert.deepEqual(
+      [turn.finished_silence_ms, turn.silence_ms, turn.unfinished_silence_ms, turn.preemptive, turn.preemptive_after_ms],
+      [250, 400, 1_200, true, 150],
+    );
+    assert.deepEqual(interruption, { min_ms: 400, min_words: 1, resume_ms: 600 });
+    refused({ turn: { finished_silence_ms: 500 } }, /voice\.turn\.silence_ms/);
+    refused({ turn: { unfinished_silence_ms: 300 } }, /voice\.turn\.silence_ms/);
+    refused({ turn: { finished_silence_ms: 50 } }, /voice\.turn\.finished_silence_ms/);
+    refused({ turn: { preemptive: "yes" } }, /voice\.turn\.preemptive/);
+    refused({ turn: { preemptive_after_ms: -1 } }, /voice\.turn\.preemptive_after_ms/);
+    refused({ interruption: { min_ms: -1 } }, /voice\.interruption\.min_ms/);
+    refused({ interruption: { min_words: 0 } }, /voice\.interruption\.min_words/);
+    refused({ interruption: { resume_ms: 20 } }, /voice\.interruption\.resume_ms/);
+    refused({ interruption: { min_ms: 400, typo: 1 } }, /voice\.interruption/);
+  });
+});
