@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { Writable } from "node:stream";
@@ -23,6 +23,20 @@ import { talkerConfig } from "./support/voice.ts";
 
 const README = readFileSync(join(ROOT, "README.md"), "utf8");
 const KEY = "sk-first-minutes";
+
+describe("the README as a way in", () => {
+  test("at most ~200 lines; the quick start is two commands, one serving, one testing as CI does; every chapter it links exists", () => {
+    assert.ok(README.split("\n").length <= 210, `${README.split("\n").length} lines`);
+    const quick = /## Quick start[\s\S]*?```sh\n([\s\S]*?)```/.exec(README)![1]!;
+    const commands = quick
+      .split("\n")
+      .map((l) => l.replace(/#.*$/, "").trim())
+      .filter(Boolean);
+    assert.deepEqual(commands, ["npm install && npm start", "npm install && npm test"]);
+    assert.match(readFileSync(join(ROOT, ".ci/run"), "utf8"), /^npm test /m, "CI runs the README's test command");
+    for (const [, path] of README.matchAll(/\]\((docs\/[^)#]+)\)/g)) assert.ok(existsSync(join(ROOT, path!)), `${path} exists`);
+  });
+});
 
 describe("a provider key variable that is not set", () => {
   test("is warned of at start-up naming the variable and the provider, and named in the failure of a call", async () => {
