@@ -211,12 +211,13 @@ export class RealtimeBridge {
     this.readNotes();
   }
 
-  /** The memory, once read, joins the instructions of this session (sent again) and of every reopened one. */
+  /** The memory, once read, joins the instructions of this session (sent again when it changed) and of every reopened one. */
   private readNotes(): void {
     this.o.notes?.().then(
       (notes) => {
-        if (!notes || this.closed) return;
-        this.memory = notes;
+        const memory = notes || undefined;
+        if (this.closed || memory === this.memory) return;
+        this.memory = memory;
         this.link.send(this.settingsEvent(this.nextId("memory")));
       },
       (err: unknown) => this.o.log("warn", { err }, "the device's memory could not be read for the realtime session"),
@@ -452,6 +453,8 @@ export class RealtimeBridge {
     if (item) this.rememberItem(item, n);
     this.o.events.bos(`in-${n}`, "audio", "user.audio");
     this.refreshTools();
+    // A conversation that began after an idle end has the memory as it is then (the same one's is cached: no read).
+    this.readNotes();
   }
 
   private speechStopped(at: number): void {
