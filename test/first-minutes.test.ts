@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { Writable } from "node:stream";
 import { describe, test } from "node:test";
 import pino from "pino";
+import { parse as parseYaml } from "yaml";
 import { appAddress } from "../src/cli/device.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
@@ -230,6 +231,76 @@ describe("the README's recipes, as written", () => {
       assert.equal(status.volume, 30);
     } finally {
       await server.stop();
+      await upstream.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("the voice recipe: the question heard as written, the reply printed and saved", { timeout: 240_000 }, async () => {
+    const recipe = 'npm run perch -- device --key-file device.json connect --say "What is the weather like today?" --reply-wav reply.wav';
+    assert.ok(README.includes(recipe), "the README shows the recipe");
+    const upstream = await startFakeUpstream();
+    upstream.defaultReply = (body) => {
+      const asked = (body.messages as Array<{ content: string }>).at(-1)!.content;
+      return { content: /what is the weather like today/i.test(asked) ? "It is sunny and warm." : `I heard: ${asked}` };
+    };
+    const server = await startTestServer({ config: talkerConfig(upstream.url) });
+    const dir = tempDir();
+    try {
+      const env = { PERCH_PORT: String(server.port), PERCH_CONFIG: "" };
+      writeFileSync(join(dir, "device.json"), (await perch(["keygen"], env)).stdout);
+      const args = [
+        "device",
+        "--key-file",
+        join(dir, "device.json"),
+        "connect",
+        "--say",
+        "What is the weather like today?",
+        "--reply-wav",
+        join(dir, "reply.wav"),
+      ];
+      const r = await perch(args, env);
+      assert.equal(r.code, 0, r.stdout + r.stderr);
+      assert.match(r.stdout, /"label":"assistant\.text","text":"It is sunny and warm\."/);
+      assert.equal(readFileSync(join(dir, "reply.wav")).subarray(0, 4).toString(), "RIFF");
+    } finally {
+      await server.stop();
+      await upstream.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("the speech-node recipe: a second Perch node hears and speaks for the first, configured as docs/voice.md writes it", { timeout: 240_000 }, async () => {
+    const voiceDoc = readFileSync(join(ROOT, "docs/voice.md"), "utf8");
+    const block = (first: string) => parseYaml(new RegExp("```yaml\\n" + first + "\\n([\\s\\S]*?)```").exec(voiceDoc)![1]!) as Record<string, any>;
+    const speechKey = "sk-speech-node";
+    const speechNode = block("# speech node");
+    speechNode.api_keys[0].sha256 = createHash("sha256").update(speechKey).digest("hex");
+    const speech = await startTestServer({ config: speechNode });
+    const upstream = await startFakeUpstream();
+    upstream.defaultReply = (body) => {
+      const asked = (body.messages as Array<{ content: string }>).at(-1)!.content;
+      return { content: /weather/i.test(asked) ? "It is sunny and warm." : `I heard: ${asked}` };
+    };
+    const front = block("# the node devices connect to");
+    front.providers[0].base_url = `${speech.url}/openai/v1`;
+    // The recipe's my-chat: a scripted model in place of the provider.
+    front.providers.push({ id: "scripted", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 });
+    front.models.push({ id: "my-chat", kind: "chat", provider: "scripted", upstream_model: "x" });
+    process.env[front.providers[0].api_key_env] = speechKey;
+    const server = await startTestServer({ config: front });
+    const dir = tempDir();
+    try {
+      const env = { PERCH_PORT: String(server.port), PERCH_CONFIG: "" };
+      writeFileSync(join(dir, "device.json"), (await perch(["keygen"], env)).stdout);
+      const r = await perch(["device", "--key-file", join(dir, "device.json"), "connect", "--say", "What is the weather like today?"], env);
+      assert.equal(r.code, 0, r.stdout + r.stderr);
+      assert.match(r.stdout, /"label":"assistant\.text","text":"It is sunny and warm\."/);
+      assert.match(r.stdout, /"engines":\{"transcription":"speech-node","speech":"speech-node"\}/);
+    } finally {
+      delete process.env[front.providers[0].api_key_env];
+      await server.stop();
+      await speech.stop();
       await upstream.close();
       rmSync(dir, { recursive: true, force: true });
     }

@@ -39,7 +39,7 @@ export function registerConnectCommand(device: Command, load: () => { server: st
     .option(
       "--voice <name>",
       "the voice --say speaks with (alloy, echo, fable, onyx, nova, shimmer); the default is one the embedded recogniser hears well",
-      "fable",
+      "onyx",
     )
     .option("--reply-wav <file>", "with --say: save what the device heard as a WAV file")
     .option(
