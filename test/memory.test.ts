@@ -167,6 +167,35 @@ describe("a connection's memory (MemoryKeeper)", () => {
     assert.equal(jobs.length, 2, "no idle end after the close");
   });
 
+  test("after an idle end the next conversation gets the memory as it is when it starts: forgotten, turned off or edited since the last one ended", async () => {
+    const clock = new FakeClock();
+    let stored: string | undefined = "Mia likes chess.";
+    const keeper = new MemoryKeeper({
+      deviceKey: "dev",
+      agents,
+      read: async () => ({ text: stored }),
+      rewrite: () => {},
+      now: () => clock.now(),
+      clock,
+      onReadError: (err) => assert.fail(String(err)),
+    });
+    assert.match(String((await keeper.notes("talker"))?.content), /Mia likes chess/);
+    keeper.entry({ turn: 1, role: "user", text: "I am Mia" });
+    await clock.advance(1_000);
+    // Between the conversations: the phone forgets, then turns remembering off, then on with an edit.
+    stored = "";
+    assert.equal(await keeper.notes("talker"), undefined, "forgotten after the last conversation ended: nothing given");
+    keeper.entry({ turn: 2, role: "user", text: "hello" });
+    await clock.advance(1_000);
+    stored = undefined;
+    assert.equal(await keeper.notes("talker"), undefined, "turned off: nothing given");
+    keeper.entry({ turn: 3, role: "user", text: "hello" });
+    await clock.advance(1_000);
+    stored = "Mia is eight now.";
+    assert.match(String((await keeper.notes("talker"))?.content), /Mia is eight now/);
+    keeper.close();
+  });
+
   test("remembering off: nothing is given, and a conversation without an agent that remembers is not rewritten", async () => {
     const clock = new FakeClock();
     const jobs: RewriteJob[] = [];

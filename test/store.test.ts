@@ -70,7 +70,12 @@ const peerRow = (publicKey: string, now: number, status = "active"): Tables["pee
 });
 
 /** A peer row as the store reads it back: registration adds no voice agent (the default). */
-const storedPeer = (publicKey: string, now: number): Tables["peers"] => ({ ...peerRow(publicKey, now), voice_agent: null, memory_off: 0, memory_forgotten_at: null });
+const storedPeer = (publicKey: string, now: number): Tables["peers"] => ({
+  ...peerRow(publicKey, now),
+  voice_agent: null,
+  memory_off: 0,
+  memory_forgotten_at: null,
+});
 
 const sessionRow = (o: Partial<Tables["sessions"]> & { id: string; public_key: string }): Tables["sessions"] => ({
   token_hash: `hash-${o.id}`,

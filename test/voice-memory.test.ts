@@ -175,7 +175,7 @@ describe("memory of a realtime agent (real WebRTC, a fake realtime provider)", (
           { id: "live", kind: "realtime" as const, provider: "rt", upstream_model: "gpt-realtime" },
           { id: "chat", kind: "chat" as const, provider: "local", upstream_model: "scripted" },
         ],
-        agents: [{ id: "talker", model: "live", instructions: "Be brief.", voice: "marin", memory: { enabled: true, model: "chat" } }],
+        agents: [{ id: "talker", model: "live", instructions: "Be brief.", voice: "marin", memory: { enabled: true, model: "chat", idle_ms: 1_500 } }],
         voice: { agent: "talker" },
       },
     });
@@ -220,5 +220,33 @@ describe("memory of a realtime agent (real WebRTC, a fake realtime provider)", (
     const rewrite = upstream.received.map((r) => rewriteOf(r.body)).find(Boolean)!;
     assert.equal(upstream.received.find((r) => rewriteOf(r.body))!.body.model, "scripted", "the chat memory model");
     assert.deepEqual(rewrite.conversation, [{ user: "I love playing football." }, { assistant: "Football is great." }]);
+  });
+  test("after an idle end the next conversation's session has the memory as it is then: forgotten since, it is no longer in the instructions", async () => {
+    const owner = server.client();
+    await owner.login();
+    const phone = server.client();
+    await phone.login({ deviceToken: (await owner.createDeviceToken()).token });
+    await phone.request("PUT", "/side-control/memory", { body: { text: "Quentin drinks tea." } });
+    const before = fake.sessions.length;
+    fake.transcript = "I love playing chess.";
+    fake.script({ kind: "reply", text: "Chess is great.", ms: 400 }, { kind: "reply", text: "Hello again.", ms: 400 });
+    const { conn, log } = await voiceDevice(server, { keyPair: owner.keyPair });
+    const mic = await conn.microphone();
+    const session = () => fake.sessions.slice(before).find((s) => s.session);
+    await fake.until(() => String(session()?.session?.instructions ?? "").includes("Quentin drinks tea."), 10_000, "the memory in the instructions");
+    await mic.say(await spoken("I love playing chess."));
+    await log.wait((s) => s.stream === "out-1" && s.label === "turn.metrics", 30_000, "the first turn");
+    // The conversation ends idle and is rewritten; then the phone forgets.
+    await eventually(
+      async () => ((await phone.request<Memory>("GET", "/side-control/memory")).text.includes("Heard:") ? true : undefined),
+      30_000,
+      "the rewrite after the idle end",
+    );
+    await phone.request("DELETE", "/side-control/memory");
+    await mic.say(await spoken("Hello there."));
+    await log.wait((s) => s.stream === "out-2" && s.label === "turn.metrics", 30_000, "the next conversation's turn");
+    const instructions = String(session()!.session!.instructions);
+    assert.equal(instructions, "Be brief.", "forgotten: the next conversation's session has no memory");
+    conn.close();
   });
 });

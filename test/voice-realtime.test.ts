@@ -95,8 +95,14 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     });
     conn.speaker.mark();
     await mic.say(question);
-    await heardFor(conn, 800);
     const m = await metricsOf(log, 1);
+    // The reply (1.2 s) was heard: the device's last audible block comes a little after the server's last frame.
+    await new Promise((r) => setTimeout(r, 300));
+    const { firstAudibleAt, lastAudibleAt } = conn.speaker;
+    assert.ok(
+      firstAudibleAt !== undefined && lastAudibleAt! - firstAudibleAt >= 800,
+      `heard ${firstAudibleAt === undefined ? 0 : Math.round(lastAudibleAt! - firstAudibleAt)} ms`,
+    );
     assert.deepEqual(m.engines, { realtime: "rt" });
     assert.equal(m.interrupted, false);
     assert.equal(typeof m.speech_to_audio, "number");

@@ -9,7 +9,7 @@ import { classify } from "./errors.ts";
 import { GroupCommit } from "./group-commit.ts";
 import { LiveStreamRepository } from "./live-streams.ts";
 import { LockRepository } from "./locks.ts";
-import { MemoryRepository } from "./memories.ts";
+import { MemoryRepository, type SecureWrites } from "./memories.ts";
 import type { DialectName } from "./migrations.ts";
 import { NonceRepository } from "./nonces.ts";
 import { PeerRepository } from "./peers.ts";
@@ -43,8 +43,9 @@ export class Repositories {
   /**
    * `authChanged`: told of each write that can end a session's authentication (see `Store.authStamp`).
    * `memory`: the transaction's view of what the telemetry writes remember (SQLite only).
+   * `secureWrites`: the store's count of memory writes under way (see MemoryRepository).
    */
-  constructor(db: Db, dialect: DialectName, authChanged: () => void, longReads?: QueryRunner, memory?: WriteMemoryUnit) {
+  constructor(db: Db, dialect: DialectName, authChanged: () => void, secureWrites: SecureWrites, longReads?: QueryRunner, memory?: WriteMemoryUnit) {
     this.peers = new PeerRepository(db, dialect, authChanged, memory?.memory);
     this.sessions = new SessionRepository(db, dialect, authChanged);
     this.deviceTokens = new DeviceTokenRepository(db);
@@ -56,7 +57,7 @@ export class Repositories {
     this.contacts = new ContactRepository(db, dialect);
     this.locks = new LockRepository(db, dialect);
     this.conversations = new ConversationRepository(db, this.locks);
-    this.memories = new MemoryRepository(db, dialect);
+    this.memories = new MemoryRepository(db, dialect, secureWrites);
     this.liveStreams = new LiveStreamRepository(db, dialect);
     this.busMessages = new BusMessageRepository(db, dialect);
   }
@@ -91,6 +92,7 @@ export class Store {
   private readonly readPool: ReadPool | undefined;
   private readonly database: Database;
   private authStampValue = 0;
+  private readonly secureWrites: SecureWrites = { count: 0 };
   private lastDataVersion: number | undefined;
 
   private constructor(database: Database, readPool: ReadPool | undefined) {
@@ -103,6 +105,7 @@ export class Store {
       database.db,
       database.dialect,
       () => this.authStampValue++,
+      this.secureWrites,
       readPool && ((query) => readPool.query(query)),
       this.memory && new WriteMemoryUnit(this.memory),
     );
@@ -134,7 +137,7 @@ export class Store {
     let memory: WriteMemoryUnit | undefined;
     const work = (tx: Db) => {
       memory = this.memory && new WriteMemoryUnit(this.memory);
-      return inTransaction.run(true, () => fn(new Repositories(tx, this.dialect, onAuthChange, undefined, memory)));
+      return inTransaction.run(true, () => fn(new Repositories(tx, this.dialect, onAuthChange, this.secureWrites, undefined, memory)));
     };
     // Stamped again once the outcome is known: a read between the write and its commit saw the state before it.
     const stamp = () => {

@@ -21,10 +21,13 @@ export interface MemoryState {
 export class MemoryRepository {
   private readonly db: Db;
   private readonly dialect: DialectName;
+  private readonly secureWrites: SecureWrites;
 
-  constructor(db: Db, dialect: DialectName) {
+  /** `secureWrites`: the database's own count of memory writes under way (one per store, never per process). */
+  constructor(db: Db, dialect: DialectName, secureWrites: SecureWrites) {
     this.db = db;
     this.dialect = dialect;
+    this.secureWrites = secureWrites;
   }
 
   /** undefined when the device is not registered. */
@@ -137,11 +140,11 @@ export class MemoryRepository {
    */
   private async secure<T>(work: () => Promise<T>): Promise<T> {
     if (this.dialect !== "sqlite") return work();
-    if (secureWrites++ === 0) await sql`PRAGMA secure_delete = 1`.execute(this.db);
+    if (this.secureWrites.count++ === 0) await sql`PRAGMA secure_delete = 1`.execute(this.db);
     try {
       return await work();
     } finally {
-      if (--secureWrites === 0) await sql`PRAGMA secure_delete = 0`.execute(this.db);
+      if (--this.secureWrites.count === 0) await sql`PRAGMA secure_delete = 0`.execute(this.db);
     }
   }
 }
@@ -151,5 +154,7 @@ function remembering(eb: ExpressionBuilder<Tables, "peers">, startedAt: number) 
   return eb.and([eb("peers.memory_off", "=", 0), eb.or([eb("peers.memory_forgotten_at", "is", null), eb("peers.memory_forgotten_at", "<", startedAt)])]);
 }
 
-/** Memory writes under way on this process's SQLite connection. */
-let secureWrites = 0;
+/** Memory writes under way on one SQLite connection (its store's, shared by all its transactions). */
+export interface SecureWrites {
+  count: number;
+}

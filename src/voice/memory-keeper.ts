@@ -28,13 +28,14 @@ const MAX_LINES = 400;
  * every turn's model as notes after the agent's instructions (no read per turn, so no added
  * latency); the conversation's words collected, and when it ends (the connection closes, or no turn
  * for the agent's `idle_ms`) handed to the rewrite. After an idle end the next turn begins a new
- * conversation with the memory read again.
+ * conversation with the memory read again then (one store read on that turn).
  */
 export class MemoryKeeper {
   private readonly o: MemoryKeeperOptions;
-  private memory: Promise<{ text: string | undefined }>;
+  /** The conversation's memory, read when it began; undefined between conversations (after an idle end). */
+  private memory: Promise<{ text: string | undefined }> | undefined;
   private said: SaidLine[] = [];
-  private startedAt: number;
+  private startedAt: number | undefined;
   /** The agent that answered the conversation's last turn, whose memory settings apply. */
   private policy: MemoryPolicy | undefined;
   private cancelIdle: (() => void) | undefined;
@@ -42,8 +43,8 @@ export class MemoryKeeper {
 
   constructor(o: MemoryKeeperOptions) {
     this.o = o;
-    this.startedAt = o.now();
-    this.memory = this.read();
+    // The first conversation begins with the connection: its memory is read before its first turn.
+    this.begin();
   }
 
   /** The system message a turn of `agentId` adds after the agent's instructions; none when the agent does not remember or there is nothing. */
@@ -52,13 +53,14 @@ export class MemoryKeeper {
     if (!policy) return undefined;
     this.policy = policy;
     this.touch();
-    const { text } = await this.memory;
+    const { text } = await this.begin();
     return text ? notesMessage(text) : undefined;
   }
 
   /** A finished line of the conversation (user words and what was spoken; tool results are not remembered). */
   entry(e: TranscriptEntry): void {
     if (this.closed || e.role === "tool") return;
+    void this.begin();
     this.said.push({ role: e.role, text: e.text });
     if (this.said.length > MAX_LINES) this.said.splice(0, this.said.length - MAX_LINES);
     this.touch();
@@ -85,11 +87,20 @@ export class MemoryKeeper {
     const said = this.said;
     const policy = this.policy;
     this.said = [];
-    if (policy && said.length > 0) this.o.rewrite({ deviceKey: this.o.deviceKey, startedAt: this.startedAt, policy, said });
+    if (policy && said.length > 0) this.o.rewrite({ deviceKey: this.o.deviceKey, startedAt: this.startedAt ?? this.o.now(), policy, said });
     if (!idle) return;
-    // The next turn begins a new conversation, with the memory as it is now.
+    // The next turn begins a new conversation, with the memory as it is then (forgotten, turned
+    // off or edited since this one ended), not as it was now.
+    this.startedAt = undefined;
+    this.memory = undefined;
+  }
+
+  /** The conversation under way's memory; the first use after an idle end begins a new conversation (and reads it). */
+  private begin(): Promise<{ text: string | undefined }> {
+    if (this.memory) return this.memory;
     this.startedAt = this.o.now();
     this.memory = this.read();
+    return this.memory;
   }
 
   private read(): Promise<{ text: string | undefined }> {

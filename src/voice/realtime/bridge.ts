@@ -211,12 +211,13 @@ export class RealtimeBridge {
     this.readNotes();
   }
 
-  /** The memory, once read, joins the instructions of this session (sent again) and of every reopened one. */
+  /** The memory, once read, joins the instructions of this session (sent again when it changed) and of every reopened one. */
   private readNotes(): void {
     this.o.notes?.().then(
       (notes) => {
-        if (!notes || this.closed) return;
-        this.memory = notes;
+        const memory = notes || undefined;
+        if (this.closed || memory === this.memory) return;
+        this.memory = memory;
         this.link.send(this.settingsEvent(this.nextId("memory")));
       },
       (err: unknown) => this.o.log("warn", { err }, "the device's memory could not be read for the realtime session"),
@@ -452,6 +453,8 @@ export class RealtimeBridge {
     if (item) this.rememberItem(item, n);
     this.o.events.bos(`in-${n}`, "audio", "user.audio");
     this.refreshTools();
+    // A conversation that began after an idle end has the memory as it is then (the same one's is cached: no read).
+    this.readNotes();
   }
 
   private speechStopped(at: number): void {
@@ -687,7 +690,8 @@ export class RealtimeBridge {
 
   private callTool(turn: ReplyTurn, callId: string, name: string, args: string): void {
     const observer = this.o.toolEvents(turn.n);
-    observer.called(name, args);
+    const shown = this.o.tools.displayName(name);
+    observer.called(shown, args);
     const limit = this.o.agent.toolTimeoutMs + TOOL_GRACE_MS;
     const outcome = new Promise<ToolOutcome>((resolve) => {
       // A tool that never answers still gets an answer: the model is not left waiting.
@@ -697,7 +701,7 @@ export class RealtimeBridge {
         .then(resolve, (err: unknown) => resolve(failed(`the tool failed: ${(err as Error)?.message ?? String(err)}`)))
         .finally(cancel);
     }).then((o) => {
-      if (!turn.tools.signal.aborted) observer.finished(name, o);
+      if (!turn.tools.signal.aborted) observer.finished(shown, o);
       return o;
     });
     turn.calls.push({ callId, name, outcome });
