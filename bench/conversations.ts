@@ -48,7 +48,7 @@ async function node(dir: string, databaseUrl: string | undefined, nodeName: stri
       webrtc: { enabled: false },
       rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
       voice: { store_transcripts: true },
-      ...(databaseUrl ? { databaseUrl } : {}),
+      ...(databaseUrl ? { database_url: databaseUrl } : {}),
     },
   );
   const server = await startServer({ config });

@@ -33,7 +33,7 @@ const { generateKeyPair, encodeKey, privateKeyObject } = await from("crypto/keys
 
 const dataDir = mkdtempSync(join(tmpdir(), "perch-ingest-"));
 try {
-  const config = loadConfig({}, { dataDir });
+  const config = loadConfig({}, { data_dir: dataDir });
   const clock = new ManualClock(Date.now());
   // A PostgreSQL database when one is named (a fresh one, made by the caller), else SQLite in the temporary directory.
   const store = await Store.open(databaseUrl || undefined, dataDir);

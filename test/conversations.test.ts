@@ -31,7 +31,7 @@ type Entry = {
 };
 type List = {
   stored: boolean;
-  items: Array<{ id: string; started_at_unix_ms: number; ended_at_unix_ms?: number; turns: number; last_text: string }>;
+  items: Array<{ id: string; started_at_unix_ms: number; ended_at_unix_ms?: number; turns: number; last_text: string; first_question?: string }>;
   has_next: boolean;
   next_cursor?: string;
 };
@@ -105,8 +105,8 @@ for (const store of STORES) {
       const page = await list(phone);
       assert.equal(page.stored, true);
       assert.deepEqual(
-        page.items.map((c) => [c.id, c.turns, c.last_text, c.started_at_unix_ms, c.ended_at_unix_ms]),
-        [[id, 2, LONG, clock.now(), clock.now()]],
+        page.items.map((c) => [c.id, c.turns, c.last_text, c.first_question, c.started_at_unix_ms, c.ended_at_unix_ms]),
+        [[id, 2, LONG, "What is the weather like?", clock.now(), clock.now()]],
       );
       const stored = await one(phone, id);
       assert.equal(stored.id, id);

@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { after, before, describe, test } from "node:test";
+import { create, toBinary } from "@bufbuild/protobuf";
 import OpenAI from "openai";
+import { RpcMethod, ServerPutInfoRequestSchema } from "../src/protocol/gen/rpc_pb.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { perchJson } from "./support/cli.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
@@ -126,6 +128,20 @@ describe("agents with tools: the device's own and MCP servers'", () => {
       assert.equal(res.status, 200);
       assert.deepEqual(toolNames(model.received[before]!.body), ["device__set_volume"]);
       assert.deepEqual(got, [{ level: 2 }]);
+      // A voice turn's tool events name the tool as configured, not in the provider's form.
+      model.reply({ tool_calls: [{ id: "v", name: "device__set_volume", arguments: '{"level": 4}' }] }, { content: "ok" });
+      const seen: string[] = [];
+      await server.chat.chat(
+        { kind: "device", publicKey: conn.publicKey },
+        { model: "strict-talker", messages: [{ role: "user", content: "four" }] } as never,
+        new AbortController().signal,
+        {
+          called: (name) => seen.push(`called ${name}`),
+          finished: (name) => seen.push(`finished ${name}`),
+        },
+      );
+      assert.deepEqual(seen, ["called device.set_volume", "finished device.set_volume"]);
+      assert.deepEqual(got, [{ level: 2 }, { level: 4 }]);
     } finally {
       conn.close();
     }
@@ -322,7 +338,7 @@ describe("perch peers tools", () => {
   for (const store of STORES) {
     test(`asks the node that holds the connection, over the ${store.name} store's bus`, async () => {
       const databaseUrl = await store.url();
-      const server = await startTestServer({ config: { ...(databaseUrl ? { databaseUrl } : {}), node_name: "tools-node" } });
+      const server = await startTestServer({ config: { ...(databaseUrl ? { database_url: databaseUrl } : {}), node_name: "tools-node" } });
       try {
         const { conn } = await volumeDevice(server);
         try {
@@ -332,8 +348,16 @@ describe("perch peers tools", () => {
             public_key: conn.publicKey,
             online: true,
             node: "tools-node",
-            tools: [{ name: "set_volume", description: "Sets the speaker volume (0-10)." }],
+            tools: [{ name: "device.set_volume", description: "Sets the speaker volume (0-10)." }],
           });
+          // peers list: who is connected now, by the name the device gave itself.
+          await conn.call(
+            RpcMethod.SERVER_INFO_PUT,
+            toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value: { name: "Kitchen bear" } })),
+          );
+          const listed = await perchJson<any[]>(["peers", "list"], env);
+          const self = listed.find((p) => p.public_key === conn.publicKey);
+          assert.deepEqual([self?.name, self?.online], ["Kitchen bear", true]);
           const offline = await perchJson<any>(["peers", "tools", server.client().publicKey], env);
           assert.deepEqual(offline.tools, []);
           assert.equal(offline.online, false);

@@ -62,7 +62,7 @@ for (const store of STORES) {
       const other = await Store.open(databaseUrl, server.dataDir, { readWorkers: 0 });
       const bus: EventBus = await openEventBus(databaseUrl, { listen: false });
       try {
-        const config = loadConfig({}, { data_dir: server.dataDir, ...(databaseUrl ? { databaseUrl } : {}) });
+        const config = loadConfig({}, { data_dir: server.dataDir, ...(databaseUrl ? { database_url: databaseUrl } : {}) });
         const pair = loadOrCreateServerKey(join(server.dataDir, "server.key"));
         const serverKey = { ...pair, privateKeyObject: privateKeyObject(pair.privateKey), publicKeyText: encodeKey(pair.publicKey) };
         const operator = new Domain({ store: other, clock: systemClock, config, serverKey, events: new DomainEvents(bus) });

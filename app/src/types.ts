@@ -54,7 +54,7 @@ export interface ConversationEntry {
 
 export interface ConversationList {
   stored: boolean;
-  items: Array<{ id: string; started_at_unix_ms: number; ended_at_unix_ms?: number; turns: number; last_text: string }>;
+  items: Array<{ id: string; started_at_unix_ms: number; ended_at_unix_ms?: number; turns: number; last_text: string; first_question?: string }>;
   has_next: boolean;
   next_cursor?: string;
 }

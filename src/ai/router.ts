@@ -36,8 +36,13 @@ export class ChatRouter {
   private readonly models: Map<string, ModelConfig>;
 
   /** `json`: the node's JSON thread (default one of this router's own). */
+  /** Providers whose key variable (`api_key_env`) is not set, each with the variable: named in their failures. */
+  private readonly unsetKeys: Map<string, string>;
+
   constructor(config: Pick<Config, "providers" | "models">, env: NodeJS.ProcessEnv = process.env, factory = defaultProviderFactory, json = new JsonThread()) {
-    for (const p of config.providers) this.providers.set(p.id, { config: p, provider: factory(p, p.api_key_env ? env[p.api_key_env] : undefined, json) });
+    for (const p of config.providers)
+      this.providers.set(p.id, { config: p, provider: factory(p, p.api_key_env ? env[p.api_key_env] || undefined : undefined, json) });
+    this.unsetKeys = new Map(unsetKeyVariables(config.providers, env).map((u) => [u.provider, u.variable]));
     this.models = new Map(config.models.map((m) => [m.id, m]));
   }
 
@@ -97,7 +102,7 @@ export class ChatRouter {
           if (signal.aborted) throw signal.reason;
           if (!(err instanceof ProviderError)) throw err;
           if (err.clientError) {
-            throw new GenerationError("upstream_refused", err.message, {
+            throw new GenerationError("upstream_refused", `${err.message}${this.keyNote(m.provider, err.status)}`, {
               status: err.status!,
               param: err.upstream?.param ?? null,
               code: err.upstream?.code ?? null,
@@ -113,8 +118,20 @@ export class ChatRouter {
     }
     if (last?.timedOut)
       throw new GenerationError("upstream_timeout", `the model provider did not answer in time: ${last.message}`, { code: "upstream_timeout" });
-    throw new GenerationError("upstream_failed", `the model provider failed: ${last?.message ?? "no provider"}`, { code: "upstream_error" });
+    const note = chain.map((m) => this.keyNote(m.provider, last?.status)).find(Boolean) ?? "";
+    throw new GenerationError("upstream_failed", `the model provider failed: ${last?.message ?? "no provider"}${note}`, { code: "upstream_error" });
   }
+
+  /** For a refusal of authentication by a provider whose key variable is not set: the variable and the provider. */
+  private keyNote(provider: string, status: number | undefined): string {
+    const variable = this.unsetKeys.get(provider);
+    return variable && (status === 401 || status === 403) ? ` (the variable ${variable}, api_key_env of provider ${provider}, is not set)` : "";
+  }
+}
+
+/** The providers whose `api_key_env` names a variable that is not set (or empty) in `env`. */
+export function unsetKeyVariables(providers: readonly ProviderConfig[], env: NodeJS.ProcessEnv): Array<{ provider: string; variable: string }> {
+  return providers.flatMap((p) => (p.api_key_env && !env[p.api_key_env] ? [{ provider: p.id, variable: p.api_key_env }] : []));
 }
 
 export interface RelayOptions {

@@ -60,7 +60,15 @@ export async function runConnect(opts: ConnectOptions, load: () => { server: str
     say("server.info.put", value);
   }
   if (opts.tool.length) {
-    const tools = opts.tool.flatMap((t) => DEMO_TOOLS[t]!(say));
+    // The status document is replaced whole: what it holds now is kept beside the tool's change.
+    const report = async (patch: Record<string, unknown>) => {
+      const now = await conn.http(1, "GET", "/me/status");
+      const current = now.status === 200 ? (now.json() as Record<string, unknown>) : {};
+      const body = JSON.stringify({ ...current, ...patch, reported_at: new Date().toISOString() });
+      const res = await conn.http(1, "PUT", "/me/status", { body, headers: { "content-type": "application/json" } });
+      if (res.status !== 200) throw new Error(`PUT /me/status answered ${res.status}`);
+    };
+    const tools = opts.tool.flatMap((t) => DEMO_TOOLS[t]!(say, report));
     await conn.offerTools(tools);
     say("tools offered over service 3", { tools: tools.map((t) => `device.${t.name}`) });
   }

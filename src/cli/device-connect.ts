@@ -36,7 +36,11 @@ export function registerConnectCommand(device: Command, load: () => { server: st
     .option("--emoji <text>", "set the device's emoji with server.info.put")
     .option("--tone", "ask the server for a test tone and report the audio received")
     .option("--say <text>", "speak this (synthesised) into the microphone, print the conversation's events, and leave after the reply")
-    .option("--voice <name>", "the voice --say speaks with (alloy, echo, fable, onyx, nova, shimmer)", "nova")
+    .option(
+      "--voice <name>",
+      "the voice --say speaks with (alloy, echo, fable, onyx, nova, shimmer); the default is one the embedded recogniser hears well",
+      "onyx",
+    )
     .option("--reply-wav <file>", "with --say: save what the device heard as a WAV file")
     .option(
       "--tool <name>",

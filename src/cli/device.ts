@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { networkInterfaces } from "node:os";
 import type { Command } from "commander";
 import { renderUnicodeCompact } from "uqr";
 import { loadConfig } from "../config/config.ts";
@@ -21,6 +22,61 @@ function localServer(fail: (message: string) => never): string {
     return `http://${address}:${port}`;
   } catch (err) {
     fail(`no --server given, and the configuration cannot be read: ${(err as Error).message}`);
+  }
+}
+
+const LOOPBACK = /^(127\.|localhost$|\[::1\]$|::1$)/;
+
+/** This machine's first non-internal IPv4 address: where a phone on the same network reaches it. */
+function lanAddress(): string | undefined {
+  for (const list of Object.values(networkInterfaces())) {
+    for (const a of list ?? []) if (a.family === "IPv4" && !a.internal) return a.address;
+  }
+  return undefined;
+}
+
+/**
+ * The companion app's address as a phone reaches it: the server's public endpoint (`endpoint` of
+ * `/server-info`, from `public_endpoint`) when it has one, with the scheme of `--server`; else, for a
+ * server on this machine that listens on all addresses, this machine's LAN address; else `--server`.
+ */
+export function appAddress(
+  server: string,
+  info: { endpoint: string },
+  o: { lan?: string | undefined; listensOnAll?: boolean } = {},
+): { url: string; from: "public_endpoint" | "lan_address" | "server"; says: string } {
+  const base = new URL(server);
+  // Without a public endpoint the server answers with the address it was asked at.
+  if (info.endpoint && info.endpoint !== base.host) {
+    return { url: `${base.protocol}//${info.endpoint}/app/`, from: "public_endpoint", says: `the server's public endpoint ${info.endpoint} (public_endpoint)` };
+  }
+  if (LOOPBACK.test(base.hostname)) {
+    const lan = "lan" in o ? o.lan : lanAddress();
+    const listensOnAll = o.listensOnAll ?? listensOnAllAddresses();
+    if (lan && listensOnAll) {
+      const port = base.port ? `:${base.port}` : "";
+      return {
+        url: `${base.protocol}//${lan}${port}/app/`,
+        from: "lan_address",
+        says: `this machine's LAN address ${lan}: the server has no public_endpoint; a phone on the same network opens it`,
+      };
+    }
+    return {
+      url: new URL("/app/", server).toString(),
+      from: "server",
+      says: `${base.hostname} is this machine only: a phone cannot open it; set public_endpoint (or --app-url)${listensOnAll ? "" : " and let the server listen on all addresses (host)"}`,
+    };
+  }
+  return { url: new URL("/app/", server).toString(), from: "server", says: `the --server address ${base.host}` };
+}
+
+/** Whether this machine's configuration has its server listen on all addresses (the default). */
+function listensOnAllAddresses(): boolean {
+  try {
+    const { host } = loadConfig();
+    return host === "0.0.0.0" || host === "::" || host === "";
+  } catch {
+    return true;
   }
 }
 
@@ -94,9 +150,11 @@ export function registerDeviceCommands(program: Command, print: (value: unknown)
     .action(async (opts: { appUrl?: string; qr: boolean }) => {
       await run(async (c) => {
         const token = await c.createDeviceToken();
-        const link = `${opts.appUrl ?? new URL("/app/", serverUrl()).toString()}#token=${token.token}`;
-        if (opts.qr) process.stderr.write(`${renderUnicodeCompact(link, { border: 1 })}\nOpen on the phone (valid 5 minutes, once): ${link}\n`);
-        return { ...token, link };
+        const app = opts.appUrl ? { url: opts.appUrl, from: "app_url" as const, says: "the --app-url given" } : appAddress(serverUrl(), await c.serverInfo());
+        const link = `${app.url}#token=${token.token}`;
+        if (opts.qr)
+          process.stderr.write(`${renderUnicodeCompact(link, { border: 1 })}\nOpen on the phone (valid 5 minutes, once): ${link}\n  (${app.says})\n`);
+        return { ...token, link, link_from: app.from };
       })();
     });
   device

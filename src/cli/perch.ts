@@ -7,7 +7,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { Command } from "commander";
-import { ConfigError, loadConfig } from "../config/config.ts";
+import { type Config, ConfigError, loadConfig } from "../config/config.ts";
 import { canonicalKey, encodeKey, generateKeyPair } from "../crypto/keys.ts";
 import type { Domain } from "../domain/index.ts";
 import { registerDeviceCommands } from "./device.ts";
@@ -55,11 +55,29 @@ function print(value: unknown): void {
   process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
 }
 
+/** A listener that could not start, in one line naming the port and the setting that chose it; undefined for any other failure. */
+function listenFailure(err: unknown, config: Config): string | undefined {
+  const e = err as NodeJS.ErrnoException & { port?: number; address?: string };
+  if (e?.code !== "EADDRINUSE" && e?.code !== "EACCES") return undefined;
+  const udp = e.syscall === "bind" || (config.webrtc.udp_port !== undefined && e.port === config.webrtc.udp_port && e.port !== config.port);
+  const setting = udp ? "webrtc.udp_port (PERCH_WEBRTC_UDP_PORT; default the HTTP port's number)" : "port (PERCH_PORT)";
+  const port = e.port ?? (udp ? config.webrtc.udp_port : config.port);
+  const where = e.address ? ` on ${e.address}` : "";
+  return e.code === "EADDRINUSE"
+    ? `port ${port}${where} is already in use (by another server?): stop it, or choose another with ${setting}`
+    : `port ${port}${where} needs privileges this process lacks: choose a port above 1023 with ${setting}`;
+}
+
 async function serve(): Promise<void> {
   // The configuration first: a mistake in it is said before the server's modules are loaded.
   const config = loadConfig();
   const { startServer } = await import("../server.ts");
-  const server = await startServer({ config, warmUp: true });
+  let server: Awaited<ReturnType<typeof startServer>>;
+  try {
+    server = await startServer({ config, warmUp: true });
+  } catch (err) {
+    fail(listenFailure(err, config) ?? String((err as Error)?.stack ?? err));
+  }
   let stopping = false;
   const stop = (signal: string) => {
     if (stopping) return;
@@ -99,14 +117,37 @@ registerDeviceCommands(program, print, fail);
 const peers = program.command("peers").description("registered peers");
 peers
   .command("list")
-  .description("list registered peers")
+  .description("list registered peers: whether each is connected now, and the name and emoji it gave itself")
   .action(() =>
-    withDomain(async (d) =>
+    withDomain(async (d) => {
+      const rows = await d.peers.list();
+      const online = await Promise.all(rows.map(async (p) => (await d.peers.runtime(p.public_key)).online));
       print(
-        (await d.peers.list()).map((p) => ({ public_key: p.public_key, role: p.role, status: p.status, created_at: new Date(p.created_at).toISOString() })),
-      ),
-    ),
+        rows.map((p, i) => {
+          const info = deviceInfo(p.device_info);
+          return {
+            public_key: p.public_key,
+            ...(info.name !== undefined ? { name: info.name } : {}),
+            ...(info.emoji !== undefined ? { emoji: info.emoji } : {}),
+            online: online[i],
+            role: p.role,
+            status: p.status,
+            created_at: new Date(p.created_at).toISOString(),
+          };
+        }),
+      );
+    }),
   );
+
+/** The name and emoji a device gave itself (`server.info.put`), from the stored JSON. */
+function deviceInfo(text: string): { name?: string; emoji?: string } {
+  try {
+    const v = JSON.parse(text) as { name?: unknown; emoji?: unknown };
+    return { ...(typeof v.name === "string" ? { name: v.name } : {}), ...(typeof v.emoji === "string" ? { emoji: v.emoji } : {}) };
+  } catch {
+    return {};
+  }
+}
 peers
   .command("add <key>")
   .description("register a key (needed under registration policy closed)")
@@ -153,7 +194,9 @@ peers
       const commands = new Commands(bus, undefined);
       try {
         const found = (await commands.call(node, "device.tools", { key: peer })) as { tools: unknown[]; more: number } | undefined;
-        print({ public_key: peer, online: true, node, tools: found?.tools ?? [], ...(found?.more ? { more: found.more } : {}) });
+        // Named as the agents' configuration and the model see them: device.<name>.
+        const tools = (found?.tools ?? []).map((t) => (t && typeof t === "object" && "name" in t ? { ...t, name: `device.${String(t.name)}` } : t));
+        print({ public_key: peer, online: true, node, tools, ...(found?.more ? { more: found.more } : {}) });
       } catch (err) {
         const sqliteHint = store.sqliteFile ? " (on SQLite a node reads commands from the file only while webrtc.peer_poll_ms > 0)" : "";
         fail(`node ${node} did not answer: ${(err as Error).message}${sqliteHint}`);

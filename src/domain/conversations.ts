@@ -162,9 +162,10 @@ function parseCursor(cursor: string): { startedAt: number; id: string } {
   throw new DomainError("invalid", "INVALID_REQUEST", "cursor is not one this server issued", { field: "cursor" });
 }
 
-function summaryView(row: ConversationRow): ConversationSummary {
+function summaryView(row: ConversationRow & { first_question?: string | null }): ConversationSummary {
   const s: ConversationSummary = { id: row.id, started_at_unix_ms: row.started_at, turns: row.turns, last_text: row.last_text };
   if (row.ended_at !== null) s.ended_at_unix_ms = row.ended_at;
+  if (row.first_question) s.first_question = row.first_question;
   return s;
 }
 

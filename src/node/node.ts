@@ -6,7 +6,7 @@ import { startToolbox, type Toolbox } from "../ai/agents/toolbox.ts";
 import { Catalog } from "../ai/catalog.ts";
 import { ChatService } from "../ai/chat.ts";
 import { InFlight } from "../ai/in-flight.ts";
-import { ChatRouter, type ProviderFactory } from "../ai/router.ts";
+import { ChatRouter, type ProviderFactory, unsetKeyVariables } from "../ai/router.ts";
 import { checkVoiceModels } from "../ai/voice-models.ts";
 import { buildInfo } from "../build-info.ts";
 import { Commands, type EventBus, openEventBus } from "../bus/index.ts";
@@ -84,6 +84,8 @@ export interface RunningServer {
   memory: MemoryRewriter;
   /** The node's engine host. */
   engines: EngineHost;
+  /** Chat and agents (the Compatible API's and the voice turns'). */
+  chat: ChatService;
   /** Stops accepting, lets in-flight requests finish, then the node leaves and closes the store. */
   close(): Promise<void>;
 }
@@ -157,6 +159,8 @@ export class Node {
     const { config } = o;
     const logger = o.logger ?? createLogger(config);
     for (const warning of configWarnings(config)) logger.warn(warning);
+    for (const { provider, variable } of unsetKeyVariables(config.providers, o.env ?? process.env))
+      logger.warn({ provider, variable }, `provider ${provider}: its key variable ${variable} (api_key_env) is not set; its calls will fail until it is`);
     // Said once per process, when a speech worker cannot be given its lower priority.
     onWorkerPriorityUnavailable((message) => logger.warn(message));
     // With no agent no device converses: no turn can need Moonshine tiny, so it is not loaded.
@@ -425,7 +429,7 @@ export class Node {
 
   private running(): RunningServer {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
-    const { domain, store, httpServer, request, transport, events, commands, memory, engines } = this;
+    const { domain, store, httpServer, request, transport, events, commands, memory, engines, chat } = this;
     return {
       url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
@@ -438,6 +442,7 @@ export class Node {
       commands,
       memory,
       engines,
+      chat,
       close: () => this.close(),
     };
   }

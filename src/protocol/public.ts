@@ -329,6 +329,10 @@ export const ConversationSummary = z
     ended_at_unix_ms: Millis.optional(),
     turns: z.number().int(),
     last_text: z.string(),
+    first_question: z
+      .string()
+      .optional()
+      .openapi({ description: "What the user said first in the conversation (its first user entry); absent when the user said nothing" }),
   })
   .openapi("ConversationSummary");
 

@@ -90,8 +90,26 @@ export class ConversationRepository {
   }
 
   /** The device's conversations newest first, strictly before `before` (start time, id) when given. */
-  list(publicKey: string, before: { startedAt: number; id: string } | undefined, limit: number): Promise<ConversationRow[]> {
-    let q = this.db.selectFrom("conversations").selectAll().where("public_key", "=", publicKey);
+  list(
+    publicKey: string,
+    before: { startedAt: number; id: string } | undefined,
+    limit: number,
+  ): Promise<Array<ConversationRow & { first_question: string | null }>> {
+    let q = this.db
+      .selectFrom("conversations")
+      .selectAll()
+      // What was asked first: the conversation's first user entry (entries are keyed by conversation and seq).
+      .select((eb) =>
+        eb
+          .selectFrom("conversation_entries as e")
+          .select("e.text")
+          .whereRef("e.conversation_id", "=", "conversations.id")
+          .where("e.role", "=", "user")
+          .orderBy("e.seq")
+          .limit(1)
+          .as("first_question"),
+      )
+      .where("public_key", "=", publicKey);
     if (before) q = q.where((eb) => eb(eb.refTuple("started_at", "id"), "<", eb.tuple(before.startedAt, before.id)));
     return q.orderBy("started_at", "desc").orderBy("id", "desc").limit(limit).execute();
   }

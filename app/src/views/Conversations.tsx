@@ -82,7 +82,7 @@ function Stored({ c, bearer, onDeleted }: { c: ConversationList["items"][number]
         <div>
           <p class="conversation-when">{when}</p>
           <p class="muted conversation-last">
-            {c.turns} {c.turns === 1 ? "turn" : "turns"} · {c.last_text}
+            {c.turns} {c.turns === 1 ? "turn" : "turns"} · {c.first_question ? `“${c.first_question}”` : c.last_text}
           </p>
         </div>
         {confirming.value ? (

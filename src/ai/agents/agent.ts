@@ -136,9 +136,11 @@ export class AgentRunner {
     run.signal.throwIfAborted();
     const outcomes = await Promise.all(
       calls.map(async (call) => {
-        run.observer?.called(call.function.name, call.function.arguments);
+        // The events name the tool as configured, not in the provider's form (`device__set_volume`).
+        const name = kit.displayName(call.function.name);
+        run.observer?.called(name, call.function.arguments);
         const outcome = await kit.run(call, run.signal);
-        run.observer?.finished(call.function.name, outcome);
+        run.observer?.finished(name, outcome);
         return outcome;
       }),
     );

@@ -147,6 +147,16 @@ export class ToolKit {
     return out;
   }
 
+  /**
+   * A tool's name as the configuration and the events say it (`device.set_volume`, `home.light_on`),
+   * for a name offered to the model, which may be its provider's form (`device__set_volume`).
+   */
+  displayName(wire: string): string {
+    const t = this.offered.get(wire);
+    if (!t) return wire;
+    return t.source === "builtin" ? t.name : `${t.source === "server" ? t.server : "device"}.${t.name}`;
+  }
+
   /** Runs one call the model made, by a name offered at the last `definitions()`. Never rejects. */
   async run(call: ToolCall, signal: AbortSignal): Promise<ToolOutcome> {
     const name = call.function.name;

@@ -690,7 +690,8 @@ export class RealtimeBridge {
 
   private callTool(turn: ReplyTurn, callId: string, name: string, args: string): void {
     const observer = this.o.toolEvents(turn.n);
-    observer.called(name, args);
+    const shown = this.o.tools.displayName(name);
+    observer.called(shown, args);
     const limit = this.o.agent.toolTimeoutMs + TOOL_GRACE_MS;
     const outcome = new Promise<ToolOutcome>((resolve) => {
       // A tool that never answers still gets an answer: the model is not left waiting.
@@ -700,7 +701,7 @@ export class RealtimeBridge {
         .then(resolve, (err: unknown) => resolve(failed(`the tool failed: ${(err as Error)?.message ?? String(err)}`)))
         .finally(cancel);
     }).then((o) => {
-      if (!turn.tools.signal.aborted) observer.finished(name, o);
+      if (!turn.tools.signal.aborted) observer.finished(shown, o);
       return o;
     });
     turn.calls.push({ callId, name, outcome });
