@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
 import pino from "pino";
@@ -16,6 +17,7 @@ import { FakeClock } from "./support/fake-voice.ts";
 import { memoryConfig, type RewriteRequest, scriptMemoryModel } from "./support/memory.ts";
 import { STORES, startTestServer, type TestServer } from "./support/server.ts";
 import { EventStream } from "./support/sse.ts";
+import { eventually } from "./support/webrtc.ts";
 
 type Memory = { enabled: boolean; text: string; updated_at_unix_ms?: number; max_chars: number };
 
@@ -531,6 +533,30 @@ for (const store of STORES) {
       const text = (await get(phone)).text;
       for (const line of said) assert.ok(text.includes(`Heard: ${line}.`), `${line}: ${text}`);
       assert.equal(rewrites.length, 7, "no rewrite redone for another of this node's");
+    });
+
+    test("SQLite: a reader holding the log during the forgetting delays the checkpoint, and the text leaves the log once it lets go", {
+      skip: store.name !== "sqlite" ? "SQLite's log" : false,
+    }, async () => {
+      const { phone } = await pairPhone(server);
+      const secret = "Umberto-the-held-back-tortoise";
+      await put(phone, { text: `${secret} one.` });
+      await put(phone, { text: `${secret} two.` });
+      const reader = new DatabaseSync(join(server.dataDir, "perch.db"), { readOnly: true });
+      try {
+        reader.exec("begin");
+        reader.prepare("select count(*) from memories").get();
+        await phone.request("DELETE", "/side-control/memory");
+      } finally {
+        reader.exec("commit");
+        reader.close();
+      }
+      // The deleted row's old page stays in the database file until the checkpoint the reader held back is done.
+      await eventually(
+        async () => (["perch.db", "perch.db-wal"].some((f) => readFileSync(join(server.dataDir, f)).includes(secret)) ? undefined : true),
+        15_000,
+        "the forgotten text out of the database files",
+      );
     });
 
     test("removed with the device's registration, and from the database files", async () => {

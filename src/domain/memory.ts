@@ -74,7 +74,7 @@ export class MemoryService {
     });
     if (!found) throw gone();
     // Text replaced is overwritten in the database file; its old pages leave the log too.
-    if (update.text !== undefined) await this.ctx.store.truncateLog();
+    if (update.text !== undefined) await this.ctx.store.truncateLogSoon();
     this.ctx.events.memory(deviceKey, at);
     return this.view(deviceKey);
   }
@@ -83,7 +83,7 @@ export class MemoryService {
   async forget(deviceKey: string): Promise<void> {
     const at = this.ctx.clock.now();
     await this.ctx.store.transaction((tx) => tx.memories.forget(deviceKey, at));
-    await this.ctx.store.truncateLog();
+    await this.ctx.store.truncateLogSoon();
     this.ctx.events.memory(deviceKey, at);
   }
 

@@ -121,7 +121,7 @@ export class PeerService {
       return (await tx.peers.remove(publicKey)) ? this.ctx.events.peer(tx, publicKey, "removed") : undefined;
     });
     // Best effort: the peer is gone either way, and SQLite checkpoints on its own later.
-    if (publish) await this.ctx.store.truncateLog().catch(() => false);
+    if (publish) await this.ctx.store.truncateLogSoon().catch(() => false);
     publish?.();
     return publish !== undefined;
   }

@@ -92,6 +92,9 @@ export class Store {
   private readonly readPool: ReadPool | undefined;
   private readonly database: Database;
   private authStampValue = 0;
+  /** A log truncation tried again later (readers kept it busy). */
+  private truncateRetry: NodeJS.Timeout | undefined;
+  private closed = false;
   private readonly secureWrites: SecureWrites = { count: 0 };
   private lastDataVersion: number | undefined;
 
@@ -213,6 +216,31 @@ export class Store {
     return false;
   }
 
+  /**
+   * `truncateLog`, and when readers kept the log busy throughout, again in the background (backing
+   * off to a minute) until it is done: forgotten text must not stay in the log file for good.
+   */
+  async truncateLogSoon(): Promise<boolean> {
+    const done = await this.truncateLog();
+    if (!done) this.retryTruncate(1_000);
+    return done;
+  }
+
+  private retryTruncate(delayMs: number): void {
+    if (this.truncateRetry || this.closed) return;
+    this.truncateRetry = setTimeout(() => {
+      this.truncateRetry = undefined;
+      if (this.closed) return;
+      this.truncateLog(1).then(
+        (done) => {
+          if (!done) this.retryTruncate(Math.min(delayMs * 2, 60_000));
+        },
+        () => this.retryTruncate(Math.min(delayMs * 2, 60_000)),
+      );
+    }, delayMs);
+    this.truncateRetry.unref();
+  }
+
   /** A round trip to the database. */
   async ping(): Promise<void> {
     const nested = nestedUse("ping");
@@ -221,6 +249,8 @@ export class Store {
   }
 
   async close(): Promise<void> {
+    this.closed = true;
+    if (this.truncateRetry) clearTimeout(this.truncateRetry);
     await this.readPool?.close();
     await this.database.close();
   }
