@@ -257,18 +257,20 @@ export class AudioRecognition<T extends ListeningTurn> {
     const pause: Pause = { quietAt, text: undefined, told: false };
     turn.pause = pause;
     turn.turn.transcription.soFar().then(
-      (text) => {
-        if (this.closed || turn.pause !== pause || this.turn !== turn) return;
-        pause.text = text;
-        this.preempt(turn, pause);
-        if (turn.stopped !== undefined) this.decide(turn);
-      },
-      () => {
+      (text) =>
+        this.guard(() => {
+          if (turn.pause !== pause || this.turn !== turn) return;
+          pause.text = text;
+          this.preempt(turn, pause);
+          if (turn.stopped !== undefined) this.decide(turn);
+        }),
+      () =>
         // No words to judge: the turn ends on the plain silence (the final transcript will say what failed).
-        if (this.closed || turn.pause !== pause || this.turn !== turn) return;
-        pause.text = "";
-        if (turn.stopped !== undefined) this.decide(turn);
-      },
+        this.guard(() => {
+          if (turn.pause !== pause || this.turn !== turn) return;
+          pause.text = "";
+          if (turn.stopped !== undefined) this.decide(turn);
+        }),
     );
   }
 

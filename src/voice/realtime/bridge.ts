@@ -218,7 +218,12 @@ export class RealtimeBridge {
         const memory = notes || undefined;
         if (this.closed || memory === this.memory) return;
         this.memory = memory;
-        this.link.send(this.settingsEvent(this.nextId("memory")));
+        try {
+          this.link.send(this.settingsEvent(this.nextId("memory")));
+        } catch (err) {
+          // A promise callback: a throw here would be unhandled (the next session sends the notes anyway).
+          this.o.log("warn", { err }, "the realtime session's notes could not be sent");
+        }
       },
       (err: unknown) => this.o.log("warn", { err }, "the device's memory could not be read for the realtime session"),
     );
