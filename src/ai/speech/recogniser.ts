@@ -426,9 +426,29 @@ export class IncrementalRecogniser {
     return this.soFar(PARTIAL);
   }
 
-  /** The same at a pause in speech, where the text is likely the final one: its job is as urgent as a final transcript's. */
-  speculate(): Promise<string> {
-    return this.soFar(LIVE);
+  /**
+   * The same at a pause in speech, where the text is likely the final one: its job is as urgent as a
+   * final transcript's, and its text covers every word said so far, since the end of turn judges
+   * them ("set a timer for" must not be judged as "set a timer", the words of a recognition that
+   * began before "for").
+   */
+  async speculate(): Promise<string> {
+    for (;;) {
+      const running = this.running;
+      if (running) {
+        if (this.quietSince(this.runningSamples)) return running;
+        await running.catch(() => {});
+        continue;
+      }
+      if (this.last && this.quietSince(this.last.samples)) return this.last.text;
+      const audio = this.audio();
+      return this.recognise(audio.subarray(Math.max(0, audio.length - PARTIAL_WINDOW * RATE)), audio.length, LIVE);
+    }
+  }
+
+  /** Whether nothing but silence was pushed after the first `samples` of the utterance. */
+  private quietSince(samples: number): boolean {
+    return quiet(this.audio().subarray(samples));
   }
 
   private soFar(job: JobOptions): Promise<string> {
