@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
+import { networkInterfaces } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
@@ -33,8 +34,13 @@ describe("perch device: the SDK from the command line", () => {
 
     const issued = await perch([...args, "token"], {});
     assert.equal(issued.code, 0, issued.stderr);
-    const token = JSON.parse(issued.stdout) as DeviceToken & { link: string };
-    assert.equal(token.link, `${server.url}/app/#token=${token.token}`);
+    const token = JSON.parse(issued.stdout) as DeviceToken & { link: string; link_from: string };
+    // The server listens on all addresses: the link is on this machine's LAN address when it has one (issue 39).
+    const lan = Object.values(networkInterfaces())
+      .flat()
+      .find((a) => a?.family === "IPv4" && !a.internal)?.address;
+    assert.equal(token.link_from, lan ? "lan_address" : "server");
+    assert.equal(token.link, `${lan ? server.url.replace("127.0.0.1", lan) : server.url}/app/#token=${token.token}`);
     // The link as a QR code in the terminal (half-block characters), and in words.
     assert.match(issued.stderr, /[▀▄█]{10,}/);
     assert.ok(issued.stderr.includes(`Open on the phone (valid 5 minutes, once): ${token.link}`));
