@@ -111,15 +111,16 @@ describe("the web app's conversations in headless Chromium", { timeout: 240_000 
     await page.getByText("Live", { exact: true }).waitFor();
     const region = page.getByRole("region", { name: "Conversations", exact: true });
     const earlier = region.getByRole("list", { name: "Earlier" });
-    await earlier.getByText("Answer number 11").waitFor();
+    // Summarised by what was asked (issue 39), in quotes.
+    await earlier.getByText("“Question number 11”").waitFor();
     assert.equal(await earlier.getByRole("listitem").count(), 10, "a page of ten, newest first");
     await region.getByRole("button", { name: "Older" }).click();
-    await earlier.getByText("Answer number 0").waitFor();
+    await earlier.getByText("“Question number 0”").waitFor();
     // Page 2: the two oldest stored here and the live conversation of the first test, started before them.
     assert.equal(await earlier.getByRole("listitem").count(), 3);
 
     // Open one with the keyboard; then delete it, which asks first.
-    const zero = earlier.locator("li.conversation").filter({ hasText: "Answer number 0" });
+    const zero = earlier.locator("li.conversation").filter({ hasText: "“Question number 0”" });
     await zero.getByRole("button", { name: /^Show conversation of / }).focus();
     await page.keyboard.press("Enter");
     await zero
