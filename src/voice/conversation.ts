@@ -1,6 +1,5 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
-import { Resampler } from "../audio/resampler.ts";
 import type { VoiceConfig } from "../config/config.ts";
 import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
@@ -44,8 +43,8 @@ const TICK_MS = 20;
 export class Conversation {
   private readonly o: ConversationOptions;
   private readonly clock: VoiceClock;
-  private readonly codec = new OpusCodec();
-  private readonly down: Resampler;
+  /** The uplink decodes straight to the recogniser's rate. */
+  private readonly codec = new OpusCodec(RECOGNITION_RATE);
   private readonly uplink: Uplink;
   private readonly recognition: AudioRecognition<Turn>;
   private readonly turns: TurnActivity;
@@ -57,7 +56,6 @@ export class Conversation {
     this.o = o;
     this.clock = o.clock ?? systemClock;
     const peer = o.port.publicKey;
-    this.down = new Resampler(o.resampler, OPUS_RATE, RECOGNITION_RATE);
     this.turns = new TurnActivity({
       config: o.config,
       events: new VoiceEvents(o.port),
@@ -80,8 +78,8 @@ export class Conversation {
     });
     this.uplink = new Uplink({
       codec: this.codec,
-      resampler: this.down,
       payloadType: o.port.payloadType,
+      audioLevelId: o.port.audioLevelId,
       pcm: (pcm) => this.hear(pcm),
       overrun: (samples) => this.overrun(samples),
       now: () => this.clock.now(),
@@ -130,7 +128,6 @@ export class Conversation {
     this.stopTicker();
     this.turns.close();
     this.recognition.close();
-    this.down.close();
     this.codec.close();
   }
 
