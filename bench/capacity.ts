@@ -349,6 +349,28 @@ export async function capacityBench(): Promise<unknown> {
         server_warnings: side.server.warnings,
       };
     }
+    const [b, a] = sides.length === 2 ? sides : [];
+    if (b && a) {
+      type Figures = { step: string; cpu_percent: number; rss_mb: { mean: number }; end_of_speech_to_first_audio_ms?: { p50: number; p95: number } };
+      const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
+      out.this_over_base = {
+        at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
+        steps: (a.steps as Figures[]).map((s, i) => {
+          const o = b.steps[i] as Figures;
+          return {
+            step: s.step,
+            cpu: ratio(s.cpu_percent, o.cpu_percent),
+            rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
+            ...(s.end_of_speech_to_first_audio_ms
+              ? {
+                  latency_p50: ratio(s.end_of_speech_to_first_audio_ms.p50, o.end_of_speech_to_first_audio_ms?.p50),
+                  latency_p95: ratio(s.end_of_speech_to_first_audio_ms.p95, o.end_of_speech_to_first_audio_ms?.p95),
+                }
+              : {}),
+          };
+        }),
+      };
+    }
     return out;
   } finally {
     for (const s of sides) {
