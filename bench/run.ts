@@ -1,4 +1,5 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
+import { capacityBench } from "./capacity.ts";
 import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
 import { mcpBoundsBench } from "./mcp-bounds.ts";
@@ -29,9 +30,10 @@ const suites: Record<string, () => Promise<unknown>> = {
   uplink: uplinkBench,
   "mcp-bounds": mcpBoundsBench,
   revocation: revocationBench,
+  capacity: capacityBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
-const VALUED = new Set(["--engines"]);
+const VALUED = new Set(["--engines", "--base", "--steps", "--step-seconds"]);
 const args = process.argv.slice(2);
 const wanted = args.filter((a, i) => a !== "--" && !a.startsWith("--") && !VALUED.has(args[i - 1] ?? ""));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
