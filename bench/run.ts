@@ -29,7 +29,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   revocation: revocationBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
-const VALUED = new Set(["--engines"]);
+const VALUED = new Set(["--engines", "--base"]);
 const args = process.argv.slice(2);
 const wanted = args.filter((a, i) => a !== "--" && !a.startsWith("--") && !VALUED.has(args[i - 1] ?? ""));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);
