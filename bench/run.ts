@@ -9,6 +9,7 @@ import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
 import { telemetryIngestBench } from "./telemetry-ingest.ts";
 import { toolsBench } from "./tools.ts";
+import { uplinkBench } from "./uplink.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcConnectBench } from "./webrtc-connect.ts";
@@ -26,6 +27,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   "telemetry-ingest": telemetryIngestBench,
   voice: voiceBench,
   tools: toolsBench,
+  uplink: uplinkBench,
   "mcp-bounds": mcpBoundsBench,
   revocation: revocationBench,
   capacity: capacityBench,
