@@ -51,8 +51,10 @@ describe("engines loaded when needed", () => {
       assert.equal(speech.status, 200);
       const wav = new Uint8Array(await speech.arrayBuffer());
       assert.ok(wav.byteLength > 20_000, `${wav.byteLength} bytes of speech`);
-      // Speech alone started flite: the recogniser is still not loaded.
-      assert.deepEqual(await states(server), { recognition: "not_loaded", voice_activity: "not_loaded", speech: "ready" });
+      // Speech alone started flite (its first worker served; the others may still be loading): the recogniser is still not loaded.
+      const afterSpeech = await states(server);
+      assert.ok(afterSpeech.speech === "ready" || afterSpeech.speech === "loading", JSON.stringify(afterSpeech));
+      assert.deepEqual({ ...afterSpeech, speech: "started" }, { recognition: "not_loaded", voice_activity: "not_loaded", speech: "started" });
       assert.deepEqual(moonshine.pids(), { recogniser: [], vad: [] });
 
       const form = new FormData();
@@ -62,8 +64,8 @@ describe("engines loaded when needed", () => {
       assert.equal(heard.status, 200);
       const { text } = (await heard.json()) as { text: string };
       assert.ok(wordErrorRate(QUESTION, text) <= 0.4, `transcript: ${text}`);
-      assert.deepEqual(await states(server), { recognition: "ready", voice_activity: "ready", speech: "ready" });
       assert.equal(moonshine.pids().recogniser.length, 1);
+      await eventually(async () => Object.values(await states(server)).every((s) => s === "ready"), 60_000, "every engine ready");
     } finally {
       await server.stop();
       await engines.close();
@@ -138,7 +140,7 @@ describe("engines loaded when needed", () => {
         "the reply was spoken",
       );
       assert.equal(moonshine.pids().recogniser.length, 1);
-      assert.deepEqual(await states(server), { recognition: "ready", voice_activity: "ready", speech: "ready" });
+      await eventually(async () => Object.values(await states(server)).every((s) => s === "ready"), 60_000, "every engine ready");
       conn.close();
     } finally {
       await server.stop();
