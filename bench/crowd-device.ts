@@ -4,11 +4,12 @@
  * node-datachannel's standard polyfill cannot stand in for wrtc under the device SDK: its
  * `addTransceiver` throws "Not implemented", and the contract's offer needs the audio section.
  *
- * It does what a device must and little more: a sendrecv Opus audio section (nothing sent on it),
+ * It does what a device must and little more: a sendrecv Opus audio section (`audio`: raw RTP
+ * packets sent and received on it by whoever uses it; the WebRTC crowd sends nothing),
  * the packet channel, the event stream, a sealed offer, Peer RPC answers for the server's calls
  * (`all.*`; −32601 for `client.*`) and telemetry packets.
  */
-import nodeDataChannel, { type DataChannel, type PeerConnection } from "node-datachannel";
+import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
 import { decodeKey, encodeKey, type KeyPair, privateKeyObject, sharedSecret } from "../src/crypto/keys.ts";
 import { SealedExchange, SIGNALING_PATH } from "../src/crypto/sealed-offer.ts";
 import { type ChannelPort, ChannelStream, LOW_WATER_BYTES, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../src/protocol/channel.ts";
@@ -73,13 +74,25 @@ export class CrowdDevice {
   readonly publicKey: string;
   /** Client-measured milliseconds: offer answered, and event stream and packet channel open. */
   readonly timings: { offer: number; ready: number; serverTiming: string };
+  /** The audio section's track: RTP in and out, SSRC `ssrc`, payload type 111 (bench/capacity-worker.ts). */
+  readonly audio: Track;
+  readonly ssrc: number;
   private pc: PeerConnection | undefined;
   private readonly packets: DataChannel;
   private closedCb: (() => void) | undefined;
   private ended = false;
 
-  constructor(pc: PeerConnection, publicKey: string, packets: DataChannel, events: DataChannel, timings: CrowdDevice["timings"]) {
+  constructor(
+    pc: PeerConnection,
+    publicKey: string,
+    packets: DataChannel,
+    events: DataChannel,
+    timings: CrowdDevice["timings"],
+    audio: { track: Track; ssrc: number },
+  ) {
     this.pc = pc;
+    this.audio = audio.track;
+    this.ssrc = audio.ssrc;
     this.publicKey = publicKey;
     this.packets = packets;
     this.timings = timings;
@@ -155,7 +168,7 @@ export class CrowdDevice {
       audio.addOpusCodec(OPUS_PAYLOAD_TYPE);
       const ssrc = (Math.random() * 0xfffffffe + 1) >>> 0;
       audio.addSSRC(ssrc, "crowd", "crowd", "crowd-audio");
-      pc.addTrack(audio);
+      const track = pc.addTrack(audio);
       const packets = pc.createDataChannel(PACKET_LABEL, { unordered: true, maxRetransmits: 0 });
       const events = pc.createDataChannel(`${SERVICE_PREFIX}${SERVICE.EVENTS}`);
       const eventsOpen = opened(events, timeoutMs);
@@ -188,11 +201,18 @@ export class CrowdDevice {
       const offerMs = performance.now() - started;
       pc.setRemoteDescription(exchange.openResponse(body), "answer");
       await Promise.all([eventsOpen, packetsOpen]);
-      return new CrowdDevice(pc, publicKey, packets, events, {
-        offer: offerMs,
-        ready: performance.now() - started,
-        serverTiming: res.headers.get("server-timing") ?? "",
-      });
+      return new CrowdDevice(
+        pc,
+        publicKey,
+        packets,
+        events,
+        {
+          offer: offerMs,
+          ready: performance.now() - started,
+          serverTiming: res.headers.get("server-timing") ?? "",
+        },
+        { track, ssrc },
+      );
     } catch (err) {
       try {
         pc.close();

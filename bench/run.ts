@@ -1,4 +1,5 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
+import { capacityBench } from "./capacity.ts";
 import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
 import { mcpBoundsBench } from "./mcp-bounds.ts";
@@ -8,6 +9,7 @@ import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
 import { telemetryIngestBench } from "./telemetry-ingest.ts";
 import { toolsBench } from "./tools.ts";
+import { uplinkBench } from "./uplink.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcConnectBench } from "./webrtc-connect.ts";
@@ -25,11 +27,13 @@ const suites: Record<string, () => Promise<unknown>> = {
   "telemetry-ingest": telemetryIngestBench,
   voice: voiceBench,
   tools: toolsBench,
+  uplink: uplinkBench,
   "mcp-bounds": mcpBoundsBench,
   revocation: revocationBench,
+  capacity: capacityBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
-const VALUED = new Set(["--engines", "--base"]);
+const VALUED = new Set(["--engines", "--base", "--steps", "--step-seconds"]);
 const args = process.argv.slice(2);
 const wanted = args.filter((a, i) => a !== "--" && !a.startsWith("--") && !VALUED.has(args[i - 1] ?? ""));
 const names = wanted.length > 0 ? wanted : Object.keys(suites);

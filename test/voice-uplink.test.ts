@@ -170,10 +170,9 @@ describe("uplink", () => {
       rtp(100 + i, 5000 + i * FRAME_SAMPLES, encoder.encode(source.subarray(i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES))),
     );
     encoder.close();
-    const codec = new OpusCodec();
-    const resampler = new Resampler(await loadResampler(), 48_000, 16_000);
+    const codec = new OpusCodec(16_000);
     const out: Int16Array[] = [];
-    const uplink = new Uplink({ codec, resampler, payloadType: 111, pcm: (s) => out.push(s) });
+    const uplink = new Uplink({ codec, payloadType: 111, pcm: (s) => out.push(s) });
     const order = packets.map((_, i) => i).filter((i) => i !== 20);
     [order[5], order[6]] = [order[6]!, order[5]!];
     for (const i of order) {
@@ -190,24 +189,22 @@ describe("uplink", () => {
     const pcm = concatInt16(out);
     assert.equal(uplink.stats.lost, 1);
     assert.equal(uplink.stats.rejected, 1, "the other payload type");
-    // Every 20 ms is there (the lost one concealed), less the resampler's delay.
-    assert.ok(pcm.length > frames * 320 - 100 && pcm.length <= frames * 320, `${pcm.length}`);
+    // Every 20 ms is there (the lost one concealed), decoded at 16 kHz: no resampler, no delay.
+    assert.equal(pcm.length, frames * 320);
     let energy = 0;
     for (const s of pcm.subarray(2000)) energy += s * s;
     assert.ok(Math.sqrt(energy / (pcm.length - 2000)) > 3000, "the tone is heard");
     codec.close();
-    resampler.close();
   });
 
   test("a packet libopus refuses is concealed for as long as it says it lasts: the timeline holds, and refused packets claim no more audio than good ones", async () => {
     const encoder = new OpusCodec();
     const good = encoder.encode(sine(FRAME_SAMPLES, 48_000, 300));
     encoder.close();
-    const codec = new OpusCodec();
-    const resampler = new Resampler(await loadResampler(), 48_000, 16_000);
+    const codec = new OpusCodec(16_000);
     let samples = 0;
     let now = 0;
-    const uplink = new Uplink({ codec, resampler, payloadType: 111, pcm: (s) => (samples += s.length), now: () => now });
+    const uplink = new Uplink({ codec, payloadType: 111, pcm: (s) => (samples += s.length), now: () => now });
     // Two 2.5 ms CELT frames (code 1) of unequal halves: 5 ms that libopus refuses.
     const refused = Buffer.from([(16 << 3) | 1, 1, 2, 3]);
     uplink.packet(rtp(0, 0, good));
@@ -219,10 +216,146 @@ describe("uplink", () => {
     uplink.jitter.flush();
     assert.equal(uplink.stats.rejected, 100);
     assert.equal(uplink.stats.dropped, 0);
-    // 20 ms + 100 × 5 ms + 20 ms at 16 kHz, less the resampler's delay.
-    const expected = (2 * FRAME_SAMPLES + 100 * 240) / 3;
-    assert.ok(samples > expected - 100 && samples <= expected, `${samples} samples, ${expected} expected`);
+    // 20 ms + 100 × 5 ms + 20 ms at 16 kHz.
+    assert.equal(samples, (2 * FRAME_SAMPLES + 100 * 240) / 3);
     codec.close();
-    resampler.close();
+  });
+});
+
+/** An RTP packet whose one-byte header extension (RFC 8285) carries the audio level (RFC 6464) under `id`. */
+function leveled(seq: number, ts: number, payload: Buffer, level: number, id = 1): Buffer {
+  const h = Buffer.alloc(20);
+  h[0] = 0x90;
+  h[1] = 111;
+  h.writeUInt16BE(seq & 0xffff, 2);
+  h.writeUInt32BE(ts >>> 0, 4);
+  h.writeUInt32BE(0x1234, 8);
+  h.writeUInt16BE(0xbede, 12);
+  h.writeUInt16BE(1, 14);
+  h[16] = 0; // a padding byte first, then the element (id, one byte long)
+  h[17] = (id << 4) | 0;
+  h[18] = 0x80 | (level & 0x7f); // the voice-activity bit is not read
+  return Buffer.concat([h, payload]);
+}
+
+/** Loud 20 ms blocks (16 kHz) of `pcm`: those whose RMS is over 2000. */
+function loudBlocks(pcm: Int16Array): number[] {
+  const blocks: number[] = [];
+  for (let b = 0; (b + 1) * 320 <= pcm.length; b++) {
+    let sum = 0;
+    for (let i = b * 320; i < (b + 1) * 320; i++) sum += pcm[i]! * pcm[i]!;
+    if (Math.sqrt(sum / 320) > 2000) blocks.push(b);
+  }
+  return blocks;
+}
+
+describe("silence costs no decoding", () => {
+  /** `frames` 20 ms Opus packets of a tone (or of digital silence), encoded as a device would. */
+  function encoded(frames: number, loud: boolean): Buffer[] {
+    const encoder = new OpusCodec();
+    const source = loud ? sine(frames * FRAME_SAMPLES, 48_000, 300) : new Int16Array(frames * FRAME_SAMPLES);
+    const out = Array.from({ length: frames }, (_, i) => encoder.encode(source.subarray(i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)));
+    encoder.close();
+    return out;
+  }
+
+  test("the audio level is read from one-byte and two-byte extensions, only under the negotiated id", () => {
+    const payload = Buffer.from([0xf8, 1, 2]);
+    assert.equal(parseRtp(leveled(1, 0, payload, 127), 1)!.level, 127);
+    assert.equal(parseRtp(leveled(1, 0, payload, 33), 1)!.level, 33);
+    assert.equal(parseRtp(leveled(1, 0, payload, 33), 2)!.level, undefined, "another id");
+    assert.equal(parseRtp(leveled(1, 0, payload, 33))!.level, undefined, "not negotiated");
+    assert.deepEqual([...parseRtp(leveled(1, 0, payload, 33), 1)!.payload], [0xf8, 1, 2]);
+    // Two-byte form (profile 0x1000): id 1, length 1, the level, padding.
+    const h = Buffer.alloc(16);
+    h[0] = 0x90;
+    h[1] = 111;
+    h.writeUInt16BE(0x1000, 12);
+    h.writeUInt16BE(1, 14);
+    const two = Buffer.concat([h, Buffer.from([1, 1, 45, 0]), payload]);
+    assert.equal(parseRtp(two, 1)!.level, 45);
+    // An element longer than the block is no level, and the packet is still read.
+    const broken = leveled(1, 0, payload, 33);
+    broken[17] = (1 << 4) | 7;
+    assert.equal(parseRtp(broken, 1)!.level, undefined);
+  });
+
+  test("a device's DTX: the tiny packets of its pauses are not decoded, the gaps are silence, and its words after a long pause are whole", () => {
+    const codec = new OpusCodec(16_000);
+    const out: Int16Array[] = [];
+    let now = 0;
+    const uplink = new Uplink({ codec, payloadType: 111, pcm: (s) => out.push(s), now: () => now });
+    let seq = 0;
+    let ts = 0;
+    const send = (payload: Buffer, samples = FRAME_SAMPLES) => {
+      uplink.packet(rtp(seq++, ts, payload));
+      ts += samples;
+      now += (samples / 48_000) * 1000;
+    };
+    for (const p of encoded(15, true)) send(p);
+    // 4 s of discontinuous transmission: a one-byte packet (the table of contents alone) every 400 ms.
+    for (let i = 0; i < 10; i++) send(Buffer.from([0x78]), 400 * 48);
+    for (const p of encoded(15, true)) send(p);
+    uplink.jitter.flush();
+    const pcm = concatInt16(out);
+    assert.equal(uplink.stats.silent, 10, "no DTX packet decoded");
+    assert.equal(uplink.stats.decoded, 30);
+    assert.equal(pcm.length, (30 * FRAME_SAMPLES + 10 * 400 * 48) / 3, "the whole timeline, at 16 kHz");
+    const loud = loudBlocks(pcm);
+    const second = 15 + 200; // the second word's first 20 ms block
+    assert.ok(loud.includes(second), `the second word's first 20 ms is heard (loud blocks ${loud.join(",")})`);
+    assert.equal(loud.filter((b) => b >= second).length, 15, "all of it");
+    assert.equal(loud.filter((b) => b > 15 && b < second).length, 0, "the pause is silence");
+    codec.close();
+  });
+
+  test("a device that sends its audio level: silent packets are not decoded, speech after a long silence is whole, and without the extension everything is", () => {
+    for (const negotiated of [true, false]) {
+      const codec = new OpusCodec(16_000);
+      const out: Int16Array[] = [];
+      let now = 0;
+      const uplink = new Uplink({ codec, payloadType: 111, audioLevelId: negotiated ? 3 : undefined, pcm: (s) => out.push(s), now: () => now });
+      let seq = 0;
+      const silence = encoded(250, false);
+      const word = encoded(15, true);
+      for (const p of silence) {
+        uplink.packet(leveled(seq, seq * FRAME_SAMPLES, p, 127, 3));
+        seq++;
+        now += 20;
+      }
+      for (const p of word) {
+        uplink.packet(leveled(seq, seq * FRAME_SAMPLES, p, 12, 3));
+        seq++;
+        now += 20;
+      }
+      uplink.jitter.flush();
+      const pcm = concatInt16(out);
+      assert.equal(pcm.length, 265 * 320);
+      assert.equal(uplink.stats.silent, negotiated ? 250 : 0);
+      assert.equal(uplink.stats.decoded, negotiated ? 15 : 265);
+      const loud = loudBlocks(pcm);
+      assert.deepEqual(
+        loud,
+        Array.from({ length: 15 }, (_, i) => 250 + i),
+        "the word from its first 20 ms",
+      );
+      codec.close();
+    }
+  });
+
+  test("a packet lost in a silence is silence, not the concealment of the speech before it", () => {
+    const codec = new OpusCodec(16_000);
+    const out: Int16Array[] = [];
+    const uplink = new Uplink({ codec, payloadType: 111, pcm: (s) => out.push(s), now: () => 0 });
+    const word = encoded(10, true);
+    for (const [i, p] of word.entries()) uplink.packet(rtp(i, i * FRAME_SAMPLES, p));
+    uplink.packet(rtp(10, 10 * FRAME_SAMPLES, Buffer.from([0x78])));
+    // 11 is lost.
+    uplink.packet(rtp(12, 12 * FRAME_SAMPLES, Buffer.from([0x78])));
+    uplink.jitter.flush();
+    const pcm = concatInt16(out);
+    assert.equal(pcm.length, 13 * 320);
+    assert.ok(pcm.subarray(10 * 320).every((x) => x === 0));
+    codec.close();
   });
 });

@@ -83,7 +83,14 @@ export function opusModules(): number {
   return modules.length;
 }
 
-/** An Opus encoder and decoder of one mono 48 kHz stream. Call `close()` to free its memory. */
+/** The rates libopus encodes and decodes at (RFC 6716 §2: it decodes any stream at any of them). */
+export const OPUS_RATES = [8_000, 12_000, 16_000, 24_000, 48_000] as const;
+export type OpusRate = (typeof OPUS_RATES)[number];
+
+/**
+ * An Opus encoder and decoder of one mono stream at `rate` (48 kHz by default; a decoder at 16 kHz
+ * gives the recogniser's rate with no resampler). Call `close()` to free its memory.
+ */
 export class LibOpus {
   private slot: Slot | undefined;
   private readonly handler: Handler;
@@ -92,7 +99,8 @@ export class LibOpus {
   private readonly packetOut: number;
   private readonly pcmOut: number;
 
-  constructor(application: keyof typeof APPLICATIONS) {
+  constructor(application: keyof typeof APPLICATIONS, rate: OpusRate = OPUS_RATE) {
+    if (!OPUS_RATES.includes(rate)) throw new RangeError(`libopus runs at ${OPUS_RATES.join(", ")} Hz, not ${rate}`);
     const slot = takeSlot();
     const { native } = slot;
     const pointers: number[] = [];
@@ -103,7 +111,7 @@ export class LibOpus {
         if (!p) throw new Error("libopus is out of memory");
         pointers.push(p);
       }
-      this.handler = new native.OpusScriptHandler(OPUS_RATE, 1, APPLICATIONS[application]);
+      this.handler = new native.OpusScriptHandler(rate, 1, APPLICATIONS[application]);
     } catch (err) {
       for (const p of pointers) native._free(p);
       releaseSlot(slot);
@@ -117,7 +125,7 @@ export class LibOpus {
     check(this.handler._encoder_ctl(OPUS_SET_BITRATE, bitsPerSecond), "encoder setting");
   }
 
-  /** One frame of `pcm.length` samples (2.5–60 ms at 48 kHz) to one packet. */
+  /** One frame of `pcm.length` samples (2.5–60 ms at the codec's rate) to one packet. */
   encode(pcm: Int16Array): Buffer {
     const heap = this.heap();
     if (pcm.length > MAX_FRAME_SAMPLES) throw new RangeError(`a frame has at most ${MAX_FRAME_SAMPLES} samples`);
@@ -127,7 +135,7 @@ export class LibOpus {
     return Buffer.from(heap.subarray(this.packetOut, this.packetOut + bytes));
   }
 
-  /** One packet to its samples (up to 120 ms of them); throws on a packet libopus refuses. */
+  /** One packet to its samples at the codec's rate (up to 120 ms of them); throws on a packet libopus refuses. */
   decode(packet: Uint8Array): Int16Array {
     const heap = this.heap();
     if (packet.length < 1 || packet.length > MAX_PACKET_BYTES) throw new RangeError(`a packet has 1 to ${MAX_PACKET_BYTES} bytes`);

@@ -649,8 +649,16 @@ export const ConfigSchema = z
               { env_alias: "PERCH_FAST_RECOGNITION_AFTER_MS" },
             ),
           ),
+        preload: z
+          .union([z.boolean(), z.array(z.enum(["recognition", "voice_activity", "speech"])).min(1)])
+          .default(false)
+          .meta(
+            info(
+              "embedded engines started with the node whatever its agents use: `true` all of them, or a list of `recognition` (the recogniser processes behind `whisper-1`), `voice_activity` (the voice activity process) and `speech` (flite's workers behind `tts-1`, warmed up). With `false` a node starts only what its voice conversations use (the voice activity process when an agent may converse over WebRTC; the recogniser and flite when an agent's transcription or speech model is the embedded one), and any other engine on its first use, which waits for it (the recogniser takes seconds to load): a node whose agents speak on providers stays lean (docs/decisions.md, issue 41); set it on a node that serves `whisper-1` or `tts-1` to API clients and wants their first request fast",
+            ),
+          ),
       })
-      .default({ fast_recognition_after_ms: 600 })
+      .default({ fast_recognition_after_ms: 600, preload: false })
       .meta(info("the embedded speech engines (one set per process, however many servers it starts; the first server's settings apply)")),
     app: z
       .strictObject({

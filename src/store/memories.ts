@@ -136,7 +136,10 @@ export class MemoryRepository {
   /**
    * SQLite: `work` with `secure_delete` on (a flag of the connection, read as pages are freed). The
    * process's transactions share one connection (a group commit runs several at once), so the flag
-   * is set by the first memory write under way and cleared by the last.
+   * is set by the first memory write under way and cleared by the last. Counted per store, as the
+   * flag is per connection. (node:sqlite runs each statement synchronously and a group commit runs
+   * its units one after another, so no test makes two stores' memory writes overlap today; the
+   * count is kept so that an asynchronous driver would stay correct.)
    */
   private async secure<T>(work: () => Promise<T>): Promise<T> {
     if (this.dialect !== "sqlite") return work();

@@ -4,6 +4,7 @@
  */
 import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
 import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../protocol/channel.ts";
+import { AUDIO_LEVEL_URI } from "../voice/rtp.ts";
 import { guarded } from "./guard.ts";
 import { MAX_ANSWER_BYTES, offerToApply, rewriteHostCandidates } from "./sdp.ts";
 
@@ -22,6 +23,8 @@ export interface OfferToAnswer {
   sdp: string;
   audioMid: string;
   opusPayloadType: number;
+  /** The audio-level header extension's id, when the device offered it: the answer accepts it. */
+  audioLevelId?: number | undefined;
   /** The address the offer came from (its HTTP client): the server checks the offer's candidates there at once. */
   from?: string | undefined;
 }
@@ -33,6 +36,8 @@ export interface AudioTrack {
   send(rtp: Buffer): boolean;
   readonly payloadType: number;
   readonly ssrc: number;
+  /** The audio-level header extension's id (RFC 6464), when negotiated: the device's packets may carry its level. */
+  readonly audioLevelId?: number | undefined;
 }
 
 /** One answered peer connection, as the rest of the transport sees it. */
@@ -163,8 +168,10 @@ export class Answerer {
       const media = new nodeDataChannel.Audio(offer.audioMid, "SendRecv");
       media.addOpusCodec(offer.opusPayloadType);
       media.addSSRC(ssrc, "perch", "perch", "perch-audio");
+      // The audio level only when the device offered it (its id as offered): its silent packets then need no decoding.
+      if (offer.audioLevelId !== undefined) media.parseSdpLine(`a=extmap:${offer.audioLevelId} ${AUDIO_LEVEL_URI}`);
       const track = pc.addTrack(media);
-      link = new Link(pc, track, ssrc, offer.opusPayloadType);
+      link = new Link(pc, track, ssrc, offer.opusPayloadType, offer.audioLevelId);
       const gathered = new Promise<void>((resolve, reject) => {
         timer = setTimeout(() => reject(new AnswerError("ICE gathering timed out")), this.o.gatherTimeoutMs);
         pc.onGatheringStateChange((state) => {
@@ -220,7 +227,7 @@ class Link implements PeerLink {
   private parity = 0;
   private lastChannelId = -2;
 
-  constructor(pc: PeerConnection, track: Track, ssrc: number, payloadType: number) {
+  constructor(pc: PeerConnection, track: Track, ssrc: number, payloadType: number, audioLevelId: number | undefined) {
     this.pc = pc;
     this.track = track;
     this.audio = {
@@ -233,6 +240,7 @@ class Link implements PeerLink {
       },
       payloadType,
       ssrc,
+      audioLevelId,
     };
     const linkFault = (err: unknown) => this.faulted(err, "link");
     pc.onStateChange(

@@ -280,6 +280,7 @@ export class Connection {
     const port: AudioPort = {
       publicKey: this.publicKey,
       payloadType: this.link.audio.payloadType,
+      audioLevelId: this.link.audio.audioLevelId,
       onPacket: (cb) => {
         this.audioIn = cb;
       },

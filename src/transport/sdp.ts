@@ -1,8 +1,12 @@
 /** The offer checks of the contract (checks 10 and 11) and the answer's host candidates. */
 
+import { AUDIO_LEVEL_URI } from "../voice/rtp.ts";
+
 export interface OfferShape {
   audioMid: string;
   opusPayloadType: number;
+  /** The id the offer gave the audio-level header extension (RFC 6464) in its audio section, when it offered it (1–14). */
+  audioLevelId?: number;
 }
 
 export interface OfferProblem {
@@ -153,11 +157,27 @@ export function inspectOffer(sdp: string): OfferShape | OfferProblem {
       ?.slice(6)
       .trim();
     const opus = section.map((l) => /^a=rtpmap:(\d+) opus\/48000(\/\d+)?\s*$/i.exec(l)).find((x) => x);
-    if (mid && opus && formats.split(" ").includes(opus[1]!)) audio = { audioMid: mid, opusPayloadType: Number(opus[1]) };
+    if (mid && opus && formats.split(" ").includes(opus[1]!)) {
+      audio = { audioMid: mid, opusPayloadType: Number(opus[1]) };
+      const level = audioLevelId(section);
+      if (level !== undefined) audio.audioLevelId = level;
+    }
   }
   return audio && data
     ? audio
     : { code: "MISSING_OPUS_AUDIO", message: "the offer needs a sendrecv audio section with opus/48000 and a webrtc-datachannel section" };
+}
+
+/**
+ * The id of the audio-level extension in a media section's `a=extmap` lines: one of the one-byte
+ * form (1–14, RFC 8285), which every sender that offers it can use, else none.
+ */
+function audioLevelId(section: string[]): number | undefined {
+  for (const line of section) {
+    const m = /^a=extmap:(\d{1,3})(?:\/\w+)? (\S+)\s*$/.exec(line);
+    if (m && m[2] === AUDIO_LEVEL_URI && Number(m[1]) >= 1 && Number(m[1]) <= 14) return Number(m[1]);
+  }
+  return undefined;
 }
 
 function direction(lines: string[]): string | undefined {

@@ -1,6 +1,5 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
-import { Resampler } from "../audio/resampler.ts";
 import type { VoiceConfig } from "../config/config.ts";
 import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
@@ -34,6 +33,8 @@ export interface ConversationOptions {
 const DROP_LOG_MS = 10_000;
 /** The jitter buffer's and the end of turn's clock. */
 const TICK_MS = 20;
+/** The uplink's packets are counted in the metrics every this many ticks. */
+const COUNT_TICKS = 50;
 
 /**
  * One device's voice conversation, for the life of its connection: the uplink (RTP → 16 kHz
@@ -44,20 +45,21 @@ const TICK_MS = 20;
 export class Conversation {
   private readonly o: ConversationOptions;
   private readonly clock: VoiceClock;
-  private readonly codec = new OpusCodec();
-  private readonly down: Resampler;
+  /** The uplink decodes straight to the recogniser's rate. */
+  private readonly codec = new OpusCodec(RECOGNITION_RATE);
   private readonly uplink: Uplink;
   private readonly recognition: AudioRecognition<Turn>;
   private readonly turns: TurnActivity;
   private readonly stopTicker: () => void;
   private readonly logged = { overrun: 0, overrunAt: Number.NEGATIVE_INFINITY, droppedAt: Number.NEGATIVE_INFINITY };
+  /** Uplink packets already counted in the metrics, and ticks until they are counted again. */
+  private readonly counted = { decoded: 0, silent: 0, ticks: 0 };
   private closed = false;
 
   constructor(o: ConversationOptions) {
     this.o = o;
     this.clock = o.clock ?? systemClock;
     const peer = o.port.publicKey;
-    this.down = new Resampler(o.resampler, OPUS_RATE, RECOGNITION_RATE);
     this.turns = new TurnActivity({
       config: o.config,
       events: new VoiceEvents(o.port),
@@ -80,8 +82,8 @@ export class Conversation {
     });
     this.uplink = new Uplink({
       codec: this.codec,
-      resampler: this.down,
       payloadType: o.port.payloadType,
+      audioLevelId: o.port.audioLevelId,
       pcm: (pcm) => this.hear(pcm),
       overrun: (samples) => this.overrun(samples),
       now: () => this.clock.now(),
@@ -98,6 +100,7 @@ export class Conversation {
       try {
         this.uplink.tick();
         this.recognition.tick();
+        if (++this.counted.ticks >= COUNT_TICKS) this.count();
       } catch (err) {
         o.logger.warn({ err, peer }, "voice uplink tick failed");
       }
@@ -128,10 +131,19 @@ export class Conversation {
     if (this.closed) return;
     this.closed = true;
     this.stopTicker();
+    this.count();
     this.turns.close();
     this.recognition.close();
-    this.down.close();
     this.codec.close();
+  }
+
+  /** The uplink's packets since last counted, into the metrics (every second, not per packet). */
+  private count(): void {
+    const { decoded, silent } = this.uplink;
+    this.o.metrics.uplinkPackets(decoded - this.counted.decoded, silent - this.counted.silent);
+    this.counted.decoded = decoded;
+    this.counted.silent = silent;
+    this.counted.ticks = 0;
   }
 
   /** The device claimed more audio than real time allows; logged at most every DROP_LOG_MS, not per packet. */

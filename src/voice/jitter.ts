@@ -1,7 +1,10 @@
 import type { RtpPacket } from "./rtp.ts";
 
 /** What the buffer hands on, in order: a packet to decode, a lost packet to conceal, or a gap the sender left silent. */
-export type JitterOutput = { kind: "packet"; payload: Buffer } | { kind: "lost"; samples: number } | { kind: "silence"; samples: number };
+export type JitterOutput =
+  | { kind: "packet"; payload: Buffer /** The sender's audio level (−dBov), when the packet carried one. */; level?: number }
+  | { kind: "lost"; samples: number }
+  | { kind: "silence"; samples: number };
 
 export interface JitterOptions {
   /** How long a missing packet is waited for before it is declared lost. */
@@ -160,7 +163,7 @@ export class JitterBuffer {
     const gap = (packet.timestamp - this.nextTs) >>> 0;
     const maxGap = (this.o.maxGapMs * this.o.clockRate) / 1000;
     if (gap > 0 && gap <= maxGap) this.o.output({ kind: "silence", samples: gap });
-    this.o.output({ kind: "packet", payload: packet.payload });
+    this.o.output(packet.level === undefined ? { kind: "packet", payload: packet.payload } : { kind: "packet", payload: packet.payload, level: packet.level });
     this.next = this.next! + 1;
     this.nextTs = (packet.timestamp + (opusPacketSamples(packet.payload, this.o.clockRate) ?? this.o.frameSamples)) >>> 0;
   }

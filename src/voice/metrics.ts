@@ -11,6 +11,7 @@ export class VoiceMetrics {
   private readonly late: Counter;
   private readonly frames: Counter;
   private readonly dropped: Counter;
+  private readonly packets: { decoded: Counter.Internal; silent: Counter.Internal };
   private readonly falseInterruptions: Counter;
   private readonly preemptives: Counter<"result">;
 
@@ -41,6 +42,13 @@ export class VoiceMetrics {
       help: "Uplink audio dropped undecoded: what devices claimed beyond real time",
       registers: [registry],
     });
+    const packets = new Counter({
+      name: "perch_voice_uplink_packets_total",
+      help: "Uplink Opus packets by what they cost: decoded, or silent (DTX, or an audio level of silence) and not decoded",
+      labelNames: ["decoding"],
+      registers: [registry],
+    });
+    this.packets = { decoded: packets.labels("decoded"), silent: packets.labels("silent") };
     this.falseInterruptions = new Counter({
       name: "perch_voice_false_interruptions_total",
       help: "Speech over a reply that was no barge-in: the reply paused and resumed (voice.md §7)",
@@ -95,6 +103,12 @@ export class VoiceMetrics {
 
   uplinkDropped(seconds: number): void {
     this.dropped.inc(seconds);
+  }
+
+  /** Uplink packets since the last call: decoded, and silent (not decoded). */
+  uplinkPackets(decoded: number, silent: number): void {
+    if (decoded > 0) this.packets.decoded.inc(decoded);
+    if (silent > 0) this.packets.silent.inc(silent);
   }
 
   frameSent(): void {

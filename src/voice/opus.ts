@@ -1,4 +1,4 @@
-import { LibOpus, MAX_PACKET_BYTES, OPUS_RATE } from "../audio/opus.ts";
+import { LibOpus, MAX_PACKET_BYTES, OPUS_RATE, type OpusRate } from "../audio/opus.ts";
 
 export { OPUS_RATE };
 /** 20 ms at 48 kHz. */
@@ -6,20 +6,25 @@ export const FRAME_SAMPLES = 960;
 export const FRAME_MS = 20;
 
 /**
- * One conversation's Opus codec (libopus in WebAssembly): the decoder of the device's uplink and
- * the encoder of the replies, created together and freed together.
+ * One conversation's Opus codec (libopus in WebAssembly): the decoder of the device's uplink, at
+ * the rate its listener needs (libopus decodes any stream at 8–48 kHz itself: no resampler), and
+ * the encoder of the replies at 48 kHz, made at the first reply (a silent connection needs none).
  */
 export class OpusCodec {
-  private codec: LibOpus | undefined;
+  /** The rate the uplink decodes at. */
+  readonly rate: OpusRate;
+  private decoder: LibOpus | undefined;
+  private encoder: LibOpus | undefined;
+  private closed = false;
   /** The last good packet's table-of-contents byte, for concealment in the same mode. */
   private lastToc: number | undefined;
 
-  constructor() {
-    this.codec = new LibOpus("voip");
-    this.codec.setBitrate(32_000);
+  constructor(rate: OpusRate = OPUS_RATE) {
+    this.rate = rate;
+    this.decoder = new LibOpus("voip", rate);
   }
 
-  /** Decodes one packet to 48 kHz samples; undefined for a packet libopus refuses (the device's bytes). */
+  /** Decodes one packet to samples at `rate`; undefined for a packet libopus refuses (the device's bytes). */
   decode(payload: Buffer): Int16Array | undefined {
     const codec = this.open();
     if (payload.length < 1 || payload.length > MAX_PACKET_BYTES) return undefined;
@@ -33,9 +38,9 @@ export class OpusCodec {
   }
 
   /**
-   * Opus's packet-loss concealment for `samples` missing samples: a packet of its table of contents
-   * alone decodes as that packet's duration of concealment (RFC 6716 §4.4 and the reference
-   * decoder); what a whole packet cannot cover is silence.
+   * Opus's packet-loss concealment for `samples` missing samples (at `rate`): a packet of its table
+   * of contents alone decodes as that packet's duration of concealment (RFC 6716 §4.4 and the
+   * reference decoder); what a whole packet cannot cover is silence.
    */
   conceal(samples: number): Int16Array {
     const out = new Int16Array(samples);
@@ -60,16 +65,30 @@ export class OpusCodec {
   /** Encodes exactly one 20 ms frame of 48 kHz samples. */
   encode(frame: Int16Array): Buffer {
     if (frame.length !== FRAME_SAMPLES) throw new RangeError(`a frame has ${FRAME_SAMPLES} samples, not ${frame.length}`);
-    return this.open().encode(frame);
+    if (this.closed) throw new Error("the codec is closed");
+    if (!this.encoder) {
+      const encoder = new LibOpus("voip", OPUS_RATE);
+      try {
+        encoder.setBitrate(32_000);
+      } catch (err) {
+        encoder.close();
+        throw err;
+      }
+      this.encoder = encoder;
+    }
+    return this.encoder.encode(frame);
   }
 
   close(): void {
-    this.codec?.close();
-    this.codec = undefined;
+    this.closed = true;
+    this.decoder?.close();
+    this.encoder?.close();
+    this.decoder = undefined;
+    this.encoder = undefined;
   }
 
   private open(): LibOpus {
-    if (!this.codec) throw new Error("the codec is closed");
-    return this.codec;
+    if (!this.decoder) throw new Error("the codec is closed");
+    return this.decoder;
   }
 }

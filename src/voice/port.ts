@@ -9,6 +9,8 @@ export interface AudioPort {
   readonly publicKey: string;
   /** The RTP payload type the device offered for Opus (its uplink uses it; the downlink too). */
   readonly payloadType: number;
+  /** The header extension id of the audio level (RFC 6464), when the device offered it (and the answer accepted it). */
+  readonly audioLevelId?: number | undefined;
   /** Each packet received on the audio track (RTP, or RTCP sharing the track). */
   onPacket(cb: (packet: Buffer) => void): void;
   /** Sends one Opus frame (20 ms) on the track's sender, continuing its RTP sequence and timestamps; false when not sent. */

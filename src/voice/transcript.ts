@@ -20,6 +20,7 @@ export function observeTranscript(port: AudioPort, entry: (e: TranscriptEntry) =
   const observed: AudioPort = {
     publicKey: port.publicKey,
     payloadType: port.payloadType,
+    audioLevelId: port.audioLevelId,
     onPacket: (cb) => port.onPacket(cb),
     sendFrame: (opus, first) => port.sendFrame(opus, first),
     sendEvent: (event) => {

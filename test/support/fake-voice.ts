@@ -154,9 +154,12 @@ export class FakeTurnTranscription implements TurnTranscription {
 
   /** Samples of loud audio (speech) heard. */
   loud = 0;
+  /** The turn's audio, as pushed. */
+  readonly audio: Int16Array[] = [];
 
   push(pcm: Int16Array): void {
     this.samples += pcm.length;
+    this.audio.push(pcm);
     for (let at = 0; at + BLOCK <= pcm.length; at += BLOCK) if (Math.abs(pcm[at]!) > LOUD / 2) this.loud += BLOCK;
   }
 
@@ -293,6 +296,10 @@ export interface Rig {
   metrics: Registry;
   /** `ms` of audio from the device (loud or silent), 20 ms at a time, on the clock. */
   talk(ms: number, loud?: boolean): Promise<void>;
+  /** One packet from the device's audio track (RTP), as the transport hands it on. */
+  packet(bytes: Buffer): void;
+  /** Samples the voice activity detector was given. */
+  vadSamples: number;
   /** Moves the clock without audio from the device (it sends nothing). */
   wait(ms: number): Promise<void>;
   /** The events of one stream id. */
@@ -331,6 +338,10 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
     frames: 0,
     metrics,
     conversation: undefined as unknown as Conversation,
+    packet: (bytes) => {
+      for (const cb of packetListeners) cb(bytes);
+    },
+    vadSamples: 0,
     async talk(ms, loud = true) {
       for (let t = 0; t < ms; t += 20) {
         r.conversation.hear(new Int16Array(320).fill(loud ? LOUD : 0));
@@ -348,11 +359,13 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
       transcript.close();
     },
   };
+  const packetListeners: Array<(bytes: Buffer) => void> = [];
   const transcript = observeTranscript(
     {
       publicKey: "fake-device",
       payloadType: 111,
-      onPacket: () => {},
+      audioLevelId: 1,
+      onPacket: (cb) => packetListeners.push(cb),
       sendFrame: () => {
         r.frames++;
         return true;
@@ -368,7 +381,18 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
   r.conversation = new Conversation({
     port: transcript.port,
     config,
-    activity: loudnessVad,
+    activity: {
+      create: (o) => {
+        const vad = loudnessVad.create(o);
+        return {
+          push: (pcm) => {
+            r.vadSamples += pcm.length;
+            return vad.push(pcm);
+          },
+          flush: () => vad.flush(),
+        };
+      },
+    },
     resampler: await loadResampler(),
     metrics: new VoiceMetrics(metrics, () => 1),
     logger: pino({ level: "silent" }),

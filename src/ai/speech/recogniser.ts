@@ -1,7 +1,8 @@
 /**
  * The embedded recogniser behind `whisper-1`: Moonshine base for the words, Silero for where speech
- * is, each in a worker process of its own (one model of each per server process, loaded at start-up in
- * the background; processes rather than threads: see recognition-worker.ts).
+ * is, each in a worker process of its own (one model of each per server process, each loaded on its
+ * first use or when the node asks at start-up, src/node/engines.ts; processes rather than threads:
+ * see recognition-worker.ts).
  *
  * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD (in jobs of 10 s of audio), then
  * recognised job by job (FileSpeech): speech of up to 20 s, neighbours joined up to 12 s, whatever
@@ -31,6 +32,7 @@ import { concatFloat32 } from "../../audio/samples.ts";
 import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
+import { Loading, type LoadState } from "./loading.ts";
 import { normaliseTranscript } from "./normalise.ts";
 import { type QueueLimits, WorkQueue } from "./queue.ts";
 import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } from "./recognition-worker.ts";
@@ -40,6 +42,7 @@ import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEn
 import { FileSpeech, type Piece, type Region, SpeechTracker, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
 
 const RATE = DECODED_SAMPLE_RATE;
+const WORKER_SCRIPT = new URL("./recognition-worker.ts", import.meta.url);
 /**
  * Silence added where audio starts or ends right at speech (a file's first and last region, a live
  * utterance) and where a file's speech was cut: Moonshine misses words that touch the edge. Inside a
@@ -106,10 +109,12 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly conversingForMs: number;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
-  private loading: Promise<void> | undefined;
+  /** Each part starts on first use (or when asked to: `startRecognition`, `startActivity`), then its promise stays. */
+  private recognitionLoad: Loading | undefined;
+  private activityLoad: Loading | undefined;
   /** Batches recognised by each model (Moonshine base, and tiny when a turn would be late). */
   readonly batchesByModel = { base: 0, tiny: 0 };
-  /** Milliseconds from `start()` until both models were loaded. */
+  /** Milliseconds from `startRecognition()` until the recogniser processes were loaded. */
   loadMs: number | undefined;
   /**
    * When a conversation last took a turn (a recognition of its class) or a detector was made for one
@@ -180,27 +185,48 @@ export class MoonshineEngine implements TranscriptionEngine {
 
   /** Starts loading both models in their workers (once); resolves when they are ready. */
   start(): Promise<void> {
-    if (!this.loading) {
+    return Promise.all([this.startRecognition(), this.startActivity()]).then(() => {});
+  }
+
+  /** Starts the recogniser processes (Moonshine), once; resolves when they are loaded. */
+  startRecognition(): Promise<void> {
+    if (!this.recognitionLoad) {
       const started = performance.now();
-      const script = new URL("./recognition-worker.ts", import.meta.url);
       const moonshine: RecognitionWorkerData = { model: "moonshine", threads: this.threads, fast: this.fast };
-      const silero: RecognitionWorkerData = { model: "silero" };
       // One process in the foreground for conversations; the others, at a lower OS priority, for files and partials.
       this.recogniserPool = new WorkerPool({
-        script,
+        script: WORKER_SCRIPT,
         workerData: moonshine,
         size: this.processes,
         background: this.processes - 1,
         name: "recogniser",
         isolation: "process",
       });
-      this.vadPool = new WorkerPool({ script, workerData: silero, size: 1, name: "voice activity", isolation: "process" });
-      this.loading = Promise.all([this.recogniserPool.ready(), this.vadPool.ready()]).then(() => {
-        this.loadMs = performance.now() - started;
-      });
-      this.loading.catch(() => {});
+      this.recognitionLoad = new Loading(
+        this.recogniserPool.ready().then(() => {
+          this.loadMs = performance.now() - started;
+        }),
+      );
     }
-    return this.loading;
+    return this.recognitionLoad.done;
+  }
+
+  /** Starts the voice activity process (Silero), once; resolves when it is loaded. */
+  startActivity(): Promise<void> {
+    if (!this.activityLoad) {
+      const silero: RecognitionWorkerData = { model: "silero" };
+      this.vadPool = new WorkerPool({ script: WORKER_SCRIPT, workerData: silero, size: 1, name: "voice activity", isolation: "process" });
+      this.activityLoad = new Loading(this.vadPool.ready());
+    }
+    return this.activityLoad.done;
+  }
+
+  /** Where each part's loading stands (`/metrics`): not started yet is not a failure. */
+  loadStates(): Array<{ engine: string; state: LoadState }> {
+    return [
+      { engine: this.recognitions.name, state: this.recognitionLoad?.state ?? "not_loaded" },
+      { engine: this.activity.name, state: this.activityLoad?.state ?? "not_loaded" },
+    ];
   }
 
   async close(): Promise<void> {
@@ -214,7 +240,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   async recognise(audio: Float32Array, job: JobOptions = FILE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<string> {
     // A conversation's recognition is a turn (or its speculative start): the conversation goes on.
     if (job.class === "conversation") this.conversedAt = performance.now();
-    await this.start();
+    await this.startRecognition();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
     padded.set(audio, before);
@@ -237,7 +263,7 @@ export class MoonshineEngine implements TranscriptionEngine {
    * of the scheduler: conversations' jobs waiting together are scored in one batch.
    */
   async vadFrames(audio: Float32Array, state: VadState, job: JobOptions = FILE): Promise<VadResult> {
-    await this.start();
+    await this.startActivity();
     return this.activity.runBatched<VadItem, VadResult>({ audio, state }, job);
   }
 

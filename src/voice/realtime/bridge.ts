@@ -64,6 +64,8 @@ export interface RealtimeOptions {
   notes?: () => Promise<string | undefined>;
   resampler: SpeexModule;
   payloadType: number;
+  /** The audio level's header extension id, when negotiated (RFC 6464). */
+  audioLevelId?: number | undefined;
   metrics: VoiceMetrics;
   clock: VoiceClock;
   /** Sends one Opus frame of a reply. */
@@ -135,8 +137,8 @@ const NO_TRANSCRIPTION: TurnTranscription = { push() {}, pause() {}, soFar: () =
 export class RealtimeBridge {
   private readonly o: RealtimeOptions;
   private readonly link: RealtimeLink;
-  private readonly codec = new OpusCodec();
-  private readonly toModel: Resampler;
+  /** The uplink decodes straight to the model's rate. */
+  private readonly codec = new OpusCodec(REALTIME_RATE);
   private readonly uplink: Uplink;
   private readonly node: { recognition: AudioRecognition<NodeTurn>; down: Resampler } | undefined;
   private appendParts: Int16Array[] = [];
@@ -159,11 +161,10 @@ export class RealtimeBridge {
 
   constructor(o: RealtimeOptions) {
     this.o = o;
-    this.toModel = new Resampler(o.resampler, OPUS_RATE, REALTIME_RATE);
     this.uplink = new Uplink({
       codec: this.codec,
-      resampler: this.toModel,
       payloadType: o.payloadType,
+      audioLevelId: o.audioLevelId,
       pcm: (pcm) => this.hear(pcm),
       now: () => o.clock.now(),
     });
@@ -249,7 +250,6 @@ export class RealtimeBridge {
     this.link.close();
     this.node?.recognition.close();
     this.node?.down.close();
-    this.toModel.close();
     this.codec.close();
     this.history.length = 0;
   }

@@ -128,6 +128,7 @@ export class RealtimeVoice {
           ...(o.notes ? { notes: () => o.notes!(agent.id) } : {}),
           resampler: o.resampler,
           payloadType: o.port.payloadType,
+          audioLevelId: o.port.audioLevelId,
           metrics: o.metrics,
           clock: o.clock,
           send: (opus, first) => o.port.sendFrame(opus, first),

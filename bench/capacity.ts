@@ -1,0 +1,383 @@
+/**
+ * `npm run bench -- capacity`: how many voice conversations one node carries (issue 41). Speech on a
+ * provider that answers at once (bench/capacity-provider.ts, its own process: transcription, chat
+ * and speech), `perch serve` with one agent on it, and light devices in other processes
+ * (bench/capacity-worker.ts: node-datachannel peers sending pre-encoded Opus in RTP, 20 ms a frame).
+ *
+ * Steps (`--steps`, BENCH_CAPACITY_STEPS; default talk:20,talk:40,talk:80,talk:120,talk:200,idle:100,mic:100):
+ * `talk:N` N conversations (a 1.4 s question, the reply awaited, a 4 s pause, again), `idle:N` N
+ * connected devices sending nothing, `mic:N` N open microphones sending Opus frames of silence (as
+ * the SDK's microphone does; not DTX). Each step: the devices connect, BENCH_CAPACITY_WARMUP_S (4)
+ * pass, then BENCH_CAPACITY_STEP_S (`--step-seconds`, 20) are measured: the CPU of Perch's whole
+ * process tree (main process and children, /proc; % of one core), its resident memory (the tree's
+ * sum; mean and peak), turns asked, answered (at the device, and the server's `perch_voice_turns_total`),
+ * and end of speech → first reply audio at the device (the question's last voiced frame sent → the
+ * reply's first RTP packet received; p50/p95). Before the steps, each server's tree at rest (after its
+ * start-up settled, no device): resident memory by process.
+ *
+ * `--base <dir or git revision>` (BENCH_CAPACITY_BASE): that checkout's server too, started beside
+ * this one with the same configuration; every step runs on both, one after the other, the order
+ * alternating from step to step, so that before and after come from one run on one machine.
+ *
+ * BENCH_CAPACITY_PROCESSES (4): device processes per server (niced, as bench/crowd.ts's:
+ * BENCH_CROWD_NICE=0 turns it off). BENCH_CAPACITY_PAUSE_MS (4000), BENCH_CAPACITY_REPLY_MS (1200).
+ */
+import { type ChildProcess, execFileSync, fork, spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { availableParallelism, loadavg, setPriority, tmpdir } from "node:os";
+import { join } from "node:path";
+import { LibOpus } from "../src/audio/opus.ts";
+import type { CapacityAudio, CapacityCollected, CapacityCommand, CapacityConnected, Mode } from "./capacity-worker.ts";
+import { benchConfig, ROOT, round, type Server, startServer } from "./support.ts";
+import { metric, pct, questionFile } from "./voice.ts";
+
+const DEFAULT_STEPS = "talk:20,talk:40,talk:80,talk:120,talk:200,idle:100,mic:100";
+const STEP_S = Number(option("--step-seconds") ?? process.env.BENCH_CAPACITY_STEP_S ?? 20);
+const WARMUP_S = Number(process.env.BENCH_CAPACITY_WARMUP_S ?? 4);
+const PROCESSES = Number(process.env.BENCH_CAPACITY_PROCESSES ?? 4);
+const CONNECT_CONCURRENCY = 4;
+const FRAME = 960;
+
+function option(name: string): string | undefined {
+  const at = process.argv.indexOf(name);
+  return at < 0 ? undefined : process.argv[at + 1];
+}
+
+interface Step {
+  mode: Mode;
+  count: number;
+}
+
+function steps(): Step[] {
+  return (option("--steps") ?? process.env.BENCH_CAPACITY_STEPS ?? DEFAULT_STEPS).split(",").map((s) => {
+    const [mode, n] = s.trim().split(":");
+    if ((mode !== "talk" && mode !== "idle" && mode !== "mic") || !Number.isInteger(Number(n)) || Number(n) < 1)
+      throw new Error(`a capacity step is talk:N, idle:N or mic:N, not ${JSON.stringify(s)}`);
+    return { mode, count: Number(n) };
+  });
+}
+
+/** Every process below `pid` and itself, each with its name. */
+function tree(pid: number): Array<{ pid: number; name: string }> {
+  const out: Array<{ pid: number; name: string }> = [];
+  const visit = (p: number) => {
+    try {
+      const stat = readFileSync(`/proc/${p}/stat`, "utf8");
+      out.push({ pid: p, name: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")) });
+      for (const task of readdirSync(`/proc/${p}/task`))
+        for (const child of readFileSync(`/proc/${p}/task/${task}/children`, "utf8").split(" ").filter(Boolean)) visit(Number(child));
+    } catch {
+      // Ended meanwhile.
+    }
+  };
+  visit(pid);
+  return out;
+}
+
+/**
+ * CPU seconds of the tree so far: each live process's own (user + system) and those of its children
+ * already waited for (cutime + cstime: an ffmpeg that ended during the step still counts).
+ */
+function treeCpu(pid: number): number {
+  let ticks = 0;
+  for (const p of tree(pid)) {
+    try {
+      const stat = readFileSync(`/proc/${p.pid}/stat`, "utf8");
+      const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      ticks += Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14]);
+    } catch {}
+  }
+  return ticks / 100;
+}
+
+function rssMb(pid: number): number {
+  try {
+    return Number(/^VmRSS:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) / 1024;
+  } catch {
+    return 0;
+  }
+}
+
+/** The tree's resident memory, in all and by process (`node` is the server itself; its children by their command). */
+function treeRss(pid: number): { total_mb: number; processes: Array<{ name: string; rss_mb: number }> } {
+  const processes = tree(pid).map((p) => {
+    let name = p.name;
+    try {
+      const argv = readFileSync(`/proc/${p.pid}/cmdline`, "utf8").split("\0");
+      const script = argv.find((a) => /\.(ts|js)$/.test(a));
+      if (p.pid !== pid && script) name = script.split("/").slice(-2).join("/");
+      else if (p.pid === pid) name = "perch serve";
+      // A pooled worker process says its model in its data (the recogniser's processes: moonshine, silero).
+      const data = /PERCH_WORKER_DATA=([^\0]*)/.exec(readFileSync(`/proc/${p.pid}/environ`, "utf8"))?.[1];
+      const model = data ? (JSON.parse(data) as { model?: unknown }).model : undefined;
+      if (typeof model === "string") name = `${name} (${model})`;
+    } catch {}
+    return { name, rss_mb: round(rssMb(p.pid)) };
+  });
+  return { total_mb: round(processes.reduce((s, p) => s + p.rss_mb, 0)), processes };
+}
+
+/** The question (flite, 48 kHz) as 20 ms Opus frames, the last voiced one's index, and a frame of digital silence. */
+async function encodedAudio(dir: string): Promise<string> {
+  const raw = readFileSync(await questionFile(dir));
+  const pcm = new Int16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
+  const opus = new LibOpus("voip");
+  const question: string[] = [];
+  let lastVoiced = 0;
+  for (let at = 0, i = 0; at < pcm.length; at += FRAME, i++) {
+    const frame = new Int16Array(FRAME);
+    frame.set(pcm.subarray(at, at + FRAME));
+    let sum = 0;
+    for (const x of frame) sum += x * x;
+    if (Math.sqrt(sum / FRAME) > 300) lastVoiced = i;
+    question.push(opus.encode(frame).toString("base64"));
+  }
+  let silence = "";
+  for (let i = 0; i < 5; i++) silence = opus.encode(new Int16Array(FRAME)).toString("base64");
+  opus.close();
+  const audio: CapacityAudio = { question, lastVoiced, silence };
+  const file = join(dir, "capacity-audio.json");
+  writeFileSync(file, JSON.stringify(audio));
+  return file;
+}
+
+type Reply = CapacityConnected | CapacityCollected | { type: "released"; id: number };
+
+class DeviceProcess {
+  readonly child: ChildProcess;
+  private readonly waiting = new Map<number, (r: Reply) => void>();
+  private next = 0;
+
+  constructor(env: Record<string, string>) {
+    this.child = fork(join(ROOT, "bench/capacity-worker.ts"), [], {
+      execArgv: ["--disable-warning=ExperimentalWarning"],
+      env: { ...process.env, ...env },
+      stdio: ["ignore", "inherit", "inherit", "ipc"],
+    });
+    const nice = Number(process.env.BENCH_CROWD_NICE ?? 10);
+    if (nice && this.child.pid !== undefined) setPriority(this.child.pid, nice);
+    this.child.on("message", (r: Reply) => {
+      const done = this.waiting.get(r.id);
+      this.waiting.delete(r.id);
+      done?.(r);
+    });
+    this.child.once("exit", () => {
+      for (const done of this.waiting.values()) done({ type: "released", id: -1 });
+    });
+  }
+
+  ask<R extends Reply>(command: CapacityCommand & { id: number }): Promise<R> {
+    return new Promise((resolve) => {
+      this.waiting.set(command.id, resolve as (r: Reply) => void);
+      this.child.send(command);
+    });
+  }
+
+  id(): number {
+    return ++this.next;
+  }
+
+  tell(command: CapacityCommand): void {
+    if (this.child.connected) this.child.send(command);
+  }
+}
+
+/** A server under test, its devices' processes, and its figures. */
+interface Side {
+  name: string;
+  root: string;
+  server: Server;
+  devices: DeviceProcess[];
+  atRest: ReturnType<typeof treeRss>;
+  steps: unknown[];
+}
+
+async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string): Promise<Side> {
+  const data = mkdtempSync(join(dir, `${name}-`));
+  const server = await startServer(
+    {
+      PERCH_DATA_DIR: data,
+      PERCH_LOG_LEVEL: "warn",
+      ...benchConfig(data, {
+        rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
+        providers: [{ id: "fake", kind: "openai-compatible", base_url: providerUrl, max_retries: 0 }],
+        models: [
+          { id: "chat", kind: "chat", provider: "fake", upstream_model: "scripted" },
+          { id: "voice-tts", kind: "speech", provider: "fake", upstream_model: "tts-1" },
+          { id: "voice-stt", kind: "transcription", provider: "fake", upstream_model: "whisper-1" },
+        ],
+        agents: [
+          {
+            id: "talker",
+            model: "chat",
+            instructions: "Answer briefly.",
+            voice: "alloy",
+            speech_model: "voice-tts",
+            transcription_model: "voice-stt",
+          },
+        ],
+        voice: { agent: "talker" },
+      }),
+    },
+    root,
+  );
+  await server.settled();
+  const atRest = treeRss(server.child.pid!);
+  const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
+  const env = { PERCH_URL: server.url, PERCH_SERVER_KEY: serverKey, CROWD_BIND: new URL(server.url).hostname, CAPACITY_AUDIO: audioFile };
+  const devices = Array.from({ length: PROCESSES }, () => new DeviceProcess(env));
+  return { name, root, server, devices, atRest, steps: [] };
+}
+
+async function runStep(side: Side, step: Step): Promise<unknown> {
+  const pid = side.server.child.pid!;
+  const share = (i: number) => Math.floor(step.count / side.devices.length) + (i < step.count % side.devices.length ? 1 : 0);
+  const connectStarted = performance.now();
+  const connected = await Promise.all(
+    side.devices.map((d, i) =>
+      share(i) > 0 ? d.ask<CapacityConnected>({ type: "connect", count: share(i), concurrency: CONNECT_CONCURRENCY, id: d.id() }) : undefined,
+    ),
+  );
+  const connectS = (performance.now() - connectStarted) / 1000;
+  for (const d of side.devices) d.tell({ type: "mode", mode: step.mode });
+  await new Promise((r) => setTimeout(r, WARMUP_S * 1000));
+  const collect = () => Promise.all(side.devices.map((d) => d.ask<CapacityCollected>({ type: "collect", id: d.id() })));
+  await collect();
+  const answeredBefore = await metric(side.server, "perch_voice_turns_total", 'result="answered"');
+  const cpuBefore = treeCpu(pid);
+  const started = performance.now();
+  const rss: number[] = [];
+  const sampler = setInterval(() => rss.push(treeRss(pid).total_mb), 1000);
+  await new Promise((r) => setTimeout(r, STEP_S * 1000));
+  clearInterval(sampler);
+  const cpu = treeCpu(pid) - cpuBefore;
+  const seconds = (performance.now() - started) / 1000;
+  const collected = await collect();
+  const answeredServer = (await metric(side.server, "perch_voice_turns_total", 'result="answered"')) - answeredBefore;
+  for (const d of side.devices) d.tell({ type: "mode", mode: "idle" });
+  await Promise.all(side.devices.map((d) => d.ask({ type: "release", id: d.id() })));
+  // The server notices the closes and lets the conversations go before the next step.
+  await new Promise((r) => setTimeout(r, 2000));
+  const latencies = collected.flatMap((c) => c.latencies);
+  const sum = (k: "questions" | "unanswered" | "packetsSent" | "packetsReceived" | "open" | "lost") => collected.reduce((s, c) => s + c[k], 0);
+  return {
+    step: `${step.mode}:${step.count}`,
+    devices: {
+      asked: step.count,
+      connected: connected.reduce((s, c) => s + (c?.ok ?? 0), 0),
+      failed: connected.reduce((s, c) => s + (c?.failed ?? 0), 0),
+      connect_s: round(connectS),
+      open_at_end: sum("open"),
+      lost: sum("lost"),
+      errors: connected.flatMap((c) => c?.errors ?? []).slice(0, 3),
+    },
+    seconds: round(seconds),
+    cpu_percent: round((cpu / seconds) * 100),
+    cpu_percent_per_device: round((cpu / seconds / step.count) * 100),
+    rss_mb: { mean: round(rss.reduce((s, x) => s + x, 0) / Math.max(1, rss.length)), peak: round(Math.max(0, ...rss)) },
+    ...(step.mode === "talk"
+      ? {
+          turns: {
+            asked: sum("questions"),
+            answered: latencies.length,
+            unanswered: sum("unanswered"),
+            answered_at_server: answeredServer,
+          },
+          end_of_speech_to_first_audio_ms: pct(latencies),
+          late_share_over_1s: round(latencies.filter((x) => x > 1000).length / Math.max(1, latencies.length)),
+        }
+      : {}),
+    packets: { sent: sum("packetsSent"), received: sum("packetsReceived") },
+  };
+}
+
+/** The `base` checkout: a directory as is, or a revision in a temporary worktree sharing this checkout's node_modules. */
+function baseRoot(spec: string): { root: string; remove: () => void } {
+  if (existsSync(join(spec, "bin/perch"))) return { root: spec, remove: () => {} };
+  const root = mkdtempSync(join(tmpdir(), "perch-bench-base-"));
+  execFileSync("git", ["-C", ROOT, "worktree", "add", "--detach", root, spec], { stdio: "ignore" });
+  symlinkSync(join(ROOT, "node_modules"), join(root, "node_modules"));
+  return { root, remove: () => execFileSync("git", ["-C", ROOT, "worktree", "remove", "--force", root], { stdio: "ignore" }) };
+}
+
+export async function capacityBench(): Promise<unknown> {
+  const plan = steps();
+  const spec = option("--base") ?? process.env.BENCH_CAPACITY_BASE;
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-capacity-"));
+  const audioFile = await encodedAudio(dir);
+  const provider = spawn(process.execPath, ["--disable-warning=ExperimentalWarning", join(ROOT, "bench/capacity-provider.ts")], {
+    stdio: ["ignore", "pipe", "inherit", "ipc"],
+  });
+  const base = spec ? baseRoot(spec) : undefined;
+  const sides: Side[] = [];
+  const killAll = () => {
+    for (const s of sides) {
+      for (const d of s.devices) if (d.child.exitCode === null) d.child.kill("SIGKILL");
+      if (s.server.child.exitCode === null) s.server.child.kill("SIGKILL");
+    }
+    if (provider.exitCode === null) provider.kill("SIGKILL");
+  };
+  process.once("exit", killAll);
+  const load = [round(loadavg()[0]!)];
+  try {
+    const providerUrl = await new Promise<string>((resolve) => provider.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
+    if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
+    sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
+    for (const [i, step] of plan.entries()) {
+      const order = i % 2 === 0 ? sides : [...sides].reverse();
+      for (const side of order) side.steps.push(await runStep(side, step));
+      load.push(round(loadavg()[0]!));
+    }
+    const out: Record<string, unknown> = {
+      suite: "capacity",
+      machine: { cores: availableParallelism(), load_1m: { first: load[0], max: Math.max(...load), last: load.at(-1) } },
+      step_seconds: STEP_S,
+      warmup_seconds: WARMUP_S,
+      device_processes: PROCESSES,
+      base: spec ?? "not measured: --base <dir or git revision>",
+      goals: {
+        talk_120: "every turn answered, end of speech → first reply audio p95 ≤ 1000 ms; CPU ≤ 0.8 % of a core per conversation",
+        mic_100: "≤ 15 % of a core in all",
+        at_rest: "a provider-only node's process tree ≤ 600 MB",
+      },
+    };
+    for (const side of sides) {
+      out[side.name] = {
+        ...(side.name === "base" ? { root: side.root } : {}),
+        at_rest: side.atRest,
+        steps: side.steps,
+        server_warnings: side.server.warnings,
+      };
+    }
+    const [b, a] = sides.length === 2 ? sides : [];
+    if (b && a) {
+      type Figures = { step: string; cpu_percent: number; rss_mb: { mean: number }; end_of_speech_to_first_audio_ms?: { p50: number; p95: number } };
+      const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
+      out.this_over_base = {
+        at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
+        steps: (a.steps as Figures[]).map((s, i) => {
+          const o = b.steps[i] as Figures;
+          return {
+            step: s.step,
+            cpu: ratio(s.cpu_percent, o.cpu_percent),
+            rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
+            ...(s.end_of_speech_to_first_audio_ms
+              ? {
+                  latency_p50: ratio(s.end_of_speech_to_first_audio_ms.p50, o.end_of_speech_to_first_audio_ms?.p50),
+                  latency_p95: ratio(s.end_of_speech_to_first_audio_ms.p95, o.end_of_speech_to_first_audio_ms?.p95),
+                }
+              : {}),
+          };
+        }),
+      };
+    }
+    return out;
+  } finally {
+    for (const s of sides) {
+      for (const d of s.devices) d.tell({ type: "exit" });
+      await s.server.stop();
+    }
+    killAll();
+    base?.remove();
+  }
+}
