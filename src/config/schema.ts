@@ -647,7 +647,7 @@ export const ConfigSchema = z
           .optional()
           .meta(
             info(
-              "recogniser (Moonshine) processes, 350–580 MB each; one uses every core per recognition, more recognise side by side, one core each, for nodes where many voice turns end at once (docs/benchmarks.md); with 2 or more, the first is kept for conversations and the others run files and partials at a lower OS priority, so a turn never waits behind file transcription",
+              "recogniser (Moonshine) processes, 350–580 MB each; one uses every core per recognition, more recognise side by side, one core each, for nodes where many voice turns end at once (docs/benchmarks.md); with 2 or more, files use them all while no conversation goes on (a turn then waits for one file job at most); while one does, the first is kept for conversations and the others run files and partials at a lower OS priority",
               { default_text: "2 with ≥ 2 cores and ≥ 4 GiB of memory, else 1", env_alias: "PERCH_RECOGNISER_PROCESSES" },
             ),
           ),
@@ -660,8 +660,16 @@ export const ConfigSchema = z
               { env_alias: "PERCH_FAST_RECOGNITION_AFTER_MS" },
             ),
           ),
+        preload: z
+          .union([z.boolean(), z.array(z.enum(["recognition", "voice_activity", "speech"])).min(1)])
+          .default(false)
+          .meta(
+            info(
+              "embedded engines started with the node whatever its agents use: `true` all of them, or a list of `recognition` (the recogniser processes behind `whisper-1`), `voice_activity` (the voice activity process) and `speech` (flite's workers behind `tts-1`, warmed up). With `false` a node starts only what its voice conversations use (the voice activity process when an agent may converse over WebRTC; the recogniser and flite when an agent's transcription or speech model is the embedded one), and any other engine on its first use, which waits for it (the recogniser takes seconds to load): a node whose agents speak on providers stays lean (docs/decisions.md, issue 41); set it on a node that serves `whisper-1` or `tts-1` to API clients and wants their first request fast",
+            ),
+          ),
       })
-      .default({ fast_recognition_after_ms: 600 })
+      .default({ fast_recognition_after_ms: 600, preload: false })
       .meta(info("the embedded speech engines (one set per process, however many servers it starts; the first server's settings apply)")),
     app: z
       .strictObject({

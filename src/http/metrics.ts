@@ -1,5 +1,6 @@
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { Counter, collectDefaultMetrics, Gauge, Registry } from "prom-client";
+import { LOAD_STATES, type LoadState } from "../ai/speech/loading.ts";
 import { type ClassStats, JOB_CLASSES, type Scheduler } from "../ai/speech/scheduler.ts";
 import { SeriesCounter, SeriesHistogram } from "./series-metrics.ts";
 
@@ -50,8 +51,12 @@ export class Metrics {
     registers: [this.registry],
   });
 
-  /** `engineSchedulers`: the queues of the node's engines (its engine host's). */
-  constructor(countActiveSessions: () => Promise<number>, engineSchedulers: () => readonly Scheduler[] = () => []) {
+  /** `engineSchedulers`: the queues of the node's engines (its engine host's); `engineStates`: where their loading stands. */
+  constructor(
+    countActiveSessions: () => Promise<number>,
+    engineSchedulers: () => readonly Scheduler[] = () => [],
+    engineStates: () => ReadonlyArray<{ engine: string; state: LoadState }> = () => [],
+  ) {
     // Node's own figures: resident memory, heap by space, event-loop lag, GC, handles, descriptors.
     collectDefaultMetrics({ register: this.registry });
     new Gauge({
@@ -72,6 +77,16 @@ export class Metrics {
       },
     });
     engineQueueMetrics(this.registry, engineSchedulers);
+    new Gauge({
+      name: "perch_engine_state",
+      help: "Where each embedded engine's loading stands: 1 for its state (not_loaded until its first use or a preload, loading, ready, failed), 0 for the others",
+      labelNames: ["engine", "state"],
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        for (const { engine, state } of engineStates()) for (const s of LOAD_STATES) this.set({ engine, state: s }, s === state ? 1 : 0);
+      },
+    });
   }
 
   observe(method: string, route: string, status: number, seconds: number): void {

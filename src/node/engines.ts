@@ -1,13 +1,43 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import { JsonThread } from "../ai/json-thread.ts";
 import { createSpeechEngine, createTranscriptionEngine, type Scheduler, type SpeechEngine, type TranscriptionEngine } from "../ai/speech/index.ts";
+import type { LoadState } from "../ai/speech/loading.ts";
+import { voiceChain } from "../ai/voice-models.ts";
 import { loadResampler } from "../audio/resampler.ts";
+import type { Config } from "../config/config.ts";
 import { defaultRecogniserProcesses, thisMachine } from "./recogniser-processes.ts";
 
 /** What the configuration says of the engines (`engines` of config.ts); unset: by the machine. */
 export interface EngineSettings {
   recogniser_processes?: number | undefined;
   fast_recognition_after_ms?: number | false | undefined;
+  preload?: boolean | readonly EngineName[] | undefined;
+}
+
+/** The embedded engines a node may start: the recogniser processes, the voice activity process, flite's workers (the names of their queues). */
+export const ENGINE_NAMES = ["recognition", "voice_activity", "speech"] as const;
+export type EngineName = (typeof ENGINE_NAMES)[number];
+
+/**
+ * The engines a node starts with it: those `engines.preload` names, and those its voice
+ * conversations use (with WebRTC on and an agent: the detector, which hears every conversation;
+ * the recogniser and flite when an agent's transcription or speech model is the embedded one).
+ * Every other engine starts on its first use (a Compatible API request for `whisper-1` or `tts-1`,
+ * a provider's fallback to them), which waits for it.
+ */
+export function enginesAtStart(config: Pick<Config, "agents" | "models" | "webrtc" | "engines">): Set<EngineName> {
+  const { preload } = config.engines;
+  const out = new Set<EngineName>(preload === true ? ENGINE_NAMES : preload === false || preload === undefined ? [] : preload);
+  if (!config.webrtc.enabled || config.agents.length === 0) return out;
+  out.add("voice_activity");
+  // A realtime agent's model hears and speaks itself (voice.md §6).
+  const realtime = new Set(config.models.filter((m) => m.kind === "realtime").map((m) => m.id));
+  for (const agent of config.agents) {
+    if (realtime.has(agent.model)) continue;
+    if (voiceChain(config, agent, "transcription")[0]?.kind === "embedded") out.add("recognition");
+    if (voiceChain(config, agent, "speech")[0]?.kind === "embedded") out.add("speech");
+  }
+  return out;
 }
 
 /** Speech engines given to a host instead of the embedded ones (tests' fakes, a shared recogniser). */
@@ -52,6 +82,27 @@ export class EngineHost {
   /** A host around engines made elsewhere: it starts the JSON thread and the resampler, and leaves the engines to their maker. */
   static of(parts: EngineParts): EngineHost {
     return new EngineHost(parts, undefined);
+  }
+
+  /**
+   * Starts the engines of `names` this host has (once each: an engine already started is not
+   * started again); each promise resolves when its engine is ready. `speech` is flite's warm-up.
+   */
+  load(names: ReadonlySet<EngineName>): Array<{ engine: EngineName; ready: Promise<void> }> {
+    const { speech, transcription } = this;
+    const out: Array<{ engine: EngineName; ready: Promise<void> }> = [];
+    const start = (engine: EngineName, work: (() => Promise<void>) | undefined) => {
+      if (names.has(engine) && work) out.push({ engine, ready: work() });
+    };
+    start("recognition", transcription?.startRecognition?.bind(transcription));
+    start("voice_activity", transcription?.startActivity?.bind(transcription));
+    start("speech", speech?.warmUp?.bind(speech));
+    return out;
+  }
+
+  /** Where each engine's loading stands (`/metrics`: `perch_engine_state`). */
+  states(): Array<{ engine: string; state: LoadState }> {
+    return [...(this.transcription?.loadStates?.() ?? []), ...(this.speech?.loadStates?.() ?? [])];
   }
 
   /** The queues of this host's engines (`/metrics`). */

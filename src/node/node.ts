@@ -36,7 +36,7 @@ import type { VoiceActivityPort } from "../voice/engine-ports.ts";
 import { completeText, MemoryRewriter } from "../voice/memory-rewriter.ts";
 import { VoiceService } from "../voice/service.ts";
 import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
-import { EngineHost, type EngineParts } from "./engines.ts";
+import { EngineHost, type EngineParts, enginesAtStart } from "./engines.ts";
 import { Closers, Jobs } from "./jobs.ts";
 import { BatchedLines } from "./log-lines.ts";
 import { nodeWebRtcPort } from "./webrtc-port.ts";
@@ -56,7 +56,7 @@ export interface StartOptions {
    * engines given alone are put in a host of the node's own (its JSON thread, its resampler).
    */
   engines?: EngineHost | EngineParts;
-  /** Warm the speech engine up in the background once listening (the command line does). */
+  /** Warm the speech engine up in the background once listening, when an agent speaks on it (the command line does). */
   warmUp?: boolean;
   /** How often expired rows and old telemetry are deleted (default a minute). */
   cleanupIntervalMs?: number;
@@ -214,6 +214,7 @@ export class Node {
     this.metrics = new Metrics(
       () => this.store.read((r) => r.sessions.countLive(this.clock.now())),
       () => engines.schedulers(),
+      () => engines.states(),
     );
     this.jobs = new Jobs(this.logger);
     const { speech, transcription } = engines;
@@ -399,32 +400,32 @@ export class Node {
     this.jobs.every("log flush", LOG_FLUSH_INTERVAL_MS, () => this.logger.flush());
   }
 
-  /** The start-up line, then the engines' background loading. */
+  /** The start-up line, then the background loading of the engines the node needs now (`enginesAtStart`). */
   private announce(): void {
     // Written at any level but "silent": operators and scripts look for it.
     const startup = this.logger.level === "silent" ? this.logger : this.logger.child({}, { level: "info" });
     startup.info({ address: this.hostPort(this.config.host), server_public_key: this.serverKey.publicKeyText, store: this.store.dialect }, "perch listening");
-    const { speech, transcription } = this.engines;
-    // The recogniser's models load in their worker threads while the server already answers; once
-    // they and the speech warm-up are done, a line says so (the start-up's CPU is then spent).
+    const wanted = enginesAtStart(this.config);
+    // flite's warm-up for agents is the command line's (`warmUp`): test servers sharing one host leave it to the first sentence.
+    const { preload } = this.config.engines;
+    if (!this.o.warmUp && preload !== true && !(Array.isArray(preload) && preload.includes("speech"))) wanted.delete("speech");
+    // The models load in their worker processes while the server already answers; once they and the
+    // speech warm-up are done, a line says so (the start-up's CPU is then spent).
     const started = performance.now();
-    const loading: Array<Promise<boolean>> = [];
-    const load = (work: Promise<unknown>, failed: (err: unknown) => void) =>
-      loading.push(
-        work.then(
-          () => true,
-          (err: unknown) => {
-            failed(err);
-            return false;
-          },
-        ),
-      );
-    if (transcription?.start) load(transcription.start(), (err) => this.logger.error({ err }, "the transcription engine could not load its models"));
-    if (this.o.warmUp && speech && "warmUp" in speech && typeof speech.warmUp === "function") {
-      load((speech.warmUp as () => Promise<void>)(), (err) => this.logger.warn({ err }, "speech engine warm-up failed"));
-    }
+    const loading = this.engines.load(wanted).map(({ engine, ready }) =>
+      ready.then(
+        () => true,
+        (err: unknown) => {
+          if (engine === "speech") this.logger.warn({ err }, "speech engine warm-up failed");
+          else this.logger.error({ err, engine }, "an embedded engine could not load its model");
+          return false;
+        },
+      ),
+    );
     if (loading.length > 0) {
-      void Promise.all(loading).then((done) => done.every(Boolean) && startup.info({ ms: Math.round(performance.now() - started) }, "speech engines ready"));
+      void Promise.all(loading).then(
+        (done) => done.every(Boolean) && startup.info({ ms: Math.round(performance.now() - started), engines: [...wanted] }, "speech engines ready"),
+      );
     }
     this.logger.flush();
   }

@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
 import type { FliteJob, FliteResult, FliteWorkerData } from "./flite-worker.ts";
+import { Loading, type LoadState } from "./loading.ts";
 
 /** A flite voice and the settings that make it one of ours. */
 export interface FliteVoice {
@@ -49,6 +50,7 @@ export class FlitePool {
   private readonly size: number;
   private readonly background: number;
   private pool: Promise<WorkerPool<FliteJob, FliteResult>> | undefined;
+  private loading: Loading | undefined;
 
   constructor(size: number, background = 0) {
     this.size = size;
@@ -64,7 +66,13 @@ export class FlitePool {
   async close(): Promise<void> {
     const pool = this.pool;
     this.pool = undefined;
+    this.loading = undefined;
     if (pool) await (await pool.catch(() => undefined))?.close();
+  }
+
+  /** Where the workers' start stands: none before the first job or warm-up. */
+  get state(): LoadState {
+    return this.loading?.state ?? "not_loaded";
   }
 
   /** The pool's workers once started (tests: their lanes and priorities). */
@@ -88,6 +96,7 @@ export class FlitePool {
         name: "flite",
       });
     });
+    this.loading ??= new Loading(this.pool.then((pool) => pool.ready()));
     const result = await (await this.pool).run({ args }, { urgent });
     return { samples: new Int16Array(result.pcm), sampleRate: result.sampleRate };
   }

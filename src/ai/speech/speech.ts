@@ -4,6 +4,7 @@ import { type Child, writeInput } from "./child.ts";
 import { abortReason, EngineBusyError } from "./errors.ts";
 import { OUTPUT_SAMPLE_RATE, startEncoder } from "./ffmpeg.ts";
 import { type FliteAudio, FlitePool, type FliteVoice } from "./flite.ts";
+import type { LoadState } from "./loading.ts";
 import { type JobOptions, Scheduler } from "./scheduler.ts";
 import { type SpeechChunk, speechChunks } from "./text.ts";
 import { SPEECH_FORMATS, type SpeechEngine, type SynthesizeOptions } from "./types.ts";
@@ -78,6 +79,7 @@ export class FliteSpeechEngine implements SpeechEngine {
   private readonly pool: FlitePool;
   private readonly maxStreams: number;
   private streams = 0;
+  private warming: Promise<void> | undefined;
 
   constructor(options: SpeechEngineOptions = {}) {
     const background = options.concurrency ?? availableParallelism();
@@ -94,8 +96,13 @@ export class FliteSpeechEngine implements SpeechEngine {
     return this.streams;
   }
 
-  /** Compiles flite and runs every voice once on a foreground and a background worker, so that no request pays for it. Optional. */
-  async warmUp(): Promise<void> {
+  /** Compiles flite and runs every voice once on a foreground and a background worker, so that no request pays for it. Optional; once. */
+  warmUp(): Promise<void> {
+    this.warming ??= this.warm();
+    return this.warming;
+  }
+
+  private async warm(): Promise<void> {
     await this.pool.warmUp();
     // V8 compiles hot WebAssembly functions with its optimising tier only after they have run a while (in each worker).
     const text = "The small device reports its battery level and its temperature every minute.";
@@ -108,6 +115,11 @@ export class FliteSpeechEngine implements SpeechEngine {
 
   async close(): Promise<void> {
     await this.pool.close();
+  }
+
+  /** Where the flite workers' start stands (`/metrics`): they start with the first sentence or `warmUp()`. */
+  loadStates(): Array<{ engine: string; state: LoadState }> {
+    return [{ engine: this.scheduler.name, state: this.pool.state }];
   }
 
   /** The flite workers once started (tests: their lanes and priorities). */

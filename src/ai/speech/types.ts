@@ -1,3 +1,4 @@
+import type { LoadState } from "./loading.ts";
 import type { Scheduler } from "./scheduler.ts";
 
 export type SpeechFormat = "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm";
@@ -39,6 +40,10 @@ export interface SpeechEngine {
   synthesize(o: SynthesizeOptions): AsyncIterable<Uint8Array>;
   /** Its queues, for `/metrics`. */
   readonly schedulers?: readonly Scheduler[];
+  /** Starts its workers and runs each voice once, so that no request pays for it (idempotent). */
+  warmUp?(): Promise<void>;
+  /** Where its workers' start stands (`/metrics`). */
+  loadStates?(): Array<{ engine: string; state: LoadState }>;
   /** Stops its workers. */
   close?(): Promise<void>;
 }
@@ -101,6 +106,11 @@ export interface TranscriptionEngine {
   transcribe(o: TranscribeOptions, progress?: TranscribeProgress): Promise<Transcript>;
   /** Starts loading the models in the background (idempotent); resolves when they are ready. */
   start?(): Promise<void>;
+  /** The same for the recognition model alone, and for the voice activity model alone. */
+  startRecognition?(): Promise<void>;
+  startActivity?(): Promise<void>;
+  /** Where each part's loading stands (`/metrics`). */
+  loadStates?(): Array<{ engine: string; state: LoadState }>;
   /** Its queues, for `/metrics`. */
   readonly schedulers?: readonly Scheduler[];
   /** Stops its workers and processes. */

@@ -1,0 +1,152 @@
+/**
+ * Engines loaded when needed (issue 41): a node starts only the embedded engines its voice
+ * conversations use (or `engines.preload` names); any other starts on its first use, which waits
+ * for it and is served. Each node here has an engine host of its own, so that what it started is
+ * its own doing (the host's processes and `perch_engine_state`, not timings).
+ */
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { describe, test } from "node:test";
+import type { MoonshineEngine } from "../src/ai/speech/index.ts";
+import { EngineHost } from "../src/server.ts";
+import { TEST_ENGINES } from "./support/engines.ts";
+import { startFakeSpeechProvider } from "./support/fake-speech.ts";
+import { startFakeUpstream } from "./support/fake-upstream.ts";
+import { startTestServer, type TestServer } from "./support/server.ts";
+import { wordErrorRate } from "./support/speech.ts";
+import { type EventLog, spoken, voiceDevice } from "./support/voice.ts";
+import { eventually } from "./support/webrtc.ts";
+
+const KEY = "sk-engines-on-demand";
+const API_KEYS = [{ name: "app", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["*"] }];
+const QUESTION = "What is the weather like today?";
+
+/** `perch_engine_state` of the node: each engine's state. */
+async function states(server: TestServer): Promise<Record<string, string>> {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  const out: Record<string, string> = {};
+  for (const m of text.matchAll(/^perch_engine_state\{engine="(\w+)",state="(\w+)"\} 1$/gm)) out[m[1]!] = m[2]!;
+  return out;
+}
+
+function host() {
+  const engines = EngineHost.embedded(TEST_ENGINES);
+  return { engines, moonshine: engines.transcription as MoonshineEngine };
+}
+
+describe("engines loaded when needed", () => {
+  test("a node with no agent starts no engine; its first tts-1 and whisper-1 requests start them, wait for them and are served", async () => {
+    const { engines, moonshine } = host();
+    const server = await startTestServer({ config: { api_keys: API_KEYS }, engines });
+    try {
+      assert.deepEqual(moonshine.pids(), { recogniser: [], vad: [] });
+      assert.deepEqual(await states(server), { recognition: "not_loaded", voice_activity: "not_loaded", speech: "not_loaded" });
+
+      const auth = { authorization: `Bearer ${KEY}` };
+      const speech = await fetch(`${server.url}/openai/v1/audio/speech`, {
+        method: "POST",
+        headers: { ...auth, "content-type": "application/json" },
+        body: JSON.stringify({ model: "tts-1", input: QUESTION, voice: "nova", response_format: "wav" }),
+      });
+      assert.equal(speech.status, 200);
+      const wav = new Uint8Array(await speech.arrayBuffer());
+      assert.ok(wav.byteLength > 20_000, `${wav.byteLength} bytes of speech`);
+      // Speech alone started flite (its first worker served; the others may still be loading): the recogniser is still not loaded.
+      const afterSpeech = await states(server);
+      assert.ok(afterSpeech.speech === "ready" || afterSpeech.speech === "loading", JSON.stringify(afterSpeech));
+      assert.deepEqual({ ...afterSpeech, speech: "started" }, { recognition: "not_loaded", voice_activity: "not_loaded", speech: "started" });
+      assert.deepEqual(moonshine.pids(), { recogniser: [], vad: [] });
+
+      const form = new FormData();
+      form.set("model", "whisper-1");
+      form.set("file", new Blob([wav], { type: "audio/wav" }), "question.wav");
+      const heard = await fetch(`${server.url}/openai/v1/audio/transcriptions`, { method: "POST", headers: auth, body: form });
+      assert.equal(heard.status, 200);
+      const { text } = (await heard.json()) as { text: string };
+      assert.ok(wordErrorRate(QUESTION, text) <= 0.4, `transcript: ${text}`);
+      assert.equal(moonshine.pids().recogniser.length, 1);
+      await eventually(async () => Object.values(await states(server)).every((s) => s === "ready"), 60_000, "every engine ready");
+    } finally {
+      await server.stop();
+      await engines.close();
+    }
+  });
+
+  test("engines.preload: true starts every engine with the node, before any use", async () => {
+    const { engines, moonshine } = host();
+    const server = await startTestServer({ config: { engines: { preload: true } }, engines });
+    try {
+      // Started as the node began listening (nothing has asked for them).
+      assert.equal(moonshine.pids().recogniser.length, 1);
+      assert.equal(moonshine.pids().vad.length, 1);
+      assert.notEqual((await states(server)).speech, "not_loaded");
+      await eventually(async () => Object.values(await states(server)).every((s) => s === "ready"), 120_000, "every engine ready");
+    } finally {
+      await server.stop();
+      await engines.close();
+    }
+  });
+
+  test("an agent on providers: its turns start no recogniser and no flite; when the provider fails, the fallback loads them and the turn is served", async () => {
+    const { engines, moonshine } = host();
+    const upstream = await startFakeUpstream();
+    const fake = await startFakeSpeechProvider();
+    const server = await startTestServer({
+      config: {
+        providers: [
+          { id: "local", kind: "openai-compatible", base_url: upstream.url, max_retries: 0 },
+          { id: "speechbox", kind: "openai-compatible", base_url: fake.url, max_retries: 0 },
+        ],
+        models: [
+          { id: "chat", kind: "chat", provider: "local", upstream_model: "scripted" },
+          { id: "box-tts", kind: "speech", provider: "speechbox", upstream_model: "kokoro", fallbacks: ["tts-1"] },
+          { id: "box-stt", kind: "transcription", provider: "speechbox", upstream_model: "whisper-large", fallbacks: ["whisper-1"] },
+        ],
+        agents: [{ id: "talker", model: "chat", voice: "alloy", speech_model: "box-tts", transcription_model: "box-stt" }],
+        voice: { agent: "talker" },
+      },
+      engines,
+    });
+    const question = await spoken(QUESTION);
+    const metricsOf = async (log: EventLog, n: number) =>
+      JSON.parse((await log.wait((s) => s.stream === `out-${n}` && s.label === "turn.metrics", 90_000, `turn ${n}'s metrics`)).text!) as Record<
+        string,
+        unknown
+      >;
+    try {
+      // The detector hears every conversation: it started with the node; the recogniser and flite did not.
+      assert.deepEqual(await states(server), { recognition: "not_loaded", voice_activity: moonshine.loadStates()[1]!.state, speech: "not_loaded" });
+      assert.equal(moonshine.pids().vad.length, 1);
+      await moonshine.startActivity();
+      const { conn, log } = await voiceDevice(server);
+      const mic = await conn.microphone();
+
+      await mic.say(question);
+      assert.deepEqual((await metricsOf(log, 1)).engines, { transcription: "speechbox", speech: "speechbox" });
+      assert.deepEqual(moonshine.pids().recogniser, []);
+      assert.deepEqual(await states(server), { recognition: "not_loaded", voice_activity: "ready", speech: "not_loaded" });
+
+      // The provider fails: the turn falls back to the embedded engines, which load for it.
+      const asked = fake.of("/audio/transcriptions").length;
+      fake.defaultSpeech = { kind: "status", status: 500 };
+      fake.defaultTranscription = { kind: "status", status: 500 };
+      await mic.say(question);
+      await metricsOf(log, 2);
+      assert.ok(fake.of("/audio/transcriptions").length > asked, "the provider was asked first");
+      const transcript = log.all.find((s) => s.stream === "in-2" && s.type === "TEXT_DONE")?.text ?? "";
+      assert.ok(wordErrorRate(QUESTION, transcript) <= 0.4, `transcript: ${transcript}`);
+      assert.ok(
+        log.of("out-2").some((s) => s.type === "BOS" && s.label === "assistant.audio"),
+        "the reply was spoken",
+      );
+      assert.equal(moonshine.pids().recogniser.length, 1);
+      await eventually(async () => Object.values(await states(server)).every((s) => s === "ready"), 60_000, "every engine ready");
+      conn.close();
+    } finally {
+      await server.stop();
+      await engines.close();
+      await fake.close();
+      await upstream.close();
+    }
+  });
+});
