@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
-import { encoded, type Rig, RtpSender, rig } from "./support/fake-voice.ts";
+import { encoded, pieces, type Rig, RtpSender, rig } from "./support/fake-voice.ts";
 
 const word = encoded(20, true);
 const silence = encoded(1, false)[0]!;
@@ -56,6 +56,7 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
       assert.equal(a.of("in-1").find((e) => e.type === "TEXT_DONE")?.text, "What time is it?");
       assert.ok(typeof m.speech_to_audio === "number");
       assert.ok(a.frames > 0, "the reply was spoken");
+      assert.equal(threads.framesEncoded, a.frames, "every frame of it encoded on the thread");
     } finally {
       a.close();
       b.close();
@@ -99,6 +100,59 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
       const m = await finished(a, 2);
       assert.equal(a.of("in-2").find((e) => e.type === "TEXT_DONE")?.text, "What time is it?");
       assert.ok(typeof m.speech_to_audio === "number", JSON.stringify(m));
+    } finally {
+      a.close();
+      b.close();
+    }
+  });
+
+  test("a thread that dies while its conversation speaks a reply: that reply fails (its audio stops, failed events); the other thread's reply goes on; the next turn is answered", async () => {
+    const a = await rig({}, { threads });
+    const b = await rig({}, { threads });
+    // Long replies: both are still speaking when the thread dies.
+    for (const r of [a, b]) r.model.script = () => pieces(["One two three four five six seven eight nine ten. ", "Eleven twelve thirteen fourteen fifteen."]);
+    try {
+      const ta = new RtpSender(a, { echo: true });
+      const tb = new RtpSender(b, { echo: true });
+      for (const tx of [ta, tb]) {
+        await speak(tx);
+        await quiet(tx, 600);
+      }
+      const speaking = async (r: Rig) => {
+        for (let i = 0; i < 500 && r.frames < 10; i++) {
+          await r.wait(20);
+          await sleep(1);
+        }
+        assert.ok(r.frames >= 10, `${r.frames} frames of the reply sent`);
+      };
+      await speaking(a);
+      await speaking(b);
+      const dead = a.conversation.uplinkThread;
+      assert.notEqual(dead, b.conversation.uplinkThread, "one on each thread");
+      await threads.workers[dead]!.terminate();
+      await until("a's reply failed", () => a.of("out-1").some((e) => e.type === "EOS" && e.label === "assistant.audio"));
+      const eos = a.of("out-1").find((e) => e.type === "EOS" && e.label === "assistant.audio")!;
+      assert.equal(eos.error?.code, "failed", JSON.stringify(eos));
+      const m = await finished(a, 1);
+      assert.equal(m.interrupted, false);
+      const framesAtDeath = a.frames;
+      // b's reply is unaffected: it goes on to its end.
+      const bBefore = b.frames;
+      const mb = await finished(b, 1);
+      assert.ok(b.frames > bBefore, "b's reply went on");
+      assert.equal(b.of("out-1").find((e) => e.type === "EOS" && e.label === "assistant.audio")?.error, undefined, JSON.stringify(mb));
+      assert.equal(a.frames, framesAtDeath, "a's audio stopped");
+      // a's next turn is heard and answered, its reply encoded on the fresh thread.
+      a.model.script = () => pieces(["It is ten o'clock."]);
+      await speak(ta);
+      await quiet(ta, 600);
+      for (let i = 0; i < 500 && !a.turnMetrics(2); i++) {
+        await a.wait(20);
+        await sleep(1);
+      }
+      const m2 = a.turnMetrics(2);
+      assert.ok(m2 && typeof m2.speech_to_audio === "number", JSON.stringify(m2));
+      assert.ok(a.frames > framesAtDeath, "the next reply was spoken");
     } finally {
       a.close();
       b.close();

@@ -1,7 +1,8 @@
 import { availableParallelism } from "node:os";
 import { Worker } from "node:worker_threads";
 import type { OpusRate } from "../audio/opus.ts";
-import { type FromAudioThread, ITEM_SIZE, OUT, PACKET_HEADER, type ToAudioThread } from "./audio-wire.ts";
+import { FRAME_HEADER, type FromAudioThread, ITEM_SIZE, OUT, PACKET_HEADER, type ToAudioThread } from "./audio-wire.ts";
+import { FRAME_SAMPLES, type FrameEncoder } from "./opus.ts";
 
 const WORKER = new URL("./audio-worker.ts", import.meta.url);
 /** Threads by default: one a core, at most this many. */
@@ -24,14 +25,14 @@ export interface ThreadUplinkOptions {
   /** Packets decoded and silent (not decoded) since the last call. */
   counted: (decoded: number, silent: number) => void;
   /**
-   * The thread that decoded this uplink ended (a crash): what was being heard is lost. The uplink
-   * goes on at once on a fresh thread; the audio of the gap is missing.
+   * The thread that decoded this uplink and encoded its replies ended (a crash): what was being
+   * heard and the frames being encoded are lost. Both go on at once on a fresh thread.
    */
   failed: (err: Error) => void;
 }
 
-/** A conversation's uplink on an audio thread. */
-export interface ThreadUplink {
+/** A conversation's audio on an audio thread: its uplink decoded, its replies' frames encoded. */
+export interface ThreadUplink extends FrameEncoder {
   /** The index of the thread it is on now (tests and measurements). */
   readonly thread: number;
   /** One packet from the track (RTP or RTCP); it goes to the thread with the others of this turn of the event loop. */
@@ -42,6 +43,8 @@ export interface ThreadUplink {
 interface Entry {
   o: ThreadUplinkOptions;
   thread: AudioThread;
+  /** What gets each frame's packet, in the order the frames went to the thread. */
+  encoded: Array<(opus: Buffer) => void>;
   /** Counts the thread last reported. */
   decoded: number;
   silent: number;
@@ -56,6 +59,8 @@ interface Entry {
  */
 export class AudioThreads {
   readonly size: number;
+  /** Reply frames encoded on the threads (tests and measurements). */
+  framesEncoded = 0;
   private readonly threads: AudioThread[];
   private readonly entries = new Map<number, Entry>();
   private readonly warn: (details: Record<string, unknown>, message: string) => void;
@@ -74,7 +79,7 @@ export class AudioThreads {
     if (this.closing) throw new Error("the audio threads are closed");
     const id = ++this.ids;
     const thread = this.threads.reduce((a, b) => (b.conversations.size < a.conversations.size ? b : a));
-    const entry: Entry = { o, thread, decoded: 0, silent: 0 };
+    const entry: Entry = { o, thread, encoded: [], decoded: 0, silent: 0 };
     this.entries.set(id, entry);
     this.assign(id, entry, thread);
     const threads = this.threads;
@@ -86,6 +91,12 @@ export class AudioThreads {
       packet: (bytes) => {
         const e = this.entries.get(id);
         if (e) e.thread.queue(id, bytes);
+      },
+      frame: (pcm, encoded) => {
+        const e = this.entries.get(id);
+        if (!e || pcm.length !== FRAME_SAMPLES) return;
+        e.encoded.push(encoded);
+        e.thread.queueFrame(id, pcm);
       },
       close: () => {
         const e = this.entries.get(id);
@@ -148,6 +159,8 @@ export class AudioThreads {
       if (!entry) continue;
       entry.decoded = 0;
       entry.silent = 0;
+      // Frames the thread was encoding never get their packets: the reply fails (`failed`).
+      entry.encoded.length = 0;
       this.assign(id, entry, fresh);
       guard(() => entry.o.failed(err));
     }
@@ -155,6 +168,7 @@ export class AudioThreads {
 
   private received(thread: AudioThread, m: FromAudioThread): void {
     const pcm = m.pcm ? new Int16Array(m.pcm) : undefined;
+    const opus = m.opus ? Buffer.from(m.opus) : undefined;
     const { items } = m;
     for (let i = 0; i + ITEM_SIZE <= items.length; i += ITEM_SIZE) {
       const entry = this.entries.get(items[i]!);
@@ -180,6 +194,12 @@ export class AudioThreads {
           guard(() => entry.o.counted(decoded, silent));
           break;
         }
+        case OUT.opus: {
+          const encoded = entry.encoded.shift();
+          if (b > 0) this.framesEncoded++;
+          if (encoded) guard(() => encoded(opus && b > 0 ? opus.subarray(a, a + b) : Buffer.alloc(0)));
+          break;
+        }
         case OUT.failed:
           guard(() => entry.o.failed(new Error("the audio thread could not open this conversation's decoder")));
           break;
@@ -200,6 +220,7 @@ class AudioThread {
   readonly conversations = new Set<number>();
   private readonly pending: Array<{ id: number; bytes: Buffer }> = [];
   private pendingBytes = 0;
+  private readonly frames: Array<{ id: number; pcm: Int16Array }> = [];
   private scheduled = false;
 
   constructor(worker: Worker) {
@@ -214,11 +235,21 @@ class AudioThread {
     }
   }
 
-  /** Queues a packet; the packets of this turn of the event loop go in one message. */
+  /** Queues a packet; what comes in one turn of the event loop goes in one message. */
   queue(id: number, bytes: Buffer): void {
     if (bytes.length > 0xffff) return;
     this.pending.push({ id, bytes });
     this.pendingBytes += PACKET_HEADER + bytes.length;
+    this.schedule();
+  }
+
+  /** Queues a reply frame to encode. */
+  queueFrame(id: number, pcm: Int16Array): void {
+    this.frames.push({ id, pcm });
+    this.schedule();
+  }
+
+  private schedule(): void {
     if (this.scheduled) return;
     this.scheduled = true;
     setImmediate(() => this.flush());
@@ -226,18 +257,31 @@ class AudioThread {
 
   private flush(): void {
     this.scheduled = false;
-    if (this.pending.length === 0) return;
-    const data = new ArrayBuffer(this.pendingBytes);
-    const out = Buffer.from(data);
-    let at = 0;
-    for (const { id, bytes } of this.pending) {
-      out.writeUInt32LE(id, at);
-      out.writeUInt16LE(bytes.length, at + 4);
-      bytes.copy(out, at + PACKET_HEADER);
-      at += PACKET_HEADER + bytes.length;
+    let rtp: ArrayBuffer | undefined;
+    if (this.pending.length > 0) {
+      rtp = new ArrayBuffer(this.pendingBytes);
+      const out = Buffer.from(rtp);
+      let at = 0;
+      for (const { id, bytes } of this.pending) {
+        out.writeUInt32LE(id, at);
+        out.writeUInt16LE(bytes.length, at + 4);
+        bytes.copy(out, at + PACKET_HEADER);
+        at += PACKET_HEADER + bytes.length;
+      }
+      this.pending.length = 0;
+      this.pendingBytes = 0;
     }
-    this.pending.length = 0;
-    this.pendingBytes = 0;
-    this.post({ t: "rtp", data }, [data]);
+    let frames: ArrayBuffer | undefined;
+    if (this.frames.length > 0) {
+      const size = FRAME_HEADER + FRAME_SAMPLES * 2;
+      frames = new ArrayBuffer(this.frames.length * size);
+      const view = new DataView(frames);
+      this.frames.forEach(({ id, pcm }, i) => {
+        view.setUint32(i * size, id, true);
+        new Int16Array(frames!, i * size + FRAME_HEADER, FRAME_SAMPLES).set(pcm);
+      });
+      this.frames.length = 0;
+    }
+    if (rtp || frames) this.post({ t: "in", rtp, frames }, [...(rtp ? [rtp] : []), ...(frames ? [frames] : [])]);
   }
 }

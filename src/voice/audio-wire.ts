@@ -9,13 +9,19 @@ import type { OpusRate } from "../audio/opus.ts";
 export type ToAudioThread =
   | { t: "open"; id: number; payloadType: number; audioLevelId: number | undefined; rate: OpusRate }
   | { t: "close"; id: number }
-  /** Packets: for each, the conversation's id (u32), the packet's length (u16) and its bytes. */
-  | { t: "rtp"; data: ArrayBuffer };
+  /**
+   * What came in one turn of the main thread's event loop. `rtp`: packets, each as the
+   * conversation's id (u32), the packet's length (u16) and its bytes; `frames`: reply frames to
+   * encode, each as the conversation's id (u32) and FRAME_SAMPLES samples (48 kHz).
+   */
+  | { t: "in"; rtp: ArrayBuffer | undefined; frames: ArrayBuffer | undefined };
 
 export interface FromAudioThread {
   t: "out";
-  /** The samples of the `PCM` items, one after another. */
+  /** The samples of the `pcm` items, one after another. */
   pcm: ArrayBuffer | undefined;
+  /** The packets of the `opus` items, one after another. */
+  opus: ArrayBuffer | undefined;
   /** ITEM_SIZE numbers an item: the conversation's id, the kind (OUT), and two values. */
   items: number[];
 }
@@ -24,8 +30,11 @@ export const ITEM_SIZE = 4;
 /**
  * What an item says: samples (offset, length in `pcm`), silence (samples), samples dropped for
  * running ahead of real time, packet counts so far (decoded, silent), or that the conversation's
- * uplink could not be made.
+ * uplink could not be made, or a reply frame's packet (offset, length in `opus`; length 0: it
+ * could not be encoded), one for every frame, in order.
  */
-export const OUT = { pcm: 0, silence: 1, overrun: 2, counts: 3, failed: 4 } as const;
+export const OUT = { pcm: 0, silence: 1, overrun: 2, counts: 3, failed: 4, opus: 5 } as const;
 /** The header of a packet in an `rtp` message: id (4 bytes) and length (2). */
 export const PACKET_HEADER = 6;
+/** The header of a frame in a `frames` buffer: the conversation's id (4 bytes, so the samples stay aligned). */
+export const FRAME_HEADER = 4;

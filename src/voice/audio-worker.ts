@@ -1,12 +1,13 @@
 /**
  * An audio thread (src/voice/audio-threads.ts): the uplinks of the conversations assigned to it,
- * from RTP packets to samples at the listener's rate (the jitter buffer's clock ticks here), posted
- * back to the main thread once per turn of this thread's event loop. Nothing here may throw out of a
+ * from RTP packets to samples at the listener's rate (the jitter buffer's clock ticks here), and
+ * their replies' frames encoded to Opus, posted back to the main thread once per turn of this
+ * thread's event loop. Nothing here may throw out of a
  * message or a timer: a conversation's failure is that conversation's.
  */
 import { parentPort } from "node:worker_threads";
-import { type FromAudioThread, OUT, PACKET_HEADER, type ToAudioThread } from "./audio-wire.ts";
-import { OpusCodec } from "./opus.ts";
+import { FRAME_HEADER, type FromAudioThread, OUT, PACKET_HEADER, type ToAudioThread } from "./audio-wire.ts";
+import { FRAME_SAMPLES, OpusCodec } from "./opus.ts";
 import { Uplink } from "./uplink.ts";
 
 const TICK_MS = 20;
@@ -25,6 +26,8 @@ const held = new Map<number, Held>();
 let items: number[] = [];
 let chunks: Int16Array[] = [];
 let samples = 0;
+let packetsOut: Buffer[] = [];
+let opusBytes = 0;
 let ticks = 0;
 
 function open(m: Extract<ToAudioThread, { t: "open" }>): void {
@@ -52,6 +55,24 @@ function close(id: number): void {
   held.delete(id);
   items.push(id, OUT.counts, h.uplink.decoded, h.uplink.silent);
   h.codec.close();
+}
+
+/** Encodes reply frames, each with its conversation's encoder; a frame of a conversation gone is answered all the same (not encoded). */
+function frames(data: ArrayBuffer): void {
+  const view = new DataView(data);
+  const size = FRAME_HEADER + FRAME_SAMPLES * 2;
+  for (let at = 0; at + size <= data.byteLength; at += size) {
+    const id = view.getUint32(at, true);
+    let opus: Buffer | undefined;
+    try {
+      opus = held.get(id)?.codec.encode(new Int16Array(data, at + FRAME_HEADER, FRAME_SAMPLES));
+    } catch {}
+    if (opus) {
+      items.push(id, OUT.opus, opusBytes, opus.length);
+      packetsOut.push(opus);
+      opusBytes += opus.length;
+    } else items.push(id, OUT.opus, opusBytes, 0);
+  }
 }
 
 function packets(data: ArrayBuffer): void {
@@ -86,17 +107,31 @@ function flush(): void {
     }
     pcm = all.buffer;
   }
-  const message: FromAudioThread = { t: "out", pcm, items };
+  let opus: ArrayBuffer | undefined;
+  if (opusBytes > 0) {
+    opus = new ArrayBuffer(opusBytes);
+    const out = Buffer.from(opus);
+    let at = 0;
+    for (const p of packetsOut) {
+      p.copy(out, at);
+      at += p.length;
+    }
+  }
+  const message: FromAudioThread = { t: "out", pcm, opus, items };
   items = [];
   chunks = [];
   samples = 0;
-  port!.postMessage(message, pcm ? [pcm] : []);
+  packetsOut = [];
+  opusBytes = 0;
+  port!.postMessage(message, [...(pcm ? [pcm] : []), ...(opus ? [opus] : [])]);
 }
 
 port.on("message", (m: ToAudioThread) => {
   try {
-    if (m.t === "rtp") packets(m.data);
-    else if (m.t === "open") {
+    if (m.t === "in") {
+      if (m.rtp) packets(m.rtp);
+      if (m.frames) frames(m.frames);
+    } else if (m.t === "open") {
       try {
         open(m);
       } catch {

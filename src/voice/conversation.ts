@@ -72,7 +72,13 @@ export class Conversation {
       clock: this.clock,
       metrics: o.metrics,
       resampler: o.resampler,
-      codec: this.codec,
+      // The replies are encoded where the uplink is decoded: on its audio thread, or here.
+      codec: {
+        frame: (pcm, encoded) => {
+          if ("thread" in this.uplink) this.uplink.thread.frame(pcm, encoded);
+          else this.codec.frame(pcm, encoded);
+        },
+      },
       send: (opus, first) => o.port.sendFrame(opus, first),
       agent: o.agent,
       run: o.run,

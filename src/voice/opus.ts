@@ -1,6 +1,15 @@
 import { LibOpus, MAX_PACKET_BYTES, OPUS_RATE, type OpusRate } from "../audio/opus.ts";
 
 export { OPUS_RATE };
+
+/**
+ * Encodes the replies' 20 ms frames (48 kHz), in order: here at once (OpusCodec), or on the
+ * conversation's audio thread, later (src/voice/audio-threads.ts). A frame whose encoder is gone
+ * (its thread ended) never gets its packet.
+ */
+export interface FrameEncoder {
+  frame(pcm: Int16Array, encoded: (opus: Buffer) => void): void;
+}
 /** 20 ms at 48 kHz. */
 export const FRAME_SAMPLES = 960;
 export const FRAME_MS = 20;
@@ -10,7 +19,7 @@ export const FRAME_MS = 20;
  * the rate its listener needs (libopus decodes any stream at 8–48 kHz itself: no resampler), and
  * the encoder of the replies at 48 kHz; each is made when first used.
  */
-export class OpusCodec {
+export class OpusCodec implements FrameEncoder {
   /** The rate the uplink decodes at. */
   readonly rate: OpusRate;
   private decoder: LibOpus | undefined;
@@ -76,6 +85,10 @@ export class OpusCodec {
       this.encoder = encoder;
     }
     return this.encoder.encode(frame);
+  }
+
+  frame(pcm: Int16Array, encoded: (opus: Buffer) => void): void {
+    encoded(this.encode(pcm));
   }
 
   close(): void {
