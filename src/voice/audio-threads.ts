@@ -5,6 +5,8 @@ import { FRAME_HEADER, type FromAudioThread, ITEM_SIZE, OUT, PACKET_HEADER, type
 import { FRAME_SAMPLES, type FrameEncoder } from "./opus.ts";
 
 const WORKER = new URL("./audio-worker.ts", import.meta.url);
+/** What comes for a thread within this many ms goes in one message. */
+const FLUSH_MS = 10;
 /** Threads by default: one a core, at most this many. */
 const MAX_DEFAULT_THREADS = 4;
 
@@ -18,8 +20,10 @@ export interface ThreadUplinkOptions {
   audioLevelId: number | undefined;
   /** The rate the samples come out at (the decoder's). */
   rate: OpusRate;
-  /** The device's audio, in order (silence as zeros). */
+  /** The device's audio, in order, with `silence`. */
   pcm: (samples: Int16Array) => void;
+  /** Silence of `samples`, in its place among `pcm`'s. */
+  silence: (samples: number) => void;
   /** Samples (48 kHz) the thread dropped for running ahead of real time. */
   overrun: (samples: number) => void;
   /** Packets decoded and silent (not decoded) since the last call. */
@@ -181,7 +185,7 @@ export class AudioThreads {
           if (pcm) guard(() => entry.o.pcm(pcm.subarray(a, a + b)));
           break;
         case OUT.silence:
-          guard(() => entry.o.pcm(new Int16Array(a)));
+          guard(() => entry.o.silence(a));
           break;
         case OUT.overrun:
           guard(() => entry.o.overrun(a));
@@ -222,6 +226,7 @@ class AudioThread {
   private pendingBytes = 0;
   private readonly frames: Array<{ id: number; pcm: Int16Array }> = [];
   private scheduled = false;
+  private flushedAt = Number.NEGATIVE_INFINITY;
 
   constructor(worker: Worker) {
     this.worker = worker;
@@ -249,14 +254,23 @@ class AudioThread {
     this.schedule();
   }
 
+  /**
+   * At once (the next turn of the event loop) when the last message went FLUSH_MS ago or more, else
+   * at FLUSH_MS after it: under load, what comes in FLUSH_MS goes in one message (node-datachannel
+   * hands packets in turns of their own, and a message per packet costs the main thread more than
+   * decoding them costs the thread).
+   */
   private schedule(): void {
     if (this.scheduled) return;
     this.scheduled = true;
-    setImmediate(() => this.flush());
+    const wait = this.flushedAt + FLUSH_MS - performance.now();
+    if (wait <= 0) setImmediate(() => this.flush());
+    else setTimeout(() => this.flush(), wait);
   }
 
   private flush(): void {
     this.scheduled = false;
+    this.flushedAt = performance.now();
     let rtp: ArrayBuffer | undefined;
     if (this.pending.length > 0) {
       rtp = new ArrayBuffer(this.pendingBytes);

@@ -89,6 +89,10 @@ export class Conversation {
       this.heardSamples += samples.length;
       this.hear(samples);
     };
+    const silence = (samples: number) => {
+      this.heardSamples += samples;
+      if (!this.closed) this.recognition.silence(samples);
+    };
     this.uplink = o.threads
       ? {
           thread: o.threads.uplink({
@@ -96,6 +100,7 @@ export class Conversation {
             audioLevelId: o.port.audioLevelId,
             rate: RECOGNITION_RATE,
             pcm,
+            silence,
             overrun: (samples) => this.overrun(samples),
             counted: (decoded, silent) => o.metrics.uplinkPackets(decoded, silent),
             failed: (err) => this.audioLost(err),
@@ -107,6 +112,7 @@ export class Conversation {
             payloadType: o.port.payloadType,
             audioLevelId: o.port.audioLevelId,
             pcm,
+            silence,
             overrun: (samples) => this.overrun(samples),
             now: () => this.clock.now(),
           }),
