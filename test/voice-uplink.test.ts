@@ -417,6 +417,25 @@ describe("silence costs no decoding", () => {
     );
   });
 
+  test("a device that stops sending after its quiet packets: what the look-back held goes on as silence, and is counted, within 200 ms", () => {
+    const codec = new OpusCodec(16_000);
+    let samples = 0;
+    let now = 0;
+    const uplink = new Uplink({ codec, payloadType: 111, audioLevelId: 1, pcm: (s) => (samples += s.length), now: () => now });
+    const quiet = encoded(1, false)[0]!;
+    for (let i = 0; i < 50; i++) {
+      uplink.packet(leveled(i, i * FRAME_SAMPLES, quiet, 127));
+      now += 20;
+      uplink.tick();
+    }
+    assert.ok(samples < 50 * 320, "the last packets are held back");
+    now += 180;
+    uplink.tick();
+    assert.equal(samples, 50 * 320);
+    assert.equal(uplink.stats.silent, 50);
+    codec.close();
+  });
+
   test("a packet lost in a silence is silence, not the concealment of the speech before it", () => {
     const codec = new OpusCodec(16_000);
     const out: Int16Array[] = [];

@@ -85,6 +85,8 @@ export class Uplink {
   /** What was not decoded, not yet given out: the look-back (output samples in `heldSamples`). */
   private readonly held: Held[] = [];
   private heldSamples = 0;
+  /** When the last item was held. */
+  private heldAt = 0;
   private readonly lookback: number;
 
   constructor(o: UplinkOptions) {
@@ -123,6 +125,8 @@ export class Uplink {
   /** Releases what waited too long; call every 20 ms or so. */
   tick(): void {
     this.jitter.tick();
+    // The device stopped sending (a pause in its DTX, a muted microphone): what is held is silence.
+    if (this.held.length > 0 && this.now() - this.heldAt >= LOOKBACK_MS) this.release(this.held.length, false);
   }
 
   /** Hands on everything waiting (the jitter buffer's, and the look-back as the silence it was). */
@@ -154,6 +158,7 @@ export class Uplink {
   /** Holds what is not decoded now; what is older than the look-back goes on as silence. */
   private hold(item: Held): void {
     this.held.push(item);
+    this.heldAt = this.now();
     this.heldSamples += item.n;
     let excess = this.heldSamples - this.lookback;
     while (excess > 0) {
