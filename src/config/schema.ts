@@ -293,6 +293,17 @@ const VOICE_DEFAULTS = {
 export const VoiceConfig = z.strictObject({
   agent: ID.optional().meta(info("the agent (`agents[].id`) that converses with every connected device over its audio; absent, no device converses")),
   barge_in: z.boolean().default(true).meta(info("speech during a reply interrupts it; devices without echo cancellation need `false`")),
+  audio_threads: z
+    .number()
+    .int()
+    .min(0)
+    .max(16)
+    .optional()
+    .meta(
+      info(
+        'worker threads that decode the devices\' audio (each conversation on one); default one a core, at most 4; 0: on the main thread (docs/voice.md, "Silence" and "Threads")',
+      ),
+    ),
   history_turns: z.number().int().min(1).max(200).default(20).meta(info("turns of history kept per conversation (in memory, for the connection's life)")),
   max_reply_delay_ms: z
     .number()
@@ -636,7 +647,7 @@ export const ConfigSchema = z
           .optional()
           .meta(
             info(
-              "recogniser (Moonshine) processes, 350–580 MB each; one uses every core per recognition, more recognise side by side, one core each, for nodes where many voice turns end at once (docs/benchmarks.md); with 2 or more, the first is kept for conversations and the others run files and partials at a lower OS priority, so a turn never waits behind file transcription",
+              "recogniser (Moonshine) processes, 350–580 MB each; one uses every core per recognition, more recognise side by side, one core each, for nodes where many voice turns end at once (docs/benchmarks.md); with 2 or more, files use them all while no conversation goes on (a turn then waits for one file job at most); while one does, the first is kept for conversations and the others run files and partials at a lower OS priority",
               { default_text: "2 with ≥ 2 cores and ≥ 4 GiB of memory, else 1", env_alias: "PERCH_RECOGNISER_PROCESSES" },
             ),
           ),

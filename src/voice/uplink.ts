@@ -45,6 +45,8 @@ export interface UplinkOptions {
   audioLevelId?: number | undefined;
   /** The device's audio at the codec's rate, in order, with nothing missing. */
   pcm: (samples: Int16Array) => void;
+  /** Silence of `samples` at the codec's rate, in its place among `pcm`'s (default: zeros given to `pcm`). */
+  silence?: (samples: number) => void;
   /** Samples (48 kHz) dropped for running ahead of real time, as they are dropped. */
   overrun?: (samples: number) => void;
   now?: () => number;
@@ -152,7 +154,8 @@ export class Uplink {
     }
     this.hangover -= samples;
     if (out.kind === "packet") this.emit({ payload: dtx ? undefined : out.payload, packet: true, n }, true);
-    else this.o.pcm(out.kind === "lost" ? this.o.codec.conceal(n) : new Int16Array(n));
+    else if (out.kind === "lost") this.o.pcm(this.o.codec.conceal(n));
+    else this.silence(n);
   }
 
   /** Holds what is not decoded now; what is older than the look-back goes on as silence. */
@@ -167,7 +170,7 @@ export class Uplink {
         // A long gap: its older part goes on now, its last part stays in the look-back.
         first.n -= excess;
         this.heldSamples -= excess;
-        this.o.pcm(new Int16Array(excess));
+        this.silence(excess);
         return;
       }
       this.release(1, false);
@@ -183,23 +186,28 @@ export class Uplink {
     }
   }
 
-  /** One item out: a packet decoded (when `decode` and it has audio), else zeros of its length. */
+  /** One item out: a packet decoded (when `decode` and it has audio), else silence of its length. */
   private emit(item: Held, decode: boolean): void {
-    let pcm: Int16Array | undefined;
-    if (decode && item.payload) {
-      this.decoded++;
-      pcm = this.o.codec.decode(item.payload);
-      if (!pcm) {
-        // Concealed for as long as the packet says (the timeline the jitter buffer keeps), not a
-        // whole frame: refused 2.5 ms packets would otherwise claim eight times what they cost.
-        this.rejected++;
-        pcm = this.o.codec.conceal(item.n);
-      }
-    } else {
+    if (!decode || !item.payload) {
       if (item.packet) this.silent++;
-      pcm = new Int16Array(item.n);
+      this.silence(item.n);
+      return;
+    }
+    this.decoded++;
+    let pcm = this.o.codec.decode(item.payload);
+    if (!pcm) {
+      // Concealed for as long as the packet says (the timeline the jitter buffer keeps), not a
+      // whole frame: refused 2.5 ms packets would otherwise claim eight times what they cost.
+      this.rejected++;
+      pcm = this.o.codec.conceal(item.n);
     }
     if (pcm.length > 0) this.o.pcm(pcm);
+  }
+
+  private silence(samples: number): void {
+    if (samples <= 0) return;
+    if (this.o.silence) this.o.silence(samples);
+    else this.o.pcm(new Int16Array(samples));
   }
 
   /** Output samples for `samples` of the RTP clock, carrying what does not divide evenly. */
