@@ -17,7 +17,11 @@
  * them (reading) beside 2 looping on transcription; the server's CPU per 4,096-character request
  * and per transcription of a 20 s file.
  *
- * BENCH_SPEECH_RUNS (5), BENCH_SPEECH_PHASES (default "engines,mixed").
+ * Alone (issue 40, speech-alone.ts): a 60 s and a 10 min file's real-time factor on an idle node
+ * over HTTP, and a conversation's turns beside a 10 min file; `--base <commit>` measures that commit
+ * too, in the same run.
+ *
+ * BENCH_SPEECH_RUNS (5), BENCH_SPEECH_PHASES (default "engines,mixed,alone"; e.g. `alone` alone).
  */
 import { createHash } from "node:crypto";
 import { mkdtempSync, readFileSync } from "node:fs";
@@ -28,6 +32,7 @@ import { createSpeechEngine, createTranscriptionEngine, ffmpegPath, SPEECH_FORMA
 import { concatFloat32 } from "../src/audio/samples.ts";
 import { ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES as SENTENCES, silence, wavFile, withNoise, wordErrorRate } from "../test/support/speech.ts";
 import { helloFirstByte, LONG_TEXT, loop, nonReader, speechRequest, transcriptionRequest } from "./api-load.ts";
+import { aloneBench } from "./speech-alone.ts";
 import { benchConfig, percentiles, round, startServer, treeCpuSeconds } from "./support.ts";
 
 const RUNS = Number(process.env.BENCH_SPEECH_RUNS ?? 5);
@@ -46,7 +51,8 @@ async function bytesOf(audio: AsyncIterable<Uint8Array>): Promise<Buffer> {
   return Buffer.concat(parts);
 }
 
-const PHASES = new Set((process.env.BENCH_SPEECH_PHASES ?? "engines,mixed").split(","));
+const PHASES = new Set((process.env.BENCH_SPEECH_PHASES ?? "engines,mixed,alone").split(","));
+const BASE = process.argv.includes("--base") ? process.argv[process.argv.indexOf("--base") + 1] : undefined;
 const KEYS = { load: "sk-perch-bench-load", hello: "sk-perch-bench-hello" };
 
 /** `"Hello there."`'s first byte `runs` times, one after another, with the statuses seen. */
@@ -111,7 +117,8 @@ async function mixedBench(): Promise<unknown> {
 
 export async function speechBench(): Promise<unknown> {
   const mixed = PHASES.has("mixed") ? await mixedBench() : undefined;
-  if (!PHASES.has("engines")) return { suite: "speech", cpus: availableParallelism(), load_average: loadavg().map(round), mixed };
+  const alone = PHASES.has("alone") ? await aloneBench(BASE) : undefined;
+  if (!PHASES.has("engines")) return { suite: "speech", cpus: availableParallelism(), load_average: loadavg().map(round), mixed, alone };
   const words = SENTENCE.split(" ").length;
   if (words !== 30) throw new Error(`the benchmark sentence has ${words} words`);
   const speech = createSpeechEngine();
@@ -254,6 +261,7 @@ export async function speechBench(): Promise<unknown> {
     synthesis,
     voices,
     mixed,
+    alone,
     transcription: {
       engine: "moonshine base int8 + silero vad v5 (onnxruntime-node, cpu)",
       load_ms: round(loadMs),

@@ -155,7 +155,7 @@ describe("speech under load: conversations first, callers in turn", () => {
     }
   });
 
-  test("a file started first is recognised in short jobs while a conversation goes on: the turn's transcript comes before the file's", {
+  test("a file started first: a turn beside it waits for one of the file's jobs, and its transcript comes before the file's", {
     timeout: 600_000,
   }, async () => {
     const conn = await connect(server);
@@ -182,11 +182,10 @@ describe("speech under load: conversations first, callers in turn", () => {
       const { status, body } = await file;
       assert.equal(status, 200);
       assert.ok(fileDone >= 2, "the file's transcription ended before the turn's transcript");
-      // Each job of the file was one short piece of speech cut at a pause (at most 10 s, as the
-      // speech pauses within 10 s), not the 12 s joined while no conversation goes on.
+      // The file's jobs are as a file alone gets them (neighbours joined up to 12 s): a conversation does not change its words.
       const segments = (body as { segments: Array<{ start: number; end: number }> }).segments;
-      assert.ok(segments.length >= 6, `${segments.length} segments`);
-      for (const seg of segments) assert.ok(seg.end - seg.start <= 10.01, `a job of ${seg.end - seg.start} s`);
+      assert.ok(segments.length >= 3, `${segments.length} segments`);
+      for (const seg of segments) assert.ok(seg.end - seg.start <= 20.01, `a job of ${seg.end - seg.start} s`);
     } finally {
       conn.close();
     }

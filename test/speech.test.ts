@@ -25,9 +25,10 @@ import { WorkQueue } from "../src/ai/speech/queue.ts";
 import { initialVadState } from "../src/ai/speech/silero.ts";
 import { speechChunks } from "../src/ai/speech/text.ts";
 import { FileSpeech, FRAME_SECONDS, type Piece } from "../src/ai/speech/vad.ts";
+import { concatFloat32 } from "../src/audio/samples.ts";
 import { BACKGROUND_NICENESS, WorkerPool } from "../src/workers/pool.ts";
 import { childProcesses } from "./support/processes.ts";
-import { ROUND_TRIP_SENTENCES as ROUND_TRIP, wordErrorRate } from "./support/speech.ts";
+import { ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES as ROUND_TRIP, silence, wavFile, wordErrorRate } from "./support/speech.ts";
 import { eventually } from "./support/webrtc.ts";
 
 const linux = process.platform === "linux";
@@ -263,37 +264,32 @@ describe("a file's speech in jobs (FileSpeech)", () => {
     for (const d of dips) probabilities.fill(0.02, Math.round((0.5 + d.at) / FRAME_SECONDS), Math.round((0.5 + d.at) / FRAME_SECONDS) + d.frames);
     return { probabilities, duration };
   }
-  function jobs(s: { probabilities: Float32Array; duration: number }, short: boolean): Piece[] {
-    const file = new FileSpeech(s.probabilities, s.duration);
-    const out: Piece[] = [];
-    for (let p = file.next(short); p; p = file.next(short)) out.push(p);
-    return out;
-  }
+  const jobs = (s: { probabilities: Float32Array; duration: number }): readonly Piece[] => new FileSpeech(s.probabilities, s.duration).pieces;
   // Dips of 1–3 frames, as in a word's stop consonant; one pause of 5 frames (160 ms) at 7 s.
   const words = [1, 2.5, 3.1, 4, 4.6, 5.5, 8, 9.2, 11, 13.5].map((at) => ({ at, frames: 1 + (Math.round(at * 10) % 3) }));
 
-  test("no conversation: 15 s of speech without a pause the tracker ends is one job, cut nowhere", () => {
-    const s = speech(15, [...words, { at: 7, frames: 5 }]);
-    const pieces = jobs(s, false);
+  test("15 s of speech without a pause the tracker ends is one job, cut nowhere (not even at a short pause)", () => {
+    const pieces = jobs(speech(15, [...words, { at: 7, frames: 5 }]));
     assert.equal(pieces.length, 1, JSON.stringify(pieces));
     const [one] = pieces;
     assert.ok(Math.abs(one!.start - 0.3) < 0.04 && Math.abs(one!.end - 15.7) < 0.04 && !one!.cutBefore && !one!.cutAfter, JSON.stringify(one));
   });
 
-  test("a conversation: cut only at the pause, never in a word; speech without one is cut only past 20 s", () => {
-    const s = speech(15, [...words, { at: 7, frames: 5 }]);
-    const pieces = jobs(s, true);
-    assert.equal(pieces.length, 2, JSON.stringify(pieces));
-    // The pause runs from 7.5 s to 7.66 s of the file: the cut is in it, and both sides of it are padded.
-    assert.ok(pieces[0]!.end > 7.5 && pieces[0]!.end < 7.66, JSON.stringify(pieces));
-    assert.deepEqual([pieces[0]!.cutAfter, pieces[1]!.cutBefore, pieces[1]!.start], [true, true, pieces[0]!.end]);
-    // Without the pause: one job of 15 s (no pause within 10 s, not past 20 s).
-    assert.equal(jobs(speech(15, words), true).length, 1);
-    // 25 s without a pause: cut past 8 s (at the least speech-like frame), as when no conversation goes on.
-    const long = jobs(speech(25, words), true);
+  test("25 s without a pause is cut past 8 s at its least speech-like frame, both sides marked as cut", () => {
+    const long = jobs(speech(25, words));
     assert.equal(long.length, 2, JSON.stringify(long));
     assert.ok(long[0]!.end - long[0]!.start >= 8 && long[0]!.end - long[0]!.start <= 20, JSON.stringify(long));
-    assert.deepEqual(jobs(speech(25, words), false), long);
+    assert.deepEqual([long[0]!.cutBefore, long[0]!.cutAfter, long[1]!.cutBefore, long[1]!.cutAfter, long[1]!.start], [false, true, true, false, long[0]!.end]);
+  });
+
+  test("sentences apart are joined up to 12 s: the pieces of a file are the same whoever asks, whenever", () => {
+    // Six 3 s sentences 0.5 s apart: two jobs of three sentences (10.5 s and less each).
+    const duration = 22;
+    const probabilities = new Float32Array(Math.round(duration / FRAME_SECONDS));
+    for (let i = 0; i < 6; i++) probabilities.fill(0.9, Math.round((0.5 + i * 3.5) / FRAME_SECONDS), Math.round((3.5 + i * 3.5) / FRAME_SECONDS));
+    const pieces = jobs({ probabilities, duration });
+    assert.equal(pieces.length, 2, JSON.stringify(pieces));
+    for (const p of pieces) assert.ok(p.end - p.start <= 12 && !p.cutBefore && !p.cutAfter, JSON.stringify(pieces));
   });
 });
 
@@ -545,6 +541,64 @@ describe("transcription (Moonshine)", () => {
       assert.equal(two.recogniserIdle({ class: "partial" }), false);
       for (const text of await both) assert.match(text, /door/i);
       assert.equal(two.recogniserIdle({ class: "partial" }), true);
+    } finally {
+      await two.close();
+    }
+  });
+
+  test("idle processes serve a file and give one back within a job when a turn comes; the file's words are the same alone, beside three other files and beside a conversation (pieces and threads do not follow the load)", async () => {
+    const say = (text: string, voice = 0) => espeak(text, ESPEAK_VOICES[voice]!.args);
+    // Pairs of sentences with a short pause between them (one stretch of speech each), 1.5 s apart.
+    const said = [
+      ["Please turn on the lights in the kitchen and close the curtains.", "What is the weather going to be like tomorrow afternoon?"],
+      ["Call my mother tomorrow morning."],
+      ["Remind me to buy milk after work.", "How far is the nearest train station?"],
+      ["Open the front door."],
+    ];
+    const parts: Float32Array[] = [silence(0.4)];
+    for (const [i, pair] of said.entries()) {
+      for (const [j, sentence] of pair.entries()) parts.push(...(j > 0 ? [silence(0.18)] : []), await say(sentence, i % 2));
+      parts.push(silence(1.5));
+    }
+    const file = concatFloat32(parts);
+    const others = await Promise.all(ROUND_TRIP.slice(0, 3).map(async (text, i) => concatFloat32([silence(0.3), await say(text, i % 2), silence(0.3)])));
+    const turns = await Promise.all(["Set a timer for ten minutes.", "Play some music in the living room."].map((text) => say(text)));
+    const two = createTranscriptionEngine({ processes: 2, fastAfterMs: false, maxQueued: 8 });
+    const turn = async (audio: Float32Array) => {
+      const asr = two.createIncrementalRecogniser();
+      asr.push(audio);
+      return asr.finish();
+    };
+    try {
+      await two.start();
+      if (linux) {
+        // Every process recognises with the same threads (onnxruntime's pools are made once, at load): as many OS threads each.
+        const threads = two.recogniserWorkers().map((w) => readdirSync(`/proc/${w.osId}/task`).length);
+        assert.equal(new Set(threads).size, 1, `threads of the recogniser processes: ${threads.join(", ")}`);
+      }
+      const transcribe = (audio: Float32Array, caller: string) => two.transcribe({ audio: wavFile(audio), caller });
+      // Alone, no conversation: both processes serve the file at once.
+      const pending = transcribe(file, "a");
+      await eventually(() => two.recogniserWorkers().every((w) => w.busy), 20_000, "the file's jobs on both processes");
+      const alone = await pending;
+      assert.ok(alone.segments.length >= 4, JSON.stringify(alone.segments));
+      assert.ok(wordErrorRate(said.flat().join(" "), alone.text) <= 0.25, alone.text);
+      const [crowded] = await Promise.all([transcribe(file, "a"), ...others.map((o, i) => transcribe(o, `other-${i}`))]);
+      // A turn while the file holds both processes: it takes the first one freed; the file goes on beside it.
+      let fileDone = false;
+      const interrupted = transcribe(file, "a").finally(() => {
+        fileDone = true;
+      });
+      await eventually(() => two.recogniserWorkers().every((w) => w.busy), 20_000, "the file's jobs on both processes");
+      assert.equal(two.conversing, false);
+      assert.match(await turn(turns[0]!), /timer/i);
+      assert.equal(fileDone, false, "the turn came before the file's last words");
+      assert.equal(two.conversing, true);
+      // Beside a conversation from the start: one process kept for it, the file on the other.
+      const conversation = Promise.all(turns.map((t) => turn(t)));
+      const besideTurns = await transcribe(file, "a");
+      await conversation;
+      for (const t of [crowded!, await interrupted, besideTurns]) assert.deepEqual(t.segments, alone.segments);
     } finally {
       await two.close();
     }

@@ -636,7 +636,7 @@ export const ConfigSchema = z
           .optional()
           .meta(
             info(
-              "recogniser (Moonshine) processes, 350–580 MB each; one uses every core per recognition, more recognise side by side, one core each, for nodes where many voice turns end at once (docs/benchmarks.md); with 2 or more, the first is kept for conversations and the others run files and partials at a lower OS priority, so a turn never waits behind file transcription",
+              "recogniser (Moonshine) processes, 350–580 MB each; one uses every core per recognition, more recognise side by side, one core each, for nodes where many voice turns end at once (docs/benchmarks.md); with 2 or more, files use them all while no conversation goes on (a turn then waits for one file job at most); while one does, the first is kept for conversations and the others run files and partials at a lower OS priority",
               { default_text: "2 with ≥ 2 cores and ≥ 4 GiB of memory, else 1", env_alias: "PERCH_RECOGNISER_PROCESSES" },
             ),
           ),

@@ -241,6 +241,7 @@ interface Pending<Res> {
   transfer: Transferable[];
   priority: Priority;
   urgent: boolean;
+  anyLane: boolean;
   resolve: (result: Res) => void;
   reject: (error: Error) => void;
 }
@@ -347,9 +348,10 @@ export class WorkerPool<Req, Res> {
   /**
    * Runs `request` on the first worker free that may take it. `urgent` (a conversation's) prefers
    * a foreground worker and may take a background one; other jobs take background workers only
-   * (any worker when the pool has none).
+   * (any worker when the pool has none), unless `anyLane` (no conversation needs the foreground
+   * workers now, as their owner judges): then as an urgent job.
    */
-  run(request: Req, options: { priority?: Priority; transfer?: Transferable[]; urgent?: boolean } = {}): Promise<Res> {
+  run(request: Req, options: { priority?: Priority; transfer?: Transferable[]; urgent?: boolean; anyLane?: boolean } = {}): Promise<Res> {
     if (this.failure) return Promise.reject(this.failure);
     if (this.closed) return Promise.reject(new Error(`the ${this.options.name} pool is closed`));
     return new Promise<Res>((resolve, reject) => {
@@ -359,6 +361,7 @@ export class WorkerPool<Req, Res> {
         transfer: options.transfer ?? [],
         priority: options.priority ?? 1,
         urgent: options.urgent ?? false,
+        anyLane: options.anyLane ?? false,
         resolve,
         reject,
       };
@@ -382,7 +385,7 @@ export class WorkerPool<Req, Res> {
   private slotFor(job: Pending<Res>): Slot<Res> | undefined {
     const free = (lane: Lane) => this.slots.find((s) => s.ready && !s.job && s.lane === lane);
     if (!this.options.background) return free("foreground");
-    return job.urgent ? (free("foreground") ?? free("background")) : free("background");
+    return job.urgent || job.anyLane ? (free("foreground") ?? free("background")) : free("background");
   }
 
   private dispatch(): void {

@@ -5,10 +5,11 @@
  * see recognition-worker.ts).
  *
  * Files: decoded to 16 kHz mono (decode.ts), scored by the VAD (in jobs of 10 s of audio), then
- * recognised job by job (FileSpeech): speech of up to 20 s, neighbours joined up to 12 s; while a
- * conversation is going on, pieces of about 5 s cut at pauses, each a job of its own, so that a
- * turn's transcript waits for one short job. Each job is one segment; silence and noise give none
- * and so an empty transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
+ * recognised job by job (FileSpeech): speech of up to 20 s, neighbours joined up to 12 s, whatever
+ * the load (the same words every time), up to one job a recogniser process at once: while no
+ * conversation goes on, every process serves files (a turn then waits for one job at most, and
+ * one process is kept from then on). Each job is one segment; silence and noise give none and so
+ * an empty transcript. A bounded queue admits requests (EngineBusyError when full, the surface's 429).
  *
  * Conversations' voice activity jobs that wait together are scored in one batch (one message to the
  * process, one inference a frame for all of them).
@@ -38,7 +39,7 @@ import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } fro
 import { type JobClass, type JobOptions, Scheduler } from "./scheduler.ts";
 import { initialVadState, VAD_FRAME, type VadItem, type VadResult, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
-import { FileSpeech, type Region, SpeechTracker, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
+import { FileSpeech, type Piece, type Region, SpeechTracker, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
 
 const RATE = DECODED_SAMPLE_RATE;
 const WORKER_SCRIPT = new URL("./recognition-worker.ts", import.meta.url);
@@ -89,6 +90,8 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
    * than this many ms after it was asked for (FAST_AFTER_MS by default); `false`: base only (tiny not loaded).
    */
   fastAfterMs?: number | false;
+  /** A conversation counts as going on for this long after its last turn (CONVERSING_FOR_MS by default; benchmarks shorten it). */
+  conversingForMs?: number;
 }
 
 export class MoonshineEngine implements TranscriptionEngine {
@@ -103,6 +106,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly processes: number;
   private readonly threads: number;
   private readonly fast: boolean;
+  private readonly conversingForMs: number;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   /** Each part starts on first use (or when asked to: `startRecognition`, `startActivity`), then its promise stays. */
@@ -121,6 +125,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   constructor(options: MoonshineEngineOptions = {}) {
     this.processes = options.processes ?? 1;
     this.threads = options.threads ?? Math.max(1, Math.floor(availableParallelism() / this.processes));
+    this.conversingForMs = options.conversingForMs ?? CONVERSING_FOR_MS;
     const fastAfterMs = options.fastAfterMs ?? FAST_AFTER_MS;
     this.fast = fastAfterMs !== false;
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
@@ -128,9 +133,10 @@ export class MoonshineEngine implements TranscriptionEngine {
       name: "recognition",
       slots: this.processes,
       initialJobMs: INITIAL_RECOGNITION_MS,
-      // With two processes or more, one (the foreground one) is kept for conversations: a turn's
-      // transcript never waits for a file's, and files and partials run on the others at a lower priority.
-      reserved: () => (this.processes >= 2 ? 1 : 0),
+      // With two processes or more, one (the foreground one) is kept while a conversation goes on: a
+      // turn's transcript then never waits for a file's, and files and partials run on the others at a
+      // lower priority. Otherwise idle processes serve files, and a turn waits for one job at most.
+      reserved: () => (this.processes >= 2 && this.conversing ? 1 : 0),
       batching: {
         classes: ["conversation"],
         max: BATCH_MAX,
@@ -245,7 +251,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   private async recogniseBatch(audios: Float32Array[], cls: JobClass, fast: boolean): Promise<string[]> {
     const result = await this.recogniserPool!.run(
       { op: "transcribe", audios, fast },
-      { transfer: audios.map((a) => a.buffer as ArrayBuffer), urgent: cls === "conversation" },
+      { transfer: audios.map((a) => a.buffer as ArrayBuffer), urgent: cls === "conversation", anyLane: cls === "api" && !this.conversing },
     );
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
     this.batchesByModel[result.model]++;
@@ -269,11 +275,11 @@ export class MoonshineEngine implements TranscriptionEngine {
   }
 
   /**
-   * Whether a conversation took a turn lately (or a detector was made for one): a file's
-   * speech is then recognised in short jobs, so that a turn's transcript waits for one at most.
+   * Whether a conversation took a turn lately (or a detector was made for one): one recogniser
+   * process is then kept for conversations (with two or more).
    */
   get conversing(): boolean {
-    return performance.now() - this.conversedAt < CONVERSING_FOR_MS;
+    return performance.now() - this.conversedAt < this.conversingForMs;
   }
 
   /** Probabilities of a whole file, scored in jobs of FILE_VAD_JOB_S of audio each (a conversation's job may run between two). */
@@ -318,12 +324,21 @@ export class MoonshineEngine implements TranscriptionEngine {
     if (o.signal?.aborted) throw abortReason(o.signal);
     progress.onStart?.(duration);
     const segments: TranscriptSegment[] = [];
-    const speech = new FileSpeech(probabilities, duration);
-    // Each job is chosen when the last one is done: short ones while a conversation may need the recogniser soon.
-    for (let region = speech.next(this.conversing); region; region = speech.next(this.conversing)) {
+    // The pieces depend on the audio alone (the same words whatever the load); up to one a process
+    // runs at once, so that idle processes serve the file, and their words are handed out in order.
+    const pieces = new FileSpeech(probabilities, duration).pieces;
+    const recognise = (region: Piece) => {
       const pad = { before: region.start <= 0 || region.cutBefore ? EDGE_PAD : 0, after: region.end >= duration || region.cutAfter ? EDGE_PAD : 0 };
-      const text = normaliseTranscript(await this.recognise(slice(audio, region), job, pad));
+      const text = this.recognise(slice(audio, region), job, pad);
+      text.catch(() => {});
+      return text;
+    };
+    const running = pieces.slice(0, this.processes).map(recognise);
+    for (const [i, region] of pieces.entries()) {
+      const raw = await running[i]!;
+      if (i + this.processes < pieces.length) running.push(recognise(pieces[i + this.processes]!));
       if (o.signal?.aborted) throw abortReason(o.signal);
+      const text = normaliseTranscript(raw);
       if (!text) continue;
       const segment = { id: segments.length, start: round(region.start), end: round(region.end), text };
       segments.push(segment);

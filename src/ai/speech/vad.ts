@@ -14,8 +14,8 @@
  * Calls to `push` must not overlap (await each one). Frames are scored in the engine's VAD worker,
  * so pushing costs the event loop only the copy.
  *
- * Files: `new FileSpeech(probabilities, duration).next(short)` gives the stretches to recognise,
- * one job at a time (see MoonshineEngine).
+ * Files: `new FileSpeech(probabilities, duration).pieces` are the stretches to recognise, one job
+ * each (see MoonshineEngine).
  */
 import { VAD_FRAME } from "./silero.ts";
 
@@ -113,28 +113,12 @@ const MAX_REGION = 20;
 /** Speech longer than MAX_REGION is cut at its least speech-like frame past this length. */
 const LONG_MIN_CUT = 8;
 /**
- * While a conversation goes on, a file's speech is recognised in pieces of about this length: a
- * turn's transcript then waits for one such job. Speech is cut only at a pause (frames the tracker
- * counts as silence, MIN_PAUSE_FRAMES or more) between MIN_CUT and MAX_PIECE, else up to
- * PAUSE_SEARCH; speech without a pause is cut only past MAX_REGION, as when no conversation goes
- * on. A cut in a word costs words.
- */
-const MAX_PIECE = 5;
-const MIN_CUT = 2;
-const PAUSE_SEARCH = 10;
-/**
- * A pause is at least this long: Silero falls as low in a word's stop consonant for up to ~100 ms
- * ("slowly a|cross"). Measured (espeak-ng and flite, long sentences, sentences with commas and
- * without a pause between them): cutting at any silent frame, WER 0.041 while idle-mode jobs gave
- * 0.022; at pauses of 160 ms and more, 0.018.
- */
-const MIN_PAUSE_FRAMES = Math.round(0.16 / FRAME_SECONDS);
-/**
- * Pieces are recognised together up to this span when no conversation waits: the model does better
- * with context. Measured on the bench's espeak-ng sentences (two voices; clean, white noise at 20 dB
- * and 10 dB SNR): one sentence at a time, WER 0.06 / 0.31 / 0.48 and 0.08 / 0.29 / 0.40; merged up
- * to 5 s, 0.13 / 0.31 and 0.06 / 0.29; up to 8 s, 0.24 / 0.26 and 0.05 / 0.26; up to 12 s,
- * 0.00 / 0.18 / 0.35 and 0.06 / 0.26 / 0.50.
+ * Neighbours are recognised together up to this span: the model does better with context.
+ * Measured on the bench's espeak-ng sentences (two voices; clean, white noise at 20 dB and 10 dB
+ * SNR): one sentence at a time, WER 0.06 / 0.31 / 0.48 and 0.08 / 0.29 / 0.40; merged up to 5 s,
+ * 0.13 / 0.31 and 0.06 / 0.29; up to 8 s, 0.24 / 0.26 and 0.05 / 0.26; up to 12 s,
+ * 0.00 / 0.18 / 0.35 and 0.06 / 0.26 / 0.50. Pieces of about 5 s cut at pauses (issue 24's jobs
+ * while a conversation went on) gave 0.120 where these gave 0.084 (issue 40).
  */
 const MERGE_SPAN = 12;
 /** …when the pause between them is at most this long (a longer one ends what is said). */
@@ -147,99 +131,57 @@ export interface Piece extends Region {
 }
 
 /**
- * The speech of a file, handed out job by job: speech as the tracker finds it (with `minSilenceMs`
- * 200 ms: a pause between sentences), padded. `next(short)` gives the next job: with `short` (a
- * conversation may need the recogniser soon) pieces of about MAX_PIECE cut at pauses, each on its
- * own; otherwise stretches of up to MAX_REGION joined with neighbours up to MERGE_SPAN. Each call
- * may choose anew.
+ * The speech of a file as the jobs that recognise it: speech as the tracker finds it (with
+ * `minSilenceMs` 200 ms: a pause between sentences), padded; stretches of up to MAX_REGION, joined
+ * with neighbours up to MERGE_SPAN. The pieces depend on the audio alone, never on the load, so
+ * that a file gives the same words whatever runs beside it (jobs may then run side by side).
  */
 export class FileSpeech {
+  /** The jobs, in order. */
+  readonly pieces: readonly Piece[];
   private readonly probabilities: Float32Array;
-  private readonly spans: Region[] = [];
-  private readonly silence: number;
-  /** The span the next job starts in, and where in it. */
-  private span = 0;
-  private at = 0;
 
   constructor(probabilities: Float32Array, duration: number, o: VadOptions = {}) {
     this.probabilities = probabilities;
-    this.silence = (o.threshold ?? 0.5) - HYSTERESIS;
     const tracker = new SpeechTracker({ minSilenceMs: 200, ...o });
     const found: Region[] = [];
     for (const e of [...tracker.push(probabilities), ...tracker.flush()]) if (e.type === "end") found.push({ start: e.start, end: e.at });
+    const spans: Region[] = [];
     for (const [i, s] of found.entries()) {
       // Padding never reaches past half the gap to a neighbour.
       const before = i > 0 ? Math.min(REGION_PAD, (s.start - found[i - 1]!.end) / 2) : REGION_PAD;
       const after = i < found.length - 1 ? Math.min(REGION_PAD, (found[i + 1]!.start - s.end) / 2) : REGION_PAD;
-      this.spans.push({ start: Math.max(0, s.start - before), end: Math.min(duration, s.end + after) });
+      spans.push({ start: Math.max(0, s.start - before), end: Math.min(duration, s.end + after) });
     }
-    this.at = this.spans[0]?.start ?? 0;
-  }
-
-  /** The next stretch to recognise, or undefined when all was handed out. */
-  next(short: boolean): Piece | undefined {
-    if (this.span >= this.spans.length) return undefined;
-    const cutBefore = this.at > this.spans[this.span]!.start;
-    const region = this.take(short);
-    const span = short ? MAX_PIECE : MERGE_SPAN;
-    // Neighbours go in one job while they fit: the model hears more context.
-    while (this.span < this.spans.length && this.spans[this.span]!.start - region.end <= MERGE_GAP) {
-      const cursor = { span: this.span, at: this.at };
-      const next = this.take(short);
-      if (next.end - region.start > span) {
-        ({ span: this.span, at: this.at } = cursor);
-        break;
+    // Long spans cut into regions; a cut edge is marked on both sides.
+    const regions: Piece[] = [];
+    for (const s of spans) {
+      for (let start = s.start; start < s.end; ) {
+        const end = this.cut(start, s.end);
+        regions.push({ start, end, cutBefore: start > s.start, cutAfter: end < s.end });
+        start = end;
       }
-      region.end = next.end;
     }
-    return { ...region, cutBefore, cutAfter: this.span < this.spans.length && this.at > this.spans[this.span]!.start };
-  }
-
-  /** The piece from where the next job starts; moves past it. */
-  private take(short: boolean): Region {
-    const s = this.spans[this.span]!;
-    const start = this.at;
-    const end = this.cut(start, s.end, short);
-    if (end < s.end) this.at = end;
-    else this.at = this.spans[++this.span]?.start ?? 0;
-    return { start, end };
+    // Neighbours go in one job while they fit: the model hears more context.
+    const pieces: Piece[] = [];
+    for (const r of regions) {
+      const last = pieces.at(-1);
+      if (last && !last.cutAfter && !r.cutBefore && r.start - last.end <= MERGE_GAP && r.end - last.start <= MERGE_SPAN) {
+        last.end = r.end;
+        last.cutAfter = r.cutAfter;
+      } else pieces.push({ ...r });
+    }
+    this.pieces = pieces;
   }
 
   /** Where speech from `start` to `end` is cut (`end`: not at all). */
-  private cut(start: number, end: number, short: boolean): number {
-    if (short && end - start > MAX_PIECE) {
-      const pause = this.pause(start, start + MIN_CUT, start + MAX_PIECE, end) ?? this.pause(start, start + MAX_PIECE, start + PAUSE_SEARCH, end);
-      if (pause !== undefined) return pause;
-    }
+  private cut(start: number, end: number): number {
     if (end - start <= MAX_REGION) return end;
     const from = Math.ceil((start + LONG_MIN_CUT) / FRAME_SECONDS);
     const to = Math.floor((start + MAX_REGION) / FRAME_SECONDS);
     let cut = to;
     for (let f = from; f < to; f++) if (this.probabilities[f]! < this.probabilities[cut]!) cut = f;
     return cut * FRAME_SECONDS;
-  }
-
-  /**
-   * The middle of the longest pause in speech from `start` to `end` (a run of silent frames with
-   * speech on both sides) whose middle lies in [from, to], if any.
-   */
-  private pause(start: number, from: number, to: number, end: number): number | undefined {
-    const first = Math.ceil(start / FRAME_SECONDS);
-    const stop = Math.min(this.probabilities.length, Math.floor(end / FRAME_SECONDS));
-    let best: { middle: number; frames: number } | undefined;
-    let run = 0;
-    let spoke = false;
-    for (let f = first; f < stop; f++) {
-      if (this.probabilities[f]! < this.silence) {
-        if (spoke) run++;
-        continue;
-      }
-      const middle = (f - run / 2) * FRAME_SECONDS;
-      if (run >= MIN_PAUSE_FRAMES && run > (best?.frames ?? 0) && middle >= from && middle <= to) best = { middle, frames: run };
-      run = 0;
-      spoke = true;
-    }
-    return best?.middle;
   }
 }
 
