@@ -6,50 +6,9 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { concatInt16 } from "../src/audio/samples.ts";
-import { FRAME_SAMPLES, OpusCodec } from "../src/voice/opus.ts";
-import { type FakeTurnTranscription, type Rig, rig } from "./support/fake-voice.ts";
-import { rtpPacket } from "./support/rtp-device.ts";
+import { encoded, type FakeTurnTranscription, type Rig, RtpSender, rig } from "./support/fake-voice.ts";
 
 const RATE = 16_000;
-
-/** 20 ms Opus packets of a loud tone (a "word"), or of digital silence. */
-function encoded(frames: number, loud: boolean): Buffer[] {
-  const encoder = new OpusCodec();
-  try {
-    return Array.from({ length: frames }, (_, f) => {
-      const pcm = new Int16Array(FRAME_SAMPLES);
-      if (loud) for (let i = 0; i < pcm.length; i++) pcm[i] = Math.round(Math.sin((2 * Math.PI * 300 * (f * FRAME_SAMPLES + i)) / 48_000) * 10_000);
-      return encoder.encode(pcm);
-    });
-  } finally {
-    encoder.close();
-  }
-}
-
-/** The packet with the audio level (RFC 6464) in a one-byte header extension of id 1 (the rig's negotiated id). */
-function withLevel(packet: Buffer, level: number): Buffer {
-  const ext = Buffer.from([0xbe, 0xde, 0, 1, 0x10, level & 0x7f, 0, 0]);
-  const out = Buffer.concat([packet.subarray(0, 12), ext, packet.subarray(12)]);
-  out[0] = out[0]! | 0x10;
-  return out;
-}
-
-/** A device's packets on the rig's clock: one every 20 ms (or `ms`), each moving the clock on. */
-class Sender {
-  private seq = 7;
-  private ts = 1000;
-  private readonly r: Rig;
-  constructor(r: Rig) {
-    this.r = r;
-  }
-  async send(payload: Buffer, o: { level?: number; ms?: number } = {}): Promise<void> {
-    const packet = rtpPacket({ sequence: this.seq++, timestamp: this.ts }, payload);
-    this.r.packet(o.level === undefined ? packet : withLevel(packet, o.level));
-    const ms = o.ms ?? 20;
-    this.ts += (ms * 48_000) / 1000;
-    await this.r.clock.advance(ms);
-  }
-}
 
 /**
  * The fake recogniser's words: "hello" when the turn's audio has the whole word (its first 20 ms
@@ -76,7 +35,7 @@ describe("silence that costs nothing (fake engines, fake clock, real Opus)", () 
     test(`a device sending ${kind === "DTX" ? "DTX in its pauses" : "its audio level"}: 10 s of silence cost no voice-activity inference, and the first word after it is heard whole`, async () => {
       const r = await rig();
       r.stt.answer = heardWord;
-      const tx = new Sender(r);
+      const tx = new RtpSender(r);
       const silence = encoded(1, false)[0]!;
       if (kind === "DTX") for (let i = 0; i < 25; i++) await tx.send(Buffer.from([0x78]), { ms: 400 });
       else for (let i = 0; i < 500; i++) await tx.send(silence, { level: 127 });
@@ -92,7 +51,7 @@ describe("silence that costs nothing (fake engines, fake clock, real Opus)", () 
   test("a device without the extension: its silence is decoded, yet the detector hears none of it past half a second", async () => {
     const r = await rig();
     r.stt.answer = heardWord;
-    const tx = new Sender(r);
+    const tx = new RtpSender(r);
     const silence = encoded(1, false)[0]!;
     for (let i = 0; i < 500; i++) await tx.send(silence);
     assert.ok(r.vadSamples <= 0.5 * RATE + 640, `${r.vadSamples} samples given to the detector`);

@@ -211,6 +211,38 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     void this.respond(turn, end).catch((err: unknown) => this.o.log("warn", { err, turn: turn.n }, "voice turn failed"));
   }
 
+  /**
+   * The audio of the speech being heard was lost (the audio thread that decoded it ended): a turn
+   * fails with the contract's failed events; speech over a reply that was not yet a barge-in lets
+   * the reply go on. The next speech is a turn as usual.
+   */
+  audioLost(err: Error): void {
+    const turn = this.listening;
+    if (!turn || turn.ended || this.closed) return;
+    turn.ended = true;
+    for (const stop of turn.timers.splice(0)) stop();
+    turn.abort.abort(err);
+    this.drop(turn);
+    const over = turn.over;
+    if (over) {
+      turn.over = undefined;
+      over.reply.resume();
+      return;
+    }
+    if (turn.n === 0) return;
+    const { n } = turn;
+    this.o.events.eos(`in-${n}`, "audio", "user.audio");
+    this.o.events.eos(`out-${n}`, "text", "assistant.text", { code: "failed", message: `the turn's audio was lost: ${err.message}` });
+    const engines: TurnEngines = { transcription: turn.agent.engines.transcription.engine, speech: turn.agent.engines.speech.engine };
+    this.finishTurn(n, "failed", {}, engines, {
+      interrupted: false,
+      turn_cut: false,
+      reply_cut: false,
+      preemptive: turn.preempted > 0 ? "discarded" : "off",
+      false_interruptions: 0,
+    });
+  }
+
   /** A turn of its own: its number and its first event. */
   private begin(turn: Turn): void {
     this.turns++;

@@ -8,7 +8,7 @@ export const FRAME_MS = 20;
 /**
  * One conversation's Opus codec (libopus in WebAssembly): the decoder of the device's uplink, at
  * the rate its listener needs (libopus decodes any stream at 8–48 kHz itself: no resampler), and
- * the encoder of the replies at 48 kHz, made at the first reply (a silent connection needs none).
+ * the encoder of the replies at 48 kHz; each is made when first used.
  */
 export class OpusCodec {
   /** The rate the uplink decodes at. */
@@ -21,7 +21,6 @@ export class OpusCodec {
 
   constructor(rate: OpusRate = OPUS_RATE) {
     this.rate = rate;
-    this.decoder = new LibOpus("voip", rate);
   }
 
   /** Decodes one packet to samples at `rate`; undefined for a packet libopus refuses (the device's bytes). */
@@ -87,8 +86,10 @@ export class OpusCodec {
     this.encoder = undefined;
   }
 
+  /** The decoder, made at the first packet (a conversation whose uplink is decoded on an audio thread makes none here). */
   private open(): LibOpus {
-    if (!this.decoder) throw new Error("the codec is closed");
+    if (this.closed) throw new Error("the codec is closed");
+    this.decoder ??= new LibOpus("voip", this.rate);
     return this.decoder;
   }
 }

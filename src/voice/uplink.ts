@@ -34,6 +34,8 @@ export interface UplinkOptions {
   audioLevelId?: number | undefined;
   /** The device's audio at the codec's rate, in order, with nothing missing. */
   pcm: (samples: Int16Array) => void;
+  /** Silence of `samples` at the codec's rate, in its place among `pcm`'s (default: zeros given to `pcm`). */
+  silence?: (samples: number) => void;
   /** Samples (48 kHz) dropped for running ahead of real time, as they are dropped. */
   overrun?: (samples: number) => void;
   now?: () => number;
@@ -118,7 +120,8 @@ export class Uplink {
         this.silent++;
         this.quiet = true;
         this.warm = out.payload.length > DTX_BYTES ? out.payload : undefined;
-        pcm = new Int16Array(n);
+        this.silence(n);
+        return;
       } else {
         if (this.warm) codec.decode(this.warm);
         this.warm = undefined;
@@ -133,8 +136,17 @@ export class Uplink {
         }
       }
     } else if (out.kind === "lost" && !this.quiet) pcm = codec.conceal(n);
-    else pcm = new Int16Array(n);
+    else {
+      this.silence(n);
+      return;
+    }
     if (pcm.length > 0) this.o.pcm(pcm);
+  }
+
+  private silence(samples: number): void {
+    if (samples <= 0) return;
+    if (this.o.silence) this.o.silence(samples);
+    else this.o.pcm(new Int16Array(samples));
   }
 
   /** Output samples for `samples` of the RTP clock, carrying what does not divide evenly. */

@@ -1,0 +1,121 @@
+/**
+ * An audio thread (src/voice/audio-threads.ts): the uplinks of the conversations assigned to it,
+ * from RTP packets to samples at the listener's rate (the jitter buffer's clock ticks here), posted
+ * back to the main thread once per turn of this thread's event loop. Nothing here may throw out of a
+ * message or a timer: a conversation's failure is that conversation's.
+ */
+import { parentPort } from "node:worker_threads";
+import { type FromAudioThread, OUT, PACKET_HEADER, type ToAudioThread } from "./audio-wire.ts";
+import { OpusCodec } from "./opus.ts";
+import { Uplink } from "./uplink.ts";
+
+const TICK_MS = 20;
+/** Packet counts go to the main thread every this many ticks. */
+const COUNT_TICKS = 50;
+
+interface Held {
+  codec: OpusCodec;
+  uplink: Uplink;
+}
+
+const port = parentPort;
+if (!port) throw new Error("the audio worker runs in a worker thread");
+const held = new Map<number, Held>();
+/** What goes out at the next flush: the items, and the samples of the PCM items in order. */
+let items: number[] = [];
+let chunks: Int16Array[] = [];
+let samples = 0;
+let ticks = 0;
+
+function open(m: Extract<ToAudioThread, { t: "open" }>): void {
+  const { id } = m;
+  close(id);
+  const codec = new OpusCodec(m.rate);
+  const uplink = new Uplink({
+    codec,
+    payloadType: m.payloadType,
+    audioLevelId: m.audioLevelId,
+    pcm: (pcm) => {
+      items.push(id, OUT.pcm, samples, pcm.length);
+      chunks.push(pcm);
+      samples += pcm.length;
+    },
+    silence: (n) => items.push(id, OUT.silence, n, 0),
+    overrun: (n) => items.push(id, OUT.overrun, n, 0),
+  });
+  held.set(id, { codec, uplink });
+}
+
+function close(id: number): void {
+  const h = held.get(id);
+  if (!h) return;
+  held.delete(id);
+  items.push(id, OUT.counts, h.uplink.decoded, h.uplink.silent);
+  h.codec.close();
+}
+
+function packets(data: ArrayBuffer): void {
+  const bytes = Buffer.from(data);
+  let at = 0;
+  while (at + PACKET_HEADER <= bytes.length) {
+    const id = bytes.readUInt32LE(at);
+    const length = bytes.readUInt16LE(at + 4);
+    at += PACKET_HEADER;
+    const packet = bytes.subarray(at, at + length);
+    at += length;
+    const h = held.get(id);
+    if (!h) continue;
+    try {
+      h.uplink.packet(packet);
+    } catch {
+      // The device's bytes failed its uplink: that packet is lost, the conversation goes on.
+    }
+  }
+}
+
+/** Posts what was decoded since the last flush, in one message. */
+function flush(): void {
+  if (items.length === 0) return;
+  let pcm: ArrayBuffer | undefined;
+  if (samples > 0) {
+    const all = new Int16Array(samples);
+    let at = 0;
+    for (const c of chunks) {
+      all.set(c, at);
+      at += c.length;
+    }
+    pcm = all.buffer;
+  }
+  const message: FromAudioThread = { t: "out", pcm, items };
+  items = [];
+  chunks = [];
+  samples = 0;
+  port!.postMessage(message, pcm ? [pcm] : []);
+}
+
+port.on("message", (m: ToAudioThread) => {
+  try {
+    if (m.t === "rtp") packets(m.data);
+    else if (m.t === "open") {
+      try {
+        open(m);
+      } catch {
+        items.push(m.id, OUT.failed, 0, 0);
+      }
+    } else if (m.t === "close") close(m.id);
+  } finally {
+    flush();
+  }
+});
+
+setInterval(() => {
+  const count = ++ticks >= COUNT_TICKS;
+  if (count) ticks = 0;
+  for (const [id, h] of held) {
+    try {
+      h.uplink.tick();
+    } catch {}
+    if (count) items.push(id, OUT.counts, h.uplink.decoded, h.uplink.silent);
+  }
+  flush();
+}, TICK_MS);

@@ -1,0 +1,107 @@
+/**
+ * The uplink on audio threads (issue 41), fast: conversations on fake engines and fake clocks
+ * (test/support/fake-voice.ts), their uplinks decoded by real worker threads of one AudioThreads
+ * pool; each packet's audio is awaited before the conversation's clock moves on.
+ */
+import assert from "node:assert/strict";
+import { after, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+import { AudioThreads } from "../src/voice/audio-threads.ts";
+import { encoded, type Rig, RtpSender, rig } from "./support/fake-voice.ts";
+
+const word = encoded(20, true);
+const silence = encoded(1, false)[0]!;
+
+async function speak(tx: RtpSender): Promise<void> {
+  for (const p of word) await tx.send(p, { level: 10 });
+}
+
+async function quiet(tx: RtpSender, ms: number): Promise<void> {
+  for (let t = 0; t < ms; t += 20) await tx.send(silence, { level: 127 });
+}
+
+async function until(what: string, fn: () => boolean, ms = 10_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!fn()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(2);
+  }
+}
+
+/** Moves the clock until turn `n`'s metrics are out. */
+async function finished(r: Rig, n: number): Promise<Record<string, unknown>> {
+  for (let t = 0; t < 30_000 && !r.turnMetrics(n); t += 100) await r.wait(100);
+  const m = r.turnMetrics(n);
+  assert.ok(m, `turn ${n} finished; events: ${JSON.stringify(r.events.map((e) => [e.type, e.stream, e.label]))}`);
+  return m;
+}
+
+describe("the uplink on audio threads (fake engines, fake clock, real threads)", () => {
+  const threads = new AudioThreads(2, () => {});
+  after(() => threads.close());
+
+  test("conversations are spread over the threads, and one decoded there converses as on the main thread", async () => {
+    const a = await rig({}, { threads });
+    const b = await rig({}, { threads });
+    try {
+      assert.deepEqual(
+        threads.workers.map((w) => w.conversations),
+        [1, 1],
+      );
+      const tx = new RtpSender(a, { echo: true });
+      await quiet(tx, 200);
+      await speak(tx);
+      await quiet(tx, 600);
+      const m = await finished(a, 1);
+      assert.equal(a.of("in-1").find((e) => e.type === "TEXT_DONE")?.text, "What time is it?");
+      assert.ok(typeof m.speech_to_audio === "number");
+      assert.ok(a.frames > 0, "the reply was spoken");
+    } finally {
+      a.close();
+      b.close();
+    }
+    await until("the conversations closed on the threads", () => threads.workers.every((w) => w.conversations === 0));
+  });
+
+  test("a thread that dies takes only its conversations' turns: failed events; the other thread's turn is answered; the next turn works on a fresh thread", async () => {
+    const a = await rig({}, { threads });
+    const b = await rig({}, { threads });
+    try {
+      const ta = new RtpSender(a, { echo: true });
+      const tb = new RtpSender(b, { echo: true });
+      // Both are speaking, one on each thread.
+      await speak(ta);
+      await speak(tb);
+      assert.ok(a.of("in-1").some((e) => e.type === "BOS") && b.of("in-1").some((e) => e.type === "BOS"), "both turns begun");
+      const dead = a.conversation.uplinkThread;
+      assert.notEqual(dead, b.conversation.uplinkThread, "one on each thread");
+      const deadId = threads.workers[dead]!.threadId;
+      await threads.workers[dead]!.terminate();
+      await until("a's turn failed", () => a.of("out-1").some((e) => e.type === "EOS" && e.error?.code === "failed"));
+      assert.deepEqual(
+        a.events.filter((e) => e.stream === "in-1" || e.stream === "out-1").map((e) => `${e.type} ${e.stream} ${e.label}${e.error ? ` ${e.error.code}` : ""}`),
+        ["BOS in-1 user.audio", "EOS in-1 user.audio", "EOS out-1 assistant.text failed", "TEXT_DONE out-1 turn.metrics"],
+      );
+      assert.equal(a.model.calls.length, 0, "no reply was asked for the lost turn");
+      // The other thread's conversation goes on as if nothing happened.
+      await quiet(tb, 600);
+      await finished(b, 1);
+      assert.equal(
+        b.of("out-1").find((e) => e.type === "EOS" && e.error),
+        undefined,
+      );
+      assert.equal(b.of("in-1").find((e) => e.type === "TEXT_DONE")?.text, "What time is it?");
+      // The next turn of the conversation that lost its thread works, on a fresh one.
+      assert.notEqual(threads.workers[dead]!.threadId, deadId, "a fresh thread took its place");
+      await quiet(ta, 600);
+      await speak(ta);
+      await quiet(ta, 600);
+      const m = await finished(a, 2);
+      assert.equal(a.of("in-2").find((e) => e.type === "TEXT_DONE")?.text, "What time is it?");
+      assert.ok(typeof m.speech_to_audio === "number", JSON.stringify(m));
+    } finally {
+      a.close();
+      b.close();
+    }
+  });
+});
