@@ -29,7 +29,7 @@ const HANGOVER_MS = 600;
  * hands the recogniser 200 ms from before the onset). Silence reaches the listener this much later
  * then, never speech.
  */
-const LOOKBACK_MS = 200;
+export const LOOKBACK_MS = 200;
 /**
  * An Opus packet this short carries no audio to decode: a discontinuous transmission's (DTX)
  * table of contents alone, which libopus would turn into comfort noise.
