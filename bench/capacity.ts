@@ -31,7 +31,7 @@ import { availableParallelism, loadavg, setPriority, tmpdir } from "node:os";
 import { join } from "node:path";
 import { LibOpus } from "../src/audio/opus.ts";
 import type { CapacityAudio, CapacityCollected, CapacityCommand, CapacityConnected, Mode } from "./capacity-worker.ts";
-import { benchConfig, ROOT, round, type Server, startServer } from "./support.ts";
+import { benchConfig, ROOT, round, type Server, settledCpu, startServer } from "./support.ts";
 import { metric, pct, questionFile } from "./voice.ts";
 
 const DEFAULT_STEPS = "talk:20,talk:40,talk:80,talk:120,talk:200,idle:100,mic:100";
@@ -280,8 +280,10 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
   const answeredServer = (await metric(side.server, "perch_voice_turns_total", 'result="answered"')) - answeredBefore;
   for (const d of side.devices) d.tell({ type: "mode", mode: "idle" });
   await Promise.all(side.devices.map((d) => d.ask({ type: "release", id: d.id() })));
-  // The server notices the closes and lets the conversations go before the next step.
+  // The server notices the closes and lets the conversations go, and an overloaded one works off
+  // its backlog, before the next step (at most 20 s).
   await new Promise((r) => setTimeout(r, 2000));
+  await settledCpu(pid, 20_000);
   const latencies = collected.flatMap((c) => c.latencies);
   const sum = (k: "questions" | "unanswered" | "packetsSent" | "packetsReceived" | "open" | "lost") => collected.reduce((s, c) => s + c[k], 0);
   return {

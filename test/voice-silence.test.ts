@@ -10,19 +10,25 @@ import { encoded, type FakeTurnTranscription, type Rig, RtpSender, rig } from ".
 
 const RATE = 16_000;
 
+/** The word's 20 ms packets. */
+const WORD_PACKETS = 30;
+
 /**
- * The fake recogniser's words: "hello" when the turn's audio has the whole word (its first 20 ms
- * loud, with at least 100 ms of what came before it), else "ello" (a clipped start).
+ * The fake recogniser's words: "hello" when the turn's audio has the whole word (every one of its
+ * 20 ms loud, the first with at least 100 ms of what came before it), else "ello" (a clipped start).
  */
 function heardWord(turn: FakeTurnTranscription): string {
   const pcm = concatInt16(turn.audio);
   let first = -1;
-  for (let b = 0; (b + 1) * 320 <= pcm.length && first < 0; b++) {
+  let loud = 0;
+  for (let b = 0; (b + 1) * 320 <= pcm.length; b++) {
     let sum = 0;
     for (let i = b * 320; i < (b + 1) * 320; i++) sum += pcm[i]! * pcm[i]!;
-    if (Math.sqrt(sum / 320) > 2000) first = b;
+    if (Math.sqrt(sum / 320) <= 2000) continue;
+    loud++;
+    if (first < 0) first = b;
   }
-  return first >= (0.1 * RATE) / 320 ? "hello" : "ello";
+  return first >= (0.1 * RATE) / 320 && loud >= WORD_PACKETS ? "hello" : "ello";
 }
 
 async function transcript(r: Rig): Promise<string | undefined> {
@@ -41,7 +47,7 @@ describe("silence that costs nothing (fake engines, fake clock, real Opus)", () 
       else for (let i = 0; i < 500; i++) await tx.send(silence, { level: 127 });
       // The detector heard the first half second of the silence at most (the energy gate spares it the rest).
       assert.ok(r.vadSamples <= 0.5 * RATE + 640, `${r.vadSamples} samples given to the detector`);
-      for (const p of encoded(30, true)) await tx.send(p, { level: 10 });
+      for (const p of encoded(WORD_PACKETS, true)) await tx.send(p, { level: 10 });
       for (let i = 0; i < 50; i++) await tx.send(silence, { level: 127 });
       assert.equal(await transcript(r), "hello");
       r.close();
@@ -55,7 +61,7 @@ describe("silence that costs nothing (fake engines, fake clock, real Opus)", () 
     const silence = encoded(1, false)[0]!;
     for (let i = 0; i < 500; i++) await tx.send(silence);
     assert.ok(r.vadSamples <= 0.5 * RATE + 640, `${r.vadSamples} samples given to the detector`);
-    for (const p of encoded(30, true)) await tx.send(p);
+    for (const p of encoded(WORD_PACKETS, true)) await tx.send(p);
     for (let i = 0; i < 50; i++) await tx.send(silence);
     assert.equal(await transcript(r), "hello");
     r.close();

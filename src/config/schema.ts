@@ -661,7 +661,9 @@ export const ConfigSchema = z
             ),
           ),
         preload: z
-          .union([z.boolean(), z.array(z.enum(["recognition", "voice_activity", "speech"])).min(1)])
+          .union([z.boolean(), z.array(z.enum(["recognition", "voice_activity", "speech"])).min(1)], {
+            error: "expected true, false or a list of recognition, voice_activity, speech",
+          })
           .default(false)
           .meta(
             info(

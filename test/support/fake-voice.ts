@@ -29,6 +29,7 @@ import { VoiceMetrics } from "../../src/voice/metrics.ts";
 import { FRAME_SAMPLES, OpusCodec } from "../../src/voice/opus.ts";
 import { encodeVoiceEvent } from "../../src/voice/peer-events.ts";
 import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
+import { LOOKBACK_MS, QUIET_DBOV } from "../../src/voice/uplink.ts";
 import { rtpPacket } from "./rtp-device.ts";
 import { type Seen, seen } from "./voice.ts";
 
@@ -439,18 +440,25 @@ export class RtpSender {
   private ts = 1000;
   private readonly r: Rig;
   private readonly echo: boolean;
+  /** The conversation's samples heard before the first packet, and the samples of the packets sent since (16 kHz). */
+  private base: number | undefined;
+  private sent = 0;
   constructor(r: Rig, o: { echo?: boolean } = {}) {
     this.r = r;
     this.echo = o.echo ?? false;
   }
   async send(payload: Buffer, o: { level?: number; ms?: number } = {}): Promise<void> {
     const packet = rtpPacket({ sequence: this.seq++, timestamp: this.ts }, payload);
-    const heard = this.r.conversation.heardSamples;
+    this.base ??= this.r.conversation.heardSamples;
     this.r.packet(o.level === undefined ? packet : withLevel(packet, o.level));
     const ms = o.ms ?? 20;
+    this.sent += (ms * 16_000) / 1000;
     if (this.echo) {
+      // The uplink holds back up to LOOKBACK_MS of quiet packets (in case speech follows): their audio comes later.
+      const quiet = payload.length <= 2 || (o.level !== undefined && o.level >= QUIET_DBOV);
+      const expected = this.base + this.sent - (quiet ? (LOOKBACK_MS * 16_000) / 1000 : 0);
       const until = Date.now() + 5_000;
-      while (this.r.conversation.heardSamples < heard + (ms * 16_000) / 1000) {
+      while (this.r.conversation.heardSamples < expected) {
         if (Date.now() > until) throw new Error("a packet's audio was not heard within 5 s");
         await new Promise((r) => setTimeout(r, 1));
       }
