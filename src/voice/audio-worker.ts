@@ -47,6 +47,7 @@ function open(m: Extract<ToAudioThread, { t: "open" }>): void {
     overrun: (n) => items.push(id, OUT.overrun, n, 0),
   });
   held.set(id, { codec, uplink });
+  codec.prepare();
 }
 
 function close(id: number): void {
