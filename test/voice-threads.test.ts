@@ -28,9 +28,16 @@ async function until(what: string, fn: () => boolean, ms = 10_000): Promise<void
   }
 }
 
-/** Moves the clock until turn `n`'s metrics are out. */
+/**
+ * Moves the clock until turn `n`'s metrics are out. The reply's frames are encoded on a thread, in
+ * real time (a message at most every 10 ms): each step of the clock leaves it a real millisecond,
+ * or the clock would run 30 s past a reply still waiting for its frames.
+ */
 async function finished(r: Rig, n: number): Promise<Record<string, unknown>> {
-  for (let t = 0; t < 30_000 && !r.turnMetrics(n); t += 100) await r.wait(100);
+  for (let t = 0; t < 30_000 && !r.turnMetrics(n); t += 20) {
+    await r.wait(20);
+    await sleep(1);
+  }
   const m = r.turnMetrics(n);
   assert.ok(m, `turn ${n} finished; events: ${JSON.stringify(r.events.map((e) => [e.type, e.stream, e.label]))}`);
   return m;
