@@ -7,7 +7,8 @@ import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
-import { encoded, pieces, type Rig, RtpSender, rig } from "./support/fake-voice.ts";
+import { encoded, pieces, type Rig, RtpSender, rig, withLevel } from "./support/fake-voice.ts";
+import { rtpPacket } from "./support/rtp-device.ts";
 
 const word = encoded(20, true);
 const silence = encoded(1, false)[0]!;
@@ -69,6 +70,29 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
       b.close();
     }
     await until("the conversations closed on the threads", () => threads.workers.every((w) => w.conversations === 0));
+  });
+
+  test("a conversation's last packets are counted when it ends (perch_voice_uplink_packets_total), not only those of its last full second", async () => {
+    let heard = 0;
+    const counted = { decoded: 0, silent: 0 };
+    const uplink = threads.uplink({
+      payloadType: 111,
+      audioLevelId: 1,
+      rate: 16_000,
+      pcm: (pcm) => (heard += pcm.length),
+      silence: (samples) => (heard += samples),
+      overrun: () => {},
+      counted: (decoded, silent) => {
+        counted.decoded += decoded;
+        counted.silent += silent;
+      },
+      failed: () => {},
+    });
+    for (const [i, p] of word.entries()) uplink.packet(withLevel(rtpPacket({ sequence: i, timestamp: i * 960 }, p), 10));
+    await until("the word decoded", () => heard >= word.length * 320);
+    uplink.close();
+    await until("its packets counted", () => counted.decoded === word.length);
+    assert.deepEqual(counted, { decoded: word.length, silent: 0 });
   });
 
   test("a thread that dies takes only its conversations' turns: failed events; the other thread's turn is answered; the next turn works on a fresh thread", async () => {

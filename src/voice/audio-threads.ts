@@ -52,6 +52,8 @@ interface Entry {
   /** Counts the thread last reported. */
   decoded: number;
   silent: number;
+  /** Closed: kept until the thread's last counts come back (or the thread ends). */
+  closing?: boolean;
 }
 
 /**
@@ -94,18 +96,19 @@ export class AudioThreads {
       },
       packet: (bytes) => {
         const e = this.entries.get(id);
-        if (e) e.thread.queue(id, bytes);
+        if (e && !e.closing) e.thread.queue(id, bytes);
       },
       frame: (pcm, encoded) => {
         const e = this.entries.get(id);
-        if (!e || pcm.length !== FRAME_SAMPLES) return;
+        if (!e || e.closing || pcm.length !== FRAME_SAMPLES) return;
         e.encoded.push(encoded);
         e.thread.queueFrame(id, pcm);
       },
       close: () => {
         const e = this.entries.get(id);
-        if (!e) return;
-        this.entries.delete(id);
+        if (!e || e.closing) return;
+        // Kept until the thread says it closed it, with the packets counted since its last report.
+        e.closing = true;
         e.thread.conversations.delete(id);
         e.thread.post({ t: "close", id });
       },
@@ -158,6 +161,8 @@ export class AudioThreads {
     this.threads[i] = fresh;
     const moved = [...thread.conversations];
     this.warn({ err: err.message, conversations: moved.length }, "an audio thread ended; its conversations go on on a fresh one");
+    // Conversations closed on it whose last counts it will never send.
+    for (const [id, entry] of this.entries) if (entry.closing && entry.thread === thread) this.entries.delete(id);
     for (const id of moved) {
       const entry = this.entries.get(id);
       if (!entry) continue;
@@ -178,9 +183,12 @@ export class AudioThreads {
       const entry = this.entries.get(items[i]!);
       // A conversation closed, or moved off a thread that ended, since.
       if (!entry || entry.thread !== thread) continue;
+      const kind = items[i + 1];
+      // A conversation that closed hears nothing more; only its counts come in.
+      if (entry.closing && kind !== OUT.counts && kind !== OUT.closed) continue;
       const a = items[i + 2]!;
       const b = items[i + 3]!;
-      switch (items[i + 1]) {
+      switch (kind) {
         case OUT.pcm:
           if (pcm) guard(() => entry.o.pcm(pcm.subarray(a, a + b)));
           break;
@@ -190,12 +198,14 @@ export class AudioThreads {
         case OUT.overrun:
           guard(() => entry.o.overrun(a));
           break;
-        case OUT.counts: {
-          const decoded = a - entry.decoded;
-          const silent = b - entry.silent;
-          entry.decoded = a;
-          entry.silent = b;
-          guard(() => entry.o.counted(decoded, silent));
+        case OUT.counts:
+        case OUT.closed: {
+          const decoded = Math.max(0, a - entry.decoded);
+          const silent = Math.max(0, b - entry.silent);
+          entry.decoded = Math.max(entry.decoded, a);
+          entry.silent = Math.max(entry.silent, b);
+          if (decoded > 0 || silent > 0) guard(() => entry.o.counted(decoded, silent));
+          if (kind === OUT.closed) this.entries.delete(items[i]!);
           break;
         }
         case OUT.opus: {
