@@ -95,6 +95,47 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
     assert.deepEqual(counted, { decoded: word.length, silent: 0 });
   });
 
+  test("a thread that cannot start is replaced with back-off (at once, then 100 ms, 200 ms…), not in a loop; a reply's frames meanwhile are answered, not awaited", async () => {
+    const waits: Array<{ ms: number; fn: () => void }> = [];
+    const ended: string[] = [];
+    const dying = new AudioThreads(1, (_details, message) => ended.push(message), {
+      script: new URL("./support/dying-audio-worker.ts", import.meta.url),
+      after: (ms, fn) => waits.push({ ms, fn }),
+    });
+    try {
+      // The first start fails: replaced at once; its replacement fails too: the next one waits.
+      await until("two threads ended and a wait", () => ended.length >= 2 && waits.length >= 1);
+      assert.deepEqual(
+        waits.map((w) => w.ms),
+        [100],
+      );
+      assert.equal(ended.length, 2, "no thread is started while it waits");
+      // A conversation's reply frames while no thread can take them: each answered (empty), none left waiting.
+      const uplink = dying.uplink({
+        payloadType: 111,
+        audioLevelId: undefined,
+        rate: 16_000,
+        pcm: () => {},
+        silence: () => {},
+        overrun: () => {},
+        counted: () => {},
+        failed: () => {},
+      });
+      const answered: number[] = [];
+      uplink.frame(new Int16Array(960), (opus) => answered.push(opus.length));
+      assert.deepEqual(answered, [0]);
+      waits[0]!.fn();
+      await until("the third thread ended and a longer wait", () => ended.length >= 3 && waits.length >= 2);
+      assert.deepEqual(
+        waits.map((w) => w.ms),
+        [100, 200],
+      );
+      uplink.close();
+    } finally {
+      await dying.close();
+    }
+  });
+
   test("a thread that dies takes only its conversations' turns: failed events; the other thread's turn is answered; the next turn works on a fresh thread", async () => {
     const a = await rig({}, { threads });
     const b = await rig({}, { threads });

@@ -7,6 +7,9 @@ import { FRAME_SAMPLES, type FrameEncoder } from "./opus.ts";
 const WORKER = new URL("./audio-worker.ts", import.meta.url);
 /** What comes for a thread within this many ms goes in one message. */
 const FLUSH_MS = 10;
+/** The wait before starting a thread again after threads that ended before they loaded: from this, doubling, up to the next. */
+const RESTART_MIN_MS = 100;
+const RESTART_MAX_MS = 5_000;
 /** Threads by default: one a core, at most this many. */
 const MAX_DEFAULT_THREADS = 4;
 
@@ -56,6 +59,13 @@ interface Entry {
   closing?: boolean;
 }
 
+export interface AudioThreadsOptions {
+  /** The threads' module (tests: one that cannot start). */
+  script?: URL;
+  /** Runs `fn` after `ms` (tests: a fake timer); default an unref'd timer. */
+  after?: (ms: number, fn: () => void) => void;
+}
+
 /**
  * The audio threads of a node: a small fixed pool of worker threads that decode the devices'
  * uplinks, each conversation assigned to the thread with the fewest, so that the main thread keeps
@@ -72,11 +82,17 @@ export class AudioThreads {
   private readonly warn: (details: Record<string, unknown>, message: string) => void;
   private ids = 0;
   private closing = false;
+  private readonly script: URL;
+  private readonly after: (ms: number, fn: () => void) => void;
+  /** Threads that ended before they loaded, in a row: each next start waits longer. */
+  private failedStarts = 0;
 
-  constructor(size: number, warn: (details: Record<string, unknown>, message: string) => void) {
+  constructor(size: number, warn: (details: Record<string, unknown>, message: string) => void, o: AudioThreadsOptions = {}) {
     if (!Number.isInteger(size) || size < 1) throw new RangeError(`audio threads: at least 1, not ${size}`);
     this.size = size;
     this.warn = warn;
+    this.script = o.script ?? WORKER;
+    this.after = o.after ?? ((ms, fn) => setTimeout(fn, ms).unref());
     this.threads = Array.from({ length: size }, () => this.start());
   }
 
@@ -84,7 +100,9 @@ export class AudioThreads {
   uplink(o: ThreadUplinkOptions): ThreadUplink {
     if (this.closing) throw new Error("the audio threads are closed");
     const id = ++this.ids;
-    const thread = this.threads.reduce((a, b) => (b.conversations.size < a.conversations.size ? b : a));
+    // A thread that ended and waits to be started again takes none while another can.
+    const live = this.threads.filter((t) => !t.ended);
+    const thread = (live.length > 0 ? live : this.threads).reduce((a, b) => (b.conversations.size < a.conversations.size ? b : a));
     const entry: Entry = { o, thread, encoded: [], decoded: 0, silent: 0 };
     this.entries.set(id, entry);
     this.assign(id, entry, thread);
@@ -101,6 +119,8 @@ export class AudioThreads {
       frame: (pcm, encoded) => {
         const e = this.entries.get(id);
         if (!e || e.closing || pcm.length !== FRAME_SAMPLES) return;
+        // Its thread ended and the next one is not started yet: the frame is not encoded (never awaited).
+        if (e.thread.ended) return encoded(Buffer.alloc(0));
         e.encoded.push(encoded);
         e.thread.queueFrame(id, pcm);
       },
@@ -139,7 +159,7 @@ export class AudioThreads {
   }
 
   private start(): AudioThread {
-    const thread = new AudioThread(new Worker(WORKER));
+    const thread = new AudioThread(new Worker(this.script));
     thread.worker.unref();
     thread.worker.on("message", (m: FromAudioThread) => this.received(thread, m));
     let gone = false;
@@ -153,12 +173,15 @@ export class AudioThreads {
     return thread;
   }
 
-  /** A thread ended: a fresh one takes its place and its conversations, which are told. */
+  /**
+   * A thread ended: a fresh one takes its place and its conversations, which are told. At once,
+   * unless threads keep ending before they load (their module cannot start: a loop of starts would
+   * take the cores): then after 100 ms, doubling up to 5 s, as WorkerPool does.
+   */
   private lost(thread: AudioThread, err: Error): void {
     const i = this.threads.indexOf(thread);
     if (this.closing || i < 0) return;
-    const fresh = this.start();
-    this.threads[i] = fresh;
+    thread.ended = true;
     const moved = [...thread.conversations];
     this.warn({ err: err.message, conversations: moved.length }, "an audio thread ended; its conversations go on on a fresh one");
     // Conversations closed on it whose last counts it will never send.
@@ -170,12 +193,31 @@ export class AudioThreads {
       entry.silent = 0;
       // Frames the thread was encoding never get their packets: the reply fails (`failed`).
       entry.encoded.length = 0;
-      this.assign(id, entry, fresh);
       guard(() => entry.o.failed(err));
     }
+    const failed = this.failedStarts;
+    if (!thread.loaded) this.failedStarts++;
+    const wait = thread.loaded || failed === 0 ? 0 : Math.min(RESTART_MAX_MS, RESTART_MIN_MS * 2 ** (failed - 1));
+    const replace = () => {
+      if (this.closing || this.threads[i] !== thread) return;
+      const fresh = this.start();
+      this.threads[i] = fresh;
+      for (const id of thread.conversations) {
+        const entry = this.entries.get(id);
+        if (entry && !entry.closing) this.assign(id, entry, fresh);
+      }
+    };
+    if (wait === 0) replace();
+    else this.after(wait, replace);
   }
 
   private received(thread: AudioThread, m: FromAudioThread): void {
+    // Its first message (empty) says it loaded.
+    if (!thread.loaded) {
+      thread.loaded = true;
+      this.failedStarts = 0;
+    }
+    if (thread.ended) return;
     const pcm = m.pcm ? new Int16Array(m.pcm) : undefined;
     const opus = m.opus ? Buffer.from(m.opus) : undefined;
     const { items } = m;
@@ -232,6 +274,10 @@ function guard(fn: () => void): void {
 class AudioThread {
   readonly worker: Worker;
   readonly conversations = new Set<number>();
+  /** It said it loaded (its first message). */
+  loaded = false;
+  /** It ended (its conversations wait for the next thread, or are on it already). */
+  ended = false;
   private readonly pending: Array<{ id: number; bytes: Buffer }> = [];
   private pendingBytes = 0;
   private readonly frames: Array<{ id: number; pcm: Int16Array }> = [];

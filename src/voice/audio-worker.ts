@@ -147,6 +147,9 @@ port.on("message", (m: ToAudioThread) => {
   }
 });
 
+// Loaded: the first message (empty) says so; a thread that ends before it is restarted with back-off.
+port.postMessage({ t: "out", pcm: undefined, opus: undefined, items: [] } satisfies FromAudioThread);
+
 setInterval(() => {
   const count = ++ticks >= COUNT_TICKS;
   if (count) ticks = 0;
