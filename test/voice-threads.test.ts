@@ -7,7 +7,8 @@ import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
-import { encoded, pieces, type Rig, RtpSender, rig } from "./support/fake-voice.ts";
+import { encoded, pieces, type Rig, RtpSender, rig, withLevel } from "./support/fake-voice.ts";
+import { rtpPacket } from "./support/rtp-device.ts";
 
 const word = encoded(20, true);
 const silence = encoded(1, false)[0]!;
@@ -28,9 +29,16 @@ async function until(what: string, fn: () => boolean, ms = 10_000): Promise<void
   }
 }
 
-/** Moves the clock until turn `n`'s metrics are out. */
+/**
+ * Moves the clock until turn `n`'s metrics are out. The reply's frames are encoded on a thread, in
+ * real time (a message at most every 10 ms): each step of the clock leaves it a real millisecond,
+ * or the clock would run 30 s past a reply still waiting for its frames.
+ */
 async function finished(r: Rig, n: number): Promise<Record<string, unknown>> {
-  for (let t = 0; t < 30_000 && !r.turnMetrics(n); t += 100) await r.wait(100);
+  for (let t = 0; t < 30_000 && !r.turnMetrics(n); t += 20) {
+    await r.wait(20);
+    await sleep(1);
+  }
   const m = r.turnMetrics(n);
   assert.ok(m, `turn ${n} finished; events: ${JSON.stringify(r.events.map((e) => [e.type, e.stream, e.label]))}`);
   return m;
@@ -62,6 +70,70 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
       b.close();
     }
     await until("the conversations closed on the threads", () => threads.workers.every((w) => w.conversations === 0));
+  });
+
+  test("a conversation's last packets are counted when it ends (perch_voice_uplink_packets_total), not only those of its last full second", async () => {
+    let heard = 0;
+    const counted = { decoded: 0, silent: 0 };
+    const uplink = threads.uplink({
+      payloadType: 111,
+      audioLevelId: 1,
+      rate: 16_000,
+      pcm: (pcm) => (heard += pcm.length),
+      silence: (samples) => (heard += samples),
+      overrun: () => {},
+      counted: (decoded, silent) => {
+        counted.decoded += decoded;
+        counted.silent += silent;
+      },
+      failed: () => {},
+    });
+    for (const [i, p] of word.entries()) uplink.packet(withLevel(rtpPacket({ sequence: i, timestamp: i * 960 }, p), 10));
+    await until("the word decoded", () => heard >= word.length * 320);
+    uplink.close();
+    await until("its packets counted", () => counted.decoded === word.length);
+    assert.deepEqual(counted, { decoded: word.length, silent: 0 });
+  });
+
+  test("a thread that cannot start is replaced with back-off (at once, then 100 ms, 200 ms…), not in a loop; a reply's frames meanwhile are answered, not awaited", async () => {
+    const waits: Array<{ ms: number; fn: () => void }> = [];
+    const ended: string[] = [];
+    const dying = new AudioThreads(1, (_details, message) => ended.push(message), {
+      script: new URL("./support/dying-audio-worker.ts", import.meta.url),
+      after: (ms, fn) => waits.push({ ms, fn }),
+    });
+    try {
+      // The first start fails: replaced at once; its replacement fails too: the next one waits.
+      await until("two threads ended and a wait", () => ended.length >= 2 && waits.length >= 1);
+      assert.deepEqual(
+        waits.map((w) => w.ms),
+        [100],
+      );
+      assert.equal(ended.length, 2, "no thread is started while it waits");
+      // A conversation's reply frames while no thread can take them: each answered (empty), none left waiting.
+      const uplink = dying.uplink({
+        payloadType: 111,
+        audioLevelId: undefined,
+        rate: 16_000,
+        pcm: () => {},
+        silence: () => {},
+        overrun: () => {},
+        counted: () => {},
+        failed: () => {},
+      });
+      const answered: number[] = [];
+      uplink.frame(new Int16Array(960), (opus) => answered.push(opus.length));
+      assert.deepEqual(answered, [0]);
+      waits[0]!.fn();
+      await until("the third thread ended and a longer wait", () => ended.length >= 3 && waits.length >= 2);
+      assert.deepEqual(
+        waits.map((w) => w.ms),
+        [100, 200],
+      );
+      uplink.close();
+    } finally {
+      await dying.close();
+    }
   });
 
   test("a thread that dies takes only its conversations' turns: failed events; the other thread's turn is answered; the next turn works on a fresh thread", async () => {

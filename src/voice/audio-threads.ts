@@ -7,6 +7,9 @@ import { FRAME_SAMPLES, type FrameEncoder } from "./opus.ts";
 const WORKER = new URL("./audio-worker.ts", import.meta.url);
 /** What comes for a thread within this many ms goes in one message. */
 const FLUSH_MS = 10;
+/** The wait before starting a thread again after threads that ended before they loaded: from this, doubling, up to the next. */
+const RESTART_MIN_MS = 100;
+const RESTART_MAX_MS = 5_000;
 /** Threads by default: one a core, at most this many. */
 const MAX_DEFAULT_THREADS = 4;
 
@@ -52,6 +55,15 @@ interface Entry {
   /** Counts the thread last reported. */
   decoded: number;
   silent: number;
+  /** Closed: kept until the thread's last counts come back (or the thread ends). */
+  closing?: boolean;
+}
+
+export interface AudioThreadsOptions {
+  /** The threads' module (tests: one that cannot start). */
+  script?: URL;
+  /** Runs `fn` after `ms` (tests: a fake timer); default an unref'd timer. */
+  after?: (ms: number, fn: () => void) => void;
 }
 
 /**
@@ -70,11 +82,17 @@ export class AudioThreads {
   private readonly warn: (details: Record<string, unknown>, message: string) => void;
   private ids = 0;
   private closing = false;
+  private readonly script: URL;
+  private readonly after: (ms: number, fn: () => void) => void;
+  /** Threads that ended before they loaded, in a row: each next start waits longer. */
+  private failedStarts = 0;
 
-  constructor(size: number, warn: (details: Record<string, unknown>, message: string) => void) {
+  constructor(size: number, warn: (details: Record<string, unknown>, message: string) => void, o: AudioThreadsOptions = {}) {
     if (!Number.isInteger(size) || size < 1) throw new RangeError(`audio threads: at least 1, not ${size}`);
     this.size = size;
     this.warn = warn;
+    this.script = o.script ?? WORKER;
+    this.after = o.after ?? ((ms, fn) => setTimeout(fn, ms).unref());
     this.threads = Array.from({ length: size }, () => this.start());
   }
 
@@ -82,7 +100,9 @@ export class AudioThreads {
   uplink(o: ThreadUplinkOptions): ThreadUplink {
     if (this.closing) throw new Error("the audio threads are closed");
     const id = ++this.ids;
-    const thread = this.threads.reduce((a, b) => (b.conversations.size < a.conversations.size ? b : a));
+    // A thread that ended and waits to be started again takes none while another can.
+    const live = this.threads.filter((t) => !t.ended);
+    const thread = (live.length > 0 ? live : this.threads).reduce((a, b) => (b.conversations.size < a.conversations.size ? b : a));
     const entry: Entry = { o, thread, encoded: [], decoded: 0, silent: 0 };
     this.entries.set(id, entry);
     this.assign(id, entry, thread);
@@ -94,18 +114,21 @@ export class AudioThreads {
       },
       packet: (bytes) => {
         const e = this.entries.get(id);
-        if (e) e.thread.queue(id, bytes);
+        if (e && !e.closing) e.thread.queue(id, bytes);
       },
       frame: (pcm, encoded, urgent) => {
         const e = this.entries.get(id);
-        if (!e || pcm.length !== FRAME_SAMPLES) return;
+        if (!e || e.closing || pcm.length !== FRAME_SAMPLES) return;
+        // Its thread ended and the next one is not started yet: the frame is not encoded (never awaited).
+        if (e.thread.ended) return encoded(Buffer.alloc(0));
         e.encoded.push(encoded);
         e.thread.queueFrame(id, pcm, urgent === true);
       },
       close: () => {
         const e = this.entries.get(id);
-        if (!e) return;
-        this.entries.delete(id);
+        if (!e || e.closing) return;
+        // Kept until the thread says it closed it, with the packets counted since its last report.
+        e.closing = true;
         e.thread.conversations.delete(id);
         e.thread.post({ t: "close", id });
       },
@@ -136,7 +159,7 @@ export class AudioThreads {
   }
 
   private start(): AudioThread {
-    const thread = new AudioThread(new Worker(WORKER));
+    const thread = new AudioThread(new Worker(this.script));
     thread.worker.unref();
     thread.worker.on("message", (m: FromAudioThread) => this.received(thread, m));
     let gone = false;
@@ -150,14 +173,19 @@ export class AudioThreads {
     return thread;
   }
 
-  /** A thread ended: a fresh one takes its place and its conversations, which are told. */
+  /**
+   * A thread ended: a fresh one takes its place and its conversations, which are told. At once,
+   * unless threads keep ending before they load (their module cannot start: a loop of starts would
+   * take the cores): then after 100 ms, doubling up to 5 s, as WorkerPool does.
+   */
   private lost(thread: AudioThread, err: Error): void {
     const i = this.threads.indexOf(thread);
     if (this.closing || i < 0) return;
-    const fresh = this.start();
-    this.threads[i] = fresh;
+    thread.ended = true;
     const moved = [...thread.conversations];
     this.warn({ err: err.message, conversations: moved.length }, "an audio thread ended; its conversations go on on a fresh one");
+    // Conversations closed on it whose last counts it will never send.
+    for (const [id, entry] of this.entries) if (entry.closing && entry.thread === thread) this.entries.delete(id);
     for (const id of moved) {
       const entry = this.entries.get(id);
       if (!entry) continue;
@@ -165,12 +193,31 @@ export class AudioThreads {
       entry.silent = 0;
       // Frames the thread was encoding never get their packets: the reply fails (`failed`).
       entry.encoded.length = 0;
-      this.assign(id, entry, fresh);
       guard(() => entry.o.failed(err));
     }
+    const failed = this.failedStarts;
+    if (!thread.loaded) this.failedStarts++;
+    const wait = thread.loaded || failed === 0 ? 0 : Math.min(RESTART_MAX_MS, RESTART_MIN_MS * 2 ** (failed - 1));
+    const replace = () => {
+      if (this.closing || this.threads[i] !== thread) return;
+      const fresh = this.start();
+      this.threads[i] = fresh;
+      for (const id of thread.conversations) {
+        const entry = this.entries.get(id);
+        if (entry && !entry.closing) this.assign(id, entry, fresh);
+      }
+    };
+    if (wait === 0) replace();
+    else this.after(wait, replace);
   }
 
   private received(thread: AudioThread, m: FromAudioThread): void {
+    // Its first message (empty) says it loaded.
+    if (!thread.loaded) {
+      thread.loaded = true;
+      this.failedStarts = 0;
+    }
+    if (thread.ended) return;
     const pcm = m.pcm ? new Int16Array(m.pcm) : undefined;
     const opus = m.opus ? Buffer.from(m.opus) : undefined;
     const { items } = m;
@@ -178,9 +225,12 @@ export class AudioThreads {
       const entry = this.entries.get(items[i]!);
       // A conversation closed, or moved off a thread that ended, since.
       if (!entry || entry.thread !== thread) continue;
+      const kind = items[i + 1];
+      // A conversation that closed hears nothing more; only its counts come in.
+      if (entry.closing && kind !== OUT.counts && kind !== OUT.closed) continue;
       const a = items[i + 2]!;
       const b = items[i + 3]!;
-      switch (items[i + 1]) {
+      switch (kind) {
         case OUT.pcm:
           if (pcm) guard(() => entry.o.pcm(pcm.subarray(a, a + b)));
           break;
@@ -190,12 +240,14 @@ export class AudioThreads {
         case OUT.overrun:
           guard(() => entry.o.overrun(a));
           break;
-        case OUT.counts: {
-          const decoded = a - entry.decoded;
-          const silent = b - entry.silent;
-          entry.decoded = a;
-          entry.silent = b;
-          guard(() => entry.o.counted(decoded, silent));
+        case OUT.counts:
+        case OUT.closed: {
+          const decoded = Math.max(0, a - entry.decoded);
+          const silent = Math.max(0, b - entry.silent);
+          entry.decoded = Math.max(entry.decoded, a);
+          entry.silent = Math.max(entry.silent, b);
+          if (decoded > 0 || silent > 0) guard(() => entry.o.counted(decoded, silent));
+          if (kind === OUT.closed) this.entries.delete(items[i]!);
           break;
         }
         case OUT.opus: {
@@ -222,6 +274,10 @@ function guard(fn: () => void): void {
 class AudioThread {
   readonly worker: Worker;
   readonly conversations = new Set<number>();
+  /** It said it loaded (its first message). */
+  loaded = false;
+  /** It ended (its conversations wait for the next thread, or are on it already). */
+  ended = false;
   private readonly pending: Array<{ id: number; bytes: Buffer }> = [];
   private pendingBytes = 0;
   private readonly frames: Array<{ id: number; pcm: Int16Array }> = [];

@@ -31,9 +31,10 @@ export const ITEM_SIZE = 4;
  * What an item says: samples (offset, length in `pcm`), silence (samples), samples dropped for
  * running ahead of real time, packet counts so far (decoded, silent), or that the conversation's
  * uplink could not be made, or a reply frame's packet (offset, length in `opus`; length 0: it
- * could not be encoded), one for every frame, in order.
+ * could not be encoded), one for every frame, in order, or that the conversation is closed on the
+ * thread (its last counts: decoded, silent).
  */
-export const OUT = { pcm: 0, silence: 1, overrun: 2, counts: 3, failed: 4, opus: 5 } as const;
+export const OUT = { pcm: 0, silence: 1, overrun: 2, counts: 3, failed: 4, opus: 5, closed: 6 } as const;
 /** The header of a packet in an `rtp` message: id (4 bytes) and length (2). */
 export const PACKET_HEADER = 6;
 /** The header of a frame in a `frames` buffer: the conversation's id (4 bytes, so the samples stay aligned). */

@@ -50,12 +50,13 @@ function open(m: Extract<ToAudioThread, { t: "open" }>): void {
   codec.prepare();
 }
 
-function close(id: number): void {
+/** Ends a conversation here; its last counts (none when it was never opened). */
+function close(id: number): { decoded: number; silent: number } {
   const h = held.get(id);
-  if (!h) return;
+  if (!h) return { decoded: 0, silent: 0 };
   held.delete(id);
-  items.push(id, OUT.counts, h.uplink.decoded, h.uplink.silent);
   h.codec.close();
+  return { decoded: h.uplink.decoded, silent: h.uplink.silent };
 }
 
 /** Encodes reply frames, each with its conversation's encoder; a frame of a conversation gone is answered all the same (not encoded). */
@@ -138,11 +139,17 @@ port.on("message", (m: ToAudioThread) => {
       } catch {
         items.push(m.id, OUT.failed, 0, 0);
       }
-    } else if (m.t === "close") close(m.id);
+    } else if (m.t === "close") {
+      const last = close(m.id);
+      items.push(m.id, OUT.closed, last.decoded, last.silent);
+    }
   } finally {
     flush();
   }
 });
+
+// Loaded: the first message (empty) says so; a thread that ends before it is restarted with back-off.
+port.postMessage({ t: "out", pcm: undefined, opus: undefined, items: [] } satisfies FromAudioThread);
 
 setInterval(() => {
   const count = ++ticks >= COUNT_TICKS;

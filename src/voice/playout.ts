@@ -194,11 +194,7 @@ export class Playout {
           this.anchor = now - this.index * FRAME_MS;
           continue;
         }
-        if (now - due > LATE_MS) {
-          this.lateFrames++;
-          this.o.late?.();
-        }
-        this.sendFrame();
+        this.sendFrame(due);
         now = this.clock.now();
       }
       this.release();
@@ -221,7 +217,8 @@ export class Playout {
     }
   }
 
-  private sendFrame(): void {
+  /** Hands the next frame (due at `due`) to the encoder; it is sent when encoded, and late if that is more than LATE_MS after `due`. */
+  private sendFrame(due: number): void {
     const frame = new Int16Array(FRAME_SAMPLES);
     let filled = 0;
     while (filled < FRAME_SAMPLES && this.queue.length > 0) {
@@ -247,6 +244,11 @@ export class Playout {
       if (!this.stopped && opus.length > 0) {
         try {
           this.o.send(opus, marker);
+          // Late by when it goes out: an encoder on the audio thread answers after a round trip.
+          if (this.clock.now() - due > LATE_MS) {
+            this.lateFrames++;
+            this.o.late?.();
+          }
           this.frames++;
           this.played += filled;
           if (first) this.o.started?.();

@@ -22,7 +22,7 @@ const AHEAD_MS = 3_000;
  */
 export const QUIET_DBOV = 50;
 /** After a louder packet, every packet is decoded for this long: the soft stretches inside and between words. */
-const HANGOVER_MS = 600;
+const HANGOVER_MS = 300;
 /**
  * While quiet packets are not decoded, the last this long of them are held before they go on as
  * zeros; a louder packet decodes them first, so that a word's soft start is heard (the recognition
