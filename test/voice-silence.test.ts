@@ -66,4 +66,23 @@ describe("silence that costs nothing (fake engines, fake clock, real Opus)", () 
     assert.equal(await transcript(r), "hello");
     r.close();
   });
+
+  test("the silence that ends a turn reaches the detector at once: the uplink's look-back never holds it back", async () => {
+    // The detector hears speech end after 400 ms of silence: past the uplink's shortest hangover,
+    // where quiet packets would wait in its look-back (200 ms) and the turn would end that much later.
+    const r = await rig({ turn: { finished_silence_ms: 400 } });
+    const tx = new RtpSender(r);
+    const silence = encoded(1, false)[0]!;
+    for (let i = 0; i < 50; i++) await tx.send(silence, { level: 127 });
+    for (const p of encoded(30, true)) await tx.send(p, { level: 10 });
+    const lastLoud = r.clock.now();
+    let ended: number | undefined;
+    for (let i = 0; i < 150 && ended === undefined; i++) {
+      await tx.send(silence, { level: 127 });
+      if (r.of("in-1").some((e) => e.type === "EOS")) ended = r.clock.now();
+    }
+    assert.ok(ended !== undefined, "the turn ended");
+    assert.ok(ended - lastLoud <= 400 + 100, `the turn ended ${ended - lastLoud} ms after the last loud packet`);
+    r.close();
+  });
 });

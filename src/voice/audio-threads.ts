@@ -23,6 +23,8 @@ export interface ThreadUplinkOptions {
   audioLevelId: number | undefined;
   /** The rate the samples come out at (the decoder's). */
   rate: OpusRate;
+  /** The uplink's hangover (src/voice/uplink.ts). */
+  hangoverMs?: number | undefined;
   /** The device's audio, in order, with `silence`. */
   pcm: (samples: Int16Array) => void;
   /** Silence of `samples`, in its place among `pcm`'s. */
@@ -154,8 +156,8 @@ export class AudioThreads {
   private assign(id: number, entry: Entry, thread: AudioThread): void {
     entry.thread = thread;
     thread.conversations.add(id);
-    const { payloadType, audioLevelId, rate } = entry.o;
-    thread.post({ t: "open", id, payloadType, audioLevelId, rate });
+    const { payloadType, audioLevelId, rate, hangoverMs } = entry.o;
+    thread.post({ t: "open", id, payloadType, audioLevelId, rate, hangoverMs });
   }
 
   private start(): AudioThread {

@@ -7,7 +7,7 @@ import type { OpusRate } from "../audio/opus.ts";
  * what it decoded in one turn of its own as one buffer of samples and a flat list of items.
  */
 export type ToAudioThread =
-  | { t: "open"; id: number; payloadType: number; audioLevelId: number | undefined; rate: OpusRate }
+  | { t: "open"; id: number; payloadType: number; audioLevelId: number | undefined; rate: OpusRate; hangoverMs: number | undefined }
   | { t: "close"; id: number }
   /**
    * What came in one turn of the main thread's event loop. `rtp`: packets, each as the

@@ -38,6 +38,7 @@ function open(m: Extract<ToAudioThread, { t: "open" }>): void {
     codec,
     payloadType: m.payloadType,
     audioLevelId: m.audioLevelId,
+    ...(m.hangoverMs !== undefined ? { hangoverMs: m.hangoverMs } : {}),
     pcm: (pcm) => {
       items.push(id, OUT.pcm, samples, pcm.length);
       chunks.push(pcm);

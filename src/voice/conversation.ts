@@ -36,6 +36,8 @@ export interface ConversationOptions {
 const DROP_LOG_MS = 10_000;
 /** The jitter buffer's and the end of turn's clock. */
 const TICK_MS = 20;
+/** The uplink decodes everything this much longer than the longest silence that ends a turn (the detector's own lag). */
+const HANGOVER_SLACK_MS = 300;
 /** The uplink's packets are counted in the metrics every this many ticks. */
 const COUNT_TICKS = 50;
 
@@ -89,6 +91,9 @@ export class Conversation {
       this.heardSamples += samples.length;
       this.hear(samples);
     };
+    // Quiet packets are decoded and handed on at once for this long after speech: the silence that
+    // ends a turn (up to unfinished_silence_ms) must not wait in the uplink's look-back.
+    const hangoverMs = o.config.turn.unfinished_silence_ms + HANGOVER_SLACK_MS;
     const silence = (samples: number) => {
       this.heardSamples += samples;
       if (!this.closed) this.recognition.silence(samples);
@@ -99,6 +104,7 @@ export class Conversation {
             payloadType: o.port.payloadType,
             audioLevelId: o.port.audioLevelId,
             rate: RECOGNITION_RATE,
+            hangoverMs,
             pcm,
             silence,
             overrun: (samples) => this.overrun(samples),
@@ -111,6 +117,7 @@ export class Conversation {
             codec: this.codec,
             payloadType: o.port.payloadType,
             audioLevelId: o.port.audioLevelId,
+            hangoverMs,
             pcm,
             silence,
             overrun: (samples) => this.overrun(samples),

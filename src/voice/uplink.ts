@@ -49,6 +49,13 @@ export interface UplinkOptions {
   silence?: (samples: number) => void;
   /** Samples (48 kHz) dropped for running ahead of real time, as they are dropped. */
   overrun?: (samples: number) => void;
+  /**
+   * How long after a louder packet every packet is decoded and handed on at once (default
+   * HANGOVER_MS). The look-back holds quiet packets back by LOOKBACK_MS only after it: a listener
+   * whose turn ends on a silence must have that silence undelayed (a conversation passes its
+   * longest turn-ending silence and more).
+   */
+  hangoverMs?: number;
   now?: () => number;
 }
 
@@ -144,7 +151,7 @@ export class Uplink {
     const dtx = out.kind === "packet" && out.payload.length <= DTX_BYTES;
     const loud = out.kind === "packet" && !dtx && (out.level === undefined || out.level < QUIET_DBOV);
     if (loud) {
-      this.hangover = (HANGOVER_MS * OPUS_RATE) / 1000;
+      this.hangover = ((this.o.hangoverMs ?? HANGOVER_MS) * OPUS_RATE) / 1000;
       // The soft start of what is said now: decoded before it, in order (the decoder's state runs on).
       this.release(this.held.length, true);
     } else if (dtx) this.hangover = 0;
