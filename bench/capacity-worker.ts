@@ -14,7 +14,7 @@
  */
 import { readFileSync } from "node:fs";
 import { generateKeyPair } from "../src/crypto/keys.ts";
-import { CrowdDevice } from "./crowd-device.ts";
+import { AUDIO_LEVEL_ID, CrowdDevice } from "./crowd-device.ts";
 
 export type CapacityCommand =
   | { type: "connect"; count: number; concurrency: number; id: number }
@@ -50,6 +50,8 @@ export interface CapacityCollected {
 /** The pre-encoded audio: the question's Opus frames (base64), the index of its last voiced frame, and a frame of silence. */
 export interface CapacityAudio {
   question: string[];
+  /** Each question frame's level in −dBov (0–127), as an RFC 6464 sender computes it. */
+  levels: number[];
   lastVoiced: number;
   silence: string;
 }
@@ -67,6 +69,8 @@ const silence = Buffer.from(audio.silence, "base64");
 const baseUrl = process.env.PERCH_URL!;
 const serverPublicKey = process.env.PERCH_SERVER_KEY!;
 const bindAddress = process.env.CROWD_BIND || undefined;
+/** Devices offer the RFC 6464 audio level and send it on every packet, as libwebrtc (the SDK's microphone) does. */
+const audioLevel = process.env.BENCH_CAPACITY_AUDIO_LEVEL === "1";
 
 interface Talker {
   device: CrowdDevice;
@@ -87,23 +91,29 @@ let mode: Mode = "idle";
 let lost = 0;
 const counts = { latencies: [] as number[], questions: 0, unanswered: 0, packetsSent: 0, packetsReceived: 0 };
 
-function rtp(t: Talker, payload: Buffer): Buffer {
-  const packet = Buffer.allocUnsafe(12 + payload.length);
-  packet[0] = 0x80;
+function rtp(t: Talker, payload: Buffer, level: number): Buffer {
+  const ext = audioLevel ? 8 : 0;
+  const packet = Buffer.allocUnsafe(12 + ext + payload.length);
+  packet[0] = audioLevel ? 0x90 : 0x80;
   packet[1] = (t.marker ? 0x80 : 0) | PAYLOAD_TYPE;
   packet.writeUInt16BE(t.sequence, 2);
   packet.writeUInt32BE(t.timestamp >>> 0, 4);
   packet.writeUInt32BE(t.device.ssrc, 8);
-  payload.copy(packet, 12);
+  if (audioLevel) {
+    // One-byte header extension (RFC 8285): the level element (id, one byte), then padding.
+    packet.writeUInt32BE(0xbede0001, 12);
+    packet.writeUInt32BE(((AUDIO_LEVEL_ID << 4) << 24) | ((level & 0x7f) << 16), 16);
+  }
+  payload.copy(packet, 12 + ext);
   t.marker = false;
   t.sequence = (t.sequence + 1) & 0xffff;
   t.timestamp = (t.timestamp + SAMPLES_PER_FRAME) >>> 0;
   return packet;
 }
 
-function send(t: Talker, payload: Buffer): void {
+function send(t: Talker, payload: Buffer, level = 127): void {
   try {
-    if (t.device.audio.isOpen() && t.device.audio.sendMessageBinary(rtp(t, payload))) counts.packetsSent++;
+    if (t.device.audio.isOpen() && t.device.audio.sendMessageBinary(rtp(t, payload, level))) counts.packetsSent++;
   } catch {}
 }
 
@@ -129,7 +139,7 @@ function step(t: Talker, now: number): void {
     counts.questions++;
   }
   if (mode === "talk" && t.phase === "question") {
-    send(t, question[t.frame]!);
+    send(t, question[t.frame]!, audio.levels[t.frame]);
     if (t.frame === audio.lastVoiced) t.voicedAt = performance.now();
     if (++t.frame >= question.length) t.phase = "awaiting";
     return;
@@ -181,7 +191,7 @@ function setMode(next: Mode): void {
 async function connectOne(report: CapacityConnected): Promise<void> {
   for (let attempt = 1; ; attempt++) {
     try {
-      const device = await CrowdDevice.connect({ baseUrl, serverPublicKey, keyPair: generateKeyPair(), bindAddress, timeoutMs: 15_000 });
+      const device = await CrowdDevice.connect({ baseUrl, serverPublicKey, keyPair: generateKeyPair(), bindAddress, timeoutMs: 15_000, audioLevel });
       const t: Talker = {
         device,
         sequence: (Math.random() * 0xffff) | 0,

@@ -19,6 +19,9 @@
  * this one with the same configuration; every step runs on both, one after the other, the order
  * alternating from step to step, so that before and after come from one run on one machine.
  *
+ * BENCH_CAPACITY_AUDIO_LEVEL=1: the devices offer the RTP audio level (RFC 6464) and send it on every
+ * packet, as libwebrtc (the SDK's microphone, browsers) does; default off (the extension offered by none).
+ *
  * BENCH_CAPACITY_PROCESSES (4): device processes per server (niced, as bench/crowd.ts's:
  * BENCH_CROWD_NICE=0 turns it off). BENCH_CAPACITY_PAUSE_MS (4000), BENCH_CAPACITY_REPLY_MS (1200).
  */
@@ -28,7 +31,7 @@ import { availableParallelism, loadavg, setPriority, tmpdir } from "node:os";
 import { join } from "node:path";
 import { LibOpus } from "../src/audio/opus.ts";
 import type { CapacityAudio, CapacityCollected, CapacityCommand, CapacityConnected, Mode } from "./capacity-worker.ts";
-import { benchConfig, ROOT, round, type Server, startServer } from "./support.ts";
+import { benchConfig, ROOT, round, type Server, settledCpu, startServer } from "./support.ts";
 import { metric, pct, questionFile } from "./voice.ts";
 
 const DEFAULT_STEPS = "talk:20,talk:40,talk:80,talk:120,talk:200,idle:100,mic:100";
@@ -90,6 +93,22 @@ function treeCpu(pid: number): number {
   return ticks / 100;
 }
 
+/** CPU seconds of one /proc stat file (utime + stime). */
+function statCpu(path: string): number {
+  try {
+    const stat = readFileSync(path, "utf8");
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(f[11]) + Number(f[12])) / 100;
+  } catch {
+    return 0;
+  }
+}
+
+/** CPU seconds of the server process (all its threads) and of its main thread (the JavaScript event loop). */
+function serverCpu(pid: number): { process: number; main: number } {
+  return { process: statCpu(`/proc/${pid}/stat`), main: statCpu(`/proc/${pid}/task/${pid}/stat`) };
+}
+
 function rssMb(pid: number): number {
   try {
     return Number(/^VmRSS:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) / 1024;
@@ -123,6 +142,7 @@ async function encodedAudio(dir: string): Promise<string> {
   const pcm = new Int16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
   const opus = new LibOpus("voip");
   const question: string[] = [];
+  const levels: number[] = [];
   let lastVoiced = 0;
   for (let at = 0, i = 0; at < pcm.length; at += FRAME, i++) {
     const frame = new Int16Array(FRAME);
@@ -130,12 +150,14 @@ async function encodedAudio(dir: string): Promise<string> {
     let sum = 0;
     for (const x of frame) sum += x * x;
     if (Math.sqrt(sum / FRAME) > 300) lastVoiced = i;
+    // RFC 6464: the level in −dBov, 127 for digital silence.
+    levels.push(Math.min(127, Math.round(-20 * Math.log10(Math.max(Math.sqrt(sum / FRAME), 1e-9) / 32767))));
     question.push(opus.encode(frame).toString("base64"));
   }
   let silence = "";
   for (let i = 0; i < 5; i++) silence = opus.encode(new Int16Array(FRAME)).toString("base64");
   opus.close();
-  const audio: CapacityAudio = { question, lastVoiced, silence };
+  const audio: CapacityAudio = { question, levels, lastVoiced, silence };
   const file = join(dir, "capacity-audio.json");
   writeFileSync(file, JSON.stringify(audio));
   return file;
@@ -245,19 +267,23 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
   await collect();
   const answeredBefore = await metric(side.server, "perch_voice_turns_total", 'result="answered"');
   const cpuBefore = treeCpu(pid);
+  const serverBefore = serverCpu(pid);
   const started = performance.now();
   const rss: number[] = [];
   const sampler = setInterval(() => rss.push(treeRss(pid).total_mb), 1000);
   await new Promise((r) => setTimeout(r, STEP_S * 1000));
   clearInterval(sampler);
   const cpu = treeCpu(pid) - cpuBefore;
+  const serverAfter = serverCpu(pid);
   const seconds = (performance.now() - started) / 1000;
   const collected = await collect();
   const answeredServer = (await metric(side.server, "perch_voice_turns_total", 'result="answered"')) - answeredBefore;
   for (const d of side.devices) d.tell({ type: "mode", mode: "idle" });
   await Promise.all(side.devices.map((d) => d.ask({ type: "release", id: d.id() })));
-  // The server notices the closes and lets the conversations go before the next step.
+  // The server notices the closes and lets the conversations go, and an overloaded one works off
+  // its backlog, before the next step (at most 20 s).
   await new Promise((r) => setTimeout(r, 2000));
+  await settledCpu(pid, 20_000);
   const latencies = collected.flatMap((c) => c.latencies);
   const sum = (k: "questions" | "unanswered" | "packetsSent" | "packetsReceived" | "open" | "lost") => collected.reduce((s, c) => s + c[k], 0);
   return {
@@ -274,6 +300,9 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
     seconds: round(seconds),
     cpu_percent: round((cpu / seconds) * 100),
     cpu_percent_per_device: round((cpu / seconds / step.count) * 100),
+    // The server process alone (its main thread, the audio threads, the WebRTC stack's), and its main thread: the one JavaScript thread signalling, agents and events share.
+    server_process_cpu_percent: round(((serverAfter.process - serverBefore.process) / seconds) * 100),
+    main_thread_cpu_percent: round(((serverAfter.main - serverBefore.main) / seconds) * 100),
     rss_mb: { mean: round(rss.reduce((s, x) => s + x, 0) / Math.max(1, rss.length)), peak: round(Math.max(0, ...rss)) },
     ...(step.mode === "talk"
       ? {
@@ -351,7 +380,13 @@ export async function capacityBench(): Promise<unknown> {
     }
     const [b, a] = sides.length === 2 ? sides : [];
     if (b && a) {
-      type Figures = { step: string; cpu_percent: number; rss_mb: { mean: number }; end_of_speech_to_first_audio_ms?: { p50: number; p95: number } };
+      type Figures = {
+        step: string;
+        cpu_percent: number;
+        main_thread_cpu_percent: number;
+        rss_mb: { mean: number };
+        end_of_speech_to_first_audio_ms?: { p50: number; p95: number };
+      };
       const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
       out.this_over_base = {
         at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
@@ -360,6 +395,7 @@ export async function capacityBench(): Promise<unknown> {
           return {
             step: s.step,
             cpu: ratio(s.cpu_percent, o.cpu_percent),
+            main_thread_cpu: ratio(s.main_thread_cpu_percent, o.main_thread_cpu_percent),
             rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
             ...(s.end_of_speech_to_first_audio_ms
               ? {

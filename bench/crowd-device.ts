@@ -26,7 +26,12 @@ export interface CrowdConnectOptions {
   /** Local address to gather on (the server's, on loopback): fewer candidates, no other interfaces. */
   bindAddress?: string;
   timeoutMs?: number;
+  /** Offer the RTP audio-level header extension (RFC 6464) as libwebrtc does, under id 1 (AUDIO_LEVEL_ID). */
+  audioLevel?: boolean;
 }
+
+/** The id a crowd device offers the audio-level extension under (libwebrtc's). */
+export const AUDIO_LEVEL_ID = 1;
 
 function portOf(dc: DataChannel): ChannelPort {
   return {
@@ -168,6 +173,7 @@ export class CrowdDevice {
       audio.addOpusCodec(OPUS_PAYLOAD_TYPE);
       const ssrc = (Math.random() * 0xfffffffe + 1) >>> 0;
       audio.addSSRC(ssrc, "crowd", "crowd", "crowd-audio");
+      if (o.audioLevel) audio.parseSdpLine(`a=extmap:${AUDIO_LEVEL_ID} urn:ietf:params:rtp-hdrext:ssrc-audio-level`);
       const track = pc.addTrack(audio);
       const packets = pc.createDataChannel(PACKET_LABEL, { unordered: true, maxRetransmits: 0 });
       const events = pc.createDataChannel(`${SERVICE_PREFIX}${SERVICE.EVENTS}`);

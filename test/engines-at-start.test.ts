@@ -49,5 +49,10 @@ test("engines.preload takes true, false or a list of the engines; anything else 
   assert.deepEqual(loadConfig({ PERCH_ENGINES_PRELOAD: "recognition,speech" }, {}).engines.preload, ["recognition", "speech"]);
   assert.equal(loadConfig({ PERCH_ENGINES_PRELOAD: "true" }, {}).engines.preload, true);
   assert.throws(() => loadConfig({}, { engines: { preload: ["moonshine"] } } as unknown as ConfigInput), /engines\.preload/);
+  // The error says what is accepted (an unknown engine's name, a string for a list).
+  const accepted = /engines\.preload.*true, false or a list of recognition, voice_activity, speech/;
+  assert.throws(() => loadConfig({}, { engines: { preload: ["moonshine"] } } as unknown as ConfigInput), accepted);
+  assert.throws(() => loadConfig({}, { engines: { preload: "speech" } } as unknown as ConfigInput), accepted);
+  assert.throws(() => loadConfig({ PERCH_ENGINES_PRELOAD: "bogus" }, {}), accepted);
   assert.throws(() => loadConfig({}, { engines: { preload: [] } } as unknown as ConfigInput), /engines\.preload/);
 });

@@ -6,12 +6,14 @@
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { describe, test } from "node:test";
 import type { MoonshineEngine } from "../src/ai/speech/index.ts";
 import { EngineHost } from "../src/server.ts";
 import { TEST_ENGINES } from "./support/engines.ts";
 import { startFakeSpeechProvider } from "./support/fake-speech.ts";
 import { startFakeUpstream } from "./support/fake-upstream.ts";
+import { childProcesses } from "./support/processes.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
 import { type EventLog, spoken, voiceDevice } from "./support/voice.ts";
@@ -29,13 +31,24 @@ async function states(server: TestServer): Promise<Record<string, string>> {
   return out;
 }
 
+/** This process's children that hold a model (a recogniser or voice activity process), whoever started them. */
+function modelProcesses(): number {
+  return childProcesses().filter(({ pid }) => {
+    try {
+      return readFileSync(`/proc/${pid}/environ`, "utf8").includes("PERCH_WORKER_DATA=");
+    } catch {
+      return false;
+    }
+  }).length;
+}
+
 function host() {
   const engines = EngineHost.embedded(TEST_ENGINES);
   return { engines, moonshine: engines.transcription as MoonshineEngine };
 }
 
 describe("engines loaded when needed", () => {
-  test("a node with no agent starts no engine; its first tts-1 and whisper-1 requests start them, wait for them and are served", async () => {
+  test("a node with no agent starts no engine; its first tts-1 and whisper-1 requests start them (two at once: one load), wait for them and are served", async () => {
     const { engines, moonshine } = host();
     const server = await startTestServer({ config: { api_keys: API_KEYS }, engines });
     try {
@@ -57,14 +70,19 @@ describe("engines loaded when needed", () => {
       assert.deepEqual({ ...afterSpeech, speech: "started" }, { recognition: "not_loaded", voice_activity: "not_loaded", speech: "started" });
       assert.deepEqual(moonshine.pids(), { recogniser: [], vad: [] });
 
-      const form = new FormData();
-      form.set("model", "whisper-1");
-      form.set("file", new Blob([wav], { type: "audio/wav" }), "question.wav");
-      const heard = await fetch(`${server.url}/openai/v1/audio/transcriptions`, { method: "POST", headers: auth, body: form });
-      assert.equal(heard.status, 200);
-      const { text } = (await heard.json()) as { text: string };
-      assert.ok(wordErrorRate(QUESTION, text) <= 0.4, `transcript: ${text}`);
+      // Two first requests at once: one load (one recogniser process and one detector started), both served.
+      const children = modelProcesses();
+      const transcribe = async () => {
+        const form = new FormData();
+        form.set("model", "whisper-1");
+        form.set("file", new Blob([wav], { type: "audio/wav" }), "question.wav");
+        const heard = await fetch(`${server.url}/openai/v1/audio/transcriptions`, { method: "POST", headers: auth, body: form });
+        assert.equal(heard.status, 200);
+        return ((await heard.json()) as { text: string }).text;
+      };
+      for (const text of await Promise.all([transcribe(), transcribe()])) assert.ok(wordErrorRate(QUESTION, text) <= 0.4, `transcript: ${text}`);
       assert.equal(moonshine.pids().recogniser.length, 1);
+      assert.equal(modelProcesses() - children, 2, "one recogniser process and one voice activity process started");
       await eventually(async () => Object.values(await states(server)).every((s) => s === "ready"), 60_000, "every engine ready");
     } finally {
       await server.stop();

@@ -89,6 +89,27 @@ describe("playout", () => {
     codec.close();
   });
 
+  test("a frame is late by when it is sent: an encoder on another thread that answers late makes late frames (perch_voice_frames_late_total)", () => {
+    const codec = new OpusCodec();
+    let clock = 0;
+    // An encoder that answers later, as the conversation's audio thread does.
+    const held: Array<() => void> = [];
+    const encoder = { frame: (pcm: Int16Array, encoded: (opus: Buffer) => void) => held.push(() => encoded(codec.encode(pcm))) };
+    const sentAt: number[] = [];
+    let late = 0;
+    const p = new Playout({ codec: encoder, now: () => clock, send: () => sentAt.push(clock) > 0, late: () => late++ });
+    p.write(new Int16Array(FRAME_SAMPLES * 10).fill(1000));
+    assert.equal(held.length, 5, "the frames due within 80 ms went to the encoder");
+    // They come back 150 ms later: frames due at 0–80 ms sent at 150 ms, each more than 20 ms late.
+    clock = 150;
+    for (const answer of held.splice(0)) answer();
+    assert.deepEqual(sentAt, [150, 150, 150, 150, 150]);
+    assert.equal(p.lateFrames, 5);
+    assert.equal(late, 5);
+    p.stop();
+    codec.close();
+  });
+
   test("stop() sends nothing more and reports what was played", async () => {
     const codec = new OpusCodec();
     let clock = 0;

@@ -94,7 +94,7 @@ describe("turn-taking end to end (voice.md §7)", () => {
         early,
         `the model was asked in the pause with the words so far: ${JSON.stringify(requests.map((r) => lastUser(r.body)))}; ${JSON.stringify(heard)}`,
       );
-      assert.deepEqual(got, [{ level: 3 }], "only the used reply's tool ran on the device");
+      assert.deepEqual(got, [{ level: 3 }], `only the used reply's tool ran on the device: ${JSON.stringify(got)} ${JSON.stringify(heard)}`);
       const calls = log.all.filter((s) => s.label === "tool.call").map((s) => JSON.parse(s.text!) as { arguments: unknown });
       assert.deepEqual(
         calls.map((c) => c.arguments),

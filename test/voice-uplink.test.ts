@@ -331,8 +331,9 @@ describe("silence costs no decoding", () => {
       uplink.jitter.flush();
       const pcm = concatInt16(out);
       assert.equal(pcm.length, 265 * 320);
-      assert.equal(uplink.stats.silent, negotiated ? 250 : 0);
-      assert.equal(uplink.stats.decoded, negotiated ? 15 : 265);
+      // The last 200 ms of the silence (10 packets) are decoded before the word: its soft start would be there.
+      assert.equal(uplink.stats.silent, negotiated ? 240 : 0);
+      assert.equal(uplink.stats.decoded, negotiated ? 25 : 265);
       const loud = loudBlocks(pcm);
       assert.deepEqual(
         loud,
@@ -341,6 +342,98 @@ describe("silence costs no decoding", () => {
       );
       codec.close();
     }
+  });
+
+  test('the quiet parts of speech are heard: a soft start (a "th" or "f" under -50 dBov) and a soft stretch inside a word are decoded, not erased', () => {
+    // 48 kHz noise of an RMS `dbov` below full scale (a fricative, a microphone's floor), seeded.
+    let seed = 7;
+    const noise = (samples: number, dbov: number) => {
+      const amplitude = 10 ** (-dbov / 20) * 32768 * Math.sqrt(3);
+      return Int16Array.from({ length: samples }, () => {
+        seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+        return Math.round((seed / 0x7fffffff - 0.5) * 2 * amplitude);
+      });
+    };
+    // 1 s of a microphone's floor (-66 dBov), a soft start of 80 ms (-54 dBov), 300 ms of voice, a
+    // soft 100 ms inside the word (-55 dBov), 200 ms of voice, a soft end of 100 ms, then the floor again.
+    const parts = [
+      noise(48_000, 66),
+      noise(3_840, 54),
+      sine(14_400, 48_000, 300),
+      noise(4_800, 55),
+      sine(9_600, 48_000, 300),
+      noise(4_800, 55),
+      noise(72_000, 66),
+    ];
+    const source = concatInt16(parts);
+    const encoder = new OpusCodec();
+    const frames = source.length / FRAME_SAMPLES;
+    const packets = Array.from({ length: frames }, (_, i) => {
+      const frame = source.subarray(i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES);
+      let sum = 0;
+      for (const x of frame) sum += x * x;
+      // The level as libwebrtc sends it: the frame's RMS in -dBov, 0..127.
+      const level = Math.min(127, Math.round(-10 * Math.log10(sum / frame.length / 32768 ** 2)));
+      return { payload: encoder.encode(frame), level };
+    });
+    encoder.close();
+    const heard = (negotiated: boolean): Int16Array => {
+      const codec = new OpusCodec(16_000);
+      const out: Int16Array[] = [];
+      let now = 0;
+      const uplink = new Uplink({ codec, payloadType: 111, audioLevelId: negotiated ? 1 : undefined, pcm: (s) => out.push(s), now: () => now });
+      for (const [i, p] of packets.entries()) {
+        uplink.packet(leveled(i, i * FRAME_SAMPLES, p.payload, p.level));
+        now += 20;
+      }
+      uplink.flush();
+      codec.close();
+      return concatInt16(out);
+    };
+    const plain = heard(false);
+    const leveledPcm = heard(true);
+    assert.equal(leveledPcm.length, plain.length, "the same timeline");
+    const rms = (pcm: Int16Array, block: number) => {
+      let sum = 0;
+      for (let i = block * 320; i < (block + 1) * 320; i++) sum += pcm[i]! ** 2;
+      return Math.sqrt(sum / 320);
+    };
+    // The soft start (blocks 50–53), the soft stretch inside the word (69–73) and its soft end (84–88) are in both.
+    const soft = [50, 51, 52, 53, 69, 70, 71, 72, 73, 84, 85, 86, 87, 88];
+    assert.ok(
+      soft.every((b) => packets[b]!.level >= 50),
+      `the soft parts are under -50 dBov: ${soft.map((b) => packets[b]!.level)}`,
+    );
+    for (const b of soft)
+      assert.ok(rms(leveledPcm, b) >= rms(plain, b) / 2, `block ${b}: ${rms(leveledPcm, b).toFixed(0)} heard, ${rms(plain, b).toFixed(0)} without the level`);
+    // Yet the floor before and after the word costs no decoding.
+    assert.ok(
+      leveledPcm.subarray(0, 40 * 320).every((x) => x === 0),
+      "the floor before the word is not decoded",
+    );
+    assert.ok(
+      leveledPcm.subarray((frames - 20) * 320).every((x) => x === 0),
+      "nor the floor long after it",
+    );
+  });
+
+  test("a device that stops sending after its quiet packets: what the look-back held goes on as silence, and is counted, within 200 ms", () => {
+    const codec = new OpusCodec(16_000);
+    let samples = 0;
+    let now = 0;
+    const uplink = new Uplink({ codec, payloadType: 111, audioLevelId: 1, pcm: (s) => (samples += s.length), now: () => now });
+    const quiet = encoded(1, false)[0]!;
+    for (let i = 0; i < 50; i++) {
+      uplink.packet(leveled(i, i * FRAME_SAMPLES, quiet, 127));
+      now += 20;
+      uplink.tick();
+    }
+    assert.ok(samples < 50 * 320, "the last packets are held back");
+    now += 180;
+    uplink.tick();
+    assert.equal(samples, 50 * 320);
+    assert.equal(uplink.stats.silent, 50);
+    codec.close();
   });
 
   test("a packet lost in a silence is silence, not the concealment of the speech before it", () => {
@@ -352,7 +445,7 @@ describe("silence costs no decoding", () => {
     uplink.packet(rtp(10, 10 * FRAME_SAMPLES, Buffer.from([0x78])));
     // 11 is lost.
     uplink.packet(rtp(12, 12 * FRAME_SAMPLES, Buffer.from([0x78])));
-    uplink.jitter.flush();
+    uplink.flush();
     const pcm = concatInt16(out);
     assert.equal(pcm.length, 13 * 320);
     assert.ok(pcm.subarray(10 * 320).every((x) => x === 0));

@@ -293,6 +293,17 @@ const VOICE_DEFAULTS = {
 export const VoiceConfig = z.strictObject({
   agent: ID.optional().meta(info("the agent (`agents[].id`) that converses with every connected device over its audio; absent, no device converses")),
   barge_in: z.boolean().default(true).meta(info("speech during a reply interrupts it; devices without echo cancellation need `false`")),
+  audio_threads: z
+    .number()
+    .int()
+    .min(0)
+    .max(16)
+    .optional()
+    .meta(
+      info(
+        'worker threads that decode the devices\' audio (each conversation on one); default one a core, at most 4; 0: on the main thread (docs/voice.md, "Silence" and "Threads")',
+      ),
+    ),
   history_turns: z.number().int().min(1).max(200).default(20).meta(info("turns of history kept per conversation (in memory, for the connection's life)")),
   max_reply_delay_ms: z
     .number()
@@ -650,7 +661,9 @@ export const ConfigSchema = z
             ),
           ),
         preload: z
-          .union([z.boolean(), z.array(z.enum(["recognition", "voice_activity", "speech"])).min(1)])
+          .union([z.boolean(), z.array(z.enum(["recognition", "voice_activity", "speech"])).min(1)], {
+            error: "expected true, false or a list of recognition, voice_activity, speech",
+          })
           .default(false)
           .meta(
             info(

@@ -69,7 +69,7 @@ export class EngineHost {
     this.owned = settings !== undefined;
   }
 
-  /** Flite for speech, Moonshine for transcription, sized by `settings` (else by the machine). */
+  /** Flite for speech, Moonshine for transcription, sized by `settings` (else by the machine); none of their workers starts before `load` or a first use. */
   static embedded(settings: EngineSettings = {}): EngineHost & { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine } {
     const speech = createSpeechEngine();
     const transcription = createTranscriptionEngine({

@@ -371,7 +371,7 @@ export class Node {
       if (this.config.voice.agent) this.logger.warn({ reason: "voice activity detection needs the embedded recogniser" }, "voice conversations are off");
       return undefined;
     }
-    return new VoiceService({
+    const voice = new VoiceService({
       config: this.config,
       domain: this.domain,
       chat: this.chat,
@@ -384,6 +384,8 @@ export class Node {
       env: this.o.env ?? process.env,
       memory: this.memory,
     });
+    this.closers.defer(() => voice.close());
+    return voice;
   }
 
   /** The periodic jobs of a listening node; a capability with a job of its own adds one line here. */

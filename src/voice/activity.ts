@@ -4,7 +4,7 @@ import type { ChatMessage } from "../protocol/compat.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { EngineId, VoiceEngines } from "./engine-ports.ts";
 import type { Stage, TurnResult, VoiceMetrics } from "./metrics.ts";
-import type { OpusCodec } from "./opus.ts";
+import type { FrameEncoder } from "./opus.ts";
 import type { VoiceEvents } from "./peer-events.ts";
 import { PreparedReply } from "./preemptive.ts";
 import type { ListeningTurn, RecognitionHooks, TurnEnd } from "./recognition.ts";
@@ -39,7 +39,8 @@ export interface ActivityOptions {
   clock: VoiceClock;
   metrics: VoiceMetrics;
   resampler: SpeexModule;
-  codec: OpusCodec;
+  /** Encodes the reply's frames. */
+  codec: FrameEncoder;
   /** Sends one Opus frame of a reply. */
   send: (opus: Buffer, first: boolean) => boolean;
   agent: () => AgentChoice | undefined;
@@ -209,6 +210,35 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     }
     this.o.events.eos(`in-${turn.n}`, "audio", "user.audio");
     void this.respond(turn, end).catch((err: unknown) => this.o.log("warn", { err, turn: turn.n }, "voice turn failed"));
+  }
+
+  /**
+   * The conversation's audio thread ended: the reply being spoken fails (its audio stops), and so
+   * does a turn being heard (its audio has a hole), with the contract's failed events. The next
+   * speech is a turn as usual.
+   */
+  audioLost(err: Error): void {
+    // The reply being spoken: its frames were being encoded on that thread.
+    this.speaking?.reply.fail(new Error(`the reply's audio was lost: ${err.message}`));
+    const turn = this.listening;
+    if (!turn || turn.ended || this.closed) return;
+    turn.ended = true;
+    for (const stop of turn.timers.splice(0)) stop();
+    turn.abort.abort(err);
+    this.drop(turn);
+    turn.over = undefined;
+    if (turn.n === 0) return;
+    const { n } = turn;
+    this.o.events.eos(`in-${n}`, "audio", "user.audio");
+    this.o.events.eos(`out-${n}`, "text", "assistant.text", { code: "failed", message: `the turn's audio was lost: ${err.message}` });
+    const engines: TurnEngines = { transcription: turn.agent.engines.transcription.engine, speech: turn.agent.engines.speech.engine };
+    this.finishTurn(n, "failed", {}, engines, {
+      interrupted: false,
+      turn_cut: false,
+      reply_cut: false,
+      preemptive: turn.preempted > 0 ? "discarded" : "off",
+      false_interruptions: 0,
+    });
   }
 
   /** A turn of its own: its number and its first event. */

@@ -2,6 +2,7 @@ import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
 import type { VoiceConfig } from "../config/config.ts";
 import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
+import type { AudioThreads, ThreadUplink } from "./audio-threads.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
 import { RECOGNITION_RATE, type VoiceActivityPort } from "./engine-ports.ts";
 import type { VoiceMetrics } from "./metrics.ts";
@@ -27,6 +28,8 @@ export interface ConversationOptions {
   run: AgentRun;
   /** Default the system's. */
   clock?: VoiceClock;
+  /** The node's audio threads: the uplink is decoded on one of them (default: on this thread). */
+  threads?: AudioThreads | undefined;
 }
 
 /** A conversation logs dropped audio at most this often. */
@@ -47,13 +50,16 @@ export class Conversation {
   private readonly clock: VoiceClock;
   /** The uplink decodes straight to the recogniser's rate. */
   private readonly codec = new OpusCodec(RECOGNITION_RATE);
-  private readonly uplink: Uplink;
-  private readonly recognition: AudioRecognition<Turn>;
+  /** The uplink, here or on an audio thread. */
+  private readonly uplink: { here: Uplink } | { thread: ThreadUplink };
+  private recognition: AudioRecognition<Turn>;
   private readonly turns: TurnActivity;
   private readonly stopTicker: () => void;
   private readonly logged = { overrun: 0, overrunAt: Number.NEGATIVE_INFINITY, droppedAt: Number.NEGATIVE_INFINITY };
   /** Uplink packets already counted in the metrics, and ticks until they are counted again. */
   private readonly counted = { decoded: 0, silent: 0, ticks: 0 };
+  /** Samples heard from the uplink. */
+  heardSamples = 0;
   private closed = false;
 
   constructor(o: ConversationOptions) {
@@ -66,45 +72,75 @@ export class Conversation {
       clock: this.clock,
       metrics: o.metrics,
       resampler: o.resampler,
-      codec: this.codec,
+      // The replies are encoded where the uplink is decoded: on its audio thread, or here.
+      codec: {
+        frame: (pcm, encoded) => {
+          if ("thread" in this.uplink) this.uplink.thread.frame(pcm, encoded);
+          else this.codec.frame(pcm, encoded);
+        },
+      },
       send: (opus, first) => o.port.sendFrame(opus, first),
       agent: o.agent,
       run: o.run,
       log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
     });
-    this.recognition = new AudioRecognition({
-      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest (voice.md §7).
-      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms }),
-      turn: o.config.turn,
-      clock: this.clock,
-      hooks: this.turns,
-      warn: (message, details) => o.logger.warn({ peer, ...details }, message),
-    });
-    this.uplink = new Uplink({
-      codec: this.codec,
-      payloadType: o.port.payloadType,
-      audioLevelId: o.port.audioLevelId,
-      pcm: (pcm) => this.hear(pcm),
-      overrun: (samples) => this.overrun(samples),
-      now: () => this.clock.now(),
-    });
+    this.recognition = this.listen();
+    const pcm = (samples: Int16Array) => {
+      this.heardSamples += samples.length;
+      this.hear(samples);
+    };
+    const silence = (samples: number) => {
+      this.heardSamples += samples;
+      if (!this.closed) this.recognition.silence(samples);
+    };
+    this.uplink = o.threads
+      ? {
+          thread: o.threads.uplink({
+            payloadType: o.port.payloadType,
+            audioLevelId: o.port.audioLevelId,
+            rate: RECOGNITION_RATE,
+            pcm,
+            silence,
+            overrun: (samples) => this.overrun(samples),
+            counted: (decoded, silent) => o.metrics.uplinkPackets(decoded, silent),
+            failed: (err) => this.audioLost(err),
+          }),
+        }
+      : {
+          here: new Uplink({
+            codec: this.codec,
+            payloadType: o.port.payloadType,
+            audioLevelId: o.port.audioLevelId,
+            pcm,
+            silence,
+            overrun: (samples) => this.overrun(samples),
+            now: () => this.clock.now(),
+          }),
+        };
+    const uplink = this.uplink;
     o.port.onPacket((packet) => {
       if (this.closed || !o.agent()) return;
       try {
-        this.uplink.packet(packet);
+        if ("here" in uplink) uplink.here.packet(packet);
+        else uplink.thread.packet(packet);
       } catch (err) {
         o.logger.warn({ err, peer }, "voice uplink packet failed");
       }
     });
     this.stopTicker = this.clock.every(TICK_MS, () => {
       try {
-        this.uplink.tick();
+        if ("here" in uplink) uplink.here.tick();
         this.recognition.tick();
         if (++this.counted.ticks >= COUNT_TICKS) this.count();
       } catch (err) {
         o.logger.warn({ err, peer }, "voice uplink tick failed");
       }
     });
+  }
+
+  /** The audio thread (its index in the pool) the uplink is decoded on; -1 on this thread. */
+  get uplinkThread(): number {
+    return "thread" in this.uplink ? this.uplink.thread.thread : -1;
   }
 
   /** Whether the device converses through this pipeline now (its agent is a text agent with engines). */
@@ -132,14 +168,42 @@ export class Conversation {
     this.closed = true;
     this.stopTicker();
     this.count();
+    if ("thread" in this.uplink) this.uplink.thread.close();
     this.turns.close();
     this.recognition.close();
     this.codec.close();
   }
 
+  /** The turns as the detector hears them, on a detector of their own. */
+  private listen(): AudioRecognition<Turn> {
+    const { o } = this;
+    const peer = o.port.publicKey;
+    return new AudioRecognition({
+      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest (voice.md §7).
+      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms }),
+      turn: o.config.turn,
+      clock: this.clock,
+      hooks: this.turns,
+      warn: (message, details) => o.logger.warn({ peer, ...details }, message),
+    });
+  }
+
+  /**
+   * The audio thread that decoded the uplink ended: the turn being heard fails (its audio has a
+   * hole), and the next one is heard afresh, on a new detector, from the thread that took over.
+   */
+  private audioLost(err: Error): void {
+    if (this.closed) return;
+    this.o.logger.warn({ peer: this.o.port.publicKey, err: err.message }, "the voice uplink's audio thread ended; the turn being heard fails");
+    this.recognition.close();
+    this.turns.audioLost(err);
+    this.recognition = this.listen();
+  }
+
   /** The uplink's packets since last counted, into the metrics (every second, not per packet). */
   private count(): void {
-    const { decoded, silent } = this.uplink;
+    if (!("here" in this.uplink)) return;
+    const { decoded, silent } = this.uplink.here;
     this.o.metrics.uplinkPackets(decoded - this.counted.decoded, silent - this.counted.silent);
     this.counted.decoded = decoded;
     this.counted.silent = silent;

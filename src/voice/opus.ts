@@ -1,6 +1,15 @@
 import { LibOpus, MAX_PACKET_BYTES, OPUS_RATE, type OpusRate } from "../audio/opus.ts";
 
 export { OPUS_RATE };
+
+/**
+ * Encodes the replies' 20 ms frames (48 kHz), in order: here at once (OpusCodec), or on the
+ * conversation's audio thread, later (src/voice/audio-threads.ts). A frame whose encoder is gone
+ * (its thread ended) never gets its packet.
+ */
+export interface FrameEncoder {
+  frame(pcm: Int16Array, encoded: (opus: Buffer) => void): void;
+}
 /** 20 ms at 48 kHz. */
 export const FRAME_SAMPLES = 960;
 export const FRAME_MS = 20;
@@ -8,9 +17,9 @@ export const FRAME_MS = 20;
 /**
  * One conversation's Opus codec (libopus in WebAssembly): the decoder of the device's uplink, at
  * the rate its listener needs (libopus decodes any stream at 8–48 kHz itself: no resampler), and
- * the encoder of the replies at 48 kHz, made at the first reply (a silent connection needs none).
+ * the encoder of the replies at 48 kHz; each is made when first used.
  */
-export class OpusCodec {
+export class OpusCodec implements FrameEncoder {
   /** The rate the uplink decodes at. */
   readonly rate: OpusRate;
   private decoder: LibOpus | undefined;
@@ -21,7 +30,6 @@ export class OpusCodec {
 
   constructor(rate: OpusRate = OPUS_RATE) {
     this.rate = rate;
-    this.decoder = new LibOpus("voip", rate);
   }
 
   /** Decodes one packet to samples at `rate`; undefined for a packet libopus refuses (the device's bytes). */
@@ -79,6 +87,10 @@ export class OpusCodec {
     return this.encoder.encode(frame);
   }
 
+  frame(pcm: Int16Array, encoded: (opus: Buffer) => void): void {
+    encoded(this.encode(pcm));
+  }
+
   close(): void {
     this.closed = true;
     this.decoder?.close();
@@ -87,8 +99,10 @@ export class OpusCodec {
     this.encoder = undefined;
   }
 
+  /** The decoder, made at the first packet (a conversation whose uplink is decoded on an audio thread makes none here). */
   private open(): LibOpus {
-    if (!this.decoder) throw new Error("the codec is closed");
+    if (this.closed) throw new Error("the codec is closed");
+    this.decoder ??= new LibOpus("voip", this.rate);
     return this.decoder;
   }
 }

@@ -1,5 +1,5 @@
 import { systemClock, type VoiceClock } from "./clock.ts";
-import { FRAME_MS, FRAME_SAMPLES, type OpusCodec } from "./opus.ts";
+import { FRAME_MS, FRAME_SAMPLES, type FrameEncoder } from "./opus.ts";
 
 /**
  * Frames are sent up to this long before their time (the contract allows 100 ms): the device's
@@ -12,7 +12,8 @@ const LATE_MS = 20;
 const REANCHOR_MS = 100;
 
 export interface PlayoutOptions {
-  codec: OpusCodec;
+  /** Encodes the reply's frames. */
+  codec: FrameEncoder;
   /** Sends one Opus frame; `first` marks the first of the reply (the RTP marker bit). */
   send: (opus: Buffer, first: boolean) => boolean;
   /** A frame went out more than 20 ms after its time. */
@@ -56,6 +57,10 @@ export class Playout {
   private anchor: number | undefined;
   /** No frame is scheduled: the playout waits for audio (fillGaps false). */
   private waiting = false;
+  /** Frames given to the encoder and not yet sent. */
+  private inflight = 0;
+  /** Everything is queued to the encoder: the playout finishes when the last frame is sent. */
+  private draining = false;
   private index = 0;
   private timer: (() => void) | undefined;
   /** Writers waiting for the queue to shrink (back-pressure). */
@@ -137,13 +142,25 @@ export class Playout {
     }
   }
 
-  /** Stops at once (a barge-in): nothing more is sent. Returns the samples played. */
+  /** Stops at once (a barge-in): nothing more is sent, not even frames being encoded. Returns the samples played. */
   stop(): number {
-    this.finish();
+    this.close();
     return this.played;
   }
 
+  /** The reply's end: done once its last frame is sent (an encoder on another thread may still hold some). */
   private finish(): void {
+    if (this.stopped) return;
+    if (this.inflight > 0) {
+      this.draining = true;
+      this.timer?.();
+      this.timer = undefined;
+      return;
+    }
+    this.close();
+  }
+
+  private close(): void {
     if (this.stopped) return;
     this.stopped = true;
     this.timer?.();
@@ -177,11 +194,7 @@ export class Playout {
           this.anchor = now - this.index * FRAME_MS;
           continue;
         }
-        if (now - due > LATE_MS) {
-          this.lateFrames++;
-          this.o.late?.();
-        }
-        this.sendFrame();
+        this.sendFrame(due);
         now = this.clock.now();
       }
       this.release();
@@ -189,7 +202,7 @@ export class Playout {
       this.timer = this.clock.after(Math.max(1, next - this.clock.now()), this.pump);
     } catch {
       // A failing encoder or sender ends this reply's audio; the conversation goes on.
-      this.finish();
+      this.close();
     }
   };
 
@@ -204,7 +217,8 @@ export class Playout {
     }
   }
 
-  private sendFrame(): void {
+  /** Hands the next frame (due at `due`) to the encoder; it is sent when encoded, and late if that is more than LATE_MS after `due`. */
+  private sendFrame(due: number): void {
     const frame = new Int16Array(FRAME_SAMPLES);
     let filled = 0;
     while (filled < FRAME_SAMPLES && this.queue.length > 0) {
@@ -220,11 +234,29 @@ export class Playout {
     }
     this.queued -= filled;
     const first = this.index === 0;
+    const marker = first || this.marker;
     this.index++;
-    this.o.send(this.o.codec.encode(frame), first || this.marker);
     this.marker = false;
-    this.frames++;
-    this.played += filled;
-    if (first) this.o.started?.();
+    this.inflight++;
+    this.o.codec.frame(frame, (opus) => {
+      this.inflight--;
+      // Stopped (a barge-in) while it was encoded: it is not sent; nor is a frame the encoder failed (empty).
+      if (!this.stopped && opus.length > 0) {
+        try {
+          this.o.send(opus, marker);
+          // Late by when it goes out: an encoder on the audio thread answers after a round trip.
+          if (this.clock.now() - due > LATE_MS) {
+            this.lateFrames++;
+            this.o.late?.();
+          }
+          this.frames++;
+          this.played += filled;
+          if (first) this.o.started?.();
+        } catch {
+          this.close();
+        }
+      }
+      if (this.draining && this.inflight === 0) this.close();
+    });
   }
 }

@@ -120,6 +120,28 @@ export class AudioRecognition<T extends ListeningTurn> {
   }
 
   /**
+   * Silence of `samples` from the uplink (DTX, a packet whose audio level says silence): heard as
+   * zeros; between turns, once the detector is spared quiet (the energy gate), with no more work
+   * than the timeline's and the pre-roll's bookkeeping.
+   */
+  silence(samples: number): void {
+    if (this.closed || samples <= 0) return;
+    const gated = !this.draining && this.pending.length === 0 && !this.turn && !this.vadSpeaking && this.quietRun > SKIP_QUIET_AFTER_S * RATE;
+    if (!gated) {
+      this.hear(new Int16Array(samples));
+      return;
+    }
+    // What drain() does with quiet between turns, without its batch, its loudness and its promise.
+    this.heardAt = this.o.clock.now();
+    const start = this.timeline;
+    this.timeline += samples;
+    this.pushedAt = this.heardAt;
+    this.remember(start, new Int16Array(samples));
+    this.quietRun += samples;
+    this.vadSkipped += samples;
+  }
+
+  /**
    * The conversation's clock: no audio at all for `silence_ms` while speech goes on is silence (a
    * device that stopped sending: push-to-talk, discontinuous transmission, a muted microphone).
    */

@@ -3,7 +3,7 @@ import { EngineBusyError } from "../ai/speech/errors.ts";
 import { Resampler } from "../audio/resampler.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { SpeechChunk, SpeechPort, SynthesisRequest } from "./engine-ports.ts";
-import type { OpusCodec } from "./opus.ts";
+import type { FrameEncoder } from "./opus.ts";
 import { OPUS_RATE } from "./opus.ts";
 import type { VoiceEvents } from "./peer-events.ts";
 import { Playout } from "./playout.ts";
@@ -29,7 +29,8 @@ export interface ReplyOptions {
   text: (signal: AbortSignal) => Promise<AsyncIterable<string>>;
   speech: SpeechPort;
   resampler: SpeexModule;
-  codec: OpusCodec;
+  /** Encodes the reply's frames. */
+  codec: FrameEncoder;
   clock: VoiceClock;
   send: (opus: Buffer, first: boolean) => boolean;
   events: VoiceEvents;
@@ -71,6 +72,8 @@ export class Reply {
   private readonly at: ReplyOutcome["at"] = {};
   private playout: Playout | undefined;
   private interrupted = false;
+  /** The reply's audio was lost (its encoder's thread ended): it ends as failed. */
+  private lost: Error | undefined;
 
   constructor(o: ReplyOptions) {
     this.o = o;
@@ -94,6 +97,14 @@ export class Reply {
     this.interrupted = true;
     this.playout?.stop();
     this.abort.abort(new Error("interrupted"));
+  }
+
+  /** Its audio can no longer be sent (the conversation's audio thread ended): it stops at once and ends as failed. */
+  fail(err: Error): void {
+    if (this.interrupted || this.lost) return;
+    this.lost = err;
+    this.playout?.stop();
+    this.abort.abort(err);
   }
 
   private async run(): Promise<ReplyOutcome> {
@@ -167,6 +178,7 @@ export class Reply {
     }
     await speaking;
     try {
+      if (this.lost) throw this.lost;
       if (failure) throw failure.error;
       playout.end();
       await playout.done;

@@ -7,6 +7,7 @@ import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
 import type { ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { DeviceAgentChoice } from "./agent-choice.ts";
+import { AudioThreads, defaultAudioThreads } from "./audio-threads.ts";
 import { systemClock } from "./clock.ts";
 import { Conversation } from "./conversation.ts";
 import type { EngineFor } from "./engine-choice.ts";
@@ -51,6 +52,8 @@ export class VoiceService implements VoiceHost {
   private readonly realtime: Map<string, RealtimeAgentInfo>;
   /** Each agent's engines, chosen once; an agent whose engines are missing does not converse. */
   private readonly engines = new Map<string, VoiceEngines>();
+  /** The threads that decode the uplinks (started with the first conversation; none when `voice.audio_threads` is 0). */
+  private threads_: AudioThreads | undefined;
 
   constructor(o: VoiceServiceOptions) {
     this.o = o;
@@ -71,6 +74,20 @@ export class VoiceService implements VoiceHost {
     let text = 0;
     for (const c of this.open_) if (c.active) text++;
     return text + realtime;
+  }
+
+  /** The node's audio threads, started at the first conversation that needs them. */
+  get threads(): AudioThreads | undefined {
+    const size = this.o.config.voice.audio_threads ?? defaultAudioThreads();
+    if (size === 0) return undefined;
+    this.threads_ ??= new AudioThreads(size, (details, message) => this.o.logger.warn(details, message));
+    return this.threads_;
+  }
+
+  /** Ends the audio threads (the node is closing; its connections are closed first). */
+  async close(): Promise<void> {
+    await this.threads_?.close();
+    this.threads_ = undefined;
   }
 
   open(devicePort: AudioPort): VoiceSession {
@@ -135,6 +152,7 @@ export class VoiceService implements VoiceHost {
         metrics: this.metrics,
         logger: this.o.logger,
         agent: () => choice.current(),
+        threads: this.threads,
         run: async (agentId, messages, signal, n, release) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);

@@ -14,11 +14,22 @@ const MAX_GAP_MS = 2_000;
  */
 const AHEAD_MS = 3_000;
 /**
- * A packet whose audio level (RFC 6464) is this far below full scale or further is silence, not
- * decoded: the recognition's floor of quiet (an RMS of 100 of 32767 is −50 dBov), under which it
- * spares its detector too. Louder packets, the soft start of a word among them, are decoded.
+ * A packet whose audio level (RFC 6464) is this far below full scale or further is quiet: the
+ * recognition's floor of quiet (an RMS of 100 of 32767 is −50 dBov). Quiet packets are not decoded
+ * while nothing louder was heard for HANGOVER_MS; the soft parts of speech are quiet too (a "th",
+ * an "f" or an "h" that starts a word, a stop inside one: −50 to −60 dBov in speech at −26 dBov),
+ * and are decoded by the hangover and the look-back.
  */
 export const QUIET_DBOV = 50;
+/** After a louder packet, every packet is decoded for this long: the soft stretches inside and between words. */
+const HANGOVER_MS = 300;
+/**
+ * While quiet packets are not decoded, the last this long of them are held before they go on as
+ * zeros; a louder packet decodes them first, so that a word's soft start is heard (the recognition
+ * hands the recogniser 200 ms from before the onset). Silence reaches the listener this much later
+ * then, never speech.
+ */
+export const LOOKBACK_MS = 200;
 /**
  * An Opus packet this short carries no audio to decode: a discontinuous transmission's (DTX)
  * table of contents alone, which libopus would turn into comfort noise.
@@ -34,6 +45,8 @@ export interface UplinkOptions {
   audioLevelId?: number | undefined;
   /** The device's audio at the codec's rate, in order, with nothing missing. */
   pcm: (samples: Int16Array) => void;
+  /** Silence of `samples` at the codec's rate, in its place among `pcm`'s (default: zeros given to `pcm`). */
+  silence?: (samples: number) => void;
   /** Samples (48 kHz) dropped for running ahead of real time, as they are dropped. */
   overrun?: (samples: number) => void;
   now?: () => number;
@@ -42,8 +55,9 @@ export interface UplinkOptions {
 /**
  * The device's microphone as the engines hear it: RTP packets → jitter buffer (on the RTP clock,
  * 48 kHz) → Opus decoding straight to the codec's rate (concealment for lost packets, silence for
- * the sender's pauses). Silence costs no decoding: DTX packets and packets whose audio level says
- * silence come out as zeros of their length, so the timeline is kept.
+ * the sender's pauses). Silence costs no decoding: DTX packets, and packets whose audio level says
+ * quiet when nothing louder came for HANGOVER_MS, come out as zeros of their length (the timeline
+ * is kept), the last LOOKBACK_MS of them held back in case speech follows.
  */
 export class Uplink {
   readonly jitter: JitterBuffer;
@@ -65,16 +79,24 @@ export class Uplink {
   private readonly factor: number;
   /** RTP-clock samples not yet given out (a gap that is not a whole number of output samples). */
   private carry = 0;
-  /** The last packet was silence: a loss right after it is silence too, not the concealment of older speech. */
-  private quiet = false;
-  /** The last silent packet that had audio, decoded before the next loud one so that the decoder's state runs on. */
-  private warm: Buffer | undefined;
+  /**
+   * RTP-clock samples still decoded whatever their level (HANGOVER_MS after a louder packet; none
+   * after a DTX packet). While none are left, a loss is silence, not the concealment of older speech.
+   */
+  private hangover = 0;
+  /** What was not decoded, not yet given out: the look-back (output samples in `heldSamples`). */
+  private readonly held: Held[] = [];
+  private heldSamples = 0;
+  /** When the last item was held. */
+  private heldAt = 0;
+  private readonly lookback: number;
 
   constructor(o: UplinkOptions) {
     this.o = o;
     this.now = o.now ?? (() => performance.now());
     this.allowanceAt = this.now();
     this.factor = OPUS_RATE / o.codec.rate;
+    this.lookback = (LOOKBACK_MS * o.codec.rate) / 1000;
     this.jitter = new JitterBuffer({
       depthMs: JITTER_DEPTH_MS,
       frameSamples: FRAME_SAMPLES,
@@ -105,36 +127,87 @@ export class Uplink {
   /** Releases what waited too long; call every 20 ms or so. */
   tick(): void {
     this.jitter.tick();
+    // The device stopped sending (a pause in its DTX, a muted microphone): what is held is silence.
+    if (this.held.length > 0 && this.now() - this.heldAt >= LOOKBACK_MS) this.release(this.held.length, false);
+  }
+
+  /** Hands on everything waiting (the jitter buffer's, and the look-back as the silence it was). */
+  flush(): void {
+    this.jitter.flush();
+    this.release(this.held.length, false);
   }
 
   private output(out: JitterOutput): void {
-    const { codec } = this.o;
     const samples = out.kind === "packet" ? (opusPacketSamples(out.payload) ?? FRAME_SAMPLES) : out.samples;
     if (!this.allow(samples)) return;
     const n = this.length(samples);
-    let pcm: Int16Array | undefined;
-    if (out.kind === "packet") {
-      if (out.payload.length <= DTX_BYTES || (out.level !== undefined && out.level >= QUIET_DBOV)) {
-        this.silent++;
-        this.quiet = true;
-        this.warm = out.payload.length > DTX_BYTES ? out.payload : undefined;
-        pcm = new Int16Array(n);
-      } else {
-        if (this.warm) codec.decode(this.warm);
-        this.warm = undefined;
-        this.quiet = false;
-        this.decoded++;
-        pcm = codec.decode(out.payload);
-        if (!pcm) {
-          // Concealed for as long as the packet says (the timeline the jitter buffer keeps), not a
-          // whole frame: refused 2.5 ms packets would otherwise claim eight times what they cost.
-          this.rejected++;
-          pcm = codec.conceal(n);
-        }
+    const dtx = out.kind === "packet" && out.payload.length <= DTX_BYTES;
+    const loud = out.kind === "packet" && !dtx && (out.level === undefined || out.level < QUIET_DBOV);
+    if (loud) {
+      this.hangover = (HANGOVER_MS * OPUS_RATE) / 1000;
+      // The soft start of what is said now: decoded before it, in order (the decoder's state runs on).
+      this.release(this.held.length, true);
+    } else if (dtx) this.hangover = 0;
+    if (this.hangover <= 0) {
+      this.hold({ payload: out.kind === "packet" && !dtx ? out.payload : undefined, packet: out.kind === "packet", n });
+      return;
+    }
+    this.hangover -= samples;
+    if (out.kind === "packet") this.emit({ payload: dtx ? undefined : out.payload, packet: true, n }, true);
+    else if (out.kind === "lost") this.o.pcm(this.o.codec.conceal(n));
+    else this.silence(n);
+  }
+
+  /** Holds what is not decoded now; what is older than the look-back goes on as silence. */
+  private hold(item: Held): void {
+    this.held.push(item);
+    this.heldAt = this.now();
+    this.heldSamples += item.n;
+    let excess = this.heldSamples - this.lookback;
+    while (excess > 0) {
+      const first = this.held[0]!;
+      if (first.payload === undefined && !first.packet && first.n > excess) {
+        // A long gap: its older part goes on now, its last part stays in the look-back.
+        first.n -= excess;
+        this.heldSamples -= excess;
+        this.silence(excess);
+        return;
       }
-    } else if (out.kind === "lost" && !this.quiet) pcm = codec.conceal(n);
-    else pcm = new Int16Array(n);
+      this.release(1, false);
+      excess = this.heldSamples - this.lookback;
+    }
+  }
+
+  /** Gives out the first `count` held items, decoded or as silence. */
+  private release(count: number, decode: boolean): void {
+    for (const item of this.held.splice(0, count)) {
+      this.heldSamples -= item.n;
+      this.emit(item, decode);
+    }
+  }
+
+  /** One item out: a packet decoded (when `decode` and it has audio), else silence of its length. */
+  private emit(item: Held, decode: boolean): void {
+    if (!decode || !item.payload) {
+      if (item.packet) this.silent++;
+      this.silence(item.n);
+      return;
+    }
+    this.decoded++;
+    let pcm = this.o.codec.decode(item.payload);
+    if (!pcm) {
+      // Concealed for as long as the packet says (the timeline the jitter buffer keeps), not a
+      // whole frame: refused 2.5 ms packets would otherwise claim eight times what they cost.
+      this.rejected++;
+      pcm = this.o.codec.conceal(item.n);
+    }
     if (pcm.length > 0) this.o.pcm(pcm);
+  }
+
+  private silence(samples: number): void {
+    if (samples <= 0) return;
+    if (this.o.silence) this.o.silence(samples);
+    else this.o.pcm(new Int16Array(samples));
   }
 
   /** Output samples for `samples` of the RTP clock, carrying what does not divide evenly. */
@@ -159,4 +232,12 @@ export class Uplink {
     this.o.overrun?.(samples);
     return false;
   }
+}
+
+/** An item of the uplink's timeline: a packet's audio (undefined: none to decode) or a gap, `n` output samples long. */
+interface Held {
+  payload: Buffer | undefined;
+  /** It was a packet (counted decoded or silent), not a loss or a gap. */
+  packet: boolean;
+  n: number;
 }

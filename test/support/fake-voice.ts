@@ -12,6 +12,7 @@ import { VoiceConfig as VoiceConfigSchema } from "../../src/config/config.ts";
 import type { ChatMessage } from "../../src/protocol/compat.ts";
 import { PeerEventSchema } from "../../src/protocol/gen/event_pb.ts";
 import type { AgentChoice } from "../../src/voice/activity.ts";
+import type { AudioThreads } from "../../src/voice/audio-threads.ts";
 import type { VoiceClock } from "../../src/voice/clock.ts";
 import { Conversation } from "../../src/voice/conversation.ts";
 import type {
@@ -25,8 +26,11 @@ import type {
   VoiceActivityPort,
 } from "../../src/voice/engine-ports.ts";
 import { VoiceMetrics } from "../../src/voice/metrics.ts";
+import { FRAME_SAMPLES, OpusCodec } from "../../src/voice/opus.ts";
 import { encodeVoiceEvent } from "../../src/voice/peer-events.ts";
 import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
+import { LOOKBACK_MS, QUIET_DBOV } from "../../src/voice/uplink.ts";
+import { rtpPacket } from "./rtp-device.ts";
 import { type Seen, seen } from "./voice.ts";
 
 /** Lets every promise that can settle settle (a few turns of the event loop; no time passes). */
@@ -309,7 +313,7 @@ export interface Rig {
 }
 
 /** A conversation with fake engines on a fake clock (voice config as in configuration; defaults otherwise). */
-export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
+export async function rig(voice: Record<string, unknown> = {}, o: { threads?: AudioThreads } = {}): Promise<Rig> {
   const clock = new FakeClock();
   const stt = new FakeTranscription();
   const tts = new FakeSpeech();
@@ -399,6 +403,67 @@ export async function rig(voice: Record<string, unknown> = {}): Promise<Rig> {
     agent: () => agent,
     run: model.run,
     clock,
+    threads: o.threads,
   });
   return r;
+}
+
+/** 20 ms Opus packets of a loud tone (a "word"), or of digital silence. */
+export function encoded(frames: number, loud: boolean): Buffer[] {
+  const encoder = new OpusCodec();
+  try {
+    return Array.from({ length: frames }, (_, f) => {
+      const pcm = new Int16Array(FRAME_SAMPLES);
+      if (loud) for (let i = 0; i < pcm.length; i++) pcm[i] = Math.round(Math.sin((2 * Math.PI * 300 * (f * FRAME_SAMPLES + i)) / 48_000) * 10_000);
+      return encoder.encode(pcm);
+    });
+  } finally {
+    encoder.close();
+  }
+}
+
+/** The packet with the audio level (RFC 6464) in a one-byte header extension of id 1 (the rig's negotiated id). */
+export function withLevel(packet: Buffer, level: number): Buffer {
+  const ext = Buffer.from([0xbe, 0xde, 0, 1, 0x10, level & 0x7f, 0, 0]);
+  const out = Buffer.concat([packet.subarray(0, 12), ext, packet.subarray(12)]);
+  out[0] = out[0]! | 0x10;
+  return out;
+}
+
+/**
+ * A device's packets on the rig's clock: one every 20 ms (or `ms`), each moving the clock on. With
+ * `echo`, each packet's audio is awaited (real time) before the clock moves: an uplink on an audio
+ * thread answers in real time, and the conversation's clock must not run ahead of what it heard.
+ */
+export class RtpSender {
+  private seq = 7;
+  private ts = 1000;
+  private readonly r: Rig;
+  private readonly echo: boolean;
+  /** The conversation's samples heard before the first packet, and the samples of the packets sent since (16 kHz). */
+  private base: number | undefined;
+  private sent = 0;
+  constructor(r: Rig, o: { echo?: boolean } = {}) {
+    this.r = r;
+    this.echo = o.echo ?? false;
+  }
+  async send(payload: Buffer, o: { level?: number; ms?: number } = {}): Promise<void> {
+    const packet = rtpPacket({ sequence: this.seq++, timestamp: this.ts }, payload);
+    this.base ??= this.r.conversation.heardSamples;
+    this.r.packet(o.level === undefined ? packet : withLevel(packet, o.level));
+    const ms = o.ms ?? 20;
+    this.sent += (ms * 16_000) / 1000;
+    if (this.echo) {
+      // The uplink holds back up to LOOKBACK_MS of quiet packets (in case speech follows): their audio comes later.
+      const quiet = payload.length <= 2 || (o.level !== undefined && o.level >= QUIET_DBOV);
+      const expected = this.base + this.sent - (quiet ? (LOOKBACK_MS * 16_000) / 1000 : 0);
+      const until = Date.now() + 5_000;
+      while (this.r.conversation.heardSamples < expected) {
+        if (Date.now() > until) throw new Error("a packet's audio was not heard within 5 s");
+        await new Promise((r) => setTimeout(r, 1));
+      }
+    }
+    this.ts += (ms * 48_000) / 1000;
+    await this.r.clock.advance(ms);
+  }
 }
