@@ -116,13 +116,13 @@ export class AudioThreads {
         const e = this.entries.get(id);
         if (e && !e.closing) e.thread.queue(id, bytes);
       },
-      frame: (pcm, encoded) => {
+      frame: (pcm, encoded, urgent) => {
         const e = this.entries.get(id);
         if (!e || e.closing || pcm.length !== FRAME_SAMPLES) return;
         // Its thread ended and the next one is not started yet: the frame is not encoded (never awaited).
         if (e.thread.ended) return encoded(Buffer.alloc(0));
         e.encoded.push(encoded);
-        e.thread.queueFrame(id, pcm);
+        e.thread.queueFrame(id, pcm, urgent === true);
       },
       close: () => {
         const e = this.entries.get(id);
@@ -281,7 +281,8 @@ class AudioThread {
   private readonly pending: Array<{ id: number; bytes: Buffer }> = [];
   private pendingBytes = 0;
   private readonly frames: Array<{ id: number; pcm: Int16Array }> = [];
-  private scheduled = false;
+  private scheduled: false | "now" | "later" = false;
+  private timer: NodeJS.Timeout | undefined;
   private flushedAt = Number.NEGATIVE_INFINITY;
 
   constructor(worker: Worker) {
@@ -304,10 +305,10 @@ class AudioThread {
     this.schedule();
   }
 
-  /** Queues a reply frame to encode. */
-  queueFrame(id: number, pcm: Int16Array): void {
+  /** Queues a reply frame to encode; an urgent one (a reply's first) goes at the next turn of the event loop. */
+  queueFrame(id: number, pcm: Int16Array, urgent: boolean): void {
     this.frames.push({ id, pcm });
-    this.schedule();
+    this.schedule(urgent);
   }
 
   /**
@@ -316,15 +317,23 @@ class AudioThread {
    * hands packets in turns of their own, and a message per packet costs the main thread more than
    * decoding them costs the thread).
    */
-  private schedule(): void {
-    if (this.scheduled) return;
-    this.scheduled = true;
-    const wait = this.flushedAt + FLUSH_MS - performance.now();
-    if (wait <= 0) setImmediate(() => this.flush());
-    else setTimeout(() => this.flush(), wait);
+  private schedule(urgent = false): void {
+    if (this.scheduled === "now" || (this.scheduled === "later" && !urgent)) return;
+    const wait = urgent ? 0 : this.flushedAt + FLUSH_MS - performance.now();
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    if (wait <= 0) {
+      this.scheduled = "now";
+      setImmediate(() => this.flush());
+    } else {
+      this.scheduled = "later";
+      this.timer = setTimeout(() => this.flush(), wait);
+    }
   }
 
   private flush(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
     this.scheduled = false;
     this.flushedAt = performance.now();
     let rtp: ArrayBuffer | undefined;

@@ -47,6 +47,7 @@ function open(m: Extract<ToAudioThread, { t: "open" }>): void {
     overrun: (n) => items.push(id, OUT.overrun, n, 0),
   });
   held.set(id, { codec, uplink });
+  codec.prepare();
 }
 
 /** Ends a conversation here; its last counts (none when it was never opened). */

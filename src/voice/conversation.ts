@@ -74,8 +74,8 @@ export class Conversation {
       resampler: o.resampler,
       // The replies are encoded where the uplink is decoded: on its audio thread, or here.
       codec: {
-        frame: (pcm, encoded) => {
-          if ("thread" in this.uplink) this.uplink.thread.frame(pcm, encoded);
+        frame: (pcm, encoded, urgent) => {
+          if ("thread" in this.uplink) this.uplink.thread.frame(pcm, encoded, urgent);
           else this.codec.frame(pcm, encoded);
         },
       },

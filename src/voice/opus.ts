@@ -8,7 +8,8 @@ export { OPUS_RATE };
  * (its thread ended) never gets its packet.
  */
 export interface FrameEncoder {
-  frame(pcm: Int16Array, encoded: (opus: Buffer) => void): void;
+  /** `urgent`: a reply's first frame (or its first after a pause), whose time is heard: not held for batching. */
+  frame(pcm: Int16Array, encoded: (opus: Buffer) => void, urgent?: boolean): void;
 }
 /** 20 ms at 48 kHz. */
 export const FRAME_SAMPLES = 960;
@@ -73,6 +74,11 @@ export class OpusCodec implements FrameEncoder {
   /** Encodes exactly one 20 ms frame of 48 kHz samples. */
   encode(frame: Int16Array): Buffer {
     if (frame.length !== FRAME_SAMPLES) throw new RangeError(`a frame has ${FRAME_SAMPLES} samples, not ${frame.length}`);
+    return this.prepare().encode(frame);
+  }
+
+  /** Makes the encoder now (an audio thread does at a conversation's start, so that the first reply's first frame does not wait for it). */
+  prepare(): LibOpus {
     if (this.closed) throw new Error("the codec is closed");
     if (!this.encoder) {
       const encoder = new LibOpus("voip", OPUS_RATE);
@@ -84,7 +90,7 @@ export class OpusCodec implements FrameEncoder {
       }
       this.encoder = encoder;
     }
-    return this.encoder.encode(frame);
+    return this.encoder;
   }
 
   frame(pcm: Int16Array, encoded: (opus: Buffer) => void): void {

@@ -238,7 +238,7 @@ export class Playout {
     this.index++;
     this.marker = false;
     this.inflight++;
-    this.o.codec.frame(frame, (opus) => {
+    const encoded = (opus: Buffer) => {
       this.inflight--;
       // Stopped (a barge-in) while it was encoded: it is not sent; nor is a frame the encoder failed (empty).
       if (!this.stopped && opus.length > 0) {
@@ -257,6 +257,7 @@ export class Playout {
         }
       }
       if (this.draining && this.inflight === 0) this.close();
-    });
+    };
+    this.o.codec.frame(frame, encoded, marker);
   }
 }
