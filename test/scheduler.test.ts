@@ -371,6 +371,8 @@ describe("engine scheduler", () => {
     const partial = scheduler.run(job("partial"), { class: "partial" });
     await settled();
     assert.deepEqual(order, ["file1"], "one slot is kept");
+    // Jobs of other classes waiting do not go before a conversation's: its speculative work may still start.
+    assert.deepEqual([scheduler.idleFor("conversation"), scheduler.idleFor("partial")], [true, false]);
     assert.ok(scheduler.estimate("api") > 0, "an API job would wait");
     assert.equal(scheduler.estimate("conversation"), 0, "a conversation's would not");
     const turn = scheduler.run(job("turn"), { class: "conversation" });

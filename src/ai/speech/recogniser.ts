@@ -329,14 +329,20 @@ export class MoonshineEngine implements TranscriptionEngine {
     const pieces = new FileSpeech(probabilities, duration).pieces;
     const recognise = (region: Piece) => {
       const pad = { before: region.start <= 0 || region.cutBefore ? EDGE_PAD : 0, after: region.end >= duration || region.cutAfter ? EDGE_PAD : 0 };
-      const text = this.recognise(slice(audio, region), job, pad);
-      text.catch(() => {});
-      return text;
+      return this.recognise(slice(audio, region), job, pad);
     };
-    const running = pieces.slice(0, this.processes).map(recognise);
+    const texts: Promise<string>[] = [];
+    // Each job that ends starts the next piece, whichever ended: no process waits for an earlier piece's.
+    const launch = () => {
+      if (texts.length >= pieces.length || o.signal?.aborted) return;
+      const text = recognise(pieces[texts.length]!);
+      texts.push(text);
+      text.then(launch, () => {});
+    };
+    for (let i = 0; i < this.processes; i++) launch();
     for (const [i, region] of pieces.entries()) {
-      const raw = await running[i]!;
-      if (i + this.processes < pieces.length) running.push(recognise(pieces[i + this.processes]!));
+      if (o.signal?.aborted) throw abortReason(o.signal);
+      const raw = await texts[i]!;
       if (o.signal?.aborted) throw abortReason(o.signal);
       const text = normaliseTranscript(raw);
       if (!text) continue;

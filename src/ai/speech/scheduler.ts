@@ -171,11 +171,13 @@ export class Scheduler {
   }
 
   /**
-   * Whether a job of `cls` would start at once: nothing waits and a slot it may take is free (only
-   * a conversation's may take the slots kept for conversations).
+   * Whether a job of `cls` would start at once: nothing that goes before it waits and a slot it may
+   * take is free (only a conversation's may take the slots kept for conversations, and only other
+   * conversations' jobs go before it: a file's job waiting for a process does not).
    */
   idleFor(cls: JobClass): boolean {
-    return this.waiting === 0 && this.slots - this.running > (cls === "conversation" ? 0 : Math.min(this.slots - 1, this.reserved()));
+    if (cls === "conversation") return this.conversation.length === 0 && this.slots > this.running;
+    return this.waiting === 0 && this.slots - this.running > Math.min(this.slots - 1, this.reserved());
   }
 
   /** Jobs waiting, of every class. */
