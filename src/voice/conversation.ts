@@ -10,7 +10,7 @@ import { OPUS_RATE, OpusCodec } from "./opus.ts";
 import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort } from "./port.ts";
 import { AudioRecognition } from "./recognition.ts";
-import { Uplink } from "./uplink.ts";
+import { turnHangoverMs, Uplink } from "./uplink.ts";
 
 export type { AgentChoice } from "./activity.ts";
 
@@ -36,8 +36,6 @@ export interface ConversationOptions {
 const DROP_LOG_MS = 10_000;
 /** The jitter buffer's and the end of turn's clock. */
 const TICK_MS = 20;
-/** The uplink decodes everything this much longer than the longest silence that ends a turn (the detector's own lag). */
-const HANGOVER_SLACK_MS = 300;
 /** The uplink's packets are counted in the metrics every this many ticks. */
 const COUNT_TICKS = 50;
 
@@ -93,7 +91,7 @@ export class Conversation {
     };
     // Quiet packets are decoded and handed on at once for this long after speech: the silence that
     // ends a turn (up to unfinished_silence_ms) must not wait in the uplink's look-back.
-    const hangoverMs = o.config.turn.unfinished_silence_ms + HANGOVER_SLACK_MS;
+    const hangoverMs = turnHangoverMs(o.config.turn);
     const silence = (samples: number) => {
       this.heardSamples += samples;
       if (!this.closed) this.recognition.silence(samples);

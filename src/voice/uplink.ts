@@ -30,6 +30,16 @@ const HANGOVER_MS = 300;
  * then, never speech.
  */
 export const LOOKBACK_MS = 200;
+/** The uplink decodes everything this much longer than the longest silence that ends a turn (the detector's own lag). */
+const HANGOVER_SLACK_MS = 300;
+
+/**
+ * The hangover of a listener whose turns end on a silence (a conversation's detector, a realtime
+ * model's): its longest turn-ending silence and more, so that silence never waits in the look-back.
+ */
+export function turnHangoverMs(turn: { unfinished_silence_ms: number }): number {
+  return turn.unfinished_silence_ms + HANGOVER_SLACK_MS;
+}
 /**
  * An Opus packet this short carries no audio to decode: a discontinuous transmission's (DTX)
  * table of contents alone, which libopus would turn into comfort noise.

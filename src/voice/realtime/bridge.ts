@@ -15,7 +15,7 @@ import { Playout } from "../playout.ts";
 import { AudioRecognition, type ListeningTurn, type TurnEnd } from "../recognition.ts";
 import { SpokenText } from "../spoken.ts";
 import { turnEndSilence } from "../turn-end.ts";
-import { Uplink } from "../uplink.ts";
+import { turnHangoverMs, Uplink } from "../uplink.ts";
 import { RealtimeLink } from "./link.ts";
 import { errorOf, historyItems, obj, REALTIME_RATE, type RealtimeTool, type ServerEvent, type SessionSettings, sessionUpdate, str } from "./wire.ts";
 
@@ -165,6 +165,8 @@ export class RealtimeBridge {
       codec: this.codec,
       payloadType: o.payloadType,
       audioLevelId: o.audioLevelId,
+      // The model's own detector (or the node's) ends the turn on the silence after speech: it must not wait in the look-back.
+      hangoverMs: turnHangoverMs(o.config.turn),
       pcm: (pcm) => this.hear(pcm),
       now: () => o.clock.now(),
     });
