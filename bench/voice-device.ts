@@ -29,6 +29,13 @@ export interface BargeReport {
   onset_to_silence_ms: number | undefined;
   /** Onset → the interrupted reply's EOS, stamped by the server as its last audio packet went out (one machine, one wall clock). */
   onset_to_last_packet_ms: number | undefined;
+  /**
+   * Onset (the interrupting speech's first voiced block handed to the stack) → the reply's audio paused at the
+   * device: its last audible block before a gap of more than PAUSE_GAP_MS (voice.md §7 "Interruptions", §2's 250 ms).
+   */
+  onset_to_reply_paused_ms?: number | undefined;
+  /** That gap's length (up to the report; long: the pause, not a breath in the reply). */
+  reply_pause_gap_ms?: number | undefined;
   interrupted: boolean;
 }
 export interface FillerReport {
@@ -56,6 +63,19 @@ const pcmFile = (name: string | undefined) => {
 };
 const story = pcmFile(process.env.STORY_FILE);
 const filler = pcmFile(process.env.FILLER_FILE);
+/** A gap in the reply's audible blocks longer than this is the device no longer hearing it. */
+const PAUSE_GAP_MS = 100;
+
+/** The last audible block (times: performance.now(), ascending) before the first gap > PAUSE_GAP_MS that begins at or after `onset`. */
+function pausedAt(times: number[], onset: number, end: number): { at: number; gap: number } {
+  const after = times.filter((t) => t >= onset);
+  if (after.length === 0) return { at: onset, gap: end - onset };
+  for (let i = 0; i < after.length; i++) {
+    const next = after[i + 1] ?? end;
+    if (next - after[i]! > PAUSE_GAP_MS) return { at: after[i]!, gap: next - after[i]! };
+  }
+  return { at: after.at(-1)!, gap: 0 };
+}
 
 /** Resolves with the next event matching `match` (label and type). */
 function next(
@@ -118,19 +138,34 @@ async function conversation(index: number): Promise<void> {
         await mic.say(question);
         await audio;
         await sleep(700);
+        // Every audible block from here on, to find when the reply stopped being heard.
+        const audible: number[] = [];
+        const speaker = conn.speaker;
+        const block = speaker.block.bind(speaker);
+        speaker.block = (samples, rate) => {
+          const before = speaker.lastAudibleAt;
+          block(samples, rate);
+          if (speaker.lastAudibleAt !== before && speaker.lastAudibleAt !== undefined) audible.push(speaker.lastAudibleAt);
+        };
         const onsetUnixMs = Date.now();
         const onset = performance.now();
+        mic.firstVoicedAt = undefined;
         const said = mic.say(question);
         const eos = await end.then(
           (e) => e,
           () => undefined,
         );
         await sleep(300);
+        speaker.block = block;
         const last = conn.speaker.lastAudibleAt;
+        const voiced = mic.firstVoicedAt;
+        const paused = voiced !== undefined ? pausedAt(audible, voiced, performance.now()) : undefined;
         send({
           type: "barge",
           onset_to_silence_ms: last !== undefined && last > onset ? last - onset : 0,
           onset_to_last_packet_ms: eos?.timestampUnixMs !== undefined ? Number(eos.timestampUnixMs) - onsetUnixMs : undefined,
+          onset_to_reply_paused_ms: paused && voiced !== undefined ? paused.at - voiced : undefined,
+          reply_pause_gap_ms: paused?.gap,
           interrupted: eos !== undefined,
         });
         await said;

@@ -39,7 +39,7 @@ async function spokenFile(dir: string, name: string, text: string, voice: string
 }
 
 /** The `before` checkout: a directory as is, or a revision in a temporary worktree sharing this checkout's node_modules. */
-function beforeRoot(spec: string): { root: string; remove: () => void } {
+export function beforeRoot(spec: string): { root: string; remove: () => void } {
   if (existsSync(join(spec, "bin/perch"))) return { root: spec, remove: () => {} };
   const root = mkdtempSync(join(tmpdir(), "perch-bench-before-"));
   execFileSync("git", ["-C", ROOT, "worktree", "add", "--detach", root, spec], { stdio: "ignore" });

@@ -3,7 +3,7 @@
  * `perch serve`, and devices on `@roamhq/wrtc` in separate processes speaking a synthesised
  * question. Figures: end of speech → first reply packet at the server (`turn.metrics`) and at the
  * device (last voiced sample sent → first audible sample heard), for 1 conversation and for 20
- * concurrent ones taking turns; barge-in (speech onset → last reply packet sent, from the server's
+ * concurrent ones taking turns; barge-in (speech onset → reply paused at the device; → last reply packet sent, from the server's
  * EOS stamp; and → last reply sample heard); the share of downlink frames sent late; the server's
  * CPU and memory per conversation. A mixed phase (issue 24): BENCH_VOICE_MIXED_CONVERSATIONS (1)
  * conversations taking turns while BENCH_VOICE_MIXED_API (8) Compatible API clients loop on
@@ -16,6 +16,8 @@
  * proxy: the provider's own time to first byte and CPU are reported apart from the node's.
  *
  * Phase `taking` (bench/voice-turns.ts): turn-taking (voice.md §7) before and after, side by side.
+ * Phase `barge-ab` (bench/voice-barge.ts): barge-in (onset → reply paused at the device) before, after and
+ * after with audio threads off, side by side.
  *
  * BENCH_VOICE_TURNS (default 8), BENCH_VOICE_CONVERSATIONS (20), BENCH_VOICE_PROCESSES (4),
  * BENCH_VOICE_PHASES (default "one,crowd,mixed,barge,taking": the phases to run), BENCH_VOICE_STAGGER_MS
@@ -34,7 +36,8 @@ import { LONG_TEXT, loop, speechRequest, transcriptionRequest } from "./api-load
 import { firstTurnWithMemory, rewriteRates, withMemoryAgent } from "./memory.ts";
 import { benchConfig, ROOT, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
 import { startTimingProxy, type Timing } from "./timing-proxy.ts";
-import type { DeviceMessage, TurnReport } from "./voice-device.ts";
+import { bargeFigures, bargeSideBySide } from "./voice-barge.ts";
+import type { BargeReport, DeviceMessage, TurnReport } from "./voice-device.ts";
 import { realtimeVoiceBench } from "./voice-realtime.ts";
 import { turnTaking } from "./voice-turns.ts";
 
@@ -227,15 +230,17 @@ async function pipelineBench(ENGINES: "embedded" | "provider", PHASES: ReadonlyS
   const upstreamUrl = await new Promise<string>((resolve) => upstream.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
   const machine = () => ({ cores: availableParallelism(), load_1m: round(loadavg()[0]!) });
   let taking: unknown;
+  let bargeAb: unknown;
   try {
     taking = PHASES.has("taking") ? await turnTaking({ dir, upstreamUrl, question: file }) : undefined;
+    bargeAb = PHASES.has("barge-ab") ? await bargeSideBySide({ dir, upstreamUrl, question: file }) : undefined;
   } catch (err) {
     upstream.kill();
     throw err;
   }
-  if ([...PHASES].every((p) => p === "taking")) {
+  if ([...PHASES].every((p) => p === "taking" || p === "barge-ab")) {
     upstream.kill();
-    return { suite: "voice", machine: machine(), turn_taking: taking };
+    return { suite: "voice", machine: machine(), turn_taking: taking, barge_in_side_by_side: bargeAb };
   }
   const remote = ENGINES === "provider" ? await speechNode() : undefined;
   const server = await startServer({
@@ -378,14 +383,8 @@ async function pipelineBench(ENGINES: "embedded" | "provider", PHASES: ReadonlyS
         server_rss_mb: { before: rssBefore, peak: peakRss, per_conversation: round((peakRss - rssBefore) / CONVERSATIONS) },
       },
       memory,
-      barge_in: {
-        trials: barge.length,
-        interrupted: barge.filter((b) => b.type === "barge" && b.interrupted).length,
-        onset_to_last_reply_sample_ms: pct(barge.map((b) => (b.type === "barge" ? (b.onset_to_silence_ms ?? Number.NaN) : Number.NaN)).filter(Number.isFinite)),
-        onset_to_last_reply_packet_ms: pct(
-          barge.map((b) => (b.type === "barge" ? (b.onset_to_last_packet_ms ?? Number.NaN) : Number.NaN)).filter(Number.isFinite),
-        ),
-      },
+      barge_in: bargeFigures(barge.filter((b): b is BargeReport => b.type === "barge")),
+      barge_in_side_by_side: bargeAb,
       server_warnings: { count: server.warnings.count, last: server.warnings.last },
     };
   } finally {

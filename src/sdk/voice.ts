@@ -28,8 +28,10 @@ function rms(samples: Int16Array): number {
 export class Microphone {
   /** performance.now() when the last audible block of the last `say` was handed to the stack. */
   lastVoicedAt: number | undefined;
+  /** performance.now() when the first audible block of the last `say` to begin was handed to the stack. */
+  firstVoicedAt: number | undefined;
   private readonly source: AudioSourceLike;
-  private readonly queue: Array<{ pcm: Int16Array; done: () => void }> = [];
+  private readonly queue: Array<{ pcm: Int16Array; done: () => void; voiced?: boolean }> = [];
   private offset = 0;
   private timer: NodeJS.Timeout | undefined;
   private anchor = 0;
@@ -74,9 +76,11 @@ export class Microphone {
   private block(): void {
     const out = new Int16Array(BLOCK);
     let filled = 0;
+    let first: { voiced?: boolean } | undefined;
     while (filled < BLOCK && this.queue.length > 0) {
       const head = this.queue[0]!;
       const n = Math.min(BLOCK - filled, head.pcm.length - this.offset);
+      if (!head.voiced) first ??= head;
       out.set(head.pcm.subarray(this.offset, this.offset + n), filled);
       filled += n;
       this.offset += n;
@@ -86,7 +90,13 @@ export class Microphone {
         head.done();
       }
     }
-    if (filled > 0 && rms(out) > AUDIBLE_RMS) this.lastVoicedAt = performance.now();
+    if (filled > 0 && rms(out) > AUDIBLE_RMS) {
+      this.lastVoicedAt = performance.now();
+      if (first) {
+        first.voiced = true;
+        this.firstVoicedAt = this.lastVoicedAt;
+      }
+    }
     this.source.onData({ samples: out, sampleRate: DEVICE_RATE, bitsPerSample: 16, channelCount: 1, numberOfFrames: BLOCK });
   }
 }
