@@ -109,6 +109,31 @@ function serverCpu(pid: number): { process: number; main: number } {
   return { process: statCpu(`/proc/${pid}/stat`), main: statCpu(`/proc/${pid}/task/${pid}/stat`) };
 }
 
+/**
+ * CPU seconds of the server's threads grouped by thread name (/proc/<pid>/task/<tid>/comm): splits
+ * the main thread from libuv's pool, V8's, the audio threads (Node's workers) and node-datachannel's
+ * native threads (libdatachannel's, usrsctp's, libjuice's), whose names are whatever they set.
+ */
+function threadCpu(pid: number): Map<string, number> {
+  const out = new Map<string, number>();
+  let tasks: string[] = [];
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return out;
+  }
+  for (const tid of tasks) {
+    let name = "?";
+    try {
+      name = tid === String(pid) ? "main" : readFileSync(`/proc/${pid}/task/${tid}/comm`, "utf8").trim();
+    } catch {
+      continue;
+    }
+    out.set(name, (out.get(name) ?? 0) + statCpu(`/proc/${pid}/task/${tid}/stat`));
+  }
+  return out;
+}
+
 function rssMb(pid: number): number {
   try {
     return Number(/^VmRSS:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) / 1024;
@@ -268,6 +293,7 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
   const answeredBefore = await metric(side.server, "perch_voice_turns_total", 'result="answered"');
   const cpuBefore = treeCpu(pid);
   const serverBefore = serverCpu(pid);
+  const threadsBefore = threadCpu(pid);
   const started = performance.now();
   const rss: number[] = [];
   const sampler = setInterval(() => rss.push(treeRss(pid).total_mb), 1000);
@@ -275,7 +301,15 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
   clearInterval(sampler);
   const cpu = treeCpu(pid) - cpuBefore;
   const serverAfter = serverCpu(pid);
+  const threadsAfter = threadCpu(pid);
   const seconds = (performance.now() - started) / 1000;
+  // % of a core by thread name over the step (threads that ended during it are missed; a thread's
+  // name shared by several, e.g. a pool's, sums them).
+  const threadsPct: Record<string, number> = {};
+  for (const [name, after] of threadsAfter) {
+    const pctOfCore = round(((after - (threadsBefore.get(name) ?? 0)) / seconds) * 100);
+    if (pctOfCore >= 0.1) threadsPct[name] = pctOfCore;
+  }
   const collected = await collect();
   const answeredServer = (await metric(side.server, "perch_voice_turns_total", 'result="answered"')) - answeredBefore;
   for (const d of side.devices) d.tell({ type: "mode", mode: "idle" });
@@ -303,6 +337,7 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
     // The server process alone (its main thread, the audio threads, the WebRTC stack's), and its main thread: the one JavaScript thread signalling, agents and events share.
     server_process_cpu_percent: round(((serverAfter.process - serverBefore.process) / seconds) * 100),
     main_thread_cpu_percent: round(((serverAfter.main - serverBefore.main) / seconds) * 100),
+    threads_cpu_percent: threadsPct,
     rss_mb: { mean: round(rss.reduce((s, x) => s + x, 0) / Math.max(1, rss.length)), peak: round(Math.max(0, ...rss)) },
     ...(step.mode === "talk"
       ? {
