@@ -36,7 +36,8 @@ test("perch serve runs with the memory defaults of bin/perch, unless the operato
   delete process.env.MALLOC_ARENA_MAX;
   const none = { GLIBC_TUNABLES: "", NODE_OPTIONS: "" };
   const started = Promise.all([
-    spawnServer({ ...none, PERCH_DATA_DIR: join(dir, "plain") }),
+    // Recognition preloaded: a node with no agent starts its engines only on first use (docs/voice.md).
+    spawnServer({ ...none, PERCH_DATA_DIR: join(dir, "plain"), PERCH_ENGINES_PRELOAD: "recognition" }),
     spawnServer({ ...none, PERCH_DATA_DIR: join(dir, "operators"), MALLOC_ARENA_MAX: "7", NODE_OPTIONS: "--max-semi-space-size=4" }),
   ]);
   if (inherited !== undefined) process.env.MALLOC_ARENA_MAX = inherited;
