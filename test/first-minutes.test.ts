@@ -242,7 +242,10 @@ describe("the README's recipes, as written", () => {
     const upstream = await startFakeUpstream();
     upstream.defaultReply = (body) => {
       const asked = (body.messages as Array<{ content: string }>).at(-1)!.content;
-      return { content: /what is the weather like today/i.test(asked) ? "It is sunny and warm." : `I heard: ${asked}` };
+      // The question's words up to its last one: Moonshine hears this voice's last word as "today"
+      // or "to be" depending on the smallest change in the audio (the uplink's decoding rate was
+      // enough), and the recipe is about the way in, not the recogniser's accuracy (bench speech).
+      return { content: /what is the weather like/i.test(asked) ? "It is sunny and warm." : `I heard: ${asked}` };
     };
     const server = await startTestServer({ config: talkerConfig(upstream.url) });
     const dir = tempDir();
