@@ -63,7 +63,9 @@ for (const store of STORES) {
     // node-datachannel peers and the devices' libwebrtc ones, not yet traced to either side. Skipped
     // there until it is (docs/decisions.md, "Known: a native crash"); SQLite runs it.
     const nativeCrash = store.name === "postgres" && !process.env.PERCH_TEST_NATIVE_CRASH;
-    test("50 devices blocked the moment they are connected, one after another, by another process's store: each connection closed within 2 s", { skip: nativeCrash && "SIGSEGV now and then on PostgreSQL (PERCH_TEST_NATIVE_CRASH=1 runs it)" }, async () => {
+    test("50 devices blocked the moment they are connected, one after another, by another process's store: each connection closed within 2 s", {
+      skip: nativeCrash && "SIGSEGV now and then on PostgreSQL (PERCH_TEST_NATIVE_CRASH=1 runs it)",
+    }, async () => {
       // What `perch peers block` does, without 50 process starts: its own store and bus, a transaction of its own.
       const other = await Store.open(databaseUrl, server.dataDir, { readWorkers: 0 });
       const bus: EventBus = await openEventBus(databaseUrl, { listen: false });
