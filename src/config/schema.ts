@@ -428,6 +428,18 @@ export const ConfigSchema = z
           default_text: "the listen address",
         }),
       ),
+    tls: z
+      .strictObject({
+        cert_file: z.string().min(1).meta(info("the certificate (PEM), with its chain when it has one")),
+        key_file: z.string().min(1).meta(info("its private key (PEM)")),
+      })
+      .optional()
+      .meta(
+        info(
+          "serve HTTPS instead of HTTP on `port` (the app's pairing link then says `https`); both files are read at start-up, which refuses one it cannot read or a key that does not match the certificate",
+          { default_text: "none: plain HTTP" },
+        ),
+      ),
     node_name: z
       .string()
       .min(1)
