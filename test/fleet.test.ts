@@ -172,10 +172,55 @@ describe("devices come back by themselves (fleet.md §4)", () => {
     const attempts = log.filter((e) => e.event === "attempt") as Array<Extract<ReconnectLog, { event: "attempt" }>>;
     assert.equal(attempts[1]!.after, "node.reconnect");
     assert.equal(attempts[1]!.delay_ms, 0);
-    // Back-off after the failures: 0.5 s doubling, ±20 %.
-    const later = attempts.slice(2).map((a) => a.delay_ms);
-    if (later.length > 0) assert.ok(later[0]! >= 400 && later[0]! <= 600, `first back-off ${later[0]}`);
+    // After a refusal, never sooner than its Retry-After; after a failure, the back-off (0.5 s doubling to 10 s, ±20 %).
+    for (let i = 2; i < attempts.length; i++) {
+      const { after, delay_ms } = attempts[i]!;
+      if (after === "refused") assert.ok(delay_ms >= 800, `an attempt ${delay_ms} ms after a 503 with Retry-After: 1`);
+      else assert.ok(after === "error" && delay_ms >= 400 && delay_ms <= 12_000, `attempt ${i}: ${after} ${delay_ms} ms`);
+    }
     await device.close();
     await second.stop();
+  });
+});
+
+describe("the SDK's back-off", () => {
+  test("0.5 s doubling, with ±20 % jitter; a 503's Retry-After is waited out; a refusal no retry can fix stops the device", async () => {
+    const s = await startTestServer({ config: { fleet: { max_cpu: 0 } } });
+    const log: ReconnectLog[] = [];
+    let calls = 0;
+    const headers = new Headers({ "retry-after": "2" });
+    const device = new StayConnected({
+      baseUrl: s.url,
+      keyPair: generateKeyPair(),
+      // The lowest jitter: each delay is 80 % of its step.
+      random: () => 0,
+      log: (e) => log.push(e),
+      // The network fails three times, then a node is full once, then the real connection.
+      connect: async (o) => {
+        calls++;
+        if (calls <= 3) throw new Error("connect ECONNREFUSED");
+        if (calls === 4) throw new OfferError(503, "NODE_FULL", "full", headers);
+        return (await import("../src/sdk/webrtc.ts")).PerchConnection.connect(o);
+      },
+    });
+    const conn = await within(device.connected(), 20_000, "connected");
+    const delays = log.filter((e) => e.event === "attempt").map((e) => (e as { delay_ms: number }).delay_ms);
+    // The refusal: the longer of its Retry-After (2 s) and the back-off (4 s), both jittered.
+    assert.deepEqual(delays, [0, 400, 800, 1600, 3200]);
+    assert.ok(log.some((e) => e.event === "refused" && e.code === "NODE_FULL" && e.retry_after_s === 2));
+    conn.close();
+    await device.close();
+
+    const blocked = new StayConnected({
+      baseUrl: s.url,
+      keyPair: generateKeyPair(),
+      connect: async () => {
+        throw new OfferError(403, "PEER_BLOCKED", "blocked", new Headers());
+      },
+    });
+    await within(blocked.finished(), 5_000, "the device gave up");
+    assert.equal(blocked.error?.code, "PEER_BLOCKED");
+    await assert.rejects(blocked.connected(), /PEER_BLOCKED/);
+    await s.stop();
   });
 });
