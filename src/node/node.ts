@@ -38,6 +38,7 @@ import { completeText, MemoryRewriter } from "../voice/memory-rewriter.ts";
 import { VoiceService } from "../voice/service.ts";
 import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
 import { EngineHost, type EngineParts, enginesAtStart } from "./engines.ts";
+import { CpuWindow, Fleet } from "./fleet.ts";
 import { Closers, Jobs } from "./jobs.ts";
 import { BatchedLines } from "./log-lines.ts";
 import { nodeWebRtcPort } from "./webrtc-port.ts";
@@ -63,6 +64,8 @@ export interface StartOptions {
   cleanupIntervalMs?: number;
   /** After how long without an event a Side Control event stream gets a keep-alive comment (default 15 s). */
   liveKeepAliveMs?: number;
+  /** The process's CPU over the last 5 s as a share of one core (default measured: `CpuWindow`); tests give their own. */
+  cpuShare?: () => number;
 }
 
 export interface RunningServer {
@@ -89,6 +92,15 @@ export interface RunningServer {
   chat: ChatService;
   /** Stops accepting, lets in-flight requests finish, then the node leaves and closes the store. */
   close(): Promise<void>;
+  /**
+   * Drains (fleet.md §3): refuses new devices at once, hands each connected device to another
+   * node once it is not talking (`node.reconnect`), then closes as `close()` does. Resolves once closed.
+   */
+  drain(): Promise<void>;
+  /** Resolves once the node closed, however (a drain asked through the store ends the node too). */
+  readonly finished: Promise<void>;
+  /** The node's state in its fleet now. */
+  fleetState(): "serving" | "full" | "draining";
 }
 
 const CLEANUP_INTERVAL_MS = 60_000;
@@ -157,6 +169,13 @@ export class Node {
   private joining: Promise<void> | undefined;
   private listening = false;
   private closing: Promise<void> | undefined;
+  private draining: Promise<void> | undefined;
+  /** This node's state in its fleet (fleet.md): admission and drain. */
+  readonly fleet: Fleet;
+  private voice: VoiceService | undefined;
+  private finish: () => void = () => {};
+  /** Resolves once the node closed. */
+  readonly finished: Promise<void> = new Promise((resolve) => (this.finish = resolve));
 
   /** Checks the configuration, opens the store and the event bus, and wires the node; listens on nothing. */
   static async build(o: StartOptions): Promise<Node> {
@@ -223,6 +242,12 @@ export class Node {
       () => engines.states(),
     );
     this.jobs = new Jobs(this.logger);
+    const cpu = o.cpuShare ? undefined : new CpuWindow();
+    if (cpu) this.closers.defer(async () => cpu.stop());
+    this.fleet = new Fleet(config.fleet, {
+      counts: () => ({ connections: this.transport?.size ?? 0, conversations: this.voice?.size ?? 0 }),
+      cpu: o.cpuShare ?? (() => cpu!.share()),
+    });
     const { speech, transcription } = engines;
     const catalog = new Catalog(config, {
       ...(speech ? { speech: { voices: speech.voices } } : {}),
@@ -294,7 +319,8 @@ export class Node {
       logger: this.logger,
       metrics: this.metrics,
       version: build.version,
-      webrtc: webrtcEnabled ? nodeWebRtcPort(this) : undefined,
+      webrtc: webrtcEnabled ? { ...nodeWebRtcPort(this), admit: () => this.fleet.admit() } : undefined,
+      fleetState: () => this.fleet.state(),
       // Test surfaces first: of surfaces sharing a base, the first mounted answers its unrouted paths.
       surfaces: (callers) => [...(this.o.surfaces?.() ?? []), this.compat()(callers)],
       // A wildcard listen address is not one a client can dial, so then the request's Host is used.
@@ -345,7 +371,9 @@ export class Node {
    * is cleared, and its heartbeat (which makes its peers' records and its event streams count) starts.
    */
   private async join(): Promise<void> {
-    this.joining = this.domain.presence.join();
+    this.joining = this.domain.presence.join(
+      this.config.public_endpoint ?? this.hostPort(this.config.host === "0.0.0.0" || this.config.host === "::" ? "127.0.0.1" : this.config.host),
+    );
     try {
       await this.joining;
     } finally {
@@ -354,6 +382,12 @@ export class Node {
     this.heartbeat = this.domain.presence.startHeartbeat({
       onError: (err) => this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
       onRecovered: () => this.logger.info("node heartbeat written again"),
+      report: () => this.fleet.report(),
+      onDrainRequested: () => {
+        if (this.draining || this.closing) return;
+        this.logger.info("a drain of this node was asked through the store");
+        void this.drain();
+      },
     });
   }
 
@@ -394,6 +428,7 @@ export class Node {
       memory: this.memory,
     });
     this.closers.defer(() => voice.close());
+    this.voice = voice;
     return voice;
   }
 
@@ -459,13 +494,39 @@ export class Node {
       engines,
       chat,
       close: () => this.close(),
+      drain: () => this.drain(),
+      finished: this.finished,
+      fleetState: () => this.fleet.state(),
     };
   }
 
   /** Shuts the node down from whatever step it reached; once (later calls get the same promise). */
   close(): Promise<void> {
-    this.closing ??= this.shutdown();
+    this.closing ??= this.shutdown().finally(() => this.finish());
     return this.closing;
+  }
+
+  /**
+   * Drains (fleet.md §3), once: state `draining` at once (offers and `/readyz` 503, its row says so),
+   * Side Control event streams closed (their apps reconnect through the balancer), each device
+   * handed over with `node.reconnect` when not talking, whatever is left after
+   * `fleet.drain_timeout_s` the same way; then `close()` (in-flight requests answered, the row
+   * `gone`, the store closed). A `close()` meanwhile stops at once.
+   */
+  drain(): Promise<void> {
+    this.draining ??= (async () => {
+      if (this.closing) return this.closing;
+      this.fleet.startDraining();
+      const deadline = performance.now() + this.config.fleet.drain_timeout_s * 1000;
+      this.logger.info({ connections: this.transport?.size ?? 0, timeout_s: this.config.fleet.drain_timeout_s }, "draining");
+      this.logger.flush();
+      // The row says draining now, not at the next beat (an operator's `perch nodes` sees it at once).
+      if (this.heartbeat) await this.domain.presence.beat(this.fleet.report()).catch((err) => this.logger.warn({ err }, "could not write the draining state"));
+      this.domain.live.close();
+      await this.transport?.drain(deadline);
+      await this.close();
+    })();
+    return this.draining;
   }
 
   /**

@@ -77,6 +77,7 @@ export async function startTestServer(
     cleanupIntervalMs?: number;
     liveKeepAliveMs?: number;
     engines?: StartOptions["engines"];
+    cpuShare?: () => number;
   } = {},
 ): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
@@ -104,6 +105,7 @@ export async function startTestServer(
     ...(o.surfaces ? { surfaces: o.surfaces } : {}),
     ...(o.cleanupIntervalMs ? { cleanupIntervalMs: o.cleanupIntervalMs } : {}),
     ...(o.liveKeepAliveMs ? { liveKeepAliveMs: o.liveKeepAliveMs } : {}),
+    ...(o.cpuShare ? { cpuShare: o.cpuShare } : {}),
     // The test process's shared engine host unless the test brings its own.
     engines: o.engines ?? engines(),
   });
