@@ -6,6 +6,7 @@ import { ConversationService } from "./conversations.ts";
 import { StoreUnavailable } from "./errors.ts";
 import { type LiveOptions, LiveService } from "./live.ts";
 import { MemoryService } from "./memory.ts";
+import { NodeService } from "./nodes.ts";
 import { PeerService } from "./peers.ts";
 import { PresenceService } from "./presence.ts";
 import { SideControlService } from "./side-control.ts";
@@ -29,6 +30,7 @@ export class Domain {
   readonly signaling: SignalingService;
   readonly presence: PresenceService;
   readonly live: LiveService;
+  readonly nodes: NodeService;
 
   readonly ctx: DomainContext;
 
@@ -45,6 +47,7 @@ export class Domain {
     this.signaling = new SignalingService(ctx, this.auth);
     this.presence = new PresenceService(ctx);
     this.live = new LiveService(ctx, this.peers, o.live);
+    this.nodes = new NodeService(ctx);
   }
 
   /** Readiness: the store answers within `timeoutMs`; else `StoreUnavailable`. */
