@@ -7,7 +7,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { Command } from "commander";
-import { type Config, ConfigError, loadConfig } from "../config/config.ts";
+import { type Config, ConfigError, configFile, loadConfig } from "../config/config.ts";
 import { canonicalKey, encodeKey, generateKeyPair } from "../crypto/keys.ts";
 import type { Domain } from "../domain/index.ts";
 import { registerDeviceCommands } from "./device.ts";
@@ -76,7 +76,7 @@ async function serve(): Promise<void> {
   try {
     server = await startServer({ config, warmUp: true });
   } catch (err) {
-    fail(listenFailure(err, config) ?? String((err as Error)?.stack ?? err));
+    fail(listenFailure(err, config) ?? (err instanceof ConfigError ? err.message : String((err as Error)?.stack ?? err)));
   }
   // However the node ends (a drain asked through the store included), the process exits 0 once its store is closed.
   server.finished.then(
@@ -123,7 +123,18 @@ function nodeTable(rows: Awaited<ReturnType<Domain["nodes"]["list"]>>): string {
     .join("\n");
 }
 
-const program = new Command("perch").description("Perch: a server for connected AI devices. Settings come from PERCH_* variables and PERCH_CONFIG.");
+// With PERCH_CONFIG unset, ./perch.yaml (or .yml, .json) here is the configuration of the server
+// and of every command (the port `device … connect` dials, the scheme of the phone link).
+try {
+  const file = configFile();
+  if (file !== undefined && process.env.PERCH_CONFIG === undefined) process.env.PERCH_CONFIG = file;
+} catch (err) {
+  fail((err as Error).message);
+}
+
+const program = new Command("perch").description(
+  "Perch: a server for connected AI devices. Settings come from PERCH_* variables and the file PERCH_CONFIG names (when unset, ./perch.yaml, .yml or .json).",
+);
 
 program.command("serve", { isDefault: true }).description("run the server").action(serve);
 

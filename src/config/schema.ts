@@ -198,6 +198,13 @@ const AgentConfig = z.strictObject({
     .max(4_194_304)
     .default(65_536)
     .meta(info("a device or MCP server tool's result reaches the model cut to this many characters, with a note that it was cut")),
+  tool_arguments_max_chars: z
+    .number()
+    .int()
+    .min(2)
+    .max(1_048_576)
+    .default(65_536)
+    .meta(info("a tool call's arguments longer than this are not parsed and the call is not run: the model gets a tool error saying so")),
   max_steps: z.number().int().min(1).max(32).default(4).meta(info("model calls of one request at most; the last offers no tools, so the model has to answer")),
   max_tokens: z
     .number()
@@ -427,6 +434,18 @@ export const ConfigSchema = z
         info("`host:port` clients should use, published in `/server-info` and used by `perch device … token` for the phone link", {
           default_text: "the listen address",
         }),
+      ),
+    tls: z
+      .strictObject({
+        cert_file: z.string().min(1).meta(info("the certificate (PEM), with its chain when it has one")),
+        key_file: z.string().min(1).meta(info("its private key (PEM)")),
+      })
+      .optional()
+      .meta(
+        info(
+          "serve HTTPS instead of HTTP on `port` (the app's pairing link then says `https`); both files are read at start-up, which refuses one it cannot read or a key that does not match the certificate",
+          { default_text: "none: plain HTTP" },
+        ),
       ),
     node_name: z
       .string()

@@ -26,6 +26,7 @@ import { createHttpServer } from "../http/listener.ts";
 import { Metrics } from "../http/metrics.ts";
 import type { Callers } from "../http/principal.ts";
 import type { Surface } from "../http/surface.ts";
+import { readTlsFiles, type TlsFiles } from "../http/tls.ts";
 import { toolSummary } from "../mcp/device.ts";
 import { Store } from "../store/index.ts";
 import { startTransport } from "../transport/start.ts";
@@ -121,6 +122,7 @@ interface Opened {
   store: Store;
   events: EventBus;
   closers: Closers;
+  tls: TlsFiles | undefined;
 }
 
 /**
@@ -155,6 +157,8 @@ export class Node {
   private readonly app: HttpApp;
   /** Serves one request in process, through the exchange, as the listener would (no port taken; the fast tests' layer). */
   readonly request: (path: string, init?: RequestInit) => Promise<Response>;
+  /** `https` when `tls` is configured. */
+  private readonly scheme: "http" | "https";
   private readonly compat: (base?: string) => (callers: Callers) => Surface;
   /** The node's voice activity detector, and each agent's voice engines (from the catalog). */
   private readonly voiceEngines: { activity: VoiceActivityPort | undefined; engineFor: EngineFor };
@@ -192,6 +196,8 @@ export class Node {
           : EngineHost.embedded(config.agents.length > 0 ? config.engines : { ...config.engines, fast_recognition_after_ms: false });
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
+    // The certificate before anything is opened: a file that cannot serve stops the start here.
+    const tls = config.tls ? readTlsFiles(config.tls) : undefined;
     const keyPair = loadOrCreateServerKey(config.server_key_file ?? join(config.data_dir, "server.key"));
     const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
     const closers = new Closers();
@@ -210,7 +216,7 @@ export class Node {
         },
       });
       closers.defer(() => events.close());
-      return new Node(o, engines, { logger, serverKey, store, events, closers });
+      return new Node(o, engines, { logger, serverKey, store, events, closers, tls });
     } catch (err) {
       await closers.close();
       throw err;
@@ -288,15 +294,18 @@ export class Node {
         ...(base ? { base } : {}),
       });
     this.app = this.createApp();
-    this.httpServer = createHttpServer({
+    const served = {
       // Requests wait while the node joins: what they write (an event stream's slot) must come after what the join clears.
       listener: listenerOf(this.app, () => this.joining),
       requestTimeoutMs: config.http.request_timeout_ms,
       maxConnections: config.http.max_connections,
       logger: this.logger,
       metrics: this.metrics,
-    });
-    this.request = inProcess(this.httpServer);
+    };
+    this.httpServer = createHttpServer({ ...served, tls: opened.tls });
+    this.scheme = opened.tls ? "https" : "http";
+    // In-process requests are plain HTTP on a server of their own when the port serves HTTPS.
+    this.request = inProcess(opened.tls ? createHttpServer(served) : this.httpServer);
   }
 
   private createApp(): HttpApp {
@@ -439,7 +448,10 @@ export class Node {
   private announce(): void {
     // Written at any level but "silent": operators and scripts look for it.
     const startup = this.logger.level === "silent" ? this.logger : this.logger.child({}, { level: "info" });
-    startup.info({ address: this.hostPort(this.config.host), server_public_key: this.serverKey.publicKeyText, store: this.store.dialect }, "perch listening");
+    startup.info(
+      { address: this.hostPort(this.config.host), scheme: this.scheme, server_public_key: this.serverKey.publicKeyText, store: this.store.dialect },
+      "perch listening",
+    );
     const wanted = enginesAtStart(this.config);
     // flite's warm-up for agents is the command line's (`warmUp`): test servers sharing one host leave it to the first sentence.
     const { preload } = this.config.engines;
@@ -469,7 +481,7 @@ export class Node {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
     const { domain, store, httpServer, request, transport, events, commands, memory, engines, chat } = this;
     return {
-      url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
+      url: `${this.scheme}://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
       domain,
       store,
