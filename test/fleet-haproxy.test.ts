@@ -160,7 +160,10 @@ describe("a fleet behind HAProxy: admission, a rolling restart with devices talk
     );
     // Both full: the offer is refused, by a node (NODE_FULL) or by the balancer with no node ready.
     const err = await PerchConnection.connect({ baseUrl: lb, keyPair: generateKeyPair() }).then(
-      (c) => (c.close(), undefined),
+      (c) => {
+        c.close();
+        return undefined;
+      },
       (e: unknown) => e,
     );
     assert.ok(err instanceof OfferError && err.status === 503, `refused: ${String(err)}`);
