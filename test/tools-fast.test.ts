@@ -6,10 +6,10 @@ import { Registry } from "prom-client";
 import { z } from "zod";
 import { Toolbox, toolMessageText } from "../src/ai/agents/toolbox.ts";
 import { loadConfig } from "../src/config/config.ts";
-import { ToolMetrics } from "../src/mcp/metrics.ts";
-import { McpServers } from "../src/mcp/servers.ts";
 import { acceptTools, type OfferedTool } from "../src/mcp/bounds.ts";
+import { ToolMetrics } from "../src/mcp/metrics.ts";
 import { fromCallResult } from "../src/mcp/results.ts";
+import { McpServers } from "../src/mcp/servers.ts";
 import type { VoiceEvents } from "../src/voice/peer-events.ts";
 import { toolEvents } from "../src/voice/tool-events.ts";
 import { SdkHttpServer } from "./support/mcp.ts";
@@ -78,15 +78,12 @@ describe("a model's tool arguments are bounded before anything parses them (tool
     });
     try {
       await servers.tried();
-      const config = loadConfig(
-        {},
-        {
-          providers: [{ id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" }],
-          models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "m" }],
-          mcp_servers: [{ id: "home", url: server.url }],
-          agents: [{ id: "a", model: "m", tools: ["home.*"], tool_arguments_max_chars: 100 }],
-        } as never,
-      );
+      const config = loadConfig({}, {
+        providers: [{ id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" }],
+        models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "m" }],
+        mcp_servers: [{ id: "home", url: server.url }],
+        agents: [{ id: "a", model: "m", tools: ["home.*"], tool_arguments_max_chars: 100 }],
+      } as never);
       // The domain and devices are not on this path: a server tool for an API-key caller.
       const box = new Toolbox({ domain: {} as never, servers, devices: () => undefined, metrics, providers: config.providers, models: config.models });
       const kit = box.forRun(config.agents[0]!, config.models[0]!, { kind: "application", name: "k", models: [] });

@@ -448,7 +448,11 @@ export class RealtimeBridge {
           return;
         }
         // Recoverable (voice.md §6): the session stays open; only the turn in progress fails.
-        this.o.log("warn", { agent: this.o.agent.id, provider: this.o.agent.provider, code: err.code, reason: err.message }, "the realtime model reported an error");
+        this.o.log(
+          "warn",
+          { agent: this.o.agent.id, provider: this.o.agent.provider, code: err.code, reason: err.message },
+          "the realtime model reported an error",
+        );
         this.failTurn(`the model reported an error: ${err.code}: ${err.message}`);
         return;
       }
