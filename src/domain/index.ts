@@ -11,6 +11,7 @@ import { PresenceService } from "./presence.ts";
 import { SideControlService } from "./side-control.ts";
 import { SignalingService } from "./signaling.ts";
 import { TelemetryService } from "./telemetry.ts";
+import { UsageService } from "./usage.ts";
 
 export type { DomainContext } from "./context.ts";
 export { DomainError, StoreUnavailable } from "./errors.ts";
@@ -29,6 +30,7 @@ export class Domain {
   readonly signaling: SignalingService;
   readonly presence: PresenceService;
   readonly live: LiveService;
+  readonly usage: UsageService;
 
   readonly ctx: DomainContext;
 
@@ -45,6 +47,8 @@ export class Domain {
     this.signaling = new SignalingService(ctx, this.auth);
     this.presence = new PresenceService(ctx);
     this.live = new LiveService(ctx, this.peers, o.live);
+    this.usage = new UsageService(ctx);
+    this.peers.onRemoved((key) => this.usage.meter.forgetDevice(key, true));
   }
 
   /** Readiness: the store answers within `timeoutMs`; else `StoreUnavailable`. */

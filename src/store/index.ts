@@ -18,6 +18,7 @@ import { RuntimeRepository } from "./runtime.ts";
 import { SessionRepository } from "./sessions.ts";
 import { StatusRepository } from "./status.ts";
 import { type QueryRunner, TelemetryRepository } from "./telemetry.ts";
+import { UsageRepository } from "./usage.ts";
 import { WriteMemory, WriteMemoryUnit } from "./write-memory.ts";
 
 export type { Db } from "./database.ts";
@@ -39,6 +40,7 @@ export class Repositories {
   readonly locks: LockRepository;
   readonly liveStreams: LiveStreamRepository;
   readonly busMessages: BusMessageRepository;
+  readonly usage: UsageRepository;
 
   /**
    * `authChanged`: told of each write that can end a session's authentication (see `Store.authStamp`).
@@ -60,6 +62,7 @@ export class Repositories {
     this.memories = new MemoryRepository(db, dialect, secureWrites);
     this.liveStreams = new LiveStreamRepository(db, dialect);
     this.busMessages = new BusMessageRepository(db, dialect);
+    this.usage = new UsageRepository(db, dialect);
   }
 }
 
