@@ -13,7 +13,7 @@ import { connect, eventually } from "./support/webrtc.ts";
 /** Runs the `perch` command line and parses its JSON output. */
 function perch(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    execFile(join(ROOT, "bin/perch"), args, { env: { ...process.env, ...env }, timeout: 30_000 }, (err, stdout, stderr) => {
+    execFile(join(ROOT, "bin/perch"), args, { env: { PERCH_CONFIG: "", ...process.env, ...env }, timeout: 30_000 }, (err, stdout, stderr) => {
       resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
     });
   });

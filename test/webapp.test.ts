@@ -9,8 +9,9 @@ import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { create, toBinary } from "@bufbuild/protobuf";
+import { x25519 } from "@noble/curves/ed25519.js";
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
-import { encodeKey } from "../src/crypto/keys.ts";
+import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { RpcMethod, ServerPutInfoRequestSchema } from "../src/protocol/gen/rpc_pb.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
@@ -19,7 +20,21 @@ import { connect } from "./support/webrtc.ts";
 
 const CHROMIUM = process.env.PERCH_TEST_CHROMIUM || "/usr/bin/chromium";
 const ARTIFACTS = join(ROOT, "test-artifacts");
-const ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+/**
+ * The phone reaches the server by a LAN-style name, as on a home network: Chromium resolves it to
+ * the loopback address itself, so no traffic leaves this machine, and the page is what a phone at
+ * `http://<lan name>:<port>/app/` gets: not a secure context (no `crypto.subtle`).
+ */
+const LAN_NAME = "perch-box.lan";
+const ARGS = [
+  "--no-sandbox",
+  "--disable-gpu",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  `--host-resolver-rules=MAP ${LAN_NAME} 127.0.0.1`,
+];
 
 /** Reports battery (and GNSS, when given) as the device's telemetry. */
 function report(conn: PerchConnection, battery: number, position?: [number, number]): void {
@@ -50,18 +65,19 @@ async function shot(page: Page, name: string): Promise<void> {
  * The contrast ratio of every visible text element against the background it sits on (WCAG 2
  * formula): the texts below AA. A string, so that the test runner's transform adds nothing the page lacks.
  */
-/** The controller key as the app keeps it (IndexedDB `perch`, store `keys`), and what the page's script can do with it. */
+/** The controller key as the app keeps it (IndexedDB `perch`, store `keys`). */
 const STORED_KEY = `(async () => {
   const db = await new Promise((resolve, reject) => { const r = indexedDB.open("perch"); r.onsuccess = () => resolve(r.result); r.onerror = () => reject(r.error); });
   const v = await new Promise((resolve, reject) => { const r = db.transaction("keys").objectStore("keys").get("controller"); r.onsuccess = () => resolve(r.result); r.onerror = () => reject(r.error); });
   db.close();
-  if (!v) return null;
-  let exported = "refused";
-  try { await crypto.subtle.exportKey("pkcs8", v.privateKey); exported = "exported"; } catch {}
-  return { kind: v.kind, cryptoKey: v.privateKey instanceof CryptoKey, extractable: v.privateKey.extractable, type: v.privateKey.type,
-    algorithm: v.privateKey.algorithm.name, exported, publicKey: Array.from(v.publicKey) };
+  return v ? { kind: v.kind, secret: Array.from(v.secret) } : null;
 })()`;
-type StoredKey = { kind: string; cryptoKey: boolean; extractable: boolean; type: string; algorithm: string; exported: string; publicKey: number[] };
+/** The public key (base58) of the controller key the page keeps. */
+async function storedPublicKey(page: Page): Promise<string> {
+  const stored = (await page.evaluate(STORED_KEY)) as { kind: string; secret: number[] } | null;
+  assert.equal(stored?.kind, "noble");
+  return encodeKey(x25519.getPublicKey(Uint8Array.from(stored.secret)));
+}
 
 const LOW_CONTRAST = `(() => {
   const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
@@ -103,6 +119,9 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
   let device: PerchClient;
   const dataDir = tempDir();
   const pageLog: string[] = [];
+  /** The app as the phone opens it: at the LAN-style name. */
+  const app = (path = "") => `http://${LAN_NAME}:${server.port}/app/${path}`;
+  const bearerOf = (p: Page) => p.evaluate(() => JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token) as Promise<string | undefined>;
 
   before(async () => {
     assert.ok(
@@ -156,9 +175,17 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     assert.equal((await fetch(`${server.url}/app/assets/main-AAAAAAAA.js`)).status, 404);
   });
 
-  test("pairs from a token link; the device live; a chart and a track; contacts with a 409 beside the field", async () => {
+  test("pairs from a token link at a LAN name over plain HTTP (no secure context); the device live; a chart and a track; contacts with a 409 beside the field", async () => {
+    await page.goto(app());
+    await page.getByLabel("Device token").waitFor();
+    assert.deepEqual(
+      await page.evaluate(() => ({ secure: window.isSecureContext, subtle: typeof crypto.subtle, host: location.hostname })),
+      { secure: false, subtle: "undefined", host: LAN_NAME },
+      "the page is where a phone on the LAN gets it: no secure context, no WebCrypto",
+    );
+    await page.goto("about:blank");
     const token = await device.createDeviceToken();
-    await page.goto(`${server.url}/app/#token=${token.token}`);
+    await page.goto(app(`#token=${token.token}`));
     const deviceRegion = page.getByRole("region", { name: "Device", exact: true });
     await deviceRegion.waitFor();
     assert.equal(new URL(page.url()).hash, "", "the token is taken out of the address");
@@ -213,6 +240,43 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     await contacts.getByText("No contacts yet.").waitFor();
   });
 
+  test("a used or wrong link opened on a paired phone says why it was not used and keeps the pairing; a new link pairs anew", async () => {
+    const bearer = await bearerOf(page);
+    assert.ok(bearer);
+    const [used] = (await device.sideControlSessions()).items;
+    assert.ok(used);
+    // A link already used (by another phone), and one that never was a token.
+    const consumed = await device.createDeviceToken();
+    const otherPhone = generateKeyPair();
+    await new PerchClient({ baseUrl: server.url, keyPair: otherPhone }).login({ deviceToken: consumed.token });
+    for (const token of [consumed.token, "not-a-real-token"]) {
+      await page.goto("about:blank");
+      await page.goto(app(`#token=${token}`));
+      await page.getByText("The pairing link was not used").waitFor();
+      await page.getByText("This phone stays paired with its device.").waitFor();
+      await page.getByRole("region", { name: "Device", exact: true }).getByText("Kitchen speaker").waitFor();
+      await page.getByText("Live", { exact: true }).waitFor();
+      assert.equal(await bearerOf(page), bearer, "the pairing is kept");
+      assert.equal(new URL(page.url()).hash, "", "the token is taken out of the address");
+    }
+    await shot(page, "link-not-used");
+    assert.equal((await fetch(`${server.url}/side-control/status`, { headers: { authorization: `Bearer ${bearer}` } })).status, 200);
+
+    // A fresh link pairs anew; the pairing it replaces ends on the server.
+    await page.goto("about:blank");
+    await page.goto(app(`#token=${(await device.createDeviceToken()).token}`));
+    await page.waitForFunction((old) => {
+      const now = JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token;
+      return now && now !== old;
+    }, bearer);
+    await page.getByText("Live", { exact: true }).waitFor();
+    assert.equal(await page.getByText("The pairing link was not used").count(), 0);
+    const sessions = (await device.sideControlSessions()).items;
+    assert.ok(!sessions.some((s) => s.id === used.id), "the replaced pairing ended on the server");
+    assert.equal((await fetch(`${server.url}/side-control/status`, { headers: { authorization: `Bearer ${bearer}` } })).status, 401);
+    for (const s of sessions) if (s.controller_public_key === encodeKey(otherPhone.publicKey)) await device.revokeSideControlSession(s.id);
+  });
+
   test("the server restarting: the page says so, reconnects with back-off and reads the state again", async () => {
     const port = server.port;
     conn.close();
@@ -253,12 +317,12 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     await shot(page, "wrong-token");
 
     // Pairing again with a fresh token works (the controller key kept in IndexedDB).
-    const key = ((await page.evaluate(STORED_KEY)) as StoredKey).publicKey;
+    const key = await storedPublicKey(page);
     await field.fill((await device.createDeviceToken()).token);
     await page.keyboard.press("Enter");
     await page.getByRole("region", { name: "Device", exact: true }).waitFor();
     await page.getByText("Live", { exact: true }).waitFor();
-    assert.deepEqual(((await page.evaluate(STORED_KEY)) as StoredKey).publicKey, key);
+    assert.equal(await storedPublicKey(page), key);
     const sessions = (await device.sideControlSessions()).items;
     assert.deepEqual(
       sessions.map((s) => s.controller_public_key),
@@ -267,7 +331,7 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     );
   });
 
-  test("Forget this device ends the session on the server (kept, with a notice, while the server cannot be reached); the key is non-extractable, in IndexedDB", async () => {
+  test("Forget this device ends the session on the server (kept, with a notice, while the server cannot be reached); the key stays in IndexedDB", async () => {
     const [paired] = (await device.sideControlSessions()).items;
     assert.ok(paired, "paired by the test before");
     const bearer = (await page.evaluate(() => JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token)) as string;
@@ -288,19 +352,7 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     assert.equal(res.status, 401, "the bearer is refused");
     assert.equal(await page.evaluate(() => localStorage.getItem("perch.session")), null);
 
-    const key = (await page.evaluate(STORED_KEY)) as StoredKey;
-    assert.deepEqual(
-      { ...key, publicKey: encodeKey(Uint8Array.from(key.publicKey)) },
-      {
-        kind: "webcrypto",
-        cryptoKey: true,
-        extractable: false,
-        type: "private",
-        algorithm: "X25519",
-        exported: "refused",
-        publicKey: paired.controller_public_key,
-      },
-    );
+    assert.equal(await storedPublicKey(page), paired.controller_public_key, "the key kept is the one that paired");
     assert.deepEqual(await page.evaluate(() => Object.keys(localStorage).filter((k) => k.includes("key"))), [], "no key in local storage");
   });
 });

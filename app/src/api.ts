@@ -55,6 +55,11 @@ export async function unpair(bearer: string): Promise<boolean> {
   return true;
 }
 
+/** Ends a session on the server only (a pairing replaced by a newer one); what this page stores is left alone. */
+export async function endOnServer(bearer: string): Promise<void> {
+  await request("DELETE", "/side-control/session", { bearer }).catch(() => {});
+}
+
 async function errorOf(res: Response): Promise<ApiError> {
   try {
     const body = (await res.json()) as { error?: { code?: string; message?: string; details?: Record<string, unknown> } };

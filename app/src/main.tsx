@@ -1,14 +1,14 @@
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import "./styles.css";
-import { forgetSession, unpair } from "./api.ts";
+import { endOnServer, pair, unpair } from "./api.ts";
 import { startLive } from "./live.ts";
-import { ended, link, linkPending, session } from "./state.ts";
+import { ended, link, linkNotice, linkPending, session } from "./state.ts";
 import { Contacts } from "./views/Contacts.tsx";
 import { Conversations } from "./views/Conversations.tsx";
 import { DeviceCard } from "./views/DeviceCard.tsx";
 import { Memory } from "./views/Memory.tsx";
-import { Pairing } from "./views/Pairing.tsx";
+import { explain, Pairing } from "./views/Pairing.tsx";
 import { Telemetry } from "./views/Telemetry.tsx";
 
 /** A token handed over in the link (`/app/#token=…`): taken once, then removed from the address bar and history. */
@@ -46,8 +46,17 @@ function Paired({ bearer }: { bearer: string }) {
     ended.value = undefined;
     session.value = undefined;
   };
+  const notice = linkNotice.value;
   return (
     <>
+      {notice && (
+        <div class="notice" role="alert">
+          <p>{notice}</p>
+          <button type="button" class="secondary" onClick={() => (linkNotice.value = undefined)}>
+            OK
+          </button>
+        </div>
+      )}
       <LinkState />
       <DeviceCard />
       <Conversations bearer={bearer} />
@@ -88,11 +97,28 @@ function App() {
   );
 }
 
-// A link's token replaces a pairing this browser already had; it is tried once.
+/**
+ * A link opened on a phone that is already paired: its token is tried once, and only a pairing it
+ * makes replaces the one the phone has (which then ends on the server). A used, expired or wrong
+ * link leaves the phone on its device and says why it was not used.
+ */
+async function pairFromLink(token: string): Promise<void> {
+  const before = session.value;
+  try {
+    const s = await pair(token);
+    ended.value = undefined;
+    linkNotice.value = undefined;
+    session.value = s;
+    if (before && before.access_token !== s.access_token) await endOnServer(before.access_token);
+  } catch (err) {
+    // pair() stores nothing when it fails: the pairing this phone had is untouched.
+    if (session.value === before) linkNotice.value = `The pairing link was not used: ${explain(err)} This phone stays paired with its device.`;
+  }
+}
+
 if (linkToken) {
-  forgetSession();
-  session.value = undefined;
-  linkPending.value = true;
+  if (session.value) void pairFromLink(linkToken);
+  else linkPending.value = true;
 }
 
 const root = document.getElementById("root");

@@ -9,6 +9,8 @@ export const session = signal<Session | undefined>(storedSession());
 export const ended = signal<Ended | undefined>(undefined);
 /** A pairing link's token waits to be tried (once: a used token is never sent again). */
 export const linkPending = signal(false);
+/** Why a pairing link opened on a phone that was already paired was not used (the pairing it had is kept). */
+export const linkNotice = signal<string | undefined>(undefined);
 /** The event stream: `live`, or being (re)made; `retryAt` is when the next attempt starts. */
 export const link = signal<{ state: "connecting" | "live" | "retrying"; retryAt?: number; reason?: string }>({ state: "connecting" });
 export const info = signal<DeviceInfo>({});

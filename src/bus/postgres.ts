@@ -5,8 +5,12 @@ import { type BusMessage, checkSize, type EventBus, newInstanceId, type Subscrib
 export const CHANNEL = "perch_events";
 /** Publishes waiting for the connection beyond this many are dropped (oldest first) and counted. */
 const MAX_QUEUED = 10_000;
-/** Publishes sent per statement. */
+/** Envelopes sent per statement (one `NOTIFY`, or one row and a `NOTIFY` of its id). */
 const BATCH = 500;
+/** A `NOTIFY` payload stays under PostgreSQL's 8,000 bytes; a larger batch goes through `bus_messages`. */
+export const MAX_PAYLOAD_BYTES = 7_900;
+/** Telemetry and presence wait at most this long to travel with others (fleet.md §5: batched per node, ≤ 250 ms). */
+export const BATCH_WINDOW_MS = 100;
 const BACKOFF_MIN_MS = 100;
 const BACKOFF_MAX_MS = 5_000;
 /** A listening connection that answers no `select 1` within this long is dropped and made again. */
@@ -21,12 +25,23 @@ export interface PgEventBusOptions {
   applicationName?: string;
 }
 
-/** What goes through `NOTIFY`: publisher instance, a sequence (identical payloads in one statement are not merged), topic, message. */
+/** One message: publisher instance, a sequence, topic, message. */
 interface Envelope {
   i: string;
   s: number;
   t: string;
   m: BusMessage;
+}
+
+/**
+ * What one `NOTIFY` carries (fleet.md §5): a JSON array of envelopes, or `{"r": id}` naming the
+ * `bus_messages` row that holds a batch too large for a payload.
+ */
+type Payload = Envelope[] | { r: number };
+
+/** Whether a message may wait for the batch window: a device's telemetry and presence (`runtime`), the bulk of the bus. */
+function batchable(message: BusMessage): boolean {
+  return message.kind === "telemetry" || message.kind === "runtime";
 }
 
 /**
@@ -47,6 +62,10 @@ export class PgEventBus implements EventBus {
   private client: pg.Client | undefined;
   private connecting: Promise<void> | undefined;
   private queue: string[] = [];
+  /** When the queue holds only batchable messages: the window's timer. */
+  private windowTimer: NodeJS.Timeout | undefined;
+  /** Received payloads are handed out in order, a row read from the table included. */
+  private receiving: Promise<void> = Promise.resolve();
   private sequence = 0;
   private flushing: Promise<void> | undefined;
   private flushScheduled = false;
@@ -57,7 +76,7 @@ export class PgEventBus implements EventBus {
   /** Whether the node has listened before (a later connection means a gap). */
   private listenedOnce = false;
   /** Counters for operators and the benchmark. */
-  readonly stats = { dropped: 0, reconnects: 0, received: 0, sent: 0 };
+  readonly stats = { dropped: 0, reconnects: 0, received: 0, sent: 0, notifies: 0, payloadBytes: 0, spilled: 0 };
 
   constructor(o: PgEventBusOptions) {
     this.o = o;
@@ -79,6 +98,18 @@ export class PgEventBus implements EventBus {
       this.stats.dropped += this.queue.length - MAX_QUEUED;
       this.queue.splice(0, this.queue.length - MAX_QUEUED);
     }
+    // Telemetry and presence wait for the window (others arriving meanwhile travel in the same
+    // NOTIFY); anything else goes at the next tick, taking what waits with it.
+    if (batchable(message) && this.queue.length < BATCH) {
+      if (!this.windowTimer && !this.flushScheduled) {
+        this.windowTimer = setTimeout(() => {
+          this.windowTimer = undefined;
+          this.scheduleFlush();
+        }, BATCH_WINDOW_MS);
+        this.windowTimer.unref();
+      }
+      return;
+    }
     this.scheduleFlush();
   }
 
@@ -96,6 +127,7 @@ export class PgEventBus implements EventBus {
     // Send what is queued while the connection is up, then stop.
     if (this.client && (this.queue.length > 0 || this.flushing)) await this.flush().catch(() => {});
     this.closed = true;
+    clearTimeout(this.windowTimer);
     clearTimeout(this.retry);
     clearInterval(this.ping);
     const client = this.client;
@@ -189,19 +221,49 @@ export class PgEventBus implements EventBus {
 
   private received(channel: string, payload: string | undefined): void {
     if (channel !== CHANNEL || payload === undefined) return;
-    let e: Envelope;
+    let p: Payload;
     try {
-      e = JSON.parse(payload) as Envelope;
+      p = JSON.parse(payload) as Payload;
     } catch {
       return;
     }
-    if (typeof e !== "object" || e === null || e.i === this.instance || typeof e.t !== "string" || typeof e.m !== "object" || e.m === null) return;
-    this.stats.received++;
-    if (this.subs.has(e.t)) this.subs.deliver(e.t, e.m);
+    if (Array.isArray(p)) {
+      // In order after a batch still being read from the table.
+      this.receiving = this.receiving.then(() => this.deliver(p as Envelope[]));
+      return;
+    }
+    if (typeof p !== "object" || p === null || typeof p.r !== "number") return;
+    const id = p.r;
+    const client = this.client;
+    const read = client
+      ?.query<{ message: string }>("select message from bus_messages where id = $1", [id])
+      .then((r) => r.rows[0]?.message)
+      .catch((err: unknown) => {
+        this.warn({ err: (err as Error)?.message }, "a bus batch could not be read from its table");
+        return undefined;
+      });
+    this.receiving = this.receiving.then(async () => {
+      const text = await read;
+      if (text === undefined) return;
+      try {
+        const batch = JSON.parse(text) as unknown;
+        if (Array.isArray(batch)) this.deliver(batch as Envelope[]);
+      } catch {}
+    });
+  }
+
+  private deliver(batch: Envelope[]): void {
+    for (const e of batch) {
+      if (typeof e !== "object" || e === null || e.i === this.instance || typeof e.t !== "string" || typeof e.m !== "object" || e.m === null) continue;
+      this.stats.received++;
+      if (this.subs.has(e.t)) this.subs.deliver(e.t, e.m);
+    }
   }
 
   private scheduleFlush(): void {
     if (this.flushScheduled || this.flushing || !this.client) return;
+    clearTimeout(this.windowTimer);
+    this.windowTimer = undefined;
     this.flushScheduled = true;
     setImmediate(() => {
       this.flushScheduled = false;
@@ -209,16 +271,34 @@ export class PgEventBus implements EventBus {
     });
   }
 
-  /** Sends the queue in statements of up to 500 notifications; a failed batch goes back to the queue for the next connection. */
+  /**
+   * Sends the queue, up to 500 envelopes a statement, each statement (its own transaction) with one
+   * `NOTIFY` (fleet.md §5): the batch as a JSON array when it fits in a payload, else written to
+   * `bus_messages` and its id notified, in the same statement. A failed batch goes back to the
+   * queue for the next connection.
+   */
   private flush(): Promise<void> {
     if (this.flushing) return this.flushing;
     const run = async () => {
       while (this.queue.length > 0 && this.client) {
         const client = this.client;
         const batch = this.queue.splice(0, BATCH);
+        const text = `[${batch.join(",")}]`;
+        const bytes = Buffer.byteLength(text);
         try {
-          await client.query("select pg_notify($1, p) from unnest($2::text[]) with ordinality as u(p, n) order by n", [CHANNEL, batch]);
+          if (bytes <= MAX_PAYLOAD_BYTES) {
+            await client.query("select pg_notify($1, $2)", [CHANNEL, text]);
+          } else {
+            await client.query(
+              `with m as (insert into bus_messages (origin, topic, message, created_at) values ($2, '*', $3, $4) returning id)
+               select pg_notify($1, '{"r":' || id || '}') from m`,
+              [CHANNEL, this.instance, text, Date.now()],
+            );
+            this.stats.spilled++;
+          }
           this.stats.sent += batch.length;
+          this.stats.notifies++;
+          this.stats.payloadBytes += bytes;
         } catch (err) {
           this.queue.unshift(...batch);
           throw err;
@@ -228,6 +308,11 @@ export class PgEventBus implements EventBus {
     const flushing = run().finally(() => {
       if (this.flushing === flushing) this.flushing = undefined;
     });
+    // What was published while the last statement ran goes next.
+    void flushing.then(
+      () => this.queue.length > 0 && this.scheduleFlush(),
+      () => {},
+    );
     this.flushing = flushing;
     return flushing;
   }

@@ -4,9 +4,11 @@ import type { Command } from "commander";
 import { renderUnicodeCompact } from "uqr";
 import { loadConfig } from "../config/config.ts";
 import { decodePrivateKey, type KeyPair, keyPairFromPrivate } from "../crypto/keys.ts";
+import { readTlsFiles } from "../http/tls.ts";
 import type { PeerStatus } from "../protocol/public.ts";
 import { PerchApiError, PerchClient } from "../sdk/client.ts";
 import { registerConnectCommand } from "./device-connect.ts";
+import { trustOnlyCertificate } from "./local-tls.ts";
 import { unreachable } from "./unreachable.ts";
 
 interface DeviceOptions {
@@ -14,15 +16,24 @@ interface DeviceOptions {
   keyFile: string;
 }
 
-/** The server on this machine as its configuration says (`PERCH_CONFIG`, `PERCH_PORT`): its port, on the loopback address when it listens on all. */
+/**
+ * The server on this machine as its configuration says (`./perch.yaml` or `PERCH_CONFIG`, `PERCH_PORT`):
+ * its port, on the loopback address when it listens on all; over HTTPS, trusting exactly its
+ * configured certificate, when it has `tls`.
+ */
 function localServer(fail: (message: string) => never): string {
+  let url: string;
+  let cert: Buffer | undefined;
   try {
-    const { host, port } = loadConfig();
+    const { host, port, tls } = loadConfig();
     const address = host === "0.0.0.0" || host === "::" || host === "" ? "127.0.0.1" : host.includes(":") ? `[${host}]` : host;
-    return `http://${address}:${port}`;
+    url = `${tls ? "https" : "http"}://${address}:${port}`;
+    cert = tls ? readTlsFiles(tls).cert : undefined;
   } catch (err) {
     fail(`no --server given, and the configuration cannot be read: ${(err as Error).message}`);
   }
+  if (cert) trustOnlyCertificate(cert);
+  return url;
 }
 
 const LOOPBACK = /^(127\.|localhost$|\[::1\]$|::1$)/;
@@ -90,7 +101,7 @@ export function registerDeviceCommands(program: Command, print: (value: unknown)
     .description("act as a device through the SDK: log in with a key file from `perch keygen`, then call the Public API")
     .option(
       "--server <url>",
-      "the server's base URL (default: this machine's server, at the port its configuration names: PERCH_CONFIG, PERCH_PORT, else 8080)",
+      "the server's base URL (default: this machine's server, at the port and scheme its configuration names: PERCH_CONFIG or ./perch.yaml, PERCH_PORT, else 8080)",
     )
     .requiredOption("--key-file <file>", "JSON key pair written by `perch keygen`");
 

@@ -7,7 +7,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { Command } from "commander";
-import { type Config, ConfigError, loadConfig } from "../config/config.ts";
+import { type Config, ConfigError, configFile, loadConfig } from "../config/config.ts";
 import { canonicalKey, encodeKey, generateKeyPair } from "../crypto/keys.ts";
 import type { Domain } from "../domain/index.ts";
 import { registerDeviceCommands } from "./device.ts";
@@ -76,23 +76,65 @@ async function serve(): Promise<void> {
   try {
     server = await startServer({ config, warmUp: true });
   } catch (err) {
-    fail(listenFailure(err, config) ?? String((err as Error)?.stack ?? err));
+    fail(listenFailure(err, config) ?? (err instanceof ConfigError ? err.message : String((err as Error)?.stack ?? err)));
   }
-  let stopping = false;
+  // However the node ends (a drain asked through the store included), the process exits 0 once its store is closed.
+  server.finished.then(
+    () => process.exit(0),
+    (err) => fail(String(err)),
+  );
+  // The first SIGTERM or SIGINT drains (fleet.md §3); a second stops at once (the store still closed cleanly).
+  let signals = 0;
   const stop = (signal: string) => {
-    if (stopping) return;
-    stopping = true;
-    process.stderr.write(`perch: ${signal}, finishing in-flight requests\n`);
-    server.close().then(
-      () => process.exit(0),
-      (err) => fail(String(err)),
-    );
+    signals++;
+    if (signals === 1) {
+      process.stderr.write(`perch: ${signal}, draining: devices are handed to other nodes as their replies end (again to stop at once)\n`);
+      server.drain().catch((err) => fail(String(err)));
+    } else if (signals === 2) {
+      process.stderr.write(`perch: ${signal} again, stopping now\n`);
+      server.close().catch((err) => fail(String(err)));
+    }
   };
   process.on("SIGINT", () => stop("SIGINT"));
   process.on("SIGTERM", () => stop("SIGTERM"));
 }
 
-const program = new Command("perch").description("Perch: a server for connected AI devices. Settings come from PERCH_* variables and PERCH_CONFIG.");
+/** `perch nodes`: one line per node, its state, the age of its heartbeat and its load. */
+function nodeTable(rows: Awaited<ReturnType<Domain["nodes"]["list"]>>): string {
+  const head = ["NAME", "STATE", "ENDPOINT", "HEARTBEAT", "CONNECTIONS", "CONVERSATIONS", "CPU", "STARTED"];
+  const lines = rows.map((n) => [
+    n.name,
+    n.drain_requested && n.state !== "draining" ? `${n.state} (drain asked)` : n.state,
+    n.endpoint ?? "-",
+    `${(n.heartbeat_age_ms / 1000).toFixed(1)} s ago`,
+    String(n.connections),
+    String(n.conversations),
+    n.cpu.toFixed(2),
+    n.started_at,
+  ]);
+  const widths = head.map((h, i) => Math.max(h.length, ...lines.map((l) => l[i]!.length)));
+  return [head, ...lines]
+    .map((l) =>
+      l
+        .map((c, i) => c.padEnd(widths[i]!))
+        .join("  ")
+        .trimEnd(),
+    )
+    .join("\n");
+}
+
+// With PERCH_CONFIG unset, ./perch.yaml (or .yml, .json) here is the configuration of the server
+// and of every command (the port `device … connect` dials, the scheme of the phone link).
+try {
+  const file = configFile();
+  if (file !== undefined && process.env.PERCH_CONFIG === undefined) process.env.PERCH_CONFIG = file;
+} catch (err) {
+  fail((err as Error).message);
+}
+
+const program = new Command("perch").description(
+  "Perch: a server for connected AI devices. Settings come from PERCH_* variables and the file PERCH_CONFIG names (when unset, ./perch.yaml, .yml or .json).",
+);
 
 program.command("serve", { isDefault: true }).description("run the server").action(serve);
 
@@ -255,6 +297,27 @@ peers
     withDomain(async (d) => {
       if (!(await d.peers.remove(keyArg(key)))) fail(`no registered peer ${key}`);
       print({ public_key: keyArg(key), removed: true });
+    }),
+  );
+
+const nodes = program
+  .command("nodes")
+  .description("the nodes sharing the store: state (serving, full, draining, gone), heartbeat age and load")
+  .option("--json", "print JSON")
+  .action((opts: { json?: boolean }) =>
+    withDomain(async (d) => {
+      const rows = await d.nodes.list();
+      if (opts.json) print(rows);
+      else process.stdout.write(rows.length ? `${nodeTable(rows)}\n` : "no nodes\n");
+    }),
+  );
+nodes
+  .command("drain <name>")
+  .description("ask a node to drain (as SIGTERM does): it reads this from the store within seconds, hands its devices over and exits")
+  .action((name: string) =>
+    withDomain(async (d) => {
+      if (!(await d.nodes.requestDrain(name))) fail(`no node ${name} is serving (see perch nodes)`);
+      print({ name, drain_requested: true });
     }),
   );
 

@@ -1,4 +1,5 @@
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { type Config, type ConfigInput, ConfigSchema } from "./schema.ts";
 import { fromEnv, nearestKey, renameOldKeys, SETTINGS } from "./settings.ts";
@@ -23,6 +24,23 @@ function readConfigFile(path: string): Record<string, unknown> {
   if (value === null || value === undefined) return {};
   if (typeof value !== "object" || Array.isArray(value)) throw new ConfigError(`config file ${path} must hold an object`);
   return value as Record<string, unknown>;
+}
+
+/** The files read from the working directory when `PERCH_CONFIG` is unset, in this order. */
+export const DEFAULT_CONFIG_FILES = ["perch.yaml", "perch.yml", "perch.json"] as const;
+
+/**
+ * The configuration file the command line reads: `PERCH_CONFIG` when it is set (set empty: none),
+ * else the one of `./perch.yaml`, `./perch.yml`, `./perch.json` in `cwd` that exists. Two of them is
+ * an error naming both, rather than a silent choice.
+ */
+export function configFile(env: NodeJS.ProcessEnv = process.env, cwd: string = process.cwd()): string | undefined {
+  if (env.PERCH_CONFIG !== undefined) return env.PERCH_CONFIG || undefined;
+  const found = DEFAULT_CONFIG_FILES.filter((name) => existsSync(join(cwd, name)));
+  if (found.length > 1) {
+    throw new ConfigError(`${found.map((f) => `./${f}`).join(" and ")} are both here: keep one, or name the one to read with PERCH_CONFIG`);
+  }
+  return found[0];
 }
 
 function merge(base: Record<string, unknown>, over: Record<string, unknown>): Record<string, unknown> {

@@ -7,8 +7,10 @@ const INTRO = `# Configuration
 
 <!-- Generated from src/config/schema.ts by \`npm run -s docs:config\`: edit the schema, then run it. -->
 
-Every setting can come from a YAML or JSON file named by \`PERCH_CONFIG\`; environment variables
-override the file. File keys are snake_case at every level. Every setting outside a list also has
+Every setting can come from a YAML or JSON file named by \`PERCH_CONFIG\`; when that variable is
+unset, \`./perch.yaml\` (or \`./perch.yml\`, \`./perch.json\`) in the working directory is read, by
+the server and by every \`perch\` command (\`PERCH_CONFIG=\` set empty reads none). Environment
+variables override the file, and a command's \`--server\` overrides both. File keys are snake_case at every level. Every setting outside a list also has
 an environment variable, its key in capitals with \`PERCH_\` before it and \`_\` for each dot
 (\`webrtc.udp_port\` is \`PERCH_WEBRTC_UDP_PORT\`); a few settings also answer to the shorter name
 they had before the names were derived (shown in brackets; the derived name wins when both are

@@ -477,6 +477,18 @@ export const ConfigSchema = z
           default_text: "the listen address",
         }),
       ),
+    tls: z
+      .strictObject({
+        cert_file: z.string().min(1).meta(info("the certificate (PEM), with its chain when it has one")),
+        key_file: z.string().min(1).meta(info("its private key (PEM)")),
+      })
+      .optional()
+      .meta(
+        info(
+          "serve HTTPS instead of HTTP on `port` (the app's pairing link then says `https`); both files are read at start-up, which refuses one it cannot read or a key that does not match the certificate",
+          { default_text: "none: plain HTTP" },
+        ),
+      ),
     node_name: z
       .string()
       .min(1)
@@ -604,6 +616,31 @@ export const ConfigSchema = z
         rpc_request_timeout_ms: 10_000,
       })
       .meta(info("devices' WebRTC connections")),
+    fleet: z
+      .strictObject({
+        max_connections: z
+          .number()
+          .int()
+          .min(0)
+          .default(0)
+          .meta(info("at this many WebRTC connections the node is `full` (offers 503 `NODE_FULL`, `/readyz` 503); `0`: no bound")),
+        max_conversations: z.number().int().min(0).default(0).meta(info("at this many voice conversations the node is `full`; `0`: no bound")),
+        max_cpu: z
+          .number()
+          .min(0)
+          .max(1)
+          .default(0.9)
+          .meta(info("share of the machine's cores the process may use, judged over 5 s; at or over it the node is `full`; `0`: off")),
+        drain_timeout_s: z
+          .number()
+          .int()
+          .min(0)
+          .max(86_400)
+          .default(300)
+          .meta(info("longest a drain (SIGTERM, `perch nodes drain`) waits for talking devices to finish their replies before closing what is left")),
+      })
+      .default({ max_connections: 0, max_conversations: 0, max_cpu: 0.9, drain_timeout_s: 300 })
+      .meta(info("how a node refuses work it cannot carry and drains (fleet.md)")),
     limits: z
       .strictObject({
         primary_sessions_per_device: count(LIMIT_DEFAULTS.primary_sessions_per_device, "live primary sessions per device; a new login signs the oldest out"),

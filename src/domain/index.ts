@@ -6,6 +6,7 @@ import { ConversationService } from "./conversations.ts";
 import { StoreUnavailable } from "./errors.ts";
 import { type LiveOptions, LiveService } from "./live.ts";
 import { MemoryService } from "./memory.ts";
+import { NodeService } from "./nodes.ts";
 import { PeerService } from "./peers.ts";
 import { PresenceService } from "./presence.ts";
 import { SideControlService } from "./side-control.ts";
@@ -30,6 +31,7 @@ export class Domain {
   readonly signaling: SignalingService;
   readonly presence: PresenceService;
   readonly live: LiveService;
+  readonly nodes: NodeService;
   readonly usage: UsageService;
 
   readonly ctx: DomainContext;
@@ -47,6 +49,7 @@ export class Domain {
     this.signaling = new SignalingService(ctx, this.auth);
     this.presence = new PresenceService(ctx);
     this.live = new LiveService(ctx, this.peers, o.live);
+    this.nodes = new NodeService(ctx);
     this.usage = new UsageService(ctx);
     this.peers.onRemoved((key) => this.usage.meter.forgetDevice(key, true));
   }

@@ -1,3 +1,4 @@
+import type { NodeLoad, NodeState } from "../store/nodes.ts";
 import { newPeer } from "./auth.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
@@ -83,19 +84,27 @@ export class PresenceService {
    * This node starts: what a previous run of it left (after a crash) goes, the peers recorded online
    * here go offline and the event stream rows held here are deleted, and its first heartbeat is written.
    */
-  async join(): Promise<void> {
+  async join(endpoint: string | null = null): Promise<void> {
     const now = this.ctx.clock.now();
     await this.ctx.store.transaction(async (tx) => {
       await tx.runtime.markNodeOffline(this.node, now, { seen: false });
       await tx.liveStreams.deleteNode(this.node);
       await tx.runtime.beat(this.node, now);
+      await tx.nodes.start(this.node, endpoint, now);
     });
   }
 
-  /** This node is alive: one write, however many peers it holds. */
-  async beat(): Promise<void> {
+  /**
+   * This node is alive: one transaction, however many peers it holds, with its state and load in its
+   * `nodes` row (fleet.md §1) when given; says whether a drain was asked of it since.
+   */
+  async beat(report?: { state: NodeState; load: NodeLoad }): Promise<{ drainRequested: boolean }> {
     const now = this.ctx.clock.now();
-    await this.ctx.store.transaction((tx) => tx.runtime.beat(this.node, now));
+    return this.ctx.store.transaction(async (tx) => {
+      await tx.runtime.beat(this.node, now);
+      if (!report) return { drainRequested: false };
+      return (await tx.nodes.beat(this.node, now, report.state, report.load)) ?? { drainRequested: false };
+    });
   }
 
   /**
@@ -108,6 +117,7 @@ export class PresenceService {
       const keys = await tx.runtime.markNodeOffline(this.node, now, { seen: true });
       await tx.liveStreams.deleteNode(this.node);
       await tx.runtime.endBeat(this.node);
+      await tx.nodes.gone(this.node, now);
       return keys;
     });
     for (const key of offline) this.ctx.events.runtime(key, false, this.node);
@@ -118,16 +128,24 @@ export class PresenceService {
    * once per outage through `onError` and tried again at the next beat. `stop()` resolves once no
    * beat is under way: one finishing after `leave()` would bring the row back.
    */
-  startHeartbeat(o: { onError: (err: unknown) => void; onRecovered?: () => void }): { stop(): Promise<void> } {
+  startHeartbeat(o: {
+    onError: (err: unknown) => void;
+    onRecovered?: () => void;
+    /** The node's state and load, written with each beat. */
+    report?: () => { state: NodeState; load: NodeLoad };
+    /** A drain was asked of this node (`perch nodes drain`, from any process): called at each beat that finds it asked. */
+    onDrainRequested?: () => void;
+  }): { stop(): Promise<void> } {
     let beating: Promise<void> | undefined;
     let failing = false;
     const timer = setInterval(() => {
       if (beating) return;
-      beating = this.beat()
+      beating = this.beat(o.report?.())
         .then(
-          () => {
+          ({ drainRequested }) => {
             if (failing) o.onRecovered?.();
             failing = false;
+            if (drainRequested) o.onDrainRequested?.();
           },
           (err) => {
             if (!failing) o.onError(err);

@@ -27,6 +27,8 @@ export interface AppOptions {
   surfaces?: (callers: Callers) => Surface[];
   /** The WebRTC transport of this node, when it answers offers. */
   webrtc?: WebRtcPort | undefined;
+  /** The node's state in its fleet, for `/readyz` (fleet.md §2, §3); default always serving. */
+  fleetState?: () => "serving" | "full" | "draining";
 }
 
 /** The routes of a set of surfaces: the Hono application, and the surfaces' native routes (exchange.ts). */
@@ -57,7 +59,7 @@ export function createApp(o: AppOptions): HttpApp {
   const surfaces = [
     ...(o.surfaces?.(callers) ?? []),
     publicSurface({ domain: o.domain, callers, logger: o.logger, serverInfo: o.serverInfo, webrtc: o.webrtc }),
-    opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument }),
+    opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument, ...(o.fleetState ? { fleetState: o.fleetState } : {}) }),
     webAppSurface({ tileUrl: o.domain.ctx.config.app.tile_url }),
   ];
   const routes = mountAll(o, root, surfaces);

@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { createServer as createHttpsServer } from "node:https";
 import { getRequestListener } from "@hono/node-server";
 import type { Logger } from "pino";
 import { recordRefusal } from "./exchange.ts";
@@ -26,6 +27,8 @@ export interface HttpServerOptions {
   maxConnections: number;
   logger: Logger;
   metrics: Metrics;
+  /** Serve HTTPS with this certificate and key (PEM) instead of HTTP. */
+  tls?: { cert: Buffer; key: Buffer } | undefined;
 }
 
 /**
@@ -51,17 +54,18 @@ export function adapterListener(fetch: (request: Request, env: { incoming: unkno
  * same bounds.
  */
 export function createHttpServer(o: HttpServerOptions): Server {
-  const server = createServer(
-    {
-      requestTimeout: o.requestTimeoutMs,
-      headersTimeout: o.requestTimeoutMs,
-      // Node checks the two timeouts this often (30 s by default, which would stretch a short timeout).
-      connectionsCheckingInterval: Math.min(1_000, Math.max(10, Math.floor(o.requestTimeoutMs / 4))),
-      // Node would answer a missing Host with a bare 400; the exchange refuses it in the envelope.
-      requireHostHeader: false,
-    },
-    o.listener,
-  );
+  const options = {
+    requestTimeout: o.requestTimeoutMs,
+    headersTimeout: o.requestTimeoutMs,
+    // Node checks the two timeouts this often (30 s by default, which would stretch a short timeout).
+    connectionsCheckingInterval: Math.min(1_000, Math.max(10, Math.floor(o.requestTimeoutMs / 4))),
+    // Node would answer a missing Host with a bare 400; the exchange refuses it in the envelope.
+    requireHostHeader: false,
+  };
+  // An HTTPS server is an HTTP server (same parser, bounds and events) behind a TLS handshake.
+  const server = o.tls
+    ? (createHttpsServer({ ...options, cert: o.tls.cert, key: o.tls.key }, o.listener) as unknown as Server)
+    : createServer(options, o.listener);
   server.maxConnections = o.maxConnections;
   const refused = (f: FramingError, requestId: string, socket: unknown, counted = true) => recordRefusal(o.logger, o.metrics, f, requestId, socket, counted);
   server.on("clientError", (err: NodeJS.ErrnoException, socket) => {

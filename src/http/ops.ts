@@ -1,22 +1,26 @@
 import { createRoute, OpenAPIHono, z } from "@hono/zod-openapi";
 import type { Domain } from "../domain/index.ts";
+import { ErrorResponse } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
 import { errorResponse, invalid, toApiError, unroutedResponse } from "./errors.ts";
 import { JSON_UTF8 } from "./json.ts";
 import type { Metrics } from "./metrics.ts";
-import { errors } from "./public/responses.ts";
 import type { Surface } from "./surface.ts";
 
 /** How long `/readyz` waits for the store's answer before saying 503. */
 const READY_TIMEOUT_MS = 2_000;
 
 const Health = z.object({ status: z.literal("ok") }).openapi("Health");
+/** A node refusing new work (fleet.md §2, §3): its balancer's health check sends new devices elsewhere. */
+const NotReady = z.object({ status: z.enum(["full", "draining"]) }).openapi("NotReady");
 
 export interface OpsSurfaceOptions {
   domain: Domain;
   metrics: Metrics;
   /** The OpenAPI document served at `/openapi.json`. */
   document: () => unknown;
+  /** The node's state in its fleet: `full` or `draining` answer 503 `{"status": …}`. */
+  fleetState?: () => "serving" | "full" | "draining";
 }
 
 /** Operations: liveness, readiness, Prometheus metrics and the OpenAPI document; no bodies, `ErrorResponse` errors. */
@@ -38,10 +42,19 @@ export function opsSurface(o: OpsSurfaceOptions): Surface {
       method: "get",
       path: "/readyz",
       tags: ["ops"],
-      summary: "Readiness: this node can serve (its store answers); 503 UNAVAILABLE with Retry-After while the store is unreachable",
-      responses: { 200: { description: "Ready", content: { "application/json": { schema: Health } } }, ...errors(503) },
+      summary:
+        'Readiness: this node takes new work (its store answers); 503 {"status":"full"} or {"status":"draining"} while it refuses new devices (fleet.md), 503 UNAVAILABLE with Retry-After while the store is unreachable',
+      responses: {
+        200: { description: "Ready", content: { "application/json": { schema: Health } } },
+        503: {
+          description: "Full or draining, or the store unreachable (`ErrorResponse` `UNAVAILABLE`)",
+          content: { "application/json": { schema: z.union([NotReady, ErrorResponse]) } },
+        },
+      },
     }),
     async (c) => {
+      const state = o.fleetState?.();
+      if (state === "full" || state === "draining") return c.json({ status: state }, 503, { ...JSON_UTF8, "Retry-After": state === "full" ? "2" : "1" });
       await o.domain.ready(READY_TIMEOUT_MS);
       return c.json({ status: "ok" as const }, 200, JSON_UTF8);
     },

@@ -26,6 +26,7 @@ import { createHttpServer } from "../http/listener.ts";
 import { Metrics } from "../http/metrics.ts";
 import type { Callers } from "../http/principal.ts";
 import type { Surface } from "../http/surface.ts";
+import { readTlsFiles, type TlsFiles } from "../http/tls.ts";
 import { toolSummary } from "../mcp/device.ts";
 import { Store } from "../store/index.ts";
 import { startTransport } from "../transport/start.ts";
@@ -37,6 +38,7 @@ import { completeText, MemoryRewriter } from "../voice/memory-rewriter.ts";
 import { VoiceService } from "../voice/service.ts";
 import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
 import { EngineHost, type EngineParts, enginesAtStart } from "./engines.ts";
+import { CpuWindow, Fleet } from "./fleet.ts";
 import { Closers, Jobs } from "./jobs.ts";
 import { BatchedLines } from "./log-lines.ts";
 import { usageHooks } from "./usage-hooks.ts";
@@ -63,6 +65,8 @@ export interface StartOptions {
   cleanupIntervalMs?: number;
   /** After how long without an event a Side Control event stream gets a keep-alive comment (default 15 s). */
   liveKeepAliveMs?: number;
+  /** The process's CPU over the last 5 s as a share of one core (default measured: `CpuWindow`); tests give their own. */
+  cpuShare?: () => number;
 }
 
 export interface RunningServer {
@@ -89,6 +93,15 @@ export interface RunningServer {
   chat: ChatService;
   /** Stops accepting, lets in-flight requests finish, then the node leaves and closes the store. */
   close(): Promise<void>;
+  /**
+   * Drains (fleet.md §3): refuses new devices at once, hands each connected device to another
+   * node once it is not talking (`node.reconnect`), then closes as `close()` does. Resolves once closed.
+   */
+  drain(): Promise<void>;
+  /** Resolves once the node closed, however (a drain asked through the store ends the node too). */
+  readonly finished: Promise<void>;
+  /** The node's state in its fleet now. */
+  fleetState(): "serving" | "full" | "draining";
 }
 
 const CLEANUP_INTERVAL_MS = 60_000;
@@ -111,6 +124,7 @@ interface Opened {
   store: Store;
   events: EventBus;
   closers: Closers;
+  tls: TlsFiles | undefined;
 }
 
 /**
@@ -145,6 +159,8 @@ export class Node {
   private readonly app: HttpApp;
   /** Serves one request in process, through the exchange, as the listener would (no port taken; the fast tests' layer). */
   readonly request: (path: string, init?: RequestInit) => Promise<Response>;
+  /** `https` when `tls` is configured. */
+  private readonly scheme: "http" | "https";
   private readonly compat: (base?: string) => (callers: Callers) => Surface;
   /** The node's voice activity detector, and each agent's voice engines (from the catalog). */
   private readonly voiceEngines: { activity: VoiceActivityPort | undefined; engineFor: EngineFor };
@@ -155,6 +171,13 @@ export class Node {
   private joining: Promise<void> | undefined;
   private listening = false;
   private closing: Promise<void> | undefined;
+  private draining: Promise<void> | undefined;
+  /** This node's state in its fleet (fleet.md): admission and drain. */
+  readonly fleet: Fleet;
+  private voice: VoiceService | undefined;
+  private finish: () => void = () => {};
+  /** Resolves once the node closed. */
+  readonly finished: Promise<void> = new Promise((resolve) => (this.finish = resolve));
 
   /** Checks the configuration, opens the store and the event bus, and wires the node; listens on nothing. */
   static async build(o: StartOptions): Promise<Node> {
@@ -175,6 +198,8 @@ export class Node {
           : EngineHost.embedded(config.agents.length > 0 ? config.engines : { ...config.engines, fast_recognition_after_ms: false });
     const { speech, transcription } = engines;
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
+    // The certificate before anything is opened: a file that cannot serve stops the start here.
+    const tls = config.tls ? readTlsFiles(config.tls) : undefined;
     const keyPair = loadOrCreateServerKey(config.server_key_file ?? join(config.data_dir, "server.key"));
     const serverKey = { ...keyPair, privateKeyObject: privateKeyObject(keyPair.privateKey), publicKeyText: encodeKey(keyPair.publicKey) };
     const closers = new Closers();
@@ -193,7 +218,7 @@ export class Node {
         },
       });
       closers.defer(() => events.close());
-      return new Node(o, engines, { logger, serverKey, store, events, closers });
+      return new Node(o, engines, { logger, serverKey, store, events, closers, tls });
     } catch (err) {
       await closers.close();
       throw err;
@@ -219,6 +244,12 @@ export class Node {
       () => engines.states(),
     );
     this.jobs = new Jobs(this.logger);
+    const cpu = o.cpuShare ? undefined : new CpuWindow();
+    if (cpu) this.closers.defer(async () => cpu.stop());
+    this.fleet = new Fleet(config.fleet, {
+      counts: () => ({ connections: this.transport?.size ?? 0, conversations: this.voice?.size ?? 0 }),
+      cpu: o.cpuShare ?? (() => cpu!.share()),
+    });
     this.domain.usage.meter.setHooks(usageHooks(this.domain, this.metrics.registry, this.logger.child({ component: "usage" })));
     const { speech, transcription } = engines;
     const catalog = new Catalog(config, {
@@ -267,15 +298,18 @@ export class Node {
         ...(base ? { base } : {}),
       });
     this.app = this.createApp();
-    this.httpServer = createHttpServer({
+    const served = {
       // Requests wait while the node joins: what they write (an event stream's slot) must come after what the join clears.
       listener: listenerOf(this.app, () => this.joining),
       requestTimeoutMs: config.http.request_timeout_ms,
       maxConnections: config.http.max_connections,
       logger: this.logger,
       metrics: this.metrics,
-    });
-    this.request = inProcess(this.httpServer);
+    };
+    this.httpServer = createHttpServer({ ...served, tls: opened.tls });
+    this.scheme = opened.tls ? "https" : "http";
+    // In-process requests are plain HTTP on a server of their own when the port serves HTTPS.
+    this.request = inProcess(opened.tls ? createHttpServer(served) : this.httpServer);
   }
 
   private createApp(): HttpApp {
@@ -289,7 +323,8 @@ export class Node {
       logger: this.logger,
       metrics: this.metrics,
       version: build.version,
-      webrtc: webrtcEnabled ? nodeWebRtcPort(this) : undefined,
+      webrtc: webrtcEnabled ? { ...nodeWebRtcPort(this), admit: () => this.fleet.admit() } : undefined,
+      fleetState: () => this.fleet.state(),
       // Test surfaces first: of surfaces sharing a base, the first mounted answers its unrouted paths.
       surfaces: (callers) => [...(this.o.surfaces?.() ?? []), this.compat()(callers)],
       // A wildcard listen address is not one a client can dial, so then the request's Host is used.
@@ -340,7 +375,9 @@ export class Node {
    * is cleared, and its heartbeat (which makes its peers' records and its event streams count) starts.
    */
   private async join(): Promise<void> {
-    this.joining = this.domain.presence.join();
+    this.joining = this.domain.presence.join(
+      this.config.public_endpoint ?? this.hostPort(this.config.host === "0.0.0.0" || this.config.host === "::" ? "127.0.0.1" : this.config.host),
+    );
     try {
       await this.joining;
     } finally {
@@ -349,6 +386,12 @@ export class Node {
     this.heartbeat = this.domain.presence.startHeartbeat({
       onError: (err) => this.logger.warn({ err: err instanceof Error ? err.message : String(err) }, "node heartbeat failed; retrying"),
       onRecovered: () => this.logger.info("node heartbeat written again"),
+      report: () => this.fleet.report(),
+      onDrainRequested: () => {
+        if (this.draining || this.closing) return;
+        this.logger.info("a drain of this node was asked through the store");
+        void this.drain();
+      },
     });
   }
 
@@ -389,6 +432,7 @@ export class Node {
       memory: this.memory,
     });
     this.closers.defer(() => voice.close());
+    this.voice = voice;
     return voice;
   }
 
@@ -411,7 +455,10 @@ export class Node {
   private announce(): void {
     // Written at any level but "silent": operators and scripts look for it.
     const startup = this.logger.level === "silent" ? this.logger : this.logger.child({}, { level: "info" });
-    startup.info({ address: this.hostPort(this.config.host), server_public_key: this.serverKey.publicKeyText, store: this.store.dialect }, "perch listening");
+    startup.info(
+      { address: this.hostPort(this.config.host), scheme: this.scheme, server_public_key: this.serverKey.publicKeyText, store: this.store.dialect },
+      "perch listening",
+    );
     const wanted = enginesAtStart(this.config);
     // flite's warm-up for agents is the command line's (`warmUp`): test servers sharing one host leave it to the first sentence.
     const { preload } = this.config.engines;
@@ -441,7 +488,7 @@ export class Node {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
     const { domain, store, httpServer, request, transport, events, commands, memory, engines, chat } = this;
     return {
-      url: `http://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
+      url: `${this.scheme}://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
       domain,
       store,
@@ -454,13 +501,39 @@ export class Node {
       engines,
       chat,
       close: () => this.close(),
+      drain: () => this.drain(),
+      finished: this.finished,
+      fleetState: () => this.fleet.state(),
     };
   }
 
   /** Shuts the node down from whatever step it reached; once (later calls get the same promise). */
   close(): Promise<void> {
-    this.closing ??= this.shutdown();
+    this.closing ??= this.shutdown().finally(() => this.finish());
     return this.closing;
+  }
+
+  /**
+   * Drains (fleet.md §3), once: state `draining` at once (offers and `/readyz` 503, its row says so),
+   * Side Control event streams closed (their apps reconnect through the balancer), each device
+   * handed over with `node.reconnect` when not talking, whatever is left after
+   * `fleet.drain_timeout_s` the same way; then `close()` (in-flight requests answered, the row
+   * `gone`, the store closed). A `close()` meanwhile stops at once.
+   */
+  drain(): Promise<void> {
+    this.draining ??= (async () => {
+      if (this.closing) return this.closing;
+      this.fleet.startDraining();
+      const deadline = performance.now() + this.config.fleet.drain_timeout_s * 1000;
+      this.logger.info({ connections: this.transport?.size ?? 0, timeout_s: this.config.fleet.drain_timeout_s }, "draining");
+      this.logger.flush();
+      // The row says draining now, not at the next beat (an operator's `perch nodes` sees it at once).
+      if (this.heartbeat) await this.domain.presence.beat(this.fleet.report()).catch((err) => this.logger.warn({ err }, "could not write the draining state"));
+      this.domain.live.close();
+      await this.transport?.drain(deadline);
+      await this.close();
+    })();
+    return this.draining;
   }
 
   /**

@@ -11,6 +11,7 @@ import { LiveStreamRepository } from "./live-streams.ts";
 import { LockRepository } from "./locks.ts";
 import { MemoryRepository, type SecureWrites } from "./memories.ts";
 import type { DialectName } from "./migrations.ts";
+import { NodeRepository } from "./nodes.ts";
 import { NonceRepository } from "./nonces.ts";
 import { PeerRepository } from "./peers.ts";
 import { ReadPool } from "./read-pool.ts";
@@ -40,6 +41,7 @@ export class Repositories {
   readonly locks: LockRepository;
   readonly liveStreams: LiveStreamRepository;
   readonly busMessages: BusMessageRepository;
+  readonly nodes: NodeRepository;
   readonly usage: UsageRepository;
 
   /**
@@ -62,6 +64,7 @@ export class Repositories {
     this.memories = new MemoryRepository(db, dialect, secureWrites);
     this.liveStreams = new LiveStreamRepository(db, dialect);
     this.busMessages = new BusMessageRepository(db, dialect);
+    this.nodes = new NodeRepository(db);
     this.usage = new UsageRepository(db, dialect);
   }
 }

@@ -219,6 +219,25 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
       await db.schema.createIndex("conversation_deletions_at").on("conversation_deletions").column("at").execute();
     },
   },
+  // The nodes of the fleet (fleet.md §1): one row per node name, written with its heartbeat (its
+  // advertised address, start, state and load), kept after it leaves (`gone`), so that `perch nodes`
+  // lists every node and a drain asked of a node from anywhere reaches it through its row.
+  "0010_nodes": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("nodes")
+        .addColumn("name", "text", (c) => c.primaryKey())
+        .addColumn("endpoint", "text")
+        .addColumn("started_at", "bigint", (c) => c.notNull())
+        .addColumn("heartbeat_at", "bigint", (c) => c.notNull())
+        .addColumn("state", "text", (c) => c.notNull())
+        .addColumn("connections", "integer", (c) => c.notNull().defaultTo(0))
+        .addColumn("conversations", "integer", (c) => c.notNull().defaultTo(0))
+        .addColumn("cpu", "double precision", (c) => c.notNull().defaultTo(0))
+        .addColumn("drain_requested_at", "bigint")
+        .execute();
+    },
+  },
   // What each principal used (usage.md §1): one row per principal (`device:<key>`, `api_key:<name>`,
   // or `all_devices`, the sum of every device's), UTC day and agent or model; several nodes add to
   // a row with one statement each. A device's own limits (`perch peers limits`) stay on its peer.

@@ -42,6 +42,18 @@ export interface Tables {
   peer_status: { public_key: string; document: string; updated_at: number };
   /** The last heartbeat of each serving node (Unix ms, its clock). */
   node_heartbeats: { node: string; beat_at: number };
+  /** Each node of the fleet (fleet.md §1): written with its heartbeat, kept after it left (`state` gone). */
+  nodes: {
+    name: string;
+    endpoint: string | null;
+    started_at: number;
+    heartbeat_at: number;
+    state: string;
+    connections: number;
+    conversations: number;
+    cpu: number;
+    drain_requested_at: number | null;
+  };
   /** A bus message for the other processes sharing a SQLite file; `origin` is the writer's bus instance. */
   bus_messages: { id: Generated<number>; origin: string; topic: string; message: string; created_at: number };
   /** An open Side Control event stream: its session and the node that holds it. */

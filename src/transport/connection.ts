@@ -17,9 +17,12 @@ import { deviceInfoFromHardware, deviceInfoFromIdentifiers, rpcHandlers } from "
 import { detached } from "./guard.ts";
 import { StreamHttpServer } from "./http-streams.ts";
 import type { TransportMetrics } from "./metrics.ts";
+import { TalkState } from "./talk.ts";
 import type { TelemetryIngest } from "./telemetry-ingest.ts";
 
 export const EVENT_STREAM_DEADLINE_MS = 10_000;
+/** After `node.reconnect`, how long the device has to close the connection itself before the server does. */
+export const RECONNECT_GRACE_MS = 1_000;
 export const MAX_SERVICE_STREAMS = 256;
 const DEVICE_RPC_TIMEOUT_MS = 5_000;
 /** What a connection needs from the transport that holds it. */
@@ -60,6 +63,7 @@ export type CloseReason =
   | "connection closed"
   | "replaced"
   | "shutdown"
+  | "draining"
   | "refused";
 
 /** One device's WebRTC connection, authenticated as the offer's key. */
@@ -85,6 +89,10 @@ export class Connection {
   private eventSequence = 0n;
   /** The tools the device offers over service 3, while that stream is open. */
   tools: DeviceToolSession | undefined;
+  /** Whether the device is in a turn or a reply (from the voice events sent), for a drain. */
+  private readonly talk: TalkState;
+  /** Set once `node.reconnect` was sent: the connection is being handed over. */
+  private handingOver: Promise<void> | undefined;
 
   constructor(host: ConnectionHost, publicKey: string, link: PeerLink) {
     this.host = host;
@@ -92,6 +100,8 @@ export class Connection {
     this.link = link;
     this.audio = new AudioSender(link.audio);
     this.rpc = rpcHandlers(publicKey, host.domain.peers);
+    const { turn } = host.domain.ctx.config.voice;
+    this.talk = new TalkState(turn.silence_ms, turn.max_ms + 15_000);
     this.deadline = setTimeout(() => void this.close("event stream deadline"), EVENT_STREAM_DEADLINE_MS);
     link.onState((state) => {
       if (state === "failed") void this.close("connection failed");
@@ -308,7 +318,53 @@ export class Connection {
     }
     this.eventSequence++;
     events.write(frame);
+    this.talk.sent(event, performance.now());
     return true;
+  }
+
+  /** Whether the device is in a turn or a reply now (see `TalkState`). */
+  get talking(): boolean {
+    return this.talk.talking(performance.now());
+  }
+
+  /** Whether `node.reconnect` was sent to this connection already. */
+  get handedOver(): boolean {
+    return this.handingOver !== undefined;
+  }
+
+  /**
+   * Hands the device to another node (fleet.md §3): `node.reconnect` on its event stream, then the
+   * connection closes, by the device (which reconnects through the balancer at once) or after
+   * `RECONNECT_GRACE_MS` here (a device that does not know the event reconnects as on any close).
+   */
+  handOver(reason: "draining"): Promise<void> {
+    this.handingOver ??= (async () => {
+      const text = JSON.stringify({ reason, retry_after_ms: 0 });
+      this.sendEvent({ type: "done", streamId: "node", label: "node.reconnect", text });
+      if (this.state !== "closed") {
+        let timer: NodeJS.Timeout | undefined;
+        const grace = new Promise<void>((resolve) => {
+          timer = setTimeout(resolve, RECONNECT_GRACE_MS);
+        });
+        await Promise.race([grace, this.closedByDevice()]);
+        clearTimeout(timer);
+      }
+      await this.close(reason);
+    })();
+    return this.handingOver;
+  }
+
+  /** Resolves once the connection closed (by either side). */
+  private closedByDevice(): Promise<void> {
+    return new Promise((resolve) => {
+      const check = setInterval(() => {
+        if (this.state === "closed") {
+          clearInterval(check);
+          resolve();
+        }
+      }, 20);
+      check.unref();
+    });
   }
 
   /** Calls a `client.*` or `all.*` method on the device over a new stream 0. */

@@ -48,6 +48,8 @@ export interface TransportOptions {
 }
 
 const CAPACITY_RETRY_AFTER_S = 5;
+/** How often a drain looks for connections that stopped talking. */
+const DRAIN_SWEEP_MS = 50;
 
 /** The WebRTC transport of one node: answers offers, holds connections, serves their streams. */
 export class WebRtcTransport implements ConnectionHost {
@@ -69,6 +71,7 @@ export class WebRtcTransport implements ConnectionHost {
   private readonly peerWatch: PeerWatch;
   private readonly presence: PresenceUpkeep;
   private closing: Promise<void> | undefined;
+  private draining: Promise<void> | undefined;
 
   constructor(o: TransportOptions) {
     this.o = o;
@@ -167,6 +170,7 @@ export class WebRtcTransport implements ConnectionHost {
     const shape = inspectOffer(offer.sdp);
     if ("code" in shape) throw new DomainError("invalid", shape.code, shape.message);
     if (this.closing) throw new DomainError("unavailable", "UNAVAILABLE", "this node is shutting down", undefined, CAPACITY_RETRY_AFTER_S);
+    if (this.draining) throw new DomainError("unavailable", "NODE_DRAINING", "this node is draining: connect again through the balancer", undefined, 1);
     if (this.all.size >= this.o.maxConnections) {
       throw new DomainError("unavailable", "CAPACITY_EXCEEDED", "this node holds as many connections as it may", undefined, CAPACITY_RETRY_AFTER_S);
     }
@@ -241,6 +245,42 @@ export class WebRtcTransport implements ConnectionHost {
   /** The key's active connection on this node (tests and the benchmark call its RPCs). */
   connection(publicKey: string): Connection | undefined {
     return this.byKey.get(publicKey);
+  }
+
+  /**
+   * Drains (fleet.md §3): every connection not talking now gets `node.reconnect` and is closed; one
+   * in a turn or a reply gets it once that ended and the user stayed quiet for
+   * `voice.turn.silence_ms`; at `deadline` (performance.now() ms) whatever is left is handed over
+   * the same way. A connection answered meanwhile (an offer in flight when the drain began) is
+   * handed over once active. Resolves once no connection is left.
+   */
+  drain(deadline: number): Promise<void> {
+    this.draining ??= new Promise<void>((resolve) => {
+      const sweep = () => {
+        try {
+          const late = performance.now() >= deadline;
+          for (const c of this.all) if (c.active && !c.handedOver && (late || !c.talking)) void c.handOver("draining");
+          // A connection that never became active within the deadline is closed as it is.
+          if (late) for (const c of this.all) if (!c.active && !c.handedOver) void c.close("draining");
+        } catch (err) {
+          this.logger.error({ err }, "drain sweep failed");
+        }
+        if (this.all.size === 0 || this.closing) {
+          clearInterval(timer);
+          resolve();
+        }
+      };
+      const timer = setInterval(sweep, DRAIN_SWEEP_MS);
+      sweep();
+    });
+    return this.draining;
+  }
+
+  /** Connections held now, and how many of them are in a turn or a reply. */
+  load(): { connections: number; talking: number } {
+    let talking = 0;
+    for (const c of this.all) if (c.active && c.talking) talking++;
+    return { connections: this.all.size, talking };
   }
 
   /** Closes every connection, then flushes telemetry; the node's leave then marks the peers offline. */

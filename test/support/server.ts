@@ -77,6 +77,7 @@ export async function startTestServer(
     cleanupIntervalMs?: number;
     liveKeepAliveMs?: number;
     engines?: StartOptions["engines"];
+    cpuShare?: () => number;
   } = {},
 ): Promise<TestServer> {
   const dataDir = o.dataDir ?? tempDir();
@@ -104,6 +105,7 @@ export async function startTestServer(
     ...(o.surfaces ? { surfaces: o.surfaces } : {}),
     ...(o.cleanupIntervalMs ? { cleanupIntervalMs: o.cleanupIntervalMs } : {}),
     ...(o.liveKeepAliveMs ? { liveKeepAliveMs: o.liveKeepAliveMs } : {}),
+    ...(o.cpuShare ? { cpuShare: o.cpuShare } : {}),
     // The test process's shared engine host unless the test brings its own.
     engines: o.engines ?? engines(),
   });
@@ -140,20 +142,28 @@ export interface ServerProcess {
   stop(): Promise<number | null>;
 }
 
-/** Starts `perch serve` as its own process (on the pinned Node) and waits for its listening line. */
-export async function spawnServer(env: Record<string, string>): Promise<ServerProcess> {
-  const child = spawn(join(ROOT, "bin/perch"), ["serve"], {
+/**
+ * Starts `perch serve` as its own process (on the pinned Node) and waits for its listening line.
+ * With `cwd`, it runs there and its port, address and configuration file are that directory's
+ * (`./perch.yaml`, PERCH_CONFIG unset) unless `env` says otherwise.
+ */
+export async function spawnServer(env: Record<string, string>, o: { cwd?: string } = {}): Promise<ServerProcess> {
+  const environment: Record<string, string | undefined> = {
+    // A perch.yaml in the checkout (the README's tour writes one) is not this server's.
+    ...(o.cwd ? {} : { PERCH_CONFIG: "" }),
+    ...process.env,
+    ...(o.cwd ? { PERCH_CONFIG: undefined } : { PERCH_PORT: "0", PERCH_HOST: "127.0.0.1" }),
+    PERCH_LOG_LEVEL: "info",
     // One recogniser process, as the in-process servers (support/engines.ts), unless the test says.
-    env: {
-      ...process.env,
-      PERCH_PORT: "0",
-      PERCH_HOST: "127.0.0.1",
-      PERCH_LOG_LEVEL: "info",
-      PERCH_RECOGNISER_PROCESSES: "1",
-      PERCH_FAST_RECOGNITION_AFTER_MS: "false",
-      ...env,
-    },
+    PERCH_RECOGNISER_PROCESSES: "1",
+    PERCH_FAST_RECOGNITION_AFTER_MS: "false",
+    ...env,
+  };
+  for (const [k, v] of Object.entries(environment)) if (v === undefined) delete environment[k];
+  const child = spawn(join(ROOT, "bin/perch"), ["serve"], {
+    env: environment,
     stdio: ["ignore", "pipe", "pipe"],
+    ...(o.cwd ? { cwd: o.cwd } : {}),
   });
   let output = "";
   // No deadline of its own (a loaded machine once took over 20 s to start one): the server prints
@@ -161,8 +171,8 @@ export async function spawnServer(env: Record<string, string>): Promise<ServerPr
   const url = await new Promise<string>((resolve, reject) => {
     const onData = (chunk: Buffer) => {
       output += chunk.toString();
-      const m = /"address":"([^"]+)".*"msg":"perch listening"/.exec(output);
-      if (m) resolve(`http://${m[1]}`);
+      const m = /"address":"([^"]+)","scheme":"(https?)".*"msg":"perch listening"/.exec(output);
+      if (m) resolve(`${m[2]}://${m[1]}`);
     };
     child.stdout.on("data", onData);
     child.stderr.on("data", (c: Buffer) => (output += c.toString()));

@@ -10,7 +10,8 @@ const ENDED: Record<Ended, string> = {
   blocked: "This device (or this phone) is blocked on the server. Ask its operator.",
 };
 
-function explain(err: unknown): string {
+/** Why pairing with a token failed, for the person holding the phone. */
+export function explain(err: unknown): string {
   if (!(err instanceof ApiError)) return "Pairing failed in this browser. Try again.";
   switch (err.code) {
     case "INVALID_DEVICE_TOKEN":

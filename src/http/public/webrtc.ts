@@ -15,6 +15,12 @@ export const OFFER_BODY_LIMIT = 256 * 1024;
 
 /** What the HTTP surface needs of the WebRTC transport. */
 export interface WebRtcPort {
+  /**
+   * Refuses an offer the node cannot take (503 `NODE_FULL` / `NODE_DRAINING` with `Retry-After`),
+   * before anything else is done with it: no nonce is spent, so a balancer may send the same
+   * request to another node (docs/decisions.md, issue 48).
+   */
+  admit?(): void;
   /** Checks 10–13 and the answer SDP; `timing` records phases for Server-Timing; `from` is the client's own address, when known. */
   answer(offer: AcceptedOffer, timing: (phase: string, ms: number) => void, from: string | undefined): Promise<string>;
   /** Plays a tone to the key's connection, on whichever node holds it; undefined when none does. */
@@ -67,6 +73,7 @@ export function registerWebRtcRoutes(app: App, domain: Domain, callers: Callers,
   app.openapi(offerRoute, async (c) => {
     const started = performance.now();
     const phases: Array<[string, number]> = [];
+    webrtc.admit?.();
     const type = requestHeader(c, "content-type")?.trim().toLowerCase();
     if (type !== "application/octet-stream") throw new ApiError(415, "UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/octet-stream");
     const checked = domain.signaling.checkHeaders({
