@@ -200,6 +200,13 @@ const AgentConfig = z.strictObject({
     .max(4_194_304)
     .default(65_536)
     .meta(info("a device or MCP server tool's result reaches the model cut to this many characters, with a note that it was cut")),
+  tool_arguments_max_chars: z
+    .number()
+    .int()
+    .min(2)
+    .max(1_048_576)
+    .default(65_536)
+    .meta(info("a tool call's arguments longer than this are not parsed and the call is not run: the model gets a tool error saying so")),
   max_steps: z.number().int().min(1).max(32).default(4).meta(info("model calls of one request at most; the last offers no tools, so the model has to answer")),
   max_tokens: z
     .number()

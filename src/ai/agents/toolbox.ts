@@ -166,6 +166,13 @@ export class ToolKit {
       return failed(deviceTool && this.caller.kind !== "device" ? APPLICATION_REFUSAL : `no tool named ${name}`);
     }
     const source = target.source === "server" ? target.server : target.source;
+    // Bounded before anything parses them (tools.md §2): a model's huge arguments cost nothing.
+    const max = this.agent.tool_arguments_max_chars;
+    if (call.function.arguments.length > max) {
+      const outcome = failed(`the arguments are over ${max} characters (${call.function.arguments.length}): the call was not run`);
+      this.box.o.metrics.call(source, outcome.result, 0);
+      return outcome;
+    }
     // A limit reached refuses the call before it runs (usage.md §2); each call run is counted.
     const meter = this.box.o.domain.usage.meter;
     const who = usageWho(this.caller);
