@@ -18,8 +18,8 @@
  * `flock /work/bench.lock` on a shared machine.
  */
 import { availableParallelism, loadavg } from "node:os";
-import { createSpeechEngine, createTranscriptionEngine, type MoonshineEngineOptions } from "../src/ai/speech/index.ts";
 import { FRONT_END } from "../src/ai/speech/front-end.ts";
+import { createSpeechEngine, createTranscriptionEngine, type MoonshineEngineOptions } from "../src/ai/speech/index.ts";
 import { loadResampler, Resampler } from "../src/audio/resampler.ts";
 import { wavFile } from "../src/audio/samples.ts";
 import { FRAME_SAMPLES, OpusCodec } from "../src/voice/opus.ts";
@@ -68,7 +68,10 @@ function summary(perRendition: Scored[][]) {
     wer_mean: round(mean),
     wer_spread: round(Math.max(...means) - Math.min(...means)),
     wer_by_rendition: means.map(round),
-    misheard: [...misheard.entries()].sort((a, b) => b[1] - a[1]).slice(0, 6).map(([k, n]) => `${n}× ${k}`),
+    misheard: [...misheard.entries()]
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, 6)
+      .map(([k, n]) => `${n}× ${k}`),
   };
 }
 
@@ -116,8 +119,8 @@ export async function hearingBench(extra: Record<string, HearingConfig> = {}): P
   const tourAudio = await Promise.all(RENDITIONS.map((r) => Promise.all(tour.map((item) => render(item, r)))));
   const compatAudio = await Promise.all(RENDITIONS.map((r) => Promise.all(compat.map((item) => render(item, r)))));
   const uplink = {
-    16_000: await Promise.all(tourAudio.map((rs) => Promise.all(rs.map((pcm) => throughUplink(pcm, 16_000))))),
-    48_000: await Promise.all(tourAudio.map((rs) => Promise.all(rs.map((pcm) => throughUplink(pcm, 48_000))))),
+    16000: await Promise.all(tourAudio.map((rs) => Promise.all(rs.map((pcm) => throughUplink(pcm, 16_000))))),
+    48000: await Promise.all(tourAudio.map((rs) => Promise.all(rs.map((pcm) => throughUplink(pcm, 48_000))))),
   };
   const audioSeconds = clean[0]!.reduce((s, x) => s + x.length, 0) / RATE;
 
