@@ -59,6 +59,14 @@ export interface ActivityOptions {
 
 /** Audio is judged in pieces of about 20 ms: "sound until min_ms" allows this much short. */
 const SOUND_SLACK_MS = 40;
+/**
+ * A reply paused at voice activity's first frames resumes if no speech (nor its end as a noise)
+ * was heard this long after `min_speech_ms`: a detector that stopped hearing (the uplink stopped)
+ * never holds a reply for good.
+ */
+const HOLD_SLACK_MS = 400;
+/** Speech over a reply whose words so far are not (surely) a barge-in is judged again this often while it lasts. */
+const RECHECK_MS = 200;
 
 /** A turn of the conversation, from its speech to the end of its reply. */
 export interface Turn extends ListeningTurn {
@@ -74,8 +82,8 @@ export interface Turn extends ListeningTurn {
   partialSent: string;
   /** Speech over this reply, not (yet) a barge-in: its audio is paused, and this speech has no events. */
   over?: Speaking | undefined;
-  /** That speech brought words by `interruption.min_ms`: likely a barge-in, its end judged as a turn's. */
-  likely?: boolean;
+  /** The words of that speech are being recognised (is it a barge-in?). */
+  checking?: boolean;
   /** The reply it interrupted, whose heard text the history must have before this turn's reply is asked. */
   interrupted?: Promise<void>;
   /** The barge-in check at `interruption.min_ms`, and the resume deadline. */
@@ -122,6 +130,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   private speaking: Speaking | undefined;
   /** Preemptive replies not yet used or discarded. */
   private readonly prepared = new Set<PreparedReply>();
+  /** The reply paused at voice activity's first frames, until they are speech (a turn over it) or a noise. */
+  private held: { speaking: Speaking; stop: () => void } | undefined;
   private closed = false;
 
   constructor(o: ActivityOptions) {
@@ -137,16 +147,51 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     for (const stop of this.listening?.timers.splice(0) ?? []) stop();
     this.speaking?.reply.interrupt();
     this.speaking = undefined;
+    this.held?.stop();
+    this.held = undefined;
     for (const p of this.prepared) p.discard();
     this.prepared.clear();
     this.history.length = 0;
   }
 
+  /**
+   * Voice activity's first frames over a reply: its audio pauses at once (voice.md §7: within 250
+   * ms of the onset at the device); a pause that proves false costs nothing, the reply resumes.
+   */
+  voiceOnset(_at: number): void {
+    const speaking = this.speaking;
+    // Speech over it already holds it (its end is being judged): that speech decides.
+    if (!speaking || this.held || this.closed || !this.o.config.barge_in || this.listening?.over === speaking) return;
+    speaking.reply.pause();
+    const stop = this.o.clock.after(this.o.config.turn.min_speech_ms + HOLD_SLACK_MS, () => this.guard(() => this.release()));
+    this.held = { speaking, stop };
+  }
+
+  /** The activity that paused the reply was a noise, not speech: the reply goes on. */
+  voiceGone(): void {
+    this.release();
+  }
+
+  /** The reply held at an onset goes on (unless speech over it holds it now). */
+  private release(): void {
+    const held = this.held;
+    if (!held) return;
+    this.held = undefined;
+    held.stop();
+    if (this.speaking === held.speaking && this.listening?.over !== held.speaking) held.speaking.reply.resume();
+  }
+
   speechStarted(onset: number): Turn | undefined {
     const agent = this.o.agent();
-    if (!agent || this.closed) return undefined;
+    const held = this.held;
+    this.held = undefined;
+    held?.stop();
     const speaking = this.speaking;
-    if (speaking && !this.o.config.barge_in) return undefined;
+    if (!agent || this.closed || (speaking && !this.o.config.barge_in)) {
+      // Speech that is no turn: a reply held at its onset goes on.
+      if (held && this.speaking === held.speaking) held.speaking.reply.resume();
+      return undefined;
+    }
     const abort = new AbortController();
     let turn: Turn | undefined;
     let transcription: Turn["transcription"];
@@ -162,6 +207,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     } catch (err) {
       // An engine that cannot take the turn: this speech is not heard, the conversation goes on.
       this.o.log("warn", { err }, "the transcription could not start a turn");
+      if (held && this.speaking === held.speaking) held.speaking.reply.resume();
       return undefined;
     }
     turn = { n: 0, agent, onset, soundAt: onset, abort, ended: false, partialSent: "", transcription, timers: [], preempted: 0 };
@@ -181,8 +227,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
 
   silenceNeeded(turn: Turn, text: string | undefined): number {
     const t = this.o.config.turn;
-    // Speech over a reply ends at the shortest silence (the reply resumes soon after a false interruption), unless it has words.
-    if (turn.over && !turn.likely) return t.finished_silence_ms;
+    // Speech over a reply ends at the shortest silence (the reply resumes soon after a false interruption); with words it is a turn already.
+    if (turn.over) return t.finished_silence_ms;
     return turnEndSilence(text, turn.agent.language, t, this.turnEnd);
   }
 
@@ -255,20 +301,31 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   }
 
   /**
-   * Speech over a reply has lasted `interruption.min_ms`: with words that are not fillers so far,
-   * it is likely a turn, and its end is judged by its words as any turn's. The barge-in itself
-   * waits for the final transcript: a recogniser hears words in half a hum ("mm-hmm" → "and
-   * then?"), and the reply's audio is paused meanwhile anyway.
+   * Speech over a reply has lasted `interruption.min_ms`: the words recognised so far decide
+   * (voice.md §7), while the user may still be speaking. Words that are not fillers, and that the
+   * recogniser is sure of (it hears words in half a hum: "mm-hmm" → "and then?"), make it a
+   * barge-in at once; otherwise they are judged again every RECHECK_MS while the sound goes on,
+   * and at its end the final transcript decides. The reply's audio is paused meanwhile.
    */
   private checkWords(turn: Turn): void {
-    if (!turn.over || turn.ended) return;
+    if (!turn.over || turn.ended || turn.checking || this.closed) return;
     // The sound stopped before min_ms (the detector has not said so yet): its end decides.
     if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) return;
-    turn.transcription.soFar().then(
-      (text) => {
-        if (turn.over && contentWords(text) >= this.o.config.interruption.min_words) turn.likely = true;
+    turn.checking = true;
+    turn.transcription.soFar({ sure: true }).then(
+      (text) =>
+        this.guard(() => {
+          turn.checking = false;
+          if (!turn.over || turn.ended || this.closed) return;
+          if (contentWords(text) >= this.o.config.interruption.min_words) {
+            this.bargeIn(turn);
+            return;
+          }
+          turn.timers.push(this.o.clock.after(RECHECK_MS, () => this.guard(() => this.checkWords(turn))));
+        }),
+      () => {
+        turn.checking = false;
       },
-      () => {},
     );
   }
 
@@ -306,8 +363,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     // Without words so far, the reply's audio resumes by this time whatever the transcription
     // says; words found later (a recogniser behind) still make it a barge-in.
     const over = turn.over;
-    if (!turn.likely && over)
-      turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => over.reply.resume())));
+    if (over) turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => over.reply.resume())));
     const transcript = turn.transcription.finish();
     transcript.then(
       (text) =>

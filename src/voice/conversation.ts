@@ -192,8 +192,9 @@ export class Conversation {
     const { o } = this;
     const peer = o.port.publicKey;
     return new AudioRecognition({
-      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest (voice.md §7).
-      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms }),
+      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest; its
+      // onsets pause a reply at voice activity's first frames (voice.md §7).
+      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms, onsets: true }),
       turn: o.config.turn,
       clock: this.clock,
       hooks: this.turns,

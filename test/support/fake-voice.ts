@@ -90,7 +90,7 @@ const LOUD = 8000;
 
 /** A detector that hears loudness: 20 ms blocks above a level are speech (the turn rules of voice.md §2). */
 export const loudnessVad: VoiceActivityPort = {
-  create({ minSpeechMs, minSilenceMs }) {
+  create({ minSpeechMs, minSilenceMs, onsets }) {
     let block = 0;
     let rest = new Int16Array(0);
     let speechStart: number | undefined;
@@ -109,7 +109,10 @@ export const loudnessVad: VoiceActivityPort = {
           for (let i = at; i < at + BLOCK; i++) peak = Math.max(peak, Math.abs(audio[i]!));
           const loud = peak > LOUD / 2;
           if (speechStart === undefined) {
-            if (loud) speechStart = block;
+            if (loud) {
+              speechStart = block;
+              if (onsets) events.push({ type: "onset", at: seconds(block) });
+            }
             continue;
           }
           if (loud) silenceStart = undefined;
@@ -120,6 +123,7 @@ export const loudnessVad: VoiceActivityPort = {
           }
           if (silenceStart !== undefined && (seconds(block + 1 - silenceStart) * 1000 >= minSilenceMs || !confirmed)) {
             if (confirmed) events.push({ type: "end", start: seconds(speechStart), at: seconds(silenceStart) });
+            else if (onsets) events.push({ type: "noise", at: seconds(silenceStart) });
             speechStart = undefined;
             silenceStart = undefined;
             confirmed = false;
@@ -150,11 +154,15 @@ export class FakeTurnTranscription implements TurnTranscription {
   readonly o: TurnTranscriptionOptions;
   private readonly answer: (turn: FakeTurnTranscription) => Promise<string> | string;
   private readonly words: (turn: FakeTurnTranscription) => Promise<string> | string;
+  private readonly sure: (turn: FakeTurnTranscription) => boolean;
+  /** `soFar({ sure: true })` calls. */
+  askedSure = 0;
 
-  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"], words: FakeTranscription["answer"]) {
+  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"], words: FakeTranscription["answer"], sure: FakeTranscription["sure"]) {
     this.o = o;
     this.answer = answer;
     this.words = words;
+    this.sure = sure;
   }
 
   /** Samples of loud audio (speech) heard. */
@@ -172,10 +180,12 @@ export class FakeTurnTranscription implements TurnTranscription {
     this.pauses++;
   }
 
-  /** The words so far: the transcription's `words` (default its final answer). */
-  async soFar(): Promise<string> {
+  /** The words so far: the transcription's `words` (default its final answer); with `sure`, "" unless the transcription's `sure` says so. */
+  async soFar(o: { sure?: boolean } = {}): Promise<string> {
     this.asked++;
-    return await this.race(this.words(this));
+    if (o.sure) this.askedSure++;
+    const text = await this.race(this.words(this));
+    return o.sure && !this.sure(this) ? "" : text;
   }
 
   async finish(): Promise<string> {
@@ -205,6 +215,8 @@ export class FakeTranscription implements TranscriptionPort {
   answer: (turn: FakeTurnTranscription) => Promise<string> | string = () => "What time is it?";
   /** The words so far at a pause or during speech (default the final answer). */
   words: ((turn: FakeTurnTranscription) => Promise<string> | string) | undefined;
+  /** Whether the words so far are sure (`soFar({ sure: true })`; default yes). */
+  sure: (turn: FakeTurnTranscription) => boolean = () => true;
   /** Thrown by `open` (an engine that cannot take a turn). */
   refuse: Error | undefined;
 
@@ -214,6 +226,7 @@ export class FakeTranscription implements TranscriptionPort {
       o,
       (turn) => this.answer(turn),
       (turn) => (this.words ?? this.answer)(turn),
+      (turn) => this.sure(turn),
     );
     this.turns.push(t);
     return t;
