@@ -21,6 +21,7 @@ import type { RealtimeAgentInfo } from "./realtime/bridge.ts";
 import { RealtimeVoice, realtimeAgents } from "./realtime/session.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
+import { deviceTurnUsage, LimitedReplies } from "./usage.ts";
 
 export interface VoiceServiceOptions {
   config: Config;
@@ -52,6 +53,8 @@ export class VoiceService implements VoiceHost {
   private readonly realtime: Map<string, RealtimeAgentInfo>;
   /** Each agent's engines, chosen once; an agent whose engines are missing does not converse. */
   private readonly engines = new Map<string, VoiceEngines>();
+  /** Each agent's limited reply, synthesised once and kept (usage.md §3). */
+  private readonly limitedReplies: LimitedReplies;
   /** The threads that decode the uplinks (started with the first conversation; none when `voice.audio_threads` is 0). */
   private threads_: AudioThreads | undefined;
 
@@ -59,6 +62,7 @@ export class VoiceService implements VoiceHost {
     this.o = o;
     this.metrics = new VoiceMetrics(o.registry, () => this.size);
     this.realtime = realtimeAgents(o.config, o.env ?? process.env);
+    this.limitedReplies = new LimitedReplies(o.config.agents);
     for (const agent of o.config.agents) {
       if (this.realtime.has(agent.id)) continue;
       const engines = o.engineFor(agent);
@@ -153,6 +157,11 @@ export class VoiceService implements VoiceHost {
         logger: this.o.logger,
         agent: () => choice.current(),
         threads: this.threads,
+        usage: deviceTurnUsage(this.o.domain.usage.meter, key, this.limitedReplies),
+        limited: () => {
+          const agent = choice.chosenId();
+          return agent !== undefined && this.o.domain.usage.meter.limitedCached({ id: `device:${key}`, device: key }, agent);
+        },
         run: async (agentId, messages, signal, n, release) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
