@@ -254,7 +254,8 @@ describe("usage: bad configuration, and the command line", () => {
     ];
     for (const [usage, message] of bad) assert.throws(() => loadConfig({}, { usage } as ConfigInput), message, JSON.stringify(usage));
     assert.throws(
-      () => loadConfig({}, { api_keys: [{ name: "k", sha256: sha256("k"), limits: [{ scope: "api_key", per: "day", requests: 1 }] }] } as unknown as ConfigInput),
+      () =>
+        loadConfig({}, { api_keys: [{ name: "k", sha256: sha256("k"), limits: [{ scope: "api_key", per: "day", requests: 1 }] }] } as unknown as ConfigInput),
       /api_keys\.0\.limits\.0.*scope/,
     );
     assert.throws(
