@@ -55,6 +55,11 @@ export interface ActivityOptions {
   usage?: TurnUsage;
   /** Whether the device is known to be at a usage limit now (then no reply is prepared in a pause). */
   limited?: () => boolean;
+  /**
+   * The history a conversation continues from (fleet.md §3: the device's stored turns when it comes
+   * back from a drained node), put before the first turn's words once known.
+   */
+  earlier?: Promise<ChatMessage[]>;
 }
 
 /** Audio is judged in pieces of about 20 ms: "sound until min_ms" allows this much short. */
@@ -441,6 +446,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     }
     // What was heard of the reply this turn interrupted goes into the history first.
     if (turn.interrupted) await turn.interrupted;
+    await this.continued();
     const transcribed = clock.now();
     stages.transcription = transcribed - end.decided;
     // The turn's audio was transcribed, answered or not (usage.md §1).
@@ -545,6 +551,15 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       false_interruptions: speaking.falseInterruptions,
       ...(limited !== undefined ? { limited } : {}),
     });
+  }
+
+  /** The earlier turns this conversation continues (once, before its first words; never over a history of its own). */
+  private async continued(): Promise<void> {
+    const earlier = this.o.earlier;
+    if (!earlier) return;
+    this.o.earlier = undefined;
+    const messages = await earlier.catch(() => []);
+    if (this.history.length === 0) for (const m of messages.slice(-this.o.config.history_turns * 2)) this.history.push(m);
   }
 
   private remember(role: "user" | "assistant", content: string): void {

@@ -1,6 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
 import type { VoiceConfig } from "../config/config.ts";
+import type { ChatMessage } from "../protocol/compat.ts";
 import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import type { AudioThreads, ThreadUplink } from "./audio-threads.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
@@ -18,6 +19,8 @@ export type { AgentChoice } from "./activity.ts";
 
 export interface ConversationOptions {
   port: AudioPort;
+  /** The history this conversation continues from (the device's stored turns), when any. */
+  earlier?: Promise<ChatMessage[]>;
   config: VoiceConfig;
   /** The node's voice activity detector. */
   activity: VoiceActivityPort;
@@ -90,6 +93,7 @@ export class Conversation {
       run: o.run,
       ...(o.usage ? { usage: o.usage } : {}),
       ...(o.limited ? { limited: o.limited } : {}),
+      ...(o.earlier ? { earlier: o.earlier } : {}),
       log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
     });
     this.recognition = this.listen();

@@ -150,6 +150,10 @@ export class VoiceService implements VoiceHost {
       }
       conversation = new Conversation({
         port,
+        // With transcripts stored, a device back from a drained node (or a dropped link) continues its conversation (fleet.md §3).
+        ...(this.o.domain.conversations.storing
+          ? { earlier: this.o.domain.conversations.continuing(key, this.o.config.voice.history_turns).catch(() => []) }
+          : {}),
         config: this.o.config.voice,
         activity: this.o.activity,
         resampler: this.o.resampler,
