@@ -1,5 +1,6 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { VoiceConfig } from "../config/config.ts";
+import type { Admission } from "../domain/usage-meter.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { EngineId, VoiceEngines } from "./engine-ports.ts";
@@ -10,6 +11,7 @@ import { PreparedReply } from "./preemptive.ts";
 import type { ListeningTurn, RecognitionHooks, TurnEnd } from "./recognition.ts";
 import { failureCode, Reply, type ReplyOptions } from "./reply.ts";
 import { contentWords, englishRules, type TurnEndModel, turnEndSilence } from "./turn-end.ts";
+import { countedSpeech, type TurnUsage } from "./usage.ts";
 
 /** The agent answering this device now, with the engines its conversations use. */
 export interface AgentChoice {
@@ -49,6 +51,15 @@ export interface ActivityOptions {
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
   /** The end-of-turn rules (default the English rules of src/voice/turn-end.ts). */
   turnEnd?: TurnEndModel;
+  /** Counts the turns and refuses them at a usage limit (usage.md); none: nothing is counted. */
+  usage?: TurnUsage;
+  /** Whether the device is known to be at a usage limit now (then no reply is prepared in a pause). */
+  limited?: () => boolean;
+  /**
+   * The history a conversation continues from (fleet.md §3: the device's stored turns when it comes
+   * back from a drained node), put before the first turn's words once known.
+   */
+  earlier?: Promise<ChatMessage[]>;
 }
 
 /** Audio is judged in pieces of about 20 ms: "sound until min_ms" allows this much short. */
@@ -244,7 +255,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   }
 
   paused(turn: Turn, text: string): void {
-    if (turn.over || turn.n === 0 || this.closed || !this.o.config.turn.preemptive) return;
+    if (turn.over || turn.n === 0 || this.closed || !this.o.config.turn.preemptive || this.o.limited?.()) return;
     if (turn.prepared && !turn.prepared.reply.discarded && turn.prepared.reply.answers(text)) return;
     this.drop(turn);
     const agent = this.o.agent();
@@ -456,21 +467,54 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     }
     // What was heard of the reply this turn interrupted goes into the history first.
     if (turn.interrupted) await turn.interrupted;
+    await this.continued();
     const transcribed = clock.now();
     stages.transcription = transcribed - end.decided;
+    // The turn's audio was transcribed, answered or not (usage.md §1).
+    this.o.usage?.record(turn.agent.id, { audio_ms: Math.max(0, Math.round(end.decided - turn.onset)) });
     if (this.closed) return;
     this.o.events.done(`in-${n}`, "user.transcript", transcript);
     this.o.log("debug", { turn: n, transcript }, "voice turn transcript");
     const agent = this.o.agent();
     // A newer turn began while this one was transcribed: it answers instead.
     if (!transcript || !agent || this.turns !== n) return done("empty", engines, flags);
+    // A usage limit reached: the turn is answered with the agent's limited reply, without a model call (usage.md §3).
+    const usage = this.o.usage;
+    let admission: Admission | undefined;
+    let limited: string | undefined;
+    if (usage) {
+      const gate = await usage.admit(agent.id).catch((err: unknown) => {
+        this.o.log("warn", { err }, "usage could not be checked; the turn goes on");
+        return undefined;
+      });
+      if (gate && "limited" in gate) limited = gate.limited;
+      else admission = gate?.admission;
+      if (this.closed || this.turns !== n) {
+        admission?.abandon();
+        return done("empty", engines, flags);
+      }
+    }
     const prepared = turn.prepared;
-    const usable = prepared !== undefined && prepared.agentId === agent.id && prepared.reply.answers(transcript) && sameHistory(prepared.history, this.history);
+    const usable =
+      limited === undefined &&
+      prepared !== undefined &&
+      prepared.agentId === agent.id &&
+      prepared.reply.answers(transcript) &&
+      sameHistory(prepared.history, this.history);
     this.remember("user", transcript);
     const messages = [...this.history];
     engines.speech = agent.engines.speech.engine;
     let text: ReplyOptions["text"] = (signal) => this.o.run(agent.id, messages, signal, n);
-    if (usable) {
+    let speech = usage ? countedSpeech(agent.engines.speech, (chars) => usage.record(agent.id, { speech_chars: chars })) : agent.engines.speech;
+    if (limited !== undefined && usage) {
+      this.drop(turn);
+      const kept = usage.limitedReply(agent.id, agent.engines.speech);
+      text = async () =>
+        (async function* () {
+          yield kept.text;
+        })();
+      speech = kept.speech;
+    } else if (usable) {
       turn.prepared = undefined;
       this.prepared.delete(prepared.reply);
       text = prepared.reply.adopt();
@@ -481,7 +525,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       n,
       voice: agent.voice,
       text,
-      speech: agent.engines.speech,
+      speech,
       resampler: this.o.resampler,
       codec: this.o.codec,
       clock,
@@ -519,12 +563,24 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       stages.speech_to_audio = at.firstAudio - end.lastVoiced;
     }
     if (outcome.error) this.o.log("warn", { turn: n, error: outcome.error }, "voice reply failed");
-    done(outcome.result, engines, {
+    if (outcome.result === "failed") admission?.abandon();
+    else admission?.answered();
+    done(limited !== undefined && outcome.result === "answered" ? "limited" : outcome.result, engines, {
       ...flags,
       interrupted: outcome.result === "interrupted",
       reply_cut: outcome.cut,
       false_interruptions: speaking.falseInterruptions,
+      ...(limited !== undefined ? { limited } : {}),
     });
+  }
+
+  /** The earlier turns this conversation continues (once, before its first words; never over a history of its own). */
+  private async continued(): Promise<void> {
+    const earlier = this.o.earlier;
+    if (!earlier) return;
+    this.o.earlier = undefined;
+    const messages = await earlier.catch(() => []);
+    if (this.history.length === 0) for (const m of messages.slice(-this.o.config.history_turns * 2)) this.history.push(m);
   }
 
   private remember(role: "user" | "assistant", content: string): void {
@@ -565,4 +621,6 @@ interface TurnFlags {
   turn_cut: boolean;
   /** The reply reached `voice.max_reply_chars`: the rest was not spoken. */
   reply_cut: boolean;
+  /** The counter whose usage limit refused the turn (it was answered with the agent's limited reply). */
+  limited?: string;
 }

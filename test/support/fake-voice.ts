@@ -30,6 +30,7 @@ import { FRAME_SAMPLES, OpusCodec } from "../../src/voice/opus.ts";
 import { encodeVoiceEvent } from "../../src/voice/peer-events.ts";
 import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
 import { LOOKBACK_MS, QUIET_DBOV } from "../../src/voice/uplink.ts";
+import type { TurnUsage } from "../../src/voice/usage.ts";
 import { rtpPacket } from "./rtp-device.ts";
 import { type Seen, seen } from "./voice.ts";
 
@@ -326,7 +327,7 @@ export interface Rig {
 }
 
 /** A conversation with fake engines on a fake clock (voice config as in configuration; defaults otherwise). */
-export async function rig(voice: Record<string, unknown> = {}, o: { threads?: AudioThreads } = {}): Promise<Rig> {
+export async function rig(voice: Record<string, unknown> = {}, o: { threads?: AudioThreads; usage?: TurnUsage; limited?: () => boolean } = {}): Promise<Rig> {
   const clock = new FakeClock();
   const stt = new FakeTranscription();
   const tts = new FakeSpeech();
@@ -417,6 +418,8 @@ export async function rig(voice: Record<string, unknown> = {}, o: { threads?: Au
     run: model.run,
     clock,
     threads: o.threads,
+    ...(o.usage ? { usage: o.usage } : {}),
+    ...(o.limited ? { limited: o.limited } : {}),
   });
   return r;
 }
