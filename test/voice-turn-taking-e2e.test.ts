@@ -45,10 +45,11 @@ describe("turn-taking end to end (voice.md §7)", () => {
     const config = talkerConfig(upstream.url);
     config.agents[0] = { ...config.agents[0]!, tools: ["device.*"] } as (typeof config.agents)[0];
     // The recogniser's time is the machine's: on a loaded one, the words of a pause take seconds to
-    // come, and a phrase whose words are unknown or unfinished waits unfinished_silence_ms for them.
-    // Far above that here, so that what these tests prove (one turn, a discarded reply) never hangs
-    // on how fast the words came (talkerConfig lifts max_reply_delay_ms likewise).
-    server = await startTestServer({ config: { ...config, voice: { ...config.voice, turn: { preemptive: true, unfinished_silence_ms: 30_000 } } } });
+    // come, and a phrase whose words are unknown or unfinished waits unfinished_silence_ms for them
+    // (audio that comes late after a stall of the machine is a pause too). Its most here, so that
+    // what these tests prove (one turn, a discarded reply) does not hang on how fast the words
+    // came (talkerConfig lifts max_reply_delay_ms likewise).
+    server = await startTestServer({ config: { ...config, voice: { ...config.voice, turn: { preemptive: true, unfinished_silence_ms: 10_000 } } } });
   });
 
   after(async () => {
@@ -95,7 +96,7 @@ describe("turn-taking end to end (voice.md §7)", () => {
       // meanwhile): however long the recogniser takes, the rest of the command comes after it.
       const heard = () => log.all.filter((s) => s.label === "user.transcript" || s.label === "turn.metrics").map((s) => `${s.stream} ${s.text}`);
       const asked = () => upstream.received.slice(from).map((r) => lastUser(r.body));
-      await eventually(() => asked().some((said) => /down to\.?$/i.test(said.trim())), 25_000, "the model asked in the pause").catch((err: Error) => {
+      await eventually(() => asked().some((said) => /down to\.?$/i.test(said.trim())), 9_000, "the model asked in the pause").catch((err: Error) => {
         throw new Error(`${err.message} with the words so far: ${JSON.stringify(asked())}; ${JSON.stringify(heard())}`);
       });
       await mic.say(tail);
