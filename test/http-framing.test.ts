@@ -4,6 +4,7 @@
  */
 import assert from "node:assert/strict";
 import type { Socket } from "node:net";
+import { type Duplex, duplexPair } from "node:stream";
 import { after, before, describe, test } from "node:test";
 import pino from "pino";
 import type { PerchClient } from "../src/sdk/client.ts";
@@ -49,6 +50,9 @@ describe("HTTP framing errors", () => {
       ["bad chunk size", "PUT /me/status HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "INVALID_REQUEST"],
       ["backslash in the path", "GET /a\\b HTTP/1.1\r\nHost: x\r\n\r\n", 400, "INVALID_REQUEST"],
       ["no Host header", "GET /healthz HTTP/1.1\r\n\r\n", 400, "INVALID_REQUEST"],
+      ["two Host headers", "GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "INVALID_REQUEST"],
+      ["two Host headers, one in another case, the same value", "GET /healthz HTTP/1.1\r\nHost: x\r\nhOST: x\r\n\r\n", 400, "INVALID_REQUEST"],
+      ["two Host headers on an absolute target", "GET http://x/healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "INVALID_REQUEST"],
       ["CONNECT", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 400, "INVALID_REQUEST"],
       ["an expectation other than 100-continue", "GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: teapot\r\n\r\n", 417, "EXPECTATION_FAILED"],
       ["headers over 16 KiB", `GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${"a".repeat(20_000)}\r\n\r\n`, 431, "HEADERS_TOO_LARGE"],
@@ -58,6 +62,18 @@ describe("HTTP framing errors", () => {
       assert.equal(timedOut, false, `${what}: the connection is closed`);
       expectEnvelope(parseRawResponse(raw), status, code, what);
     }
+    // The same over a stream served as service streams are (the HTTP server handed a connection), not a TCP socket.
+    const [client, served] = duplexPair();
+    for (const end of [client, served] as Array<Duplex & Record<string, unknown>>) {
+      end.setTimeout = () => end;
+      end.setNoDelay = () => end;
+      end.setKeepAlive = () => end;
+      end.ref = () => end;
+      end.unref = () => end;
+    }
+    server.httpServer.emit("connection", served);
+    const { raw } = await exchange(client, "GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\nConnection: close\r\n\r\n");
+    expectEnvelope(parseRawResponse(raw), 400, "INVALID_REQUEST", "two Host headers over a served stream");
     // Nothing was counted as a server error, and the server still answers.
     for (const key of (await requestCounts(server)).keys()) assert.ok(!key.endsWith(" 500"), key);
     assert.equal((await fetch(`${server.url}/healthz`)).status, 200);

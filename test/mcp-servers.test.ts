@@ -138,6 +138,36 @@ describe("MCP servers: bounds and presence", () => {
     assert.equal(await up("mute"), "0");
   });
 
+  test("calls that time out or are cancelled end their HTTP requests: the server's sockets are freed, the server still answers", async () => {
+    const server = await new SdkHttpServer(() => {
+      const mcp = new McpServer({ name: "slow", version: "1.0.0" });
+      // Takes the call and never answers.
+      mcp.registerTool("never", { description: "Never answers.", inputSchema: {} }, () => new Promise(() => {}));
+      mcp.registerTool("small", { description: "A short answer.", inputSchema: {} }, async () => ({ content: [{ type: "text", text: "small" }] }));
+      return mcp;
+    }).start();
+    open.push(server);
+    const { s } = await servers([{ id: "slow", url: server.url, timeout_ms: 5_000 }]);
+    const timedOut = await Promise.all(Array.from({ length: 20 }, () => call(s, "slow", "never", {}, 150)));
+    for (const o of timedOut) assert.equal(o.result, "timeout");
+    const aborts = Array.from({ length: 10 }, () => new AbortController());
+    const cancelled = Promise.all(aborts.map((a) => s.call("slow", "never", {}, { timeoutMs: 5_000, signal: a.signal })));
+    await eventually(() => server.methods.filter((m) => m === "tools/call").length >= 30, 5_000, "the cancelled calls taken");
+    for (const a of aborts) a.abort(new Error("barge-in"));
+    for (const o of await cancelled) assert.equal(o.isError, true);
+    // 30 calls the server never answered: their requests are ended, not left holding a socket each.
+    let open_ = Number.POSITIVE_INFINITY;
+    await eventually(
+      async () => {
+        open_ = await server.connections();
+        return open_ <= 4;
+      },
+      10_000,
+      "the calls' sockets freed",
+    ).catch(() => assert.fail(`${open_} sockets still open after 30 calls ended`));
+    assert.equal((await call(s, "slow", "small")).text, "small");
+  });
+
   test("cutOutcome: within the bound the outcome itself; beyond, cut on a character boundary with a note", () => {
     const small = { text: "short", isError: false, images: [], result: "ok" as const };
     assert.equal(cutOutcome(small, 5), small);

@@ -1,10 +1,18 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { toolMessageText } from "../src/ai/agents/toolbox.ts";
+import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
+import pino from "pino";
+import { Registry } from "prom-client";
+import { z } from "zod";
+import { Toolbox, toolMessageText } from "../src/ai/agents/toolbox.ts";
+import { loadConfig } from "../src/config/config.ts";
 import { acceptTools, type OfferedTool } from "../src/mcp/bounds.ts";
+import { ToolMetrics } from "../src/mcp/metrics.ts";
 import { fromCallResult } from "../src/mcp/results.ts";
+import { McpServers } from "../src/mcp/servers.ts";
 import type { VoiceEvents } from "../src/voice/peer-events.ts";
 import { toolEvents } from "../src/voice/tool-events.ts";
+import { SdkHttpServer } from "./support/mcp.ts";
 
 /** In process, no network: what the tool results and the voice events carry. */
 describe("tools, fast", () => {
@@ -51,5 +59,61 @@ describe("tools, fast", () => {
     assert.equal(into.length, 128);
     assert.equal(into.at(-1)!.name, "t127");
     assert.deepEqual(acceptTools({}, into), ["tools is not an array"]);
+  });
+});
+
+describe("a model's tool arguments are bounded before anything parses them (tools.md §2)", () => {
+  test("arguments over the agent's tool_arguments_max_chars: not parsed, not run, a tool error saying so; within it the call runs", async () => {
+    const server = await new SdkHttpServer(() => {
+      const mcp = new McpServer({ name: "echo", version: "1.0.0" });
+      mcp.registerTool("echo", { description: "Echoes.", inputSchema: { text: z.string() } }, async ({ text }) => ({ content: [{ type: "text", text }] }));
+      return mcp;
+    }).start();
+    const registry = new Registry();
+    const metrics = new ToolMetrics(registry);
+    const servers = new McpServers([{ id: "home", url: server.url, headers_env: {}, timeout_ms: 5_000, ping_interval_ms: 10_000 }], {
+      env: {},
+      logger: pino({ level: "silent" }),
+      metrics,
+    });
+    try {
+      await servers.tried();
+      const config = loadConfig({}, {
+        providers: [{ id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" }],
+        models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "m" }],
+        mcp_servers: [{ id: "home", url: server.url }],
+        agents: [{ id: "a", model: "m", tools: ["home.*"], tool_arguments_max_chars: 100 }],
+      } as never);
+      // The domain and devices are not on this path: a server tool for an API-key caller.
+      const box = new Toolbox({ domain: {} as never, servers, devices: () => undefined, metrics, providers: config.providers, models: config.models });
+      const kit = box.forRun(config.agents[0]!, config.models[0]!, { kind: "application", name: "k", models: [] });
+      assert.deepEqual(
+        kit.definitions().map((d) => d.function.name),
+        ["home.echo"],
+      );
+      const run = (args: string) => kit.run({ id: "c1", type: "function", function: { name: "home.echo", arguments: args } }, new AbortController().signal);
+      const calls = () => server.methods.filter((m) => m === "tools/call").length;
+      const ok = await run(JSON.stringify({ text: "x".repeat(80) }));
+      assert.equal(ok.isError, false);
+      assert.equal(calls(), 1);
+      // Over the bound, and not even JSON: refused by its length, never parsed.
+      const huge = `{"text":"${"y".repeat(150)}`;
+      const refused = await run(huge);
+      assert.equal(refused.isError, true);
+      assert.match(refused.text, /arguments are over 100 characters \(159\): the call was not run/);
+      assert.equal(calls(), 1, "the server got no call");
+      // The voice turn's tool.call event shows long arguments as text cut at 4 KiB, unparsed.
+      const sent: string[] = [];
+      toolEvents({ done: (_s: string, _l: string, text: string) => sent.push(text) } as unknown as VoiceEvents, "out-1").called(
+        "home.echo",
+        JSON.stringify({ text: "z".repeat(1_000_000) }),
+      );
+      const shown = JSON.parse(sent[0]!) as { arguments: unknown };
+      assert.equal(typeof shown.arguments, "string");
+      assert.equal((shown.arguments as string).length, 4096);
+    } finally {
+      await servers.close();
+      await server.stop();
+    }
   });
 });

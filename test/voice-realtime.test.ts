@@ -316,7 +316,7 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     conn.close();
   });
 
-  test("failures end at most the turn: a dropped socket, an error event, a model that never answers, a refused upgrade; the next turn is answered on a new session with history", async () => {
+  test("failures end at most the turn: a dropped socket, an error event (the session kept), a model that never answers, a refused upgrade; the next turn is answered (on a new session with history)", async () => {
     const { conn, log, say } = await device();
     let n = 0;
     // A good turn first: the history the new sessions must carry.
@@ -336,6 +336,17 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
       const failedEvents = log.of(`out-${n}`).filter((e) => e.type === "EOS" && e.error?.code === "failed");
       assert.ok(failedEvents.length >= 1, `${what}: the turn failed with events (${JSON.stringify(outline(log, `out-${n}`))})`);
       assert.equal(m.interrupted, false);
+      if (what === "an error event") {
+        // Recoverable (voice.md §6): only the turn failed, the session is kept.
+        assert.equal(fake.sessions.length, sessions, `${what}: no new session`);
+        assert.equal(fake.sessions.at(-1)!.closed, false, `${what}: the session is kept`);
+        fake.script({ kind: "reply", text: "Back again.", ms: 300 });
+        await say(question);
+        await metricsOf(log, ++n);
+        assert.equal(log.of(`out-${n}`).find((e) => e.type === "EOS")?.error, undefined, `${what}: the next turn is answered`);
+        assert.equal(fake.sessions.length, sessions, `${what}: on the same session`);
+        continue;
+      }
       // A new session, reopened by itself, with the history as items.
       await fake.until(() => fake.sessions.length > sessions && fake.sessions.at(-1)!.session !== undefined, 15_000, `${what}: a new session`);
       const items = fake.sessions
@@ -354,7 +365,7 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     }
     // One log line per failure, naming the provider's reason, never the key.
     const failures = lines.filter((l) => l.msg === "the realtime session failed; reconnecting");
-    assert.ok(failures.some((l) => String(l.reason).includes("the model fell over")));
+    assert.ok(lines.some((l) => l.msg === "the realtime model reported an error" && String(l.reason).includes("the model fell over")));
     assert.ok(failures.some((l) => String(l.reason).includes("did not start its response")));
     // A refused upgrade (401 naming the key, 429, 503): retried with back-off; the conversation goes on.
     fake.refuse(401, `Incorrect API key provided: ${KEY}.`);

@@ -17,6 +17,8 @@ export interface ChatPiece {
 /** Filled in as the stream passes: the usage chunk, when the provider sends one. */
 export interface ChatStats {
   usage?: Usage;
+  /** Characters of reply text seen (for an estimate of the tokens when the provider reports no usage). */
+  outputChars?: number;
 }
 
 /**
@@ -31,6 +33,33 @@ export class ChatStream {
   constructor(source: AsyncIterator<ChatPiece>, stats: ChatStats = {}) {
     this.source = source;
     this.stats = stats;
+  }
+
+  /** Calls `fn` once when the stream ends, however it ends (read to its end, failed, or left early). */
+  onEnd(fn: () => void): this {
+    const source = this.source;
+    if (!source) throw new Error("a chat stream is read once");
+    let called = false;
+    const once = () => {
+      if (called) return;
+      called = true;
+      fn();
+    };
+    this.source = {
+      next: () =>
+        source.next().then(
+          (r) => {
+            if (r.done) once();
+            return r;
+          },
+          (err: unknown) => {
+            once();
+            throw err;
+          },
+        ),
+      return: (value?: unknown) => Promise.resolve(source.return?.(value) ?? ({ done: true, value: undefined } as IteratorResult<ChatPiece>)).finally(once),
+    };
+    return this;
   }
 
   pieces(): AsyncIterableIterator<ChatPiece> {

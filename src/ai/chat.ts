@@ -1,7 +1,9 @@
-import type { ChatCompletion, ChatRequest } from "../protocol/compat.ts";
+import { estimateTokens } from "../domain/usage-limits.ts";
+import type { UsageMeter } from "../domain/usage-meter.ts";
+import type { ChatCompletion, ChatRequest, Usage } from "../protocol/compat.ts";
 import { AgentRunner } from "./agents/agent.ts";
 import type { Toolbox, ToolObserver } from "./agents/toolbox.ts";
-import type { Caller } from "./caller.ts";
+import { type Caller, usageWho } from "./caller.ts";
 import type { Catalog, CatalogEntry } from "./catalog.ts";
 import type { ChatStream } from "./chat-stream.ts";
 import { GenerationError } from "./errors.ts";
@@ -16,6 +18,8 @@ export interface ChatServiceOptions {
   router: ChatRouter;
   catalog: Catalog;
   tools: Toolbox;
+  /** Counts every call's tokens for its caller (usage.md §1). */
+  usage?: UsageMeter;
 }
 
 /** Chat completions for a caller: resolves the model or agent, checks what it accepts, and runs it. */
@@ -23,8 +27,10 @@ export class ChatService {
   private readonly catalog: Catalog;
   private readonly router: ChatRouter;
   private readonly agents: AgentRunner;
+  private readonly usage: UsageMeter | undefined;
 
   constructor(o: ChatServiceOptions) {
+    this.usage = o.usage;
     this.catalog = o.catalog;
     this.router = o.router;
     this.agents = new AgentRunner(this.router, o.tools);
@@ -62,6 +68,34 @@ export class ChatService {
 
   /** `chat` of a model or agent already resolved for `caller` (`resolve`). */
   async run(entry: ChatEntry, caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver): Promise<ChatResult> {
+    const result = await this.call(entry, caller, request, signal, observer);
+    const meter = this.usage;
+    if (!meter) return result;
+    // Tokens as the provider reported them; estimated from the text (and flagged) where it reported none.
+    const count = (usage: Usage | null | undefined, outputChars: () => number) => {
+      const reported = usage && (usage.prompt_tokens > 0 || usage.completion_tokens > 0);
+      meter.record(
+        usageWho(caller),
+        entry.id,
+        reported
+          ? { input_tokens: usage.prompt_tokens || 0, output_tokens: usage.completion_tokens || 0 }
+          : { input_tokens: estimateTokens(inputChars(request)), output_tokens: estimateTokens(outputChars()), estimated: true },
+      );
+    };
+    if (result.kind === "completion") {
+      const c = result.completion;
+      count(c.usage, () => {
+        const content = c.choices?.[0]?.message?.content;
+        return typeof content === "string" ? content.length : 0;
+      });
+    } else {
+      const { stats } = result.stream;
+      result.stream.onEnd(() => count(stats.usage, () => stats.outputChars ?? 0));
+    }
+    return result;
+  }
+
+  private async call(entry: ChatEntry, caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver): Promise<ChatResult> {
     checkParts(request, entry.model.input);
     const o = { signal, publicModel: entry.id };
     if (entry.kind === "agent") {
@@ -98,4 +132,15 @@ function checkParts(request: ChatRequest, accepted: readonly string[]): void {
       }
     });
   });
+}
+
+/** Characters of the request's text, for an estimate of its tokens. */
+function inputChars(request: ChatRequest): number {
+  let n = 0;
+  for (const m of request.messages) {
+    const content = (m as { content?: unknown }).content;
+    if (typeof content === "string") n += content.length;
+    else if (Array.isArray(content)) for (const p of content as Array<{ text?: unknown }>) if (typeof p.text === "string") n += p.text.length;
+  }
+  return n;
 }

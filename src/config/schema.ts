@@ -162,6 +162,8 @@ const ModelConfig = z.strictObject({
   stream: z.boolean().default(false).meta(info("a transcription model whose provider streams partial text (`transcript.text.delta` events)")),
 });
 
+export const DEFAULT_LIMITED_REPLY = "I need a rest now. Let's talk again tomorrow!";
+
 const AgentConfig = z.strictObject({
   id: ID.meta(info("the agent's id, used as a model id by clients (not also a model's id)")),
   model: ID.meta(info("the chat model it thinks with")),
@@ -198,6 +200,13 @@ const AgentConfig = z.strictObject({
     .max(4_194_304)
     .default(65_536)
     .meta(info("a device or MCP server tool's result reaches the model cut to this many characters, with a note that it was cut")),
+  tool_arguments_max_chars: z
+    .number()
+    .int()
+    .min(2)
+    .max(1_048_576)
+    .default(65_536)
+    .meta(info("a tool call's arguments longer than this are not parsed and the call is not run: the model gets a tool error saying so")),
   max_steps: z.number().int().min(1).max(32).default(4).meta(info("model calls of one request at most; the last offers no tools, so the model has to answer")),
   max_tokens: z
     .number()
@@ -214,6 +223,12 @@ const AgentConfig = z.strictObject({
     .union([z.string().min(1), z.literal(false)])
     .optional()
     .meta(info("a realtime agent's input transcription model; `false`: none", { default_text: "`gpt-4o-mini-transcribe`" })),
+  limited_reply: z
+    .string()
+    .min(1)
+    .max(500)
+    .default(DEFAULT_LIMITED_REPLY)
+    .meta(info("what a device hears, in the agent's voice, for a turn its usage limit refuses (synthesised once and kept; docs/usage.md)")),
   memory: z
     .strictObject({
       enabled: z.boolean().default(false).meta(info("the agent remembers each device's people between conversations")),
@@ -257,6 +272,43 @@ const McpServerConfig = z.strictObject({
     ),
 });
 
+/** What usage counts (usage.md §1), in the order the views list them. */
+export const USAGE_COUNTERS = ["requests", "input_tokens", "output_tokens", "speech_chars", "audio_seconds", "tool_calls"] as const;
+/** What a limit may bound (usage.md §2); `tokens` is input plus output. */
+export const LIMIT_COUNTERS = ["requests", "tokens", "speech_chars", "audio_seconds"] as const;
+
+const limitValue = (what: string) =>
+  z
+    .number()
+    .int()
+    .min(0)
+    .optional()
+    .meta(info(`${what} at most in the period (0: none allowed)`));
+const LIMIT_FIELDS = {
+  per: z.enum(["day", "month"]).meta(info("the period, in UTC: `day` or `month`")),
+  agent: ID.optional().meta(info("only this agent's or model's use counts (and is refused)", { default_text: "all of the principal's use" })),
+  requests: limitValue("answered requests (voice turns, chat completions, speech and transcription requests)"),
+  tokens: limitValue("input plus output tokens"),
+  speech_chars: limitValue("characters synthesised"),
+  audio_seconds: limitValue("seconds of audio transcribed, or sent to and from a realtime model"),
+};
+const someCounter = (l: Partial<Record<(typeof LIMIT_COUNTERS)[number], number>>) => LIMIT_COUNTERS.some((c) => l[c] !== undefined);
+const NO_COUNTER = { message: `a limit needs at least one of ${LIMIT_COUNTERS.join(", ")}` };
+
+/** One limit of `usage.limits` (usage.md §2). */
+export const UsageLimitConfig = z
+  .strictObject({
+    scope: z
+      .enum(["device", "all_devices", "api_key"])
+      .meta(info("`device` (each device alone), `all_devices` (their sum) or `api_key` (each operator API key alone)")),
+    ...LIMIT_FIELDS,
+  })
+  .refine(someCounter, NO_COUNTER);
+/** One limit of an API key's own `limits`: that key's, so without `scope`. */
+export const KeyLimitConfig = z.strictObject(LIMIT_FIELDS).refine(someCounter, NO_COUNTER);
+export type UsageLimitConfig = z.infer<typeof UsageLimitConfig>;
+export type KeyLimitConfig = z.infer<typeof KeyLimitConfig>;
+
 const ApiKeyConfig = z.strictObject({
   name: z.string().min(1).max(128).meta(info("the key's name: the application calling with it")),
   sha256: z
@@ -266,6 +318,10 @@ const ApiKeyConfig = z.strictObject({
     .meta(info("SHA-256 of the key, hex (`perch api-key` makes one): the key itself is never stored")),
   models: z.array(z.string().min(1)).default(["*"]).meta(info("model and agent ids this key may use; `*` is any")),
   rate_limit: z.number().int().min(0).default(0).meta(info("requests a minute; 0 is unlimited")),
+  limits: z
+    .array(KeyLimitConfig)
+    .default([])
+    .meta(info("this key's own usage limits (docs/usage.md): `{per, agent?, requests?, tokens?, speech_chars?, audio_seconds?}`, beside `usage.limits`")),
 });
 
 const TURN_DEFAULTS = {
@@ -729,6 +785,16 @@ export const ConfigSchema = z
     mcp_servers: z.array(McpServerConfig).default([]).meta(info("MCP servers over Streamable HTTP whose tools agents may use")),
     api_keys: z.array(ApiKeyConfig).default([]).meta(info("keys of the Compatible API's applications")),
     voice: VoiceConfig.default(VOICE_DEFAULTS).meta(info("voice conversations over a connected device's audio")),
+    usage: z
+      .strictObject({
+        retention_days: z.number().int().min(1).max(36_500).default(400).meta(info("days of usage rows kept (UTC days; older ones are deleted)")),
+        limits: z
+          .array(UsageLimitConfig)
+          .default([])
+          .meta(info("usage limits (docs/usage.md): `{scope, per, agent?, requests?, tokens?, speech_chars?, audio_seconds?}`")),
+      })
+      .default({ retention_days: 400, limits: [] })
+      .meta(info("what devices and API keys use, and its limits (docs/usage.md)")),
   })
   .superRefine(checkCatalog);
 
@@ -741,6 +807,7 @@ function checkCatalog(
     mcp_servers: McpServerConfig[];
     api_keys: ApiKeyConfig[];
     voice: VoiceConfig;
+    usage: { limits: UsageLimitConfig[] };
   },
   ctx: z.RefinementCtx,
 ): void {
@@ -843,6 +910,12 @@ function checkCatalog(
     k.models.forEach((m, j) => {
       if (m !== "*" && !ids.has(m)) issue(["api_keys", i, "models", j], `unknown model ${m}`);
     });
+    k.limits.forEach((l, j) => {
+      if (l.agent !== undefined && !ids.has(l.agent)) issue(["api_keys", i, "limits", j, "agent"], `unknown agent or model ${l.agent}`);
+    });
+  });
+  c.usage.limits.forEach((l, i) => {
+    if (l.agent !== undefined && !ids.has(l.agent)) issue(["usage", "limits", i, "agent"], `unknown agent or model ${l.agent}`);
   });
 }
 

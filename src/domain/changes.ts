@@ -1,5 +1,5 @@
 import { type BusMessage, type EventBus, topics } from "../bus/index.ts";
-import type { ConversationEntry, PeerStatus, TelemetryField } from "../protocol/public.ts";
+import type { ConversationEntry, PeerStatus, TelemetryField, UsageView } from "../protocol/public.ts";
 import { splitText } from "../protocol/text.ts";
 import type { Repositories } from "../store/index.ts";
 
@@ -21,7 +21,9 @@ export type DeviceMessage =
    */
   | { kind: "conversation"; e: Omit<ConversationEntry, "text">; s: number; p: number; parts: number; t: string }
   /** The device's memory changed (edited, rewritten, forgotten, turned on or off) at `at`. */
-  | { kind: "memory"; at: number };
+  | { kind: "memory"; at: number }
+  /** The device's usage now: a limit was reached, or it reset (usage.md §3). */
+  | { kind: "usage"; usage: UsageView };
 
 /** A session's end, on `topics.session(id)`. */
 export type SessionMessage = { kind: "revoked" };
@@ -73,6 +75,10 @@ export class DomainEvents {
 
   memory(key: string, at: number): void {
     this.device(key, { kind: "memory", at });
+  }
+
+  usage(key: string, usage: UsageView): void {
+    this.device(key, { kind: "usage", usage });
   }
 
   /** A conversation entry (number `seq` of its conversation); a long text goes in several messages. */

@@ -12,6 +12,7 @@ import { PresenceService } from "./presence.ts";
 import { SideControlService } from "./side-control.ts";
 import { SignalingService } from "./signaling.ts";
 import { TelemetryService } from "./telemetry.ts";
+import { UsageService } from "./usage.ts";
 
 export type { DomainContext } from "./context.ts";
 export { DomainError, StoreUnavailable } from "./errors.ts";
@@ -31,6 +32,7 @@ export class Domain {
   readonly presence: PresenceService;
   readonly live: LiveService;
   readonly nodes: NodeService;
+  readonly usage: UsageService;
 
   readonly ctx: DomainContext;
 
@@ -48,6 +50,8 @@ export class Domain {
     this.presence = new PresenceService(ctx);
     this.live = new LiveService(ctx, this.peers, o.live);
     this.nodes = new NodeService(ctx);
+    this.usage = new UsageService(ctx);
+    this.peers.onRemoved((key) => this.usage.meter.forgetDevice(key, true));
   }
 
   /** Readiness: the store answers within `timeoutMs`; else `StoreUnavailable`. */

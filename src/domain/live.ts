@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { topics } from "../bus/index.ts";
-import type { ConversationEntry, PeerStatus, Runtime, TelemetryField } from "../protocol/public.ts";
+import type { ConversationEntry, PeerStatus, Runtime, TelemetryField, UsageView } from "../protocol/public.ts";
 import type { DeviceMessage, PeerMessage } from "./changes.ts";
 import type { DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
@@ -27,7 +27,8 @@ export type LiveEvent =
   | { event: "contacts"; data: { name: string; change: "created" | "updated" | "deleted" } }
   | { event: "session"; data: { state: "revoked" | "expired" } }
   | { event: "conversation"; data: ConversationEntry }
-  | { event: "memory"; data: { updated_at_unix_ms: number } };
+  | { event: "memory"; data: { updated_at_unix_ms: number } }
+  | { event: "usage"; data: UsageView };
 
 /** Where a stream's events go (the HTTP response). Events handed out may be shared between streams: never mutate them. */
 export interface LiveSink {
@@ -401,6 +402,11 @@ class DeviceHub implements NodeWatcher {
         return;
       case "memory": {
         const e: LiveEvent = { event: "memory", data: { updated_at_unix_ms: m.at } };
+        this.each((s) => s.send(e));
+        return;
+      }
+      case "usage": {
+        const e: LiveEvent = { event: "usage", data: m.usage };
         this.each((s) => s.send(e));
         return;
       }

@@ -9,6 +9,8 @@ import { NODE_STALE_MS } from "./presence.ts";
 /** Peers: registration, the self view, status documents and runtime. */
 export class PeerService {
   private readonly ctx: DomainContext;
+  /** Told of each peer this node removed, once its removal committed. */
+  private readonly removedListeners: Array<(key: string) => void> = [];
 
   constructor(ctx: DomainContext) {
     this.ctx = ctx;
@@ -118,12 +120,19 @@ export class PeerService {
     const publish = await this.ctx.store.transaction(async (tx) => {
       // Its memory first, overwritten in the file (the cascade would leave the text in free space).
       await tx.memories.delete(publicKey);
+      await tx.usage.removePrincipal(`device:${publicKey}`);
       return (await tx.peers.remove(publicKey)) ? this.ctx.events.peer(tx, publicKey, "removed") : undefined;
     });
     // Best effort: the peer is gone either way, and SQLite checkpoints on its own later.
     if (publish) await this.ctx.store.truncateLogSoon().catch(() => false);
     publish?.();
+    if (publish) for (const l of this.removedListeners) l(publicKey);
     return publish !== undefined;
+  }
+
+  /** `listener` hears of each peer this node removed, once the removal committed. */
+  onRemoved(listener: (key: string) => void): void {
+    this.removedListeners.push(listener);
   }
 }
 

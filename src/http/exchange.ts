@@ -173,6 +173,8 @@ export function exchangeOf(env: AppBindings | undefined): Exchange | undefined {
 export function targetPath(incoming: IncomingMessage): string | undefined {
   const target = incoming.url ?? "";
   if (!validTarget(target)) return undefined;
+  // RFC 9112 §3.2: more than one Host is a 400 (Node keeps the first and drops the others silently).
+  if (hostLines(incoming.rawHeaders) > 1) return undefined;
   if (target.startsWith("/")) {
     const host = incoming.headers.host;
     if (!host) return undefined;
@@ -195,6 +197,16 @@ export function targetPath(incoming: IncomingMessage): string | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** How many `Host` header lines a request has. */
+function hostLines(raw: readonly string[]): number {
+  let n = 0;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === 4 && name.toLowerCase() === "host") n++;
+  }
+  return n;
 }
 
 /** A host name (or IPv4 address) and port as a URL keeps them, lower case: no parsing needed. */

@@ -1,3 +1,4 @@
+import { AsyncLocalStorage } from "node:async_hooks";
 import type { FetchLike } from "@modelcontextprotocol/sdk/shared/transport.js";
 import { ErrorCode } from "@modelcontextprotocol/sdk/types.js";
 
@@ -58,15 +59,40 @@ function boundedEvents(max: number, id: string | number | undefined): TransformS
 }
 
 /**
+ * The abort signal of the MCP request being made in this async context: the SDK's transport sends
+ * every request on a fetch of its own but gives it no signal of the call's, so a call that timed
+ * out or was cancelled would leave its HTTP request (and socket) open while the server never
+ * answers. `boundedFetch` joins this signal to the request's.
+ */
+const requestSignal = new AsyncLocalStorage<AbortSignal>();
+
+/**
+ * Runs `fn` (one SDK request) so that its HTTP request is aborted when it fails: a timeout, an
+ * abort or an error ends the request's HTTP exchange too (tools.md §2), the socket freed.
+ */
+export async function withRequestAbort<T>(fn: () => Promise<T>): Promise<T> {
+  const controller = new AbortController();
+  try {
+    return await requestSignal.run(controller.signal, fn);
+  } catch (err) {
+    controller.abort(err);
+    throw err;
+  }
+}
+
+/**
  * A fetch for the SDK's Streamable HTTP client transport that reads at most `max` bytes of each
  * response: a JSON answer (or an error page) over it becomes a JSON-RPC error for the request it
  * answers, an event stream is ended there (its request answered with that error).
  */
 export function boundedFetch(max = MAX_RESPONSE_BYTES, base: FetchLike = fetch): FetchLike {
   return async (url, init) => {
+    const id = requestId(init?.body);
+    // Only the request itself: a notification sent on its behalf (`notifications/cancelled`) must still go.
+    const own = id !== undefined ? requestSignal.getStore() : undefined;
+    if (own) init = { ...init, signal: init?.signal ? AbortSignal.any([init.signal, own]) : own };
     const res = await base(url, init);
     if (!res.body || (res.status >= 300 && res.status < 400)) return res;
-    const id = requestId(init?.body);
     const headers = new Headers(res.headers);
     headers.delete("content-length");
     headers.delete("content-encoding");

@@ -4,6 +4,7 @@ import { ErrorCode, McpError, ToolListChangedNotificationSchema } from "@modelco
 import { AjvJsonSchemaValidator } from "@modelcontextprotocol/sdk/validation/ajv-provider.js";
 import { z } from "zod";
 import { buildInfo } from "../build-info.ts";
+import { withRequestAbort } from "./bounded-fetch.ts";
 import { acceptTools, MAX_TOOLS, type OfferedTool } from "./bounds.ts";
 import { failed, fromCallResult, type ToolOutcome } from "./results.ts";
 
@@ -84,9 +85,11 @@ export class McpToolClient {
     const cursors = new Set<string>();
     let cursor: string | undefined;
     for (let page = 0; page < MAX_PAGES && tools.length < MAX_TOOLS; page++) {
-      const res = await this.client.request({ method: "tools/list", params: cursor === undefined ? {} : { cursor } }, ListPage, {
-        timeout: this.o.timeoutMs,
-      });
+      const res = await withRequestAbort(() =>
+        this.client.request({ method: "tools/list", params: cursor === undefined ? {} : { cursor } }, ListPage, {
+          timeout: this.o.timeoutMs,
+        }),
+      );
       ignored.push(...acceptTools(res.tools, tools));
       cursor = res.nextCursor;
       if (cursor === undefined || cursors.has(cursor)) break;
@@ -100,10 +103,12 @@ export class McpToolClient {
   /** Calls `name`; a timeout, an abort, an error answer or `isError` all come back as a failed outcome. */
   async call(name: string, args: Record<string, unknown>, o: { timeoutMs: number; signal: AbortSignal }): Promise<ToolOutcome> {
     try {
-      const result = await this.client.request({ method: "tools/call", params: { name, arguments: args } }, AnyResult, {
-        timeout: o.timeoutMs,
-        signal: o.signal,
-      });
+      const result = await withRequestAbort(() =>
+        this.client.request({ method: "tools/call", params: { name, arguments: args } }, AnyResult, {
+          timeout: o.timeoutMs,
+          signal: o.signal,
+        }),
+      );
       return fromCallResult(result);
     } catch (err) {
       if (err instanceof McpError && err.code === ErrorCode.RequestTimeout && !o.signal.aborted) {

@@ -2,7 +2,7 @@ import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/
 import { ErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
 import type { Logger } from "pino";
 import type { McpServerConfig } from "../config/config.ts";
-import { boundedFetch } from "./bounded-fetch.ts";
+import { boundedFetch, withRequestAbort } from "./bounded-fetch.ts";
 import type { OfferedTool } from "./bounds.ts";
 import { McpToolClient } from "./mcp-client.ts";
 import type { ToolMetrics } from "./metrics.ts";
@@ -83,7 +83,7 @@ class McpServerLink {
     if (this.pinging) return;
     this.pinging = true;
     try {
-      await mcp.client.ping({ timeout: Math.min(this.config.timeout_ms, MAX_PING_WAIT_MS) });
+      await withRequestAbort(() => mcp.client.ping({ timeout: Math.min(this.config.timeout_ms, MAX_PING_WAIT_MS) }));
     } catch (err) {
       const there = err instanceof McpError && err.code !== ErrorCode.ConnectionClosed && err.code !== ErrorCode.RequestTimeout;
       if (!there) this.away(mcp, err as Error);

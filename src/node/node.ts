@@ -41,6 +41,7 @@ import { EngineHost, type EngineParts, enginesAtStart } from "./engines.ts";
 import { CpuWindow, Fleet } from "./fleet.ts";
 import { Closers, Jobs } from "./jobs.ts";
 import { BatchedLines } from "./log-lines.ts";
+import { usageHooks } from "./usage-hooks.ts";
 import { nodeWebRtcPort } from "./webrtc-port.ts";
 
 export interface StartOptions {
@@ -105,6 +106,7 @@ export interface RunningServer {
 
 const CLEANUP_INTERVAL_MS = 60_000;
 const LOG_FLUSH_INTERVAL_MS = 250;
+const USAGE_FLUSH_INTERVAL_MS = 1_000;
 
 /**
  * JSON lines on standard output, buffered and written in batches (at 4 KiB, every 250 ms, at
@@ -248,6 +250,7 @@ export class Node {
       counts: () => ({ connections: this.transport?.size ?? 0, conversations: this.voice?.size ?? 0 }),
       cpu: o.cpuShare ?? (() => cpu!.share()),
     });
+    this.domain.usage.meter.setHooks(usageHooks(this.domain, this.metrics.registry, this.logger.child({ component: "usage" })));
     const { speech, transcription } = engines;
     const catalog = new Catalog(config, {
       ...(speech ? { speech: { voices: speech.voices } } : {}),
@@ -270,7 +273,7 @@ export class Node {
     this.tools = tools;
     this.closers.defer(() => tools.close());
     this.commands.handle("device.tools", ({ key }) => (typeof key === "string" ? toolSummary(this.transport?.deviceTools(key)) : undefined));
-    this.chat = new ChatService({ router, catalog, tools });
+    this.chat = new ChatService({ router, catalog, tools, usage: this.domain.usage.meter });
     this.memory = new MemoryRewriter({
       memory: this.domain.memory,
       complete: (publicKey, model, messages, signal) => completeText(this.chat, publicKey, model, messages, signal),
@@ -291,6 +294,7 @@ export class Node {
         transcription,
         limits: config.compat,
         bodies,
+        usage: this.domain.usage.meter,
         ...(base ? { base } : {}),
       });
     this.app = this.createApp();
@@ -442,6 +446,9 @@ export class Node {
     });
     this.jobs.every("transcript retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.conversations.sweep());
     this.jobs.every("log flush", LOG_FLUSH_INTERVAL_MS, () => this.logger.flush());
+    // Usage counted in memory reaches the store at least once a second (usage.md §1).
+    this.jobs.every("usage flush", USAGE_FLUSH_INTERVAL_MS, () => this.domain.usage.meter.flush(true));
+    this.jobs.every("usage retention", this.o.cleanupIntervalMs ?? CLEANUP_INTERVAL_MS, () => this.domain.usage.sweep());
   }
 
   /** The start-up line, then the background loading of the engines the node needs now (`enginesAtStart`). */
@@ -550,6 +557,8 @@ export class Node {
     this.domain.live.close();
     await this.transport?.close();
     await stopped;
+    // What was counted and not written yet, before the store closes.
+    await this.domain.usage.meter.close();
     if (this.heartbeat) {
       await this.heartbeat.stop();
       await this.domain.presence.leave().catch((err) => this.logger.error({ err }, "could not clear this node's records"));

@@ -399,5 +399,42 @@ export type ConversationEntry = z.infer<typeof ConversationEntry>;
 export type ConversationSummary = z.infer<typeof ConversationSummary>;
 export type ConversationList = z.infer<typeof ConversationList>;
 export type Conversation = z.infer<typeof Conversation>;
+const UsageCounts = z
+  .object({
+    requests: z.number().int().min(0),
+    input_tokens: z.number().int().min(0),
+    output_tokens: z.number().int().min(0),
+    speech_chars: z.number().int().min(0),
+    audio_seconds: z.number().min(0),
+    tool_calls: z.number().int().min(0),
+  })
+  .openapi("UsageCounts", { description: "what was used (audio in seconds)" });
+const UsageLimits = z
+  .object({
+    requests: z.number().int().min(0).optional(),
+    tokens: z.number().int().min(0).optional(),
+    speech_chars: z.number().int().min(0).optional(),
+    audio_seconds: z.number().int().min(0).optional(),
+  })
+  .openapi("UsageLimits", { description: "the limits of the period; only the counters that have one" });
+const UsagePeriod = z
+  .object({
+    used: UsageCounts,
+    limits: UsageLimits,
+    resets_at_unix_ms: Millis.openapi({ description: "when the period ends (UTC)" }),
+  })
+  .openapi("UsagePeriod");
+export const UsageView = z
+  .object({
+    day: UsagePeriod,
+    month: UsagePeriod,
+    limited: z
+      .enum(["requests", "tokens", "speech_chars", "audio_seconds"])
+      .nullable()
+      .openapi({ description: "the counter whose limit is reached now (work is refused), or null" }),
+  })
+  .openapi("Usage");
+export type UsageView = z.infer<typeof UsageView>;
+
 export type MemoryView = z.infer<typeof MemoryView>;
 export type MemoryUpdate = z.infer<typeof MemoryUpdate>;

@@ -23,6 +23,7 @@ import type {
   TelemetryField,
   TelemetryLatest,
   TelemetryRange,
+  UsageView,
 } from "../protocol/public.ts";
 
 /** A non-2xx answer, carrying the contract's error code. */
@@ -161,6 +162,9 @@ export class PerchClient {
   putStatus(status: PeerStatus): Promise<PeerStatus> {
     return this.request("PUT", "/me/status", { body: status });
   }
+  usage(): Promise<UsageView> {
+    return this.request("GET", "/me/usage");
+  }
   runtime(): Promise<Runtime> {
     return this.request("GET", "/me/runtime");
   }
@@ -181,6 +185,7 @@ export class PerchClient {
   readonly sideControl = {
     info: (): Promise<DeviceInfo> => this.request("GET", "/side-control/info"),
     runtime: (): Promise<Runtime> => this.request("GET", "/side-control/runtime"),
+    usage: (): Promise<UsageView> => this.request("GET", "/side-control/usage"),
     status: (): Promise<PeerStatus> => this.request("GET", "/side-control/status"),
     /** Ends this Side Control session on the server (the bearer stops working, its event streams end). */
     endSession: (): Promise<void> => this.request("DELETE", "/side-control/session"),

@@ -19,6 +19,7 @@ import { RuntimeRepository } from "./runtime.ts";
 import { SessionRepository } from "./sessions.ts";
 import { StatusRepository } from "./status.ts";
 import { type QueryRunner, TelemetryRepository } from "./telemetry.ts";
+import { UsageRepository } from "./usage.ts";
 import { WriteMemory, WriteMemoryUnit } from "./write-memory.ts";
 
 export type { Db } from "./database.ts";
@@ -41,6 +42,7 @@ export class Repositories {
   readonly liveStreams: LiveStreamRepository;
   readonly busMessages: BusMessageRepository;
   readonly nodes: NodeRepository;
+  readonly usage: UsageRepository;
 
   /**
    * `authChanged`: told of each write that can end a session's authentication (see `Store.authStamp`).
@@ -63,6 +65,7 @@ export class Repositories {
     this.liveStreams = new LiveStreamRepository(db, dialect);
     this.busMessages = new BusMessageRepository(db, dialect);
     this.nodes = new NodeRepository(db);
+    this.usage = new UsageRepository(db, dialect);
   }
 }
 

@@ -238,6 +238,31 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
         .execute();
     },
   },
+  // What each principal used (usage.md §1): one row per principal (`device:<key>`, `api_key:<name>`,
+  // or `all_devices`, the sum of every device's), UTC day and agent or model; several nodes add to
+  // a row with one statement each. A device's own limits (`perch peers limits`) stay on its peer.
+  "0011_usage": {
+    async up(db: Kysely<any>) {
+      const counter = (c: any) => c.notNull().defaultTo(0);
+      await db.schema
+        .createTable("usage_days")
+        .addColumn("principal", "text", (c) => c.notNull())
+        .addColumn("day", "text", (c) => c.notNull())
+        .addColumn("agent", "text", (c) => c.notNull())
+        .addColumn("requests", "bigint", counter)
+        .addColumn("input_tokens", "bigint", counter)
+        .addColumn("output_tokens", "bigint", counter)
+        .addColumn("speech_chars", "bigint", counter)
+        .addColumn("audio_ms", "bigint", counter)
+        .addColumn("tool_calls", "bigint", counter)
+        .addColumn("estimated", "integer", counter)
+        .addPrimaryKeyConstraint("usage_days_pk", ["principal", "day", "agent"])
+        .$call((b) => (dialect === "sqlite" ? b.modifyEnd(sql`without rowid`) : b))
+        .execute();
+      await db.schema.createIndex("usage_days_day").on("usage_days").column("day").execute();
+      await db.schema.alterTable("peers").addColumn("usage_limits", "text").execute();
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

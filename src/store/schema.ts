@@ -15,6 +15,8 @@ export interface Tables {
     memory_off?: number;
     /** When its memory was last forgotten: a conversation that began before is not remembered. */
     memory_forgotten_at?: number | null;
+    /** The device's own usage limits (JSON, `perch peers limits`), replacing the configured `device` ones; null: none. */
+    usage_limits?: string | null;
   };
   sessions: {
     id: string;
@@ -105,4 +107,17 @@ export interface Tables {
   conversation_deletions: { id: string; public_key: string; at: number };
   /** A device's memory; `rev` is new at every write. */
   memories: { public_key: string; text: string; rev: string; updated_at: number };
+  /** What a principal used on a UTC day (`YYYY-MM-DD`) of an agent or model; `estimated` 1 when some tokens were estimated. */
+  usage_days: {
+    principal: string;
+    day: string;
+    agent: string;
+    requests: number;
+    input_tokens: number;
+    output_tokens: number;
+    speech_chars: number;
+    audio_ms: number;
+    tool_calls: number;
+    estimated: number;
+  };
 }

@@ -14,6 +14,8 @@ function cut(text: string): string {
 }
 
 function parsed(argumentsText: string): unknown {
+  // Long arguments are shown as their first 4 KiB of text, never parsed (the call is refused unparsed too when over its bound).
+  if (argumentsText.length > MAX_RESULT_BYTES) return cut(argumentsText.slice(0, MAX_RESULT_BYTES));
   try {
     return argumentsText.trim() ? JSON.parse(argumentsText) : {};
   } catch {

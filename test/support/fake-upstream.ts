@@ -39,6 +39,8 @@ export class FakeUpstream {
   readonly audio: Array<{ path: string; contentType: string; body: Buffer }> = [];
   /** Responses whose connection was closed by the other side before they finished. */
   aborted = 0;
+  /** False: a provider that reports no usage (no `usage` in completions, no usage chunk in streams, whatever it is asked). */
+  reportsUsage = true;
   private readonly replies: Reply[] = [];
   private server!: http.Server;
   url = "";
@@ -103,14 +105,14 @@ export class FakeUpstream {
       else if (reply.hang) return;
       else if (reply.wait)
         void reply.wait.then(() => {
-          if (!res.destroyed) res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(completion(body, reply)));
+          if (!res.destroyed) res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(completion(body, reply, this.reportsUsage)));
         });
-      else res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(completion(body, reply)));
+      else res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(completion(body, reply, this.reportsUsage)));
     });
   }
 
   private async stream(body: Record<string, any>, reply: Exclude<Reply, { status: number }>, res: http.ServerResponse): Promise<void> {
-    const includeUsage = body.stream_options?.include_usage === true;
+    const includeUsage = body.stream_options?.include_usage === true && this.reportsUsage;
     const base = { id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1, model: body.model };
     const send = (choices: unknown[], extra: Record<string, unknown> = {}) =>
       res.write(`data: ${JSON.stringify({ ...base, choices, ...(includeUsage ? { usage: null } : {}), ...extra })}\n\n`);
@@ -145,7 +147,7 @@ function finishReason(reply: Exclude<Reply, { status: number }>): string {
   return reply.finish_reason ?? (reply.tool_calls?.length ? "tool_calls" : "stop");
 }
 
-function completion(body: Record<string, any>, reply: Exclude<Reply, { status: number }>) {
+function completion(body: Record<string, any>, reply: Exclude<Reply, { status: number }>, reportsUsage = true) {
   const message: Record<string, unknown> = { role: "assistant", content: reply.tool_calls?.length ? null : (reply.content ?? "") };
   if (reply.tool_calls?.length) {
     message.tool_calls = reply.tool_calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
@@ -156,7 +158,7 @@ function completion(body: Record<string, any>, reply: Exclude<Reply, { status: n
     created: 1,
     model: body.model,
     choices: [{ index: 0, message, finish_reason: finishReason(reply), logprobs: null }],
-    usage: reply.usage ?? { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 },
+    ...(reportsUsage ? { usage: reply.usage ?? { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 } } : {}),
   };
 }
 

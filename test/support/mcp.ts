@@ -50,6 +50,11 @@ export class SdkHttpServer {
     await transport.handleRequest(req, res, body);
   }
 
+  /** TCP connections open now (from any client). */
+  connections(): Promise<number> {
+    return new Promise((resolve, reject) => this.server!.getConnections((err, n) => (err ? reject(err) : resolve(n))));
+  }
+
   async stop(): Promise<void> {
     const s = this.server;
     this.server = undefined;
@@ -97,6 +102,11 @@ export class WeatherServer {
     for await (const c of req) chunks.push(c as Buffer);
     const body = chunks.length ? JSON.parse(Buffer.concat(chunks).toString()) : undefined;
     await transport.handleRequest(req, res, body);
+  }
+
+  /** TCP connections open now (from any client). */
+  connections(): Promise<number> {
+    return new Promise((resolve, reject) => this.server!.getConnections((err, n) => (err ? reject(err) : resolve(n))));
   }
 
   async stop(): Promise<void> {

@@ -94,6 +94,7 @@ export class AgentRunner {
             const delta = choice.delta;
             if (typeof delta?.content === "string" && delta.content) {
               content += delta.content;
+              stats.outputChars = (stats.outputChars ?? 0) + delta.content.length;
               parts.push(out.delta({ content: delta.content }));
             }
             try {
@@ -110,7 +111,7 @@ export class AgentRunner {
         }
         const made = calls.list();
         if (step >= agent.max_steps || made.length === 0) {
-          stats.usage = total;
+          if (total.prompt_tokens > 0 || total.completion_tokens > 0) stats.usage = total;
           yield { events: out.finish(finish ?? "stop", total) };
           return;
         }

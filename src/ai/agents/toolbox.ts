@@ -9,7 +9,7 @@ import { ToolMetrics } from "../../mcp/metrics.ts";
 import { cutOutcome, failed, type ToolOutcome } from "../../mcp/results.ts";
 import { McpServers } from "../../mcp/servers.ts";
 import type { ToolCall } from "../../protocol/compat.ts";
-import type { Caller } from "../caller.ts";
+import { type Caller, usageWho } from "../caller.ts";
 import { BUILTIN_TOOLS, type BuiltinName, runBuiltin } from "./builtin-tools.ts";
 
 export interface ToolDefinition {
@@ -166,6 +166,19 @@ export class ToolKit {
       return failed(deviceTool && this.caller.kind !== "device" ? APPLICATION_REFUSAL : `no tool named ${name}`);
     }
     const source = target.source === "server" ? target.server : target.source;
+    // Bounded before anything parses them (tools.md §2): a model's huge arguments cost nothing.
+    const max = this.agent.tool_arguments_max_chars;
+    if (call.function.arguments.length > max) {
+      const outcome = failed(`the arguments are over ${max} characters (${call.function.arguments.length}): the call was not run`);
+      this.box.o.metrics.call(source, outcome.result, 0);
+      return outcome;
+    }
+    // A limit reached refuses the call before it runs (usage.md §2); each call run is counted.
+    const meter = this.box.o.domain.usage.meter;
+    const who = usageWho(this.caller);
+    const limit = await meter.limitedNow(who, this.agent.id, { requests: false }).catch(() => undefined);
+    if (limit) return failed(`the ${limit.per === "day" ? "daily" : "monthly"} ${limit.counter} limit is reached: the tool was not run`);
+    meter.record(who, this.agent.id, { tool_calls: 1 });
     const started = performance.now();
     const outcome = await this.dispatch(target, call.function.arguments, signal);
     this.box.o.metrics.call(source, outcome.result, (performance.now() - started) / 1000);

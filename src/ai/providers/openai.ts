@@ -91,7 +91,11 @@ export class OpenAIProvider implements ChatProvider {
   }
 
   async stream(request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
-    const body = requestBody(request, this.json);
+    // The provider is asked for its usage whatever the client asked (it is counted, usage.md §1);
+    // a client that did not ask gets no usage in its stream (stripped below).
+    const asked = request.stream_options?.include_usage === true;
+    const upstream = asked ? request : { ...request, stream_options: { ...request.stream_options, include_usage: true } };
+    const body = requestBody(upstream, this.json);
     const call = this.send("/chat/completions", typeof body === "string" ? body : await body, "application/json", o.signal);
     let relay: SseRelay;
     let first: Buffer | undefined;
@@ -110,10 +114,14 @@ export class OpenAIProvider implements ChatProvider {
     const stats: ChatStats = {};
     // The events stay the provider's bytes (model renamed); they are read as events only by a
     // reader that asks, and here only where the usage chunk is (for the metrics).
-    const piece = (block: Buffer): ChatPiece => {
-      const p = new RawChatPiece(block);
-      if (block.includes(USAGE_KEY)) for (const e of p.events) if (e.type === "chunk" && e.chunk.usage) stats.usage = e.chunk.usage;
-      return p;
+    const piece = (raw: Buffer): ChatPiece => {
+      stats.outputChars = (stats.outputChars ?? 0) + contentChars(raw);
+      let block = raw;
+      if (raw.includes(USAGE_KEY)) {
+        for (const e of new RawChatPiece(raw).events) if (e.type === "chunk" && e.chunk.usage) stats.usage = e.chunk.usage;
+        if (!asked) block = withoutUsage(raw);
+      } else if (!asked && raw.includes(USAGE_NULL)) block = withoutUsage(raw);
+      return new RawChatPiece(block);
     };
     async function* pieces(): AsyncGenerator<ChatPiece> {
       try {
@@ -383,6 +391,55 @@ function normalize(c: ChatCompletion, model: string): ChatCompletion {
     choice.logprobs ??= null;
   }
   return c;
+}
+
+const USAGE_NULL = Buffer.from('"usage":null');
+const CONTENT_KEY = Buffer.from('"content":"');
+const BACKSLASH = 92;
+const QUOTE = 34;
+
+/** Bytes of the `"content":"…"` strings of a block (an estimate of the reply's length when no usage comes). */
+function contentChars(block: Buffer): number {
+  let n = 0;
+  let at = block.indexOf(CONTENT_KEY);
+  while (at >= 0) {
+    const start = at + CONTENT_KEY.length;
+    let end = block.indexOf(QUOTE, start);
+    while (end > 0 && block[end - 1] === BACKSLASH) end = block.indexOf(QUOTE, end + 1);
+    if (end < 0) break;
+    n += end - start;
+    at = block.indexOf(CONTENT_KEY, end);
+  }
+  return n;
+}
+
+/**
+ * The block without what the provider sent only because Perch asked for usage: the usage chunk
+ * (`choices: []`) is dropped, a usage given with a choice is taken out of its chunk, and
+ * `"usage":null` of the other chunks is removed, so the client's stream is as it asked.
+ */
+export function withoutUsage(block: Buffer): Buffer {
+  const events = block.toString("utf8").split(/(?<=\n\n|\r\n\r\n)/);
+  let out = "";
+  for (const event of events) {
+    if (event.includes('"usage":{')) {
+      const data = /^data: ?(.*)$/m.exec(event)?.[1];
+      let chunk: { choices?: unknown[]; usage?: unknown } | undefined;
+      try {
+        chunk = data ? (JSON.parse(data) as typeof chunk) : undefined;
+      } catch {
+        chunk = undefined;
+      }
+      if (chunk && typeof chunk === "object") {
+        if (Array.isArray(chunk.choices) && chunk.choices.length === 0) continue;
+        delete chunk.usage;
+        out += `data: ${JSON.stringify(chunk)}\n\n`;
+        continue;
+      }
+    }
+    out += event.includes('"usage":null') ? event.replaceAll(',"usage":null', "").replaceAll('"usage":null,', "") : event;
+  }
+  return Buffer.from(out);
 }
 
 const LF = 10;

@@ -1,5 +1,7 @@
 import type { Logger } from "pino";
+import { usageWho } from "../../ai/caller.ts";
 import type { ChatService } from "../../ai/chat.ts";
+import type { UsageMeter } from "../../domain/usage-meter.ts";
 import type { ChatCompletion } from "../../protocol/compat.ts";
 import { parseChatRequest } from "../../protocol/compat.ts";
 import { clientGoneOf } from "../client-gone.ts";
@@ -21,7 +23,7 @@ const JSON_TYPE = "application/json";
  * stream writer: a failure after the first event ends it with the `error` event; the client's
  * leaving ends the provider's stream, which closes the provider's connection.
  */
-export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logger; gate: CompatGate }): NativeRoute {
+export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logger; gate: CompatGate; usage: UsageMeter }): NativeRoute {
   const serve = async (x: Exchange) => {
     const caller = await o.gate.admit(x.env, true);
     const body = o.gate.bodies.read(x.env, caller);
@@ -33,7 +35,18 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logg
     try {
       const entry = o.chat.resolve(caller, request.model);
       call.model = entry.id;
-      const result = await o.chat.run(entry, caller, request, signal);
+      // A usage limit reached refuses the request before the model is called (usage.md §2, 429 insufficient_quota).
+      const admitted = o.usage.admit(usageWho(caller), entry.id);
+      const admission = admitted instanceof Promise ? await admitted : admitted;
+      let result: Awaited<ReturnType<ChatService["run"]>>;
+      try {
+        result = await o.chat.run(entry, caller, request, signal);
+      } catch (err) {
+        admission.abandon();
+        throw err;
+      }
+      // Answered once the answer starts: a stream that fails or is left later still consumed its tokens.
+      admission.answered();
       if (result.kind === "completion") {
         call.completed(result.completion);
         writeJson(x, 200, JSON.stringify(result.completion), { contentType: JSON_TYPE });

@@ -4,7 +4,7 @@ import type { ZodError } from "zod";
 import { PerchError, statusOf } from "../../errors.ts";
 import { sseEvent } from "../../protocol/sse.ts";
 
-export type OpenAIErrorType = "invalid_request_error" | "permission_error" | "rate_limit_error" | "api_error";
+export type OpenAIErrorType = "invalid_request_error" | "permission_error" | "rate_limit_error" | "insufficient_quota" | "api_error";
 
 /** An error answered in OpenAI's envelope `{"error":{"message","type","param","code"}}`. */
 export class OpenAIError extends Error {
@@ -46,7 +46,14 @@ export function toOpenAIError(err: unknown): OpenAIError {
   if (err instanceof OpenAIError) return err;
   if (err instanceof PerchError) {
     const code = err.kind === "unauthenticated" ? "invalid_api_key" : (err.code?.toLowerCase() ?? null);
-    return new OpenAIError(statusOf(err), err.message, { param: err.param, code, ...(err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}) });
+    // A usage limit reached is OpenAI's quota error: type and code `insufficient_quota` (usage.md §3).
+    const type = code === "insufficient_quota" ? ({ type: "insufficient_quota" } as const) : {};
+    return new OpenAIError(statusOf(err), err.message, {
+      param: err.param,
+      code,
+      ...type,
+      ...(err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}),
+    });
   }
   if (err instanceof HTTPException && err.status === 413) return new OpenAIError(413, "request body is too large", { code: "request_too_large" });
   if (err instanceof HTTPException && err.status < 500) return new OpenAIError(err.status, err.message || "malformed request");

@@ -6,6 +6,7 @@ import type { ChatService } from "../../ai/chat.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import { TranscriptionService } from "../../ai/transcription.ts";
+import type { UsageMeter } from "../../domain/usage-meter.ts";
 import { bodyWithinLimit } from "../body.ts";
 import type { AppBindings, AppEnv } from "../env.ts";
 import { nodeHeader } from "../headers.ts";
@@ -52,6 +53,8 @@ export interface CompatSurfaceOptions {
   base?: string;
   /** The node's request bodies (one for all its Compatible API surfaces: the large-body slots are the node's). */
   bodies: JsonBodies;
+  /** Counts and limits each caller's use (usage.md). */
+  usage: UsageMeter;
 }
 
 /** The Compatible API: OpenAI's routes, every error in OpenAI's envelope, 32 MiB bodies. */
@@ -63,7 +66,7 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
   app.get("/models", guard);
   for (const path of ["/audio/speech", "/audio/transcriptions"]) app.post(path, guard);
   registerModelsRoute(app, o.catalog, o.metrics);
-  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, gate.bodies, o.limits?.max_queue_wait_ms);
+  registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, gate.bodies, o.usage, o.limits?.max_queue_wait_ms);
   registerTranscriptionRoute(
     app,
     o.catalog,
@@ -75,6 +78,7 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
     }),
     o.metrics,
     gate.bodies,
+    o.usage,
   );
   return {
     base: o.base ?? COMPAT_BASE,
@@ -87,7 +91,7 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
       }
       return openAIErrorResponse(c, new OpenAIError(404, `Unknown request URL: ${c.req.method} ${c.req.path}.`, { code: "unknown_url" }));
     },
-    native: [chatRoute({ chat: o.chat, metrics: o.metrics, logger: o.logger, gate })],
+    native: [chatRoute({ chat: o.chat, metrics: o.metrics, logger: o.logger, gate, usage: o.usage })],
   };
 }
 

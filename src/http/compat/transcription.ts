@@ -1,9 +1,10 @@
 import type { Context, Hono } from "hono";
 import { z } from "zod";
-import { callerKey } from "../../ai/caller.ts";
+import { callerKey, usageWho } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { Transcript } from "../../ai/speech/index.ts";
 import type { TranscriptionService } from "../../ai/transcription.ts";
+import type { UsageMeter } from "../../domain/usage-meter.ts";
 import { sseEvent } from "../../protocol/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { EVENT_STREAM, streamed } from "../stream.ts";
@@ -11,7 +12,7 @@ import { transcriptionModel } from "./audio-models.ts";
 import type { CompatEnv } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, type JsonBodies } from "./json.ts";
-import { relayed } from "./speech.ts";
+import { relayed, settle } from "./speech.ts";
 
 const ROUTE = "/audio/transcriptions";
 
@@ -108,7 +109,14 @@ async function readForm(c: Context<CompatEnv>, bodies: JsonBodies): Promise<Form
 }
 
 /** `POST /audio/transcriptions`: the form validated, the service called, the answer rendered or streamed. */
-export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalog, service: TranscriptionService, metrics: Metrics, bodies: JsonBodies): void {
+export function registerTranscriptionRoute(
+  app: Hono<CompatEnv>,
+  catalog: Catalog,
+  service: TranscriptionService,
+  metrics: Metrics,
+  bodies: JsonBodies,
+  usage: UsageMeter,
+): void {
   app.post(ROUTE, async (c) => {
     const started = performance.now();
     const form = await readForm(c, bodies);
@@ -118,7 +126,19 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
     const entry = transcriptionModel(catalog, c.get("caller"), f.model);
     if (f.file.size > MAX_AUDIO_BYTES)
       throw new OpenAIError(413, `The audio file is over ${MAX_AUDIO_BYTES} bytes (25 MB).`, { param: "file", code: "file_too_large" });
-    const done = (status: number, error?: string) => metrics.observeAi(ROUTE, entry.id, status, (performance.now() - started) / 1000, error);
+    // A usage limit reached refuses the request (usage.md §2); the audio's seconds count once it is answered.
+    const admitted = usage.admit(usageWho(c.get("caller")), entry.id);
+    const admission = admitted instanceof Promise ? await admitted : admitted;
+    let seconds: number | undefined;
+    const done = (status: number, error?: string) => {
+      settle(admission, status, { audio_ms: Math.round((seconds ?? 0) * 1000) });
+      metrics.observeAi(ROUTE, entry.id, status, (performance.now() - started) / 1000, error);
+    };
+    try {
+      seconds = await fileSeconds(f.file);
+    } catch {
+      seconds = 0;
+    }
     const request = {
       form,
       file: f.file,
@@ -135,6 +155,7 @@ export function registerTranscriptionRoute(app: Hono<CompatEnv>, catalog: Catalo
       done(e.status, e.type);
       throw e;
     }
+    if (outcome.kind === "transcript" && outcome.transcript.duration > 0) seconds = outcome.transcript.duration;
     if (outcome.kind === "relayed") return relayed(c, outcome.answer, done);
     if (outcome.kind === "events") return streamed(c, EVENT_STREAM, outcome.events, { sse: true, encode: sseEvent, done });
     done(200);
@@ -155,4 +176,18 @@ function srt(t: Transcript): string {
 
 function vtt(t: Transcript): string {
   return `WEBVTT\n\n${t.segments.map((s) => `${timestamp(s.start, ".")} --> ${timestamp(s.end, ".")}\n${s.text.trim()}\n`).join("\n")}`;
+}
+
+/**
+ * The seconds of audio a file holds, for counting (usage.md §1) before a provider's answer says
+ * nothing of it: a WAV's from its header, any other format's estimated at 128 kbit/s; the
+ * embedded engine's transcript gives its decoded duration instead.
+ */
+async function fileSeconds(file: File): Promise<number> {
+  const head = Buffer.from(await file.slice(0, 64).arrayBuffer());
+  if (head.length >= 44 && head.toString("latin1", 0, 4) === "RIFF" && head.toString("latin1", 8, 12) === "WAVE") {
+    const byteRate = head.readUInt32LE(28);
+    if (byteRate > 0) return Math.max(0, file.size - 44) / byteRate;
+  }
+  return file.size / 16_000;
 }

@@ -1,7 +1,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Domain } from "../../domain/index.ts";
 import type { PrimaryPrincipal } from "../../domain/principal.ts";
-import { DeviceToken, PeerSelf, PeerStatus, Runtime, SideControlSessionList } from "../../protocol/public.ts";
+import { DeviceToken, PeerSelf, PeerStatus, Runtime, SideControlSessionList, UsageView } from "../../protocol/public.ts";
 import type { App } from "../env.ts";
 import { invalid } from "../errors.ts";
 import { JSON_UTF8 } from "../json.ts";
@@ -59,6 +59,15 @@ export function registerMeRoutes(app: App, domain: Domain, callers: Callers): vo
       responses: { 200: json(Runtime, "Runtime"), ...authErrors },
     }),
     async (c) => c.json(await domain.peers.runtime(self(c)), 200, JSON_UTF8),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/me/usage"),
+      summary: "What the caller used today and this month (UTC), against its limits, and whether a limit refuses its work now",
+      responses: { 200: json(UsageView, "Usage"), ...authErrors },
+    }),
+    async (c) => c.json(await domain.usage.view(self(c)), 200, JSON_UTF8),
   );
 
   app.openapi(

@@ -23,6 +23,7 @@ import {
   TelemetryLatestQuery,
   TelemetryRange,
   TelemetryRangeQuery,
+  UsageView,
 } from "../../protocol/public.ts";
 import { clientGone } from "../client-gone.ts";
 import type { App, AppEnv } from "../env.ts";
@@ -87,6 +88,15 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
 
   app.openapi(
     createRoute({
+      ...route("get", "/side-control/usage"),
+      summary: "What the target device used today and this month (UTC), against its limits, and whether a limit refuses its work now",
+      responses: { 200: json(UsageView, "Usage"), ...authErrors },
+    }),
+    async (c) => c.json(await domain.usage.view(target(c)), 200, JSON_UTF8),
+  );
+
+  app.openapi(
+    createRoute({
       ...route("delete", "/side-control/session"),
       summary: "End the caller's own Side Control session (the app's \"forget this device\"); its event streams end on every node",
       responses: { 204: noContent, ...authErrors },
@@ -104,7 +114,7 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       description:
         "Events `status` (PeerStatus) and `runtime` (Runtime) at once, then `status` on every change, `runtime` when `online` or the node " +
         "changes, `telemetry` ({values: [{field, value, observed_at_unix_ms}]}, at most every 250 ms), `contacts` ({name, change}), and " +
-        "`memory` ({updated_at_unix_ms}: the device's memory changed), `conversation` (ConversationEntry: each finished user transcript, reply and tool call of the device's voice conversation, " +
+        "`memory` ({updated_at_unix_ms}: the device's memory changed), `usage` (Usage: a usage limit was reached, or reset), `conversation` (ConversationEntry: each finished user transcript, reply and tool call of the device's voice conversation, " +
         "whether or not transcripts are stored), and `session` ({state: revoked | expired}) after which the stream ends. A comment line after 15 s without an event. " +
         "At most 4 open streams per session (429 `RATE_LIMITED`).",
       responses: {

@@ -16,6 +16,7 @@ import { AudioRecognition, type ListeningTurn, type TurnEnd } from "../recogniti
 import { SpokenText } from "../spoken.ts";
 import { turnEndSilence } from "../turn-end.ts";
 import { turnHangoverMs, Uplink } from "../uplink.ts";
+import { AudioQueue } from "./audio-queue.ts";
 import { RealtimeLink } from "./link.ts";
 import { errorOf, historyItems, obj, REALTIME_RATE, type RealtimeTool, type ServerEvent, type SessionSettings, sessionUpdate, str } from "./wire.ts";
 
@@ -30,6 +31,18 @@ const PLAYOUT_AHEAD = (OPUS_RATE * 200) / 1000;
 const TOOL_GRACE_MS = 1_000;
 /** Input transcripts awaited at most for this many items (an item whose transcript never comes is forgotten). */
 const MAX_ITEMS = 64;
+/** Output items one turn keeps (a reply is one or two): audio or text of further new item ids is ignored. */
+export const MAX_REPLY_ITEMS = 16;
+/** A user's transcript (one turn, at most `voice.turn.max_ms` of speech) is kept and told up to this many characters. */
+export const MAX_USER_TRANSCRIPT_CHARS = 8_192;
+/** An error answering Perch's own cancel, truncate or delete, from a server that echoes no event id, by its code (voice.md §6). */
+const HARMLESS_CODES: Record<string, readonly string[]> = {
+  "response.cancel": ["response_cancel_not_active"],
+  "conversation.item.truncate": ["item_not_found", "item_truncate_invalid_item_id", "unsupported_content_type"],
+  "conversation.item.delete": ["item_not_found", "item_delete_invalid_item_id"],
+};
+/** Such an error is taken as the answer to an own event sent at most this long before. */
+const HARMLESS_WITHIN_MS = 10_000;
 /** A session is renewed between turns this long before the provider's `expires_at` (at most half its life); a turn going on defers it. */
 const RENEW_BEFORE_MS = 60_000;
 const RENEW_RETRY_MS = 500;
@@ -71,6 +84,14 @@ export interface RealtimeOptions {
   /** Sends one Opus frame of a reply. */
   send: (opus: Buffer, first: boolean) => boolean;
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
+  /** Counts the session's use (usage.md §1): audio both ways (24 kHz samples), the tokens reported, answered turns. */
+  usage?: RealtimeCounts;
+}
+
+export interface RealtimeCounts {
+  audio(samples: number): void;
+  tokens(input: number, output: number): void;
+  answered(): void;
 }
 
 interface AudioItem {
@@ -95,9 +116,11 @@ interface ReplyTurn {
   responseActive: boolean;
   /** `response.created` is awaited until this cancels it. */
   cancelWait?: () => void;
-  items: AudioItem[];
-  pending: Buffer[];
-  pendingBytes: number;
+  /** The turn's output items by id, at most MAX_REPLY_ITEMS, in the order they came. */
+  items: Map<string, AudioItem>;
+  /** Characters of the reply's text kept (all its items): at most `voice.max_reply_chars`. */
+  chars: number;
+  pending: AudioQueue<AudioItem>;
   /** The last response is done: once `pending` is empty, the audio ends. */
   audioComplete: boolean;
   playout?: Playout;
@@ -150,9 +173,14 @@ export class RealtimeBridge {
   /** The last turn number a reply was made for. */
   private answered = 0;
   private reply: ReplyTurn | undefined;
-  private readonly itemTurns = new Map<string, number>();
+  /** Input items awaiting their transcript: the turn they belong to and the characters told so far. */
+  private readonly itemTurns = new Map<string, { n: number; chars: number }>();
   /** Event ids of Perch's own cancels, truncates and deletes: an error answering one is expected. */
   private readonly ours = new Set<string>();
+  /** When Perch last sent each kind of its own events (for errors from servers that echo no event id). */
+  private readonly oursSentAt = new Map<string, number>();
+  /** Output items beyond MAX_REPLY_ITEMS were ignored in this turn (said once a turn). */
+  private itemsWarned = 0;
   private eventIds = 0;
   private toolsSent = "";
   private cancelRenew: (() => void) | undefined;
@@ -206,8 +234,13 @@ export class RealtimeBridge {
         }
       },
       up: () => o.log("debug", { agent: o.agent.id }, "realtime session open"),
-      down: (reason, retryInMs) => {
-        o.log("warn", { agent: o.agent.id, provider: o.agent.provider, reason, retry_in_ms: retryInMs }, "the realtime session failed; reconnecting");
+      down: (reason, retryInMs, repeated) => {
+        // Said once per back-off step: a provider that drops every session does not fill the log.
+        o.log(
+          repeated ? "debug" : "warn",
+          { agent: o.agent.id, provider: o.agent.provider, reason, retry_in_ms: retryInMs },
+          "the realtime session failed; reconnecting",
+        );
         this.sessionLost(reason);
       },
     });
@@ -267,6 +300,7 @@ export class RealtimeBridge {
     this.appendSamples = 0;
     if (!this.link.isOpen) return;
     const bytes = Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength)));
+    this.o.usage?.audio(bytes.length / 2);
     this.link.send({ type: "input_audio_buffer.append", audio: bytes.toString("base64") }, true);
   }
 
@@ -278,6 +312,7 @@ export class RealtimeBridge {
   private sendOwn(event: Record<string, unknown>): void {
     const id = this.nextId(String(event.type).replace(/\W/g, "_"));
     this.ours.add(id);
+    this.oursSentAt.set(String(event.type), this.o.clock.now());
     if (this.ours.size > MAX_ITEMS) this.ours.delete(this.ours.values().next().value!);
     this.link.send({ ...event, event_id: id });
   }
@@ -332,17 +367,21 @@ export class RealtimeBridge {
         return;
       }
       case "conversation.item.input_audio_transcription.delta": {
-        const n = this.itemTurns.get(str(r, "item_id") ?? "");
+        const input = this.itemTurns.get(str(r, "item_id") ?? "");
         const delta = str(r, "delta");
-        if (n && delta) this.o.events.delta(`in-${n}`, "user.transcript", delta);
+        if (!input || !delta) return;
+        // Told up to the bound; the rest is dropped.
+        const told = delta.slice(0, Math.max(0, MAX_USER_TRANSCRIPT_CHARS - input.chars));
+        input.chars += told.length;
+        if (told) this.o.events.delta(`in-${input.n}`, "user.transcript", told);
         return;
       }
       case "conversation.item.input_audio_transcription.completed": {
         const item = str(r, "item_id") ?? "";
-        const n = this.itemTurns.get(item);
+        const n = this.itemTurns.get(item)?.n;
         if (!n) return;
         this.itemTurns.delete(item);
-        const text = (str(r, "transcript") ?? "").trim();
+        const text = (str(r, "transcript") ?? "").slice(0, MAX_USER_TRANSCRIPT_CHARS).trim();
         this.o.events.done(`in-${n}`, "user.transcript", text);
         this.o.log("debug", { turn: n, transcript: text }, "voice turn transcript");
         if (text) this.remember(n, "user", text);
@@ -369,20 +408,33 @@ export class RealtimeBridge {
         const delta = str(r, "delta");
         if (!turn || !delta) return;
         const item = this.item(turn, str(r, "item_id") ?? "");
-        item.text += delta;
+        if (!item) return;
+        // The reply's text is kept up to `voice.max_reply_chars` (the model's whole reply: all its items); beyond, the reply is cut.
+        const kept = delta.slice(0, Math.max(0, this.o.config.max_reply_chars - turn.chars));
+        item.text += kept;
+        turn.chars += kept.length;
+        const wasCut = turn.cut;
+        if (kept.length < delta.length) this.cutReply(turn);
         // Past a cut the words are kept (what share was heard is counted on them) but not told.
-        if (turn.cut) return;
+        if (wasCut || !kept) return;
         if (!turn.textStarted) {
           turn.textStarted = true;
           this.o.events.bos(`out-${turn.n}`, "text", "assistant.text");
         }
-        this.o.events.delta(`out-${turn.n}`, "assistant.text", delta);
+        this.o.events.delta(`out-${turn.n}`, "assistant.text", kept);
         return;
       }
       case "response.output_audio_transcript.done": {
         const turn = this.current(str(r, "response_id"));
         const transcript = str(r, "transcript");
-        if (turn && transcript !== undefined) this.item(turn, str(r, "item_id") ?? "").text = transcript;
+        if (!turn || transcript === undefined) return;
+        const item = this.item(turn, str(r, "item_id") ?? "");
+        if (!item) return;
+        const room = this.o.config.max_reply_chars - (turn.chars - item.text.length);
+        const text = transcript.slice(0, Math.max(0, room));
+        turn.chars += text.length - item.text.length;
+        item.text = text;
+        if (text.length < transcript.length) this.cutReply(turn);
         return;
       }
       case "response.function_call_arguments.done": {
@@ -400,11 +452,17 @@ export class RealtimeBridge {
         return;
       case "error": {
         const err = errorOf(e);
-        if (err.eventId && this.ours.has(err.eventId)) {
+        if (this.answersOwn(err)) {
           this.o.log("debug", { code: err.code, message: err.message }, "the model refused a cancel or truncation of Perch's (harmless)");
           return;
         }
-        this.link.fail(`the model reported an error: ${err.code}: ${err.message}`);
+        // Recoverable (voice.md §6): the session stays open; only the turn in progress fails.
+        this.o.log(
+          "warn",
+          { agent: this.o.agent.id, provider: this.o.agent.provider, code: err.code, reason: err.message },
+          "the realtime model reported an error",
+        );
+        this.failTurn(`the model reported an error: ${err.code}: ${err.message}`);
         return;
       }
       default:
@@ -420,17 +478,53 @@ export class RealtimeBridge {
     return turn;
   }
 
-  private item(turn: ReplyTurn, id: string): AudioItem {
-    let item = turn.items.find((i) => i.id === id);
+  /** The turn's item of this id, made on first sight; undefined beyond MAX_REPLY_ITEMS (its audio and text are ignored). */
+  private item(turn: ReplyTurn, id: string): AudioItem | undefined {
+    let item = turn.items.get(id);
     if (!item) {
+      if (turn.items.size >= MAX_REPLY_ITEMS) {
+        if (this.itemsWarned !== turn.n) {
+          this.itemsWarned = turn.n;
+          this.o.log("warn", { turn: turn.n, max: MAX_REPLY_ITEMS }, "the realtime model sent more output items than a reply keeps; the rest are ignored");
+        }
+        return undefined;
+      }
       item = { id, text: "", received: 0, start: 0, written: 0 };
-      turn.items.push(item);
+      turn.items.set(id, item);
     }
     return item;
   }
 
+  /** An `error` event that answers one of Perch's own cancels, truncates or deletes: by its event id, or by its code when none is echoed. */
+  private answersOwn(err: { code: string; eventId: string | undefined }): boolean {
+    if (err.eventId) return this.ours.has(err.eventId);
+    for (const [type, codes] of Object.entries(HARMLESS_CODES)) {
+      const at = this.oursSentAt.get(type);
+      if (at !== undefined && this.o.clock.now() - at <= HARMLESS_WITHIN_MS && codes.includes(err.code)) return true;
+    }
+    return false;
+  }
+
+  /** The turn in progress (being answered, or still being heard) ends as failed; the session is kept. */
+  private failTurn(reason: string): void {
+    const turn = this.reply;
+    if (turn && !turn.ended) {
+      turn.tools.abort(new Error("the model reported an error"));
+      if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
+      turn.responseActive = false;
+      turn.playout?.stop();
+      this.endTurn(turn, "failed", reason);
+      return;
+    }
+    const heard = this.listening;
+    if (!heard) return;
+    this.listening = undefined;
+    this.o.events.eos(`in-${heard.n}`, "audio", "user.audio");
+    this.endTurn(this.newTurn(heard.n, undefined), "failed", reason);
+  }
+
   private rememberItem(item: string, n: number): void {
-    this.itemTurns.set(item, n);
+    this.itemTurns.set(item, { n, chars: 0 });
     if (this.itemTurns.size > MAX_ITEMS) this.itemTurns.delete(this.itemTurns.keys().next().value!);
   }
 
@@ -497,10 +591,9 @@ export class RealtimeBridge {
     const parts = this.appendParts;
     this.appendParts = [];
     this.appendSamples = 0;
-    this.link.send({
-      type: "input_audio_buffer.append",
-      audio: Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength))).toString("base64"),
-    });
+    const bytes = Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength)));
+    this.o.usage?.audio(bytes.length / 2);
+    this.link.send({ type: "input_audio_buffer.append", audio: bytes.toString("base64") });
   }
 
   private newTurn(n: number, stoppedAt: number | undefined): ReplyTurn {
@@ -513,9 +606,9 @@ export class RealtimeBridge {
       n,
       stoppedAt,
       responseActive: false,
-      items: [],
-      pending: [],
-      pendingBytes: 0,
+      items: new Map(),
+      chars: 0,
+      pending: new AudioQueue<AudioItem>(),
       audioComplete: false,
       pumping: false,
       textStarted: false,
@@ -571,28 +664,37 @@ export class RealtimeBridge {
     const turn = this.reply;
     if (!turn || turn.ended || responseId !== turn.responseId) return;
     const item = this.item(turn, itemId);
+    if (!item) return;
     if (turn.cut) {
       // Counted, not decoded: a model that keeps sending past the cut costs little.
       item.received += Math.floor(base64Bytes(delta) / 2);
+      this.o.usage?.audio(Math.floor(base64Bytes(delta) / 2));
       return;
     }
     let bytes = Buffer.from(delta, "base64");
     if (bytes.length % 2) bytes = bytes.subarray(0, bytes.length - 1);
     if (bytes.length === 0) return;
     item.received += bytes.length / 2;
-    if (turn.pendingBytes + bytes.length > MAX_BUFFER_BYTES) {
+    this.o.usage?.audio(bytes.length / 2);
+    if (turn.pending.bytes + bytes.length > MAX_BUFFER_BYTES) {
       // The model speaks faster than the device plays beyond the buffer: the reply is cut here.
-      turn.cut = true;
-      if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
-      turn.audioComplete = true;
-      this.wake(turn);
+      this.cutReply(turn);
       return;
     }
-    turn.pending.push(bytes);
-    turn.pendingBytes += bytes.length;
-    (turn.pending as Array<Buffer & { item?: AudioItem }>)[turn.pending.length - 1]!.item = item;
+    turn.pending.push(item, bytes);
     if (!turn.pumping) void this.pump(turn);
     else this.wake(turn);
+  }
+
+  /** The reply goes no further (its audio beyond the buffer, or its text beyond `max_reply_chars`): the response is cancelled, what waits is played. */
+  private cutReply(turn: ReplyTurn): void {
+    if (turn.cut) return;
+    turn.cut = true;
+    if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
+    turn.audioComplete = true;
+    this.wake(turn);
+    // Nothing of it is playing (its text came ahead of its audio): it ends now, whatever the model still sends.
+    if (!turn.pumping && !turn.playout && !turn.ended) this.endTurn(turn, "answered");
   }
 
   private wake(turn: ReplyTurn): void {
@@ -628,23 +730,21 @@ export class RealtimeBridge {
       let written = 0;
       for (;;) {
         if (turn.ended) return;
-        const chunk = turn.pending.shift() as (Buffer & { item?: AudioItem }) | undefined;
-        if (!chunk) {
+        const block = turn.pending.shift();
+        if (!block) {
           if (turn.audioComplete) break;
           await new Promise<void>((resolve) => {
             turn.wake = resolve;
           });
           continue;
         }
-        turn.pendingBytes -= chunk.length;
+        const chunk = block.bytes;
         const pcm =
           chunk.byteOffset % 2 === 0 ? new Int16Array(chunk.buffer, chunk.byteOffset, chunk.length / 2) : new Int16Array(new Uint8Array(chunk).buffer);
         const out = turn.up.process(pcm);
-        const item = chunk.item;
-        if (item) {
-          if (item.written === 0) item.start = written;
-          item.written += out.length;
-        }
+        const item = block.tag;
+        if (item.written === 0) item.start = written;
+        item.written += out.length;
         written += out.length;
         playout.write(out);
         await playout.room(PLAYOUT_AHEAD);
@@ -667,6 +767,8 @@ export class RealtimeBridge {
   private responseDone(response: Record<string, unknown> | undefined): void {
     const turn = this.reply;
     const id = str(response, "id");
+    const used = obj(response, "usage");
+    if (used) this.o.usage?.tokens(num(used.input_tokens), num(used.output_tokens));
     if (!turn || turn.ended || id !== turn.responseId) return;
     turn.responseActive = false;
     const status = str(response, "status");
@@ -736,8 +838,7 @@ export class RealtimeBridge {
   private bargeIn(turn: ReplyTurn): void {
     turn.tools.abort(new Error("interrupted"));
     const played = turn.playout?.stop() ?? 0;
-    turn.pending.length = 0;
-    turn.pendingBytes = 0;
+    turn.pending.clear();
     if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
     turn.responseActive = false;
     this.cutItems(turn, played, true);
@@ -746,7 +847,7 @@ export class RealtimeBridge {
 
   /** The model's items of the turn cut at what the device heard: truncated there, or deleted when none of one was sent. */
   private cutItems(turn: ReplyTurn, played: number, interrupted: boolean): void {
-    for (const item of turn.items) {
+    for (const item of turn.items.values()) {
       if (!interrupted && item.received === 0) continue;
       const heard = Math.max(0, Math.min(item.written, played - item.start));
       // A cut reply's items heard whole stay whole (an interrupted response may hold more than came).
@@ -779,18 +880,18 @@ export class RealtimeBridge {
   private endTurn(turn: ReplyTurn, result: Exclude<TurnResult, "empty">, error?: string): void {
     if (turn.ended) return;
     turn.ended = true;
+    if (result !== "failed") this.o.usage?.answered();
     turn.cancelWait?.();
     turn.cancelWait = undefined;
     this.wake(turn);
     const played = turn.playout?.played ?? 0;
     if (result !== "answered") turn.playout?.stop();
     turn.up?.close();
-    turn.pending.length = 0;
-    turn.pendingBytes = 0;
+    turn.pending.clear();
     const spoken = new SpokenText();
     const whole = result === "answered" && !turn.cut;
     // An item none of whose audio came was not heard, whatever its words.
-    for (const item of turn.items) if (whole || item.received > 0) spoken.add(item.text, item.received * (OPUS_RATE / REALTIME_RATE));
+    for (const item of turn.items.values()) if (whole || item.received > 0) spoken.add(item.text, item.received * (OPUS_RATE / REALTIME_RATE));
     const heard = (whole ? spoken.text : spoken.heard(played)).trim();
     const out = `out-${turn.n}`;
     const { events } = this.o;
@@ -816,6 +917,8 @@ export class RealtimeBridge {
     events.done(out, "turn.metrics", JSON.stringify(metrics));
     this.o.metrics.turn(result, stages, { transcription: this.o.agent.provider, speech: this.o.agent.provider });
     this.o.log(result === "failed" ? "warn" : "info", { turn: turn.n, result, ...metrics, ...(error ? { error } : {}) }, "voice turn");
+    // A session that answered a turn works: the next failure reconnects at once again.
+    if (result === "answered" && turn.audioStarted) this.link.proven();
     turn.finish();
   }
 
@@ -834,4 +937,9 @@ export class RealtimeBridge {
 function base64Bytes(s: string): number {
   const pad = s.endsWith("==") ? 2 : s.endsWith("=") ? 1 : 0;
   return Math.max(0, Math.floor((s.length * 3) / 4) - pad);
+}
+
+/** A count the provider reported (anything but a finite number is none). */
+function num(v: unknown): number {
+  return typeof v === "number" && Number.isFinite(v) && v > 0 ? v : 0;
 }

@@ -2,13 +2,23 @@ import WebSocket from "ws";
 import type { VoiceClock } from "../clock.ts";
 import { errorOf, parseServerEvent, type ServerEvent } from "./wire.ts";
 
-/** Reconnection back-off (voice.md §6): at once, then 0.5 s doubling to 10 s; back to "at once" after a session works. */
+/**
+ * Reconnection back-off (voice.md §6): at once, then 0.5 s doubling to 10 s; back to "at once" only
+ * after a session has proved to work: it lived SESSION_PROVEN_MS, or answered a turn (`proven`).
+ * Accepting the setup proves nothing (a provider may drop every session right after it).
+ */
 export const BACKOFF_FIRST_MS = 500;
 export const BACKOFF_MAX_MS = 10_000;
+export const SESSION_PROVEN_MS = 30_000;
+/** At the longest step, a failure is said again (not `repeated`) once this many times. */
+const REPEAT_SAY_EVERY = 6;
 /** A provider's refusal body is read this far for its reason. */
 const MAX_REASON_BYTES = 2048;
-/** Frames from the provider larger than this close the socket (an audio delta is a few KB). */
-const MAX_PAYLOAD = 16 * 1024 * 1024;
+/**
+ * Frames from the provider larger than this close the socket (an audio delta is a few KB; a tool
+ * call's arguments are bounded far below, tools.md §2): parsing one costs the event loop ~30 ms.
+ */
+const MAX_PAYLOAD = 4 * 1024 * 1024;
 /** Uplink audio is dropped while more than this waits to be written to a stalled socket. */
 const MAX_BUFFERED = 1024 * 1024;
 
@@ -24,8 +34,11 @@ export interface LinkOptions {
   event: (e: ServerEvent) => void;
   /** A session opened (its setup sent). */
   up: () => void;
-  /** The session failed: the link is reconnecting (`retryInMs` from now). Called once per failure. */
-  down: (reason: string, retryInMs: number) => void;
+  /**
+   * The session failed: the link is reconnecting (`retryInMs` from now). Called once per failure;
+   * `repeated` when the back-off stayed at the step it was (worth a log line once per step only).
+   */
+  down: (reason: string, retryInMs: number, repeated: boolean) => void;
 }
 
 /**
@@ -39,6 +52,10 @@ export class RealtimeLink {
   private open_ = false;
   private closed = false;
   private failures = 0;
+  /** Clock time the open session opened (undefined while none is open). */
+  private openedAt: number | undefined;
+  private lastDelay: number | undefined;
+  private atMax = 0;
   private setupId = "";
   private sessions = 0;
   private cancelRetry: (() => void) | undefined;
@@ -62,6 +79,11 @@ export class RealtimeLink {
     return true;
   }
 
+  /** The open session answered a turn: it works, and the next failure reconnects at once. */
+  proven(): void {
+    if (this.open_) this.reset();
+  }
+
   /** Ends the session as failed (an error event, a model that never answered): reconnects with back-off. */
   fail(reason: string): void {
     if (this.closed) return;
@@ -73,9 +95,15 @@ export class RealtimeLink {
       ws.on("error", () => {});
       ws.terminate();
     }
+    if (this.openedAt !== undefined && this.o.clock.now() - this.openedAt >= SESSION_PROVEN_MS) this.reset();
+    this.openedAt = undefined;
     const delay = this.failures === 0 ? 0 : Math.min(BACKOFF_MAX_MS, BACKOFF_FIRST_MS * 2 ** (this.failures - 1));
     this.failures++;
-    this.o.down(this.redact(reason), delay);
+    let repeated = delay === this.lastDelay;
+    if (repeated && delay === BACKOFF_MAX_MS && ++this.atMax % REPEAT_SAY_EVERY === 0) repeated = false;
+    if (!repeated) this.atMax = 0;
+    this.lastDelay = delay;
+    this.o.down(this.redact(reason), delay, repeated);
     this.cancelRetry = this.o.clock.after(delay, () => {
       this.cancelRetry = undefined;
       this.connect();
@@ -88,6 +116,9 @@ export class RealtimeLink {
     const ws = this.ws;
     this.ws = undefined;
     this.open_ = false;
+    // A session that reached its age worked.
+    this.reset();
+    this.openedAt = undefined;
     if (ws) {
       ws.removeAllListeners();
       ws.on("error", () => {});
@@ -109,6 +140,11 @@ export class RealtimeLink {
       if (ws.readyState === WebSocket.OPEN) ws.close(1000);
       else ws.terminate();
     }
+  }
+
+  private reset(): void {
+    this.failures = 0;
+    this.lastDelay = undefined;
   }
 
   private redact(reason: string): string {
@@ -137,6 +173,7 @@ export class RealtimeLink {
       this.sessions++;
       this.setupId = `perch_setup_${this.sessions}`;
       this.open_ = true;
+      this.openedAt = this.o.clock.now();
       try {
         for (const e of this.o.opening(this.setupId)) ws.send(JSON.stringify(e));
         this.o.up();
@@ -170,7 +207,6 @@ export class RealtimeLink {
       if (!current() || isBinary) return;
       const e = parseServerEvent(data.toString());
       if (!e) return;
-      if (e.type === "session.updated") this.failures = 0;
       if (e.type === "error" && errorOf(e).eventId === this.setupId) {
         this.fail(`the provider rejected session.update: ${errorOf(e).message}`);
         return;
