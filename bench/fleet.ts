@@ -101,21 +101,15 @@ class Devices {
 
 async function collect(devices: Devices[]): Promise<FleetCollected> {
   const all = await Promise.all(devices.map((d) => d.ask<FleetCollected>({ type: "collect", id: 0 })));
-  return all.reduce((a, b) => ({
-    ...a,
-    questions: a.questions + b.questions,
-    questionsCut: a.questionsCut + b.questionsCut,
-    answered: a.answered + b.answered,
-    replies: a.replies + b.replies,
-    cut: a.cut + b.cut,
-    failed: a.failed + b.failed,
-    lost: a.lost + b.lost,
-    handOver: [...a.handOver, ...b.handOver],
-    back: [...a.back, ...b.back],
-    longestWithout: Math.max(a.longestWithout, b.longestWithout),
-    open: a.open + b.open,
-    refused: a.refused + b.refused,
-  }));
+  const sum: FleetCollected = { ...all[0]!, handOver: [], back: [], longestWithout: 0 };
+  for (const k of ["questions", "questionsCut", "answered", "replies", "cut", "failed", "lost", "open", "refused"] as const) sum[k] = 0;
+  for (const c of all) {
+    for (const k of ["questions", "questionsCut", "answered", "replies", "cut", "failed", "lost", "open", "refused"] as const) sum[k] += c[k];
+    sum.handOver.push(...c.handOver);
+    sum.back.push(...c.back);
+    sum.longestWithout = Math.max(sum.longestWithout, c.longestWithout);
+  }
+  return sum;
 }
 
 function turns(c: FleetCollected) {

@@ -1,5 +1,6 @@
 import { type Admission, UsageLimited, type UsageMeter, type Who } from "../domain/usage-meter.ts";
 import type { SpeechChunk, SpeechPort, SynthesisRequest } from "./engine-ports.ts";
+import type { RealtimeCounts } from "./realtime/bridge.ts";
 
 /** What a voice turn asks of usage (usage.md §1–3): admission, its counts, and the limited reply. */
 export interface TurnUsage {
@@ -80,4 +81,45 @@ export class LimitedReplies {
       },
     };
   }
+}
+
+/** What a device's realtime conversation asks of usage: whether it is limited now, and the counts of its sessions. */
+export interface RealtimeUsage {
+  /** Whether a limit of the device's use of `agentId` is reached (checked against the store at most once a second). */
+  limited(agentId: string): boolean;
+  counts(agentId: string): RealtimeCounts;
+}
+
+/** How often a realtime conversation asks the store whether its device is limited. */
+const REALTIME_CHECK_MS = 1_000;
+const REALTIME_RATE = 24_000;
+
+export function deviceRealtimeUsage(meter: UsageMeter, key: string, now: () => number = Date.now): RealtimeUsage {
+  const who: Who = { id: `device:${key}`, device: key };
+  const known = new Map<string, boolean>();
+  let checkedAt = Number.NEGATIVE_INFINITY;
+  let checking = false;
+  return {
+    limited(agentId) {
+      if (!checking && now() - checkedAt >= REALTIME_CHECK_MS) {
+        checking = true;
+        meter
+          .limitedNow(who, agentId)
+          .then(
+            (limit) => known.set(agentId, limit !== undefined),
+            () => {},
+          )
+          .finally(() => {
+            checking = false;
+            checkedAt = now();
+          });
+      }
+      return known.get(agentId) === true || meter.limitedCached(who, agentId);
+    },
+    counts: (agentId) => ({
+      audio: (samples) => meter.record(who, agentId, { audio_ms: Math.round((samples * 1000) / REALTIME_RATE) }),
+      tokens: (input, output) => meter.record(who, agentId, { input_tokens: input, output_tokens: output }),
+      answered: () => meter.record(who, agentId, { requests: 1 }),
+    }),
+  };
 }
