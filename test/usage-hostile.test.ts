@@ -39,7 +39,7 @@ for (const store of STORES) {
         { prompt_tokens: 1e30, completion_tokens: Number.NaN, total_tokens: 1 },
       ];
       for (const usage of hostile) {
-        upstream.replies.push({ content: "x", usage } as never);
+        upstream.reply({ content: "x", usage } as never);
         const r = await chat.chat.completions.create({ model: "chat", messages: [{ role: "user", content: "hi" }] });
         assert.equal(r.choices[0]?.message.content, "x");
       }
