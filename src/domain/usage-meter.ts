@@ -534,6 +534,7 @@ export class UsageMeter {
   /** Counts of `who`'s work with `agent`, written with the next flush (with every device's sum for a device). */
   record(who: Who, agent: string, counts: UsageAdd): void {
     const day = dayOf(this.clock.now());
+    counts = wholeCounts(counts);
     this.addTo(who.id, day, agent, counts);
     if (who.device !== undefined) this.addTo(ALL_DEVICES, day, agent, counts);
     this.hooks.counted?.(agent, counts);
@@ -636,6 +637,23 @@ export class UsageMeter {
     const now = this.clock.now();
     return limits.find((l) => this.used(l, now) >= l.value);
   }
+}
+
+/** The most one piece of work may add to a counter (a provider's 1e300 must not overflow the store's bigint). */
+const MAX_PIECE = 1e12;
+
+/**
+ * Counts as a provider may report them (a string, a fraction, a negative, NaN, 1e300) made whole,
+ * non-negative and bounded: one bad value must not fail the request, nor every later write of the
+ * node's counts (a batch the store refuses is kept and retried).
+ */
+function wholeCounts(counts: UsageAdd): UsageAdd {
+  const out: UsageAdd = counts.estimated ? { estimated: true } : {};
+  for (const f of COUNT_FIELDS) {
+    const v: unknown = counts[f];
+    if (typeof v === "number" && v > 0) out[f] = Math.min(Math.round(v), MAX_PIECE);
+  }
+  return out;
 }
 
 function row(principal: string, day: string, agent: string, requests: number): UsageRow {
