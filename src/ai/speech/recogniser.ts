@@ -84,7 +84,7 @@ const CONVERSING_FOR_MS = 60_000;
  * The decoder's beams for files, and for turns (see MoonshineEngineOptions). Measured by the hearing
  * benchmark (docs/benchmarks.md, issue 50): beam search of 3 with the front end took the set's clean
  * word error rate from 0.17 to 0.12 and the noisy one from 0.44 to 0.35; turns stay greedy, since
- * their recognition time is the reply's (their words are the front end's gain alone).
+ * their recognition time is the reply's, and the front end stays off for them (turnFrontEnd).
  */
 const BEAMS = 3;
 const TURN_BEAMS = 1;
@@ -106,8 +106,13 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   beams?: number;
   /** The same for conversations' turns and partial words (their time is the reply's). Default TURN_BEAMS. */
   turnBeams?: number;
-  /** What is done to audio before the recogniser hears it (front-end.ts); `false`: nothing. Default FRONT_END. */
+  /** What is done to a file's audio before the recogniser hears it (front-end.ts); `false`: nothing. Default FRONT_END. */
   frontEnd?: FrontEndOptions | false;
+  /**
+   * The same for conversations' turns. Default `false`: with the front end, a backchannel over a
+   * reply ("Mm-hmm.", nova) was heard as "And in nature, then." (a barge-in) in the end-to-end test.
+   */
+  turnFrontEnd?: FrontEndOptions | false;
 }
 
 export class MoonshineEngine implements TranscriptionEngine {
@@ -126,6 +131,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly beams: number;
   private readonly turnBeams: number;
   private readonly frontEnd: FrontEndOptions | false;
+  private readonly turnFrontEnd: FrontEndOptions | false;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   /** Each part starts on first use (or when asked to: `startRecognition`, `startActivity`), then its promise stays. */
@@ -148,6 +154,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.beams = options.beams ?? BEAMS;
     this.turnBeams = options.turnBeams ?? TURN_BEAMS;
     this.frontEnd = options.frontEnd ?? FRONT_END;
+    this.turnFrontEnd = options.turnFrontEnd ?? false;
     const fastAfterMs = options.fastAfterMs ?? FAST_AFTER_MS;
     this.fast = fastAfterMs !== false;
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
@@ -271,7 +278,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
     padded.set(audio, before);
-    return this.recognitions.runBatched<Float32Array, Heard>(this.frontEnd ? frontEnd(padded, this.frontEnd) : padded, job);
+    const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
+    return this.recognitions.runBatched<Float32Array, Heard>(front ? frontEnd(padded, front) : padded, job);
   }
 
   /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
