@@ -5,6 +5,9 @@
  */
 import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
 import { encoded, pieces, type Rig, RtpSender, rig, withLevel } from "./support/fake-voice.ts";
@@ -175,6 +178,43 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
     } finally {
       a.close();
       b.close();
+    }
+  });
+
+  test("a thread that is stuck (alive, not answering) is found by the heartbeat: its turn fails with failed events, a fresh thread takes its place, the next turn is answered", async () => {
+    const marker = join(mkdtempSync(join(tmpdir(), "perch-stuck-")), "marker");
+    process.env.PERCH_TEST_STUCK_MARKER = marker;
+    const warned: string[] = [];
+    const stuck = new AudioThreads(1, (_details, message) => warned.push(message), {
+      script: new URL("./support/stuck-audio-worker.ts", import.meta.url),
+      heartbeatMs: 50,
+      stuckMs: 400,
+    });
+    const a = await rig({}, { threads: stuck });
+    try {
+      const ta = new RtpSender(a, { echo: true });
+      const before = stuck.workers[0]!.threadId;
+      // The thread stops answering in the middle of the words (its 5th batch of packets).
+      for (const p of word) await ta.send(p, { level: 10, wait: false });
+      await until("the stuck thread found and replaced", () => stuck.workers[0]!.threadId !== before, 10_000);
+      assert.ok(existsSync(marker), "the thread got stuck");
+      assert.ok(warned.some((m) => m.includes("an audio thread ended")), JSON.stringify(warned));
+      await until("the turn failed", () => a.of("out-1").some((e) => e.type === "EOS" && e.error?.code === "failed"));
+      assert.deepEqual(
+        a.events.filter((e) => e.stream === "in-1" || e.stream === "out-1").map((e) => `${e.type} ${e.stream} ${e.label}${e.error ? ` ${e.error.code}` : ""}`),
+        ["BOS in-1 user.audio", "EOS in-1 user.audio", "EOS out-1 assistant.text failed", "TEXT_DONE out-1 turn.metrics"],
+      );
+      // The next turn, on the fresh thread.
+      await quiet(ta, 600);
+      await speak(ta);
+      await quiet(ta, 600);
+      await finished(a, 2);
+      assert.equal(a.of("in-2").find((e) => e.type === "TEXT_DONE")?.text, "What time is it?");
+    } finally {
+      a.close();
+      await stuck.close();
+      delete process.env.PERCH_TEST_STUCK_MARKER;
+      rmSync(dirname(marker), { recursive: true, force: true });
     }
   });
 
