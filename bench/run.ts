@@ -2,6 +2,7 @@
 import { capacityBench } from "./capacity.ts";
 import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
+import { hearingBench } from "./hearing.ts";
 import { mcpBoundsBench } from "./mcp-bounds.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
@@ -19,6 +20,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   public: publicBench,
   compat: compatBench,
   speech: speechBench,
+  hearing: hearingBench,
   webrtc: webrtcBench,
   "webrtc-health": webrtcHealthBench,
   "webrtc-connect": webrtcConnectBench,

@@ -1,11 +1,14 @@
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
+import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { type ReconnectLog, StayConnected } from "../src/sdk/reconnect.ts";
 import { OfferError, type PerchConnection } from "../src/sdk/webrtc.ts";
 import { perch, perchJson } from "./support/cli.ts";
-import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
+import { ROOT, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { EventLog } from "./support/voice.ts";
 import { connect, eventually, within } from "./support/webrtc.ts";
 
@@ -222,5 +225,40 @@ describe("the SDK's back-off", () => {
     assert.equal(blocked.error?.code, "PEER_BLOCKED");
     await assert.rejects(blocked.connected(), /PEER_BLOCKED/);
     await s.stop();
+  });
+});
+
+describe("perch device connect comes back by itself", () => {
+  test("after node.reconnect it says so, tries again with back-off while no node answers, and is connected again on the next node", async () => {
+    const dataDir = tempDir();
+    const keyFile = join(tempDir(), "device.json");
+    const pair = generateKeyPair();
+    writeFileSync(keyFile, JSON.stringify({ public_key: encodeKey(pair.publicKey), private_key: encodeKey(pair.privateKey) }));
+    const first = await startTestServer({ dataDir, config: { node_name: "cli-node", fleet: { max_cpu: 0 } } });
+    const child = spawn(join(ROOT, "bin/perch"), ["device", "--server", first.url, "--key-file", keyFile, "connect", "--telemetry-interval", "0"], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let out = "";
+    child.stdout.on("data", (c: Buffer) => (out += c.toString()));
+    child.stderr.on("data", (c: Buffer) => (out += c.toString()));
+    try {
+      await eventually(() => /GET \/me over stream 1/.test(out), 30_000, "the device connected");
+      const port = first.port;
+      await first.drain();
+      await first.stop();
+      await eventually(() => /node\.reconnect received \{"reason":"draining","retry_after_ms":0\}/.test(out), 5_000, "the event said");
+      await eventually(() => /reconnecting \{"attempt":2,"delay_ms":\d+,"after":"(error|refused)"\}/.test(out), 10_000, "attempts with back-off");
+      const second = await startTestServer({ dataDir, config: { port, node_name: "cli-node", fleet: { max_cpu: 0 } } });
+      try {
+        await eventually(() => /reconnected \{"attempt":\d+,"after":"(error|refused)"/.test(out), 20_000, "connected again");
+        await eventually(() => (out.match(/GET \/me over stream 1/g) ?? []).length === 2, 10_000, "set up again");
+      } finally {
+        child.kill("SIGINT");
+        await new Promise((r) => child.once("exit", r));
+        await second.stop();
+      }
+    } finally {
+      if (child.exitCode === null) child.kill("SIGKILL");
+    }
   });
 });

@@ -32,7 +32,16 @@ describe("the runtime refresh and replaced connections", () => {
     const key = device.publicKey;
     await server.domain.presence.connected(key, null);
     await server.store.transaction((tx) =>
-      tx.runtime.put({ public_key: key, online: 1, last_seen_at: Date.now(), last_addr: null, rx_bytes: 0, tx_bytes: 0, node: "another-node", updated_at: Date.now() }),
+      tx.runtime.put({
+        public_key: key,
+        online: 1,
+        last_seen_at: Date.now(),
+        last_addr: null,
+        rx_bytes: 0,
+        tx_bytes: 0,
+        node: "another-node",
+        updated_at: Date.now(),
+      }),
     );
     assert.deepEqual(await server.domain.presence.refresh([entry(key)]), [key]);
   });

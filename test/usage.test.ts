@@ -1,8 +1,12 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
+import { type ConfigInput, loadConfig } from "../src/config/config.ts";
 import { PerchApiError } from "../src/sdk/client.ts";
+import { assertFails, perch, perchJson } from "./support/cli.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 
@@ -235,4 +239,111 @@ for (const store of STORES) {
       assert.equal((await stored(nodes[0]!, { apiKeyId: "race" })).requests, answered);
     });
   });
+}
+
+describe("usage: bad configuration, and the command line", () => {
+  test("a limit with an unknown scope, counter or period, a bad value or an unknown agent refuses the configuration, naming the path", () => {
+    const bad: Array<[unknown, RegExp]> = [
+      [{ limits: [{ scope: "room", per: "day", requests: 1 }] }, /usage\.limits\.0\.scope/],
+      [{ limits: [{ scope: "device", per: "week", requests: 1 }] }, /usage\.limits\.0\.per/],
+      [{ limits: [{ scope: "device", per: "day", naps: 1 }] }, /usage\.limits\.0.*naps/],
+      [{ limits: [{ scope: "device", per: "day", tokens: -1 }] }, /usage\.limits\.0\.tokens/],
+      [{ limits: [{ scope: "device", per: "day", tokens: 1.5 }] }, /usage\.limits\.0\.tokens/],
+      [{ limits: [{ scope: "device", per: "day" }] }, /usage\.limits\.0.*at least one of/],
+      [{ limits: [{ scope: "device", per: "day", agent: "nobody", requests: 1 }] }, /usage\.limits\.0\.agent: unknown agent or model nobody/],
+    ];
+    for (const [usage, message] of bad) assert.throws(() => loadConfig({}, { usage } as ConfigInput), message, JSON.stringify(usage));
+    assert.throws(
+      () =>
+        loadConfig({}, { api_keys: [{ name: "k", sha256: sha256("k"), limits: [{ scope: "api_key", per: "day", requests: 1 }] }] } as unknown as ConfigInput),
+      /api_keys\.0\.limits\.0.*scope/,
+    );
+    assert.throws(
+      () => loadConfig({}, { api_keys: [{ name: "k", sha256: sha256("k"), limits: [{ per: "day", agent: "ghost", tokens: 5 }] }] } as ConfigInput),
+      /api_keys\.0\.limits\.0\.agent/,
+    );
+    // tts-1 is a model of the catalog: a limit may name it.
+    loadConfig({}, { usage: { limits: [{ scope: "all_devices", per: "month", agent: "tts-1", speech_chars: 0 }] } });
+  });
+
+  test("perch usage and perch peers limits, against the store a server counted in", async () => {
+    const upstream = await startFakeUpstream();
+    const quiet = await startFakeUpstream();
+    const dir = tempDir();
+    const file = join(dir, "perch.json");
+    const cfg = config(upstream, quiet, undefined);
+    writeFileSync(file, JSON.stringify({ ...cfg, data_dir: dir }));
+    const server = await startTestServer({ dataDir: dir, config: cfg });
+    try {
+      const device = server.client();
+      await device.login();
+      const chat = new OpenAI({ apiKey: device.accessToken!, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+      await chat.chat.completions.create({ model: "chat", messages: [{ role: "user", content: "hi" }] });
+      await new OpenAI({ apiKey: KEYS.app, baseURL: `${server.url}/openai/v1`, maxRetries: 0 }).chat.completions.create({
+        model: "chat",
+        messages: [{ role: "user", content: "hi" }],
+      });
+      await server.domain.usage.meter.flush();
+      const env = { PERCH_CONFIG: file };
+      const all = await perchJson<Array<Record<string, unknown>>>(["usage", "--json"], env);
+      assert.deepEqual(
+        all.map((r) => [r.device ?? r.api_key_id, r.agent, r.requests, r.input_tokens, r.output_tokens]).sort(),
+        [
+          [device.publicKey, "chat", 1, 7, 3],
+          ["app", "chat", 1, 7, 3],
+        ].sort(),
+      );
+      const mine = await perchJson<Array<Record<string, unknown>>>(["usage", "--key", device.publicKey, "--days", "2", "--json"], env);
+      assert.equal(mine.length, 1);
+      const text = await perch(["usage", "--api-key-id", "app"], env);
+      assert.match(text.stdout, /api key app\s+chat\s+1\s+7\s+3/);
+      assertFails(await perch(["usage", "--api-key-id", "nobody"], env), /no API key nobody/);
+      assertFails(await perch(["usage", "--key", server.client().publicKey], env), /no registered peer/);
+      assertFails(await perch(["usage", "--days", "0"], env), /--days/);
+      // The operator's own limits for the device: set, refused at once by the server, cleared.
+      const set = await perchJson<{ limits: unknown }>(["peers", "limits", device.publicKey, "--tokens-per-day", "5", "--requests-per-month", "100"], env);
+      assert.deepEqual(set.limits, [
+        { per: "day", tokens: 5 },
+        { per: "month", requests: 100 },
+      ]);
+      await eventuallyRefused(chat);
+      const shown = await perchJson<{ limits: unknown; usage: { limited: string } }>(["peers", "limits", device.publicKey], env);
+      assert.equal(shown.usage.limited, "tokens");
+      assertFails(await perch(["peers", "limits", server.client().publicKey, "--tokens-per-day", "1"], env), /no registered peer/);
+      assertFails(await perch(["peers", "limits", device.publicKey, "--tokens-per-day", "-1"], env), /whole number/);
+      await perchJson(["peers", "limits", device.publicKey, "--clear"], env);
+      await eventuallyAnswered(chat);
+    } finally {
+      await server.stop();
+      await upstream.close();
+      await quiet.close();
+    }
+  });
+});
+
+/** The server reads a device's own limits again within a second. */
+async function eventuallyRefused(chat: OpenAI): Promise<void> {
+  for (let i = 0; ; i++) {
+    try {
+      await chat.chat.completions.create({ model: "chat", messages: [{ role: "user", content: "hi" }] });
+    } catch (e) {
+      assert.ok(e instanceof OpenAI.RateLimitError, String(e));
+      return;
+    }
+    assert.ok(i < 30, "refused within a second or so");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function eventuallyAnswered(chat: OpenAI): Promise<void> {
+  for (let i = 0; ; i++) {
+    try {
+      await chat.chat.completions.create({ model: "chat", messages: [{ role: "user", content: "hi" }] });
+      return;
+    } catch (e) {
+      assert.ok(e instanceof OpenAI.RateLimitError, String(e));
+      assert.ok(i < 30, "answered again within a second or so");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
 }

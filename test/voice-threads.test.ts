@@ -4,10 +4,10 @@
  * pool; each packet's audio is awaited before the conversation's clock moves on.
  */
 import assert from "node:assert/strict";
-import { after, describe, test } from "node:test";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
+import { after, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
 import { encoded, pieces, type Rig, RtpSender, rig, withLevel } from "./support/fake-voice.ts";
@@ -198,7 +198,10 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
       for (const p of word) await ta.send(p, { level: 10, wait: false });
       await until("the stuck thread found and replaced", () => stuck.workers[0]!.threadId !== before, 10_000);
       assert.ok(existsSync(marker), "the thread got stuck");
-      assert.ok(warned.some((m) => m.includes("an audio thread ended")), JSON.stringify(warned));
+      assert.ok(
+        warned.some((m) => m.includes("an audio thread ended")),
+        JSON.stringify(warned),
+      );
       await until("the turn failed", () => a.of("out-1").some((e) => e.type === "EOS" && e.error?.code === "failed"));
       assert.deepEqual(
         a.events.filter((e) => e.stream === "in-1" || e.stream === "out-1").map((e) => `${e.type} ${e.stream} ${e.label}${e.error ? ` ${e.error.code}` : ""}`),

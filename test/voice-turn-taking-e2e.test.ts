@@ -136,18 +136,25 @@ describe("turn-taking end to end (voice.md §7)", () => {
     }
   });
 
-  test("a real question over a reply is a barge-in: the reply ends interrupted and the question is answered", async () => {
+  test("a real question over a reply is a barge-in judged on its first words: the reply ends interrupted while the user still speaks, and the question is answered", async () => {
     const { conn, log } = await voiceDevice(server);
     try {
       const mic = await conn.microphone();
       await mic.say(await spoken("Tell me a story.", VOICE));
       await log.wait((s) => s.stream === "out-1" && s.type === "BOS" && s.label === "assistant.audio", 60_000, "the story's audio");
       await heardFor(conn, 1_000);
-      await mic.say(await spoken("Call my mother tomorrow morning.", VOICE));
+      // A long request (about 5 s): the reply must end on its first words, not on its final transcript.
+      const question = await spoken("Call my mother tomorrow morning and tell her that I will be a little late for dinner on Sunday.", VOICE);
+      let spokenAll = false;
+      const saying = mic.say(question).then(() => {
+        spokenAll = true;
+      });
       const end = await log.wait((s) => s.stream === "out-1" && s.type === "EOS" && s.label === "assistant.audio", 30_000, "the story's end");
       assert.equal(end.error?.code, "interrupted");
+      assert.equal(spokenAll, false, "the reply ended while the user was still speaking");
+      await saying;
       await log.wait((s) => s.stream === "out-2" && s.label === "turn.metrics", 60_000, "turn 2");
-      assert.match(log.all.find((s) => s.stream === "in-2" && s.type === "TEXT_DONE")!.text!, /mother|morning|call/i);
+      assert.match(log.all.find((s) => s.stream === "in-2" && s.type === "TEXT_DONE")!.text!, /mother|morning|call|dinner/i);
       assert.equal(log.all.find((s) => s.stream === "out-2" && s.type === "TEXT_DONE" && s.label === "assistant.text")?.text, "Alright.");
     } finally {
       conn.close();

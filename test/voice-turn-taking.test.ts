@@ -250,8 +250,8 @@ describe("false interruptions (voice.md §7)", () => {
 
   test('"Hm" over a reply: its audio pauses at once, resumes within resume_ms, the reply ends whole, no turn, the history as if nothing happened', async () => {
     const { r, long, before, during } = await over({}, "Hm.", 500);
-    // Speech is confirmed after min_speech_ms (200): the audio stops then (frames already sent ahead aside).
-    assert.ok(during - before <= (200 + 100) / 20, `frames sent while the user spoke: ${during - before}`);
+    // The audio stops at voice activity's first block (frames already sent ahead aside).
+    assert.ok(during - before <= 1, `frames sent while the user spoke: ${during - before}`);
     await r.talk(250, false);
     const paused = r.frames;
     await r.talk(350, false);
@@ -304,7 +304,7 @@ describe("false interruptions (voice.md §7)", () => {
 
   test("a real question over a reply is a barge-in as before: audio stopped, the reply interrupted, the question answered", async () => {
     const { r, before, during } = await over({}, "What about tomorrow?", 800);
-    assert.ok(during - before <= (200 + 100) / 20, `frames sent while the user spoke: ${during - before}`);
+    assert.ok(during - before <= 1, `frames sent while the user spoke: ${during - before}`);
     await r.talk(600, false);
     assert.equal(eventCount(r, "in-2", "user.audio", "BOS"), 1, "the speech is turn 2");
     const m = await untilTurn(r, 1);
@@ -341,6 +341,124 @@ describe("false interruptions (voice.md §7)", () => {
     const { r } = await over({ interruption: { min_words: 2 } }, "Wait.", 800);
     await r.talk(600, false);
     assert.equal((await untilTurn(r, 1)).interrupted, false);
+    r.close();
+  });
+});
+
+describe("barge-in timing (voice.md §7: paused on the first frames, ended on the words so far)", () => {
+  /** A long reply playing (turn 1); the conversation's clock then. */
+  async function playing(voice: Record<string, unknown> = {}) {
+    const r = await rig(voice);
+    const long = Array.from({ length: 12 }, (_, i) => `Sentence number ${i + 1} of the reply. `);
+    r.model.script = (call) => pieces(call.messages.length === 1 ? long : ["Sure."]);
+    r.stt.answer = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : "What about tomorrow?");
+    r.stt.words = r.stt.answer;
+    await r.talk(600);
+    await r.talk(400, false);
+    for (let t = 0; t < 30_000 && r.frames < 100; t += 20) await r.wait(20);
+    assert.ok(r.frames >= 100, "the reply plays");
+    return r;
+  }
+
+  /** 20 ms blocks of audio; for each, the clock after it, the frames sent and the events out so far. */
+  async function blocks(r: Rig, ms: number, loud = true): Promise<Array<{ t: number; frames: number; events: number }>> {
+    const out: Array<{ t: number; frames: number; events: number }> = [];
+    for (let t = 0; t < ms; t += 20) {
+      r.conversation.hear(new Int16Array(320).fill(loud ? 8000 : 0));
+      await r.clock.advance(20);
+      out.push({ t: r.clock.now(), frames: r.frames, events: r.events.length });
+    }
+    return out;
+  }
+
+  const interruptedAt = (r: Rig) => r.of("out-1").find((e) => e.type === "EOS" && e.label === "assistant.audio");
+
+  test("voice activity's first block pauses the reply (no frame after it); a noise shorter than min_speech_ms resumes 150 ms after it, no turn, nothing counted", async () => {
+    const r = await playing();
+    const before = r.frames;
+    const noise = await blocks(r, 100);
+    // The onset is the first block: nothing is sent once it was heard (frames sent ahead were sent before).
+    assert.equal(noise[0]!.frames - before, 0, `frames sent in the onset's block: ${noise[0]!.frames - before}`);
+    assert.equal(noise.at(-1)!.frames, noise[0]!.frames, "paused while the sound lasts");
+    const quiet = await blocks(r, 300, false);
+    // The detector hears the noise end at the first quiet block; the reply goes on 150 ms later (not before).
+    const end = quiet[0]!.t;
+    const resumed = quiet.find((b) => b.frames > noise.at(-1)!.frames)!;
+    // (The first quiet block is heard at end − 20: the resume is due at end + 130, in the block that ends at end + 140.)
+    assert.equal(resumed.t - end, 140, `resumed ${resumed.t - end} ms after the first quiet block`);
+    const m = await untilTurn(r, 1);
+    assert.equal(m.interrupted, false);
+    assert.equal(m.false_interruptions, 0, "a noise that is no speech is no false interruption");
+    assert.equal(r.stt.turns.length, 1, "no transcription for the noise");
+    assert.equal(r.events.filter((e) => e.stream === "in-2").length, 0);
+    r.close();
+  });
+
+  test("a word's first syllable and a dip before the next: the reply stays paused throughout (no flicker)", async () => {
+    const r = await playing();
+    const paused = (await blocks(r, 60))[0]!.frames;
+    await blocks(r, 60, false);
+    await blocks(r, 600);
+    assert.equal(r.frames, paused, "nothing sent between the syllables");
+    r.close();
+  });
+
+  test("a question over a reply ends it on its words so far: EOS interrupted 400 ms after the onset, the user still speaking; the question is the next turn", async () => {
+    const r = await playing();
+    // The rig's audio heard at t covers (t - 20, t]: the first block's sound began 20 ms before it is heard.
+    const onset = r.clock.now() - 20;
+    // What the recogniser has heard grows with the speech; the final transcript is the whole question.
+    wordsBySpeech(r, 300, ["", "What", "What about", "What about tomorrow?"]);
+    r.stt.answer = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : "What about tomorrow?");
+    const speech = await blocks(r, 2_000);
+    const eos = interruptedAt(r);
+    assert.equal(eos?.error?.code, "interrupted", "the reply ended as interrupted while the user spoke");
+    // When: the first block after which the EOS was out (events are counted per block).
+    const at = speech.find((b) => b.events > r.events.indexOf(eos!))!.t - onset;
+    // min_ms (400) of sound, then the words so far ("What about" from 300 ms of speech on) are asked: the reply ends then.
+    assert.ok(at >= 400 && at <= 420, `EOS interrupted ${at} ms after the onset`);
+    assert.equal(eventCount(r, "in-2", "user.audio", "BOS"), 1, "the speech is turn 2 from then");
+    assert.ok(speech.at(-1)!.events > r.events.indexOf(eos!), "while the user was still speaking");
+    await r.talk(600, false);
+    await untilTurn(r, 2);
+    assert.equal(r.of("in-2").find((e) => e.type === "TEXT_DONE")!.text, "What about tomorrow?");
+    assert.equal(r.turnMetrics(1)!.interrupted, true);
+    assert.deepEqual(
+      r.model.calls.at(-1)!.messages.map((x) => x.role),
+      ["user", "assistant", "user"],
+      "the heard part of the reply, then the question",
+    );
+    r.close();
+  });
+
+  test("a pause between words at min_ms: the words are judged again once the speech goes on, and end the reply while it lasts", async () => {
+    const r = await playing();
+    await blocks(r, 300);
+    // Quiet across min_ms (400 ms), shorter than the silence that ends speech.
+    await blocks(r, 160, false);
+    const speech = await blocks(r, 1_000);
+    const eos = interruptedAt(r);
+    assert.equal(eos?.error?.code, "interrupted");
+    assert.ok(speech.at(-1)!.events > r.events.indexOf(eos!), "ended while the user was still speaking");
+    r.close();
+  });
+
+  test("words the recogniser is not sure of (a hum heard as 'And then?') never end the reply early; judged again while the sound lasts, the reply resumes", async () => {
+    const r = await playing();
+    r.stt.words = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : "And then?");
+    r.stt.answer = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : "M. M. H.");
+    r.stt.sure = () => false;
+    await blocks(r, 1_000);
+    assert.equal(interruptedAt(r), undefined, "not ended while the hum lasts");
+    const turn = r.stt.turns[1]!;
+    // Judged at min_ms (400) and every 200 ms after: 400, 600, 800 (and 1000, as the sound ends).
+    assert.ok(turn.askedSure >= 3, `judged ${turn.askedSure} times`);
+    const paused = r.frames;
+    await blocks(r, 900, false);
+    assert.ok(r.frames > paused, "resumed within resume_ms of the sound's end");
+    const m = await untilTurn(r, 1);
+    assert.equal(m.interrupted, false);
+    assert.equal(m.false_interruptions, 1);
     r.close();
   });
 });

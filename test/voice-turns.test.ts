@@ -161,10 +161,14 @@ describe("voice turns (fake engines, fake clock)", () => {
       })();
     };
     await ask(r);
-    for (let t = 0; t < 30_000 && r.frames < 100; t += 100) await r.wait(100);
-    assert.ok(r.frames >= 100, "the reply is playing");
+    // Into its first sentence (2.04 s): what was heard then is no edge between two sentences.
+    for (let t = 0; t < 30_000 && r.frames < 80; t += 100) await r.wait(100);
+    assert.ok(r.frames >= 80, "the reply is playing");
     const inFlight = r.tts.requests.at(-1)!;
-    await ask(r);
+    // The question over it: the reply ends on its first words, while it is spoken (voice.md §7).
+    await r.talk(600);
+    const frames = r.frames;
+    await r.talk(600, false);
     await untilTurn(r, 1);
     const end = r.of("out-1").find((e) => e.type === "EOS" && e.label === "assistant.audio")!;
     assert.equal(end.error?.code, "interrupted");
@@ -176,7 +180,7 @@ describe("voice turns (fake engines, fake clock)", () => {
     // What played: every sentence whose audio played whole, then words of the one playing; never a
     // sentence synthesised ahead and queued whose audio had not begun. 60 ms a character at 24 kHz,
     // played at 48 kHz; a frame's slack either way for the resampler's edges.
-    const played = r.frames * 960;
+    const played = frames * 960;
     const slack = 960;
     const whole: string[] = [];
     const begun: string[] = [];

@@ -1,6 +1,18 @@
 import { ApiError, request, type Session } from "./api.ts";
-import { addConversationEntry, connectedCount, contactsChanged, emitTelemetry, endSession, info, link, memoryChanged, runtime, status } from "./state.ts";
-import type { ConversationEntry, DeviceInfo, PeerStatus, Runtime, TelemetryValue } from "./types.ts";
+import {
+  addConversationEntry,
+  connectedCount,
+  contactsChanged,
+  emitTelemetry,
+  endSession,
+  info,
+  link,
+  memoryChanged,
+  runtime,
+  status,
+  usageChanged,
+} from "./state.ts";
+import type { ConversationEntry, DeviceInfo, PeerStatus, Runtime, TelemetryValue, Usage } from "./types.ts";
 
 const BACKOFF_MIN_MS = 1_000;
 const BACKOFF_MAX_MS = 30_000;
@@ -39,6 +51,9 @@ function dispatch(event: string, data: unknown): void {
       break;
     case "memory":
       memoryChanged.value++;
+      break;
+    case "usage":
+      usageChanged.value = data as Usage;
       break;
     case "session":
       endSession((data as { state: "revoked" | "expired" }).state === "expired" ? "expired" : "revoked");

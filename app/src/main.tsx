@@ -10,6 +10,7 @@ import { DeviceCard } from "./views/DeviceCard.tsx";
 import { Memory } from "./views/Memory.tsx";
 import { explain, Pairing } from "./views/Pairing.tsx";
 import { Telemetry } from "./views/Telemetry.tsx";
+import { Today } from "./views/Today.tsx";
 
 /** A token handed over in the link (`/app/#token=…`): taken once, then removed from the address bar and history. */
 function tokenFromLink(): string {
@@ -59,6 +60,7 @@ function Paired({ bearer }: { bearer: string }) {
       )}
       <LinkState />
       <DeviceCard />
+      <Today bearer={bearer} />
       <Conversations bearer={bearer} />
       <Memory bearer={bearer} />
       <Telemetry bearer={bearer} />

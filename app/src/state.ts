@@ -1,6 +1,6 @@
 import { signal } from "@preact/signals";
 import { forgetSession, type Session, storedSession } from "./api.ts";
-import type { ConversationEntry, DeviceInfo, PeerStatus, Runtime, TelemetryValue } from "./types.ts";
+import type { ConversationEntry, DeviceInfo, PeerStatus, Runtime, TelemetryValue, Usage } from "./types.ts";
 
 /** Why the app is not (or no longer) paired, in words for the person holding the phone. */
 export type Ended = "revoked" | "expired" | "invalid" | "blocked";
@@ -21,6 +21,8 @@ export const connectedCount = signal(0);
 export const contactsChanged = signal(0);
 /** Bumped on every `memory` event: the Memory section reads it again. */
 export const memoryChanged = signal(0);
+/** The device's usage as the last `usage` event told it (a limit reached or reset); the Today section reads it again. */
+export const usageChanged = signal<Usage | undefined>(undefined);
 /** The device's conversation while the app watches: the entries of its newest conversation (the last 200). */
 export const liveConversation = signal<ConversationEntry[]>([]);
 const LIVE_ENTRIES = 200;

@@ -66,3 +66,16 @@ export interface Memory {
   updated_at_unix_ms?: number;
   max_chars: number;
 }
+
+export type UsageCounter = "requests" | "input_tokens" | "output_tokens" | "speech_chars" | "audio_seconds" | "tool_calls";
+export type LimitCounter = "requests" | "tokens" | "speech_chars" | "audio_seconds";
+export interface UsagePeriod {
+  used: Record<UsageCounter, number>;
+  limits: Partial<Record<LimitCounter, number>>;
+  resets_at_unix_ms: number;
+}
+export interface Usage {
+  day: UsagePeriod;
+  month: UsagePeriod;
+  limited: LimitCounter | null;
+}

@@ -4,6 +4,7 @@ import { wavFile } from "../audio/samples.ts";
 import type { KeyPair } from "../crypto/keys.ts";
 import { ClientGetIdentifiersResponseSchema, ClientGetInfoResponseSchema, RpcMethod, ServerPutInfoRequestSchema } from "../protocol/gen/rpc_pb.ts";
 import type { RpcHandlers } from "../protocol/rpc.ts";
+import { StayConnected } from "../sdk/reconnect.ts";
 import { OfferError, PerchConnection } from "../sdk/webrtc.ts";
 import { DEMO_TOOLS } from "./demo-tools.ts";
 import type { ConnectOptions } from "./device-connect.ts";
@@ -46,40 +47,72 @@ export async function runConnect(opts: ConnectOptions, load: () => { server: str
       return { payload: toBinary(ClientGetIdentifiersResponseSchema, create(ClientGetIdentifiersResponseSchema, { value: { sn: opts.sn } })) };
     };
   }
+  const registrationToken = process.env.PERCH_REGISTRATION_TOKEN || undefined;
+  /** What each new connection is given: its name and emoji, its tools; it says it is connected and who it is. */
+  const setUp = async (conn: PerchConnection) => {
+    say("connected", { public_key: conn.publicKey, ready_ms: Math.round(conn.timings.ready), server_timing: conn.timings.serverTiming });
+    say("ping", { rtt_ms: Math.round((await conn.ping()).rttMs * 10) / 10 });
+    if (opts.name !== undefined || opts.emoji !== undefined) {
+      const value = { ...(opts.name !== undefined ? { name: opts.name } : {}), ...(opts.emoji !== undefined ? { emoji: opts.emoji } : {}) };
+      await conn.call(RpcMethod.SERVER_INFO_PUT, toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value })));
+      say("server.info.put", value);
+    }
+    if (opts.tool.length) {
+      // The status document is replaced whole: what it holds now is kept beside the tool's change.
+      const report = async (patch: Record<string, unknown>) => {
+        const now = await conn.http(1, "GET", "/me/status");
+        const current = now.status === 200 ? (now.json() as Record<string, unknown>) : {};
+        const body = JSON.stringify({ ...current, ...patch, reported_at: new Date().toISOString() });
+        const res = await conn.http(1, "PUT", "/me/status", { body, headers: { "content-type": "application/json" } });
+        if (res.status !== 200) throw new Error(`PUT /me/status answered ${res.status}`);
+      };
+      const tools = opts.tool.flatMap((t) => DEMO_TOOLS[t]!(say, report));
+      await conn.offerTools(tools);
+      say("tools offered over service 3", { tools: tools.map((t) => `device.${t.name}`) });
+    }
+    const me = await conn.http(1, "GET", "/me");
+    say("GET /me over stream 1", { status: me.status, body: me.json() });
+  };
+  // The first connection must succeed (a wrong address is said at once); later ones are the
+  // reconnections of fleet.md §4: after node.reconnect, a 503 or a lost connection, to the same URL.
+  let first = true;
+  const device = new StayConnected({
+    baseUrl: server,
+    keyPair,
+    handlers,
+    ...(registrationToken ? { registrationToken } : {}),
+    connect: async (o) => {
+      try {
+        return await PerchConnection.connect(o);
+      } catch (err) {
+        if (first) fail(err instanceof OfferError ? `offer refused: ${err.message}` : unreachable(server, err));
+        throw err;
+      } finally {
+        first = false;
+      }
+    },
+    onConnected: setUp,
+    log: (e) => {
+      if (e.event === "connected" && e.after === "start") return;
+      if (e.event === "attempt" && e.after === "start") return;
+      const { event, ...detail } = e;
+      say(event === "attempt" ? "reconnecting" : event === "connected" ? "reconnected" : event === "reconnect" ? "node.reconnect received" : event, detail);
+    },
+  });
   let conn: PerchConnection;
   try {
-    conn = await PerchConnection.connect({ baseUrl: server, keyPair, handlers, registrationToken: process.env.PERCH_REGISTRATION_TOKEN || undefined });
+    conn = await device.connected();
   } catch (err) {
-    fail(err instanceof OfferError ? `offer refused: ${err.message}` : unreachable(server, err));
+    fail(err instanceof OfferError ? `offer refused: ${err.message}` : String(err));
   }
-  say("connected", { public_key: conn.publicKey, ready_ms: Math.round(conn.timings.ready), server_timing: conn.timings.serverTiming });
-  say("ping", { rtt_ms: Math.round((await conn.ping()).rttMs * 10) / 10 });
-  if (opts.name !== undefined || opts.emoji !== undefined) {
-    const value = { ...(opts.name !== undefined ? { name: opts.name } : {}), ...(opts.emoji !== undefined ? { emoji: opts.emoji } : {}) };
-    await conn.call(RpcMethod.SERVER_INFO_PUT, toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value })));
-    say("server.info.put", value);
-  }
-  if (opts.tool.length) {
-    // The status document is replaced whole: what it holds now is kept beside the tool's change.
-    const report = async (patch: Record<string, unknown>) => {
-      const now = await conn.http(1, "GET", "/me/status");
-      const current = now.status === 200 ? (now.json() as Record<string, unknown>) : {};
-      const body = JSON.stringify({ ...current, ...patch, reported_at: new Date().toISOString() });
-      const res = await conn.http(1, "PUT", "/me/status", { body, headers: { "content-type": "application/json" } });
-      if (res.status !== 200) throw new Error(`PUT /me/status answered ${res.status}`);
-    };
-    const tools = opts.tool.flatMap((t) => DEMO_TOOLS[t]!(say, report));
-    await conn.offerTools(tools);
-    say("tools offered over service 3", { tools: tools.map((t) => `device.${t.name}`) });
-  }
-  const me = await conn.http(1, "GET", "/me");
-  say("GET /me over stream 1", { status: me.status, body: me.json() });
   const seconds = Number(opts.telemetryInterval);
   let timer: NodeJS.Timeout | undefined;
   if (seconds > 0) {
     const battery = Number(opts.battery);
     const send = () => {
-      conn.sendTelemetry({
+      const now = device.current;
+      if (!now) return;
+      now.sendTelemetry({
         observedAtUnixMs: BigInt(Date.now()),
         observations: [
           { observedAtDeltaMs: 0, body: { case: "battery", value: { percent: battery, charging: false } } },
@@ -109,20 +142,18 @@ export async function runConnect(opts: ConnectOptions, load: () => { server: str
       say("reply saved", { file: opts.replyWav, seconds: Math.round((heard.samples.length / heard.rate) * 10) / 10 });
     }
     if (timer) clearInterval(timer);
-    conn.close();
+    await device.close();
     process.exit(0);
   }
-  const stop = () => {
-    if (timer) clearInterval(timer);
-    conn.close();
-  };
   process.once("SIGINT", () => {
     say("disconnecting");
-    stop();
+    if (timer) clearInterval(timer);
+    void device.close();
   });
-  await conn.closed();
+  await device.finished();
   if (timer) clearInterval(timer);
   say("disconnected");
+  if (device.error) fail(`offer refused: ${device.error.message}`);
   process.exit(0);
 }
 

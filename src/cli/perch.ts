@@ -11,6 +11,7 @@ import { type Config, ConfigError, configFile, loadConfig } from "../config/conf
 import { canonicalKey, encodeKey, generateKeyPair } from "../crypto/keys.ts";
 import type { Domain } from "../domain/index.ts";
 import { registerDeviceCommands } from "./device.ts";
+import { registerUsageCommands } from "./usage.ts";
 
 /** Runs `fn` with a domain over the configured store (no listener), then closes the store. */
 async function withDomain<T>(fn: (domain: Domain) => Promise<T>): Promise<T> {
@@ -299,6 +300,8 @@ peers
       print({ public_key: keyArg(key), removed: true });
     }),
   );
+
+registerUsageCommands(program, peers, { keyArg, fail, print, withDomain });
 
 const nodes = program
   .command("nodes")

@@ -6,6 +6,8 @@ import { DAY_MS, type DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 
 export const DEFAULT_CONVERSATION_PAGE = 20;
+/** A device's new conversation continues its last stored one when that one was still going this recently. */
+export const CONTINUE_WITHIN_MS = 120_000;
 /** Conversations the retention job deletes per transaction. */
 const RETENTION_BATCH = 500;
 
@@ -31,6 +33,23 @@ export class ConversationService {
   /** A new conversation of the device (one connection); `onError` hears of entries the store refused. */
   open(deviceKey: string, onError: (err: unknown) => void): ConversationRecorder {
     return new ConversationRecorder(this.ctx, deviceKey, onError);
+  }
+
+  /**
+   * The turns a new conversation of the device continues (fleet.md §3): those of its last stored
+   * conversation, when that one's last entry is at most `CONTINUE_WITHIN_MS` old (the device came
+   * back from a drained node, or its link dropped), up to its last `turns` turns, as chat messages;
+   * else none (a new conversation). Tool entries stay out, as they are out of the live history.
+   */
+  async continuing(deviceKey: string, turns: number): Promise<Array<{ role: "user" | "assistant"; content: string }>> {
+    if (!this.storing) return [];
+    const since = this.ctx.clock.now() - CONTINUE_WITHIN_MS;
+    const entries = await this.ctx.store.read(async (r) => {
+      const [last] = await r.conversations.list(deviceKey, undefined, 1);
+      return last && last.last_at >= since ? r.conversations.entries(last.id) : [];
+    });
+    const said = entries.filter((e) => e.role === "user" || e.role === "assistant").map((e) => ({ role: e.role as "user" | "assistant", content: e.text }));
+    return said.slice(-2 * turns);
   }
 
   /** Newest first; the cursor is the last item's (start time, id), base64url-encoded. */

@@ -177,6 +177,24 @@ export class UsageMeter {
     return this.limitedDevices.has(key);
   }
 
+  /**
+   * Whether a limit of `who`'s use of `agent` is reached as far as this node knows now, without
+   * waiting for the store (a voice turn's reply prepared in a pause is not asked then): its limits
+   * and counts as last read, and what it counted since.
+   */
+  limitedCached(who: Who, agent: string): boolean {
+    if (who.device !== undefined && this.limitedDevices.has(who.device)) return true;
+    const limits = who.device !== undefined ? this.own.get(who.device) && this.deviceLimits(who.id, this.own.get(who.device)!.limits) : this.limits(who);
+    if (!limits || limits instanceof Promise) return false;
+    const now = this.clock.now();
+    for (const l of limits) {
+      if (l.agent !== undefined && l.agent !== agent) continue;
+      const free = l.counter === "requests" ? (this.leases.get(this.leaseKey(who, agent))?.free ?? 0) : 0;
+      if (this.used(l, now) - free >= l.value) return true;
+    }
+    return false;
+  }
+
   /** Writes what is left (leases given back) and stops. */
   async close(): Promise<void> {
     this.closed = true;

@@ -14,6 +14,7 @@ import {
   type LimitCounter,
   monthStart,
   type Period,
+  parseDeviceLimits,
   resetsAt,
   shown,
   zeroCounts,
@@ -80,6 +81,12 @@ export class UsageService {
     const done = await this.ctx.store.transaction((tx) => tx.usage.setDeviceLimits(key, limits === null ? null : JSON.stringify(limits)));
     if (!done) throw new DomainError("not_found", "PEER_NOT_FOUND", "no peer has this key");
     this.meter.forgetDevice(key);
+  }
+
+  /** The device's own limits as stored (null: the configured `device` limits apply). */
+  async deviceLimits(key: string): Promise<KeyLimitConfig[] | null> {
+    const text = (await this.ctx.store.read((r) => r.usage.deviceLimits([key]))).get(key);
+    return (text !== undefined && parseDeviceLimits(text)) || null;
   }
 
   /** Deletes rows older than `usage.retention_days`. */

@@ -93,6 +93,11 @@ export class StayConnected {
     return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
   }
 
+  /** Whether the device stopped (`close()`, or gave up). */
+  get stopped(): boolean {
+    return this.closed;
+  }
+
   /** Resolves once the device stopped: `close()`, or a refusal that trying again cannot fix (`error`). */
   finished(): Promise<void> {
     return this.done;

@@ -71,6 +71,19 @@ export interface HttpResponse {
   json<T = unknown>(): T;
 }
 
+/** The server's key from `/server-info`; an answer that is not one (a balancer with no node ready: 503) is an `OfferError`. */
+async function serverPublicKey(fetchImpl: typeof fetch, baseUrl: string): Promise<string> {
+  const res = await fetchImpl(`${baseUrl}/server-info`);
+  const text = await res.text();
+  let key: unknown;
+  try {
+    key = (JSON.parse(text) as { public_key?: unknown }).public_key;
+  } catch {}
+  if (!res.ok || typeof key !== "string")
+    throw new OfferError(res.ok ? 502 : res.status, "UNAVAILABLE", `GET /server-info answered ${res.status}`, res.headers);
+  return key;
+}
+
 async function defaultRtc(): Promise<RtcImplementation> {
   const mod = (await import("@roamhq/wrtc")) as unknown as { default?: RtcImplementation } & RtcImplementation;
   return mod.default ?? mod;
@@ -210,7 +223,7 @@ export class PerchConnection {
     const fetchImpl = o.fetch ?? fetch;
     const baseUrl = o.baseUrl.replace(/\/+$/, "");
     const timeoutMs = o.timeoutMs ?? 15_000;
-    const serverKey = o.serverPublicKey ?? ((await (await fetchImpl(`${baseUrl}/server-info`)).json()) as { public_key: string }).public_key;
+    const serverKey = o.serverPublicKey ?? (await serverPublicKey(fetchImpl, baseUrl));
     const publicKey = encodeKey(o.keyPair.publicKey);
     const shared = sharedSecret(privateKeyObject(o.keyPair.privateKey), decodeKey(serverKey));
 

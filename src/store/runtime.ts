@@ -102,7 +102,11 @@ export class RuntimeRepository {
   async recorded(keys: readonly string[]): Promise<Set<string>> {
     const out = new Set<string>();
     for (let i = 0; i < keys.length; i += 500) {
-      const rows = await this.db.selectFrom("peer_runtime").select(["public_key"]).where("public_key", "in", keys.slice(i, i + 500)).execute();
+      const rows = await this.db
+        .selectFrom("peer_runtime")
+        .select(["public_key"])
+        .where("public_key", "in", keys.slice(i, i + 500))
+        .execute();
       for (const r of rows) out.add(r.public_key);
     }
     return out;

@@ -1,5 +1,6 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { VoiceConfig } from "../config/config.ts";
+import type { Admission } from "../domain/usage-meter.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { EngineId, VoiceEngines } from "./engine-ports.ts";
@@ -10,6 +11,7 @@ import { PreparedReply } from "./preemptive.ts";
 import type { ListeningTurn, RecognitionHooks, TurnEnd } from "./recognition.ts";
 import { failureCode, Reply, type ReplyOptions } from "./reply.ts";
 import { contentWords, englishRules, type TurnEndModel, turnEndSilence } from "./turn-end.ts";
+import { countedSpeech, type TurnUsage } from "./usage.ts";
 
 /** The agent answering this device now, with the engines its conversations use. */
 export interface AgentChoice {
@@ -49,10 +51,33 @@ export interface ActivityOptions {
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
   /** The end-of-turn rules (default the English rules of src/voice/turn-end.ts). */
   turnEnd?: TurnEndModel;
+  /** Counts the turns and refuses them at a usage limit (usage.md); none: nothing is counted. */
+  usage?: TurnUsage;
+  /** Whether the device is known to be at a usage limit now (then no reply is prepared in a pause). */
+  limited?: () => boolean;
+  /**
+   * The history a conversation continues from (fleet.md §3: the device's stored turns when it comes
+   * back from a drained node), put before the first turn's words once known.
+   */
+  earlier?: Promise<ChatMessage[]>;
 }
 
 /** Audio is judged in pieces of about 20 ms: "sound until min_ms" allows this much short. */
 const SOUND_SLACK_MS = 40;
+/**
+ * A reply paused at voice activity's first frames resumes if no speech (nor its end as a noise)
+ * was heard this long after `min_speech_ms`: a detector that stopped hearing (the uplink stopped)
+ * never holds a reply for good.
+ */
+const HOLD_SLACK_MS = 400;
+/** Speech over a reply whose words so far are not (surely) a barge-in is judged again this often while it lasts. */
+const RECHECK_MS = 200;
+/**
+ * A reply paused at an onset that proved a noise resumes this long after it, unless voice activity
+ * starts again meanwhile: the detector drops a candidate at its first quiet frame, and a word's
+ * first syllable can dip (without this, the reply would flicker back between syllables).
+ */
+const NOISE_RESUME_MS = 150;
 
 /** A turn of the conversation, from its speech to the end of its reply. */
 export interface Turn extends ListeningTurn {
@@ -68,8 +93,8 @@ export interface Turn extends ListeningTurn {
   partialSent: string;
   /** Speech over this reply, not (yet) a barge-in: its audio is paused, and this speech has no events. */
   over?: Speaking | undefined;
-  /** That speech brought words by `interruption.min_ms`: likely a barge-in, its end judged as a turn's. */
-  likely?: boolean;
+  /** The words of that speech are being recognised (is it a barge-in?). */
+  checking?: boolean;
   /** The reply it interrupted, whose heard text the history must have before this turn's reply is asked. */
   interrupted?: Promise<void>;
   /** The barge-in check at `interruption.min_ms`, and the resume deadline. */
@@ -116,6 +141,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   private speaking: Speaking | undefined;
   /** Preemptive replies not yet used or discarded. */
   private readonly prepared = new Set<PreparedReply>();
+  /** The reply paused at voice activity's first frames, until they are speech (a turn over it) or a noise. */
+  private held: { speaking: Speaking; stop: () => void; resume?: (() => void) | undefined } | undefined;
   private closed = false;
 
   constructor(o: ActivityOptions) {
@@ -131,16 +158,62 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     for (const stop of this.listening?.timers.splice(0) ?? []) stop();
     this.speaking?.reply.interrupt();
     this.speaking = undefined;
+    this.held?.stop();
+    this.held?.resume?.();
+    this.held = undefined;
     for (const p of this.prepared) p.discard();
     this.prepared.clear();
     this.history.length = 0;
   }
 
+  /**
+   * Voice activity's first frames over a reply: its audio pauses at once (voice.md §7: within 250
+   * ms of the onset at the device); a pause that proves false costs nothing, the reply resumes.
+   */
+  voiceOnset(_at: number): void {
+    const speaking = this.speaking;
+    // Speech over it already holds it (its end is being judged): that speech decides.
+    if (!speaking || this.closed || !this.o.config.barge_in || this.listening?.over === speaking) return;
+    if (this.held) {
+      // Activity again after a noise: the reply stays paused.
+      this.held.resume?.();
+      this.held.resume = undefined;
+      return;
+    }
+    speaking.reply.pause();
+    const stop = this.o.clock.after(this.o.config.turn.min_speech_ms + HOLD_SLACK_MS, () => this.guard(() => this.release()));
+    this.held = { speaking, stop };
+  }
+
+  /** The activity that paused the reply was a noise, not speech: the reply goes on shortly, unless activity starts again. */
+  voiceGone(): void {
+    const held = this.held;
+    if (!held || held.resume) return;
+    held.resume = this.o.clock.after(NOISE_RESUME_MS, () => this.guard(() => this.release()));
+  }
+
+  /** The reply held at an onset goes on (unless speech over it holds it now). */
+  private release(): void {
+    const held = this.held;
+    if (!held) return;
+    this.held = undefined;
+    held.stop();
+    held.resume?.();
+    if (this.speaking === held.speaking && this.listening?.over !== held.speaking) held.speaking.reply.resume();
+  }
+
   speechStarted(onset: number): Turn | undefined {
     const agent = this.o.agent();
-    if (!agent || this.closed) return undefined;
+    const held = this.held;
+    this.held = undefined;
+    held?.stop();
+    held?.resume?.();
     const speaking = this.speaking;
-    if (speaking && !this.o.config.barge_in) return undefined;
+    if (!agent || this.closed || (speaking && !this.o.config.barge_in)) {
+      // Speech that is no turn: a reply held at its onset goes on.
+      if (held && this.speaking === held.speaking) held.speaking.reply.resume();
+      return undefined;
+    }
     const abort = new AbortController();
     let turn: Turn | undefined;
     let transcription: Turn["transcription"];
@@ -156,6 +229,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     } catch (err) {
       // An engine that cannot take the turn: this speech is not heard, the conversation goes on.
       this.o.log("warn", { err }, "the transcription could not start a turn");
+      if (held && this.speaking === held.speaking) held.speaking.reply.resume();
       return undefined;
     }
     turn = { n: 0, agent, onset, soundAt: onset, abort, ended: false, partialSent: "", transcription, timers: [], preempted: 0 };
@@ -175,13 +249,13 @@ export class TurnActivity implements RecognitionHooks<Turn> {
 
   silenceNeeded(turn: Turn, text: string | undefined): number {
     const t = this.o.config.turn;
-    // Speech over a reply ends at the shortest silence (the reply resumes soon after a false interruption), unless it has words.
-    if (turn.over && !turn.likely) return t.finished_silence_ms;
+    // Speech over a reply ends at the shortest silence (the reply resumes soon after a false interruption); with words it is a turn already.
+    if (turn.over) return t.finished_silence_ms;
     return turnEndSilence(text, turn.agent.language, t, this.turnEnd);
   }
 
   paused(turn: Turn, text: string): void {
-    if (turn.over || turn.n === 0 || this.closed || !this.o.config.turn.preemptive) return;
+    if (turn.over || turn.n === 0 || this.closed || !this.o.config.turn.preemptive || this.o.limited?.()) return;
     if (turn.prepared && !turn.prepared.reply.discarded && turn.prepared.reply.answers(text)) return;
     this.drop(turn);
     const agent = this.o.agent();
@@ -249,20 +323,35 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   }
 
   /**
-   * Speech over a reply has lasted `interruption.min_ms`: with words that are not fillers so far,
-   * it is likely a turn, and its end is judged by its words as any turn's. The barge-in itself
-   * waits for the final transcript: a recogniser hears words in half a hum ("mm-hmm" → "and
-   * then?"), and the reply's audio is paused meanwhile anyway.
+   * Speech over a reply has lasted `interruption.min_ms`: the words recognised so far decide
+   * (voice.md §7), while the user may still be speaking. Words that are not fillers, and that the
+   * recogniser is sure of (it hears words in half a hum: "mm-hmm" → "and then?"), make it a
+   * barge-in at once; otherwise they are judged again every RECHECK_MS while the sound goes on,
+   * and at its end the final transcript decides. The reply's audio is paused meanwhile.
    */
   private checkWords(turn: Turn): void {
-    if (!turn.over || turn.ended) return;
-    // The sound stopped before min_ms (the detector has not said so yet): its end decides.
-    if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) return;
-    turn.transcription.soFar().then(
-      (text) => {
-        if (turn.over && contentWords(text) >= this.o.config.interruption.min_words) turn.likely = true;
+    if (!turn.over || turn.ended || turn.checking || this.closed) return;
+    const again = () => turn.timers.push(this.o.clock.after(RECHECK_MS, () => this.guard(() => this.checkWords(turn))));
+    // Quiet since before min_ms: the sound may have stopped (its end then decides) or paused between words (judged again).
+    if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) {
+      again();
+      return;
+    }
+    turn.checking = true;
+    turn.transcription.soFar({ sure: true }).then(
+      (text) =>
+        this.guard(() => {
+          turn.checking = false;
+          if (!turn.over || turn.ended || this.closed) return;
+          if (contentWords(text) >= this.o.config.interruption.min_words) {
+            this.bargeIn(turn);
+            return;
+          }
+          again();
+        }),
+      () => {
+        turn.checking = false;
       },
-      () => {},
     );
   }
 
@@ -300,8 +389,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     // Without words so far, the reply's audio resumes by this time whatever the transcription
     // says; words found later (a recogniser behind) still make it a barge-in.
     const over = turn.over;
-    if (!turn.likely && over)
-      turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => over.reply.resume())));
+    if (over) turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => over.reply.resume())));
     const transcript = turn.transcription.finish();
     transcript.then(
       (text) =>
@@ -379,21 +467,54 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     }
     // What was heard of the reply this turn interrupted goes into the history first.
     if (turn.interrupted) await turn.interrupted;
+    await this.continued();
     const transcribed = clock.now();
     stages.transcription = transcribed - end.decided;
+    // The turn's audio was transcribed, answered or not (usage.md §1).
+    this.o.usage?.record(turn.agent.id, { audio_ms: Math.max(0, Math.round(end.decided - turn.onset)) });
     if (this.closed) return;
     this.o.events.done(`in-${n}`, "user.transcript", transcript);
     this.o.log("debug", { turn: n, transcript }, "voice turn transcript");
     const agent = this.o.agent();
     // A newer turn began while this one was transcribed: it answers instead.
     if (!transcript || !agent || this.turns !== n) return done("empty", engines, flags);
+    // A usage limit reached: the turn is answered with the agent's limited reply, without a model call (usage.md §3).
+    const usage = this.o.usage;
+    let admission: Admission | undefined;
+    let limited: string | undefined;
+    if (usage) {
+      const gate = await usage.admit(agent.id).catch((err: unknown) => {
+        this.o.log("warn", { err }, "usage could not be checked; the turn goes on");
+        return undefined;
+      });
+      if (gate && "limited" in gate) limited = gate.limited;
+      else admission = gate?.admission;
+      if (this.closed || this.turns !== n) {
+        admission?.abandon();
+        return done("empty", engines, flags);
+      }
+    }
     const prepared = turn.prepared;
-    const usable = prepared !== undefined && prepared.agentId === agent.id && prepared.reply.answers(transcript) && sameHistory(prepared.history, this.history);
+    const usable =
+      limited === undefined &&
+      prepared !== undefined &&
+      prepared.agentId === agent.id &&
+      prepared.reply.answers(transcript) &&
+      sameHistory(prepared.history, this.history);
     this.remember("user", transcript);
     const messages = [...this.history];
     engines.speech = agent.engines.speech.engine;
     let text: ReplyOptions["text"] = (signal) => this.o.run(agent.id, messages, signal, n);
-    if (usable) {
+    let speech = usage ? countedSpeech(agent.engines.speech, (chars) => usage.record(agent.id, { speech_chars: chars })) : agent.engines.speech;
+    if (limited !== undefined && usage) {
+      this.drop(turn);
+      const kept = usage.limitedReply(agent.id, agent.engines.speech);
+      text = async () =>
+        (async function* () {
+          yield kept.text;
+        })();
+      speech = kept.speech;
+    } else if (usable) {
       turn.prepared = undefined;
       this.prepared.delete(prepared.reply);
       text = prepared.reply.adopt();
@@ -404,7 +525,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       n,
       voice: agent.voice,
       text,
-      speech: agent.engines.speech,
+      speech,
       resampler: this.o.resampler,
       codec: this.o.codec,
       clock,
@@ -442,12 +563,24 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       stages.speech_to_audio = at.firstAudio - end.lastVoiced;
     }
     if (outcome.error) this.o.log("warn", { turn: n, error: outcome.error }, "voice reply failed");
-    done(outcome.result, engines, {
+    if (outcome.result === "failed") admission?.abandon();
+    else admission?.answered();
+    done(limited !== undefined && outcome.result === "answered" ? "limited" : outcome.result, engines, {
       ...flags,
       interrupted: outcome.result === "interrupted",
       reply_cut: outcome.cut,
       false_interruptions: speaking.falseInterruptions,
+      ...(limited !== undefined ? { limited } : {}),
     });
+  }
+
+  /** The earlier turns this conversation continues (once, before its first words; never over a history of its own). */
+  private async continued(): Promise<void> {
+    const earlier = this.o.earlier;
+    if (!earlier) return;
+    this.o.earlier = undefined;
+    const messages = await earlier.catch(() => []);
+    if (this.history.length === 0) for (const m of messages.slice(-this.o.config.history_turns * 2)) this.history.push(m);
   }
 
   private remember(role: "user" | "assistant", content: string): void {
@@ -488,4 +621,6 @@ interface TurnFlags {
   turn_cut: boolean;
   /** The reply reached `voice.max_reply_chars`: the rest was not spoken. */
   reply_cut: boolean;
+  /** The counter whose usage limit refused the turn (it was answered with the agent's limited reply). */
+  limited?: string;
 }

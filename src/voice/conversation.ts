@@ -1,6 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
 import type { VoiceConfig } from "../config/config.ts";
+import type { ChatMessage } from "../protocol/compat.ts";
 import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import type { AudioThreads, ThreadUplink } from "./audio-threads.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
@@ -12,10 +13,14 @@ import type { AudioPort } from "./port.ts";
 import { AudioRecognition } from "./recognition.ts";
 import { turnHangoverMs, Uplink } from "./uplink.ts";
 
+import type { TurnUsage } from "./usage.ts";
+
 export type { AgentChoice } from "./activity.ts";
 
 export interface ConversationOptions {
   port: AudioPort;
+  /** The history this conversation continues from (the device's stored turns), when any. */
+  earlier?: Promise<ChatMessage[]>;
   config: VoiceConfig;
   /** The node's voice activity detector. */
   activity: VoiceActivityPort;
@@ -30,6 +35,10 @@ export interface ConversationOptions {
   clock?: VoiceClock;
   /** The node's audio threads: the uplink is decoded on one of them (default: on this thread). */
   threads?: AudioThreads | undefined;
+  /** Counts the device's turns and refuses them at its usage limits. */
+  usage?: TurnUsage;
+  /** Whether the device is known to be at a usage limit now. */
+  limited?: () => boolean;
 }
 
 /** A conversation logs dropped audio at most this often. */
@@ -82,6 +91,9 @@ export class Conversation {
       send: (opus, first) => o.port.sendFrame(opus, first),
       agent: o.agent,
       run: o.run,
+      ...(o.usage ? { usage: o.usage } : {}),
+      ...(o.limited ? { limited: o.limited } : {}),
+      ...(o.earlier ? { earlier: o.earlier } : {}),
       log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
     });
     this.recognition = this.listen();
@@ -184,8 +196,9 @@ export class Conversation {
     const { o } = this;
     const peer = o.port.publicKey;
     return new AudioRecognition({
-      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest (voice.md §7).
-      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms }),
+      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest; its
+      // onsets pause a reply at voice activity's first frames (voice.md §7).
+      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms, onsets: true }),
       turn: o.config.turn,
       clock: this.clock,
       hooks: this.turns,

@@ -87,9 +87,12 @@ export interface TurnTranscription {
   /**
    * The text of everything pushed so far (trimmed), recognised now or reused from a recognition
    * that covers it: the words at a pause (voice.md §7's end of turn and preemptive reply), or of
-   * speech over a reply (is it a barge-in?). Rejects when the turn was abandoned or the engine failed.
+   * speech over a reply (is it a barge-in?). With `sure`, only words the engine is sure of: ""
+   * when it is not (the embedded recogniser judges by its model's probability of the words, which
+   * hears words in half a hum; a provider's text is taken as it comes). Rejects when the turn was
+   * abandoned or the engine failed.
    */
-  soFar(): Promise<string>;
+  soFar(o?: { sure?: boolean }): Promise<string>;
   /** The final text of everything pushed (trimmed; "" when nothing was said). Called once. */
   finish(): Promise<string>;
 }
@@ -108,8 +111,16 @@ export interface TranscriptionPort {
   open(o: TurnTranscriptionOptions): TurnTranscription;
 }
 
-/** Seconds from the first sample given to the detector. */
-export type VadEvent = { type: "start"; at: number } | { type: "end"; start: number; at: number };
+/**
+ * Seconds from the first sample given to the detector. `start` and `end`: speech (voice.md §2's
+ * `min_speech_ms`, its silence); with `onsets`, also `onset`, the first frame of voice activity that
+ * may become speech, and `noise`, that activity ended before it was speech.
+ */
+export type VadEvent =
+  | { type: "start"; at: number }
+  | { type: "end"; start: number; at: number }
+  | { type: "onset"; at: number }
+  | { type: "noise"; at: number };
 
 /** Voice activity of one conversation's uplink (always embedded: Silero). */
 export interface VoiceActivity {
@@ -120,7 +131,7 @@ export interface VoiceActivity {
 }
 
 export interface VoiceActivityPort {
-  create(o: { minSpeechMs: number; minSilenceMs: number }): VoiceActivity;
+  create(o: { minSpeechMs: number; minSilenceMs: number; onsets?: boolean }): VoiceActivity;
 }
 
 /** The engines one agent's conversations use. */

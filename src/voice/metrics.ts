@@ -1,6 +1,6 @@
 import { Counter, Gauge, Histogram, type Registry } from "prom-client";
 
-export type TurnResult = "answered" | "empty" | "interrupted" | "failed";
+export type TurnResult = "answered" | "empty" | "interrupted" | "failed" | "limited";
 export const STAGES = ["end_of_speech", "end_of_utterance_delay", "transcription", "first_token", "ttft", "ttfb", "first_audio", "speech_to_audio"] as const;
 export type Stage = (typeof STAGES)[number];
 

@@ -37,6 +37,14 @@ export interface TurnEnd {
 }
 
 export interface RecognitionHooks<T extends ListeningTurn> {
+  /**
+   * Voice activity's first frames (at `at` on the clock), between turns: speech may be starting
+   * (`speechStarted` follows once it lasts `min_speech_ms`), or a noise (`voiceGone` follows).
+   * Only from a detector created with `onsets`.
+   */
+  voiceOnset?(at: number): void;
+  /** The activity of `voiceOnset` ended before it was speech. */
+  voiceGone?(): void;
   /** Speech began (its onset at `onset` on the clock): a turn to hear it, or undefined to ignore this speech until it ends. */
   speechStarted(onset: number): T | undefined;
   /** The silence (ms) that ends `turn` now that its words so far are `text` (undefined: being recognised; asked again when known). */
@@ -214,6 +222,13 @@ export class AudioRecognition<T extends ListeningTurn> {
   }
 
   private vadEvent(e: VadEvent, cut = false): void {
+    if (e.type === "onset" || e.type === "noise") {
+      // Between turns only: inside one, the detector's pauses and new onsets are the turn's own.
+      if (this.turn || this.ignoring) return;
+      if (e.type === "onset") this.o.hooks.voiceOnset?.(this.clockAt(this.position(e.at)));
+      else this.o.hooks.voiceGone?.();
+      return;
+    }
     this.vadSpeaking = e.type === "start";
     if (e.type === "start") this.started(e.at);
     else this.ended(e.at, cut);

@@ -21,6 +21,7 @@ import type { RealtimeAgentInfo } from "./realtime/bridge.ts";
 import { RealtimeVoice, realtimeAgents } from "./realtime/session.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
+import { deviceRealtimeUsage, deviceTurnUsage, LimitedReplies } from "./usage.ts";
 
 export interface VoiceServiceOptions {
   config: Config;
@@ -52,6 +53,10 @@ export class VoiceService implements VoiceHost {
   private readonly realtime: Map<string, RealtimeAgentInfo>;
   /** Each agent's engines, chosen once; an agent whose engines are missing does not converse. */
   private readonly engines = new Map<string, VoiceEngines>();
+  /** A realtime agent's engines for its limited reply, when it is limited (its speech and transcription models). */
+  private readonly limitedEngines = new Map<string, VoiceEngines>();
+  /** Each agent's limited reply, synthesised once and kept (usage.md §3). */
+  private readonly limitedReplies: LimitedReplies;
   /** The threads that decode the uplinks (started with the first conversation; none when `voice.audio_threads` is 0). */
   private threads_: AudioThreads | undefined;
 
@@ -59,8 +64,13 @@ export class VoiceService implements VoiceHost {
     this.o = o;
     this.metrics = new VoiceMetrics(o.registry, () => this.size);
     this.realtime = realtimeAgents(o.config, o.env ?? process.env);
+    this.limitedReplies = new LimitedReplies(o.config.agents);
     for (const agent of o.config.agents) {
-      if (this.realtime.has(agent.id)) continue;
+      if (this.realtime.has(agent.id)) {
+        const engines = o.engineFor(agent);
+        if (typeof engines !== "string") this.limitedEngines.set(agent.id, engines);
+        continue;
+      }
       const engines = o.engineFor(agent);
       if (typeof engines === "string") o.logger.warn({ agent: agent.id, reason: engines }, "this agent cannot converse");
       else this.engines.set(agent.id, engines);
@@ -121,6 +131,15 @@ export class VoiceService implements VoiceHost {
     });
     let conversation: Conversation;
     let realtime: RealtimeVoice | undefined;
+    const meter = this.o.domain.usage.meter;
+    const realtimeUsage = this.realtime.size > 0 ? deviceRealtimeUsage(meter, key) : undefined;
+    // A realtime agent at its limit: its session is closed, and the text pipeline answers with its limited reply.
+    const limitedRealtime = () => {
+      const id = choice.chosenId();
+      const engines = id !== undefined ? this.limitedEngines.get(id) : undefined;
+      if (!id || !engines || !realtimeUsage?.limited(id)) return undefined;
+      return { id, voice: engines.speech.engine === "embedded" ? "alloy" : (this.realtime.get(id)?.voice ?? "alloy"), engines };
+    };
     try {
       if (this.realtime.size > 0) {
         const r = new RealtimeVoice({
@@ -140,19 +159,29 @@ export class VoiceService implements VoiceHost {
           metrics: this.metrics,
           clock: systemClock,
           log: (level, details, message) => this.o.logger[level]({ peer: key, ...details }, message),
+          ...(realtimeUsage ? { usage: realtimeUsage } : {}),
         });
         realtime = r;
         listeners.push((packet) => r.packet(packet));
       }
       conversation = new Conversation({
         port,
+        // With transcripts stored, a device back from a drained node (or a dropped link) continues its conversation (fleet.md §3).
+        ...(this.o.domain.conversations.storing
+          ? { earlier: this.o.domain.conversations.continuing(key, this.o.config.voice.history_turns).catch(() => []) }
+          : {}),
         config: this.o.config.voice,
         activity: this.o.activity,
         resampler: this.o.resampler,
         metrics: this.metrics,
         logger: this.o.logger,
-        agent: () => choice.current(),
+        agent: () => choice.current() ?? limitedRealtime(),
         threads: this.threads,
+        usage: deviceTurnUsage(meter, key, this.limitedReplies),
+        limited: () => {
+          const agent = choice.chosenId();
+          return agent !== undefined && meter.limitedCached({ id: `device:${key}`, device: key }, agent);
+        },
         run: async (agentId, messages, signal, n, release) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);

@@ -30,6 +30,7 @@ import { FRAME_SAMPLES, OpusCodec } from "../../src/voice/opus.ts";
 import { encodeVoiceEvent } from "../../src/voice/peer-events.ts";
 import { observeTranscript, type TranscriptEntry } from "../../src/voice/transcript.ts";
 import { LOOKBACK_MS, QUIET_DBOV } from "../../src/voice/uplink.ts";
+import type { TurnUsage } from "../../src/voice/usage.ts";
 import { rtpPacket } from "./rtp-device.ts";
 import { type Seen, seen } from "./voice.ts";
 
@@ -89,7 +90,7 @@ const LOUD = 8000;
 
 /** A detector that hears loudness: 20 ms blocks above a level are speech (the turn rules of voice.md §2). */
 export const loudnessVad: VoiceActivityPort = {
-  create({ minSpeechMs, minSilenceMs }) {
+  create({ minSpeechMs, minSilenceMs, onsets }) {
     let block = 0;
     let rest = new Int16Array(0);
     let speechStart: number | undefined;
@@ -108,7 +109,10 @@ export const loudnessVad: VoiceActivityPort = {
           for (let i = at; i < at + BLOCK; i++) peak = Math.max(peak, Math.abs(audio[i]!));
           const loud = peak > LOUD / 2;
           if (speechStart === undefined) {
-            if (loud) speechStart = block;
+            if (loud) {
+              speechStart = block;
+              if (onsets) events.push({ type: "onset", at: seconds(block) });
+            }
             continue;
           }
           if (loud) silenceStart = undefined;
@@ -119,6 +123,7 @@ export const loudnessVad: VoiceActivityPort = {
           }
           if (silenceStart !== undefined && (seconds(block + 1 - silenceStart) * 1000 >= minSilenceMs || !confirmed)) {
             if (confirmed) events.push({ type: "end", start: seconds(speechStart), at: seconds(silenceStart) });
+            else if (onsets) events.push({ type: "noise", at: seconds(silenceStart) });
             speechStart = undefined;
             silenceStart = undefined;
             confirmed = false;
@@ -149,11 +154,15 @@ export class FakeTurnTranscription implements TurnTranscription {
   readonly o: TurnTranscriptionOptions;
   private readonly answer: (turn: FakeTurnTranscription) => Promise<string> | string;
   private readonly words: (turn: FakeTurnTranscription) => Promise<string> | string;
+  private readonly sure: (turn: FakeTurnTranscription) => boolean;
+  /** `soFar({ sure: true })` calls. */
+  askedSure = 0;
 
-  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"], words: FakeTranscription["answer"]) {
+  constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"], words: FakeTranscription["answer"], sure: FakeTranscription["sure"]) {
     this.o = o;
     this.answer = answer;
     this.words = words;
+    this.sure = sure;
   }
 
   /** Samples of loud audio (speech) heard. */
@@ -171,10 +180,12 @@ export class FakeTurnTranscription implements TurnTranscription {
     this.pauses++;
   }
 
-  /** The words so far: the transcription's `words` (default its final answer). */
-  async soFar(): Promise<string> {
+  /** The words so far: the transcription's `words` (default its final answer); with `sure`, "" unless the transcription's `sure` says so. */
+  async soFar(o: { sure?: boolean } = {}): Promise<string> {
     this.asked++;
-    return await this.race(this.words(this));
+    if (o.sure) this.askedSure++;
+    const text = await this.race(this.words(this));
+    return o.sure && !this.sure(this) ? "" : text;
   }
 
   async finish(): Promise<string> {
@@ -204,6 +215,8 @@ export class FakeTranscription implements TranscriptionPort {
   answer: (turn: FakeTurnTranscription) => Promise<string> | string = () => "What time is it?";
   /** The words so far at a pause or during speech (default the final answer). */
   words: ((turn: FakeTurnTranscription) => Promise<string> | string) | undefined;
+  /** Whether the words so far are sure (`soFar({ sure: true })`; default yes). */
+  sure: (turn: FakeTurnTranscription) => boolean = () => true;
   /** Thrown by `open` (an engine that cannot take a turn). */
   refuse: Error | undefined;
 
@@ -213,6 +226,7 @@ export class FakeTranscription implements TranscriptionPort {
       o,
       (turn) => this.answer(turn),
       (turn) => (this.words ?? this.answer)(turn),
+      (turn) => this.sure(turn),
     );
     this.turns.push(t);
     return t;
@@ -313,7 +327,7 @@ export interface Rig {
 }
 
 /** A conversation with fake engines on a fake clock (voice config as in configuration; defaults otherwise). */
-export async function rig(voice: Record<string, unknown> = {}, o: { threads?: AudioThreads } = {}): Promise<Rig> {
+export async function rig(voice: Record<string, unknown> = {}, o: { threads?: AudioThreads; usage?: TurnUsage; limited?: () => boolean } = {}): Promise<Rig> {
   const clock = new FakeClock();
   const stt = new FakeTranscription();
   const tts = new FakeSpeech();
@@ -404,6 +418,8 @@ export async function rig(voice: Record<string, unknown> = {}, o: { threads?: Au
     run: model.run,
     clock,
     threads: o.threads,
+    ...(o.usage ? { usage: o.usage } : {}),
+    ...(o.limited ? { limited: o.limited } : {}),
   });
   return r;
 }

@@ -32,7 +32,9 @@ import { concatFloat32 } from "../../audio/samples.ts";
 import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
+import { type FrontEndOptions, frontEnd } from "./front-end.ts";
 import { type LoadFailure, type LoadState, RetriedLoad } from "./loading.ts";
+import type { Heard } from "./moonshine.ts";
 import { normaliseTranscript } from "./normalise.ts";
 import { type QueueLimits, WorkQueue } from "./queue.ts";
 import type { RecognitionRequest, RecognitionResult, RecognitionWorkerData } from "./recognition-worker.ts";
@@ -78,6 +80,8 @@ const VAD_BATCH_MAX = 32;
 const FILE_VAD_JOB_S = 10;
 /** A conversation counts as going on for this long after it last used the engines. */
 const CONVERSING_FOR_MS = 60_000;
+/** The decoder's beams (see MoonshineEngineOptions.beams). */
+const BEAMS = 1;
 
 /** `concurrency`: files decoded at once; `maxQueued`: files waiting to be decoded (one more is refused). */
 export interface MoonshineEngineOptions extends Partial<QueueLimits> {
@@ -92,6 +96,10 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   fastAfterMs?: number | false;
   /** A conversation counts as going on for this long after its last turn (CONVERSING_FOR_MS by default; benchmarks shorten it). */
   conversingForMs?: number;
+  /** Hypotheses the decoder keeps at each step (beam search); 1 is greedy. Default BEAMS. */
+  beams?: number;
+  /** What is done to audio before the recogniser hears it (front-end.ts); `false`: nothing. Default FRONT_END. */
+  frontEnd?: FrontEndOptions | false;
   /** Moonshine base's model directory (default the package's). */
   modelDir?: string;
   /** A load that failed is tried again on a use after this long, doubling (default 5 s, at most 5 min). */
@@ -111,6 +119,8 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly threads: number;
   private readonly fast: boolean;
   private readonly conversingForMs: number;
+  private readonly beams: number;
+  private readonly frontEnd: FrontEndOptions | false;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   /** Each part starts on first use (or when asked to: `startRecognition`, `startActivity`); a failed load is tried again with back-off. */
@@ -130,6 +140,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.processes = options.processes ?? 1;
     this.threads = options.threads ?? Math.max(1, Math.floor(availableParallelism() / this.processes));
     this.conversingForMs = options.conversingForMs ?? CONVERSING_FOR_MS;
+    this.beams = options.beams ?? BEAMS;
+    this.frontEnd = options.frontEnd ?? false;
     const fastAfterMs = options.fastAfterMs ?? FAST_AFTER_MS;
     this.fast = fastAfterMs !== false;
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
@@ -282,24 +294,29 @@ export class MoonshineEngine implements TranscriptionEngine {
    * `pad` seconds of silence added around it. A job of the scheduler: `job` says its class.
    */
   async recognise(audio: Float32Array, job: JobOptions = FILE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<string> {
+    return (await this.recogniseHeard(audio, job, pad)).text;
+  }
+
+  /** `recognise()` with how sure the model is of the words. */
+  async recogniseHeard(audio: Float32Array, job: JobOptions = FILE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<Heard> {
     // A conversation's recognition is a turn (or its speculative start): the conversation goes on.
     if (job.class === "conversation") this.conversedAt = performance.now();
     await this.startRecognition();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
     padded.set(audio, before);
-    return this.recognitions.runBatched<Float32Array, string>(padded, job);
+    return this.recognitions.runBatched<Float32Array, Heard>(this.frontEnd ? frontEnd(padded, this.frontEnd) : padded, job);
   }
 
   /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
-  private async recogniseBatch(audios: Float32Array[], cls: JobClass, fast: boolean): Promise<string[]> {
+  private async recogniseBatch(audios: Float32Array[], cls: JobClass, fast: boolean): Promise<Heard[]> {
     const result = await this.recogniserPool!.run(
-      { op: "transcribe", audios, fast },
+      { op: "transcribe", audios, fast, beams: this.beams },
       { transfer: audios.map((a) => a.buffer as ArrayBuffer), urgent: cls === "conversation", anyLane: cls === "api" && !this.conversing },
     );
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
     this.batchesByModel[result.model]++;
-    return result.texts;
+    return result.heard;
   }
 
   /**
@@ -373,9 +390,9 @@ export class MoonshineEngine implements TranscriptionEngine {
     const pieces = new FileSpeech(probabilities, duration).pieces;
     const recognise = (region: Piece) => {
       const pad = { before: region.start <= 0 || region.cutBefore ? EDGE_PAD : 0, after: region.end >= duration || region.cutAfter ? EDGE_PAD : 0 };
-      return this.recognise(slice(audio, region), job, pad);
+      return this.recogniseHeard(slice(audio, region), job, pad);
     };
-    const texts: Promise<string>[] = [];
+    const texts: Promise<Heard>[] = [];
     // Each job that ends starts the next piece, whichever ended: no process waits for an earlier piece's.
     const launch = () => {
       if (texts.length >= pieces.length || o.signal?.aborted) return;
@@ -386,7 +403,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     for (let i = 0; i < this.processes; i++) launch();
     for (const [i, region] of pieces.entries()) {
       if (o.signal?.aborted) throw abortReason(o.signal);
-      const raw = await texts[i]!;
+      const raw = (await texts[i]!).text;
       if (o.signal?.aborted) throw abortReason(o.signal);
       const text = normaliseTranscript(raw);
       if (!text) continue;
@@ -464,8 +481,8 @@ export class IncrementalRecogniser {
   private readonly engine: MoonshineEngine;
   private chunks: Float32Array[] = [];
   private samples = 0;
-  private last: { samples: number; text: string } | undefined;
-  private running: Promise<string> | undefined;
+  private last: { samples: number; heard: Heard } | undefined;
+  private running: Promise<Heard> | undefined;
   private runningSamples = 0;
   /** Samples of silence at the end of the utterance so far. */
   private quietTail = 0;
@@ -513,8 +530,8 @@ export class IncrementalRecogniser {
    * The text of the utterance so far: recognised again at most every 0.5 s of audio, over at most
    * the last 10 s, and only while the recogniser is idle (otherwise the last text, possibly "").
    */
-  partial(): Promise<string> {
-    return this.soFar(PARTIAL);
+  async partial(): Promise<string> {
+    return (await this.soFar(PARTIAL)).text;
   }
 
   /**
@@ -524,6 +541,11 @@ export class IncrementalRecogniser {
    * began before "for").
    */
   async speculate(): Promise<string> {
+    return (await this.heardSoFar()).text;
+  }
+
+  /** `speculate()` with how sure the model is of the words (Heard.logprob). */
+  async heardSoFar(): Promise<Heard> {
     for (;;) {
       const running = this.running;
       if (running) {
@@ -531,7 +553,7 @@ export class IncrementalRecogniser {
         await running.catch(() => {});
         continue;
       }
-      if (this.last && this.quietSince(this.last.samples)) return this.last.text;
+      if (this.last && this.quietSince(this.last.samples)) return this.last.heard;
       const audio = this.audio();
       return this.recognise(audio.subarray(Math.max(0, audio.length - PARTIAL_WINDOW * RATE)), audio.length, LIVE);
     }
@@ -542,10 +564,10 @@ export class IncrementalRecogniser {
     return quiet(this.audio().subarray(samples));
   }
 
-  private soFar(job: JobOptions): Promise<string> {
+  private soFar(job: JobOptions): Promise<Heard> {
     if (this.running) return this.running;
-    if (this.last && this.samples - this.last.samples < PARTIAL_STEP * RATE) return Promise.resolve(this.last.text);
-    if (!this.engine.recogniserIdle(job)) return Promise.resolve(this.last?.text ?? "");
+    if (this.last && this.samples - this.last.samples < PARTIAL_STEP * RATE) return Promise.resolve(this.last.heard);
+    if (!this.engine.recogniserIdle(job)) return Promise.resolve(this.last?.heard ?? { text: "", logprob: 0 });
     const audio = this.audio();
     const window = audio.subarray(Math.max(0, audio.length - PARTIAL_WINDOW * RATE));
     return this.recognise(window, audio.length, job);
@@ -568,9 +590,9 @@ export class IncrementalRecogniser {
     const runningSamples = this.runningSamples;
     this.running = undefined;
     // A recognition of everything but trailing silence is the final text already.
-    if (running && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(runningSamples))) return running;
+    if (running && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(runningSamples))) return (await running).text;
     if (running) await running.catch(() => {});
-    if (last && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(last.samples))) return last.text;
+    if (last && audio.length <= PARTIAL_WINDOW * RATE && quiet(audio.subarray(last.samples))) return last.heard.text;
     const parts: string[] = [];
     for (let at = 0; at < audio.length; at += MAX_UTTERANCE * RATE) {
       const job = { ...LIVE, ...(at === 0 && o.maxWaitMs !== undefined ? { maxWaitMs: o.maxWaitMs } : {}) };
@@ -580,16 +602,16 @@ export class IncrementalRecogniser {
     return parts.join(" ");
   }
 
-  private recognise(window: Float32Array, samples: number, options: JobOptions = LIVE): Promise<string> {
+  private recognise(window: Float32Array, samples: number, options: JobOptions = LIVE): Promise<Heard> {
     this.runningSamples = samples;
     this.spokeSinceJob = false;
     const job = this.engine
-      .recognise(window.slice(), options)
+      .recogniseHeard(window.slice(), options)
       .then((raw) => {
-        const text = normaliseTranscript(raw);
+        const heard = { text: normaliseTranscript(raw.text), logprob: raw.logprob };
         // A finish() may have started a new utterance meanwhile; this text belongs to the old one.
-        if (this.running === job) this.last = { samples, text };
-        return text;
+        if (this.running === job) this.last = { samples, heard };
+        return heard;
       })
       .finally(() => {
         if (this.running === job) this.running = undefined;

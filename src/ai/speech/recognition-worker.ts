@@ -6,7 +6,7 @@
  */
 
 import { jobError, type PoolJob, type PoolMessage } from "../../workers/pool.ts";
-import { MoonshineModel, moonshineModelDir } from "./moonshine.ts";
+import { type Heard, MoonshineModel, moonshineModelDir } from "./moonshine.ts";
 import { SileroVad, type VadItem, type VadResult } from "./silero.ts";
 
 /** `fast`: Moonshine tiny is loaded beside base, for conversation turns that base would answer too late. */
@@ -16,10 +16,10 @@ export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?
  * `transcribe`: one utterance per entry of `audios`, recognised in one batch (by tiny when `fast`
  * and the process holds it); `vad`: one stream per item, scored in one batch.
  */
-export type RecognitionRequest = { op: "transcribe"; audios: Float32Array[]; fast?: boolean } | { op: "vad"; items: VadItem[] };
+export type RecognitionRequest = { op: "transcribe"; audios: Float32Array[]; fast?: boolean; beams?: number } | { op: "vad"; items: VadItem[] };
 
-/** `model`: which Moonshine recognised the batch. */
-export type RecognitionResult = { op: "transcribe"; texts: string[]; ms: number; model: "base" | "tiny" } | { op: "vad"; results: VadResult[] };
+/** `model`: which Moonshine recognised the batch; `heard`: each utterance's text and how sure the model is of it. */
+export type RecognitionResult = { op: "transcribe"; heard: Heard[]; ms: number; model: "base" | "tiny" } | { op: "vad"; results: VadResult[] };
 
 const data = JSON.parse(process.env.PERCH_WORKER_DATA ?? "null") as RecognitionWorkerData;
 // With a callback, a send to a parent that has just gone (EPIPE) is reported there instead of as
@@ -52,8 +52,8 @@ try {
           if (!moonshine) throw new Error("this worker holds no recogniser");
           const started = performance.now();
           const model = r.fast && tiny ? "tiny" : "base";
-          const texts = await (model === "tiny" ? tiny! : moonshine).transcribeBatch(r.audios);
-          post({ type: "done", id: job.id, result: { op: "transcribe", texts, ms: performance.now() - started, model } });
+          const heard = await (model === "tiny" ? tiny! : moonshine).transcribeBatch(r.audios, r.beams !== undefined ? { beams: r.beams } : {});
+          post({ type: "done", id: job.id, result: { op: "transcribe", heard, ms: performance.now() - started, model } });
         } else {
           if (!silero) throw new Error("this worker holds no voice activity detector");
           post({ type: "done", id: job.id, result: { op: "vad", results: await silero.probabilitiesBatch(r.items) } });

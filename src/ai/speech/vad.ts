@@ -29,9 +29,15 @@ export interface VadOptions {
   minSilenceMs?: number;
   /** Speech shorter than this (a click, a cough) is ignored. Default 150 ms. */
   minSpeechMs?: number;
+  /** Also report `onset` at the first frame of possible speech and `noise` when it ends before it is speech. */
+  onsets?: boolean;
 }
 
-export type VadEvent = { type: "start"; at: number } | { type: "end"; start: number; at: number };
+export type VadEvent =
+  | { type: "start"; at: number }
+  | { type: "end"; start: number; at: number }
+  | { type: "onset"; at: number }
+  | { type: "noise"; at: number };
 
 /** Silero's hysteresis: speech goes on until the probability falls this far below the threshold. */
 const HYSTERESIS = 0.15;
@@ -45,6 +51,7 @@ export class SpeechTracker {
   private readonly threshold: number;
   private readonly minSilenceFrames: number;
   private readonly minSpeechFrames: number;
+  private readonly onsets: boolean;
   private frame = 0;
   /** Frame where candidate or confirmed speech began. */
   private speechStart: number | undefined;
@@ -56,6 +63,7 @@ export class SpeechTracker {
     this.threshold = o.threshold ?? 0.5;
     this.minSilenceFrames = Math.max(1, Math.round((o.minSilenceMs ?? 300) / 1000 / FRAME_SECONDS));
     this.minSpeechFrames = Math.max(1, Math.round((o.minSpeechMs ?? 150) / 1000 / FRAME_SECONDS));
+    this.onsets = o.onsets ?? false;
   }
 
   /** Whether speech is going on (confirmed and not yet ended). */
@@ -68,7 +76,10 @@ export class SpeechTracker {
     for (let i = 0; i < probabilities.length; i++, this.frame++) {
       const p = probabilities[i]!;
       if (this.speechStart === undefined) {
-        if (p >= this.threshold) this.speechStart = this.frame;
+        if (p >= this.threshold) {
+          this.speechStart = this.frame;
+          if (this.onsets) events.push({ type: "onset", at: this.frame * FRAME_SECONDS });
+        }
         continue;
       }
       if (p >= this.threshold) this.silenceStart = undefined;
@@ -80,6 +91,7 @@ export class SpeechTracker {
       if (this.silenceStart !== undefined && (this.frame + 1 - this.silenceStart >= this.minSilenceFrames || !this.confirmed)) {
         // Candidate speech that fell silent before it lasted is dropped at once.
         if (this.confirmed) events.push({ type: "end", start: this.speechStart * FRAME_SECONDS, at: this.silenceStart * FRAME_SECONDS });
+        else if (this.onsets) events.push({ type: "noise", at: this.silenceStart * FRAME_SECONDS });
         this.speechStart = undefined;
         this.silenceStart = undefined;
         this.confirmed = false;
@@ -93,6 +105,7 @@ export class SpeechTracker {
     const events: VadEvent[] = [];
     if (this.confirmed && this.speechStart !== undefined)
       events.push({ type: "end", start: this.speechStart * FRAME_SECONDS, at: (this.silenceStart ?? this.frame) * FRAME_SECONDS });
+    else if (this.onsets && this.speechStart !== undefined) events.push({ type: "noise", at: this.frame * FRAME_SECONDS });
     this.speechStart = undefined;
     this.silenceStart = undefined;
     this.confirmed = false;

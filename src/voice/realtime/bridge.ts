@@ -84,6 +84,14 @@ export interface RealtimeOptions {
   /** Sends one Opus frame of a reply. */
   send: (opus: Buffer, first: boolean) => boolean;
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
+  /** Counts the session's use (usage.md §1): audio both ways (24 kHz samples), the tokens reported, answered turns. */
+  usage?: RealtimeCounts;
+}
+
+export interface RealtimeCounts {
+  audio(samples: number): void;
+  tokens(input: number, output: number): void;
+  answered(): void;
 }
 
 interface AudioItem {
@@ -292,6 +300,7 @@ export class RealtimeBridge {
     this.appendSamples = 0;
     if (!this.link.isOpen) return;
     const bytes = Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength)));
+    this.o.usage?.audio(bytes.length / 2);
     this.link.send({ type: "input_audio_buffer.append", audio: bytes.toString("base64") }, true);
   }
 
@@ -582,10 +591,9 @@ export class RealtimeBridge {
     const parts = this.appendParts;
     this.appendParts = [];
     this.appendSamples = 0;
-    this.link.send({
-      type: "input_audio_buffer.append",
-      audio: Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength))).toString("base64"),
-    });
+    const bytes = Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength)));
+    this.o.usage?.audio(bytes.length / 2);
+    this.link.send({ type: "input_audio_buffer.append", audio: bytes.toString("base64") });
   }
 
   private newTurn(n: number, stoppedAt: number | undefined): ReplyTurn {
@@ -660,12 +668,14 @@ export class RealtimeBridge {
     if (turn.cut) {
       // Counted, not decoded: a model that keeps sending past the cut costs little.
       item.received += Math.floor(base64Bytes(delta) / 2);
+      this.o.usage?.audio(Math.floor(base64Bytes(delta) / 2));
       return;
     }
     let bytes = Buffer.from(delta, "base64");
     if (bytes.length % 2) bytes = bytes.subarray(0, bytes.length - 1);
     if (bytes.length === 0) return;
     item.received += bytes.length / 2;
+    this.o.usage?.audio(bytes.length / 2);
     if (turn.pending.bytes + bytes.length > MAX_BUFFER_BYTES) {
       // The model speaks faster than the device plays beyond the buffer: the reply is cut here.
       this.cutReply(turn);
@@ -757,6 +767,8 @@ export class RealtimeBridge {
   private responseDone(response: Record<string, unknown> | undefined): void {
     const turn = this.reply;
     const id = str(response, "id");
+    const used = obj(response, "usage");
+    if (used) this.o.usage?.tokens(num(used.input_tokens), num(used.output_tokens));
     if (!turn || turn.ended || id !== turn.responseId) return;
     turn.responseActive = false;
     const status = str(response, "status");
@@ -868,6 +880,7 @@ export class RealtimeBridge {
   private endTurn(turn: ReplyTurn, result: Exclude<TurnResult, "empty">, error?: string): void {
     if (turn.ended) return;
     turn.ended = true;
+    if (result !== "failed") this.o.usage?.answered();
     turn.cancelWait?.();
     turn.cancelWait = undefined;
     this.wake(turn);
@@ -924,4 +937,9 @@ export class RealtimeBridge {
 function base64Bytes(s: string): number {
   const pad = s.endsWith("==") ? 2 : s.endsWith("=") ? 1 : 0;
   return Math.max(0, Math.floor((s.length * 3) / 4) - pad);
+}
+
+/** A count the provider reported (anything but a finite number is none). */
+function num(v: unknown): number {
+  return typeof v === "number" && Number.isFinite(v) && v > 0 ? v : 0;
 }

@@ -7,6 +7,7 @@ import type { VoiceMetrics } from "../metrics.ts";
 import type { VoiceEvents } from "../peer-events.ts";
 import type { AudioPort } from "../port.ts";
 import { toolEvents } from "../tool-events.ts";
+import type { RealtimeUsage } from "../usage.ts";
 import { type RealtimeAgentInfo, RealtimeBridge } from "./bridge.ts";
 import { DEFAULT_INPUT_TRANSCRIPTION, realtimeUrl } from "./wire.ts";
 
@@ -55,6 +56,8 @@ export interface RealtimeVoiceOptions {
   metrics: VoiceMetrics;
   clock: VoiceClock;
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
+  /** The device's usage: no session is open while a limit is reached (usage.md §3); the sessions' use counted. */
+  usage?: RealtimeUsage;
 }
 
 /**
@@ -106,7 +109,9 @@ export class RealtimeVoice {
 
   private sync(): void {
     if (this.closed) return;
-    const id = this.o.agentId();
+    const chosen = this.o.agentId();
+    // While a usage limit is reached no session is open: the device's turns get the agent's limited reply instead (src/voice/service.ts).
+    const id = chosen !== undefined && this.o.agents.has(chosen) && this.o.usage?.limited(chosen) ? undefined : chosen;
     const agent = id !== undefined ? this.o.agents.get(id) : undefined;
     if (this.bridge && this.bridge.id === agent?.id) return;
     this.bridge?.b.close();
@@ -133,6 +138,7 @@ export class RealtimeVoice {
           clock: o.clock,
           send: (opus, first) => o.port.sendFrame(opus, first),
           log: o.log,
+          ...(o.usage ? { usage: o.usage.counts(agent.id) } : {}),
         }),
       };
       this.refused = undefined;

@@ -1,0 +1,226 @@
+import assert from "node:assert/strict";
+import { type ChildProcess, execFileSync, fork, spawn } from "node:child_process";
+import { writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import pg from "pg";
+import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
+import { type ReconnectLog, StayConnected } from "../src/sdk/reconnect.ts";
+import { OfferError, PerchConnection } from "../src/sdk/webrtc.ts";
+import { freshPostgresDatabase, ROOT, type ServerProcess, spawnServer, TEST_DATABASE_URL, tempDir } from "./support/server.ts";
+import { EventLog, spoken } from "./support/voice.ts";
+import { eventually, within } from "./support/webrtc.ts";
+
+function hasHaproxy(): boolean {
+  try {
+    execFileSync("haproxy", ["-v"], { stdio: "ignore" });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** A TCP port free now (its UDP twin is the node's WebRTC port). */
+async function freePort(): Promise<number> {
+  const s = createServer().listen(0, "127.0.0.1");
+  await new Promise((r) => s.once("listening", r));
+  const { port } = s.address() as { port: number };
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+/** HAProxy as docs/operations.md configures it, in front of `nodes`, health-checking `/readyz`. */
+function haproxyConfig(port: number, nodes: Array<[string, number]>): string {
+  return `global
+  maxconn 2000
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 60s
+  timeout server 60s
+  option http-buffer-request
+  retries 3
+  option redispatch 1
+  retry-on conn-failure empty-response 503
+frontend perch
+  bind 127.0.0.1:${port}
+  # Every node full or draining: requests still reach a live node, which answers offers 503 itself.
+  use_backend any if { nbsrv(nodes) eq 0 }
+  default_backend nodes
+backend any
+  balance leastconn
+  option httpchk
+  http-check send meth GET uri /healthz ver HTTP/1.1 hdr host perch.internal
+  http-check expect status 200
+  default-server inter 250ms fall 1 rise 1
+${nodes.map(([name, p]) => `  server ${name} 127.0.0.1:${p} check`).join("\n")}
+backend nodes
+  balance leastconn
+  option httpchk
+  http-check send meth GET uri /readyz ver HTTP/1.1 hdr host perch.internal
+  http-check expect status 200
+  default-server inter 250ms fall 1 rise 1
+${nodes.map(([name, p]) => `  server ${name} 127.0.0.1:${p} check`).join("\n")}
+`;
+}
+
+const skip = !TEST_DATABASE_URL ? "PERCH_TEST_DATABASE_URL is not set" : !hasHaproxy() ? "haproxy is not installed" : false;
+
+/**
+ * fleet.md end to end: two `perch serve` nodes on one PostgreSQL database behind a real HAProxy
+ * that health-checks `/readyz`, devices of the SDK (real WebRTC) connecting through it. A device
+ * talks to its agent (a provider that answers at once) while its node is restarted.
+ */
+describe("a fleet behind HAProxy: admission, a rolling restart with devices talking, devices coming back", { skip }, () => {
+  let databaseUrl: string;
+  let env: Record<string, string>;
+  const nodes: Record<string, { port: number; server?: ServerProcess }> = { a: { port: 0 }, b: { port: 0 } };
+  let proxy: ChildProcess;
+  let provider: ChildProcess;
+  let lb: string;
+  let db: pg.Client;
+  const devices: StayConnected[] = [];
+
+  const start = async (name: "a" | "b") => {
+    nodes[name]!.server = await spawnServer({ ...env, PERCH_NODE_NAME: `node-${name}`, PERCH_PORT: String(nodes[name]!.port) });
+  };
+  const nodeOf = async (key: string) =>
+    (await db.query<{ node: string }>("select node from peer_runtime where public_key = $1 and online = 1", [key])).rows[0]?.node;
+  const device = (keyPair = generateKeyPair(), log?: (e: ReconnectLog) => void) => {
+    const d = new StayConnected({ baseUrl: lb, keyPair, ...(log ? { log } : {}) });
+    devices.push(d);
+    return d;
+  };
+
+  before(async () => {
+    databaseUrl = await freshPostgresDatabase();
+    db = new pg.Client({ connectionString: databaseUrl });
+    provider = fork(join(ROOT, "bench/capacity-provider.ts"), [], {
+      execArgv: ["--import", "tsx"],
+      stdio: ["ignore", "pipe", "inherit", "ipc"],
+      env: { ...process.env, BENCH_CAPACITY_REPLY_MS: "2500" },
+    });
+    const providerUrl = await new Promise<string>((resolve) => provider.stdout!.once("data", (c: Buffer) => resolve(c.toString().trim())));
+    const dir = tempDir();
+    const config = join(dir, "perch.json");
+    writeFileSync(
+      config,
+      JSON.stringify({
+        rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
+        providers: [{ id: "fake", kind: "openai-compatible", base_url: providerUrl, max_retries: 0 }],
+        models: [
+          { id: "chat", kind: "chat", provider: "fake", upstream_model: "scripted" },
+          { id: "voice-tts", kind: "speech", provider: "fake", upstream_model: "tts-1" },
+          { id: "voice-stt", kind: "transcription", provider: "fake", upstream_model: "whisper-1" },
+        ],
+        agents: [{ id: "talker", model: "chat", instructions: "Answer briefly.", voice: "alloy", speech_model: "voice-tts", transcription_model: "voice-stt" }],
+        voice: { agent: "talker", turn: { preemptive: false } },
+        fleet: { max_connections: 3, max_cpu: 0, drain_timeout_s: 30 },
+      }),
+    );
+    env = { PERCH_DATA_DIR: dir, PERCH_DATABASE_URL: databaseUrl, PERCH_CONFIG: config };
+    nodes.a!.port = await freePort();
+    nodes.b!.port = await freePort();
+    const lbPort = await freePort();
+    lb = `http://127.0.0.1:${lbPort}`;
+    const cfg = join(dir, "haproxy.cfg");
+    writeFileSync(
+      cfg,
+      haproxyConfig(lbPort, [
+        ["a", nodes.a!.port],
+        ["b", nodes.b!.port],
+      ]),
+    );
+    await Promise.all([start("a"), start("b"), db.connect()]);
+    proxy = spawn("haproxy", ["-db", "-f", cfg], { stdio: ["ignore", "ignore", "pipe"] });
+    process.once("exit", () => proxy.kill("SIGKILL"));
+    await eventually(async () => (await fetch(`${lb}/readyz`).catch(() => undefined))?.status === 200, 10_000, "HAProxy up");
+  });
+  after(async () => {
+    for (const d of devices) await d.close();
+    proxy?.kill("SIGTERM");
+    const codes = await Promise.all([nodes.a!.server?.stop(), nodes.b!.server?.stop()]);
+    provider?.kill();
+    await db?.end();
+    assert.deepEqual(codes, [0, 0]);
+  });
+
+  test("admission: three devices a node; the seventh is refused 503 until one leaves, and is then let in", async () => {
+    const six = Array.from({ length: 6 }, () => device());
+    const conns = await within(Promise.all(six.map((d) => d.connected())), 30_000, "six devices connected");
+    // The balancer spread them as the nodes' /readyz allowed: three each.
+    await eventually(
+      async () => {
+        const where = await Promise.all(conns.map((c) => nodeOf(c.publicKey)));
+        return where.filter((n) => n === "node-a").length === 3 && where.filter((n) => n === "node-b").length === 3;
+      },
+      5_000,
+      "three devices on each node",
+    );
+    // Both full: the offer is refused, by a node (NODE_FULL) or by the balancer with no node ready.
+    const err = await PerchConnection.connect({ baseUrl: lb, keyPair: generateKeyPair() }).then(
+      (c) => {
+        c.close();
+        return undefined;
+      },
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof OfferError && err.status === 503, `refused: ${String(err)}`);
+    const log: ReconnectLog[] = [];
+    const seventh = device(generateKeyPair(), (e) => log.push(e));
+    await eventually(() => log.some((e) => e.event === "refused"), 10_000, "the seventh refused");
+    // Nothing connected was cut.
+    for (const c of conns) assert.ok((await c.ping()).rttMs >= 0);
+    await six[0]!.close();
+    await six[1]!.close();
+    await within(seventh.connected(), 20_000, "the seventh let in once there is room");
+    // Down to three devices for the restart.
+    for (const d of six.slice(2, 5)) await d.close();
+  });
+
+  test("a rolling restart while a device talks: its reply is never cut, it and the others come back through the balancer, and its next turn is answered", async () => {
+    const keyPair = generateKeyPair();
+    const key = encodeKey(keyPair.publicKey);
+    const reconnects: ReconnectLog[] = [];
+    const talker = device(keyPair, (e) => reconnects.push(e));
+    const conn = await within(talker.connected(), 20_000, "the talker connected");
+    const log = new EventLog(conn);
+    const mic = await conn.microphone();
+    const question = await spoken("What is the weather like today?");
+    await mic.say(question);
+    await log.wait((e) => e.label === "assistant.audio" && e.type === "BOS", 30_000, "the reply's audio began");
+    // Its node drains now, mid-reply.
+    const draining = (await nodeOf(key)) === "node-a" ? "a" : "b";
+    const other = draining === "a" ? "b" : "a";
+    const exited = nodes[draining]!.server!.stop();
+    await log.wait((e) => e.label === "node.reconnect", 30_000, "node.reconnect");
+    const order = log.all.map((e) => `${e.type} ${e.label}`);
+    const handOver = order.indexOf("TEXT_DONE node.reconnect");
+    const replyEnd = order.indexOf("EOS assistant.audio");
+    assert.ok(replyEnd >= 0 && replyEnd < handOver, `the reply ended before the hand-over: ${order.join(", ")}`);
+    assert.equal(log.all.find((e) => e.label === "assistant.audio" && e.type === "EOS")!.error, undefined, "the reply was not cut");
+    assert.ok(order.indexOf("TEXT_DONE turn.metrics") < handOver);
+    assert.equal(await exited, 0, "the drained node exits 0");
+    // Back, on the other node, through the balancer.
+    const again = await within(
+      eventually(async () => talker.current !== conn && talker.current, 20_000, "reconnected"),
+      25_000,
+      "reconnected",
+    );
+    assert.equal(await nodeOf(key), `node-${other}`);
+    const connected = reconnects.find((e) => e.event === "connected" && e.after === "node.reconnect");
+    assert.ok(connected, JSON.stringify(reconnects));
+    // The conversation goes on there: the next turn is answered.
+    const log2 = new EventLog(again);
+    await (await again.microphone()).say(question);
+    await log2.wait((e) => e.label === "turn.metrics", 30_000, "the next turn answered on the other node");
+    // The rolling restart's second half: the first node back, the second drained; everyone moves.
+    await start(draining);
+    await eventually(async () => (await fetch(`${lb}/readyz`)).status === 200, 10_000, "ready");
+    assert.equal(await nodes[other]!.server!.stop(), 0);
+    await eventually(async () => (await nodeOf(key)) === `node-${draining}`, 20_000, "the talker on the restarted node");
+    for (const d of devices) if (!d.stopped) await within(d.connected(), 20_000, "every device back");
+    await start(other);
+  });
+});
