@@ -2,6 +2,7 @@
 import { capacityBench } from "./capacity.ts";
 import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
+import { fleetBench } from "./fleet.ts";
 import { hearingBench } from "./hearing.ts";
 import { mcpBoundsBench } from "./mcp-bounds.ts";
 import { outageBench } from "./outage.ts";
@@ -33,6 +34,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   "mcp-bounds": mcpBoundsBench,
   revocation: revocationBench,
   capacity: capacityBench,
+  fleet: fleetBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
 const VALUED = new Set(["--engines", "--base", "--steps", "--step-seconds"]);
