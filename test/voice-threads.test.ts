@@ -14,6 +14,8 @@ import { encoded, pieces, type Rig, RtpSender, rig, withLevel } from "./support/
 import { rtpPacket } from "./support/rtp-device.ts";
 
 const word = encoded(20, true);
+/** A packet carrying this sends test/support/stuck-audio-worker.ts into its endless loop (not imported: it is a thread's module). */
+const STUCK_MAGIC = "PERCH-TEST-STUCK";
 const silence = encoded(1, false)[0]!;
 
 async function speak(tx: RtpSender): Promise<void> {
@@ -194,8 +196,14 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
     try {
       const ta = new RtpSender(a, { echo: true });
       const before = stuck.workers[0]!.threadId;
-      // The thread stops answering in the middle of the words (its 5th batch of packets).
-      for (const p of word) await ta.send(p, { level: 10, wait: false });
+      // The turn begins; then the thread stops answering in the middle of the words.
+      await speak(ta);
+      assert.ok(
+        a.of("in-1").some((e) => e.type === "BOS"),
+        "the turn begun",
+      );
+      // The conversation's clock stands still meanwhile: only the heartbeat (real time) can end the turn.
+      await ta.send(Buffer.from(STUCK_MAGIC), { level: 10, wait: false });
       await until("the stuck thread found and replaced", () => stuck.workers[0]!.threadId !== before, 10_000);
       assert.ok(existsSync(marker), "the thread got stuck");
       assert.ok(
