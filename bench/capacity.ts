@@ -162,7 +162,7 @@ function treeRss(pid: number): { total_mb: number; processes: Array<{ name: stri
 }
 
 /** The question (flite, 48 kHz) as 20 ms Opus frames, the last voiced one's index, and a frame of digital silence. */
-async function encodedAudio(dir: string): Promise<string> {
+export async function encodedAudio(dir: string): Promise<string> {
   const raw = readFileSync(await questionFile(dir));
   const pcm = new Int16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
   const opus = new LibOpus("voip");

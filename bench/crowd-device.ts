@@ -13,7 +13,10 @@ import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } fr
 import { decodeKey, encodeKey, type KeyPair, privateKeyObject, sharedSecret } from "../src/crypto/keys.ts";
 import { SealedExchange, SIGNALING_PATH } from "../src/crypto/sealed-offer.ts";
 import { type ChannelPort, ChannelStream, LOW_WATER_BYTES, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../src/protocol/channel.ts";
-import { commonHandlers, serveRpc } from "../src/protocol/rpc.ts";
+import { RpcMethod } from "../src/protocol/gen/rpc_pb.ts";
+import { callRpc, commonHandlers, rpcPayload, serveRpc } from "../src/protocol/rpc.ts";
+import { EventReader } from "../src/sdk/voice.ts";
+import { OfferError } from "../src/sdk/webrtc.ts";
 
 const OPUS_PAYLOAD_TYPE = 111;
 let counter = 0;
@@ -86,6 +89,10 @@ export class CrowdDevice {
   private readonly packets: DataChannel;
   private closedCb: (() => void) | undefined;
   private ended = false;
+  /** The server's events on service 32 (voice events, `node.reconnect`). */
+  readonly eventStream = new EventReader();
+  private readonly closedPromise: Promise<void>;
+  private markClosed: () => void = () => {};
 
   constructor(
     pc: PeerConnection,
@@ -101,6 +108,7 @@ export class CrowdDevice {
     this.publicKey = publicKey;
     this.packets = packets;
     this.timings = timings;
+    this.closedPromise = new Promise((resolve) => (this.markClosed = resolve));
     const end = () => {
       if (this.ended) return;
       this.ended = true;
@@ -109,7 +117,9 @@ export class CrowdDevice {
     };
     // The server closing the event stream ends the connection.
     events.onClosed(end);
-    events.onMessage(() => {});
+    events.onMessage((msg) => {
+      if (typeof msg !== "string") this.eventStream.push(new Uint8Array(msg as ArrayBuffer));
+    });
     pc.onStateChange((state) => {
       if (state === "failed" || state === "closed" || state === "disconnected") end();
     });
@@ -143,8 +153,23 @@ export class CrowdDevice {
     this.closedCb = cb;
   }
 
+  /** `all.ping` over a new stream 0 (the reconnect layer's liveness probe). */
+  async ping(): Promise<void> {
+    const pc = this.pc;
+    if (!pc || this.ended) throw new Error("closed");
+    const dc = pc.createDataChannel(`${SERVICE_PREFIX}${SERVICE.RPC}`);
+    await opened(dc, 5_000);
+    await callRpc(new ChannelStream(portOf(dc)), RpcMethod.ALL_PING, rpcPayload.ping(), { timeoutMs: 5_000 });
+  }
+
+  /** Resolves once the connection ended (either side). */
+  closed(): Promise<void> {
+    return this.closedPromise;
+  }
+
   close(): void {
     this.ended = true;
+    this.markClosed();
     const pc = this.pc;
     this.pc = undefined;
     if (!pc) return;
@@ -203,7 +228,13 @@ export class CrowdDevice {
         signal: AbortSignal.timeout(timeoutMs),
       });
       const body = new Uint8Array(await res.arrayBuffer());
-      if (res.status !== 200) throw new Error(`offer refused: ${res.status} ${Buffer.from(body).toString().slice(0, 200)}`);
+      if (res.status !== 200) {
+        let code = "UNKNOWN";
+        try {
+          code = (JSON.parse(Buffer.from(body).toString()) as { error: { code: string } }).error.code;
+        } catch {}
+        throw new OfferError(res.status, code, `offer refused: ${res.status} ${Buffer.from(body).toString().slice(0, 200)}`, res.headers);
+      }
       const offerMs = performance.now() - started;
       pc.setRemoteDescription(exchange.openResponse(body), "answer");
       await Promise.all([eventsOpen, packetsOpen]);
@@ -223,6 +254,7 @@ export class CrowdDevice {
       try {
         pc.close();
       } catch {}
+      if (err instanceof OfferError) throw err;
       throw new Error(`${(err as Error).message} (states: ${states.join(" ")})`);
     }
   }

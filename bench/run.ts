@@ -2,6 +2,8 @@
 import { capacityBench } from "./capacity.ts";
 import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
+import { fleetBench } from "./fleet.ts";
+import { hearingBench } from "./hearing.ts";
 import { mcpBoundsBench } from "./mcp-bounds.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
@@ -20,6 +22,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   public: publicBench,
   compat: compatBench,
   speech: speechBench,
+  hearing: hearingBench,
   webrtc: webrtcBench,
   "webrtc-health": webrtcHealthBench,
   "webrtc-connect": webrtcConnectBench,
@@ -32,6 +35,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   "mcp-bounds": mcpBoundsBench,
   revocation: revocationBench,
   capacity: capacityBench,
+  fleet: fleetBench,
   usage: usageBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */

@@ -6,18 +6,23 @@
  * alternating between them. The figure of voice.md §7 "Interruptions" (within §2's 250 ms): the
  * interrupting speech's first voiced block handed to the device's stack → the reply's audio paused at
  * the device (its last audible block before a gap of more than 100 ms), p50/p95. Beside it, onset → the
- * reply's last packet (its EOS, which waits for the words). `BENCH_VOICE_BARGE_ROUNDS` (3) rounds of
- * `BENCH_VOICE_BARGE_TRIALS` (2) interruptions per server.
+ * reply's last packet (its `EOS … interrupted`, stamped by the server: voice.md §7's 1 s, judged on the
+ * words so far since issue 50). `BENCH_VOICE_BARGE_ROUNDS` (3) rounds of `BENCH_VOICE_BARGE_TRIALS` (2)
+ * interruptions per server; then `BENCH_VOICE_BARGE_FILLERS` (10) backchannels ("Mm-hmm.", nova) said
+ * a second into a story's audio per server: how many the reply resumed after (§7: all of them).
+ * `BENCH_VOICE_BARGE_THREADS0=0` leaves out the audio-threads-off server.
  */
 import { mkdtempSync } from "node:fs";
 import { join } from "node:path";
 import { benchConfig, ROOT, round, type Server, startServer } from "./support.ts";
 import { devices, pct } from "./voice.ts";
-import type { BargeReport } from "./voice-device.ts";
-import { beforeRoot } from "./voice-turns.ts";
+import type { BargeReport, FillerReport } from "./voice-device.ts";
+import { beforeRoot, spokenFile } from "./voice-turns.ts";
 
 const ROUNDS = Number(process.env.BENCH_VOICE_BARGE_ROUNDS ?? 3);
 const TRIALS = Number(process.env.BENCH_VOICE_BARGE_TRIALS ?? 2);
+const FILLERS = Number(process.env.BENCH_VOICE_BARGE_FILLERS ?? 10);
+const THREADS0 = process.env.BENCH_VOICE_BARGE_THREADS0 !== "0";
 
 export function bargeFigures(barge: BargeReport[]) {
   const of = (k: keyof BargeReport) => pct(barge.map((b) => b[k]).filter((x): x is number => typeof x === "number" && Number.isFinite(x)));
@@ -34,12 +39,14 @@ export function bargeFigures(barge: BargeReport[]) {
 export async function bargeSideBySide(o: { dir: string; upstreamUrl: string; question: string }): Promise<unknown> {
   const spec = process.env.BENCH_VOICE_BEFORE;
   const before = spec ? beforeRoot(spec) : undefined;
-  const sides: Array<{ name: string; server: Server; barge: BargeReport[]; errors: string[] }> = [];
+  const story = await spokenFile(o.dir, "story.pcm", "Tell me a story.", "nova");
+  const filler = await spokenFile(o.dir, "filler.pcm", "Mm-hmm.", "nova");
+  const sides: Array<{ name: string; server: Server; barge: BargeReport[]; fillers: FillerReport[]; errors: string[] }> = [];
   try {
     const plan: Array<{ name: string; root: string; env: Record<string, string> }> = [
       ...(before ? [{ name: "before", root: before.root, env: {} }] : []),
       { name: "after", root: ROOT, env: {} },
-      { name: "after_audio_threads_0", root: ROOT, env: { PERCH_VOICE_AUDIO_THREADS: "0" } },
+      ...(THREADS0 ? [{ name: "after_audio_threads_0", root: ROOT, env: { PERCH_VOICE_AUDIO_THREADS: "0" } }] : []),
     ];
     for (const { name, root, env } of plan) {
       const dir = mkdtempSync(join(o.dir, `${name}-`));
@@ -56,7 +63,7 @@ export async function bargeSideBySide(o: { dir: string; upstreamUrl: string; que
         },
         root,
       );
-      sides.push({ name, server, barge: [], errors: [] });
+      sides.push({ name, server, barge: [], fillers: [], errors: [] });
       // Warm-up: models loaded, flite compiled.
       await devices(server, o.question, 1, 1, "turns", 2);
     }
@@ -66,21 +73,42 @@ export async function bargeSideBySide(o: { dir: string; upstreamUrl: string; que
           if (m.type === "barge") side.barge.push(m);
           else if (m.type === "error") side.errors.push(m.message);
         }
+    if (FILLERS > 0)
+      for (const side of sides)
+        for (const m of await devices(side.server, o.question, 1, 1, "filler", FILLERS, { STORY_FILE: story, FILLER_FILE: filler })) {
+          if (m.type === "filler") side.fillers.push(m);
+          else if (m.type === "error") side.errors.push(m.message);
+        }
     const out: Record<string, unknown> = {
       before: before ? spec : "not measured: set BENCH_VOICE_BEFORE to a checkout or a git revision",
-      goals: { onset_to_reply_paused_at_device_ms: "≤ 250 (voice.md §2, §7)" },
+      goals: {
+        onset_to_reply_paused_at_device_ms: "p95 ≤ 250 (voice.md §2, §7)",
+        onset_to_last_reply_packet_ms: "p95 ≤ 1000 (voice.md §7: the EOS interrupted)",
+        backchannel_resumed: "all (voice.md §7)",
+      },
     };
-    for (const side of sides) out[side.name] = { ...bargeFigures(side.barge), errors: side.errors };
+    for (const side of sides)
+      out[side.name] = {
+        ...bargeFigures(side.barge),
+        backchannel_over_reply: {
+          trials: side.fillers.length,
+          resumed: side.fillers.filter((f) => !f.interrupted && f.false_interruptions > 0).length,
+          cut: side.fillers.filter((f) => f.interrupted).length,
+        },
+        errors: side.errors,
+      };
     const ratio = (a: string, b: string) => {
       const [x, y] = [out[a], out[b]] as Array<ReturnType<typeof bargeFigures> | undefined>;
       if (!x || !y) return undefined;
       return {
-        p50: round(x.onset_to_reply_paused_at_device_ms.p50 / y.onset_to_reply_paused_at_device_ms.p50),
-        p95: round(x.onset_to_reply_paused_at_device_ms.p95 / y.onset_to_reply_paused_at_device_ms.p95),
+        paused_p50: round(x.onset_to_reply_paused_at_device_ms.p50 / y.onset_to_reply_paused_at_device_ms.p50),
+        paused_p95: round(x.onset_to_reply_paused_at_device_ms.p95 / y.onset_to_reply_paused_at_device_ms.p95),
+        eos_p50: round(x.onset_to_last_reply_packet_ms.p50 / y.onset_to_last_reply_packet_ms.p50),
+        eos_p95: round(x.onset_to_last_reply_packet_ms.p95 / y.onset_to_last_reply_packet_ms.p95),
       };
     };
-    out.paused_after_over_before = ratio("after", "before");
-    out.paused_threads_0_over_before = ratio("after_audio_threads_0", "before");
+    out.after_over_before = ratio("after", "before");
+    if (THREADS0) out.threads_0_over_before = ratio("after_audio_threads_0", "before");
     return out;
   } finally {
     for (const side of sides) await side.server.stop();

@@ -25,7 +25,7 @@ const TURNS = Number(process.env.BENCH_VOICE_AB_TURNS ?? 4);
 const FILLERS = Number(process.env.BENCH_VOICE_FILLERS ?? 4);
 
 /** 48 kHz PCM of `text` spoken by flite's `voice`, as a file the device processes read. */
-async function spokenFile(dir: string, name: string, text: string, voice: string): Promise<string> {
+export async function spokenFile(dir: string, name: string, text: string, voice: string): Promise<string> {
   const speech = createSpeechEngine();
   const { samples, sampleRate } = await speech.speak(text, voice);
   const up = new Resampler(await loadResampler(), sampleRate, 48_000);

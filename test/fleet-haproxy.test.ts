@@ -39,6 +39,7 @@ defaults
   timeout connect 2s
   timeout client 60s
   timeout server 60s
+  timeout check 2s
   option http-buffer-request
   retries 3
   option redispatch 1
@@ -222,5 +223,24 @@ describe("a fleet behind HAProxy: admission, a rolling restart with devices talk
     await eventually(async () => (await nodeOf(key)) === `node-${draining}`, 20_000, "the talker on the restarted node");
     for (const d of devices) if (!d.stopped) await within(d.connected(), 20_000, "every device back");
     await start(other);
+  });
+
+  test("a second SIGTERM stops at once, mid-reply, and the node still exits 0", async () => {
+    const keyPair = generateKeyPair();
+    const talker = device(keyPair);
+    const conn = await within(talker.connected(), 20_000, "connected");
+    const log = new EventLog(conn);
+    await (await conn.microphone()).say(await spoken("What is the weather like today?"));
+    await log.wait((e) => e.label === "assistant.audio" && e.type === "BOS", 30_000, "the reply's audio began");
+    const name = (await nodeOf(encodeKey(keyPair.publicKey))) === "node-a" ? "a" : "b";
+    const child = nodes[name]!.server!.process;
+    const exited = new Promise<number | null>((r) => child.once("exit", (code) => r(code)));
+    child.kill("SIGTERM");
+    await new Promise((r) => setTimeout(r, 200));
+    child.kill("SIGTERM");
+    assert.equal(await within(exited, 10_000, "stopped"), 0);
+    await within(conn.closed(), 10_000, "the connection closed");
+    assert.ok(!log.all.some((e) => e.label === "turn.metrics"), "stopped before the reply ended");
+    await start(name);
   });
 });

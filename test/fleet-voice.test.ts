@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { StayConnected } from "../src/sdk/reconnect.ts";
+import { OfferError, PerchConnection } from "../src/sdk/webrtc.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
@@ -78,4 +79,58 @@ describe("a conversation continues on the next node", () => {
       },
     );
   }
+
+  test("fleet.max_conversations: a node with as many conversations is full, and the device already connected is still answered", async () => {
+    const s = await startTestServer({ config: { ...talkerConfig(upstream.url), fleet: { max_conversations: 1, max_cpu: 0 } } });
+    try {
+      const device = new StayConnected({ baseUrl: s.url, keyPair: generateKeyPair() });
+      const conn = await device.connected();
+      await eventually(async () => (await s.request("/readyz")).status === 503, 5_000, "full with one conversation");
+      assert.deepEqual(await (await s.request("/readyz")).json(), { status: "full" });
+      const refused = await PerchConnection.connect({ baseUrl: s.url, keyPair: generateKeyPair() }).then(
+        (c) => {
+          c.close();
+          return undefined;
+        },
+        (e: unknown) => e,
+      );
+      assert.ok(refused instanceof OfferError && refused.code === "NODE_FULL", String(refused));
+      const log = new EventLog(conn);
+      upstream.reply({ content: "Still here." });
+      await (await conn.microphone()).say(await spoken("Are you still there?"));
+      const metrics = await log.wait((e) => e.label === "turn.metrics", 60_000, "the turn on a full node");
+      assert.equal(JSON.parse(metrics.text!).interrupted, false);
+      assert.ok(log.all.some((e) => e.type === "TEXT_DONE" && e.label === "assistant.text" && e.text === "Still here."));
+      await device.close();
+    } finally {
+      await s.stop();
+    }
+  });
+
+  test("fleet.drain_timeout_s: a reply still going at the timeout is handed over anyway", async () => {
+    const s = await startTestServer({ config: { ...talkerConfig(upstream.url), fleet: { drain_timeout_s: 1, max_cpu: 0 } } });
+    try {
+      const device = new StayConnected({ baseUrl: s.url, keyPair: generateKeyPair(), livenessMs: 0 });
+      const conn = await device.connected();
+      const log = new EventLog(conn);
+      upstream.reply({ content: LONG });
+      await (await conn.microphone()).say(await spoken("Tell me everything."));
+      await log.wait((e) => e.label === "assistant.audio" && e.type === "BOS", 60_000, "the reply's audio");
+      const started = performance.now();
+      await s.drain();
+      const took = performance.now() - started;
+      assert.ok(
+        log.all.some((e) => e.label === "node.reconnect"),
+        "handed over at the timeout",
+      );
+      assert.ok(!log.all.some((e) => e.label === "turn.metrics"), "the long reply had not ended");
+      assert.ok(took >= 900 && took < 10_000, `drained in ${took} ms`);
+      await device.close();
+    } finally {
+      await s.stop();
+    }
+  });
 });
+
+const LONG =
+  "The first thing to know is that the sky is blue. The second thing is that grass is green. The third thing is that snow is white. The fourth thing is that coal is black. The fifth thing is that the sea is deep.";

@@ -5,10 +5,12 @@ import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
+import { PerchClient } from "../src/sdk/client.ts";
 import { type ReconnectLog, StayConnected } from "../src/sdk/reconnect.ts";
 import { OfferError, type PerchConnection } from "../src/sdk/webrtc.ts";
 import { perch, perchJson } from "./support/cli.ts";
 import { ROOT, startTestServer, type TestServer, tempDir } from "./support/server.ts";
+import { EventStream } from "./support/sse.ts";
 import { EventLog } from "./support/voice.ts";
 import { connect, eventually, within } from "./support/webrtc.ts";
 
@@ -95,9 +97,17 @@ describe("drain on one node", () => {
     const s = await startTestServer({ dataDir, config: { node_name: "solo", fleet: { max_cpu: 0 } } });
     const device = await connect(s);
     const log = new EventLog(device);
+    // A phone watching the device: its event stream ends with the drain (its app reconnects through the balancer).
+    const owner = new PerchClient({ baseUrl: s.url, keyPair: device.keyPair });
+    await owner.login();
+    const phone = s.client();
+    await phone.login({ deviceToken: (await owner.createDeviceToken()).token });
+    const stream = await EventStream.must(s.url, phone.accessToken);
+    await stream.until((e) => e.events("status").length > 0, "the stream's first event");
     const draining = s.drain();
     // At once: no wait for the heartbeat or for the devices.
     assert.deepEqual((await readyz(s)).body, { status: "draining" });
+    await stream.end(5_000);
     await log.wait((e) => e.label === "node.reconnect", 5_000, "node.reconnect");
     const event = log.all.find((e) => e.label === "node.reconnect")!;
     assert.equal(event.type, "TEXT_DONE");
@@ -132,8 +142,17 @@ describe("drain on one node", () => {
     const s = await startTestServer({ dataDir, config: { node_name: "lab-1", public_endpoint: "lab-1.example:8080", fleet: { max_cpu: 0 } } });
     const device = await connect(s);
     const env = { PERCH_DATA_DIR: dataDir };
-    await eventually(async () => (await perchJson<NodeView[]>(["nodes", "--json"], env))[0]?.connections === 1, 10_000, "the heartbeat's load in the row");
-    const [row] = await perchJson<NodeView[]>(["nodes", "--json"], env);
+    // A node that died a minute ago: its row still says serving, its heartbeat says gone.
+    await s.store.transaction((tx) => tx.nodes.start("lab-0", "lab-0.example:8080", Date.now() - 60_000));
+    await eventually(
+      async () => (await perchJson<NodeView[]>(["nodes", "--json"], env)).find((n) => n.name === "lab-1")?.connections === 1,
+      10_000,
+      "the heartbeat's load in the row",
+    );
+    const [ghost, row] = await perchJson<NodeView[]>(["nodes", "--json"], env);
+    assert.equal(ghost!.name, "lab-0");
+    assert.equal(ghost!.state, "gone");
+    assert.ok(ghost!.heartbeat_age_ms >= 60_000);
     assert.equal(row!.state, "serving");
     assert.equal(row!.endpoint, "lab-1.example:8080");
     assert.ok(row!.heartbeat_age_ms >= 0 && row!.heartbeat_age_ms < 8_000);
@@ -146,7 +165,7 @@ describe("drain on one node", () => {
     assert.deepEqual(await perchJson(["nodes", "drain", "lab-1"], env), { name: "lab-1", drain_requested: true });
     await within(s.finished, 15_000, "the node drained, asked through the store");
     await within(device.closed(), 5_000, "its device handed over");
-    assert.equal((await perchJson<NodeView[]>(["nodes", "--json"], env))[0]!.state, "gone");
+    assert.equal((await perchJson<NodeView[]>(["nodes", "--json"], env))[1]!.state, "gone");
     await s.stop();
   });
 });

@@ -373,21 +373,33 @@ describe("barge-in timing (voice.md §7: paused on the first frames, ended on th
 
   const interruptedAt = (r: Rig) => r.of("out-1").find((e) => e.type === "EOS" && e.label === "assistant.audio");
 
-  test("voice activity's first block pauses the reply (no frame after it); a noise shorter than min_speech_ms resumes at once, no turn, nothing counted", async () => {
+  test("voice activity's first block pauses the reply (no frame after it); a noise shorter than min_speech_ms resumes 150 ms after it, no turn, nothing counted", async () => {
     const r = await playing();
     const before = r.frames;
     const noise = await blocks(r, 100);
     // The onset is the first block: nothing is sent once it was heard (frames sent ahead were sent before).
     assert.equal(noise[0]!.frames - before, 0, `frames sent in the onset's block: ${noise[0]!.frames - before}`);
     assert.equal(noise.at(-1)!.frames, noise[0]!.frames, "paused while the sound lasts");
-    const quiet = await blocks(r, 60, false);
-    // The detector hears the noise end at the first quiet block: the reply goes on at once.
-    assert.ok(quiet[0]!.frames > noise.at(-1)!.frames, "resumed at the noise's end");
+    const quiet = await blocks(r, 300, false);
+    // The detector hears the noise end at the first quiet block; the reply goes on 150 ms later (not before).
+    const end = quiet[0]!.t;
+    const resumed = quiet.find((b) => b.frames > noise.at(-1)!.frames)!;
+    // (The first quiet block is heard at end − 20: the resume is due at end + 130, in the block that ends at end + 140.)
+    assert.equal(resumed.t - end, 140, `resumed ${resumed.t - end} ms after the first quiet block`);
     const m = await untilTurn(r, 1);
     assert.equal(m.interrupted, false);
     assert.equal(m.false_interruptions, 0, "a noise that is no speech is no false interruption");
     assert.equal(r.stt.turns.length, 1, "no transcription for the noise");
     assert.equal(r.events.filter((e) => e.stream === "in-2").length, 0);
+    r.close();
+  });
+
+  test("a word's first syllable and a dip before the next: the reply stays paused throughout (no flicker)", async () => {
+    const r = await playing();
+    const paused = (await blocks(r, 60))[0]!.frames;
+    await blocks(r, 60, false);
+    await blocks(r, 600);
+    assert.equal(r.frames, paused, "nothing sent between the syllables");
     r.close();
   });
 
@@ -416,6 +428,18 @@ describe("barge-in timing (voice.md §7: paused on the first frames, ended on th
       ["user", "assistant", "user"],
       "the heard part of the reply, then the question",
     );
+    r.close();
+  });
+
+  test("a pause between words at min_ms: the words are judged again once the speech goes on, and end the reply while it lasts", async () => {
+    const r = await playing();
+    await blocks(r, 300);
+    // Quiet across min_ms (400 ms), shorter than the silence that ends speech.
+    await blocks(r, 160, false);
+    const speech = await blocks(r, 1_000);
+    const eos = interruptedAt(r);
+    assert.equal(eos?.error?.code, "interrupted");
+    assert.ok(speech.at(-1)!.events > r.events.indexOf(eos!), "ended while the user was still speaking");
     r.close();
   });
 

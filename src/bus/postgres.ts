@@ -10,7 +10,7 @@ const BATCH = 500;
 /** A `NOTIFY` payload stays under PostgreSQL's 8,000 bytes; a larger batch goes through `bus_messages`. */
 export const MAX_PAYLOAD_BYTES = 7_900;
 /** Telemetry and presence wait at most this long to travel with others (fleet.md §5: batched per node, ≤ 250 ms). */
-export const BATCH_WINDOW_MS = 100;
+export const BATCH_WINDOW_MS = 50;
 const BACKOFF_MIN_MS = 100;
 const BACKOFF_MAX_MS = 5_000;
 /** A listening connection that answers no `select 1` within this long is dropped and made again. */
@@ -66,6 +66,8 @@ export class PgEventBus implements EventBus {
   private windowTimer: NodeJS.Timeout | undefined;
   /** Received payloads are handed out in order, a row read from the table included. */
   private receiving: Promise<void> = Promise.resolve();
+  /** The connection's queries, one at a time (a batch read from the table waits for a flush, and the other way round). */
+  private querying: Promise<unknown> = Promise.resolve();
   private sequence = 0;
   private flushing: Promise<void> | undefined;
   private flushScheduled = false;
@@ -236,12 +238,13 @@ export class PgEventBus implements EventBus {
     const id = p.r;
     const client = this.client;
     const read = client
-      ?.query<{ message: string }>("select message from bus_messages where id = $1", [id])
-      .then((r) => r.rows[0]?.message)
-      .catch((err: unknown) => {
-        this.warn({ err: (err as Error)?.message }, "a bus batch could not be read from its table");
-        return undefined;
-      });
+      ? this.query<{ message: string }>(client, "select message from bus_messages where id = $1", [id])
+          .then((r) => r.rows[0]?.message)
+          .catch((err: unknown) => {
+            this.warn({ err: (err as Error)?.message }, "a bus batch could not be read from its table");
+            return undefined;
+          })
+      : undefined;
     this.receiving = this.receiving.then(async () => {
       const text = await read;
       if (text === undefined) return;
@@ -250,6 +253,13 @@ export class PgEventBus implements EventBus {
         if (Array.isArray(batch)) this.deliver(batch as Envelope[]);
       } catch {}
     });
+  }
+
+  /** One query on `client`, after those already asked of it. */
+  private query<R extends pg.QueryResultRow = pg.QueryResultRow>(client: pg.Client, text: string, values: unknown[]): Promise<pg.QueryResult<R>> {
+    const run = this.querying.then(() => client.query<R>(text, values));
+    this.querying = run.catch(() => {});
+    return run;
   }
 
   private deliver(batch: Envelope[]): void {
@@ -287,9 +297,10 @@ export class PgEventBus implements EventBus {
         const bytes = Buffer.byteLength(text);
         try {
           if (bytes <= MAX_PAYLOAD_BYTES) {
-            await client.query("select pg_notify($1, $2)", [CHANNEL, text]);
+            await this.query(client, "select pg_notify($1, $2)", [CHANNEL, text]);
           } else {
-            await client.query(
+            await this.query(
+              client,
               `with m as (insert into bus_messages (origin, topic, message, created_at) values ($2, '*', $3, $4) returning id)
                select pg_notify($1, '{"r":' || id || '}') from m`,
               [CHANNEL, this.instance, text, Date.now()],

@@ -585,6 +585,7 @@ export class UsageMeter {
   record(who: Who, agent: string, counts: UsageAdd): void {
     if (!this.counting) return;
     const day = this.dayOf(this.clock.now());
+    counts = wholeCounts(counts);
     this.addTo(who.id, day, agent, counts);
     if (who.device !== undefined) this.addTo(ALL_DEVICES, day, agent, counts);
     this.hooks.counted?.(agent, counts);
@@ -692,6 +693,23 @@ export class UsageMeter {
 
 /** The admission of work that is not counted (`usage.count: false`). */
 const UNCOUNTED: Admission = Object.freeze({ add: () => {}, answered: () => {}, abandon: () => {} });
+
+/** The most one piece of work may add to a counter (a provider's 1e300 must not overflow the store's bigint). */
+const MAX_PIECE = 1e12;
+
+/**
+ * Counts as a provider may report them (a string, a fraction, a negative, NaN, 1e300) made whole,
+ * non-negative and bounded: one bad value must not fail the request, nor every later write of the
+ * node's counts (a batch the store refuses is kept and retried).
+ */
+function wholeCounts(counts: UsageAdd): UsageAdd {
+  const out: UsageAdd = counts.estimated ? { estimated: true } : {};
+  for (const f of COUNT_FIELDS) {
+    const v: unknown = counts[f];
+    if (typeof v === "number" && v > 0) out[f] = Math.min(Math.round(v), MAX_PIECE);
+  }
+  return out;
+}
 
 function row(principal: string, day: string, agent: string, requests: number): UsageRow {
   const c = zeroCounts();

@@ -5,7 +5,17 @@
  * connection, with back-off 0.5 s doubling to 10 s and ±20 % jitter, telling each attempt.
  * It knows the connection only through `connect`'s result: its event stream and `closed()`.
  */
+import type { PeerEvent } from "../protocol/gen/event_pb.ts";
 import { type ConnectOptions, OfferError, PerchConnection } from "./webrtc.ts";
+
+/** What the layer needs of a connection: its event stream, its end, and a way to end it. */
+export interface Reconnectable {
+  readonly eventStream: { on(cb: (e: PeerEvent) => void): () => unknown };
+  closed(): Promise<void>;
+  close(): void;
+  /** `all.ping` (the liveness probe). */
+  ping?(): Promise<unknown>;
+}
 
 export const RECONNECT_LABEL = "node.reconnect";
 const BACKOFF_MIN_MS = 500;
@@ -25,15 +35,21 @@ export type ReconnectLog =
 /** Why the device is connecting: its first connection, the server's hand-over, a refused offer or a lost connection. */
 export type ReconnectCause = "start" | "node.reconnect" | "refused" | "lost" | "error";
 
-export interface StayConnectedOptions extends ConnectOptions {
+export interface StayConnectedOptions<C extends Reconnectable = PerchConnection> extends ConnectOptions {
   /** Set up each new connection (its microphone, its tools…); a throw closes it and counts as a lost connection. */
-  onConnected?: (conn: PerchConnection) => void | Promise<void>;
+  onConnected?: (conn: C) => void | Promise<void>;
   /** Each attempt and outcome, for the device's log. */
   log?: (entry: ReconnectLog) => void;
   /** The connection itself (default `PerchConnection.connect`). */
-  connect?: (o: ConnectOptions) => Promise<PerchConnection>;
+  connect?: (o: ConnectOptions) => Promise<C>;
   /** Default `Math.random`: the jitter's source. */
   random?: () => number;
+  /**
+   * How often the connection is asked `all.ping` (default 10 s; 0: never): one unanswered within
+   * half that (at least 3 s) counts as lost. A node killed outright (SIGKILL, a dead machine) sends
+   * no close; without this the device would wait for its WebRTC stack to give up (30 s, or never).
+   */
+  livenessMs?: number;
 }
 
 /** A refused offer that trying again cannot fix (bad key, blocked, not registered…): the device stops. */
@@ -47,7 +63,7 @@ function jittered(ms: number, random: () => number): number {
 }
 
 /** Whether the event-stream bytes `e` carry `node.reconnect`, and its body. */
-function reconnectEvent(e: { payload: { case?: string; value?: unknown } }): { reason: string; retry_after_ms: number } | undefined {
+function reconnectEvent(e: PeerEvent): { reason: string; retry_after_ms: number } | undefined {
   if (e.payload.case !== "textDone") return undefined;
   const v = e.payload.value as { label: string; text: string };
   if (v.label !== RECONNECT_LABEL) return undefined;
@@ -64,14 +80,14 @@ function reconnectEvent(e: { payload: { case?: string; value?: unknown } }): { r
  * Keeps a device connected until `close()`. `current` is the connection now (undefined between
  * two); `connected()` resolves with the current one or the next.
  */
-export class StayConnected {
-  current: PerchConnection | undefined;
-  private readonly o: StayConnectedOptions;
+export class StayConnected<C extends Reconnectable = PerchConnection> {
+  current: C | undefined;
+  private readonly o: StayConnectedOptions<C>;
   private readonly random: () => number;
   private closed = false;
   private backoff = BACKOFF_MIN_MS;
   private attempt = 0;
-  private waiters: Array<{ resolve: (c: PerchConnection) => void; reject: (err: unknown) => void }> = [];
+  private waiters: Array<{ resolve: (c: C) => void; reject: (err: unknown) => void }> = [];
   /** Set when the device gave up (a refusal that trying again cannot fix). */
   error: OfferError | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -80,14 +96,14 @@ export class StayConnected {
   /** Connections made so far (the first included). */
   connections = 0;
 
-  constructor(o: StayConnectedOptions) {
+  constructor(o: StayConnectedOptions<C>) {
     this.o = o;
     this.random = o.random ?? Math.random;
     this.done = this.run();
   }
 
   /** The current connection, or the next one made. */
-  connected(): Promise<PerchConnection> {
+  connected(): Promise<C> {
     if (this.current) return Promise.resolve(this.current);
     if (this.error) return Promise.reject(this.error);
     return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
@@ -135,6 +151,33 @@ export class StayConnected {
     return ms;
   }
 
+  /** Asks the connection `all.ping` every `livenessMs`; no answer in time closes it (a lost connection). */
+  private watch(conn: C): () => void {
+    const every = this.o.livenessMs ?? 10_000;
+    if (every <= 0 || !conn.ping) return () => {};
+    const within = Math.max(3_000, every / 2);
+    let probing = false;
+    const timer = setInterval(() => {
+      if (probing) return;
+      probing = true;
+      let late: NodeJS.Timeout | undefined;
+      const timeout = new Promise<never>((_, reject) => {
+        late = setTimeout(() => reject(new Error(`no answer to all.ping within ${within} ms`)), within);
+      });
+      Promise.race([conn.ping!(), timeout])
+        .catch((err: unknown) => {
+          this.log({ event: "failed", attempt: 0, error: (err as Error)?.message ?? String(err) });
+          conn.close();
+        })
+        .finally(() => {
+          clearTimeout(late);
+          probing = false;
+        });
+    }, every);
+    timer.unref();
+    return () => clearInterval(timer);
+  }
+
   private async run(): Promise<void> {
     let cause: ReconnectCause = "start";
     let delay = 0;
@@ -144,9 +187,9 @@ export class StayConnected {
       if (this.closed) return;
       this.attempt++;
       this.log({ event: "attempt", attempt: this.attempt, delay_ms: delay, after: cause });
-      let conn: PerchConnection;
+      let conn: C;
       try {
-        conn = await (this.o.connect ?? PerchConnection.connect)(this.o);
+        conn = await (this.o.connect ?? (PerchConnection.connect as unknown as (o: ConnectOptions) => Promise<C>))(this.o);
       } catch (err) {
         if (this.closed) return;
         if (fatal(err)) {
@@ -195,7 +238,9 @@ export class StayConnected {
       this.attempt = 0;
       this.current = conn;
       for (const w of this.waiters.splice(0)) w.resolve(conn);
+      const stopLiveness = this.watch(conn);
       await conn.closed();
+      stopLiveness();
       off();
       this.current = undefined;
       if (this.closed) return;

@@ -72,6 +72,12 @@ const SOUND_SLACK_MS = 40;
 const HOLD_SLACK_MS = 400;
 /** Speech over a reply whose words so far are not (surely) a barge-in is judged again this often while it lasts. */
 const RECHECK_MS = 200;
+/**
+ * A reply paused at an onset that proved a noise resumes this long after it, unless voice activity
+ * starts again meanwhile: the detector drops a candidate at its first quiet frame, and a word's
+ * first syllable can dip (without this, the reply would flicker back between syllables).
+ */
+const NOISE_RESUME_MS = 150;
 
 /** A turn of the conversation, from its speech to the end of its reply. */
 export interface Turn extends ListeningTurn {
@@ -136,7 +142,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   /** Preemptive replies not yet used or discarded. */
   private readonly prepared = new Set<PreparedReply>();
   /** The reply paused at voice activity's first frames, until they are speech (a turn over it) or a noise. */
-  private held: { speaking: Speaking; stop: () => void } | undefined;
+  private held: { speaking: Speaking; stop: () => void; resume?: (() => void) | undefined } | undefined;
   private closed = false;
 
   constructor(o: ActivityOptions) {
@@ -153,6 +159,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     this.speaking?.reply.interrupt();
     this.speaking = undefined;
     this.held?.stop();
+    this.held?.resume?.();
     this.held = undefined;
     for (const p of this.prepared) p.discard();
     this.prepared.clear();
@@ -166,15 +173,23 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   voiceOnset(_at: number): void {
     const speaking = this.speaking;
     // Speech over it already holds it (its end is being judged): that speech decides.
-    if (!speaking || this.held || this.closed || !this.o.config.barge_in || this.listening?.over === speaking) return;
+    if (!speaking || this.closed || !this.o.config.barge_in || this.listening?.over === speaking) return;
+    if (this.held) {
+      // Activity again after a noise: the reply stays paused.
+      this.held.resume?.();
+      this.held.resume = undefined;
+      return;
+    }
     speaking.reply.pause();
     const stop = this.o.clock.after(this.o.config.turn.min_speech_ms + HOLD_SLACK_MS, () => this.guard(() => this.release()));
     this.held = { speaking, stop };
   }
 
-  /** The activity that paused the reply was a noise, not speech: the reply goes on. */
+  /** The activity that paused the reply was a noise, not speech: the reply goes on shortly, unless activity starts again. */
   voiceGone(): void {
-    this.release();
+    const held = this.held;
+    if (!held || held.resume) return;
+    held.resume = this.o.clock.after(NOISE_RESUME_MS, () => this.guard(() => this.release()));
   }
 
   /** The reply held at an onset goes on (unless speech over it holds it now). */
@@ -183,6 +198,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     if (!held) return;
     this.held = undefined;
     held.stop();
+    held.resume?.();
     if (this.speaking === held.speaking && this.listening?.over !== held.speaking) held.speaking.reply.resume();
   }
 
@@ -191,6 +207,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     const held = this.held;
     this.held = undefined;
     held?.stop();
+    held?.resume?.();
     const speaking = this.speaking;
     if (!agent || this.closed || (speaking && !this.o.config.barge_in)) {
       // Speech that is no turn: a reply held at its onset goes on.
@@ -314,8 +331,12 @@ export class TurnActivity implements RecognitionHooks<Turn> {
    */
   private checkWords(turn: Turn): void {
     if (!turn.over || turn.ended || turn.checking || this.closed) return;
-    // The sound stopped before min_ms (the detector has not said so yet): its end decides.
-    if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) return;
+    const again = () => turn.timers.push(this.o.clock.after(RECHECK_MS, () => this.guard(() => this.checkWords(turn))));
+    // Quiet since before min_ms: the sound may have stopped (its end then decides) or paused between words (judged again).
+    if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) {
+      again();
+      return;
+    }
     turn.checking = true;
     turn.transcription.soFar({ sure: true }).then(
       (text) =>
@@ -326,7 +347,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
             this.bargeIn(turn);
             return;
           }
-          turn.timers.push(this.o.clock.after(RECHECK_MS, () => this.guard(() => this.checkWords(turn))));
+          again();
         }),
       () => {
         turn.checking = false;

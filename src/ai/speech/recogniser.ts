@@ -32,6 +32,7 @@ import { concatFloat32 } from "../../audio/samples.ts";
 import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
+import { type FrontEndOptions, frontEnd } from "./front-end.ts";
 import { Loading, type LoadState } from "./loading.ts";
 import type { Heard } from "./moonshine.ts";
 import { normaliseTranscript } from "./normalise.ts";
@@ -97,6 +98,8 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   conversingForMs?: number;
   /** Hypotheses the decoder keeps at each step (beam search); 1 is greedy. Default BEAMS. */
   beams?: number;
+  /** What is done to audio before the recogniser hears it (front-end.ts); `false`: nothing. Default FRONT_END. */
+  frontEnd?: FrontEndOptions | false;
 }
 
 export class MoonshineEngine implements TranscriptionEngine {
@@ -113,6 +116,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly fast: boolean;
   private readonly conversingForMs: number;
   private readonly beams: number;
+  private readonly frontEnd: FrontEndOptions | false;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   /** Each part starts on first use (or when asked to: `startRecognition`, `startActivity`), then its promise stays. */
@@ -133,6 +137,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.threads = options.threads ?? Math.max(1, Math.floor(availableParallelism() / this.processes));
     this.conversingForMs = options.conversingForMs ?? CONVERSING_FOR_MS;
     this.beams = options.beams ?? BEAMS;
+    this.frontEnd = options.frontEnd ?? false;
     const fastAfterMs = options.fastAfterMs ?? FAST_AFTER_MS;
     this.fast = fastAfterMs !== false;
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
@@ -256,7 +261,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
     padded.set(audio, before);
-    return this.recognitions.runBatched<Float32Array, Heard>(padded, job);
+    return this.recognitions.runBatched<Float32Array, Heard>(this.frontEnd ? frontEnd(padded, this.frontEnd) : padded, job);
   }
 
   /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
