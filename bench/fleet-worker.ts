@@ -34,7 +34,7 @@ export interface FleetCollected {
   /** Questions whose connection ended while they were being spoken. */
   questionsCut: number;
   answered: number;
-  /** Replies whose text was told whole (`TEXT_DONE assistant.text`): what the device was given. */
+  /** Replies heard whole (`EOS assistant.audio` without an error): what the device was given. */
   replies: number;
   cut: number;
   /** Replies that ended failed (the node overloaded or its provider failing): not the fleet's doing. */
@@ -170,6 +170,7 @@ function add(): void {
   };
   t.stay = new StayConnected<CrowdDevice>({
     baseUrl,
+    livenessMs: Number(process.env.BENCH_FLEET_LIVENESS_MS ?? 10_000),
     keyPair: generateKeyPair(),
     connect: (o) => CrowdDevice.connect({ baseUrl: o.baseUrl, serverPublicKey, keyPair: o.keyPair, bindAddress, timeoutMs: 15_000 }),
     onConnected: (device) => {
@@ -188,7 +189,8 @@ function add(): void {
           // Interrupted: the reply stopped mid-word; failed or overloaded: the node could not answer in time (load), counted apart.
           if (p.value.error?.code === "interrupted") counts.cut++;
           else if (p.value.error) counts.failed++;
-        } else if (p.case === "textDone" && p.value.label === "assistant.text") counts.replies++;
+          else counts.replies++;
+        }
         else if (p.case === "textDone" && p.value.label === "turn.metrics" && t.phase === "awaiting") {
           counts.answered++;
           pause(t, performance.now());

@@ -33,7 +33,7 @@ import { freshPgDatabase, ROOT, round, type Server, startServer } from "./suppor
 const PG_URL = process.env.PERCH_BENCH_DATABASE_URL || process.env.PERCH_TEST_DATABASE_URL || undefined;
 const DEVICES = Number(process.env.BENCH_FLEET_DEVICES ?? 40);
 const PROCESSES = 2;
-const WARM_S = Number(process.env.BENCH_FLEET_WARM_S ?? 8);
+const WARM_S = Number(process.env.BENCH_FLEET_WARM_S ?? 15);
 const BUS_DEVICES = 600;
 const BUS_PHONES = 100;
 const BUS_SECONDS = Number(process.env.BENCH_FLEET_BUS_S ?? 10);
@@ -291,6 +291,8 @@ export async function fleetBench(): Promise<unknown> {
     const onVictim = Number(held.find((h) => h.node === `node-${victim}`)?.n ?? 0);
     servers[victim]!.child.kill("SIGKILL");
     const open = async () => (await Promise.all(devices.map((d) => d.ask<{ open: number }>({ type: "status", id: 0 })))).reduce((n, s) => n + s.open, 0);
+    // The devices notice (their liveness ping unanswered, or their WebRTC stack), then come back.
+    await until(async () => (await open()) < DEVICES, 40_000);
     await until(async () => (await open()) === DEVICES, 60_000);
     await new Promise((r) => setTimeout(r, 3000));
     const killed = await collect(devices);
@@ -303,7 +305,8 @@ export async function fleetBench(): Promise<unknown> {
     const bus = await busBench(url);
     return {
       suite: "fleet",
-      load: { loadavg: loadavg().map(round), devices: DEVICES, nodes: 2 },
+      load: { loadavg: loadavg().map(round), devices: DEVICES, nodes: 2, liveness_ms: Number(process.env.BENCH_FLEET_LIVENESS_MS ?? 10_000) },
+      baseline: { ...turns(warm), seconds: WARM_S, note: "the same devices before any restart: what the load alone does" },
       rolling: {
         ...turns(rolling),
         seconds: round(rollingS),
@@ -317,8 +320,8 @@ export async function fleetBench(): Promise<unknown> {
         devices_on_it: onVictim,
         ...turns(killed),
         back_on_other_node_ms: { n: killed.back.length, p50: pct(killed.back, 50), p95: pct(killed.back, 95), max: pct(killed.back, 100) },
-        before_the_kill: { replies_told_whole: toldBeforeKill, replies_stored: storedBeforeKill },
-        replies_told_whole: told,
+        before_the_kill: { replies_heard_whole: toldBeforeKill, replies_stored: storedBeforeKill },
+        replies_heard_whole: told,
         replies_stored: stored,
         acknowledged_lost: Math.max(0, told - stored),
       },
