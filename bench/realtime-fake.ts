@@ -26,7 +26,7 @@ if (process.argv.includes("--voice")) {
   fake.fallback = { kind: "reply", text: reply, pcm: r.process(spoken.samples) };
   r.close();
 } else fake.fallback = { kind: "reply", text: reply, ms: Number(process.env.BENCH_REALTIME_REPLY_MS ?? 2_000) };
-fake.transcript = process.env.BENCH_REALTIME_TRANSCRIPT ?? "What is the weather like today?";
+fake.transcript = process.env.BENCH_REALTIME_TRANSCRIPT ?? "What is the weather like in Paris?";
 process.stdout.write(`${fake.url}\n`);
 process.on("SIGTERM", () => void fake.close().then(() => process.exit(0)));
 process.on("SIGINT", () => void fake.close().then(() => process.exit(0)));

@@ -12,6 +12,7 @@ import { speechBench } from "./speech.ts";
 import { telemetryIngestBench } from "./telemetry-ingest.ts";
 import { toolsBench } from "./tools.ts";
 import { uplinkBench } from "./uplink.ts";
+import { usageBench } from "./usage.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcConnectBench } from "./webrtc-connect.ts";
@@ -35,6 +36,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   revocation: revocationBench,
   capacity: capacityBench,
   fleet: fleetBench,
+  usage: usageBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
 const VALUED = new Set(["--engines", "--base", "--steps", "--step-seconds"]);

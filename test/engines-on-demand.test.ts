@@ -121,7 +121,10 @@ describe("engines loaded when needed", () => {
           { id: "box-stt", kind: "transcription", provider: "speechbox", upstream_model: "whisper-large", fallbacks: ["whisper-1"] },
         ],
         agents: [{ id: "talker", model: "chat", voice: "alloy", speech_model: "box-tts", transcription_model: "box-stt" }],
-        voice: { agent: "talker" },
+        // The fallback's recognition waits for the recogniser to load, which takes a loaded machine
+        // well over the default 2 s a turn's recognition may queue (the turn would then end
+        // `overloaded`, its transcript empty): that bound is speech-load.test.ts's, not this test's.
+        voice: { agent: "talker", max_reply_delay_ms: 60_000 },
       },
       engines,
     });

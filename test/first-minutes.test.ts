@@ -23,6 +23,16 @@ import { ROOT, startTestServer, tempDir } from "./support/server.ts";
 import { talkerConfig } from "./support/voice.ts";
 
 const README = readFileSync(join(ROOT, "README.md"), "utf8");
+
+/**
+ * A recipe's server, patient with a loaded machine: a pause in the question (the device's process or
+ * the server's audio stalled a moment) ends the turn after unfinished_silence_ms when the words so
+ * far are not recognised yet, and on a machine at load 15 and more they take seconds. At its most
+ * here, so that the question stays one turn however slow the recogniser is.
+ */
+function patient<T extends ReturnType<typeof talkerConfig>>(config: T): T {
+  return { ...config, voice: { ...config.voice, turn: { ...config.voice.turn, unfinished_silence_ms: 10_000 } } };
+}
 const KEY = "sk-first-minutes";
 
 describe("the README as a way in", () => {
@@ -198,7 +208,7 @@ describe("the README's recipes, as written", () => {
     timeout: 240_000,
   }, async () => {
     const keygen = "npm run -s perch -- keygen > device.json";
-    const recipe = 'npm run perch -- device --key-file device.json connect --tool volume --say "Turn the volume down to three."';
+    const recipe = 'npm run perch -- device --key-file device.json connect --tool volume --say "Turn the sound down to three."';
     assert.ok(README.includes(keygen) && README.includes(recipe), "the README shows the recipe");
     const upstream = await startFakeUpstream();
     // A scripted model in place of the provider: it acts only on what it was asked.
@@ -207,11 +217,11 @@ describe("the README's recipes, as written", () => {
       const last = messages.at(-1)!;
       if (last.role === "tool") return { content: "Done, the volume is three." };
       const asked = last.content;
-      return /\bvolume\b.*\b(3|three)\b/i.test(asked)
+      return /\b(volume|sound)\b.*\b(3|three)\b/i.test(asked)
         ? { tool_calls: [{ id: "c1", name: "device.set_volume", arguments: '{"level":3}' }] }
         : { content: `I heard: ${asked}` };
     };
-    const config = talkerConfig(upstream.url);
+    const config = patient(talkerConfig(upstream.url));
     config.agents[0] = { ...config.agents[0]!, tools: ["device.*"] } as (typeof config.agents)[0];
     const server = await startTestServer({ config });
     const dir = tempDir();
@@ -219,10 +229,10 @@ describe("the README's recipes, as written", () => {
       const env = { PERCH_PORT: String(server.port), PERCH_CONFIG: "" };
       const keys = await perch(keygen.split(" -- ")[1]!.split(" > ")[0]!.split(" "), env);
       writeFileSync(join(dir, "device.json"), keys.stdout);
-      const args = ["device", "--key-file", join(dir, "device.json"), "connect", "--tool", "volume", "--say", "Turn the volume down to three."];
+      const args = ["device", "--key-file", join(dir, "device.json"), "connect", "--tool", "volume", "--say", "Turn the sound down to three."];
       const r = await perch(args, env);
       assert.equal(r.code, 0, r.stdout + r.stderr);
-      assert.match(r.stdout, /"label":"user\.transcript","text":"Turn(ed)? the volume down to (3|three)\.?"/i);
+      assert.match(r.stdout, /"label":"user\.transcript","text":"Turn the sound down to (3|three)\.?"/i);
       assert.match(r.stdout, /"label":"tool\.call","text":\{"name":"device\.set_volume","arguments":\{"level":3\}\}/);
       assert.match(r.stdout, /volume set \{"level":3\}/);
       assert.match(r.stdout, /status reported \{"volume":30\}/);
@@ -237,17 +247,16 @@ describe("the README's recipes, as written", () => {
   });
 
   test("the voice recipe: the question heard as written, the reply printed and saved", { timeout: 240_000 }, async () => {
-    const recipe = 'npm run perch -- device --key-file device.json connect --say "What is the weather like today?" --reply-wav reply.wav';
+    const recipe = 'npm run perch -- device --key-file device.json connect --say "What is the weather like in Paris?" --reply-wav reply.wav';
     assert.ok(README.includes(recipe), "the README shows the recipe");
     const upstream = await startFakeUpstream();
     upstream.defaultReply = (body) => {
       const asked = (body.messages as Array<{ content: string }>).at(-1)!.content;
-      // The question's words up to its last one: Moonshine hears this voice's last word as "today"
-      // or "to be" depending on the smallest change in the audio (the uplink's decoding rate was
-      // enough), and the recipe is about the way in, not the recogniser's accuracy (bench speech).
-      return { content: /what is the weather like/i.test(asked) ? "It is sunny and warm." : `I heard: ${asked}` };
+      // The whole question, as written: the tour's question is one the embedded engines hear right
+      // however the audio lines up (tour-questions.test.ts; "… like today?" was heard "… to be?").
+      return { content: /^what is the weather like in paris\??$/i.test(asked.trim()) ? "It is sunny and warm." : `I heard: ${asked}` };
     };
-    const server = await startTestServer({ config: talkerConfig(upstream.url) });
+    const server = await startTestServer({ config: patient(talkerConfig(upstream.url)) });
     const dir = tempDir();
     try {
       const env = { PERCH_PORT: String(server.port), PERCH_CONFIG: "" };
@@ -258,7 +267,7 @@ describe("the README's recipes, as written", () => {
         join(dir, "device.json"),
         "connect",
         "--say",
-        "What is the weather like today?",
+        "What is the weather like in Paris?",
         "--reply-wav",
         join(dir, "reply.wav"),
       ];

@@ -251,6 +251,7 @@ describe("usage: bad configuration, and the command line", () => {
       [{ limits: [{ scope: "device", per: "day", tokens: 1.5 }] }, /usage\.limits\.0\.tokens/],
       [{ limits: [{ scope: "device", per: "day" }] }, /usage\.limits\.0.*at least one of/],
       [{ limits: [{ scope: "device", per: "day", agent: "nobody", requests: 1 }] }, /usage\.limits\.0\.agent: unknown agent or model nobody/],
+      [{ count: false, limits: [{ scope: "device", per: "day", requests: 1 }] }, /usage\.limits: limits need usage counted/],
     ];
     for (const [usage, message] of bad) assert.throws(() => loadConfig({}, { usage } as ConfigInput), message, JSON.stringify(usage));
     assert.throws(

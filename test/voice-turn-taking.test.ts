@@ -394,6 +394,15 @@ describe("barge-in timing (voice.md §7: paused on the first frames, ended on th
     r.close();
   });
 
+  test("a device that stops sending during an onset: the reply goes on (the onset ends as a noise), no turn", async () => {
+    const r = await playing();
+    const paused = (await blocks(r, 100)).at(-1)!.frames;
+    await r.wait(1_000);
+    assert.ok(r.frames > paused, "resumed without any more audio");
+    assert.equal(r.stt.turns.length, 1);
+    r.close();
+  });
+
   test("a word's first syllable and a dip before the next: the reply stays paused throughout (no flicker)", async () => {
     const r = await playing();
     const paused = (await blocks(r, 60))[0]!.frames;

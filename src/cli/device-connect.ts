@@ -18,10 +18,14 @@ export interface ConnectOptions {
   tool: string[];
 }
 
+/** The voice `--say` speaks with by default: one the embedded recogniser hears well (test/tour-questions.test.ts). */
+export const SAY_VOICE = "onyx";
+
 /**
  * `perch device connect`: a device from the terminal over WebRTC. It reports telemetry every N
  * seconds, answers `client.*` from flags (−32601 for what no flag gives) and stays until Ctrl-C.
  */
+
 export function registerConnectCommand(device: Command, load: () => { server: string; keyPair: KeyPair }, fail: (message: string) => never): void {
   device
     .command("connect")
@@ -39,7 +43,7 @@ export function registerConnectCommand(device: Command, load: () => { server: st
     .option(
       "--voice <name>",
       "the voice --say speaks with (alloy, echo, fable, onyx, nova, shimmer); the default is one the embedded recogniser hears well",
-      "onyx",
+      SAY_VOICE,
     )
     .option("--reply-wav <file>", "with --say: save what the device heard as a WAV file")
     .option(

@@ -25,7 +25,7 @@ const VIEW_MS = 1_000;
 /** After work ends its counts are written within this (several ends share one transaction). */
 const END_FLUSH_MS = 20;
 /** Request units one claim takes at most (the rest of the limit shared out, never more than there is). */
-const MAX_LEASE = 16;
+const MAX_LEASE = 1024;
 
 export interface Who {
   /** `device:<key>` or `api_key:<name>`. */
@@ -80,6 +80,14 @@ export interface MeterHooks {
   storeError?: (err: unknown) => void;
 }
 
+interface OwnLimits {
+  limits: Limit[] | undefined;
+  readAt: number;
+  reading?: Promise<void>;
+  /** The limits that apply (own or configured, and every device's), made once per read. */
+  resolved?: Limit[];
+}
+
 interface View {
   /** The principal's rows of this month, as last read (plus what this node wrote since). */
   rows: Map<string, Counts>;
@@ -116,7 +124,12 @@ export class UsageMeter {
   private readonly views = new Map<string, View>();
   private readonly viewReads = new Map<string, Promise<void>>();
   /** Devices' own limits (undefined: none, the configured ones apply), as last read. */
-  private readonly own = new Map<string, { limits: Limit[] | undefined; readAt: number; reading?: Promise<void> }>();
+  private readonly own = new Map<string, OwnLimits>();
+  /** Each API key's limits. */
+  private readonly keyLimits = new Map<string, Limit[]>();
+  /** Each set of limits split for one agent: the request limits (claimed) and the others. */
+  private readonly plans = new WeakMap<Limit[], Map<string, { others: Limit[]; requests: Limit[] }>>();
+  private today = { from: 0, to: 0, day: "" };
   private readonly leases = new Map<string, Lease>();
   /** Pieces of work in flight per principal (for the one-at-a-time rule near a limit). */
   private readonly inFlight = new Map<string, number>();
@@ -129,8 +142,11 @@ export class UsageMeter {
   private queue: Promise<unknown> = Promise.resolve();
   private endTimer: NodeJS.Timeout | undefined;
   private closed = false;
+  /** `usage.count`: false, nothing is counted (and the configuration has no limits). */
+  private readonly counting: boolean;
 
   constructor(o: { store: Store; clock: Clock; config: Config }) {
+    this.counting = o.config.usage.count;
     this.store = o.store;
     this.clock = o.clock;
     this.config = o.config;
@@ -183,8 +199,10 @@ export class UsageMeter {
    * and counts as last read, and what it counted since.
    */
   limitedCached(who: Who, agent: string): boolean {
+    if (!this.counting) return false;
     if (who.device !== undefined && this.limitedDevices.has(who.device)) return true;
-    const limits = who.device !== undefined ? this.own.get(who.device) && this.deviceLimits(who.id, this.own.get(who.device)!.limits) : this.limits(who);
+    const own = who.device !== undefined ? this.own.get(who.device) : undefined;
+    const limits = who.device !== undefined ? own && this.resolved(who.id, own) : this.limits(who);
     if (!limits || limits instanceof Promise) return false;
     const now = this.clock.now();
     for (const l of limits) {
@@ -207,21 +225,28 @@ export class UsageMeter {
   /** The limits that apply to `who` (undefined agent: all of them), reading a device's own limits when the node's copy is old. */
   limits(who: Who): Limit[] | Promise<Limit[]> {
     if (who.apiKey !== undefined) {
-      const against = who.id;
-      const own = this.configured.keys.get(who.apiKey) ?? [];
-      return [...this.configured.apiKey, ...own].map((l) => ({ ...l, against }));
+      let limits = this.keyLimits.get(who.apiKey);
+      if (!limits) {
+        const against = who.id;
+        limits = [...this.configured.apiKey, ...(this.configured.keys.get(who.apiKey) ?? [])].map((l) => ({ ...l, against }));
+        this.keyLimits.set(who.apiKey, limits);
+      }
+      return limits;
     }
     const key = who.device!;
     const entry = this.own.get(key);
-    const now = this.clock.now();
-    if (entry && now - entry.readAt < VIEW_MS) return this.deviceLimits(who.id, entry.limits);
-    if (entry && !entry.reading) {
-      // An old copy answers now; the next check has the new one.
+    if (!entry) return this.readOwn(key).then(() => this.resolved(who.id, this.own.get(key)));
+    if (!entry.reading && this.clock.now() - entry.readAt >= VIEW_MS) {
+      // The copy answers now; the next check has the one read meanwhile.
       entry.reading = this.readOwn(key);
-      return this.deviceLimits(who.id, entry.limits);
     }
-    if (entry?.reading) return this.deviceLimits(who.id, entry.limits);
-    return this.readOwn(key).then(() => this.deviceLimits(who.id, this.own.get(key)?.limits));
+    return this.resolved(who.id, entry);
+  }
+
+  private resolved(id: string, entry: OwnLimits | undefined): Limit[] {
+    if (!entry) return this.deviceLimits(id, undefined);
+    entry.resolved ??= this.deviceLimits(id, entry.limits);
+    return entry.resolved;
   }
 
   private deviceLimits(id: string, own: Limit[] | undefined): Limit[] {
@@ -262,23 +287,49 @@ export class UsageMeter {
    * naming the limit reached. Resolves at once when nothing limits `who`.
    */
   admit(who: Who, agent: string): Admission | Promise<Admission> {
+    if (!this.counting) return UNCOUNTED;
     const limits = this.limits(who);
     if (limits instanceof Promise) return limits.then((l) => this.admitUnder(who, agent, l));
     return this.admitUnder(who, agent, limits);
   }
 
   private admitUnder(who: Who, agent: string, all: Limit[]): Admission | Promise<Admission> {
-    const limits = all.filter((l) => l.agent === undefined || l.agent === agent);
-    if (limits.length === 0) return this.admission(who, agent, false);
-    const stale = this.staleViews(limits);
-    if (stale) return stale.then(() => this.judge(who, agent, limits));
-    return this.judge(who, agent, limits);
+    const plan = this.plan(all, agent);
+    if (plan.others.length === 0 && plan.requests.length === 0) return this.admission(who, agent, false);
+    // Only the counters known after the work need the views; requests are claimed from the store itself.
+    const stale = plan.others.length > 0 ? this.staleViews(plan.others) : undefined;
+    if (stale) return stale.then(() => this.judge(who, agent, plan));
+    return this.judge(who, agent, plan);
   }
 
-  private judge(who: Who, agent: string, limits: Limit[]): Admission | Promise<Admission> {
+  private plan(all: Limit[], agent: string): { others: Limit[]; requests: Limit[] } {
+    let byAgent = this.plans.get(all);
+    if (!byAgent) {
+      byAgent = new Map();
+      this.plans.set(all, byAgent);
+    }
+    let plan = byAgent.get(agent);
+    if (!plan) {
+      const limits = all.filter((l) => l.agent === undefined || l.agent === agent);
+      plan = { others: limits.filter((l) => l.counter !== "requests"), requests: limits.filter((l) => l.counter === "requests") };
+      byAgent.set(agent, plan);
+    }
+    return plan;
+  }
+
+  /** The UTC day of `now`, its string made once a day. */
+  private dayOf(now: number): string {
+    const t = this.today;
+    if (now < t.from || now >= t.to) {
+      const from = Math.floor(now / 86_400_000) * 86_400_000;
+      this.today = { from, to: from + 86_400_000, day: dayOf(now) };
+    }
+    return this.today.day;
+  }
+
+  private judge(who: Who, agent: string, plan: { others: Limit[]; requests: Limit[] }): Admission | Promise<Admission> {
     const now = this.clock.now();
-    const others = limits.filter((l) => l.counter !== "requests");
-    for (const l of others) {
+    for (const l of plan.others) {
       const used = this.used(l, now);
       const reached = used >= l.value;
       // Near the limit, one piece at a time: the next may only start if what is in flight cannot take it over.
@@ -287,12 +338,11 @@ export class UsageMeter {
       if (reached || (flying > 0 && used + (flying + 1) * piece > l.value)) {
         if (reached) return this.refuse(who, l, now);
         // Waits for the flight to land rather than refusing what may still fit.
-        return this.afterFlight(who).then(() => this.judge(who, agent, limits));
+        return this.afterFlight(who).then(() => this.judge(who, agent, plan));
       }
     }
-    const requests = limits.filter((l) => l.counter === "requests");
-    if (requests.length === 0) return this.admission(who, agent, false);
-    return this.lease(who, agent, requests);
+    if (plan.requests.length === 0) return this.admission(who, agent, false);
+    return this.lease(who, agent, plan.requests);
   }
 
   /** The count `limit` judges: the store's as last seen plus this node's not written yet. */
@@ -424,7 +474,7 @@ export class UsageMeter {
   /** A request unit of the store's, claimed before the work starts. */
   private lease(who: Who, agent: string, limits: Limit[]): Admission | Promise<Admission> {
     const key = this.leaseKey(who, agent);
-    const today = dayOf(this.clock.now());
+    const today = this.dayOf(this.clock.now());
     let lease = this.leases.get(key);
     if (lease && lease.day !== today) {
       // Yesterday's units go back with the next write.
@@ -533,7 +583,9 @@ export class UsageMeter {
 
   /** Counts of `who`'s work with `agent`, written with the next flush (with every device's sum for a device). */
   record(who: Who, agent: string, counts: UsageAdd): void {
-    const day = dayOf(this.clock.now());
+    if (!this.counting) return;
+    const day = this.dayOf(this.clock.now());
+    counts = wholeCounts(counts);
     this.addTo(who.id, day, agent, counts);
     if (who.device !== undefined) this.addTo(ALL_DEVICES, day, agent, counts);
     this.hooks.counted?.(agent, counts);
@@ -627,6 +679,7 @@ export class UsageMeter {
 
   /** Whether `who`'s use of `agent` is limited now, judged on what this node holds (no store read; a first check reads). */
   async limitedNow(who: Who, agent: string, o: { requests?: boolean } = {}): Promise<Limit | undefined> {
+    if (!this.counting) return undefined;
     const all = await this.limits(who);
     // A tool call belongs to a request already admitted (which may hold the last request allowed).
     const limits = all.filter((l) => (l.agent === undefined || l.agent === agent) && (o.requests !== false || l.counter !== "requests"));
@@ -636,6 +689,26 @@ export class UsageMeter {
     const now = this.clock.now();
     return limits.find((l) => this.used(l, now) >= l.value);
   }
+}
+
+/** The admission of work that is not counted (`usage.count: false`). */
+const UNCOUNTED: Admission = Object.freeze({ add: () => {}, answered: () => {}, abandon: () => {} });
+
+/** The most one piece of work may add to a counter (a provider's 1e300 must not overflow the store's bigint). */
+const MAX_PIECE = 1e12;
+
+/**
+ * Counts as a provider may report them (a string, a fraction, a negative, NaN, 1e300) made whole,
+ * non-negative and bounded: one bad value must not fail the request, nor every later write of the
+ * node's counts (a batch the store refuses is kept and retried).
+ */
+function wholeCounts(counts: UsageAdd): UsageAdd {
+  const out: UsageAdd = counts.estimated ? { estimated: true } : {};
+  for (const f of COUNT_FIELDS) {
+    const v: unknown = counts[f];
+    if (typeof v === "number" && v > 0) out[f] = Math.min(Math.round(v), MAX_PIECE);
+  }
+  return out;
 }
 
 function row(principal: string, day: string, agent: string, requests: number): UsageRow {

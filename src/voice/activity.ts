@@ -65,11 +65,12 @@ export interface ActivityOptions {
 /** Audio is judged in pieces of about 20 ms: "sound until min_ms" allows this much short. */
 const SOUND_SLACK_MS = 40;
 /**
- * A reply paused at voice activity's first frames resumes if no speech (nor its end as a noise)
- * was heard this long after `min_speech_ms`: a detector that stopped hearing (the uplink stopped)
- * never holds a reply for good.
+ * A reply paused at voice activity's first frames resumes if neither speech nor a noise was heard
+ * this long after `min_speech_ms`: a detector that fails never holds a reply for good. (An uplink
+ * that stops sending ends the onset as a noise: AudioRecognition.tick.) Not shorter: under load the
+ * detector's confirmation comes late, and a reply resumed before it flickers back for a moment.
  */
-const HOLD_SLACK_MS = 400;
+const HOLD_SLACK_MS = 3_000;
 /** Speech over a reply whose words so far are not (surely) a barge-in is judged again this often while it lasts. */
 const RECHECK_MS = 200;
 /**

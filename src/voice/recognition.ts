@@ -88,6 +88,8 @@ export class AudioRecognition<T extends ListeningTurn> {
   private quietRun = 0;
   /** The detector is inside speech (whether or not a turn was started for it). */
   private vadSpeaking = false;
+  /** The detector reported an onset, and neither speech nor a noise yet. */
+  private onsetPending = false;
   private readonly pending: Int16Array[] = [];
   private pendingSamples = 0;
   private draining = false;
@@ -154,11 +156,13 @@ export class AudioRecognition<T extends ListeningTurn> {
    * device that stopped sending: push-to-talk, discontinuous transmission, a muted microphone).
    */
   tick(): void {
-    if (this.closed || this.draining || !this.vadSpeaking) return;
+    if (this.closed || this.draining || !(this.vadSpeaking || this.onsetPending)) return;
     if (this.o.clock.now() - this.heardAt < this.o.turn.finished_silence_ms) return;
+    // (An onset not yet speech ends as a noise: a reply paused at it goes on.)
     for (const e of this.o.vad.flush()) this.vadEvent(e);
     // The detector may not have confirmed the end (its own speech state): either way, speech is over.
     this.vadSpeaking = false;
+    this.onsetPending = false;
   }
 
   close(): void {
@@ -222,6 +226,7 @@ export class AudioRecognition<T extends ListeningTurn> {
   }
 
   private vadEvent(e: VadEvent, cut = false): void {
+    this.onsetPending = e.type === "onset";
     if (e.type === "onset" || e.type === "noise") {
       // Between turns only: inside one, the detector's pauses and new onsets are the turn's own.
       if (this.turn || this.ignoring) return;

@@ -134,7 +134,11 @@ export const loudnessVad: VoiceActivityPort = {
       },
       flush() {
         const events: VadEvent[] =
-          confirmed && speechStart !== undefined ? [{ type: "end", start: seconds(speechStart), at: seconds(silenceStart ?? block) }] : [];
+          confirmed && speechStart !== undefined
+            ? [{ type: "end", start: seconds(speechStart), at: seconds(silenceStart ?? block) }]
+            : onsets && speechStart !== undefined
+              ? [{ type: "noise", at: seconds(block) }]
+              : [];
         speechStart = undefined;
         silenceStart = undefined;
         confirmed = false;
