@@ -301,6 +301,8 @@ describe("usage: bad configuration, and the command line", () => {
       assertFails(await perch(["usage", "--api-key-id", "nobody"], env), /no API key nobody/);
       assertFails(await perch(["usage", "--key", server.client().publicKey], env), /no registered peer/);
       assertFails(await perch(["usage", "--days", "0"], env), /--days/);
+      // Past what a date can say: refused by name, not a RangeError's stack.
+      assertFails(await perch(["usage", "--days", "9999999999"], env), /--days takes a whole number of days from 1 to 100000/);
       // The operator's own limits for the device: set, refused at once by the server, cleared.
       const set = await perchJson<{ limits: unknown }>(["peers", "limits", device.publicKey, "--tokens-per-day", "5", "--requests-per-month", "100"], env);
       assert.deepEqual(set.limits, [
@@ -312,6 +314,8 @@ describe("usage: bad configuration, and the command line", () => {
       assert.equal(shown.usage.limited, "tokens");
       assertFails(await perch(["peers", "limits", server.client().publicKey, "--tokens-per-day", "1"], env), /no registered peer/);
       assertFails(await perch(["peers", "limits", device.publicKey, "--tokens-per-day", "-1"], env), /whole number/);
+      // A number past 2^53 would be stored, then read back as no limits at all: refused.
+      assertFails(await perch(["peers", "limits", device.publicKey, "--tokens-per-day", "99999999999999999999"], env), /whole number/);
       await perchJson(["peers", "limits", device.publicKey, "--clear"], env);
       await eventuallyAnswered(chat);
     } finally {
