@@ -179,6 +179,13 @@ for (const store of STORES) {
       assert.equal((await stored(server, { key: device.publicKey })).requests, 0);
     });
 
+    test("embedded engines are counted like providers: tts-1's characters and request", async () => {
+      const speech = await client(KEYS.free).audio.speech.create({ model: "tts-1", voice: "alloy", input: "Hello there.", response_format: "wav" });
+      assert.ok((await speech.arrayBuffer()).byteLength > 1000);
+      const [row] = (await server.domain.usage.report({ apiKeyId: "free", days: 1 })).filter((r) => r.agent === "tts-1");
+      assert.deepEqual([row?.requests, row?.speech_chars], [1, "Hello there.".length]);
+    });
+
     test("the Public API documents the usage routes", async () => {
       const doc = (await (await fetch(`${server.url}/openapi.json`)).json()) as { paths: Record<string, unknown> };
       assert.ok(doc.paths["/me/usage"] && doc.paths["/side-control/usage"]);
