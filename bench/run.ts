@@ -7,6 +7,7 @@ import { hearingBench } from "./hearing.ts";
 import { mcpBoundsBench } from "./mcp-bounds.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
+import { realtimeAttackBench } from "./realtime-attack.ts";
 import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
 import { telemetryIngestBench } from "./telemetry-ingest.ts";
@@ -37,6 +38,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   capacity: capacityBench,
   fleet: fleetBench,
   usage: usageBench,
+  "realtime-attack": realtimeAttackBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
 const VALUED = new Set(["--engines", "--base", "--steps", "--step-seconds"]);
