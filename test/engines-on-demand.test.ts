@@ -108,6 +108,21 @@ describe("engines loaded when needed", () => {
     }
   });
 
+  test("engines.preload: [speech] starts flite with the node, and nothing else", async () => {
+    const { engines, moonshine } = host();
+    const server = await startTestServer({ config: { engines: { preload: ["speech"] } }, engines });
+    try {
+      const at = await states(server);
+      assert.notEqual(at.speech, "not_loaded", JSON.stringify(at));
+      assert.deepEqual({ recognition: at.recognition, voice_activity: at.voice_activity }, { recognition: "not_loaded", voice_activity: "not_loaded" });
+      assert.deepEqual(moonshine.pids(), { recogniser: [], vad: [] });
+      await eventually(async () => (await states(server)).speech === "ready", 60_000, "flite ready");
+    } finally {
+      await server.stop();
+      await engines.close();
+    }
+  });
+
   test("an agent on providers: its turns start no recogniser and no flite; when the provider fails, the fallback loads them and the turn is served", async () => {
     const { engines, moonshine } = host();
     const upstream = await startFakeUpstream();
