@@ -166,6 +166,10 @@ describe("drain on one node", () => {
     const unknown = await perch(["nodes", "drain", "nobody"], env);
     assert.equal(unknown.code, 1);
     assert.match(unknown.stderr, /no node nobody is serving/);
+    // The node that died: shown gone, so not asked (its row's "serving" would take the request, and no one would read it).
+    const dead = await perch(["nodes", "drain", "lab-0"], env);
+    assert.equal(dead.code, 1, dead.stdout);
+    assert.match(dead.stderr, /no node lab-0 is serving/);
     assert.deepEqual(await perchJson(["nodes", "drain", "lab-1"], env), { name: "lab-1", drain_requested: true });
     await within(s.finished, 15_000, "the node drained, asked through the store");
     await within(device.closed(), 5_000, "its device handed over");
