@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { DomainError } from "../src/domain/errors.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
+import { DomainError } from "../src/domain/errors.ts";
 import { Fleet } from "../src/node/fleet.ts";
 import { StayConnected } from "../src/sdk/reconnect.ts";
 import { OfferError } from "../src/sdk/webrtc.ts";
