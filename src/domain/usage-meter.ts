@@ -560,8 +560,14 @@ export class UsageMeter {
         return read;
       });
     } catch (err) {
-      // Counting never fails a request (usage.md §4): the work goes on, judged on what the node holds.
+      // Counting never fails a request (usage.md §4): the work goes on, judged on what the node holds
+      // (its last view and what it has not written), and its unit is counted with the next write as
+      // a claim's would have been (a leased unit is not counted again when answered).
       this.hooks.storeError?.(err);
+      const reached = limits.find((l) => this.used(l, now) >= l.value);
+      if (reached) this.refuse(who, reached, now);
+      this.addTo(who.id, today, agent, { requests: 1 });
+      if (device) this.addTo(ALL_DEVICES, today, agent, { requests: 1 });
       lease.free += 1;
       return;
     }
