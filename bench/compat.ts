@@ -311,7 +311,7 @@ function round3(x: number): number {
   return Math.round(x * 1000) / 1000;
 }
 
-async function startUpstream(): Promise<{ url: string; child: ChildProcess }> {
+export async function startUpstream(): Promise<{ url: string; child: ChildProcess }> {
   const child = spawn(process.execPath, [join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
   const url = await new Promise<string>((resolve, reject) => {
     let out = "";

@@ -34,14 +34,18 @@ export interface FleetCollected {
   /** Questions whose connection ended while they were being spoken. */
   questionsCut: number;
   answered: number;
-  /** Replies whose text was told whole (`TEXT_DONE assistant.text`): what the device was given. */
+  /** Replies heard whole (`EOS assistant.audio` without an error): what the device was given. */
   replies: number;
   cut: number;
+  /** Of `cut`: the connection ended during the reply (the others were interrupted by speech over them). */
+  cutByClose: number;
   /** Replies that ended failed (the node overloaded or its provider failing): not the fleet's doing. */
   failed: number;
   lost: number;
   /** ms: node.reconnect → connected again. */
   handOver: number[];
+  /** Unix ms of each connection made again after one was lost. */
+  backAt: number[];
   /** ms: a connection lost (not handed over) → connected again. */
   back: number[];
   /** ms: the longest a device was without a connection. */
@@ -80,6 +84,7 @@ interface Talker {
 const talkers: Talker[] = [];
 let talking = false;
 const counts = {
+  cutByClose: 0,
   questions: 0,
   questionsCut: 0,
   answered: 0,
@@ -88,6 +93,7 @@ const counts = {
   failed: 0,
   lost: 0,
   handOver: [] as number[],
+  backAt: [] as number[],
   back: [] as number[],
   longestWithout: 0,
   refused: 0,
@@ -144,7 +150,10 @@ function step(t: Talker, now: number): void {
 /** The connection ended: a reply under way was cut, a question awaiting its turn is lost. */
 function ended(t: Talker): void {
   const now = performance.now();
-  if (t.inReply) counts.cut++;
+  if (t.inReply) {
+    counts.cut++;
+    counts.cutByClose++;
+  }
   if (t.phase === "awaiting") counts.lost++;
   // A question cut while being spoken (before the server heard it as speech) is asked again by its user: counted apart.
   if (t.phase === "question" && t.frame > 0) counts.questionsCut++;
@@ -170,12 +179,16 @@ function add(): void {
   };
   t.stay = new StayConnected<CrowdDevice>({
     baseUrl,
+    livenessMs: Number(process.env.BENCH_FLEET_LIVENESS_MS ?? 10_000),
     keyPair: generateKeyPair(),
     connect: (o) => CrowdDevice.connect({ baseUrl: o.baseUrl, serverPublicKey, keyPair: o.keyPair, bindAddress, timeoutMs: 15_000 }),
     onConnected: (device) => {
       const now = performance.now();
       if (t.handedOverAt !== undefined) counts.handOver.push(now - t.handedOverAt);
-      else if (t.lostAt !== undefined) counts.back.push(now - t.lostAt);
+      else if (t.lostAt !== undefined) {
+        counts.back.push(now - t.lostAt);
+        counts.backAt.push(Date.now());
+      }
       if (t.lostAt !== undefined) counts.longestWithout = Math.max(counts.longestWithout, now - t.lostAt);
       t.handedOverAt = undefined;
       t.lostAt = undefined;
@@ -188,8 +201,8 @@ function add(): void {
           // Interrupted: the reply stopped mid-word; failed or overloaded: the node could not answer in time (load), counted apart.
           if (p.value.error?.code === "interrupted") counts.cut++;
           else if (p.value.error) counts.failed++;
-        } else if (p.case === "textDone" && p.value.label === "assistant.text") counts.replies++;
-        else if (p.case === "textDone" && p.value.label === "turn.metrics" && t.phase === "awaiting") {
+          else counts.replies++;
+        } else if (p.case === "textDone" && p.value.label === "turn.metrics" && t.phase === "awaiting") {
           counts.answered++;
           pause(t, performance.now());
         } else if (p.case === "textDone" && p.value.label === "node.reconnect") t.handedOverAt = performance.now();
@@ -235,15 +248,25 @@ process.on("message", async (command: FleetCommand) => {
     }
     case "collect": {
       const out: FleetCollected = { type: "collected", id: command.id, ...counts, open: talkers.filter((t) => t.device !== undefined).length };
-      counts.questions = counts.questionsCut = counts.failed = counts.answered = counts.replies = counts.cut = counts.lost = counts.refused = 0;
+      counts.cutByClose =
+        counts.questions =
+        counts.questionsCut =
+        counts.failed =
+        counts.answered =
+        counts.replies =
+        counts.cut =
+        counts.lost =
+        counts.refused =
+          0;
       counts.handOver = [];
       counts.back = [];
+      counts.backAt = [];
       counts.longestWithout = 0;
       process.send?.(out);
       break;
     }
     case "status":
-      process.send?.({ type: "status", id: command.id, open: talkers.filter((t) => t.device !== undefined).length });
+      process.send?.({ type: "status", id: command.id, open: talkers.filter((t) => t.device !== undefined).length, back: counts.back.length });
       break;
     case "exit":
       talking = false;

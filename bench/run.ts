@@ -7,11 +7,13 @@ import { hearingBench } from "./hearing.ts";
 import { mcpBoundsBench } from "./mcp-bounds.ts";
 import { outageBench } from "./outage.ts";
 import { publicBench } from "./public.ts";
+import { realtimeAttackBench } from "./realtime-attack.ts";
 import { revocationBench } from "./revocation.ts";
 import { speechBench } from "./speech.ts";
 import { telemetryIngestBench } from "./telemetry-ingest.ts";
 import { toolsBench } from "./tools.ts";
 import { uplinkBench } from "./uplink.ts";
+import { usageBench } from "./usage.ts";
 import { voiceBench } from "./voice.ts";
 import { webrtcBench } from "./webrtc.ts";
 import { webrtcConnectBench } from "./webrtc-connect.ts";
@@ -35,6 +37,8 @@ const suites: Record<string, () => Promise<unknown>> = {
   revocation: revocationBench,
   capacity: capacityBench,
   fleet: fleetBench,
+  usage: usageBench,
+  "realtime-attack": realtimeAttackBench,
 };
 /** Options that take a value (`--engines provider`): read by their suites, not suite names. */
 const VALUED = new Set(["--engines", "--base", "--steps", "--step-seconds"]);

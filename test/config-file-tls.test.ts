@@ -114,6 +114,25 @@ describe("HTTPS on the configured port", () => {
     rmSync(data, { recursive: true, force: true });
     assertFails(served, new RegExp(`^perch: tls\\.cert_file ${missing} cannot be read: ENOENT[^\\n]*\\n$`));
   });
+
+  test("start-up refuses at once a file that is not a regular one (a FIFO, a device) or is far too large, naming it", async () => {
+    // A FIFO nobody writes to would hold the start-up for ever (the command is killed after 90 s: the test fails).
+    const fifo = join(dir, "cert.fifo");
+    execFileSync("mkfifo", [fifo]);
+    const data = tempDir();
+    const served = await perch(["serve"], {
+      PERCH_TLS_CERT_FILE: fifo,
+      PERCH_TLS_KEY_FILE: certificate.key_file,
+      PERCH_DATA_DIR: data,
+      PERCH_PORT: "0",
+      PERCH_HOST: "127.0.0.1",
+    });
+    rmSync(data, { recursive: true, force: true });
+    assertFails(served, new RegExp(`^perch: tls\\.cert_file ${fifo} is not a regular file\\n$`));
+    const big = join(dir, "big-key.pem");
+    writeFileSync(big, Buffer.alloc(2 << 20, 0x41));
+    await assert.rejects(startTestServer({ config: { tls: { ...certificate, key_file: big } } }), new RegExp(`tls\\.key_file ${big} is over 1 MiB`));
+  });
 });
 
 describe("the tour with the port moved in ./perch.yaml and HTTPS", () => {

@@ -156,6 +156,8 @@ test("an unknown key names the nearest valid key, at any level; a key near none 
     (err: Error) => err.message === 'invalid configuration at voice: Unrecognized key: "store_transcript" (did you mean store_transcripts?)',
   );
   assert.throws(() => fromFile("prot: 8080"), /Unrecognized key: "prot" \(did you mean port\?\)/);
+  // Two edits with the transposition (r and o swapped, x added), three without it.
+  assert.throws(() => fromFile("protx: 8080"), /Unrecognized key: "protx" \(did you mean port\?\)/);
   assert.throws(() => fromFile("webrtc: { udp_prot: 1 }"), /did you mean udp_port\?/);
   assert.throws(
     () => fromFile("providers: [{ id: p, kind: openai, api_key_evn: KEY }]"),

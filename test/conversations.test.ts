@@ -264,10 +264,15 @@ for (const store of STORES) {
     });
 
     test("they go with the device's registration", async () => {
-      const { key } = await pairPhone(server);
+      const { phone, key } = await pairPhone(server);
       const id = await converse(server, key, [{ turn: 1, role: "user", text: "hello" }]);
+      // One deleted before: its deletion's record goes with the device too (not a refusal to remove it).
+      const gone = await converse(server, key, [{ turn: 1, role: "user", text: "deleted first" }]);
+      await phone.request("DELETE", `/side-control/conversations/${gone}`);
+      assert.equal(await countRows(server, databaseUrl, "select count(*) as n from conversation_deletions where public_key = $1", [key]), 1);
       assert.deepEqual(await storedRows(server, databaseUrl, key), [1, 1]);
       assert.equal(await server.domain.peers.remove(key), true);
+      assert.equal(await countRows(server, databaseUrl, "select count(*) as n from conversation_deletions where public_key = $1", [key]), 0);
       assert.deepEqual(await storedRows(server, databaseUrl, key), [0, 0]);
       assert.equal(await countRows(server, databaseUrl, "select count(*) as n from conversation_entries where conversation_id = $1", [id]), 0);
     });

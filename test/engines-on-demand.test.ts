@@ -6,16 +6,19 @@
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, test } from "node:test";
-import type { MoonshineEngine } from "../src/ai/speech/index.ts";
+import pino from "pino";
+import { MoonshineEngine } from "../src/ai/speech/index.ts";
 import { EngineHost } from "../src/server.ts";
 import { TEST_ENGINES } from "./support/engines.ts";
 import { startFakeSpeechProvider } from "./support/fake-speech.ts";
 import { startFakeUpstream } from "./support/fake-upstream.ts";
 import { childProcesses } from "./support/processes.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
-import { wordErrorRate } from "./support/speech.ts";
+import { ESPEAK_VOICES, espeak, wavFile, wordErrorRate } from "./support/speech.ts";
 import { type EventLog, spoken, voiceDevice } from "./support/voice.ts";
 import { eventually } from "./support/webrtc.ts";
 
@@ -105,6 +108,21 @@ describe("engines loaded when needed", () => {
     }
   });
 
+  test("engines.preload: [speech] starts flite with the node, and nothing else", async () => {
+    const { engines, moonshine } = host();
+    const server = await startTestServer({ config: { engines: { preload: ["speech"] } }, engines });
+    try {
+      const at = await states(server);
+      assert.notEqual(at.speech, "not_loaded", JSON.stringify(at));
+      assert.deepEqual({ recognition: at.recognition, voice_activity: at.voice_activity }, { recognition: "not_loaded", voice_activity: "not_loaded" });
+      assert.deepEqual(moonshine.pids(), { recogniser: [], vad: [] });
+      await eventually(async () => (await states(server)).speech === "ready", 60_000, "flite ready");
+    } finally {
+      await server.stop();
+      await engines.close();
+    }
+  });
+
   test("an agent on providers: its turns start no recogniser and no flite; when the provider fails, the fallback loads them and the turn is served", async () => {
     const { engines, moonshine } = host();
     const upstream = await startFakeUpstream();
@@ -168,6 +186,60 @@ describe("engines loaded when needed", () => {
       await engines.close();
       await fake.close();
       await upstream.close();
+    }
+  });
+});
+
+describe("a recogniser that cannot load its model", () => {
+  test("logged once per attempt naming the engine; 503 engine_unavailable naming it (Retry-After); perch_engine_state failed; tried again after the back-off", async () => {
+    const empty = mkdtempSync(join(tmpdir(), "perch-no-model-"));
+    const moonshine = new MoonshineEngine({ processes: 1, threads: 1, fastAfterMs: false, modelDir: empty, loadRetryMs: 3_000 });
+    const engines = EngineHost.of({ transcription: moonshine });
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+    const server = await startTestServer({ config: { api_keys: API_KEYS }, engines, logger });
+    try {
+      const wav = wavFile(await espeak(QUESTION, ESPEAK_VOICES[0]!.args));
+      const transcribe = async () => {
+        const form = new FormData();
+        form.set("model", "whisper-1");
+        form.set("file", new Blob([new Uint8Array(wav)], { type: "audio/wav" }), "question.wav");
+        return fetch(`${server.url}/openai/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${KEY}` }, body: form });
+      };
+      const failures = () => lines.filter((l) => l.msg === "an embedded engine could not load its model; it is tried again on a use after the wait");
+      for (let i = 0; i < 2; i++) {
+        const res = await transcribe();
+        assert.equal(res.status, 503);
+        assert.ok(Number(res.headers.get("retry-after")) >= 1);
+        const { error } = (await res.json()) as { error: { code: string; type: string; message: string } };
+        assert.equal(error.code, "engine_unavailable");
+        assert.equal(error.type, "api_error");
+        assert.match(error.message, /The embedded recognition engine \(whisper-1: Moonshine\) could not load its model/);
+      }
+      // The second request came within the back-off: no new attempt, no second line.
+      assert.equal(moonshine.recognitionLoad.attempts, 1);
+      assert.equal(failures().length, 1);
+      assert.equal(failures()[0]!.engine, "recognition");
+      assert.equal(failures()[0]!.level, 50);
+      assert.equal((await states(server)).recognition, "failed");
+      // After the back-off, a use tries again (and fails again: logged again, the wait doubled).
+      await eventually(
+        async () => {
+          await transcribe();
+          return moonshine.recognitionLoad.attempts === 2;
+        },
+        10_000,
+        "a second attempt",
+      );
+      await eventually(() => failures().length === 2, 10_000, "the second attempt's line");
+      assert.equal(failures()[1]!.retry_in_ms, 6_000);
+      // Nothing answered 500.
+      assert.ok(!lines.some((l) => l.status === 500), "no 500");
+    } finally {
+      await server.stop();
+      await engines.close();
+      await moonshine.close();
+      rmSync(empty, { recursive: true, force: true });
     }
   });
 });

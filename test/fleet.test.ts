@@ -4,7 +4,10 @@ import { writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
+import { Hono } from "hono";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
+import type { AppEnv } from "../src/http/env.ts";
+import type { Surface } from "../src/http/surface.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { type ReconnectLog, StayConnected } from "../src/sdk/reconnect.ts";
 import { OfferError, type PerchConnection } from "../src/sdk/webrtc.ts";
@@ -107,8 +110,9 @@ describe("drain on one node", () => {
     const draining = s.drain();
     // At once: no wait for the heartbeat or for the devices.
     assert.deepEqual((await readyz(s)).body, { status: "draining" });
-    await stream.end(5_000);
     await log.wait((e) => e.label === "node.reconnect", 5_000, "node.reconnect");
+    // Ended with the drain's start, not with the node's close a second later (the device keeps its connection until then).
+    await stream.end(500);
     const event = log.all.find((e) => e.label === "node.reconnect")!;
     assert.equal(event.type, "TEXT_DONE");
     assert.equal(event.stream, "node");
@@ -162,10 +166,49 @@ describe("drain on one node", () => {
     const unknown = await perch(["nodes", "drain", "nobody"], env);
     assert.equal(unknown.code, 1);
     assert.match(unknown.stderr, /no node nobody is serving/);
+    // The node that died: shown gone, so not asked (its row's "serving" would take the request, and no one would read it).
+    const dead = await perch(["nodes", "drain", "lab-0"], env);
+    assert.equal(dead.code, 1, dead.stdout);
+    assert.match(dead.stderr, /no node lab-0 is serving/);
     assert.deepEqual(await perchJson(["nodes", "drain", "lab-1"], env), { name: "lab-1", drain_requested: true });
     await within(s.finished, 15_000, "the node drained, asked through the store");
     await within(device.closed(), 5_000, "its device handed over");
     assert.equal((await perchJson<NodeView[]>(["nodes", "--json"], env))[1]!.state, "gone");
+    await s.stop();
+  });
+});
+
+describe("a drain answers what is in flight", () => {
+  test("an HTTP request under way when the drain begins is answered, while a device is still being handed over; /readyz says draining meanwhile", async () => {
+    let release: () => void = () => {};
+    let arrived = false;
+    const slow: Surface = {
+      base: "/slow",
+      app: new Hono<AppEnv>().get("/wait", async (c) => {
+        arrived = true;
+        await new Promise<void>((r) => (release = r));
+        return c.json({ answered: true });
+      }),
+      error: (c) => c.json({ error: "internal" }, 500),
+      unrouted: (c) => c.json({ error: "not found" }, 404),
+    };
+    const s = await startTestServer({ surfaces: () => [slow], config: { fleet: { max_cpu: 0 } } });
+    const device = await connect(s);
+    const inFlight = fetch(`${s.url}/slow/wait`);
+    await eventually(() => arrived, 5_000, "the request under way");
+    const draining = s.drain();
+    assert.equal((await fetch(`${s.url}/readyz`)).status, 503);
+    let drained = false;
+    void draining.then(() => (drained = true));
+    // The device handed over, the node closing: the request is still answered, and the drain waits for it.
+    await within(device.closed(), 5_000, "handed over");
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(drained, false, "the drain waits for the request");
+    release();
+    const res = await within(inFlight, 5_000, "the answer");
+    assert.equal(res.status, 200);
+    assert.deepEqual(await res.json(), { answered: true });
+    await within(draining, 10_000, "drained");
     await s.stop();
   });
 });

@@ -219,6 +219,38 @@ describe("a hostile realtime provider (fast)", () => {
       bridge.close();
     }
   });
+
+  test("a flood of error events is said once per turn, not once per event; the session is kept", async () => {
+    fake ??= await startFakeRealtime();
+    const before = fake.sessions.length;
+    const { bridge, lines, of } = await bridgeOn(wsUrl(fake));
+    try {
+      await fake.until(() => fake.sessions.slice(before).some((x) => x.session !== undefined), 10_000, "the session");
+      const s = fake.sessions.slice(before).find((x) => x.session !== undefined)!;
+      const error = { type: "error", error: { type: "server_error", code: "server_error", message: "The server had an error." } };
+      // No turn going on: nothing fails, and the flood is not the log's (nor a megabyte of message).
+      send(s, { type: "error", error: { type: "server_error", code: "server_error", message: "x".repeat(1_000_000) } });
+      for (let i = 0; i < 2_000; i++) send(s, error);
+      // Then a turn, and another flood during it: the turn fails once.
+      send(s, { type: "input_audio_buffer.speech_started", item_id: "in_1" });
+      send(s, { type: "input_audio_buffer.speech_stopped", item_id: "in_1" });
+      send(s, { type: "response.created", response: { id: "resp_1" } });
+      for (let i = 0; i < 2_000; i++) send(s, error);
+      send(s, { type: "session.updated", session: {} });
+      await until(() => of("out-1", "turn.metrics").length === 1, "turn 1's end");
+      await until(() => s.events.length > 0 && lines.length > 0, "the lines");
+      await settle();
+      const warned = lines.filter((l) => l.level === "warn" && l.message === "the realtime model reported an error");
+      assert.ok(warned.length >= 1 && warned.length <= 4, `${warned.length} warn lines for 4,000 error events`);
+      assert.ok(
+        warned.every((l) => String(l.details.reason).length <= 500),
+        "the reason is bounded",
+      );
+      assert.equal(s.closed, false, "the session is kept");
+    } finally {
+      bridge.close();
+    }
+  });
 });
 
 describe("a provider that drops every session right after accepting it (fast)", () => {

@@ -13,6 +13,7 @@ import { McpServers } from "../src/mcp/servers.ts";
 import type { VoiceEvents } from "../src/voice/peer-events.ts";
 import { toolEvents } from "../src/voice/tool-events.ts";
 import { SdkHttpServer } from "./support/mcp.ts";
+import { startTestServer } from "./support/server.ts";
 
 /** In process, no network: what the tool results and the voice events carry. */
 describe("tools, fast", () => {
@@ -69,6 +70,7 @@ describe("a model's tool arguments are bounded before anything parses them (tool
       mcp.registerTool("echo", { description: "Echoes.", inputSchema: { text: z.string() } }, async ({ text }) => ({ content: [{ type: "text", text }] }));
       return mcp;
     }).start();
+    const node = await startTestServer();
     const registry = new Registry();
     const metrics = new ToolMetrics(registry);
     const servers = new McpServers([{ id: "home", url: server.url, headers_env: {}, timeout_ms: 5_000, ping_interval_ms: 10_000 }], {
@@ -84,8 +86,8 @@ describe("a model's tool arguments are bounded before anything parses them (tool
         mcp_servers: [{ id: "home", url: server.url }],
         agents: [{ id: "a", model: "m", tools: ["home.*"], tool_arguments_max_chars: 100 }],
       } as never);
-      // The domain and devices are not on this path: a server tool for an API-key caller.
-      const box = new Toolbox({ domain: {} as never, servers, devices: () => undefined, metrics, providers: config.providers, models: config.models });
+      // A server tool for an application caller (the node's domain counts the call).
+      const box = new Toolbox({ domain: node.domain, servers, devices: () => undefined, metrics, providers: config.providers, models: config.models });
       const kit = box.forRun(config.agents[0]!, config.models[0]!, { kind: "application", name: "k", models: [] });
       assert.deepEqual(
         kit.definitions().map((d) => d.function.name),
@@ -114,6 +116,7 @@ describe("a model's tool arguments are bounded before anything parses them (tool
     } finally {
       await servers.close();
       await server.stop();
+      await node.stop();
     }
   });
 });

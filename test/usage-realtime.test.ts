@@ -58,6 +58,13 @@ describe("usage of a realtime agent (voice.md §6, usage.md §3)", () => {
     assert.equal(second.limited, "requests");
     assert.equal(log.all.filter((e) => e.type === "TEXT_DONE" && e.label === "assistant.text").at(-1)?.text, REST);
     assert.equal(fake.sessions.length, sessions, "no session opened while limited");
+    // The device reads its own usage over service stream 1, as over HTTP.
+    const own = await conn.http(1, "GET", "/me/usage");
+    assert.equal(own.status, 200);
+    const usage = own.json<{ day: { used: { requests: number; audio_seconds: number }; limits: { requests: number } }; limited: string | null }>();
+    assert.equal(usage.limited, "requests");
+    assert.deepEqual([usage.day.used.requests, usage.day.limits.requests], [1, 1]);
+    assert.ok(usage.day.used.audio_seconds > 1);
     const view = await (await fetch(`${server.url}/metrics`)).text();
     assert.match(view, /perch_usage_limited_total\{scope="device",counter="requests"\} [1-9]/);
     await conn.close();

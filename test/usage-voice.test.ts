@@ -60,7 +60,7 @@ describe("usage of voice turns (fast layer)", () => {
     assert.equal(first.limited, undefined);
     assert.equal(r.model.calls.length, 1);
     const spokenChars = r.tts.requests.reduce((n, q) => n + q.text.length, 0);
-    await meter.flush(true);
+    await meter.flush("all");
     const [row] = await store.read((x) => x.usage.rows([`device:${KEY}`], "2000-01-01"));
     assert.equal(row?.requests, 1);
     assert.equal(row?.speech_chars, spokenChars);
@@ -90,11 +90,41 @@ describe("usage of voice turns (fast layer)", () => {
     assert.equal((await untilTurn(r, 3)).limited, "requests");
     assert.equal(r.tts.requests.length, synthesised, "the limited reply is synthesised once");
     assert.equal(r.model.calls.length, 1);
-    await meter.flush(true);
+    await meter.flush("all");
     const [after] = await store.read((x) => x.usage.rows([`device:${KEY}`], "2000-01-01"));
     assert.equal(after?.requests, 1);
     assert.equal(after?.speech_chars, spokenChars, "the kept reply is no synthesis");
     r.close();
+    await meter.close();
+  });
+
+  test("a conversation closed mid-reply leaves no work in flight: the device's next work near a limit is judged, not held for ever", async () => {
+    const key = "fake-device-leaving";
+    const who = { id: `device:${key}`, device: key };
+    const meter = await meterOf(store, { limits: [{ scope: "device", per: "day", speech_chars: 2_000_000 }] });
+    const r = await rig({}, { usage: deviceTurnUsage(meter, key, new LimitedReplies([{ id: "talker", limited_reply: REST }])) });
+    // A reply that is still going when the device leaves.
+    r.model.script = () =>
+      (async function* () {
+        yield "Hello there. ";
+        await new Promise(() => {});
+      })();
+    await ask(r);
+    for (let i = 0; i < 400 && r.model.calls.length === 0; i++) {
+      await r.wait(20);
+      await new Promise((resolve) => setTimeout(resolve, 2));
+    }
+    assert.equal(r.model.calls.length, 1, "the reply began");
+    r.close();
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    // Near the limit the meter lets one piece start at a time: a turn it still thinks in flight would hold this for ever.
+    meter.record(who, "talker", { speech_chars: 1_000_000 });
+    const next = Promise.resolve(meter.admit(who, "talker")).then(
+      () => "admitted",
+      (err: unknown) => `refused: ${String(err)}`,
+    );
+    const held = new Promise<string>((resolve) => setTimeout(() => resolve("held"), 3_000).unref());
+    assert.equal(await Promise.race([next, held]), "admitted");
     await meter.close();
   });
 });

@@ -179,6 +179,13 @@ for (const store of STORES) {
       assert.equal((await stored(server, { key: device.publicKey })).requests, 0);
     });
 
+    test("embedded engines are counted like providers: tts-1's characters and request", async () => {
+      const speech = await client(KEYS.free).audio.speech.create({ model: "tts-1", voice: "alloy", input: "Hello there.", response_format: "wav" });
+      assert.ok((await speech.arrayBuffer()).byteLength > 1000);
+      const [row] = (await server.domain.usage.report({ apiKeyId: "free", days: 1 })).filter((r) => r.agent === "tts-1");
+      assert.deepEqual([row?.requests, row?.speech_chars], [1, "Hello there.".length]);
+    });
+
     test("the Public API documents the usage routes", async () => {
       const doc = (await (await fetch(`${server.url}/openapi.json`)).json()) as { paths: Record<string, unknown> };
       assert.ok(doc.paths["/me/usage"] && doc.paths["/side-control/usage"]);
@@ -235,7 +242,7 @@ for (const store of STORES) {
       assert.ok(answered <= RACE_CAP + nodes.length, `answered ${answered}`);
       assert.ok(answered >= RACE_CAP, `answered ${answered}`);
       // Both nodes give back what they claimed and did not use.
-      for (const n of nodes) await n.domain.usage.meter.flush(true);
+      for (const n of nodes) await n.domain.usage.meter.flush("all");
       assert.equal((await stored(nodes[0]!, { apiKeyId: "race" })).requests, answered);
     });
   });
@@ -251,6 +258,7 @@ describe("usage: bad configuration, and the command line", () => {
       [{ limits: [{ scope: "device", per: "day", tokens: 1.5 }] }, /usage\.limits\.0\.tokens/],
       [{ limits: [{ scope: "device", per: "day" }] }, /usage\.limits\.0.*at least one of/],
       [{ limits: [{ scope: "device", per: "day", agent: "nobody", requests: 1 }] }, /usage\.limits\.0\.agent: unknown agent or model nobody/],
+      [{ count: false, limits: [{ scope: "device", per: "day", requests: 1 }] }, /usage\.limits: limits need usage counted/],
     ];
     for (const [usage, message] of bad) assert.throws(() => loadConfig({}, { usage } as ConfigInput), message, JSON.stringify(usage));
     assert.throws(
@@ -300,6 +308,8 @@ describe("usage: bad configuration, and the command line", () => {
       assertFails(await perch(["usage", "--api-key-id", "nobody"], env), /no API key nobody/);
       assertFails(await perch(["usage", "--key", server.client().publicKey], env), /no registered peer/);
       assertFails(await perch(["usage", "--days", "0"], env), /--days/);
+      // Past what a date can say: refused by name, not a RangeError's stack.
+      assertFails(await perch(["usage", "--days", "9999999999"], env), /--days takes a whole number of days from 1 to 100000/);
       // The operator's own limits for the device: set, refused at once by the server, cleared.
       const set = await perchJson<{ limits: unknown }>(["peers", "limits", device.publicKey, "--tokens-per-day", "5", "--requests-per-month", "100"], env);
       assert.deepEqual(set.limits, [
@@ -311,6 +321,8 @@ describe("usage: bad configuration, and the command line", () => {
       assert.equal(shown.usage.limited, "tokens");
       assertFails(await perch(["peers", "limits", server.client().publicKey, "--tokens-per-day", "1"], env), /no registered peer/);
       assertFails(await perch(["peers", "limits", device.publicKey, "--tokens-per-day", "-1"], env), /whole number/);
+      // A number past 2^53 would be stored, then read back as no limits at all: refused.
+      assertFails(await perch(["peers", "limits", device.publicKey, "--tokens-per-day", "99999999999999999999"], env), /whole number/);
       await perchJson(["peers", "limits", device.publicKey, "--clear"], env);
       await eventuallyAnswered(chat);
     } finally {

@@ -7,7 +7,7 @@ import { engines } from "./support/engines.ts";
 import { type FakeRealtime, type FakeSession, type Script, startFakeRealtime } from "./support/fake-realtime.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
 import { type EventLog, heardFor, spoken, voiceDevice } from "./support/voice.ts";
-import { connect } from "./support/webrtc.ts";
+import { connect, eventually } from "./support/webrtc.ts";
 
 const KEY = "sk-realtime-test-secret-0123456789";
 process.env.PERCH_TEST_REALTIME_KEY = KEY;
@@ -29,12 +29,8 @@ const metricsOf = async (log: EventLog, n: number) =>
   JSON.parse((await log.wait((s) => s.stream === `out-${n}` && s.label === "turn.metrics", 30_000, `turn ${n}'s metrics`)).text!) as Record<string, unknown>;
 
 /** RTP packets of the downlink the device has received. */
-async function packetsReceived(conn: PerchConnection): Promise<number> {
-  let n = 0;
-  (await conn.pc.getStats()).forEach((r: { type?: string; kind?: string; packetsReceived?: number }) => {
-    if (r.type === "inbound-rtp" && r.kind === "audio") n += r.packetsReceived ?? 0;
-  });
-  return n;
+function packetsReceived(conn: PerchConnection): Promise<number> {
+  return conn.audioPacketsReceived();
 }
 
 describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
@@ -96,13 +92,14 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     conn.speaker.mark();
     await mic.say(question);
     const m = await metricsOf(log, 1);
-    // The reply (1.2 s) was heard: the device's last audible block comes a little after the server's last frame.
-    await new Promise((r) => setTimeout(r, 300));
-    const { firstAudibleAt, lastAudibleAt } = conn.speaker;
-    assert.ok(
-      firstAudibleAt !== undefined && lastAudibleAt! - firstAudibleAt >= 800,
-      `heard ${firstAudibleAt === undefined ? 0 : Math.round(lastAudibleAt! - firstAudibleAt)} ms`,
-    );
+    // The reply (1.2 s) was heard: the device's last audible block comes after the server's last frame, later still
+    // on a loaded machine (its receiving stack lags), so wait for 800 ms of it rather than a fixed time.
+    const replyHeardMs = () => {
+      const { firstAudibleAt, lastAudibleAt } = conn.speaker;
+      return firstAudibleAt === undefined ? 0 : lastAudibleAt! - firstAudibleAt;
+    };
+    await eventually(() => replyHeardMs() >= 800, 10_000, "800 ms of the reply heard").catch(() => {});
+    assert.ok(replyHeardMs() >= 800, `heard ${Math.round(replyHeardMs())} ms`);
     assert.deepEqual(m.engines, { realtime: "rt" });
     assert.equal(m.interrupted, false);
     assert.equal(typeof m.speech_to_audio, "number");
@@ -388,7 +385,7 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     await say(question);
     await metricsOf(log, ++n);
     assert.equal(log.of(`out-${n}`).find((e) => e.type === "EOS")?.error, undefined);
-    assert.equal(conn.pc.connectionState, "connected", "the device's connection never ended");
+    assert.equal(conn.connectionState, "connected", "the device's connection never ended");
     conn.close();
   });
 

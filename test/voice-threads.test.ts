@@ -4,6 +4,9 @@
  * pool; each packet's audio is awaited before the conversation's clock moves on.
  */
 import assert from "node:assert/strict";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
 import { after, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
@@ -11,6 +14,8 @@ import { encoded, pieces, type Rig, RtpSender, rig, withLevel } from "./support/
 import { rtpPacket } from "./support/rtp-device.ts";
 
 const word = encoded(20, true);
+/** A packet carrying this sends test/support/stuck-audio-worker.ts into its endless loop (not imported: it is a thread's module). */
+const STUCK_MAGIC = "PERCH-TEST-STUCK";
 const silence = encoded(1, false)[0]!;
 
 async function speak(tx: RtpSender): Promise<void> {
@@ -175,6 +180,52 @@ describe("the uplink on audio threads (fake engines, fake clock, real threads)",
     } finally {
       a.close();
       b.close();
+    }
+  });
+
+  test("a thread that is stuck (alive, not answering) is found by the heartbeat: its turn fails with failed events, a fresh thread takes its place, the next turn is answered", async () => {
+    const marker = join(mkdtempSync(join(tmpdir(), "perch-stuck-")), "marker");
+    process.env.PERCH_TEST_STUCK_MARKER = marker;
+    const warned: string[] = [];
+    const stuck = new AudioThreads(1, (_details, message) => warned.push(message), {
+      script: new URL("./support/stuck-audio-worker.ts", import.meta.url),
+      heartbeatMs: 50,
+      stuckMs: 400,
+    });
+    const a = await rig({}, { threads: stuck });
+    try {
+      const ta = new RtpSender(a, { echo: true });
+      const before = stuck.workers[0]!.threadId;
+      // The turn begins; then the thread stops answering in the middle of the words.
+      await speak(ta);
+      assert.ok(
+        a.of("in-1").some((e) => e.type === "BOS"),
+        "the turn begun",
+      );
+      // The conversation's clock stands still meanwhile: only the heartbeat (real time) can end the turn.
+      await ta.send(Buffer.from(STUCK_MAGIC), { level: 10, wait: false });
+      await until("the stuck thread found and replaced", () => stuck.workers[0]!.threadId !== before, 10_000);
+      assert.ok(existsSync(marker), "the thread got stuck");
+      assert.ok(
+        warned.some((m) => m.includes("an audio thread ended")),
+        JSON.stringify(warned),
+      );
+      await until("the turn failed", () => a.of("out-1").some((e) => e.type === "EOS" && e.error?.code === "failed"));
+      assert.deepEqual(
+        a.events.filter((e) => e.stream === "in-1" || e.stream === "out-1").map((e) => `${e.type} ${e.stream} ${e.label}${e.error ? ` ${e.error.code}` : ""}`),
+        ["BOS in-1 user.audio", "EOS in-1 user.audio", "EOS out-1 assistant.text failed", "TEXT_DONE out-1 turn.metrics"],
+      );
+      // The next turn, on the fresh thread.
+      await quiet(ta, 600);
+      await speak(ta);
+      await quiet(ta, 600);
+      await finished(a, 2);
+      assert.equal(a.of("in-2").find((e) => e.type === "TEXT_DONE")?.text, "What time is it?");
+    } finally {
+      a.close();
+      await stuck.close();
+      delete process.env.PERCH_TEST_STUCK_MARKER;
+      rmSync(dirname(marker), { recursive: true, force: true });
     }
   });
 

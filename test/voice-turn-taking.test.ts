@@ -7,7 +7,8 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
-import { type FakeTurnTranscription, pieces, type Rig, rig } from "./support/fake-voice.ts";
+import { PreparedReply } from "../src/voice/preemptive.ts";
+import { FakeClock, type FakeTurnTranscription, pieces, type Rig, rig, settle } from "./support/fake-voice.ts";
 
 const MS = 16; // samples of 16 kHz audio in a millisecond
 
@@ -517,5 +518,36 @@ describe("turn-taking settings", () => {
     refused({ interruption: { min_words: 0 } }, /voice\.interruption\.min_words/);
     refused({ interruption: { resume_ms: 20 } }, /voice\.interruption\.resume_ms/);
     refused({ interruption: { min_ms: 400, typo: 1 } }, /voice\.interruption/);
+  });
+});
+
+describe("a preemptive reply discarded while it waits to run a tool (voice.md §7)", () => {
+  test("its release rejects: the model run waiting on it ends (no tool runs), nothing hangs", async () => {
+    let seen: "waiting" | "released" | "refused" = "waiting";
+    let tools = 0;
+    const reply = new PreparedReply(
+      "what time is it",
+      async (_signal, release) =>
+        (async function* () {
+          yield "Let me check.";
+          // A tool step: it runs only once the reply is used.
+          try {
+            await release();
+            seen = "released";
+            tools++;
+          } catch {
+            seen = "refused";
+            return;
+          }
+          yield "It is noon.";
+        })(),
+      { clock: new FakeClock(), maxChars: 2_000 },
+    );
+    await settle();
+    assert.equal(seen, "waiting");
+    reply.discard();
+    await settle();
+    assert.equal(seen, "refused", "the run waiting on release was told the reply was discarded");
+    assert.equal(tools, 0);
   });
 });

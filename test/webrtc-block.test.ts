@@ -57,15 +57,10 @@ for (const store of STORES) {
       });
     }
 
-    // On PostgreSQL (the block reaches the node in ~50 ms, while the peer connection is still
-    // settling) this test's process died of SIGSEGV in about 1 run in 4, before this session's
-    // work too (2fde219: 2 of 5): a native crash in the process that holds both the node's
-    // node-datachannel peers and the devices' libwebrtc ones, not yet traced to either side. Skipped
-    // there until it is (docs/decisions.md, "Known: a native crash"); SQLite runs it.
-    const nativeCrash = store.name === "postgres" && !process.env.PERCH_TEST_NATIVE_CRASH;
-    test("50 devices blocked the moment they are connected, one after another, by another process's store: each connection closed within 2 s", {
-      skip: nativeCrash && "SIGSEGV now and then on PostgreSQL (PERCH_TEST_NATIVE_CRASH=1 runs it)",
-    }, async () => {
+    // The devices run on node-datachannel, as Perch's SDK does: on libwebrtc (`@roamhq/wrtc`) a data
+    // race in its RTCDataChannel::Send crashed this process (SIGSEGV, about 1 run in 4 on PostgreSQL)
+    // when the node ended a connection abruptly as the block landed (docs/decisions.md).
+    test("50 devices blocked the moment they are connected, one after another, by another process's store: each connection closed within 2 s", async () => {
       // What `perch peers block` does, without 50 process starts: its own store and bus, a transaction of its own.
       const other = await Store.open(databaseUrl, server.dataDir, { readWorkers: 0 });
       const bus: EventBus = await openEventBus(databaseUrl, { listen: false });

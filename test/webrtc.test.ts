@@ -29,7 +29,7 @@ async function sideControl(server: TestServer, conn: PerchConnection): Promise<P
   return phone;
 }
 
-describe("WebRTC transport with the device SDK (@roamhq/wrtc)", () => {
+describe("WebRTC transport with the device SDK (node-datachannel)", () => {
   let server: TestServer;
   before(async () => {
     server = await startTestServer();

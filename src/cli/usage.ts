@@ -9,8 +9,12 @@ type Io = { keyArg: (text: string) => string; fail: (message: string) => never; 
 const COUNTERS = ["requests", "tokens", "speech-chars", "audio-seconds"] as const;
 const FIELD = { requests: "requests", tokens: "tokens", "speech-chars": "speech_chars", "audio-seconds": "audio_seconds" } as const;
 
+/** Days `perch usage` may look back: far past any retention, short of what a date can say. */
+const MAX_DAYS = 100_000;
+
 function count(text: string): number {
-  if (!/^\d+$/.test(text)) throw new Error(`not a whole number: ${text}`);
+  // Past 2^53 a value would be stored and then read back as no limits at all.
+  if (!/^\d+$/.test(text) || !Number.isSafeInteger(Number(text))) throw new Error(`not a whole number: ${text}`);
   return Number(text);
 }
 
@@ -66,7 +70,9 @@ export function registerUsageCommands(program: Command, peers: Command, io: Io):
     .action((opts: { key?: string; apiKeyId?: string; days: string; json?: boolean }) =>
       io.withDomain(async (d) => {
         const days =
-          /^\d+$/.test(opts.days) && Number(opts.days) >= 1 ? Number(opts.days) : io.fail(`--days takes a whole number of days from 1: ${opts.days}`);
+          /^\d+$/.test(opts.days) && Number(opts.days) >= 1 && Number(opts.days) <= MAX_DAYS
+            ? Number(opts.days)
+            : io.fail(`--days takes a whole number of days from 1 to ${MAX_DAYS}: ${opts.days}`);
         if (opts.key !== undefined && opts.apiKeyId !== undefined) io.fail("give --key or --api-key-id, not both");
         const key = opts.key === undefined ? undefined : io.keyArg(opts.key);
         if (key !== undefined && (await d.peers.voiceAgent(key)) === undefined) io.fail(`no registered peer ${opts.key}`);

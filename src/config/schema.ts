@@ -787,13 +787,14 @@ export const ConfigSchema = z
     voice: VoiceConfig.default(VOICE_DEFAULTS).meta(info("voice conversations over a connected device's audio")),
     usage: z
       .strictObject({
+        count: z.boolean().default(true).meta(info("count what devices and API keys use (`false`: nothing is counted or written, and no limit may be set)")),
         retention_days: z.number().int().min(1).max(36_500).default(400).meta(info("days of usage rows kept (UTC days; older ones are deleted)")),
         limits: z
           .array(UsageLimitConfig)
           .default([])
           .meta(info("usage limits (docs/usage.md): `{scope, per, agent?, requests?, tokens?, speech_chars?, audio_seconds?}`")),
       })
-      .default({ retention_days: 400, limits: [] })
+      .default({ count: true, retention_days: 400, limits: [] })
       .meta(info("what devices and API keys use, and its limits (docs/usage.md)")),
   })
   .superRefine(checkCatalog);
@@ -807,7 +808,7 @@ function checkCatalog(
     mcp_servers: McpServerConfig[];
     api_keys: ApiKeyConfig[];
     voice: VoiceConfig;
-    usage: { limits: UsageLimitConfig[] };
+    usage: { count: boolean; limits: UsageLimitConfig[] };
   },
   ctx: z.RefinementCtx,
 ): void {
@@ -914,6 +915,12 @@ function checkCatalog(
       if (l.agent !== undefined && !ids.has(l.agent)) issue(["api_keys", i, "limits", j, "agent"], `unknown agent or model ${l.agent}`);
     });
   });
+  if (!c.usage.count) {
+    if (c.usage.limits.length > 0) issue(["usage", "limits"], "limits need usage counted (usage.count is false)");
+    c.api_keys.forEach((k, i) => {
+      if (k.limits.length > 0) issue(["api_keys", i, "limits"], "limits need usage counted (usage.count is false)");
+    });
+  }
   c.usage.limits.forEach((l, i) => {
     if (l.agent !== undefined && !ids.has(l.agent)) issue(["usage", "limits", i, "agent"], `unknown agent or model ${l.agent}`);
   });

@@ -40,7 +40,8 @@ export class NodeService {
   /** Asks the node to drain: it reads this from its row at its next heartbeat. False: no such node is serving. */
   async requestDrain(name: string): Promise<boolean> {
     const now = this.ctx.clock.now();
-    return this.ctx.store.transaction((tx) => tx.nodes.requestDrain(name, now));
+    // A node `perch nodes` shows gone (its heartbeat past the bound) is not asked either.
+    return this.ctx.store.transaction((tx) => tx.nodes.requestDrain(name, now, now - NODE_STALE_MS));
   }
 }
 

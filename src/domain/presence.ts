@@ -71,7 +71,10 @@ export class PresenceService {
     await this.ctx.store.transaction(async (tx) => {
       for (const e of entries) if (!(await tx.runtime.refresh(e.publicKey, this.node, { ...e, now }))) lost.push(e.publicKey);
     });
-    return lost;
+    if (lost.length === 0) return lost;
+    // A peer removed meanwhile has no row left: the peer watch closes its connection as removed, not replaced.
+    const recorded = await this.ctx.store.read((r) => r.runtime.recorded(lost));
+    return lost.filter((k) => recorded.has(k));
   }
 
   async disconnected(publicKey: string): Promise<void> {

@@ -25,7 +25,9 @@ const VIEW_MS = 1_000;
 /** After work ends its counts are written within this (several ends share one transaction). */
 const END_FLUSH_MS = 20;
 /** Request units one claim takes at most (the rest of the limit shared out, never more than there is). */
-const MAX_LEASE = 16;
+const MAX_LEASE = 1024;
+/** Unused request units go back to the store once their claim has been idle this long (or when the node closes). */
+const LEASE_IDLE_MS = 10_000;
 
 export interface Who {
   /** `device:<key>` or `api_key:<name>`. */
@@ -80,6 +82,14 @@ export interface MeterHooks {
   storeError?: (err: unknown) => void;
 }
 
+interface OwnLimits {
+  limits: Limit[] | undefined;
+  readAt: number;
+  reading?: Promise<void>;
+  /** The limits that apply (own or configured, and every device's), made once per read. */
+  resolved?: Limit[];
+}
+
 interface View {
   /** The principal's rows of this month, as last read (plus what this node wrote since). */
   rows: Map<string, Counts>;
@@ -92,6 +102,10 @@ interface Lease {
   /** Request units claimed in the store and not handed out. */
   free: number;
   claiming: Promise<void> | undefined;
+  /** The last claim's size (a claim for more starts in the background when a quarter is left). */
+  took: number;
+  /** When a unit was last handed out (units idle for LEASE_IDLE_MS go back to the store). */
+  usedAt: number;
 }
 
 /**
@@ -116,7 +130,12 @@ export class UsageMeter {
   private readonly views = new Map<string, View>();
   private readonly viewReads = new Map<string, Promise<void>>();
   /** Devices' own limits (undefined: none, the configured ones apply), as last read. */
-  private readonly own = new Map<string, { limits: Limit[] | undefined; readAt: number; reading?: Promise<void> }>();
+  private readonly own = new Map<string, OwnLimits>();
+  /** Each API key's limits. */
+  private readonly keyLimits = new Map<string, Limit[]>();
+  /** Each set of limits split for one agent: the request limits (claimed) and the others. */
+  private readonly plans = new WeakMap<Limit[], Map<string, { others: Limit[]; requests: Limit[] }>>();
+  private today = { from: 0, to: 0, day: "" };
   private readonly leases = new Map<string, Lease>();
   /** Pieces of work in flight per principal (for the one-at-a-time rule near a limit). */
   private readonly inFlight = new Map<string, number>();
@@ -129,8 +148,11 @@ export class UsageMeter {
   private queue: Promise<unknown> = Promise.resolve();
   private endTimer: NodeJS.Timeout | undefined;
   private closed = false;
+  /** `usage.count`: false, nothing is counted (and the configuration has no limits). */
+  private readonly counting: boolean;
 
   constructor(o: { store: Store; clock: Clock; config: Config }) {
+    this.counting = o.config.usage.count;
     this.store = o.store;
     this.clock = o.clock;
     this.config = o.config;
@@ -172,6 +194,13 @@ export class UsageMeter {
     return out;
   }
 
+  /** Request units of `principal` this node claimed and has not handed out (in the store's count already). */
+  unusedUnits(principal: string, fromDay: string): number {
+    let n = 0;
+    for (const [k, lease] of this.leases) if (lease.day >= fromDay && k.startsWith(`${principal}\0`)) n += lease.free;
+    return n;
+  }
+
   /** Whether this node refused a device's work and its limit has not reset. */
   knownLimited(key: string): boolean {
     return this.limitedDevices.has(key);
@@ -183,8 +212,10 @@ export class UsageMeter {
    * and counts as last read, and what it counted since.
    */
   limitedCached(who: Who, agent: string): boolean {
+    if (!this.counting) return false;
     if (who.device !== undefined && this.limitedDevices.has(who.device)) return true;
-    const limits = who.device !== undefined ? this.own.get(who.device) && this.deviceLimits(who.id, this.own.get(who.device)!.limits) : this.limits(who);
+    const own = who.device !== undefined ? this.own.get(who.device) : undefined;
+    const limits = who.device !== undefined ? own && this.resolved(who.id, own) : this.limits(who);
     if (!limits || limits instanceof Promise) return false;
     const now = this.clock.now();
     for (const l of limits) {
@@ -201,27 +232,34 @@ export class UsageMeter {
     if (this.endTimer) clearTimeout(this.endTimer);
     for (const t of this.limitedDevices.values()) clearTimeout(t);
     this.limitedDevices.clear();
-    await this.flush(true).catch(() => {});
+    await this.flush("all").catch(() => {});
   }
 
   /** The limits that apply to `who` (undefined agent: all of them), reading a device's own limits when the node's copy is old. */
   limits(who: Who): Limit[] | Promise<Limit[]> {
     if (who.apiKey !== undefined) {
-      const against = who.id;
-      const own = this.configured.keys.get(who.apiKey) ?? [];
-      return [...this.configured.apiKey, ...own].map((l) => ({ ...l, against }));
+      let limits = this.keyLimits.get(who.apiKey);
+      if (!limits) {
+        const against = who.id;
+        limits = [...this.configured.apiKey, ...(this.configured.keys.get(who.apiKey) ?? [])].map((l) => ({ ...l, against }));
+        this.keyLimits.set(who.apiKey, limits);
+      }
+      return limits;
     }
     const key = who.device!;
     const entry = this.own.get(key);
-    const now = this.clock.now();
-    if (entry && now - entry.readAt < VIEW_MS) return this.deviceLimits(who.id, entry.limits);
-    if (entry && !entry.reading) {
-      // An old copy answers now; the next check has the new one.
+    if (!entry) return this.readOwn(key).then(() => this.resolved(who.id, this.own.get(key)));
+    if (!entry.reading && this.clock.now() - entry.readAt >= VIEW_MS) {
+      // The copy answers now; the next check has the one read meanwhile.
       entry.reading = this.readOwn(key);
-      return this.deviceLimits(who.id, entry.limits);
     }
-    if (entry?.reading) return this.deviceLimits(who.id, entry.limits);
-    return this.readOwn(key).then(() => this.deviceLimits(who.id, this.own.get(key)?.limits));
+    return this.resolved(who.id, entry);
+  }
+
+  private resolved(id: string, entry: OwnLimits | undefined): Limit[] {
+    if (!entry) return this.deviceLimits(id, undefined);
+    entry.resolved ??= this.deviceLimits(id, entry.limits);
+    return entry.resolved;
   }
 
   private deviceLimits(id: string, own: Limit[] | undefined): Limit[] {
@@ -262,23 +300,49 @@ export class UsageMeter {
    * naming the limit reached. Resolves at once when nothing limits `who`.
    */
   admit(who: Who, agent: string): Admission | Promise<Admission> {
+    if (!this.counting) return UNCOUNTED;
     const limits = this.limits(who);
     if (limits instanceof Promise) return limits.then((l) => this.admitUnder(who, agent, l));
     return this.admitUnder(who, agent, limits);
   }
 
   private admitUnder(who: Who, agent: string, all: Limit[]): Admission | Promise<Admission> {
-    const limits = all.filter((l) => l.agent === undefined || l.agent === agent);
-    if (limits.length === 0) return this.admission(who, agent, false);
-    const stale = this.staleViews(limits);
-    if (stale) return stale.then(() => this.judge(who, agent, limits));
-    return this.judge(who, agent, limits);
+    const plan = this.plan(all, agent);
+    if (plan.others.length === 0 && plan.requests.length === 0) return this.admission(who, agent, false);
+    // Only the counters known after the work need the views; requests are claimed from the store itself.
+    const stale = plan.others.length > 0 ? this.staleViews(plan.others) : undefined;
+    if (stale) return stale.then(() => this.judge(who, agent, plan));
+    return this.judge(who, agent, plan);
   }
 
-  private judge(who: Who, agent: string, limits: Limit[]): Admission | Promise<Admission> {
+  private plan(all: Limit[], agent: string): { others: Limit[]; requests: Limit[] } {
+    let byAgent = this.plans.get(all);
+    if (!byAgent) {
+      byAgent = new Map();
+      this.plans.set(all, byAgent);
+    }
+    let plan = byAgent.get(agent);
+    if (!plan) {
+      const limits = all.filter((l) => l.agent === undefined || l.agent === agent);
+      plan = { others: limits.filter((l) => l.counter !== "requests"), requests: limits.filter((l) => l.counter === "requests") };
+      byAgent.set(agent, plan);
+    }
+    return plan;
+  }
+
+  /** The UTC day of `now`, its string made once a day. */
+  private dayOf(now: number): string {
+    const t = this.today;
+    if (now < t.from || now >= t.to) {
+      const from = Math.floor(now / 86_400_000) * 86_400_000;
+      this.today = { from, to: from + 86_400_000, day: dayOf(now) };
+    }
+    return this.today.day;
+  }
+
+  private judge(who: Who, agent: string, plan: { others: Limit[]; requests: Limit[] }): Admission | Promise<Admission> {
     const now = this.clock.now();
-    const others = limits.filter((l) => l.counter !== "requests");
-    for (const l of others) {
+    for (const l of plan.others) {
       const used = this.used(l, now);
       const reached = used >= l.value;
       // Near the limit, one piece at a time: the next may only start if what is in flight cannot take it over.
@@ -287,12 +351,11 @@ export class UsageMeter {
       if (reached || (flying > 0 && used + (flying + 1) * piece > l.value)) {
         if (reached) return this.refuse(who, l, now);
         // Waits for the flight to land rather than refusing what may still fit.
-        return this.afterFlight(who).then(() => this.judge(who, agent, limits));
+        return this.afterFlight(who).then(() => this.judge(who, agent, plan));
       }
     }
-    const requests = limits.filter((l) => l.counter === "requests");
-    if (requests.length === 0) return this.admission(who, agent, false);
-    return this.lease(who, agent, requests);
+    if (plan.requests.length === 0) return this.admission(who, agent, false);
+    return this.lease(who, agent, plan.requests);
   }
 
   /** The count `limit` judges: the store's as last seen plus this node's not written yet. */
@@ -424,7 +487,7 @@ export class UsageMeter {
   /** A request unit of the store's, claimed before the work starts. */
   private lease(who: Who, agent: string, limits: Limit[]): Admission | Promise<Admission> {
     const key = this.leaseKey(who, agent);
-    const today = dayOf(this.clock.now());
+    const today = this.dayOf(this.clock.now());
     let lease = this.leases.get(key);
     if (lease && lease.day !== today) {
       // Yesterday's units go back with the next write.
@@ -432,14 +495,23 @@ export class UsageMeter {
       lease = undefined;
     }
     if (!lease) {
-      lease = { day: today, free: 0, claiming: undefined };
+      lease = { day: today, free: 0, claiming: undefined, took: 0, usedAt: 0 };
       this.leases.set(key, lease);
     }
-    if (lease.free > 0) {
-      lease.free--;
-      return this.admission(who, agent, lease);
-    }
     const current = lease;
+    if (current.free > 0) {
+      current.free--;
+      current.usedAt = this.clock.now();
+      // More is claimed before the units run out, off the request's path (a refusal then waits for a unit's request).
+      if (current.took > 1 && current.free <= current.took / 4 && !current.claiming) {
+        current.claiming = this.serial(() => this.claim(who, agent, limits, current, true))
+          .catch(() => {})
+          .finally(() => {
+            current.claiming = undefined;
+          });
+      }
+      return this.admission(who, agent, current);
+    }
     current.claiming ??= this.serial(() => this.claim(who, agent, limits, current)).finally(() => {
       current.claiming = undefined;
     });
@@ -447,7 +519,7 @@ export class UsageMeter {
   }
 
   /** Claims request units in the store: as many as a share of what the limits leave, at least one, or refuses. */
-  private async claim(who: Who, agent: string, limits: Limit[], lease: Lease): Promise<void> {
+  private async claim(who: Who, agent: string, limits: Limit[], lease: Lease, ahead = false): Promise<void> {
     const now = this.clock.now();
     const today = dayOf(now);
     const month = monthStart(now);
@@ -475,6 +547,7 @@ export class UsageMeter {
         }
         if (refused) return read;
         const take = Math.max(1, Math.min(MAX_LEASE, Math.floor(room / 8)));
+        lease.took = take;
         const deltas = [row(who.id, today, agent, take)];
         if (device) deltas.push(row(ALL_DEVICES, today, agent, take));
         await tx.usage.add(deltas);
@@ -487,13 +560,20 @@ export class UsageMeter {
         return read;
       });
     } catch (err) {
-      // Counting never fails a request (usage.md §4): the work goes on, judged on what the node holds.
+      // Counting never fails a request (usage.md §4): the work goes on, judged on what the node holds
+      // (its last view and what it has not written), and its unit is counted with the next write as
+      // a claim's would have been (a leased unit is not counted again when answered).
       this.hooks.storeError?.(err);
+      const reached = limits.find((l) => this.used(l, now) >= l.value);
+      if (reached) this.refuse(who, reached, now);
+      this.addTo(who.id, today, agent, { requests: 1 });
+      if (device) this.addTo(ALL_DEVICES, today, agent, { requests: 1 });
       lease.free += 1;
       return;
     }
     this.setViews(principals, rows, now, month);
-    if (refused) this.refuse(who, refused, now);
+    // A claim made ahead refuses nobody: the next request finds no unit and claims (and is refused) itself.
+    if (refused && !ahead) this.refuse(who, refused, now);
   }
 
   /** Unused request units of `lease` go back to the store with the next write. */
@@ -533,7 +613,8 @@ export class UsageMeter {
 
   /** Counts of `who`'s work with `agent`, written with the next flush (with every device's sum for a device). */
   record(who: Who, agent: string, counts: UsageAdd): void {
-    const day = dayOf(this.clock.now());
+    if (!this.counting) return;
+    const day = this.dayOf(this.clock.now());
     counts = wholeCounts(counts);
     this.addTo(who.id, day, agent, counts);
     if (who.device !== undefined) this.addTo(ALL_DEVICES, day, agent, counts);
@@ -578,11 +659,12 @@ export class UsageMeter {
    * Writes the counts gathered (one transaction, one statement per 200 rows); with `leases`, unused
    * request units go back too. A store error keeps the counts for the next try (logged and counted).
    */
-  flush(leases = false): Promise<void> {
+  flush(leases: boolean | "all" = false): Promise<void> {
     return this.serial(async () => {
       if (leases) {
+        const idle = this.clock.now() - LEASE_IDLE_MS;
         for (const [k, lease] of this.leases) {
-          if (lease.free <= 0) continue;
+          if (lease.free <= 0 || (leases !== "all" && (lease.usedAt > idle || lease.claiming))) continue;
           const cut = k.indexOf("\0");
           const id = k.slice(0, cut);
           this.giveBack({ id, ...(id.startsWith("device:") ? { device: id.slice(7) } : {}) }, k.slice(cut + 1), lease);
@@ -628,6 +710,7 @@ export class UsageMeter {
 
   /** Whether `who`'s use of `agent` is limited now, judged on what this node holds (no store read; a first check reads). */
   async limitedNow(who: Who, agent: string, o: { requests?: boolean } = {}): Promise<Limit | undefined> {
+    if (!this.counting) return undefined;
     const all = await this.limits(who);
     // A tool call belongs to a request already admitted (which may hold the last request allowed).
     const limits = all.filter((l) => (l.agent === undefined || l.agent === agent) && (o.requests !== false || l.counter !== "requests"));
@@ -638,6 +721,9 @@ export class UsageMeter {
     return limits.find((l) => this.used(l, now) >= l.value);
   }
 }
+
+/** The admission of work that is not counted (`usage.count: false`). */
+const UNCOUNTED: Admission = Object.freeze({ add: () => {}, answered: () => {}, abandon: () => {} });
 
 /** The most one piece of work may add to a counter (a provider's 1e300 must not overflow the store's bigint). */
 const MAX_PIECE = 1e12;

@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { createSecureContext } from "node:tls";
 import { ConfigError } from "../config/config.ts";
 
@@ -7,10 +7,18 @@ export interface TlsFiles {
   key: Buffer;
 }
 
+/** Far above any certificate chain or key; a larger file is not one. */
+const MAX_PEM_BYTES = 1 << 20;
+
 function read(path: string, setting: string): Buffer {
   try {
+    // Checked before reading: a FIFO would hold the start-up for ever, /dev/zero fill the memory.
+    const stat = statSync(path);
+    if (!stat.isFile()) throw new ConfigError(`${setting} ${path} is not a regular file`);
+    if (stat.size > MAX_PEM_BYTES) throw new ConfigError(`${setting} ${path} is over 1 MiB: not a PEM certificate or key`);
     return readFileSync(path);
   } catch (err) {
+    if (err instanceof ConfigError) throw err;
     throw new ConfigError(`${setting} ${path} cannot be read: ${(err as Error).message}`);
   }
 }

@@ -1,7 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import { JsonThread } from "../ai/json-thread.ts";
 import { createSpeechEngine, createTranscriptionEngine, type Scheduler, type SpeechEngine, type TranscriptionEngine } from "../ai/speech/index.ts";
-import type { LoadState } from "../ai/speech/loading.ts";
+import type { LoadFailure, LoadState } from "../ai/speech/loading.ts";
 import { voiceChain } from "../ai/voice-models.ts";
 import { loadResampler } from "../audio/resampler.ts";
 import type { Config } from "../config/config.ts";
@@ -98,6 +98,11 @@ export class EngineHost {
     start("voice_activity", transcription?.startActivity?.bind(transcription));
     start("speech", speech?.warmUp?.bind(speech));
     return out;
+  }
+
+  /** Tells `fn` of each failed load of an engine (once per attempt; a failed load is tried again with back-off). */
+  watchLoads(fn: (f: LoadFailure) => void): void {
+    if (this.transcription) this.transcription.onLoadFailed = fn;
   }
 
   /** Where each engine's loading stands (`/metrics`: `perch_engine_state`). */

@@ -197,6 +197,10 @@ export class Node {
           ? EngineHost.of(given)
           : EngineHost.embedded(config.agents.length > 0 ? config.engines : { ...config.engines, fast_recognition_after_ms: false });
     const { speech, transcription } = engines;
+    // Said once per failed attempt, naming the engine: a request or turn that finds it failed gets a 503 naming it.
+    engines.watchLoads(({ engine, model, err, retryInMs }) =>
+      logger.error({ engine, model, err, retry_in_ms: retryInMs }, "an embedded engine could not load its model; it is tried again on a use after the wait"),
+    );
     checkVoiceModels(config, { ...(speech ? { voices: speech.voices } : {}), ...(transcription ? { languages: transcription.languages } : {}) });
     // The certificate before anything is opened: a file that cannot serve stops the start here.
     const tls = config.tls ? readTlsFiles(config.tls) : undefined;
@@ -470,8 +474,8 @@ export class Node {
       ready.then(
         () => true,
         (err: unknown) => {
+          // A model's failure is said where it happens (`watchLoads`), once per attempt.
           if (engine === "speech") this.logger.warn({ err }, "speech engine warm-up failed");
-          else this.logger.error({ err, engine }, "an embedded engine could not load its model");
           return false;
         },
       ),

@@ -27,14 +27,25 @@ export function usageHooks(domain: Domain, registry: Registry, logger: Logger): 
     registers: [registry],
   });
   let lastLog = Number.NEGATIVE_INFINITY;
+  // Each (counter, agent) series found once: a labelled increment looks its labels up every time.
+  const series = new Map<string, Counter.Internal>();
+  const inc = (counter: string, agent: string, n: number) => {
+    const k = `${counter}\0${agent}`;
+    let child = series.get(k);
+    if (!child) {
+      child = total.labels({ counter, agent });
+      series.set(k, child);
+    }
+    child.inc(n);
+  };
   return {
     counted: (agent, c) => {
-      if (c.requests) total.inc({ counter: "requests", agent }, c.requests);
-      if (c.input_tokens) total.inc({ counter: "input_tokens", agent }, c.input_tokens);
-      if (c.output_tokens) total.inc({ counter: "output_tokens", agent }, c.output_tokens);
-      if (c.speech_chars) total.inc({ counter: "speech_chars", agent }, c.speech_chars);
-      if (c.audio_ms) total.inc({ counter: "audio_seconds", agent }, c.audio_ms / 1000);
-      if (c.tool_calls) total.inc({ counter: "tool_calls", agent }, c.tool_calls);
+      if (c.requests) inc("requests", agent, c.requests);
+      if (c.input_tokens) inc("input_tokens", agent, c.input_tokens);
+      if (c.output_tokens) inc("output_tokens", agent, c.output_tokens);
+      if (c.speech_chars) inc("speech_chars", agent, c.speech_chars);
+      if (c.audio_ms) inc("audio_seconds", agent, c.audio_ms / 1000);
+      if (c.tool_calls) inc("tool_calls", agent, c.tool_calls);
     },
     refused: (limit) => limited.inc({ scope: limit.scope, counter: limit.counter }),
     storeError: (err) => {

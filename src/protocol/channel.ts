@@ -5,6 +5,13 @@ export const MAX_MESSAGE_BYTES = 16 * 1024;
 /** Writes wait while more than this is queued in the channel, and resume once it drains below the low mark. */
 export const HIGH_WATER_BYTES = 1024 * 1024;
 export const LOW_WATER_BYTES = 256 * 1024;
+/**
+ * node-datachannel delivers a channel's messages and its close through separate queues, so the
+ * close can overtake the last messages: a close is passed on once none has come for this long.
+ */
+export const CLOSE_QUIET_MS = 15;
+/** A stream's close waits this long after its last message has left (see `ChannelStream.linger`). */
+export const CLOSE_LINGER_MS = 50;
 
 export const PACKET_LABEL = "giznet/v1/packet";
 export const SERVICE_PREFIX = "giznet/v1/service/";
@@ -109,12 +116,31 @@ export class ChannelStream extends Duplex {
   }
 
   override _final(callback: (error?: Error | null) => void): void {
-    this.flushed().then(() => {
-      try {
-        this.port.close();
-      } catch {}
-      callback();
-    }, callback);
+    this.flushed()
+      .then(() => this.linger())
+      .then(() => {
+        try {
+          this.port.close();
+        } catch {}
+        callback();
+      }, callback);
+  }
+
+  /**
+   * A moment before the close, unless the other side closes first: a close sent right after the
+   * last message can make a node-datachannel receiver drop that message (its stream reset handled
+   * first), as an HTTP stream's answer was.
+   */
+  private linger(): Promise<void> {
+    if (this.remoteClosed) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, CLOSE_LINGER_MS);
+      this.once("end", done);
+      function done(): void {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
   }
 
   /** Resolves once the channel has handed everything to the transport (or closed). */

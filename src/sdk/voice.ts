@@ -14,7 +14,8 @@ const BLOCK = DEVICE_RATE / 100;
 export const AUDIBLE_RMS = 300;
 
 export interface AudioSourceLike {
-  createTrack(): MediaStreamTrack;
+  /** A libwebrtc source's track (the node-datachannel stack sends what `onData` gets itself). */
+  createTrack?(): MediaStreamTrack;
   onData(data: { samples: Int16Array; sampleRate: number; bitsPerSample?: number; channelCount?: number; numberOfFrames?: number }): void;
 }
 

@@ -1,24 +1,36 @@
 /**
  * The device side of the WebRTC transport: seals an offer, opens the mandatory audio transceiver,
  * packet channel and event stream, and then offers HTTP over streams 1 and 2, Peer RPC both
- * ways and telemetry packets. Runs on `@roamhq/wrtc` in Node (or any standard RTCPeerConnection).
+ * ways and telemetry packets. Runs on node-datachannel (`datachannel.ts`), the server's stack;
+ * a libwebrtc-like implementation (`rtc`, e.g. `@roamhq/wrtc`) can be given instead.
  */
 import { request as httpRequest, type IncomingMessage } from "node:http";
 import { create, type MessageInitShape, toBinary } from "@bufbuild/protobuf";
 import { decodeKey, encodeKey, type KeyPair, privateKeyObject, sharedSecret } from "../crypto/keys.ts";
 import { SealedExchange, SIGNALING_PATH } from "../crypto/sealed-offer.ts";
-import { type ChannelPort, type ChannelSink, ChannelStream, LOW_WATER_BYTES, PACKET_LABEL, SERVICE, SERVICE_PREFIX, serviceId } from "../protocol/channel.ts";
+import {
+  type ChannelPort,
+  type ChannelSink,
+  ChannelStream,
+  CLOSE_QUIET_MS,
+  LOW_WATER_BYTES,
+  PACKET_LABEL,
+  SERVICE,
+  SERVICE_PREFIX,
+  serviceId,
+} from "../protocol/channel.ts";
 import type { RpcMethod } from "../protocol/gen/rpc_pb.ts";
 import { RpcMethod as Methods } from "../protocol/gen/rpc_pb.ts";
 import { TelemetryFrameSchema } from "../protocol/gen/telemetry_pb.ts";
 import { callRpc, commonHandlers, type RpcHandlers, rpcPayload, serveRpc } from "../protocol/rpc.ts";
 import { StreamSocket } from "../protocol/stream-socket.ts";
+import { type DeviceMedia, datachannelPeer } from "./datachannel.ts";
 import { type DeviceTool, OfferedTools } from "./tools.ts";
 import { type AudioSourceLike, EventReader, Loudspeaker, Microphone } from "./voice.ts";
 
 export const TELEMETRY_PACKET = 0x40;
 
-/** The WebRTC implementation: `@roamhq/wrtc` by default. */
+/** A libwebrtc-like WebRTC implementation (`@roamhq/wrtc`, a browser's), used instead of node-datachannel when given. */
 export interface RtcImplementation {
   RTCPeerConnection: typeof RTCPeerConnection;
   nonstandard?: {
@@ -36,6 +48,7 @@ export interface ConnectOptions {
   registrationToken?: string;
   /** `client.*` methods this device provides; `all.*` are always provided. */
   handlers?: RpcHandlers;
+  /** Default: node-datachannel (the server's stack). */
   rtc?: RtcImplementation;
   /** Unix milliseconds. */
   now?: () => number;
@@ -84,9 +97,44 @@ async function serverPublicKey(fetchImpl: typeof fetch, baseUrl: string): Promis
   return key;
 }
 
-async function defaultRtc(): Promise<RtcImplementation> {
-  const mod = (await import("@roamhq/wrtc")) as unknown as { default?: RtcImplementation } & RtcImplementation;
-  return mod.default ?? mod;
+/** The audio of a libwebrtc-like stack: its transceiver, a PCM source and sink of its own (`nonstandard`, as wrtc has). */
+function rtcMedia(rtc: RtcImplementation, pc: RTCPeerConnection, transceiver: RTCRtpTransceiver): DeviceMedia {
+  let sink: { stop(): void } | undefined;
+  return {
+    async source() {
+      const Source = rtc.nonstandard?.RTCAudioSource;
+      if (!Source) throw new Error("this WebRTC implementation cannot send PCM (it has no RTCAudioSource)");
+      const source = new Source();
+      await transceiver.sender.replaceTrack(source.createTrack!());
+      return source;
+    },
+    listen(block) {
+      const Sink = rtc.nonstandard?.RTCAudioSink;
+      if (!Sink) return;
+      const s = new Sink(transceiver.receiver.track);
+      s.ondata = (e) => block(e.samples, e.sampleRate ?? 48_000);
+      sink = s;
+    },
+    async packetsReceived() {
+      let n = 0;
+      (await pc.getStats()).forEach((r: { type?: string; kind?: string; packetsReceived?: number }) => {
+        if (r.type === "inbound-rtp" && r.kind === "audio") n += r.packetsReceived ?? 0;
+      });
+      return n;
+    },
+    close() {
+      sink?.stop();
+      sink = undefined;
+    },
+  };
+}
+
+/** A peer connection with the device's sendrecv audio, on `rtc` when given, else on node-datachannel. */
+function peerWithAudio(rtc: RtcImplementation | undefined): { pc: RTCPeerConnection; media: DeviceMedia } {
+  if (!rtc) return datachannelPeer();
+  const pc = new rtc.RTCPeerConnection({ iceServers: [] });
+  const transceiver = pc.addTransceiver("audio", { direction: "sendrecv" });
+  return { pc, media: rtcMedia(rtc, pc, transceiver) };
 }
 
 /** How often a channel whose buffer is over the low-water mark is checked for having drained. */
@@ -134,11 +182,21 @@ function portOf(dc: RTCDataChannel): ChannelPort {
     attach(s) {
       sink = s;
       dc.bufferedAmountLowThreshold = LOW_WATER_BYTES;
-      dc.onmessage = (e) => s.message(typeof e.data === "string" ? Buffer.from(e.data) : new Uint8Array(e.data as ArrayBuffer));
+      let lastMessage = 0;
+      dc.onmessage = (e) => {
+        lastMessage = performance.now();
+        s.message(typeof e.data === "string" ? Buffer.from(e.data) : new Uint8Array(e.data as ArrayBuffer));
+      };
+      // The close may overtake the last messages (node-datachannel): told once none has come for a moment and a turn of the loop brought none.
+      const closeWhenQuiet = (): void => {
+        if (performance.now() - lastMessage < CLOSE_QUIET_MS) return void setTimeout(closeWhenQuiet, CLOSE_QUIET_MS);
+        const seen = lastMessage;
+        setImmediate(() => (lastMessage === seen ? s.closed() : closeWhenQuiet()));
+      };
       dc.onclose = () => {
         clearInterval(watch);
         watch = undefined;
-        s.closed();
+        setTimeout(closeWhenQuiet, CLOSE_QUIET_MS);
       };
       dc.onbufferedamountlow = drained;
     },
@@ -174,14 +232,12 @@ export class PerchConnection {
   private readonly timeoutMs: number;
   private sequence = 0;
   private closedPromise: Promise<void>;
-  private sink: { stop(): void } | undefined;
+  private media!: DeviceMedia;
   /** The downlink's audio as heard (see `Loudspeaker`). */
   readonly speaker = new Loudspeaker();
   /** Events the server sends on service 32. */
   readonly eventStream = new EventReader();
   private mic: Microphone | undefined;
-  private rtc: RtcImplementation | undefined;
-  private transceiver: RTCRtpTransceiver | undefined;
 
   private constructor(
     pc: RTCPeerConnection,
@@ -219,7 +275,6 @@ export class PerchConnection {
   /** Connects: builds and seals the offer, posts it, applies the answer, waits for the event stream. */
   static async connect(o: ConnectOptions): Promise<PerchConnection> {
     const started = performance.now();
-    const rtc = o.rtc ?? (await defaultRtc());
     const fetchImpl = o.fetch ?? fetch;
     const baseUrl = o.baseUrl.replace(/\/+$/, "");
     const timeoutMs = o.timeoutMs ?? 15_000;
@@ -227,12 +282,11 @@ export class PerchConnection {
     const publicKey = encodeKey(o.keyPair.publicKey);
     const shared = sharedSecret(privateKeyObject(o.keyPair.privateKey), decodeKey(serverKey));
 
-    const pc = new rtc.RTCPeerConnection({ iceServers: [] });
+    const { pc, media } = peerWithAudio(o.rtc);
     try {
       // The server may open streams (its RPC calls) as soon as the event stream is open.
       const early: RTCDataChannel[] = [];
       pc.ondatachannel = (e) => early.push(e.channel);
-      const transceiver = pc.addTransceiver("audio", { direction: "sendrecv" });
       const packets = pc.createDataChannel(PACKET_LABEL, { ordered: false, maxRetransmits: 0 });
       const events = pc.createDataChannel(`${SERVICE_PREFIX}${SERVICE.EVENTS}`);
       // Offers are not trickled: the offer is sent once every candidate Perch can use (UDP) is in it.
@@ -252,7 +306,8 @@ export class PerchConnection {
           quiet = setTimeout(done, UDP_CANDIDATES_QUIET_MS);
         });
       });
-      await pc.setLocalDescription(await pc.createOffer());
+      // node-datachannel makes its offer by itself once the track and channels are added.
+      if (o.rtc) await pc.setLocalDescription(await pc.createOffer());
       await gathered;
       const exchange = SealedExchange.create(shared, publicKey, Math.floor((o.now ?? Date.now)() / 1000));
       const headers: Record<string, string> = { "content-type": "application/octet-stream", ...exchange.headers() };
@@ -279,41 +334,42 @@ export class PerchConnection {
         serverTiming: res.headers.get("server-timing") ?? "",
       });
       conn.keyPair = o.keyPair;
-      conn.rtc = rtc;
-      conn.transceiver = transceiver;
+      conn.media = media;
       for (const dc of early) conn.incoming(dc);
-      conn.listen(rtc, transceiver.receiver.track);
+      media.listen((samples, rate) => conn.heard(samples, rate));
       return conn;
     } catch (err) {
+      media.close();
       pc.close();
       throw err;
     }
   }
 
-  /** Decodes the downlink audio into levels (when the stack offers PCM access, as wrtc does). */
-  private listen(rtc: RtcImplementation, track: MediaStreamTrack): void {
-    const Sink = rtc.nonstandard?.RTCAudioSink;
-    if (!Sink) return;
-    const sink = new Sink(track);
-    sink.ondata = (e) => {
-      let sum = 0;
-      for (const s of e.samples) sum += s * s;
-      const rms = Math.sqrt(sum / Math.max(1, e.samples.length));
-      this.audio.blocks++;
-      if (rms > 100) this.audio.audible++;
-      this.audio.peakRms = Math.max(this.audio.peakRms, rms);
-      this.speaker.block(e.samples, e.sampleRate ?? 48_000);
-    };
-    this.sink = sink;
+  /** One block of the downlink's decoded audio: its levels, and the loudspeaker. */
+  private heard(samples: Int16Array, sampleRate: number): void {
+    let sum = 0;
+    for (const s of samples) sum += s * s;
+    const rms = Math.sqrt(sum / Math.max(1, samples.length));
+    this.audio.blocks++;
+    if (rms > 100) this.audio.audible++;
+    this.audio.peakRms = Math.max(this.audio.peakRms, rms);
+    this.speaker.block(samples, sampleRate);
+  }
+
+  /** The peer connection's state (`connected`, `closed`, …). */
+  get connectionState(): string {
+    return this.pc.connectionState;
+  }
+
+  /** RTP packets of the downlink (the server's audio) received so far. */
+  audioPacketsReceived(): Promise<number> {
+    return this.media.packetsReceived();
   }
 
   /** The microphone: a steady uplink (silence until something is said), started on first use. */
   async microphone(): Promise<Microphone> {
     if (this.mic) return this.mic;
-    const Source = this.rtc?.nonstandard?.RTCAudioSource;
-    if (!Source || !this.transceiver) throw new Error("this WebRTC implementation cannot send PCM (it has no RTCAudioSource)");
-    const source = new Source();
-    await this.transceiver.sender.replaceTrack(source.createTrack());
+    const source = await this.media.source();
     this.mic = new Microphone(source);
     this.mic.start();
     return this.mic;
@@ -412,8 +468,7 @@ export class PerchConnection {
   close(): void {
     this.mic?.stop();
     this.mic = undefined;
-    this.sink?.stop();
-    this.sink = undefined;
+    this.media?.close();
     if (this.pc.connectionState !== "closed") this.pc.close();
   }
 }

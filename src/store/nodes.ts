@@ -45,9 +45,18 @@ export class NodeRepository {
     return row && { drainRequested: row.drain_requested_at !== null };
   }
 
-  /** Asks `name` to drain; false when no such node is serving (unknown, or gone). */
-  async requestDrain(name: string, now: number): Promise<boolean> {
-    const r = await this.db.updateTable("nodes").set({ drain_requested_at: now }).where("name", "=", name).where("state", "!=", "gone").executeTakeFirst();
+  /**
+   * Asks `name` to drain; false when no such node is serving: unknown, gone, or silent since before
+   * `aliveSince` (a crashed node's row still says it serves: no one would ever read the request).
+   */
+  async requestDrain(name: string, now: number, aliveSince: number): Promise<boolean> {
+    const r = await this.db
+      .updateTable("nodes")
+      .set({ drain_requested_at: now })
+      .where("name", "=", name)
+      .where("state", "!=", "gone")
+      .where("heartbeat_at", ">=", aliveSince)
+      .executeTakeFirst();
     return r.numUpdatedRows > 0n;
   }
 

@@ -98,6 +98,20 @@ export class RuntimeRepository {
   }
 
   /** Which node each of `keys` is recorded online on (absent: offline or unknown). */
+  /** The keys of `keys` that have a runtime row at all (a removed peer's went with it). */
+  async recorded(keys: readonly string[]): Promise<Set<string>> {
+    const out = new Set<string>();
+    for (let i = 0; i < keys.length; i += 500) {
+      const rows = await this.db
+        .selectFrom("peer_runtime")
+        .select(["public_key"])
+        .where("public_key", "in", keys.slice(i, i + 500))
+        .execute();
+      for (const r of rows) out.add(r.public_key);
+    }
+    return out;
+  }
+
   async owners(keys: readonly string[]): Promise<Map<string, string>> {
     const out = new Map<string, string>();
     for (let i = 0; i < keys.length; i += 500) {

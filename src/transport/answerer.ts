@@ -3,7 +3,7 @@
  * connection shares one UDP port (ICE UDP mux); the answer carries every candidate (no trickle).
  */
 import nodeDataChannel, { type DataChannel, type PeerConnection, type Track } from "node-datachannel";
-import { type ChannelPort, type ChannelSink, LOW_WATER_BYTES } from "../protocol/channel.ts";
+import { type ChannelPort, type ChannelSink, CLOSE_QUIET_MS, LOW_WATER_BYTES } from "../protocol/channel.ts";
 import { AUDIO_LEVEL_URI } from "../voice/rtp.ts";
 import { guarded } from "./guard.ts";
 import { MAX_ANSWER_BYTES, offerToApply, rewriteHostCandidates } from "./sdp.ts";
@@ -76,7 +76,6 @@ export class InvalidOffer extends Error {}
 class GatherError extends AnswerError {}
 
 let linkCounter = 0;
-const CLOSE_QUIET_MS = 15;
 /** Channel ids this side cycles through (fewer when the association has fewer streams). */
 const MAX_CHANNEL_IDS = 1024;
 

@@ -324,7 +324,7 @@ export class Connection {
 
   /** Whether the device is in a turn or a reply now (see `TalkState`). */
   get talking(): boolean {
-    return this.talk.talking(performance.now());
+    return this.talk.talking(performance.now()) || this.voice?.hearing?.() === true;
   }
 
   /** Whether `node.reconnect` was sent to this connection already. */

@@ -546,8 +546,15 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     try {
       outcome = await reply.outcome;
       if (this.speaking === speaking) this.speaking = undefined;
+      // Settled however the conversation goes on: a turn left in flight would hold the device's
+      // next work near a limit for ever (the meter lets one piece start at a time there).
+      if (outcome.result === "failed") admission?.abandon();
+      else admission?.answered();
       if (this.closed) return;
       if (outcome.heard) this.remember("assistant", outcome.heard);
+    } catch (err) {
+      admission?.abandon();
+      throw err;
     } finally {
       remembered();
     }
@@ -564,8 +571,6 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       stages.speech_to_audio = at.firstAudio - end.lastVoiced;
     }
     if (outcome.error) this.o.log("warn", { turn: n, error: outcome.error }, "voice reply failed");
-    if (outcome.result === "failed") admission?.abandon();
-    else admission?.answered();
     done(limited !== undefined && outcome.result === "answered" ? "limited" : outcome.result, engines, {
       ...flags,
       interrupted: outcome.result === "interrupted",

@@ -10,6 +10,10 @@ const FLUSH_MS = 10;
 /** The wait before starting a thread again after threads that ended before they loaded: from this, doubling, up to the next. */
 const RESTART_MIN_MS = 100;
 const RESTART_MAX_MS = 5_000;
+/** Each loaded thread is asked this often whether it answers (any message it sends is an answer). */
+const HEARTBEAT_MS = 1_000;
+/** A thread that sent nothing for this long though asked is stuck (alive, not answering): it is replaced. */
+const STUCK_MS = 5_000;
 /** Threads by default: one a core, at most this many. */
 const MAX_DEFAULT_THREADS = 4;
 
@@ -66,6 +70,9 @@ export interface AudioThreadsOptions {
   script?: URL;
   /** Runs `fn` after `ms` (tests: a fake timer); default an unref'd timer. */
   after?: (ms: number, fn: () => void) => void;
+  /** The heartbeat's interval and how long without an answer makes a thread stuck (tests: shorter). */
+  heartbeatMs?: number;
+  stuckMs?: number;
 }
 
 /**
@@ -88,6 +95,8 @@ export class AudioThreads {
   private readonly after: (ms: number, fn: () => void) => void;
   /** Threads that ended before they loaded, in a row: each next start waits longer. */
   private failedStarts = 0;
+  private readonly heartbeat: NodeJS.Timeout;
+  private readonly stuckMs: number;
 
   constructor(size: number, warn: (details: Record<string, unknown>, message: string) => void, o: AudioThreadsOptions = {}) {
     if (!Number.isInteger(size) || size < 1) throw new RangeError(`audio threads: at least 1, not ${size}`);
@@ -96,6 +105,27 @@ export class AudioThreads {
     this.script = o.script ?? WORKER;
     this.after = o.after ?? ((ms, fn) => setTimeout(fn, ms).unref());
     this.threads = Array.from({ length: size }, () => this.start());
+    this.stuckMs = o.stuckMs ?? STUCK_MS;
+    this.heartbeat = setInterval(() => this.beat(), o.heartbeatMs ?? HEARTBEAT_MS);
+    this.heartbeat.unref();
+  }
+
+  /**
+   * Asks each loaded thread whether it answers; one that sent nothing for `stuckMs` (a loop that
+   * never yields, a decoder that hangs) is ended and replaced as if it had crashed: its
+   * conversations' turns in progress fail with the contract's events and go on on a fresh thread.
+   */
+  private beat(): void {
+    const now = performance.now();
+    for (const thread of this.threads) {
+      if (!thread.loaded || thread.ended) continue;
+      if (now - thread.heardAt > this.stuckMs) {
+        thread.fail(new Error(`the audio thread answered nothing for ${Math.round(now - thread.heardAt)} ms (stuck)`));
+        void thread.worker.terminate().catch(() => {});
+        continue;
+      }
+      thread.post({ t: "ping" });
+    }
   }
 
   /** An uplink on the thread with the fewest conversations. */
@@ -150,6 +180,7 @@ export class AudioThreads {
 
   async close(): Promise<void> {
     this.closing = true;
+    clearInterval(this.heartbeat);
     await Promise.all(this.threads.map((t) => t.worker.terminate().catch(() => {})));
   }
 
@@ -170,6 +201,7 @@ export class AudioThreads {
       gone = true;
       this.lost(thread, err);
     };
+    thread.fail = lost;
     thread.worker.on("error", lost);
     thread.worker.on("exit", (code) => lost(new Error(`the audio thread exited with code ${code}`)));
     return thread;
@@ -215,6 +247,7 @@ export class AudioThreads {
 
   private received(thread: AudioThread, m: FromAudioThread): void {
     // Its first message (empty) says it loaded.
+    thread.heardAt = performance.now();
     if (!thread.loaded) {
       thread.loaded = true;
       this.failedStarts = 0;
@@ -280,6 +313,10 @@ class AudioThread {
   loaded = false;
   /** It ended (its conversations wait for the next thread, or are on it already). */
   ended = false;
+  /** When it last sent anything (performance.now()). */
+  heardAt = performance.now();
+  /** Ends it as a crash would (once). */
+  fail: (err: Error) => void = () => {};
   private readonly pending: Array<{ id: number; bytes: Buffer }> = [];
   private pendingBytes = 0;
   private readonly frames: Array<{ id: number; pcm: Int16Array }> = [];

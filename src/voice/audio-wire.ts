@@ -14,7 +14,9 @@ export type ToAudioThread =
    * conversation's id (u32), the packet's length (u16) and its bytes; `frames`: reply frames to
    * encode, each as the conversation's id (u32) and FRAME_SAMPLES samples (48 kHz).
    */
-  | { t: "in"; rtp: ArrayBuffer | undefined; frames: ArrayBuffer | undefined };
+  | { t: "in"; rtp: ArrayBuffer | undefined; frames: ArrayBuffer | undefined }
+  /** The heartbeat: answered at once with an empty `out` (a thread that does not answer is stuck). */
+  | { t: "ping" };
 
 export interface FromAudioThread {
   t: "out";

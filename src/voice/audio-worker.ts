@@ -143,6 +143,8 @@ port.on("message", (m: ToAudioThread) => {
     } else if (m.t === "close") {
       const last = close(m.id);
       items.push(m.id, OUT.closed, last.decoded, last.silent);
+    } else if (m.t === "ping") {
+      port!.postMessage({ t: "out", pcm: undefined, opus: undefined, items: [] } satisfies FromAudioThread);
     }
   } finally {
     flush();

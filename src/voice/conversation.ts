@@ -165,6 +165,11 @@ export class Conversation {
     return !this.closed && this.o.agent() !== undefined;
   }
 
+  /** The user is heard speaking now, even before it is a turn (its first frames). */
+  get hearing(): boolean {
+    return !this.closed && this.recognition.hearing;
+  }
+
   /** 16 kHz audio of the device, in order (from the uplink; tests give it directly). */
   hear(pcm: Int16Array): void {
     if (this.closed) return;

@@ -26,6 +26,8 @@ export interface AudioPort {
 /** One conversation's end, as the transport sees it. */
 export interface VoiceSession {
   close(): void;
+  /** Whether the user is heard speaking now (before a turn begins too): a drain does not hand the device over then. */
+  hearing?(): boolean;
 }
 
 /** The voice feature, as the transport sees it: a session per active connection. */

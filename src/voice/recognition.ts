@@ -225,6 +225,11 @@ export class AudioRecognition<T extends ListeningTurn> {
     return this.pushedAt - ((this.timeline - position) / RATE) * 1000;
   }
 
+  /** The detector hears voice now: speech, or an onset not yet judged (a drain waits for it: fleet.md §3). */
+  get hearing(): boolean {
+    return this.vadSpeaking || this.onsetPending;
+  }
+
   private vadEvent(e: VadEvent, cut = false): void {
     this.onsetPending = e.type === "onset";
     if (e.type === "onset" || e.type === "noise") {

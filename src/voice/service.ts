@@ -202,6 +202,7 @@ export class VoiceService implements VoiceHost {
     this.open_.add(conversation);
     if (realtime) this.realtimeOpen.add(realtime);
     return {
+      hearing: () => conversation.hearing,
       close: () => {
         this.open_.delete(conversation);
         if (realtime) this.realtimeOpen.delete(realtime);

@@ -467,13 +467,14 @@ export class RtpSender {
     this.r = r;
     this.echo = o.echo ?? false;
   }
-  async send(payload: Buffer, o: { level?: number; ms?: number } = {}): Promise<void> {
+  /** `wait: false`: this packet's audio is not awaited (an uplink whose thread is stuck). */
+  async send(payload: Buffer, o: { level?: number; ms?: number; wait?: boolean } = {}): Promise<void> {
     const packet = rtpPacket({ sequence: this.seq++, timestamp: this.ts }, payload);
     this.base ??= this.r.conversation.heardSamples;
     this.r.packet(o.level === undefined ? packet : withLevel(packet, o.level));
     const ms = o.ms ?? 20;
     this.sent += (ms * 16_000) / 1000;
-    if (this.echo) {
+    if (this.echo && o.wait !== false) {
       // The uplink holds back up to LOOKBACK_MS of quiet packets (in case speech follows): their audio comes later.
       const quiet = payload.length <= 2 || (o.level !== undefined && o.level >= QUIET_DBOV);
       const expected = this.base + this.sent - (quiet ? (LOOKBACK_MS * 16_000) / 1000 : 0);

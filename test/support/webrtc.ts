@@ -66,7 +66,7 @@ export function postOffer(url: string, headers: Record<string, string>, body: Ui
   return fetch(`${url}/webrtc/v1/offer`, { method: "POST", headers, body });
 }
 
-/** Connects a device SDK client (wrtc) to a test server. */
+/** Connects a device SDK client (node-datachannel, unless `rtc` is given) to a test server. */
 export function connect(server: TestServer | { url: string }, o: Partial<ConnectOptions> = {}): Promise<PerchConnection> {
   return PerchConnection.connect({ baseUrl: server.url, keyPair: o.keyPair ?? generateKeyPair(), ...o });
 }

@@ -56,3 +56,19 @@ export class UnsupportedLanguageError extends GenerationError {
 export function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException("This operation was aborted", "AbortError");
 }
+
+/** An embedded engine could not load its model: 503 naming the engine, tried again after `retryAfter` seconds. */
+export class EngineLoadError extends GenerationError {
+  readonly engine: string;
+  constructor(engine: string, model: string, cause: unknown, retryInMs: number) {
+    const reason = cause instanceof Error ? cause.message : String(cause);
+    const retryAfter = Math.max(1, Math.ceil(retryInMs / 1000));
+    super("unavailable", `The embedded ${engine} engine (${model}) could not load its model: ${reason}. It is tried again in ${retryAfter} s.`, {
+      code: "engine_unavailable",
+      retryAfter,
+      cause,
+    });
+    this.name = "EngineLoadError";
+    this.engine = engine;
+  }
+}

@@ -33,7 +33,7 @@ import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 import { FRONT_END, type FrontEndOptions, frontEnd } from "./front-end.ts";
-import { Loading, type LoadState } from "./loading.ts";
+import { type LoadFailure, type LoadState, RetriedLoad } from "./loading.ts";
 import type { Heard } from "./moonshine.ts";
 import { normaliseTranscript } from "./normalise.ts";
 import { type QueueLimits, WorkQueue } from "./queue.ts";
@@ -113,6 +113,10 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
    * reply ("Mm-hmm.", nova) was heard as "And in nature, then." (a barge-in) in the end-to-end test.
    */
   turnFrontEnd?: FrontEndOptions | false;
+  /** Moonshine base's model directory (default the package's). */
+  modelDir?: string;
+  /** A load that failed is tried again on a use after this long, doubling (default 5 s, at most 5 min). */
+  loadRetryMs?: number;
 }
 
 export class MoonshineEngine implements TranscriptionEngine {
@@ -134,9 +138,9 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly turnFrontEnd: FrontEndOptions | false;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
-  /** Each part starts on first use (or when asked to: `startRecognition`, `startActivity`), then its promise stays. */
-  private recognitionLoad: Loading | undefined;
-  private activityLoad: Loading | undefined;
+  /** Each part starts on first use (or when asked to: `startRecognition`, `startActivity`); a failed load is tried again with back-off. */
+  readonly recognitionLoad: RetriedLoad;
+  readonly activityLoad: RetriedLoad;
   /** Batches recognised by each model (Moonshine base, and tiny when a turn would be late). */
   readonly batchesByModel = { base: 0, tiny: 0 };
   /** Milliseconds from `startRecognition()` until the recogniser processes were loaded. */
@@ -181,6 +185,69 @@ export class MoonshineEngine implements TranscriptionEngine {
       batching: { classes: ["conversation"], max: VAD_BATCH_MAX, fits: () => true, run: (items) => this.scoreBatch(items as VadItem[]) },
     });
     this.schedulers = [this.recognitions, this.activity];
+    const retry = { ...(options.loadRetryMs !== undefined ? { firstRetryMs: options.loadRetryMs } : {}) };
+    this.recognitionLoad = new RetriedLoad({
+      engine: this.recognitions.name,
+      model: "whisper-1: Moonshine",
+      ...retry,
+      start: () => {
+        const started = performance.now();
+        const moonshine: RecognitionWorkerData = {
+          model: "moonshine",
+          threads: this.threads,
+          fast: this.fast,
+          ...(options.modelDir !== undefined ? { dir: options.modelDir } : {}),
+        };
+        // One process in the foreground for conversations; the others, at a lower OS priority, for files and partials.
+        const pool = new WorkerPool<RecognitionRequest, RecognitionResult>({
+          script: WORKER_SCRIPT,
+          workerData: moonshine,
+          size: this.processes,
+          background: this.processes - 1,
+          name: "recogniser",
+          isolation: "process",
+        });
+        this.recogniserPool = pool;
+        return {
+          ready: pool.ready().then(() => {
+            this.loadMs = performance.now() - started;
+          }),
+          stop: () => {
+            if (this.recogniserPool === pool) this.recogniserPool = undefined;
+            void pool.close().catch(() => {});
+          },
+        };
+      },
+    });
+    this.activityLoad = new RetriedLoad({
+      engine: this.activity.name,
+      model: "whisper-1: Silero",
+      ...retry,
+      start: () => {
+        const silero: RecognitionWorkerData = { model: "silero" };
+        const pool = new WorkerPool<RecognitionRequest, RecognitionResult>({
+          script: WORKER_SCRIPT,
+          workerData: silero,
+          size: 1,
+          name: "voice activity",
+          isolation: "process",
+        });
+        this.vadPool = pool;
+        return {
+          ready: pool.ready(),
+          stop: () => {
+            if (this.vadPool === pool) this.vadPool = undefined;
+            void pool.close().catch(() => {});
+          },
+        };
+      },
+    });
+  }
+
+  /** Called once per failed load of a part (the node logs it). */
+  set onLoadFailed(fn: ((f: LoadFailure) => void) | undefined) {
+    this.recognitionLoad.failed = fn;
+    this.activityLoad.failed = fn;
   }
 
   /** Transcriptions running and waiting for a slot. */
@@ -219,42 +286,19 @@ export class MoonshineEngine implements TranscriptionEngine {
 
   /** Starts the recogniser processes (Moonshine), once; resolves when they are loaded. */
   startRecognition(): Promise<void> {
-    if (!this.recognitionLoad) {
-      const started = performance.now();
-      const moonshine: RecognitionWorkerData = { model: "moonshine", threads: this.threads, fast: this.fast };
-      // One process in the foreground for conversations; the others, at a lower OS priority, for files and partials.
-      this.recogniserPool = new WorkerPool({
-        script: WORKER_SCRIPT,
-        workerData: moonshine,
-        size: this.processes,
-        background: this.processes - 1,
-        name: "recogniser",
-        isolation: "process",
-      });
-      this.recognitionLoad = new Loading(
-        this.recogniserPool.ready().then(() => {
-          this.loadMs = performance.now() - started;
-        }),
-      );
-    }
-    return this.recognitionLoad.done;
+    return this.recognitionLoad.ensure();
   }
 
   /** Starts the voice activity process (Silero), once; resolves when it is loaded. */
   startActivity(): Promise<void> {
-    if (!this.activityLoad) {
-      const silero: RecognitionWorkerData = { model: "silero" };
-      this.vadPool = new WorkerPool({ script: WORKER_SCRIPT, workerData: silero, size: 1, name: "voice activity", isolation: "process" });
-      this.activityLoad = new Loading(this.vadPool.ready());
-    }
-    return this.activityLoad.done;
+    return this.activityLoad.ensure();
   }
 
   /** Where each part's loading stands (`/metrics`): not started yet is not a failure. */
   loadStates(): Array<{ engine: string; state: LoadState }> {
     return [
-      { engine: this.recognitions.name, state: this.recognitionLoad?.state ?? "not_loaded" },
-      { engine: this.activity.name, state: this.activityLoad?.state ?? "not_loaded" },
+      { engine: this.recognitions.name, state: this.recognitionLoad.state },
+      { engine: this.activity.name, state: this.activityLoad.state },
     ];
   }
 

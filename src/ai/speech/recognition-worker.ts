@@ -10,7 +10,7 @@ import { type Heard, MoonshineModel, moonshineModelDir } from "./moonshine.ts";
 import { SileroVad, type VadItem, type VadResult } from "./silero.ts";
 
 /** `fast`: Moonshine tiny is loaded beside base, for conversation turns that base would answer too late. */
-export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?: boolean } | { model: "silero" };
+export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?: boolean; dir?: string } | { model: "silero" };
 
 /**
  * `transcribe`: one utterance per entry of `audios`, recognised in one batch (by tiny when `fast`
@@ -31,7 +31,7 @@ const post = (message: PoolMessage<RecognitionResult>) => {
 process.on("disconnect", () => process.exit(0));
 
 try {
-  const moonshine = data.model === "moonshine" ? await MoonshineModel.load({ threads: data.threads }) : undefined;
+  const moonshine = data.model === "moonshine" ? await MoonshineModel.load({ threads: data.threads }, data.dir) : undefined;
   // Tiny is a help, not a need: without it every turn is recognised by base.
   const tiny =
     data.model === "moonshine" && data.fast

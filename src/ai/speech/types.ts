@@ -1,4 +1,4 @@
-import type { LoadState } from "./loading.ts";
+import type { LoadFailure, LoadState } from "./loading.ts";
 import type { Scheduler } from "./scheduler.ts";
 
 export type SpeechFormat = "mp3" | "opus" | "aac" | "flac" | "wav" | "pcm";
@@ -111,6 +111,8 @@ export interface TranscriptionEngine {
   startActivity?(): Promise<void>;
   /** Where each part's loading stands (`/metrics`). */
   loadStates?(): Array<{ engine: string; state: LoadState }>;
+  /** Told of each failed load of a part (once per attempt). */
+  onLoadFailed?: ((f: LoadFailure) => void) | undefined;
   /** Its queues, for `/metrics`. */
   readonly schedulers?: readonly Scheduler[];
   /** Stops its workers and processes. */

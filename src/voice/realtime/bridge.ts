@@ -41,6 +41,8 @@ const HARMLESS_CODES: Record<string, readonly string[]> = {
   "conversation.item.truncate": ["item_not_found", "item_truncate_invalid_item_id", "unsupported_content_type"],
   "conversation.item.delete": ["item_not_found", "item_delete_invalid_item_id"],
 };
+/** An error event that fails no turn is said at `warn` at most this often. */
+const ERROR_SAY_EVERY_MS = 60_000;
 /** Such an error is taken as the answer to an own event sent at most this long before. */
 const HARMLESS_WITHIN_MS = 10_000;
 /** A session is renewed between turns this long before the provider's `expires_at` (at most half its life); a turn going on defers it. */
@@ -179,6 +181,8 @@ export class RealtimeBridge {
   private readonly ours = new Set<string>();
   /** When Perch last sent each kind of its own events (for errors from servers that echo no event id). */
   private readonly oursSentAt = new Map<string, number>();
+  /** When an error event was last said at `warn`. */
+  private errorSaidAt = Number.NEGATIVE_INFINITY;
   /** Output items beyond MAX_REPLY_ITEMS were ignored in this turn (said once a turn). */
   private itemsWarned = 0;
   private eventIds = 0;
@@ -457,12 +461,16 @@ export class RealtimeBridge {
           return;
         }
         // Recoverable (voice.md §6): the session stays open; only the turn in progress fails.
+        const failed = this.failTurn(`the model reported an error: ${err.code}: ${err.message}`);
+        // Said for each turn it fails, else at most once a minute: a provider's flood of errors is not the log's.
+        const now = this.o.clock.now();
+        const say = failed || now - this.errorSaidAt >= ERROR_SAY_EVERY_MS;
+        if (say) this.errorSaidAt = now;
         this.o.log(
-          "warn",
+          say ? "warn" : "debug",
           { agent: this.o.agent.id, provider: this.o.agent.provider, code: err.code, reason: err.message },
           "the realtime model reported an error",
         );
-        this.failTurn(`the model reported an error: ${err.code}: ${err.message}`);
         return;
       }
       default:
@@ -506,7 +514,7 @@ export class RealtimeBridge {
   }
 
   /** The turn in progress (being answered, or still being heard) ends as failed; the session is kept. */
-  private failTurn(reason: string): void {
+  private failTurn(reason: string): boolean {
     const turn = this.reply;
     if (turn && !turn.ended) {
       turn.tools.abort(new Error("the model reported an error"));
@@ -514,13 +522,14 @@ export class RealtimeBridge {
       turn.responseActive = false;
       turn.playout?.stop();
       this.endTurn(turn, "failed", reason);
-      return;
+      return true;
     }
     const heard = this.listening;
-    if (!heard) return;
+    if (!heard) return false;
     this.listening = undefined;
     this.o.events.eos(`in-${heard.n}`, "audio", "user.audio");
     this.endTurn(this.newTurn(heard.n, undefined), "failed", reason);
+    return true;
   }
 
   private rememberItem(item: string, n: number): void {

@@ -90,12 +90,17 @@ export function obj(o: Record<string, unknown> | undefined, key: string): Record
   return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined;
 }
 
+/** A provider's error code and message are kept this far. */
+const MAX_ERROR_CODE_CHARS = 100;
+const MAX_ERROR_MESSAGE_CHARS = 500;
+
 /** An `error` event's parts (`error: {type, code, message, event_id}`). */
 export function errorOf(e: ServerEvent): { code: string; message: string; eventId: string | undefined } {
   const error = obj(e.raw, "error");
   return {
-    code: str(error, "code") ?? str(error, "type") ?? "error",
-    message: str(error, "message") ?? "the model reported an error",
+    // Bounded: they go to the log and to the device's event (a provider's megabyte of message must not).
+    code: (str(error, "code") ?? str(error, "type") ?? "error").slice(0, MAX_ERROR_CODE_CHARS),
+    message: (str(error, "message") ?? "the model reported an error").slice(0, MAX_ERROR_MESSAGE_CHARS),
     eventId: str(error, "event_id"),
   };
 }
