@@ -287,6 +287,10 @@ export class UsageMeter {
 
   /** Forgets a device's own limits as read (they were just changed here); `removed`: its counts not written yet too. */
   forgetDevice(key: string, removed = false): void {
+    // Units claimed ahead under the old limits go back: the next request claims under the new ones.
+    for (const [k, lease] of this.leases) {
+      if (lease.free > 0 && k.startsWith(`device:${key}\0`)) this.giveBack({ id: `device:${key}`, device: key }, k.slice(k.indexOf("\0") + 1), lease);
+    }
     this.own.delete(key);
     this.views.delete(`device:${key}`);
     if (!removed) return;
@@ -500,6 +504,15 @@ export class UsageMeter {
     }
     const current = lease;
     if (current.free > 0) {
+      // Units claimed ahead are judged again: a limit lowered since (the operator's `perch peers
+      // limits … 0`) must not let them all through. What the store holds counts this lease's
+      // unused units as requests: they are taken off.
+      const now = this.clock.now();
+      const over = limits.find((l) => this.used(l, now) - current.free >= l.value);
+      if (over) {
+        this.giveBack(who, agent, current);
+        this.refuse(who, over, now);
+      }
       current.free--;
       current.usedAt = this.clock.now();
       // More is claimed before the units run out, off the request's path (a refusal then waits for a unit's request).
