@@ -1,7 +1,8 @@
 /**
  * `npm run bench -- hearing` (issue 50): how well the embedded recogniser hears, side by side in one
  * run for several configurations of the engine (`BENCH_HEARING_CONFIGS`, default "before,after":
- * `before` is greedy decoding with no front end, as before issue 50; `after` the engine's defaults).
+ * `before` is greedy decoding with no front end, as before issue 50; `after` the engine's defaults;
+ * the others, the experiments of issue 50: beams, the front end's parts).
  *
  * - Word error rate over the speech set (bench/speech-set.ts: `BENCH_HEARING_SENTENCES` (30)
  *   requests, six voices, three renditions each), clean and with pink noise at 10 dB SNR, through
@@ -34,7 +35,7 @@ export interface HearingConfig {
 }
 
 const CONFIGS: Record<string, HearingConfig> = {
-  before: { options: { beams: 1, frontEnd: false } },
+  before: { options: { beams: 1, turnBeams: 1, frontEnd: false } },
   after: { options: {} },
   beams2: { options: { beams: 2, frontEnd: false } },
   beams3: { options: { beams: 3, frontEnd: false } },
@@ -155,7 +156,11 @@ export async function hearingBench(extra: Record<string, HearingConfig> = {}): P
         cleanScores.push(scores);
       }
       const noisyScores: Scored[][] = [];
-      for (const rendition of noisy) noisyScores.push(await Promise.all(rendition.map((pcm, i) => file(pcm, items[i]!.text))));
+      for (const rendition of noisy) {
+        const scores: Scored[] = [];
+        for (const [i, pcm] of rendition.entries()) scores.push(await file(pcm, items[i]!.text));
+        noisyScores.push(scores);
+      }
       const live = async (pcm: Int16Array) => {
         const asr = engine.createIncrementalRecogniser();
         const heard = await transform(pcm);

@@ -1,7 +1,10 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { generateKeyPair } from "../src/crypto/keys.ts";
 import { DomainError } from "../src/domain/errors.ts";
 import { Fleet } from "../src/node/fleet.ts";
+import { StayConnected } from "../src/sdk/reconnect.ts";
+import { OfferError } from "../src/sdk/webrtc.ts";
 
 /** The admission's bounds in process (fleet.md §2): no server, a load the test sets. */
 function fleet(bounds: { max_connections?: number; max_conversations?: number; max_cpu?: number }) {
@@ -51,5 +54,24 @@ describe("fleet admission in process", () => {
     load.connections = 0;
     assert.equal(f.state(), "draining");
     assert.equal(f.report().state, "draining");
+  });
+});
+
+describe("the SDK's reconnect in process", () => {
+  test("a Retry-After past what a timer holds is waited out (bounded), not retried at once", async () => {
+    let calls = 0;
+    const device = new StayConnected({
+      baseUrl: "http://127.0.0.1:9",
+      keyPair: generateKeyPair(),
+      log: () => {},
+      connect: async () => {
+        calls++;
+        throw new OfferError(503, "NODE_FULL", "full", new Headers({ "retry-after": "99999999999" }));
+      },
+    });
+    // Node fires a timer past 2^31 - 1 ms after 1 ms: unbounded, this was hundreds of attempts.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    assert.equal(calls, 1);
+    await device.close();
   });
 });

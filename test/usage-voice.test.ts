@@ -60,7 +60,7 @@ describe("usage of voice turns (fast layer)", () => {
     assert.equal(first.limited, undefined);
     assert.equal(r.model.calls.length, 1);
     const spokenChars = r.tts.requests.reduce((n, q) => n + q.text.length, 0);
-    await meter.flush(true);
+    await meter.flush("all");
     const [row] = await store.read((x) => x.usage.rows([`device:${KEY}`], "2000-01-01"));
     assert.equal(row?.requests, 1);
     assert.equal(row?.speech_chars, spokenChars);
@@ -90,7 +90,7 @@ describe("usage of voice turns (fast layer)", () => {
     assert.equal((await untilTurn(r, 3)).limited, "requests");
     assert.equal(r.tts.requests.length, synthesised, "the limited reply is synthesised once");
     assert.equal(r.model.calls.length, 1);
-    await meter.flush(true);
+    await meter.flush("all");
     const [after] = await store.read((x) => x.usage.rows([`device:${KEY}`], "2000-01-01"));
     assert.equal(after?.requests, 1);
     assert.equal(after?.speech_chars, spokenChars, "the kept reply is no synthesis");

@@ -242,7 +242,7 @@ for (const store of STORES) {
       assert.ok(answered <= RACE_CAP + nodes.length, `answered ${answered}`);
       assert.ok(answered >= RACE_CAP, `answered ${answered}`);
       // Both nodes give back what they claimed and did not use.
-      for (const n of nodes) await n.domain.usage.meter.flush(true);
+      for (const n of nodes) await n.domain.usage.meter.flush("all");
       assert.equal((await stored(nodes[0]!, { apiKeyId: "race" })).requests, answered);
     });
   });

@@ -26,6 +26,8 @@ const VIEW_MS = 1_000;
 const END_FLUSH_MS = 20;
 /** Request units one claim takes at most (the rest of the limit shared out, never more than there is). */
 const MAX_LEASE = 1024;
+/** Unused request units go back to the store once their claim has been idle this long (or when the node closes). */
+const LEASE_IDLE_MS = 10_000;
 
 export interface Who {
   /** `device:<key>` or `api_key:<name>`. */
@@ -100,6 +102,10 @@ interface Lease {
   /** Request units claimed in the store and not handed out. */
   free: number;
   claiming: Promise<void> | undefined;
+  /** The last claim's size (a claim for more starts in the background when a quarter is left). */
+  took: number;
+  /** When a unit was last handed out (units idle for LEASE_IDLE_MS go back to the store). */
+  usedAt: number;
 }
 
 /**
@@ -188,6 +194,13 @@ export class UsageMeter {
     return out;
   }
 
+  /** Request units of `principal` this node claimed and has not handed out (in the store's count already). */
+  unusedUnits(principal: string, fromDay: string): number {
+    let n = 0;
+    for (const [k, lease] of this.leases) if (lease.day >= fromDay && k.startsWith(`${principal}\0`)) n += lease.free;
+    return n;
+  }
+
   /** Whether this node refused a device's work and its limit has not reset. */
   knownLimited(key: string): boolean {
     return this.limitedDevices.has(key);
@@ -219,7 +232,7 @@ export class UsageMeter {
     if (this.endTimer) clearTimeout(this.endTimer);
     for (const t of this.limitedDevices.values()) clearTimeout(t);
     this.limitedDevices.clear();
-    await this.flush(true).catch(() => {});
+    await this.flush("all").catch(() => {});
   }
 
   /** The limits that apply to `who` (undefined agent: all of them), reading a device's own limits when the node's copy is old. */
@@ -274,6 +287,10 @@ export class UsageMeter {
 
   /** Forgets a device's own limits as read (they were just changed here); `removed`: its counts not written yet too. */
   forgetDevice(key: string, removed = false): void {
+    // Units claimed ahead under the old limits go back: the next request claims under the new ones.
+    for (const [k, lease] of this.leases) {
+      if (lease.free > 0 && k.startsWith(`device:${key}\0`)) this.giveBack({ id: `device:${key}`, device: key }, k.slice(k.indexOf("\0") + 1), lease);
+    }
     this.own.delete(key);
     this.views.delete(`device:${key}`);
     if (!removed) return;
@@ -482,14 +499,32 @@ export class UsageMeter {
       lease = undefined;
     }
     if (!lease) {
-      lease = { day: today, free: 0, claiming: undefined };
+      lease = { day: today, free: 0, claiming: undefined, took: 0, usedAt: 0 };
       this.leases.set(key, lease);
     }
-    if (lease.free > 0) {
-      lease.free--;
-      return this.admission(who, agent, lease);
-    }
     const current = lease;
+    if (current.free > 0) {
+      // Units claimed ahead are judged again: a limit lowered since (the operator's `perch peers
+      // limits … 0`) must not let them all through. What the store holds counts this lease's
+      // unused units as requests: they are taken off.
+      const now = this.clock.now();
+      const over = limits.find((l) => this.used(l, now) - current.free >= l.value);
+      if (over) {
+        this.giveBack(who, agent, current);
+        this.refuse(who, over, now);
+      }
+      current.free--;
+      current.usedAt = this.clock.now();
+      // More is claimed before the units run out, off the request's path (a refusal then waits for a unit's request).
+      if (current.took > 1 && current.free <= current.took / 4 && !current.claiming) {
+        current.claiming = this.serial(() => this.claim(who, agent, limits, current, true))
+          .catch(() => {})
+          .finally(() => {
+            current.claiming = undefined;
+          });
+      }
+      return this.admission(who, agent, current);
+    }
     current.claiming ??= this.serial(() => this.claim(who, agent, limits, current)).finally(() => {
       current.claiming = undefined;
     });
@@ -497,7 +532,7 @@ export class UsageMeter {
   }
 
   /** Claims request units in the store: as many as a share of what the limits leave, at least one, or refuses. */
-  private async claim(who: Who, agent: string, limits: Limit[], lease: Lease): Promise<void> {
+  private async claim(who: Who, agent: string, limits: Limit[], lease: Lease, ahead = false): Promise<void> {
     const now = this.clock.now();
     const today = dayOf(now);
     const month = monthStart(now);
@@ -525,6 +560,7 @@ export class UsageMeter {
         }
         if (refused) return read;
         const take = Math.max(1, Math.min(MAX_LEASE, Math.floor(room / 8)));
+        lease.took = take;
         const deltas = [row(who.id, today, agent, take)];
         if (device) deltas.push(row(ALL_DEVICES, today, agent, take));
         await tx.usage.add(deltas);
@@ -537,13 +573,20 @@ export class UsageMeter {
         return read;
       });
     } catch (err) {
-      // Counting never fails a request (usage.md §4): the work goes on, judged on what the node holds.
+      // Counting never fails a request (usage.md §4): the work goes on, judged on what the node holds
+      // (its last view and what it has not written), and its unit is counted with the next write as
+      // a claim's would have been (a leased unit is not counted again when answered).
       this.hooks.storeError?.(err);
+      const reached = limits.find((l) => this.used(l, now) >= l.value);
+      if (reached) this.refuse(who, reached, now);
+      this.addTo(who.id, today, agent, { requests: 1 });
+      if (device) this.addTo(ALL_DEVICES, today, agent, { requests: 1 });
       lease.free += 1;
       return;
     }
     this.setViews(principals, rows, now, month);
-    if (refused) this.refuse(who, refused, now);
+    // A claim made ahead refuses nobody: the next request finds no unit and claims (and is refused) itself.
+    if (refused && !ahead) this.refuse(who, refused, now);
   }
 
   /** Unused request units of `lease` go back to the store with the next write. */
@@ -629,11 +672,12 @@ export class UsageMeter {
    * Writes the counts gathered (one transaction, one statement per 200 rows); with `leases`, unused
    * request units go back too. A store error keeps the counts for the next try (logged and counted).
    */
-  flush(leases = false): Promise<void> {
+  flush(leases: boolean | "all" = false): Promise<void> {
     return this.serial(async () => {
       if (leases) {
+        const idle = this.clock.now() - LEASE_IDLE_MS;
         for (const [k, lease] of this.leases) {
-          if (lease.free <= 0) continue;
+          if (lease.free <= 0 || (leases !== "all" && (lease.usedAt > idle || lease.claiming))) continue;
           const cut = k.indexOf("\0");
           const id = k.slice(0, cut);
           this.giveBack({ id, ...(id.startsWith("device:") ? { device: id.slice(7) } : {}) }, k.slice(cut + 1), lease);

@@ -54,6 +54,8 @@ export class UsageService {
       const from = per === "day" ? today : month;
       for (const r of rows) if (r.principal === principal && r.day >= from) addCounts(c, r);
       for (const u of this.meter.unwritten(principal, from)) addCounts(c, u.counts);
+      // Units this node claimed and has not used yet are no requests answered.
+      c.requests = Math.max(0, c.requests - this.meter.unusedUnits(principal, from));
       return c;
     };
     let limited: LimitCounter | null = null;
@@ -72,7 +74,8 @@ export class UsageService {
   async report(o: { key?: string; apiKeyId?: string; days: number }): Promise<UsageRow[]> {
     const from = dayOf(this.ctx.clock.now() - (o.days - 1) * DAY_MS);
     const principal = o.key !== undefined ? devicePrincipal(o.key) : o.apiKeyId !== undefined ? `api_key:${o.apiKeyId}` : undefined;
-    await this.meter.flush();
+    // Unused request units go back first: the report counts requests answered.
+    await this.meter.flush("all");
     return await this.ctx.store.read((r) => (principal ? r.usage.rows([principal], from) : r.usage.all(from)));
   }
 

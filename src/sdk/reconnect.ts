@@ -21,6 +21,11 @@ export const RECONNECT_LABEL = "node.reconnect";
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 10_000;
 const JITTER = 0.2;
+/**
+ * A Retry-After is waited out up to this (seconds): a balancer's 10^9 would overflow the timer,
+ * which Node then fires after 1 ms (a reconnect storm).
+ */
+const MAX_RETRY_AFTER_S = 3_600;
 
 /** What the device tells of its connection's life (each attempt, each outcome). */
 export type ReconnectLog =
@@ -201,7 +206,7 @@ export class StayConnected<C extends Reconnectable = PerchConnection> {
         }
         if (err instanceof OfferError) {
           const retryAfter = Number(err.headers.get("retry-after"));
-          const after = Number.isFinite(retryAfter) && retryAfter > 0 ? retryAfter : undefined;
+          const after = Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter, MAX_RETRY_AFTER_S) : undefined;
           this.log({ event: "refused", attempt: this.attempt, status: err.status, code: err.code, ...(after ? { retry_after_s: after } : {}) });
           // After Retry-After, never sooner; the back-off still grows for a balancer with no room anywhere.
           delay = Math.max(after ? jittered(after * 1000, this.random) : 0, this.nextBackoff());
