@@ -78,7 +78,7 @@ describe("the SDK's reconnect in process", () => {
   test("a 503's Retry-After is a floor: its jitter only adds (at the lowest jitter, 1 s after Retry-After: 1, not 0.8 s)", async () => {
     const log: Array<{ event: string; delay_ms?: number; after?: string }> = [];
     let calls = 0;
-    let device: StayConnected | undefined;
+    let device: { close(): Promise<void> } | undefined;
     const retried = new Promise<void>((resolve) => {
       device = new StayConnected({
         baseUrl: "http://127.0.0.1:9",
