@@ -74,4 +74,27 @@ describe("the SDK's reconnect in process", () => {
     assert.equal(calls, 1);
     await device.close();
   });
+
+  test("a 503's Retry-After is a floor: its jitter only adds (at the lowest jitter, 1 s after Retry-After: 1, not 0.8 s)", async () => {
+    const log: Array<{ event: string; delay_ms?: number; after?: string }> = [];
+    let calls = 0;
+    let device: { close(): Promise<void> } | undefined;
+    const retried = new Promise<void>((resolve) => {
+      device = new StayConnected({
+        baseUrl: "http://127.0.0.1:9",
+        keyPair: generateKeyPair(),
+        random: () => 0,
+        log: (e) => log.push(e),
+        connect: async () => {
+          calls++;
+          if (calls === 2) resolve();
+          throw new OfferError(503, "NODE_FULL", "full", new Headers({ "retry-after": "1" }));
+        },
+      });
+    });
+    await retried;
+    await device!.close();
+    const second = log.filter((e) => e.event === "attempt")[1]!;
+    assert.deepEqual({ after: second.after, delay_ms: second.delay_ms }, { after: "refused", delay_ms: 1000 });
+  });
 });

@@ -593,6 +593,7 @@ const ME_ROUTES: BearerRoute[] = [
   { method: "GET", template: "/me/status", path: "/me/status", ok: 200 },
   { method: "PUT", template: "/me/status", path: "/me/status", json: { volume: 10 }, ok: 200 },
   { method: "GET", template: "/me/runtime", path: "/me/runtime", ok: 200 },
+  { method: "GET", template: "/me/usage", path: "/me/usage", ok: 200 },
   { method: "POST", template: "/me/side-control/device-tokens", path: "/me/side-control/device-tokens", ok: 201 },
   { method: "DELETE", template: "/me/side-control/device-tokens/{tokenId}", path: "/me/side-control/device-tokens/no-such-token", ok: 404 },
   { method: "GET", template: "/me/side-control/sessions", path: "/me/side-control/sessions", ok: 200 },
@@ -614,6 +615,7 @@ const SIDE_CONTROL_ROUTES: BearerRoute[] = [
     ok: 200,
   },
   { method: "GET", template: "/side-control/events", path: "/side-control/events", ok: 200, stream: true },
+  { method: "GET", template: "/side-control/usage", path: "/side-control/usage", ok: 200 },
   { method: "GET", template: "/side-control/contacts", path: "/side-control/contacts", ok: 200 },
   { method: "POST", template: "/side-control/contacts", path: "/side-control/contacts", json: { name: "table", display_name: "Table" }, ok: 201 },
   { method: "GET", template: "/side-control/contacts/{name}", path: "/side-control/contacts/nobody", ok: 404 },
@@ -647,7 +649,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     }
     const table = [...ME_ROUTES, ...SIDE_CONTROL_ROUTES].map((r) => `${r.method} ${r.template}`);
     assert.deepEqual([...table].sort(), [...documented].sort());
-    assert.equal(new Set(table).size, 29);
+    assert.equal(new Set(table).size, 31);
   });
 
   test("anonymous, unknown, wrong kind, revoked, mismatched key, then expired: refused everywhere, nothing written", async () => {

@@ -75,6 +75,7 @@ const storedPeer = (publicKey: string, now: number): Tables["peers"] => ({
   voice_agent: null,
   memory_off: 0,
   memory_forgotten_at: null,
+  usage_limits: null,
 });
 
 const sessionRow = (o: Partial<Tables["sessions"]> & { id: string; public_key: string }): Tables["sessions"] => ({

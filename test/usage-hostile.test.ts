@@ -22,6 +22,7 @@ for (const store of STORES) {
           providers: [{ id: "up", kind: "openai-compatible" as const, base_url: upstream.url, max_retries: 0 }],
           models: [{ id: "chat", kind: "chat" as const, provider: "up", upstream_model: "m" }],
           api_keys: [{ name: "hostile", sha256: sha256(KEY) }],
+          usage: { limits: [{ scope: "device" as const, per: "day" as const, requests: 1000 }] },
         },
       });
     });
@@ -58,6 +59,32 @@ for (const store of STORES) {
       assert.ok(Number(row.output_tokens) >= 5, String(row.output_tokens));
       const metrics = await (await fetch(`${server.url}/metrics`)).text();
       assert.match(metrics, /perch_usage_total\{counter="input_tokens",agent="chat"\} \d+\n/);
+    });
+
+    test("request units the node claimed ahead are not handed out past a limit lowered meanwhile (the operator's 0 means none)", async () => {
+      const ask = (chat: OpenAI) => chat.chat.completions.create({ model: "chat", messages: [{ role: "user", content: "hi" }] });
+      const device = server.client();
+      await device.login();
+      const chat = new OpenAI({ apiKey: device.accessToken!, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+      // The first request claims a few units ahead under the limit of 1,000.
+      await ask(chat);
+      // Lowered as `perch peers limits` does from another process: in the store, read again by the node within a second.
+      await server.store.transaction((tx) => tx.usage.setDeviceLimits(device.publicKey, JSON.stringify([{ per: "day", requests: 2 }])));
+      await new Promise((resolve) => setTimeout(resolve, 1_100));
+      await ask(chat);
+      await assert.rejects(ask(chat), OpenAI.RateLimitError);
+      await server.domain.usage.meter.flush(true);
+      assert.equal(
+        (await server.domain.usage.report({ key: device.publicKey, days: 1 })).reduce((n, r) => n + r.requests, 0),
+        2,
+      );
+      // Lowered through this node: at once.
+      const other = server.client();
+      await other.login();
+      const otherChat = new OpenAI({ apiKey: other.accessToken!, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+      await ask(otherChat);
+      await server.domain.usage.setDeviceLimits(other.publicKey, [{ per: "day", requests: 0 }]);
+      await assert.rejects(ask(otherChat), OpenAI.RateLimitError);
     });
   });
 }

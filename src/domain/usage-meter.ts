@@ -139,6 +139,8 @@ export class UsageMeter {
   private readonly leases = new Map<string, Lease>();
   /** Pieces of work in flight per principal (for the one-at-a-time rule near a limit). */
   private readonly inFlight = new Map<string, number>();
+  /** Work waiting for a principal's flight to land (near a limit), woken as each piece ends. */
+  private readonly landing = new Map<string, Array<() => void>>();
   /** The largest piece seen per principal and counter. */
   private readonly largest = new Map<string, number>();
   /** Devices known limited, with the timer that tells of their reset. */
@@ -229,6 +231,7 @@ export class UsageMeter {
   /** Writes what is left (leases given back) and stops. */
   async close(): Promise<void> {
     this.closed = true;
+    for (const id of [...this.landing.keys()]) this.landed(id);
     if (this.endTimer) clearTimeout(this.endTimer);
     for (const t of this.limitedDevices.values()) clearTimeout(t);
     this.limitedDevices.clear();
@@ -287,6 +290,10 @@ export class UsageMeter {
 
   /** Forgets a device's own limits as read (they were just changed here); `removed`: its counts not written yet too. */
   forgetDevice(key: string, removed = false): void {
+    // Units claimed ahead under the old limits go back: the next request claims under the new ones.
+    for (const [k, lease] of this.leases) {
+      if (lease.free > 0 && k.startsWith(`device:${key}\0`)) this.giveBack({ id: `device:${key}`, device: key }, k.slice(k.indexOf("\0") + 1), lease);
+    }
     this.own.delete(key);
     this.views.delete(`device:${key}`);
     if (!removed) return;
@@ -348,7 +355,7 @@ export class UsageMeter {
       // Near the limit, one piece at a time: the next may only start if what is in flight cannot take it over.
       const flying = this.inFlight.get(who.id) ?? 0;
       const piece = Math.max(1, this.largest.get(`${who.id}\0${l.counter}`) ?? 1);
-      if (reached || (flying > 0 && used + (flying + 1) * piece > l.value)) {
+      if (reached || (flying > 0 && !this.closed && used + (flying + 1) * piece > l.value)) {
         if (reached) return this.refuse(who, l, now);
         // Waits for the flight to land rather than refusing what may still fit.
         return this.afterFlight(who).then(() => this.judge(who, agent, plan));
@@ -411,15 +418,22 @@ export class UsageMeter {
     }
   }
 
-  /** Resolves once `who` has no work in flight on this node (checked as work ends). */
+  /** Resolves when a piece of `who`'s work in flight on this node ends (or the meter closes): then judged again. */
   private afterFlight(who: Who): Promise<void> {
+    if (this.closed || (this.inFlight.get(who.id) ?? 0) === 0) return Promise.resolve();
     return new Promise((resolve) => {
-      const check = () => {
-        if ((this.inFlight.get(who.id) ?? 0) === 0) resolve();
-        else setTimeout(check, 5).unref();
-      };
-      check();
+      const waiting = this.landing.get(who.id);
+      if (waiting) waiting.push(resolve);
+      else this.landing.set(who.id, [resolve]);
     });
+  }
+
+  /** Wakes what waits on `id`'s flight (it judges again, so one piece may start for each that ended). */
+  private landed(id: string): void {
+    const waiting = this.landing.get(id);
+    if (!waiting) return;
+    this.landing.delete(id);
+    for (const wake of waiting) wake();
   }
 
   /** Reads the views of `limits` that are older than a second; undefined when all are fresh. */
@@ -500,6 +514,15 @@ export class UsageMeter {
     }
     const current = lease;
     if (current.free > 0) {
+      // Units claimed ahead are judged again: a limit lowered since (the operator's `perch peers
+      // limits … 0`) must not let them all through. What the store holds counts this lease's
+      // unused units as requests: they are taken off.
+      const now = this.clock.now();
+      const over = limits.find((l) => this.used(l, now) - current.free >= l.value);
+      if (over) {
+        this.giveBack(who, agent, current);
+        this.refuse(who, over, now);
+      }
       current.free--;
       current.usedAt = this.clock.now();
       // More is claimed before the units run out, off the request's path (a refusal then waits for a unit's request).
@@ -594,6 +617,7 @@ export class UsageMeter {
       if (n <= 0) this.inFlight.delete(who.id);
       else this.inFlight.set(who.id, n);
       this.flushSoon();
+      this.landed(who.id);
       return true;
     };
     return {

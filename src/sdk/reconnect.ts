@@ -67,6 +67,11 @@ function jittered(ms: number, random: () => number): number {
   return Math.round(ms * (1 - JITTER + 2 * JITTER * random()));
 }
 
+/** A wait the server asked for (Retry-After, `retry_after_ms`) is a floor: its jitter only adds, up to 20 %. */
+function jitteredAfter(ms: number, random: () => number): number {
+  return Math.round(ms * (1 + JITTER * random()));
+}
+
 /** Whether the event-stream bytes `e` carry `node.reconnect`, and its body. */
 function reconnectEvent(e: PeerEvent): { reason: string; retry_after_ms: number } | undefined {
   if (e.payload.case !== "textDone") return undefined;
@@ -209,7 +214,7 @@ export class StayConnected<C extends Reconnectable = PerchConnection> {
           const after = Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter, MAX_RETRY_AFTER_S) : undefined;
           this.log({ event: "refused", attempt: this.attempt, status: err.status, code: err.code, ...(after ? { retry_after_s: after } : {}) });
           // After Retry-After, never sooner; the back-off still grows for a balancer with no room anywhere.
-          delay = Math.max(after ? jittered(after * 1000, this.random) : 0, this.nextBackoff());
+          delay = Math.max(after ? jitteredAfter(after * 1000, this.random) : 0, this.nextBackoff());
           cause = "refused";
         } else {
           this.log({ event: "failed", attempt: this.attempt, error: (err as Error)?.message ?? String(err) });
@@ -252,7 +257,7 @@ export class StayConnected<C extends Reconnectable = PerchConnection> {
       since = performance.now();
       if (handedOver) {
         cause = "node.reconnect";
-        delay = handedOver.retry_after_ms > 0 ? jittered(handedOver.retry_after_ms, this.random) : 0;
+        delay = handedOver.retry_after_ms > 0 ? jitteredAfter(handedOver.retry_after_ms, this.random) : 0;
       } else {
         this.log({ event: "lost" });
         cause = "lost";
