@@ -37,6 +37,9 @@ export function datachannelPeer(): { pc: RTCPeerConnection; media: DeviceMedia }
     audio.addOpusCodec(DEVICE_OPUS_PT);
     const ssrc = randomInt(1, 0xffffffff);
     audio.addSSRC(ssrc, "perch-device", "perch-device", "perch-device-audio");
+    // The microphone's level on every packet (RFC 6464), as libwebrtc's devices send it: the node
+    // then skips decoding silence (voice.md §2's uplink).
+    audio.parseSdpLine(`a=extmap:${AUDIO_LEVEL_ID} urn:ietf:params:rtp-hdrext:ssrc-audio-level`);
     const track = native.addTrack(audio);
     return { pc, media: new TrackMedia(track, ssrc) };
   } catch (err) {
@@ -216,6 +219,17 @@ class NativeChannel extends EventTarget {
   }
 }
 
+/** The id the device offers the audio-level extension under (libwebrtc's). */
+const AUDIO_LEVEL_ID = 1;
+
+/** A frame's level as RFC 6464 writes it: −dBov of its RMS, 0 (loudest) to 127 (silence). */
+function audioLevel(frame: Int16Array): number {
+  let sum = 0;
+  for (let i = 0; i < frame.length; i++) sum += frame[i]! * frame[i]!;
+  const rms = Math.sqrt(sum / frame.length) / 32_768;
+  return rms <= 0 ? 127 : Math.min(127, Math.max(0, Math.round(-20 * Math.log10(rms))));
+}
+
 /** The device's audio on a native track: RTP out (Opus it encodes), RTP in (Opus it decodes). */
 class TrackMedia implements DeviceMedia {
   private readonly track: Track;
@@ -243,13 +257,16 @@ class TrackMedia implements DeviceMedia {
     const sendFrame = () => {
       if (this.closed || !this.track.isOpen()) return;
       const opus = encoder.encode(pending);
-      const packet = Buffer.alloc(12 + opus.length);
-      packet[0] = 0x80;
+      const packet = Buffer.alloc(20 + opus.length);
+      packet[0] = 0x90; // version 2, with a header extension
       packet[1] = (first ? 0x80 : 0) | DEVICE_OPUS_PT;
       packet.writeUInt16BE(sequence, 2);
       packet.writeUInt32BE(timestamp >>> 0, 4);
       packet.writeUInt32BE(this.ssrc, 8);
-      opus.copy(packet, 12);
+      // One-byte header extension (RFC 8285): the level element (id, length 1), then padding.
+      packet.writeUInt32BE(0xbede0001, 12);
+      packet.writeUInt32BE(((AUDIO_LEVEL_ID << 4) << 24) | (audioLevel(pending) << 16), 16);
+      opus.copy(packet, 20);
       first = false;
       try {
         this.track.sendMessageBinary(packet);

@@ -94,6 +94,9 @@ export async function startTestServer(
       log_level: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
       rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
       ...o.config,
+      // The CPU bound judges the whole process, here the test's own (its devices, its other servers)
+      // on a machine shared with other test files: off unless a test sets it.
+      fleet: { max_cpu: 0, ...o.config?.fleet },
       engines: { ...TEST_ENGINES, ...o.config?.engines },
       webrtc: { ...o.config?.webrtc, udp_port: udpPort },
     },
