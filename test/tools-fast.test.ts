@@ -120,3 +120,78 @@ describe("a model's tool arguments are bounded before anything parses them (tool
     }
   });
 });
+
+describe("the agent's tool gate, in process", () => {
+  test("only what the agent's patterns name is offered and run; a name not offered, or a device's tool for an application, is refused and reaches nobody", async () => {
+    const server = await new SdkHttpServer(() => {
+      const mcp = new McpServer({ name: "home", version: "1.0.0" });
+      mcp.registerTool("echo", { description: "Echoes.", inputSchema: { text: z.string() } }, async ({ text }) => ({ content: [{ type: "text", text }] }));
+      mcp.registerTool("secret", { description: "Not for this agent.", inputSchema: {} }, async () => ({ content: [{ type: "text", text: "leaked" }] }));
+      return mcp;
+    }).start();
+    const node = await startTestServer();
+    const registry = new Registry();
+    const metrics = new ToolMetrics(registry);
+    const servers = new McpServers([{ id: "home", url: server.url, headers_env: {}, timeout_ms: 5_000, ping_interval_ms: 10_000 }], {
+      env: {},
+      logger: pino({ level: "silent" }),
+      metrics,
+    });
+    // The calling device's own tools, as its session on this node lists them (the device is outside).
+    const deviceCalls: string[] = [];
+    const deviceTools: OfferedTool[] = ["set_volume", "set_light", "reboot"].map((name) => ({ name, description: name, inputSchema: { type: "object" } }));
+    const session = {
+      tools: deviceTools,
+      call: async (name: string) => {
+        deviceCalls.push(name);
+        return { text: "done", isError: false, images: [], result: "ok" as const };
+      },
+    };
+    try {
+      await servers.tried();
+      const config = loadConfig({}, {
+        providers: [{ id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" }],
+        models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "m" }],
+        mcp_servers: [{ id: "home", url: server.url }],
+        agents: [{ id: "a", model: "m", tools: ["device.set_*", "home.echo", "device_status"] }],
+      } as never);
+      const box = new Toolbox({ domain: node.domain, servers, devices: () => session as never, metrics, providers: config.providers, models: config.models });
+      const run = (kit: ReturnType<Toolbox["forRun"]>, name: string, args = "{}") =>
+        kit.run({ id: "c", type: "function", function: { name, arguments: args } }, new AbortController().signal);
+      const serverCalls = () => server.methods.filter((m) => m === "tools/call").length;
+
+      const device = box.forRun(config.agents[0]!, config.models[0]!, { kind: "device", publicKey: "device-key" });
+      assert.deepEqual(
+        device.definitions().map((d) => d.function.name),
+        ["device.set_volume", "device.set_light", "home.echo", "device_status"],
+      );
+      assert.equal((await run(device, "device.set_volume")).isError, false);
+      assert.deepEqual(deviceCalls, ["set_volume"]);
+      for (const name of ["device.reboot", "home.secret", "device.set_volume2"]) {
+        const refused = await run(device, name);
+        assert.equal(refused.isError, true, name);
+        assert.match(refused.text, new RegExp(`no tool named ${name.replace(".", "\\.")}`));
+      }
+      assert.deepEqual(deviceCalls, ["set_volume"], "the device got no call it was not offered");
+      assert.equal(serverCalls(), 0, "the server got no call");
+
+      const application = box.forRun(config.agents[0]!, config.models[0]!, { kind: "application", name: "k", models: ["*"] });
+      assert.deepEqual(
+        application.definitions().map((d) => d.function.name),
+        ["home.echo"],
+      );
+      for (const name of ["device.set_volume", "device_status"]) {
+        const refused = await run(application, name);
+        assert.equal(refused.isError, true, name);
+        assert.match(refused.text, /device tools are not available to this caller: it is an application/);
+      }
+      assert.deepEqual(deviceCalls, ["set_volume"], "no device call for an application");
+      assert.equal((await run(application, "home.echo", JSON.stringify({ text: "hi" }))).isError, false);
+      assert.equal(serverCalls(), 1);
+    } finally {
+      await servers.close();
+      await server.stop();
+      await node.stop();
+    }
+  });
+});
