@@ -10,8 +10,8 @@ export const LOW_WATER_BYTES = 256 * 1024;
  * close can overtake the last messages: a close is passed on once none has come for this long.
  */
 export const CLOSE_QUIET_MS = 15;
-/** A stream's close waits this long after its last message has left (see `ChannelStream.linger`). */
-export const CLOSE_LINGER_MS = 50;
+/** A stream's close waits this long after its last message has left, unless the other side closes first (see `ChannelStream.linger`; 50 ms was too short at load). */
+export const CLOSE_LINGER_MS = 500;
 
 export const PACKET_LABEL = "giznet/v1/packet";
 export const SERVICE_PREFIX = "giznet/v1/service/";
