@@ -63,6 +63,17 @@ describe("tools, fast", () => {
   });
 });
 
+/** The configured MCP server `home` at `url`, as a node connects it, with its tool metrics. */
+function homeServers(url: string): { metrics: ToolMetrics; servers: McpServers } {
+  const metrics = new ToolMetrics(new Registry());
+  const servers = new McpServers([{ id: "home", url, headers_env: {}, timeout_ms: 5_000, ping_interval_ms: 10_000 }], {
+    env: {},
+    logger: pino({ level: "silent" }),
+    metrics,
+  });
+  return { metrics, servers };
+}
+
 describe("a model's tool arguments are bounded before anything parses them (tools.md §2)", () => {
   test("arguments over the agent's tool_arguments_max_chars: not parsed, not run, a tool error saying so; within it the call runs", async () => {
     const server = await new SdkHttpServer(() => {
@@ -71,13 +82,7 @@ describe("a model's tool arguments are bounded before anything parses them (tool
       return mcp;
     }).start();
     const node = await startTestServer();
-    const registry = new Registry();
-    const metrics = new ToolMetrics(registry);
-    const servers = new McpServers([{ id: "home", url: server.url, headers_env: {}, timeout_ms: 5_000, ping_interval_ms: 10_000 }], {
-      env: {},
-      logger: pino({ level: "silent" }),
-      metrics,
-    });
+    const { metrics, servers } = homeServers(server.url);
     try {
       await servers.tried();
       const config = loadConfig({}, {
@@ -130,13 +135,7 @@ describe("the agent's tool gate, in process", () => {
       return mcp;
     }).start();
     const node = await startTestServer();
-    const registry = new Registry();
-    const metrics = new ToolMetrics(registry);
-    const servers = new McpServers([{ id: "home", url: server.url, headers_env: {}, timeout_ms: 5_000, ping_interval_ms: 10_000 }], {
-      env: {},
-      logger: pino({ level: "silent" }),
-      metrics,
-    });
+    const { metrics, servers } = homeServers(server.url);
     // The calling device's own tools, as its session on this node lists them (the device is outside).
     const deviceCalls: string[] = [];
     const deviceTools: OfferedTool[] = ["set_volume", "set_light", "reboot"].map((name) => ({ name, description: name, inputSchema: { type: "object" } }));
