@@ -1,0 +1,85 @@
+/**
+ * One side of `npm run bench -- realtime-attack`: one attack on one conversation's bridge, in a
+ * process of its own (its RSS is the attack's alone), with the bridge of the checkout at `root`
+ * (this one, or a before's: its modules are imported from there). Usage:
+ * realtime-attack-side.ts <root> <provider port> <attack>; prints one JSON line.
+ */
+import { monitorEventLoopDelay } from "node:perf_hooks";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+import v8 from "node:v8";
+import vm from "node:vm";
+import { Registry } from "prom-client";
+
+const [root, port, attack] = process.argv.slice(2) as [string, string, string];
+const from = async <T>(path: string): Promise<T> => (await import(pathToFileURL(join(root, path)).href)) as T;
+
+v8.setFlagsFromString("--expose-gc");
+const gc = vm.runInNewContext("gc") as () => void;
+const { loadResampler } = await from<typeof import("../src/audio/resampler.ts")>("src/audio/resampler.ts");
+const { loadConfig } = await from<typeof import("../src/config/config.ts")>("src/config/config.ts");
+const { systemClock } = await from<typeof import("../src/voice/clock.ts")>("src/voice/clock.ts");
+const { VoiceMetrics } = await from<typeof import("../src/voice/metrics.ts")>("src/voice/metrics.ts");
+const { VoiceEvents } = await from<typeof import("../src/voice/peer-events.ts")>("src/voice/peer-events.ts");
+const { RealtimeBridge } = await from<typeof import("../src/voice/realtime/bridge.ts")>("src/voice/realtime/bridge.ts");
+
+const resampler = await loadResampler();
+const config = loadConfig({}, {});
+// What a node holds before a conversation's bridge: its modules loaded, collected.
+gc();
+const before = process.memoryUsage().rss;
+const loop = monitorEventLoopDelay({ resolution: 5 });
+let events = 0;
+let done!: () => void;
+const finished = new Promise<void>((r) => {
+  done = r;
+});
+const started = performance.now();
+loop.enable();
+const bridge = new RealtimeBridge({
+  agent: {
+    id: "talker",
+    instructions: "Be brief.",
+    voice: "marin",
+    turnDetection: "server_vad",
+    transcription: "gpt-4o-mini-transcribe",
+    toolTimeoutMs: 1_000,
+    maxSteps: 4,
+    provider: "rt",
+    url: `ws://127.0.0.1:${port}/v1/realtime?model=m&attack=${attack}`,
+    apiKey: undefined,
+    timeoutMs: 10_000,
+  },
+  config: config.voice,
+  events: new VoiceEvents({ sendEvent: () => void events++ } as never),
+  tools: { definitions: () => [], displayName: (n: string) => n, run: async () => ({ text: "ok", isError: false, images: [], result: "ok" }) } as never,
+  toolEvents: () => ({ called() {}, finished() {} }),
+  activity: undefined,
+  resampler,
+  payloadType: 111,
+  metrics: new VoiceMetrics(new Registry(), () => 1),
+  clock: systemClock,
+  send: () => true,
+  log: (_l, _d, message) => {
+    if (message === "the realtime session failed; reconnecting") done();
+  },
+});
+// The attack ends when the provider closes the session (the bridge's failure line), at most 2 minutes.
+const timer = setTimeout(done, 120_000);
+await finished;
+clearTimeout(timer);
+const seconds = (performance.now() - started) / 1000;
+bridge.close();
+loop.disable();
+await new Promise((r) => setTimeout(r, 500));
+gc();
+process.stdout.write(
+  `${JSON.stringify({
+    max_loop_delay_ms: Math.round(loop.max / 1e6),
+    attack_s: Math.round(seconds * 10) / 10,
+    rss_before_mb: Math.round(before / 2 ** 20),
+    rss_after_mb: Math.round(process.memoryUsage().rss / 2 ** 20),
+    events,
+  })}\n`,
+);
+process.exit(0);
