@@ -2,10 +2,12 @@
  * One side of `npm run bench -- realtime-attack`: one attack on one conversation's bridge, in a
  * process of its own (its RSS is the attack's alone), with the bridge of the checkout at `root`
  * (this one, or a before's: its modules are imported from there). Usage:
- * realtime-attack-side.ts <root> <provider port> <attack>; prints one JSON line.
+ * realtime-attack-side.ts <root> <provider port> <attack>; prints one JSON line. The attack `idle`
+ * is the control: no bridge, the loop of a process doing nothing for 2 s (what the load alone holds it).
  */
-import { monitorEventLoopDelay } from "node:perf_hooks";
+
 import { join } from "node:path";
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import { pathToFileURL } from "node:url";
 import v8 from "node:v8";
 import vm from "node:vm";
@@ -36,6 +38,13 @@ const finished = new Promise<void>((r) => {
 });
 const started = performance.now();
 loop.enable();
+if (attack === "idle") {
+  // The control: what the machine's load alone holds an idle process's loop for, over 2 s.
+  await new Promise((r) => setTimeout(r, 2_000));
+  loop.disable();
+  process.stdout.write(`${JSON.stringify({ max_loop_delay_ms: Math.round(loop.max / 1e6), attack_s: 2, rss_before_mb: 0, rss_after_mb: 0, events: 0 })}\n`);
+  process.exit(0);
+}
 const bridge = new RealtimeBridge({
   agent: {
     id: "talker",

@@ -9,7 +9,9 @@
  * Each attack runs in a process of its own (realtime-attack-side.ts), on this checkout's bridge and,
  * with `BENCH_REALTIME_ATTACK_BEFORE` (a checkout, or a git revision checked out into a temporary
  * worktree), on that one's, one after the other for each attack (`BENCH_REALTIME_ATTACK_ROUNDS`
- * rounds, 1 by default). `BENCH_REALTIME_ATTACK_ONLY=a,b` runs only those attacks;
+ * rounds, 1 by default), and beside them `idle_process`: the longest hold of an idle process's loop
+ * over 2 s, the machine's load alone (on 2 shared cores it descheduled a process for 100 ms and
+ * more). `BENCH_REALTIME_ATTACK_ONLY=a,b` runs only those attacks;
  * `BENCH_CPU_PROF=<dir>` writes each side's CPU profile there.
  */
 import { spawn } from "node:child_process";
@@ -31,7 +33,15 @@ function run(root: string, port: number, attack: string): Promise<Side> {
   const prof = process.env.BENCH_CPU_PROF;
   const child = spawn(
     process.execPath,
-    [...(prof ? ["--cpu-prof", `--cpu-prof-dir=${prof}`] : []), "--import", "tsx", new URL("./realtime-attack-side.ts", import.meta.url).pathname, root, String(port), attack],
+    [
+      ...(prof ? ["--cpu-prof", `--cpu-prof-dir=${prof}`] : []),
+      "--import",
+      "tsx",
+      new URL("./realtime-attack-side.ts", import.meta.url).pathname,
+      root,
+      String(port),
+      attack,
+    ],
     { stdio: ["ignore", "pipe", "inherit"], cwd: ROOT },
   );
   let out = "";
@@ -62,9 +72,11 @@ export async function realtimeAttackBench(): Promise<unknown> {
   try {
     for (let r = 0; r < rounds; r++)
       for (const attack of ATTACKS.filter((a) => !only || only.includes(a)))
-        for (const [name, root] of sides) {
-          const side = await run(root, port, attack);
-          ((results[attack] ??= {})[name] ??= []).push(side);
+        for (const [name, root] of [...sides, ["idle_process", ROOT] as const]) {
+          const side = await run(root, port, name === "idle_process" ? "idle" : attack);
+          const byAttack = results[attack] ?? {};
+          results[attack] = byAttack;
+          byAttack[name] = [...(byAttack[name] ?? []), side];
         }
     load.push(loadavg()[0]!);
   } finally {

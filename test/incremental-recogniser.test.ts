@@ -39,10 +39,7 @@ class FakeModel implements LiveRecognition {
 
   /** The `n`th job, or a failure if `words` were answered first (with older words, without recognising the speech since). */
   async jobBefore(n: number, words: Promise<string>): Promise<FakeModel["jobs"][number]> {
-    return await Promise.race([
-      this.job(n),
-      words.then((w) => assert.fail(`answered "${w}" without recognising the speech since the last recognition began`)),
-    ]);
+    return await Promise.race([this.job(n), words.then((w) => assert.fail(`answered "${w}" without recognising the speech since the last recognition began`))]);
   }
 
   /** The `n`th job (from 1), once asked for. */
