@@ -34,7 +34,7 @@ test("a realtime agent hears the silence after speech at once, not held back by 
       timeoutMs: 10_000,
     },
     config: config.voice,
-    events: new VoiceEvents({ publicKey: "device", payloadType: 111, onPacket: () => {}, sendFrame: () => true, sendEvent: () => true } as never),
+    events: new VoiceEvents({ publicKey: "device", payloadType: 111, onPacket: () => () => {}, sendFrame: () => true, sendEvent: () => true } as never),
     // No tools: the path under test is the audio.
     tools: { definitions: () => [], displayName: (n: string) => n } as unknown as ToolKit,
     toolEvents: () => ({}) as never,

@@ -3,16 +3,16 @@ import type { Logger } from "pino";
 import type { VoiceConfig } from "../config/config.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
 import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
-import type { AudioThreads, ThreadUplink } from "./audio-threads.ts";
+import type { AudioThreads } from "./audio-threads.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
 import { RECOGNITION_RATE, type VoiceActivityPort } from "./engine-ports.ts";
 import type { VoiceMetrics } from "./metrics.ts";
-import { OPUS_RATE, OpusCodec } from "./opus.ts";
+import { OPUS_RATE } from "./opus.ts";
 import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort } from "./port.ts";
 import { AudioRecognition } from "./recognition.ts";
-import { turnHangoverMs, Uplink } from "./uplink.ts";
-
+import { turnHangoverMs } from "./uplink.ts";
+import { openUplink, type VoiceUplink } from "./uplinks.ts";
 import type { TurnUsage } from "./usage.ts";
 
 export type { AgentChoice } from "./activity.ts";
@@ -45,8 +45,6 @@ export interface ConversationOptions {
 const DROP_LOG_MS = 10_000;
 /** The jitter buffer's and the end of turn's clock. */
 const TICK_MS = 20;
-/** The uplink's packets are counted in the metrics every this many ticks. */
-const COUNT_TICKS = 50;
 
 /**
  * One device's voice conversation, for the life of its connection: the uplink (RTP → 16 kHz
@@ -57,16 +55,13 @@ const COUNT_TICKS = 50;
 export class Conversation {
   private readonly o: ConversationOptions;
   private readonly clock: VoiceClock;
-  /** The uplink decodes straight to the recogniser's rate. */
-  private readonly codec = new OpusCodec(RECOGNITION_RATE);
-  /** The uplink, here or on an audio thread. */
-  private readonly uplink: { here: Uplink } | { thread: ThreadUplink };
+  /** The uplink (decoding straight to the recogniser's rate), here or on an audio thread. */
+  private readonly uplink: VoiceUplink;
+  private readonly unsubscribe: () => void;
   private recognition: AudioRecognition<Turn>;
   private readonly turns: TurnActivity;
   private readonly stopTicker: () => void;
   private readonly logged = { overrun: 0, overrunAt: Number.NEGATIVE_INFINITY, droppedAt: Number.NEGATIVE_INFINITY };
-  /** Uplink packets already counted in the metrics, and ticks until they are counted again. */
-  private readonly counted = { decoded: 0, silent: 0, ticks: 0 };
   /** Samples heard from the uplink. */
   heardSamples = 0;
   private closed = false;
@@ -82,12 +77,7 @@ export class Conversation {
       metrics: o.metrics,
       resampler: o.resampler,
       // The replies are encoded where the uplink is decoded: on its audio thread, or here.
-      codec: {
-        frame: (pcm, encoded, urgent) => {
-          if ("thread" in this.uplink) this.uplink.thread.frame(pcm, encoded, urgent);
-          else this.codec.frame(pcm, encoded);
-        },
-      },
+      codec: { frame: (pcm, encoded, urgent) => this.uplink.frame(pcm, encoded, urgent) },
       send: (opus, first) => o.port.sendFrame(opus, first),
       agent: o.agent,
       run: o.run,
@@ -97,58 +87,39 @@ export class Conversation {
       log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
     });
     this.recognition = this.listen();
-    const pcm = (samples: Int16Array) => {
-      this.heardSamples += samples.length;
-      this.hear(samples);
-    };
     // Quiet packets are decoded and handed on at once for this long after speech: the silence that
     // ends a turn (up to unfinished_silence_ms) must not wait in the uplink's look-back.
-    const hangoverMs = turnHangoverMs(o.config.turn);
-    const silence = (samples: number) => {
-      this.heardSamples += samples;
-      if (!this.closed) this.recognition.silence(samples);
-    };
-    this.uplink = o.threads
-      ? {
-          thread: o.threads.uplink({
-            payloadType: o.port.payloadType,
-            audioLevelId: o.port.audioLevelId,
-            rate: RECOGNITION_RATE,
-            hangoverMs,
-            pcm,
-            silence,
-            overrun: (samples) => this.overrun(samples),
-            counted: (decoded, silent) => o.metrics.uplinkPackets(decoded, silent),
-            failed: (err) => this.audioLost(err),
-          }),
-        }
-      : {
-          here: new Uplink({
-            codec: this.codec,
-            payloadType: o.port.payloadType,
-            audioLevelId: o.port.audioLevelId,
-            hangoverMs,
-            pcm,
-            silence,
-            overrun: (samples) => this.overrun(samples),
-            now: () => this.clock.now(),
-          }),
-        };
+    this.uplink = openUplink(
+      o.threads,
+      { payloadType: o.port.payloadType, audioLevelId: o.port.audioLevelId, rate: RECOGNITION_RATE, hangoverMs: turnHangoverMs(o.config.turn) },
+      {
+        pcm: (samples) => {
+          this.heardSamples += samples.length;
+          this.hear(samples);
+        },
+        silence: (samples) => {
+          this.heardSamples += samples;
+          if (!this.closed) this.recognition.silence(samples);
+        },
+        overrun: (samples) => this.overrun(samples),
+        counted: (decoded, silent) => o.metrics.uplinkPackets(decoded, silent),
+        failed: (err) => this.audioLost(err),
+      },
+      this.clock,
+    );
     const uplink = this.uplink;
-    o.port.onPacket((packet) => {
+    this.unsubscribe = o.port.onPacket((packet) => {
       if (this.closed || !o.agent()) return;
       try {
-        if ("here" in uplink) uplink.here.packet(packet);
-        else uplink.thread.packet(packet);
+        uplink.packet(packet);
       } catch (err) {
         o.logger.warn({ err, peer }, "voice uplink packet failed");
       }
     });
     this.stopTicker = this.clock.every(TICK_MS, () => {
       try {
-        if ("here" in uplink) uplink.here.tick();
+        uplink.tick();
         this.recognition.tick();
-        if (++this.counted.ticks >= COUNT_TICKS) this.count();
       } catch (err) {
         o.logger.warn({ err, peer }, "voice uplink tick failed");
       }
@@ -157,7 +128,7 @@ export class Conversation {
 
   /** The audio thread (its index in the pool) the uplink is decoded on; -1 on this thread. */
   get uplinkThread(): number {
-    return "thread" in this.uplink ? this.uplink.thread.thread : -1;
+    return this.uplink.thread;
   }
 
   /** Whether the device converses through this pipeline now (its agent is a text agent with engines). */
@@ -189,11 +160,10 @@ export class Conversation {
     if (this.closed) return;
     this.closed = true;
     this.stopTicker();
-    this.count();
-    if ("thread" in this.uplink) this.uplink.thread.close();
+    this.unsubscribe();
+    this.uplink.close();
     this.turns.close();
     this.recognition.close();
-    this.codec.close();
   }
 
   /** The turns as the detector hears them, on a detector of their own. */
@@ -221,16 +191,6 @@ export class Conversation {
     this.recognition.close();
     this.turns.audioLost(err);
     this.recognition = this.listen();
-  }
-
-  /** The uplink's packets since last counted, into the metrics (every second, not per packet). */
-  private count(): void {
-    if (!("here" in this.uplink)) return;
-    const { decoded, silent } = this.uplink.here;
-    this.o.metrics.uplinkPackets(decoded - this.counted.decoded, silent - this.counted.silent);
-    this.counted.decoded = decoded;
-    this.counted.silent = silent;
-    this.counted.ticks = 0;
   }
 
   /** The device claimed more audio than real time allows; logged at most every DROP_LOG_MS, not per packet. */

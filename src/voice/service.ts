@@ -112,12 +112,20 @@ export class VoiceService implements VoiceHost {
       recorder.add(entry);
       keeper?.entry(entry);
     });
-    // The device's packets go to both sides; each takes them only while its kind of agent answers.
-    const listeners: Array<(packet: Buffer) => void> = [];
-    transcript.port.onPacket((packet) => {
-      for (const l of listeners) l(packet);
+    // The device's packets go to the one side whose kind of agent answers now: a realtime session when one is open, else the text pipeline.
+    const toText = new Set<(packet: Buffer) => void>();
+    let realtime: RealtimeVoice | undefined;
+    const unsubscribe = transcript.port.onPacket((packet) => {
+      if (realtime?.active) realtime.packet(packet);
+      else for (const l of toText) l(packet);
     });
-    const port: AudioPort = { ...transcript.port, onPacket: (cb) => listeners.push(cb) };
+    const port: AudioPort = {
+      ...transcript.port,
+      onPacket: (cb) => {
+        toText.add(cb);
+        return () => toText.delete(cb);
+      },
+    };
     const events = new VoiceEvents(port);
     const key = devicePort.publicKey;
     const choice = new DeviceAgentChoice({
@@ -130,7 +138,6 @@ export class VoiceService implements VoiceHost {
       onReadError: (err) => this.o.logger.warn({ err, peer: key }, "could not read the device's voice agent; trying again"),
     });
     let conversation: Conversation;
-    let realtime: RealtimeVoice | undefined;
     const meter = this.o.domain.usage.meter;
     const realtimeUsage = this.realtime.size > 0 ? deviceRealtimeUsage(meter, key) : undefined;
     // A realtime agent at its limit: its session is closed, and the text pipeline answers with its limited reply.
@@ -162,7 +169,6 @@ export class VoiceService implements VoiceHost {
           ...(realtimeUsage ? { usage: realtimeUsage } : {}),
         });
         realtime = r;
-        listeners.push((packet) => r.packet(packet));
       }
       conversation = new Conversation({
         port,
@@ -192,6 +198,7 @@ export class VoiceService implements VoiceHost {
       });
     } catch (err) {
       // Nothing of this connection's stays subscribed or open when its conversation cannot start.
+      unsubscribe();
       realtime?.close();
       choice.close();
       transcript.close();
@@ -206,6 +213,7 @@ export class VoiceService implements VoiceHost {
       close: () => {
         this.open_.delete(conversation);
         if (realtime) this.realtimeOpen.delete(realtime);
+        unsubscribe();
         choice.close();
         realtime?.close();
         conversation.close();

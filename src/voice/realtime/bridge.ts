@@ -17,8 +17,9 @@ import { SpokenText } from "../spoken.ts";
 import { turnEndSilence } from "../turn-end.ts";
 import { turnHangoverMs, Uplink } from "../uplink.ts";
 import { AudioQueue } from "./audio-queue.ts";
+import { errorOf, type RealtimeEventOf, type RealtimeEventType, type RealtimeServerEvent } from "./events.ts";
 import { RealtimeLink } from "./link.ts";
-import { errorOf, historyItems, obj, REALTIME_RATE, type RealtimeTool, type ServerEvent, type SessionSettings, sessionUpdate, str } from "./wire.ts";
+import { historyItems, REALTIME_RATE, type RealtimeTool, type SessionSettings, sessionUpdate } from "./wire.ts";
 
 /** Uplink audio goes to the model in appends of this much (voice.md §6: every 20–100 ms). */
 const APPEND_SAMPLES = (REALTIME_RATE * 40) / 1000;
@@ -350,132 +351,121 @@ export class RealtimeBridge {
     this.link.send(this.settingsEvent(this.nextId("tools")));
   }
 
-  private event(e: ServerEvent): void {
+  /** Each server event Perch reads, by its type: the session's reactions, one line each where it can. */
+  private readonly on: { [T in RealtimeEventType]: (e: RealtimeEventOf<T>) => void } = {
+    "session.created": (e) => {
+      const expires = e.session?.expires_at;
+      if (expires !== undefined) this.renewBefore(expires * 1000 - Date.now());
+    },
+    "input_audio_buffer.speech_started": (e) => {
+      if (!this.node) this.speechStarted(e.item_id);
+    },
+    "input_audio_buffer.speech_stopped": () => {
+      if (!this.node) this.speechStopped(this.o.clock.now());
+    },
+    "input_audio_buffer.committed": (e) => {
+      if (e.item_id && this.node && !this.itemTurns.has(e.item_id)) this.rememberItem(e.item_id, this.answered || this.turns);
+    },
+    "conversation.item.input_audio_transcription.delta": (e) => this.userDelta(e.item_id, e.delta),
+    "conversation.item.input_audio_transcription.completed": (e) => this.userDone(e.item_id, e.transcript),
+    "conversation.item.input_audio_transcription.failed": (e) => {
+      this.itemTurns.delete(e.item_id ?? "");
+    },
+    "response.created": (e) => this.responseCreated(e.response?.id ?? ""),
+    "response.output_item.added": (e) => {
+      const turn = this.current(e.response_id);
+      if (turn && e.item?.id && e.item.type === "message") this.item(turn, e.item.id);
+    },
+    "response.output_audio.delta": (e) => this.audio(e.response_id, e.item_id ?? "", e.delta ?? ""),
+    "response.output_audio_transcript.delta": (e) => this.replyDelta(e),
+    "response.output_audio_transcript.done": (e) => this.replyDone(e),
+    "response.function_call_arguments.done": (e) => {
+      const turn = this.current(e.response_id);
+      // A call in the last step (no tools offered) or beyond a step's bound is not run, as for text agents.
+      if (turn && !turn.cut && e.call_id && e.name && turn.steps < this.o.agent.maxSteps && turn.calls.length < MAX_TOOL_CALLS_PER_STEP) {
+        this.callTool(turn, e.call_id, e.name, e.arguments ?? "");
+      }
+    },
+    "response.done": (e) => this.responseDone(e.response),
+    error: (e) => this.modelError(errorOf(e)),
+  };
+
+  private event(e: RealtimeServerEvent): void {
     if (this.closed) return;
-    const r = e.raw;
-    switch (e.type) {
-      case "session.created": {
-        const expires = obj(r, "session")?.expires_at;
-        if (typeof expires === "number" && Number.isFinite(expires)) this.renewBefore(expires * 1000 - Date.now());
-        return;
-      }
-      case "input_audio_buffer.speech_started":
-        if (!this.node) this.speechStarted(str(r, "item_id"));
-        return;
-      case "input_audio_buffer.speech_stopped":
-        if (!this.node) this.speechStopped(this.o.clock.now());
-        return;
-      case "input_audio_buffer.committed": {
-        const item = str(r, "item_id");
-        if (item && this.node && !this.itemTurns.has(item)) this.rememberItem(item, this.answered || this.turns);
-        return;
-      }
-      case "conversation.item.input_audio_transcription.delta": {
-        const input = this.itemTurns.get(str(r, "item_id") ?? "");
-        const delta = str(r, "delta");
-        if (!input || !delta) return;
-        // Told up to the bound; the rest is dropped.
-        const told = delta.slice(0, Math.max(0, MAX_USER_TRANSCRIPT_CHARS - input.chars));
-        input.chars += told.length;
-        if (told) this.o.events.delta(`in-${input.n}`, "user.transcript", told);
-        return;
-      }
-      case "conversation.item.input_audio_transcription.completed": {
-        const item = str(r, "item_id") ?? "";
-        const n = this.itemTurns.get(item)?.n;
-        if (!n) return;
-        this.itemTurns.delete(item);
-        const text = (str(r, "transcript") ?? "").slice(0, MAX_USER_TRANSCRIPT_CHARS).trim();
-        this.o.events.done(`in-${n}`, "user.transcript", text);
-        this.o.log("debug", { turn: n, transcript: text }, "voice turn transcript");
-        if (text) this.remember(n, "user", text);
-        return;
-      }
-      case "conversation.item.input_audio_transcription.failed":
-        this.itemTurns.delete(str(r, "item_id") ?? "");
-        return;
-      case "response.created":
-        this.responseCreated(str(obj(r, "response"), "id") ?? "");
-        return;
-      case "response.output_item.added": {
-        const turn = this.current(str(r, "response_id"));
-        const item = obj(r, "item");
-        const id = str(item, "id");
-        if (turn && id && str(item, "type") === "message") this.item(turn, id);
-        return;
-      }
-      case "response.output_audio.delta":
-        this.audio(str(r, "response_id"), str(r, "item_id") ?? "", str(r, "delta") ?? "");
-        return;
-      case "response.output_audio_transcript.delta": {
-        const turn = this.current(str(r, "response_id"));
-        const delta = str(r, "delta");
-        if (!turn || !delta) return;
-        const item = this.item(turn, str(r, "item_id") ?? "");
-        if (!item) return;
-        // The reply's text is kept up to `voice.max_reply_chars` (the model's whole reply: all its items); beyond, the reply is cut.
-        const kept = delta.slice(0, Math.max(0, this.o.config.max_reply_chars - turn.chars));
-        item.text += kept;
-        turn.chars += kept.length;
-        const wasCut = turn.cut;
-        if (kept.length < delta.length) this.cutReply(turn);
-        // Past a cut the words are kept (what share was heard is counted on them) but not told.
-        if (wasCut || !kept) return;
-        if (!turn.textStarted) {
-          turn.textStarted = true;
-          this.o.events.bos(`out-${turn.n}`, "text", "assistant.text");
-        }
-        this.o.events.delta(`out-${turn.n}`, "assistant.text", kept);
-        return;
-      }
-      case "response.output_audio_transcript.done": {
-        const turn = this.current(str(r, "response_id"));
-        const transcript = str(r, "transcript");
-        if (!turn || transcript === undefined) return;
-        const item = this.item(turn, str(r, "item_id") ?? "");
-        if (!item) return;
-        const room = this.o.config.max_reply_chars - (turn.chars - item.text.length);
-        const text = transcript.slice(0, Math.max(0, room));
-        turn.chars += text.length - item.text.length;
-        item.text = text;
-        if (text.length < transcript.length) this.cutReply(turn);
-        return;
-      }
-      case "response.function_call_arguments.done": {
-        const turn = this.current(str(r, "response_id"));
-        const callId = str(r, "call_id");
-        const name = str(r, "name");
-        // A call in the last step (no tools offered) or beyond a step's bound is not run, as for text agents.
-        if (turn && !turn.cut && callId && name && turn.steps < this.o.agent.maxSteps && turn.calls.length < MAX_TOOL_CALLS_PER_STEP) {
-          this.callTool(turn, callId, name, str(r, "arguments") ?? "");
-        }
-        return;
-      }
-      case "response.done":
-        this.responseDone(obj(r, "response"));
-        return;
-      case "error": {
-        const err = errorOf(e);
-        if (this.answersOwn(err)) {
-          this.o.log("debug", { code: err.code, message: err.message }, "the model refused a cancel or truncation of Perch's (harmless)");
-          return;
-        }
-        // Recoverable (voice.md §6): the session stays open; only the turn in progress fails.
-        const failed = this.failTurn(`the model reported an error: ${err.code}: ${err.message}`);
-        // Said for each turn it fails, else at most once a minute: a provider's flood of errors is not the log's.
-        const now = this.o.clock.now();
-        const say = failed || now - this.errorSaidAt >= ERROR_SAY_EVERY_MS;
-        if (say) this.errorSaidAt = now;
-        this.o.log(
-          say ? "warn" : "debug",
-          { agent: this.o.agent.id, provider: this.o.agent.provider, code: err.code, reason: err.message },
-          "the realtime model reported an error",
-        );
-        return;
-      }
-      default:
-        return;
+    (this.on[e.type] as (e: RealtimeServerEvent) => void)(e);
+  }
+
+  /** A part of the user's transcript: told up to the bound, the rest dropped. */
+  private userDelta(itemId: string | undefined, delta: string | undefined): void {
+    const input = this.itemTurns.get(itemId ?? "");
+    if (!input || !delta) return;
+    const told = delta.slice(0, Math.max(0, MAX_USER_TRANSCRIPT_CHARS - input.chars));
+    input.chars += told.length;
+    if (told) this.o.events.delta(`in-${input.n}`, "user.transcript", told);
+  }
+
+  private userDone(itemId: string | undefined, transcript: string | undefined): void {
+    const item = itemId ?? "";
+    const n = this.itemTurns.get(item)?.n;
+    if (!n) return;
+    this.itemTurns.delete(item);
+    const text = (transcript ?? "").slice(0, MAX_USER_TRANSCRIPT_CHARS).trim();
+    this.o.events.done(`in-${n}`, "user.transcript", text);
+    this.o.log("debug", { turn: n, transcript: text }, "voice turn transcript");
+    if (text) this.remember(n, "user", text);
+  }
+
+  private replyDelta(e: RealtimeEventOf<"response.output_audio_transcript.delta">): void {
+    const turn = this.current(e.response_id);
+    const delta = e.delta;
+    if (!turn || !delta) return;
+    const item = this.item(turn, e.item_id ?? "");
+    if (!item) return;
+    // The reply's text is kept up to `voice.max_reply_chars` (the model's whole reply: all its items); beyond, the reply is cut.
+    const kept = delta.slice(0, Math.max(0, this.o.config.max_reply_chars - turn.chars));
+    item.text += kept;
+    turn.chars += kept.length;
+    const wasCut = turn.cut;
+    if (kept.length < delta.length) this.cutReply(turn);
+    // Past a cut the words are kept (what share was heard is counted on them) but not told.
+    if (wasCut || !kept) return;
+    if (!turn.textStarted) {
+      turn.textStarted = true;
+      this.o.events.bos(`out-${turn.n}`, "text", "assistant.text");
     }
+    this.o.events.delta(`out-${turn.n}`, "assistant.text", kept);
+  }
+
+  private replyDone(e: RealtimeEventOf<"response.output_audio_transcript.done">): void {
+    const turn = this.current(e.response_id);
+    const transcript = e.transcript;
+    if (!turn || transcript === undefined) return;
+    const item = this.item(turn, e.item_id ?? "");
+    if (!item) return;
+    const room = this.o.config.max_reply_chars - (turn.chars - item.text.length);
+    const text = transcript.slice(0, Math.max(0, room));
+    turn.chars += text.length - item.text.length;
+    item.text = text;
+    if (text.length < transcript.length) this.cutReply(turn);
+  }
+
+  /** An `error` event: harmless when it answers Perch's own cancel or truncation, else it fails the turn in progress. */
+  private modelError(err: { code: string; message: string; eventId: string | undefined }): void {
+    if (this.answersOwn(err)) {
+      this.o.log("debug", { code: err.code, message: err.message }, "the model refused a cancel or truncation of Perch's (harmless)");
+      return;
+    }
+    // Recoverable (voice.md §6): the session stays open; only the turn in progress fails.
+    const failed = this.failTurn(`the model reported an error: ${err.code}: ${err.message}`);
+    // Said for each turn it fails, else at most once a minute: a provider's flood of errors is not the log's.
+    const now = this.o.clock.now();
+    const say = failed || now - this.errorSaidAt >= ERROR_SAY_EVERY_MS;
+    if (say) this.errorSaidAt = now;
+    this.o.log(
+      say ? "warn" : "debug",
+      { agent: this.o.agent.id, provider: this.o.agent.provider, code: err.code, reason: err.message },
+      "the realtime model reported an error",
+    );
   }
 
   /** The turn a response's events belong to; undefined for a stale (cancelled, cut) response. */
@@ -773,14 +763,14 @@ export class RealtimeBridge {
     }
   }
 
-  private responseDone(response: Record<string, unknown> | undefined): void {
+  private responseDone(response: RealtimeEventOf<"response.done">["response"]): void {
     const turn = this.reply;
-    const id = str(response, "id");
-    const used = obj(response, "usage");
+    const id = response?.id;
+    const used = response?.usage;
     if (used) this.o.usage?.tokens(num(used.input_tokens), num(used.output_tokens));
     if (!turn || turn.ended || id !== turn.responseId) return;
     turn.responseActive = false;
-    const status = str(response, "status");
+    const status = response?.status;
     if (status === "cancelled" && !turn.cut) {
       // The provider cancelled it (its own detector heard speech, with barge-in Perch's to decide): the reply ends here.
       turn.playout?.stop();
@@ -789,8 +779,8 @@ export class RealtimeBridge {
       return;
     }
     if (status === "failed") {
-      const error = obj(obj(response, "status_details"), "error");
-      this.link.fail(`the model's response failed: ${str(error, "message") ?? str(error, "code") ?? "no reason given"}`);
+      const error = response?.status_details?.error;
+      this.link.fail(`the model's response failed: ${error?.message ?? error?.code ?? "no reason given"}`);
       return;
     }
     const calls = turn.calls;
@@ -948,7 +938,7 @@ function base64Bytes(s: string): number {
   return Math.max(0, Math.floor((s.length * 3) / 4) - pad);
 }
 
-/** A count the provider reported (anything but a finite number is none). */
-function num(v: unknown): number {
-  return typeof v === "number" && Number.isFinite(v) && v > 0 ? v : 0;
+/** A count the provider reported (none, or not positive, is 0). */
+function num(v: number | undefined): number {
+  return v !== undefined && v > 0 ? v : 0;
 }
