@@ -44,7 +44,7 @@ export interface LinkOptions {
 /**
  * One conversation's WebSocket to a realtime model, kept open: opened at once, its setup sent on
  * every (re)open, and reopened in the background with back-off after any failure (a refused
- * upgrade, a closed socket, a rejected setup, or one the bridge reports). Never throws.
+ * upgrade, a closed socket, a rejected setup, or one the session reports). Never throws.
  */
 export class RealtimeLink {
   private readonly o: LinkOptions;

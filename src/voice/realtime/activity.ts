@@ -1,39 +1,26 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
-import { MAX_TOOL_CALLS_PER_STEP } from "../../ai/agents/tool-calls.ts";
 import type { ToolKit, ToolObserver } from "../../ai/agents/toolbox.ts";
-import { toolMessageText } from "../../ai/agents/toolbox.ts";
 import { Resampler } from "../../audio/resampler.ts";
 import type { VoiceConfig } from "../../config/config.ts";
-import { failed, type ToolOutcome } from "../../mcp/results.ts";
 import type { ChatMessage } from "../../protocol/compat.ts";
 import type { VoiceClock } from "../clock.ts";
 import { RECOGNITION_RATE, type TurnTranscription, type VoiceActivityPort } from "../engine-ports.ts";
-import type { Stage, TurnResult, VoiceMetrics } from "../metrics.ts";
-import { OPUS_RATE, OpusCodec } from "../opus.ts";
+import type { Stage, VoiceMetrics } from "../metrics.ts";
+import type { FrameEncoder } from "../opus.ts";
 import type { VoiceEvents } from "../peer-events.ts";
-import { Playout } from "../playout.ts";
 import { AudioRecognition, type ListeningTurn, type TurnEnd } from "../recognition.ts";
-import { SpokenText } from "../spoken.ts";
 import { turnEndSilence } from "../turn-end.ts";
-import { turnHangoverMs, Uplink } from "../uplink.ts";
-import { AudioQueue } from "./audio-queue.ts";
+import type { RealtimeAgentInfo } from "./agents.ts";
 import { errorOf, type RealtimeEventOf, type RealtimeEventType, type RealtimeServerEvent } from "./events.ts";
 import { RealtimeLink } from "./link.ts";
-import { historyItems, REALTIME_RATE, type RealtimeTool, type SessionSettings, sessionUpdate } from "./wire.ts";
+import { RealtimeTools } from "./tools.ts";
+import { RealtimeTurn, type TurnOutcome } from "./turn.ts";
+import { historyItems, REALTIME_RATE, type RealtimeTool, sessionUpdate } from "./wire.ts";
 
 /** Uplink audio goes to the model in appends of this much (voice.md §6: every 20–100 ms). */
 const APPEND_SAMPLES = (REALTIME_RATE * 40) / 1000;
-/** Audio the model sent ahead of playback waits here, at most this long (voice.md §6); beyond, the reply is cut. */
-export const MAX_BUFFER_S = 60;
-const MAX_BUFFER_BYTES = MAX_BUFFER_S * REALTIME_RATE * 2;
-/** The reply's audio is resampled and handed to the playout only this far ahead of what it has sent (48 kHz samples). */
-const PLAYOUT_AHEAD = (OPUS_RATE * 200) / 1000;
-/** A tool gets this much beyond the agent's `tool_timeout_ms` before it is answered as failed whatever it does. */
-const TOOL_GRACE_MS = 1_000;
 /** Input transcripts awaited at most for this many items (an item whose transcript never comes is forgotten). */
 const MAX_ITEMS = 64;
-/** Output items one turn keeps (a reply is one or two): audio or text of further new item ids is ignored. */
-export const MAX_REPLY_ITEMS = 16;
 /** A user's transcript (one turn, at most `voice.turn.max_ms` of speech) is kept and told up to this many characters. */
 export const MAX_USER_TRANSCRIPT_CHARS = 8_192;
 /** An error answering Perch's own cancel, truncate or delete, from a server that echoes no event id, by its code (voice.md §6). */
@@ -50,23 +37,7 @@ const HARMLESS_WITHIN_MS = 10_000;
 const RENEW_BEFORE_MS = 60_000;
 const RENEW_RETRY_MS = 500;
 
-export interface RealtimeAgentInfo {
-  id: string;
-  instructions: string;
-  voice: string;
-  turnDetection: SessionSettings["turnDetection"];
-  transcription: string | false;
-  toolTimeoutMs: number;
-  /** Model calls (responses) of one turn at most, as for text agents: the last one offers no tools. */
-  maxSteps: number;
-  /** The provider's id (`turn.metrics.engines.realtime`), WebSocket URL, key and `timeout_ms`. */
-  provider: string;
-  url: string;
-  apiKey: string | undefined;
-  timeoutMs: number;
-}
-
-export interface RealtimeOptions {
+export interface RealtimeActivityOptions {
   agent: RealtimeAgentInfo;
   config: VoiceConfig;
   events: VoiceEvents;
@@ -79,9 +50,8 @@ export interface RealtimeOptions {
   /** The device's memory, given after the agent's instructions once read. */
   notes?: () => Promise<string | undefined>;
   resampler: SpeexModule;
-  payloadType: number;
-  /** The audio level's header extension id, when negotiated (RFC 6464). */
-  audioLevelId?: number | undefined;
+  /** Encodes the replies' frames: the conversation's uplink (on its audio thread, or here). */
+  encoder: FrameEncoder;
   metrics: VoiceMetrics;
   clock: VoiceClock;
   /** Sends one Opus frame of a reply. */
@@ -97,55 +67,6 @@ export interface RealtimeCounts {
   answered(): void;
 }
 
-interface AudioItem {
-  id: string;
-  text: string;
-  /** Samples (24 kHz) the model sent for it, those dropped by a cut included. */
-  received: number;
-  /** Playout samples (48 kHz) written before it began, and of it. */
-  start: number;
-  written: number;
-}
-
-/** A turn's reply: from the end of the user's speech to the last of its audio sent. */
-interface ReplyTurn {
-  n: number;
-  /** Clock time the user's speech ended (undefined: a reply nobody asked for). */
-  stoppedAt: number | undefined;
-  createdAt?: number;
-  firstAudioAt?: number;
-  /** The response whose events belong to this turn, while it is active. */
-  responseId?: string;
-  responseActive: boolean;
-  /** `response.created` is awaited until this cancels it. */
-  cancelWait?: () => void;
-  /** The turn's output items by id, at most MAX_REPLY_ITEMS, in the order they came. */
-  items: Map<string, AudioItem>;
-  /** Characters of the reply's text kept (all its items): at most `voice.max_reply_chars`. */
-  chars: number;
-  pending: AudioQueue<AudioItem>;
-  /** The last response is done: once `pending` is empty, the audio ends. */
-  audioComplete: boolean;
-  playout?: Playout;
-  up?: Resampler;
-  wake?: () => void;
-  pumping: boolean;
-  textStarted: boolean;
-  audioStarted: boolean;
-  cut: boolean;
-  ended: boolean;
-  /** The model call (response) of this turn under way, from 1: tools are offered while it is below `maxSteps`. */
-  steps: number;
-  /** Tool calls of the current response. */
-  calls: Array<{ callId: string; name: string; outcome: Promise<ToolOutcome> }>;
-  tools: AbortController;
-  /** Resolves once the turn has ended (a next reply's audio waits for it when barge-in is off). */
-  finished: Promise<void>;
-  finish: () => void;
-  /** The previous reply's end, when this one must wait for it. */
-  after?: Promise<void>;
-}
-
 /** A turn being heard by the node's own voice activity (`turn_detection: node`); the model does the transcribing. */
 interface NodeTurn extends ListeningTurn {
   n: number;
@@ -154,28 +75,29 @@ interface NodeTurn extends ListeningTurn {
 const NO_TRANSCRIPTION: TurnTranscription = { push() {}, pause() {}, soFar: () => Promise.resolve(""), finish: () => Promise.resolve("") };
 
 /**
- * One device's conversation with a realtime model (voice.md §6): the device's audio at 24 kHz to
- * the model over one WebSocket, the model's audio paced to the device, its events turned into the
- * conversation's events, barge-in with truncation at what was heard, tools through the agent's
- * toolbox, and a session reopened with the history after any failure. Nothing here ends the
- * device's connection: a failure ends at most the turn in progress.
+ * A realtime agent's part of a conversation (voice.md §6), the kind of agent activity whose model
+ * hears and speaks itself: the device's audio (24 kHz, from the conversation's uplink) to the
+ * model over one WebSocket, the model's server events (typed, ./events.ts) turned into the
+ * conversation's turns and events, each reply a RealtimeTurn (its audio through a playout, cut and
+ * truncated at what was heard) with its tools a RealtimeTools, and a session reopened with the
+ * history after any failure. Nothing here ends the device's connection: a failure ends at most the
+ * turn in progress.
  */
-export class RealtimeBridge {
-  private readonly o: RealtimeOptions;
+export class RealtimeActivity {
+  /** The rate it hears the device at (the model's). */
+  readonly rate = REALTIME_RATE;
+  private readonly o: RealtimeActivityOptions;
   private readonly link: RealtimeLink;
-  /** The uplink decodes straight to the model's rate. */
-  private readonly codec = new OpusCodec(REALTIME_RATE);
-  private readonly uplink: Uplink;
   private readonly node: { recognition: AudioRecognition<NodeTurn>; down: Resampler } | undefined;
   private appendParts: Int16Array[] = [];
   private appendSamples = 0;
   private readonly history: Array<ChatMessage & { n: number }> = [];
   private turns = 0;
-  /** The user's speech being heard (its turn number and input item). */
+  /** The user's speech being heard (its turn number). */
   private listening: { n: number } | undefined;
   /** The last turn number a reply was made for. */
   private answered = 0;
-  private reply: ReplyTurn | undefined;
+  private reply: RealtimeTurn | undefined;
   /** Input items awaiting their transcript: the turn they belong to and the characters told so far. */
   private readonly itemTurns = new Map<string, { n: number; chars: number }>();
   /** Event ids of Perch's own cancels, truncates and deletes: an error answering one is expected. */
@@ -184,43 +106,17 @@ export class RealtimeBridge {
   private readonly oursSentAt = new Map<string, number>();
   /** When an error event was last said at `warn`. */
   private errorSaidAt = Number.NEGATIVE_INFINITY;
-  /** Output items beyond MAX_REPLY_ITEMS were ignored in this turn (said once a turn). */
-  private itemsWarned = 0;
   private eventIds = 0;
   private toolsSent = "";
   private cancelRenew: (() => void) | undefined;
   private memory: string | undefined;
   private closed = false;
 
-  constructor(o: RealtimeOptions) {
+  constructor(o: RealtimeActivityOptions) {
     this.o = o;
-    this.uplink = new Uplink({
-      codec: this.codec,
-      payloadType: o.payloadType,
-      audioLevelId: o.audioLevelId,
-      // The model's own detector (or the node's) ends the turn on the silence after speech: it must not wait in the look-back.
-      hangoverMs: turnHangoverMs(o.config.turn),
-      pcm: (pcm) => this.hear(pcm),
-      now: () => o.clock.now(),
-    });
     if (o.agent.turnDetection === "node") {
       if (!o.activity) throw new Error("turn_detection node needs the node's voice activity detection (the embedded recogniser)");
-      const down = new Resampler(o.resampler, REALTIME_RATE, RECOGNITION_RATE);
-      const recognition = new AudioRecognition<NodeTurn>({
-        vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.silence_ms }),
-        turn: o.config.turn,
-        clock: o.clock,
-        hooks: {
-          speechStarted: () => this.nodeSpeechStarted(),
-          // voice.md §7's end of turn; without words of the node's own (the model transcribes), its plain silence.
-          silenceNeeded: (_t, text) => turnEndSilence(text, undefined, o.config.turn),
-          paused: () => {},
-          resumed: () => {},
-          speechEnded: (t, end) => this.nodeSpeechEnded(t, end),
-        },
-        warn: (message, details) => o.log("warn", details, message),
-      });
-      this.node = { recognition, down };
+      this.node = { recognition: this.listen(o.activity), down: new Resampler(o.resampler, REALTIME_RATE, RECOGNITION_RATE) };
     }
     this.link = new RealtimeLink({
       url: o.agent.url,
@@ -252,6 +148,76 @@ export class RealtimeBridge {
     this.readNotes();
   }
 
+  /** The user is heard speaking now (the model's detector or the node's said so, and not yet that it stopped). */
+  get hearing(): boolean {
+    return !this.closed && (this.listening !== undefined || this.node?.recognition.hearing === true);
+  }
+
+  /** The device's audio at 24 kHz: appended in pieces of APPEND_SAMPLES; dropped while no session is open. */
+  hear(pcm: Int16Array): void {
+    if (this.closed) return;
+    if (this.node) this.node.recognition.hear(this.node.down.process(pcm));
+    this.appendParts.push(pcm);
+    this.appendSamples += pcm.length;
+    if (this.appendSamples < APPEND_SAMPLES) return;
+    const parts = this.appendParts;
+    this.appendParts = [];
+    this.appendSamples = 0;
+    if (!this.link.isOpen) return;
+    const bytes = Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength)));
+    this.o.usage?.audio(bytes.length / 2);
+    this.link.send({ type: "input_audio_buffer.append", audio: bytes.toString("base64") }, true);
+  }
+
+  /** Silence the uplink did not decode: the model hears it as zeros (its detector ends the turn on it). */
+  silence(samples: number): void {
+    if (samples > 0) this.hear(new Int16Array(samples));
+  }
+
+  /** Every 20 ms: the node's end of turn. */
+  tick(): void {
+    if (!this.closed) this.node?.recognition.tick();
+  }
+
+  /** The audio thread decoding the uplink ended: the node's turn being heard is heard afresh (the model's detector hears the gap). */
+  audioLost(): void {
+    if (this.closed || !this.node || !this.o.activity) return;
+    this.node.recognition.close();
+    this.node.recognition = this.listen(this.o.activity);
+  }
+
+  close(): void {
+    if (this.closed) return;
+    if (this.reply && !this.reply.ended) this.endTurn(this.reply, "interrupted");
+    this.closed = true;
+    this.cancelRenew?.();
+    this.link.close();
+    this.node?.recognition.close();
+    this.node?.down.close();
+    this.history.length = 0;
+  }
+
+  /** The node's own turn detection (`turn_detection: node`): the model is asked when the node hears the turn end. */
+  private listen(activity: VoiceActivityPort): AudioRecognition<NodeTurn> {
+    const { o } = this;
+    return new AudioRecognition<NodeTurn>({
+      vad: activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.silence_ms }),
+      turn: o.config.turn,
+      clock: o.clock,
+      hooks: {
+        speechStarted: () => this.nodeSpeechStarted(),
+        // voice.md §7's end of turn; without words of the node's own (the model transcribes), its plain silence.
+        silenceNeeded: (_t, text) => turnEndSilence(text, undefined, o.config.turn),
+        paused: () => {},
+        resumed: () => {},
+        speechEnded: (t, end) => this.nodeSpeechEnded(t, end),
+      },
+      warn: (message, details) => o.log("warn", details, message),
+    });
+  }
+
+  // ---- the session ----------------------------------------------------------------------------
+
   /** The memory, once read, joins the instructions of this session (sent again when it changed) and of every reopened one. */
   private readNotes(): void {
     this.o.notes?.().then(
@@ -268,45 +234,6 @@ export class RealtimeBridge {
       },
       (err: unknown) => this.o.log("warn", { err }, "the device's memory could not be read for the realtime session"),
     );
-  }
-
-  /** One RTP packet of the device's uplink. */
-  packet(bytes: Buffer): void {
-    if (!this.closed) this.uplink.packet(bytes);
-  }
-
-  /** Every 20 ms: the jitter buffer, the node's end of turn. */
-  tick(): void {
-    if (this.closed) return;
-    this.uplink.tick();
-    this.node?.recognition.tick();
-  }
-
-  close(): void {
-    if (this.closed) return;
-    if (this.reply && !this.reply.ended) this.endTurn(this.reply, "interrupted");
-    this.closed = true;
-    this.cancelRenew?.();
-    this.link.close();
-    this.node?.recognition.close();
-    this.node?.down.close();
-    this.codec.close();
-    this.history.length = 0;
-  }
-
-  /** The device's audio at 24 kHz: appended in pieces of APPEND_SAMPLES; dropped while no session is open. */
-  private hear(pcm: Int16Array): void {
-    if (this.node) this.node.recognition.hear(this.node.down.process(pcm));
-    this.appendParts.push(pcm);
-    this.appendSamples += pcm.length;
-    if (this.appendSamples < APPEND_SAMPLES) return;
-    const parts = this.appendParts;
-    this.appendParts = [];
-    this.appendSamples = 0;
-    if (!this.link.isOpen) return;
-    const bytes = Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength)));
-    this.o.usage?.audio(bytes.length / 2);
-    this.link.send({ type: "input_audio_buffer.append", audio: bytes.toString("base64") }, true);
   }
 
   private nextId(prefix: string): string {
@@ -351,7 +278,9 @@ export class RealtimeBridge {
     this.link.send(this.settingsEvent(this.nextId("tools")));
   }
 
-  /** Each server event Perch reads, by its type: the session's reactions, one line each where it can. */
+  // ---- the server's events, by type -------------------------------------------------------------
+
+  /** Each server event Perch reads, by its type (./events.ts): the session's reaction. */
   private readonly on: { [T in RealtimeEventType]: (e: RealtimeEventOf<T>) => void } = {
     "session.created": (e) => {
       const expires = e.session?.expires_at;
@@ -374,17 +303,32 @@ export class RealtimeBridge {
     "response.created": (e) => this.responseCreated(e.response?.id ?? ""),
     "response.output_item.added": (e) => {
       const turn = this.current(e.response_id);
-      if (turn && e.item?.id && e.item.type === "message") this.item(turn, e.item.id);
+      if (turn && e.item?.id && e.item.type === "message") turn.item(e.item.id);
     },
-    "response.output_audio.delta": (e) => this.audio(e.response_id, e.item_id ?? "", e.delta ?? ""),
-    "response.output_audio_transcript.delta": (e) => this.replyDelta(e),
-    "response.output_audio_transcript.done": (e) => this.replyDone(e),
+    "response.output_audio.delta": (e) => {
+      const turn = this.reply;
+      if (turn && !turn.ended && e.response_id === turn.responseId) turn.audio(e.item_id ?? "", e.delta ?? "");
+    },
+    "response.output_audio_transcript.delta": (e) => {
+      const turn = this.current(e.response_id);
+      if (!turn || !e.delta) return;
+      const told = turn.textDelta(e.item_id ?? "", e.delta);
+      if (!told) return;
+      if (!turn.textStarted) {
+        turn.textStarted = true;
+        this.o.events.bos(`out-${turn.n}`, "text", "assistant.text");
+      }
+      this.o.events.delta(`out-${turn.n}`, "assistant.text", told);
+    },
+    "response.output_audio_transcript.done": (e) => {
+      const turn = this.current(e.response_id);
+      if (turn && e.transcript !== undefined) turn.textDone(e.item_id ?? "", e.transcript);
+    },
     "response.function_call_arguments.done": (e) => {
       const turn = this.current(e.response_id);
       // A call in the last step (no tools offered) or beyond a step's bound is not run, as for text agents.
-      if (turn && !turn.cut && e.call_id && e.name && turn.steps < this.o.agent.maxSteps && turn.calls.length < MAX_TOOL_CALLS_PER_STEP) {
-        this.callTool(turn, e.call_id, e.name, e.arguments ?? "");
-      }
+      if (turn && !turn.cut && e.call_id && e.name && turn.steps < this.o.agent.maxSteps && turn.tools.room)
+        turn.tools.call(e.call_id, e.name, e.arguments ?? "");
     },
     "response.done": (e) => this.responseDone(e.response),
     error: (e) => this.modelError(errorOf(e)),
@@ -415,40 +359,6 @@ export class RealtimeBridge {
     if (text) this.remember(n, "user", text);
   }
 
-  private replyDelta(e: RealtimeEventOf<"response.output_audio_transcript.delta">): void {
-    const turn = this.current(e.response_id);
-    const delta = e.delta;
-    if (!turn || !delta) return;
-    const item = this.item(turn, e.item_id ?? "");
-    if (!item) return;
-    // The reply's text is kept up to `voice.max_reply_chars` (the model's whole reply: all its items); beyond, the reply is cut.
-    const kept = delta.slice(0, Math.max(0, this.o.config.max_reply_chars - turn.chars));
-    item.text += kept;
-    turn.chars += kept.length;
-    const wasCut = turn.cut;
-    if (kept.length < delta.length) this.cutReply(turn);
-    // Past a cut the words are kept (what share was heard is counted on them) but not told.
-    if (wasCut || !kept) return;
-    if (!turn.textStarted) {
-      turn.textStarted = true;
-      this.o.events.bos(`out-${turn.n}`, "text", "assistant.text");
-    }
-    this.o.events.delta(`out-${turn.n}`, "assistant.text", kept);
-  }
-
-  private replyDone(e: RealtimeEventOf<"response.output_audio_transcript.done">): void {
-    const turn = this.current(e.response_id);
-    const transcript = e.transcript;
-    if (!turn || transcript === undefined) return;
-    const item = this.item(turn, e.item_id ?? "");
-    if (!item) return;
-    const room = this.o.config.max_reply_chars - (turn.chars - item.text.length);
-    const text = transcript.slice(0, Math.max(0, room));
-    turn.chars += text.length - item.text.length;
-    item.text = text;
-    if (text.length < transcript.length) this.cutReply(turn);
-  }
-
   /** An `error` event: harmless when it answers Perch's own cancel or truncation, else it fails the turn in progress. */
   private modelError(err: { code: string; message: string; eventId: string | undefined }): void {
     if (this.answersOwn(err)) {
@@ -469,28 +379,11 @@ export class RealtimeBridge {
   }
 
   /** The turn a response's events belong to; undefined for a stale (cancelled, cut) response. */
-  private current(responseId: string | undefined): ReplyTurn | undefined {
+  private current(responseId: string | undefined): RealtimeTurn | undefined {
     const turn = this.reply;
     if (!turn || turn.ended) return undefined;
     if (responseId !== undefined && responseId !== turn.responseId) return undefined;
     return turn;
-  }
-
-  /** The turn's item of this id, made on first sight; undefined beyond MAX_REPLY_ITEMS (its audio and text are ignored). */
-  private item(turn: ReplyTurn, id: string): AudioItem | undefined {
-    let item = turn.items.get(id);
-    if (!item) {
-      if (turn.items.size >= MAX_REPLY_ITEMS) {
-        if (this.itemsWarned !== turn.n) {
-          this.itemsWarned = turn.n;
-          this.o.log("warn", { turn: turn.n, max: MAX_REPLY_ITEMS }, "the realtime model sent more output items than a reply keeps; the rest are ignored");
-        }
-        return undefined;
-      }
-      item = { id, text: "", received: 0, start: 0, written: 0 };
-      turn.items.set(id, item);
-    }
-    return item;
   }
 
   /** An `error` event that answers one of Perch's own cancels, truncates or deletes: by its event id, or by its code when none is echoed. */
@@ -507,10 +400,10 @@ export class RealtimeBridge {
   private failTurn(reason: string): boolean {
     const turn = this.reply;
     if (turn && !turn.ended) {
-      turn.tools.abort(new Error("the model reported an error"));
+      turn.tools.abort.abort(new Error("the model reported an error"));
       if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
       turn.responseActive = false;
-      turn.playout?.stop();
+      turn.stopAudio();
       this.endTurn(turn, "failed", reason);
       return true;
     }
@@ -595,40 +488,36 @@ export class RealtimeBridge {
     this.link.send({ type: "input_audio_buffer.append", audio: bytes.toString("base64") });
   }
 
-  private newTurn(n: number, stoppedAt: number | undefined): ReplyTurn {
-    let finish!: () => void;
-    const finished = new Promise<void>((resolve) => {
-      finish = resolve;
-    });
+  // ---- the replies ------------------------------------------------------------------------------
+
+  private newTurn(n: number, stoppedAt: number | undefined): RealtimeTurn {
+    const { o } = this;
     const previous = this.reply;
-    const turn: ReplyTurn = {
+    const turn = new RealtimeTurn({
       n,
       stoppedAt,
-      responseActive: false,
-      items: new Map(),
-      chars: 0,
-      pending: new AudioQueue<AudioItem>(),
-      audioComplete: false,
-      pumping: false,
-      textStarted: false,
-      audioStarted: false,
-      cut: false,
-      ended: false,
-      steps: 1,
-      calls: [],
-      tools: new AbortController(),
-      finished,
-      finish,
       // Barge-in off: the previous reply plays to its end before this one's audio starts.
-      ...(previous && !previous.ended ? { after: previous.finished } : {}),
-    };
+      after: previous && !previous.ended ? previous.finished : undefined,
+      tools: new RealtimeTools({ kit: o.tools, observer: o.toolEvents(n), timeoutMs: o.agent.toolTimeoutMs, clock: o.clock }),
+      maxReplyChars: o.config.max_reply_chars,
+      clock: o.clock,
+      resampler: o.resampler,
+      encoder: o.encoder,
+      send: o.send,
+      metrics: o.metrics,
+      events: o.events,
+      ...(o.usage ? { audio: (samples: number) => o.usage!.audio(samples) } : {}),
+      sendOwn: (event) => this.sendOwn(event),
+      end: (t, result, error) => this.endTurn(t, result, error),
+      warn: (details, message) => o.log("warn", details, message),
+    });
     this.answered = Math.max(this.answered, n);
     this.reply = turn;
     return turn;
   }
 
   /** `response.created` is awaited for at most the provider's `timeout_ms`; then the turn fails and the session is reopened. */
-  private await(turn: ReplyTurn): void {
+  private await(turn: RealtimeTurn): void {
     turn.cancelWait?.();
     const ms = this.o.agent.timeoutMs;
     turn.cancelWait = this.o.clock.after(ms, () => {
@@ -642,8 +531,6 @@ export class RealtimeBridge {
     });
   }
 
-  // ---- the model's replies --------------------------------------------------------------------
-
   private responseCreated(id: string): void {
     let turn = this.reply;
     if (!turn || turn.ended) {
@@ -651,130 +538,19 @@ export class RealtimeBridge {
       const n = this.listening && this.listening.n > this.answered ? this.listening.n : ++this.turns;
       turn = this.newTurn(n, undefined);
     }
-    turn.cancelWait?.();
-    turn.cancelWait = undefined;
-    turn.responseId = id;
-    turn.responseActive = true;
-    turn.audioComplete = false;
-    turn.createdAt ??= this.o.clock.now();
-  }
-
-  private audio(responseId: string | undefined, itemId: string, delta: string): void {
-    const turn = this.reply;
-    if (!turn || turn.ended || responseId !== turn.responseId) return;
-    const item = this.item(turn, itemId);
-    if (!item) return;
-    if (turn.cut) {
-      // Counted, not decoded: a model that keeps sending past the cut costs little.
-      item.received += Math.floor(base64Bytes(delta) / 2);
-      this.o.usage?.audio(Math.floor(base64Bytes(delta) / 2));
-      return;
-    }
-    let bytes = Buffer.from(delta, "base64");
-    if (bytes.length % 2) bytes = bytes.subarray(0, bytes.length - 1);
-    if (bytes.length === 0) return;
-    item.received += bytes.length / 2;
-    this.o.usage?.audio(bytes.length / 2);
-    if (turn.pending.bytes + bytes.length > MAX_BUFFER_BYTES) {
-      // The model speaks faster than the device plays beyond the buffer: the reply is cut here.
-      this.cutReply(turn);
-      return;
-    }
-    turn.pending.push(item, bytes);
-    if (!turn.pumping) void this.pump(turn);
-    else this.wake(turn);
-  }
-
-  /** The reply goes no further (its audio beyond the buffer, or its text beyond `max_reply_chars`): the response is cancelled, what waits is played. */
-  private cutReply(turn: ReplyTurn): void {
-    if (turn.cut) return;
-    turn.cut = true;
-    if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
-    turn.audioComplete = true;
-    this.wake(turn);
-    // Nothing of it is playing (its text came ahead of its audio): it ends now, whatever the model still sends.
-    if (!turn.pumping && !turn.playout && !turn.ended) this.endTurn(turn, "answered");
-  }
-
-  private wake(turn: ReplyTurn): void {
-    const w = turn.wake;
-    turn.wake = undefined;
-    w?.();
-  }
-
-  /** Feeds the turn's audio to its playout as playback makes room, resampled to 48 kHz. */
-  private async pump(turn: ReplyTurn): Promise<void> {
-    turn.pumping = true;
-    try {
-      if (turn.after) await turn.after;
-      if (turn.ended) return;
-      turn.up = new Resampler(this.o.resampler, REALTIME_RATE, OPUS_RATE);
-      const playout = new Playout({
-        codec: this.codec,
-        clock: this.o.clock,
-        send: (opus, first) => {
-          this.o.metrics.frameSent();
-          return this.o.send(opus, first);
-        },
-        late: () => this.o.metrics.frameLate(),
-        // Only the model's audio is sent: a truncation at what was sent is then exact.
-        fillGaps: false,
-        started: () => {
-          turn.audioStarted = true;
-          turn.firstAudioAt = this.o.clock.now();
-          this.o.events.bos(`out-${turn.n}`, "audio", "assistant.audio", "audio/opus");
-        },
-      });
-      turn.playout = playout;
-      let written = 0;
-      for (;;) {
-        if (turn.ended) return;
-        const block = turn.pending.shift();
-        if (!block) {
-          if (turn.audioComplete) break;
-          await new Promise<void>((resolve) => {
-            turn.wake = resolve;
-          });
-          continue;
-        }
-        const chunk = block.bytes;
-        const pcm =
-          chunk.byteOffset % 2 === 0 ? new Int16Array(chunk.buffer, chunk.byteOffset, chunk.length / 2) : new Int16Array(new Uint8Array(chunk).buffer);
-        const out = turn.up.process(pcm);
-        const item = block.tag;
-        if (item.written === 0) item.start = written;
-        item.written += out.length;
-        written += out.length;
-        playout.write(out);
-        await playout.room(PLAYOUT_AHEAD);
-      }
-      // The resampler's tail, and a breath of silence after the reply.
-      playout.write(turn.up.process(new Int16Array(REALTIME_RATE / 10)));
-      playout.end();
-      await playout.done;
-      if (turn.ended) return;
-      // A cut reply: the model's items end where the device's audio did.
-      if (turn.cut) this.cutItems(turn, playout.played, false);
-      this.endTurn(turn, "answered");
-    } catch (err) {
-      if (!turn.ended) this.endTurn(turn, "failed", `the reply's audio failed: ${(err as Error).message}`);
-    } finally {
-      turn.pumping = false;
-    }
+    turn.responseCreated(id, this.o.clock.now());
   }
 
   private responseDone(response: RealtimeEventOf<"response.done">["response"]): void {
     const turn = this.reply;
-    const id = response?.id;
     const used = response?.usage;
-    if (used) this.o.usage?.tokens(num(used.input_tokens), num(used.output_tokens));
-    if (!turn || turn.ended || id !== turn.responseId) return;
+    if (used) this.o.usage?.tokens(positive(used.input_tokens), positive(used.output_tokens));
+    if (!turn || turn.ended || response?.id !== turn.responseId) return;
     turn.responseActive = false;
     const status = response?.status;
     if (status === "cancelled" && !turn.cut) {
       // The provider cancelled it (its own detector heard speech, with barge-in Perch's to decide): the reply ends here.
-      turn.playout?.stop();
-      this.cutItems(turn, turn.playout?.played ?? 0, true);
+      turn.cutItems(turn.stopAudio(), true);
       this.endTurn(turn, "interrupted");
       return;
     }
@@ -783,77 +559,33 @@ export class RealtimeBridge {
       this.link.fail(`the model's response failed: ${error?.message ?? error?.code ?? "no reason given"}`);
       return;
     }
-    const calls = turn.calls;
-    turn.calls = [];
+    const calls = turn.tools.take();
     if (calls.length > 0 && !turn.cut) {
       void this.answerCalls(turn, calls);
       return;
     }
-    turn.audioComplete = true;
-    if (turn.pumping) this.wake(turn);
-    else if (!turn.playout) this.endTurn(turn, "answered");
-  }
-
-  // ---- tools ----------------------------------------------------------------------------------
-
-  private callTool(turn: ReplyTurn, callId: string, name: string, args: string): void {
-    const observer = this.o.toolEvents(turn.n);
-    const shown = this.o.tools.displayName(name);
-    observer.called(shown, args);
-    const limit = this.o.agent.toolTimeoutMs + TOOL_GRACE_MS;
-    const outcome = new Promise<ToolOutcome>((resolve) => {
-      // A tool that never answers still gets an answer: the model is not left waiting.
-      const cancel = this.o.clock.after(limit, () => resolve(failed(`the tool did not answer within ${limit} ms`, "timeout")));
-      this.o.tools
-        .run({ id: callId, type: "function", function: { name, arguments: args } }, turn.tools.signal)
-        .then(resolve, (err: unknown) => resolve(failed(`the tool failed: ${(err as Error)?.message ?? String(err)}`)))
-        .finally(cancel);
-    }).then((o) => {
-      if (!turn.tools.signal.aborted) observer.finished(shown, o);
-      return o;
-    });
-    turn.calls.push({ callId, name, outcome });
+    turn.complete();
   }
 
   /** The calls' outputs, then `response.create`: the model answers with them. */
-  private async answerCalls(turn: ReplyTurn, calls: ReplyTurn["calls"]): Promise<void> {
-    const outcomes = await Promise.all(calls.map((c) => c.outcome));
-    if (turn.ended || this.closed || turn.tools.signal.aborted) return;
-    calls.forEach((c, i) => {
-      this.link.send({
-        type: "conversation.item.create",
-        item: { type: "function_call_output", call_id: c.callId, output: toolMessageText(outcomes[i]!, false) },
-      });
-    });
+  private async answerCalls(turn: RealtimeTurn, calls: ReturnType<RealtimeTools["take"]>): Promise<void> {
+    const outputs = await turn.tools.outputs(calls);
+    if (turn.ended || this.closed || turn.tools.aborted) return;
+    for (const output of outputs) this.link.send(output);
     // The last step offers no tools, so that the model has to answer.
     turn.steps++;
     this.link.send({ type: "response.create", ...(turn.steps >= this.o.agent.maxSteps ? { response: { tool_choice: "none" } } : {}) });
     this.await(turn);
   }
 
-  // ---- barge-in, failures, the end of a turn ----------------------------------------------------
-
   /** Speech over the reply: its audio stops now, the response is cancelled, the model's items cut at what was heard. */
-  private bargeIn(turn: ReplyTurn): void {
-    turn.tools.abort(new Error("interrupted"));
-    const played = turn.playout?.stop() ?? 0;
-    turn.pending.clear();
+  private bargeIn(turn: RealtimeTurn): void {
+    turn.tools.abort.abort(new Error("interrupted"));
+    const played = turn.stopAudio();
     if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
     turn.responseActive = false;
-    this.cutItems(turn, played, true);
+    turn.cutItems(played, true);
     this.endTurn(turn, "interrupted");
-  }
-
-  /** The model's items of the turn cut at what the device heard: truncated there, or deleted when none of one was sent. */
-  private cutItems(turn: ReplyTurn, played: number, interrupted: boolean): void {
-    for (const item of turn.items.values()) {
-      if (!interrupted && item.received === 0) continue;
-      const heard = Math.max(0, Math.min(item.written, played - item.start));
-      // A cut reply's items heard whole stay whole (an interrupted response may hold more than came).
-      if (!interrupted && heard >= item.received * (OPUS_RATE / REALTIME_RATE) - OPUS_RATE / 50) continue;
-      if (heard <= 0) this.sendOwn({ type: "conversation.item.delete", item_id: item.id });
-      else this.sendOwn({ type: "conversation.item.truncate", item_id: item.id, content_index: 0, audio_end_ms: Math.floor((heard * 1000) / OPUS_RATE) });
-    }
   }
 
   /** The session failed: the turn in progress (heard or being answered) ends as failed; the link reopens by itself. */
@@ -865,8 +597,8 @@ export class RealtimeBridge {
     this.listening = undefined;
     const turn = this.reply;
     if (turn && !turn.ended) {
-      turn.tools.abort(new Error("the session failed"));
-      turn.playout?.stop();
+      turn.tools.abort.abort(new Error("the session failed"));
+      turn.stopAudio();
       this.endTurn(turn, "failed", reason);
     }
     if (heard) {
@@ -876,22 +608,11 @@ export class RealtimeBridge {
     this.itemTurns.clear();
   }
 
-  private endTurn(turn: ReplyTurn, result: Exclude<TurnResult, "empty">, error?: string): void {
+  /** A turn is over: its events, its line, its metrics and what was heard of it in the history. */
+  private endTurn(turn: RealtimeTurn, result: TurnOutcome, error?: string): void {
     if (turn.ended) return;
-    turn.ended = true;
     if (result !== "failed") this.o.usage?.answered();
-    turn.cancelWait?.();
-    turn.cancelWait = undefined;
-    this.wake(turn);
-    const played = turn.playout?.played ?? 0;
-    if (result !== "answered") turn.playout?.stop();
-    turn.up?.close();
-    turn.pending.clear();
-    const spoken = new SpokenText();
-    const whole = result === "answered" && !turn.cut;
-    // An item none of whose audio came was not heard, whatever its words.
-    for (const item of turn.items.values()) if (whole || item.received > 0) spoken.add(item.text, item.received * (OPUS_RATE / REALTIME_RATE));
-    const heard = (whole ? spoken.text : spoken.heard(played)).trim();
+    const heard = turn.close(result);
     const out = `out-${turn.n}`;
     const { events } = this.o;
     if (turn.textStarted) events.done(out, "assistant.text", heard);
@@ -918,7 +639,6 @@ export class RealtimeBridge {
     this.o.log(result === "failed" ? "warn" : "info", { turn: turn.n, result, ...metrics, ...(error ? { error } : {}) }, "voice turn");
     // A session that answered a turn works: the next failure reconnects at once again.
     if (result === "answered" && turn.audioStarted) this.link.proven();
-    turn.finish();
   }
 
   /** The history of what was said and heard, for a reopened session: in turn order, bounded. */
@@ -932,13 +652,7 @@ export class RealtimeBridge {
   }
 }
 
-/** The bytes a base64 string decodes to. */
-function base64Bytes(s: string): number {
-  const pad = s.endsWith("==") ? 2 : s.endsWith("=") ? 1 : 0;
-  return Math.max(0, Math.floor((s.length * 3) / 4) - pad);
-}
-
 /** A count the provider reported (none, or not positive, is 0). */
-function num(v: number | undefined): number {
+function positive(v: number | undefined): number {
   return v !== undefined && v > 0 ? v : 0;
 }
