@@ -262,14 +262,31 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     await shot(page, "link-not-used");
     assert.equal((await fetch(`${server.url}/side-control/status`, { headers: { authorization: `Bearer ${bearer}` } })).status, 200);
 
-    // A fresh link pairs anew; the pairing it replaces ends on the server.
+    // A fresh link pairs anew; the pairing it replaces ends on the server. Its stream says so
+    // before the page has let go of it (the page's timers held, as a busy phone may): the new
+    // pairing goes on. The login is held until the old pairing's stream is live.
+    let releaseLogin = () => {};
+    const loginHeld = new Promise<void>((resolve) => (releaseLogin = resolve));
+    await page.route("**/login", async (route) => {
+      await loginHeld;
+      await route.continue();
+    });
+    await page.clock.install();
     await page.goto("about:blank");
     await page.goto(app(`#token=${(await device.createDeviceToken()).token}`));
+    await page.getByText("Live", { exact: true }).waitFor();
+    await page.clock.pauseAt(Date.now() + 60_000);
+    releaseLogin();
     await page.waitForFunction((old) => {
       const now = JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token;
       return now && now !== old;
     }, bearer);
+    // The old pairing's stream has ended (its loop waits to retry) or its end was taken for the new one's.
+    await page.getByText(/Reconnecting in \d+ s|The device ended this pairing/).waitFor();
+    await page.clock.resume();
+    await page.unroute("**/login");
     await page.getByText("Live", { exact: true }).waitFor();
+    assert.equal(await page.getByText("The device ended this pairing").count(), 0, "the new pairing was not ended");
     assert.equal(await page.getByText("The pairing link was not used").count(), 0);
     const sessions = (await device.sideControlSessions()).items;
     assert.ok(!sessions.some((s) => s.id === used.id), "the replaced pairing ended on the server");
