@@ -19,7 +19,7 @@ import { VoiceMetrics } from "../src/voice/metrics.ts";
 import { VoiceEvents } from "../src/voice/peer-events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
 import { RealtimeActivity } from "../src/voice/realtime/activity.ts";
-import { type FakeRealtime, startFakeRealtime } from "./support/fake-realtime.ts";
+import { type FakeRealtime, realtimeAgent, startFakeRealtime } from "./support/fake-realtime.ts";
 import { encoded, FakeClock, loudnessVad, withLevel } from "./support/fake-voice.ts";
 import { rtpPacket } from "./support/rtp-device.ts";
 
@@ -57,19 +57,7 @@ async function realtimeConversation(fake: FakeRealtime, threads: AudioThreads | 
       chosen: () => "talker",
       open: (_id, out) =>
         new RealtimeActivity({
-          agent: {
-            id: "talker",
-            instructions: "Be brief.",
-            voice: "marin",
-            turnDetection: "server_vad",
-            transcription: false,
-            toolTimeoutMs: 10_000,
-            maxSteps: 4,
-            provider: "rt",
-            url: `${fake.url.replace(/^http/, "ws")}/realtime?model=m`,
-            apiKey: undefined,
-            timeoutMs: 10_000,
-          },
+          agent: realtimeAgent(`${fake.url.replace(/^http/, "ws")}/realtime?model=m`, { transcription: false }),
           config: config.voice,
           events: new VoiceEvents(port),
           // No tools: the path under test is the audio.

@@ -18,7 +18,7 @@ import { VoiceMetrics } from "../src/voice/metrics.ts";
 import { VoiceEvents } from "../src/voice/peer-events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
 import { RealtimeActivity } from "../src/voice/realtime/activity.ts";
-import { type FakeRealtime, startFakeRealtime } from "./support/fake-realtime.ts";
+import { type FakeRealtime, realtimeAgent, startFakeRealtime } from "./support/fake-realtime.ts";
 import { encoded, FakeClock, loudnessVad } from "./support/fake-voice.ts";
 import { rtpPacket } from "./support/rtp-device.ts";
 
@@ -58,19 +58,7 @@ async function pipeline(fake: FakeRealtime) {
       open: (id, out) => {
         opened.push(id);
         return new RealtimeActivity({
-          agent: {
-            id,
-            instructions: "Be brief.",
-            voice: "marin",
-            turnDetection: "server_vad",
-            transcription: false,
-            toolTimeoutMs: 10_000,
-            maxSteps: 4,
-            provider: "rt",
-            url: `${fake.url.replace(/^http/, "ws")}/realtime?model=m`,
-            apiKey: undefined,
-            timeoutMs: 10_000,
-          },
+          agent: realtimeAgent(`${fake.url.replace(/^http/, "ws")}/realtime?model=m`, { id, transcription: false }),
           config: config.voice,
           events: new VoiceEvents(port),
           tools: { definitions: () => [], displayName: (n: string) => n } as unknown as ToolKit,
