@@ -1,11 +1,12 @@
 /**
- * One side of `npm run bench -- realtime-attack`: one attack on one conversation's bridge, in a
- * process of its own (its RSS is the attack's alone), with the bridge of the checkout at `root`
+ * One side of `npm run bench -- realtime-attack`: one attack on one conversation's realtime session, in a
+ * process of its own (its RSS is the attack's alone), with the code of the checkout at `root`
  * (this one, or a before's: its modules are imported from there). Usage:
  * realtime-attack-side.ts <root> <provider port> <attack>; prints one JSON line. The attack `idle`
- * is the control: no bridge, the loop of a process doing nothing for 2 s (what the load alone holds it).
+ * is the control: no session, the loop of a process doing nothing for 2 s (what the load alone holds it).
  */
 
+import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { pathToFileURL } from "node:url";
@@ -23,11 +24,18 @@ const { loadConfig } = await from<typeof import("../src/config/config.ts")>("src
 const { systemClock } = await from<typeof import("../src/voice/clock.ts")>("src/voice/clock.ts");
 const { VoiceMetrics } = await from<typeof import("../src/voice/metrics.ts")>("src/voice/metrics.ts");
 const { VoiceEvents } = await from<typeof import("../src/voice/peer-events.ts")>("src/voice/peer-events.ts");
-const { RealtimeBridge } = await from<typeof import("../src/voice/realtime/bridge.ts")>("src/voice/realtime/bridge.ts");
+// The realtime session of one conversation: an agent activity of the conversation's pipeline (since
+// issue 49), or, in older checkouts, the bridge with its own uplink and encoder.
+const pipeline = existsSync(join(root, "src/voice/realtime/activity.ts"));
+const Session = pipeline
+  ? (await from<typeof import("../src/voice/realtime/activity.ts")>("src/voice/realtime/activity.ts")).RealtimeActivity
+  : // The bridge then (gone from this checkout: typed loosely).
+    ((await from("src/voice/realtime/bridge.ts")) as { RealtimeBridge: new (o: unknown) => { close(): void } }).RealtimeBridge;
+const { OpusCodec } = await from<typeof import("../src/voice/opus.ts")>("src/voice/opus.ts");
 
 const resampler = await loadResampler();
 const config = loadConfig({}, {});
-// What a node holds before a conversation's bridge: its modules loaded, collected.
+// What a node holds before a conversation's session: its modules loaded, collected.
 gc();
 const before = process.memoryUsage().rss;
 const loop = monitorEventLoopDelay({ resolution: 5 });
@@ -45,40 +53,43 @@ if (attack === "idle") {
   process.stdout.write(`${JSON.stringify({ max_loop_delay_ms: Math.round(loop.max / 1e6), attack_s: 2, rss_before_mb: 0, rss_after_mb: 0, events: 0 })}\n`);
   process.exit(0);
 }
-const bridge = new RealtimeBridge({
-  agent: {
-    id: "talker",
-    instructions: "Be brief.",
-    voice: "marin",
-    turnDetection: "server_vad",
-    transcription: "gpt-4o-mini-transcribe",
-    toolTimeoutMs: 1_000,
-    maxSteps: 4,
-    provider: "rt",
-    url: `ws://127.0.0.1:${port}/v1/realtime?model=m&attack=${attack}`,
-    apiKey: undefined,
-    timeoutMs: 10_000,
-  },
+const agent = {
+  id: "talker",
+  instructions: "Be brief.",
+  voice: "marin",
+  turnDetection: "server_vad" as const,
+  transcription: "gpt-4o-mini-transcribe",
+  toolTimeoutMs: 1_000,
+  maxSteps: 4,
+  provider: "rt",
+  url: `ws://127.0.0.1:${port}/v1/realtime?model=m&attack=${attack}`,
+  apiKey: undefined,
+  timeoutMs: 10_000,
+};
+const common = {
+  agent,
   config: config.voice,
   events: new VoiceEvents({ sendEvent: () => void events++ } as never),
   tools: { definitions: () => [], displayName: (n: string) => n, run: async () => ({ text: "ok", isError: false, images: [], result: "ok" }) } as never,
   toolEvents: () => ({ called() {}, finished() {} }),
   activity: undefined,
   resampler,
-  payloadType: 111,
   metrics: new VoiceMetrics(new Registry(), () => 1),
   clock: systemClock,
   send: () => true,
-  log: (_l, _d, message) => {
+  log: (_l: string, _d: unknown, message: string) => {
     if (message === "the realtime session failed; reconnecting") done();
   },
-});
-// The attack ends when the provider closes the session (the bridge's failure line), at most 2 minutes.
+};
+const session = pipeline
+  ? new (Session as typeof import("../src/voice/realtime/activity.ts").RealtimeActivity)({ ...common, encoder: new OpusCodec(24_000) })
+  : new (Session as new (o: unknown) => { close(): void })({ ...common, payloadType: 111 });
+// The attack ends when the provider closes the session (the session's failure line), at most 2 minutes.
 const timer = setTimeout(done, 120_000);
 await finished;
 clearTimeout(timer);
 const seconds = (performance.now() - started) / 1000;
-bridge.close();
+session.close();
 loop.disable();
 await new Promise((r) => setTimeout(r, 500));
 gc();

@@ -1,12 +1,12 @@
 /**
  * `npm run bench -- realtime-attack`: the hostile realtime provider attacks of issue 45, each on one
- * conversation's bridge (a provider in a process of its own sends): new item ids in 200,000 audio
+ * conversation's realtime session (a provider in a process of its own sends): new item ids in 200,000 audio
  * deltas and in 100,000 transcript deltas, 200,000 tiny deltas of one item, a 100 MB transcript,
  * 5 tool calls of 3.9 MB arguments. For each: the longest the event loop was held (what `/healthz`
  * would wait at most; the issue's bound: 100 ms), and the RSS after it, collected, against before
  * (bound: back within 50 MB).
  *
- * Each attack runs in a process of its own (realtime-attack-side.ts), on this checkout's bridge and,
+ * Each attack runs in a process of its own (realtime-attack-side.ts), on this checkout's code and,
  * with `BENCH_REALTIME_ATTACK_BEFORE` (a checkout, or a git revision checked out into a temporary
  * worktree), on that one's, one after the other for each attack (`BENCH_REALTIME_ATTACK_ROUNDS`
  * rounds, 1 by default), and beside them `idle_process`: the longest hold of an idle process's loop
