@@ -2,7 +2,7 @@ import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
 import type { VoiceConfig } from "../config/config.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
-import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
+import { type ActivityOptions, type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import type { AudioThreads, ThreadUplink } from "./audio-threads.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
 import { RECOGNITION_RATE, type VoiceActivityPort } from "./engine-ports.ts";
@@ -39,6 +39,8 @@ export interface ConversationOptions {
   usage?: TurnUsage;
   /** Whether the device is known to be at a usage limit now. */
   limited?: () => boolean;
+  /** The node's tracing (each turn a trace), and the conversation's id in it. */
+  tracing?: ActivityOptions["tracing"];
 }
 
 /** A conversation logs dropped audio at most this often. */
@@ -94,6 +96,7 @@ export class Conversation {
       ...(o.usage ? { usage: o.usage } : {}),
       ...(o.limited ? { limited: o.limited } : {}),
       ...(o.earlier ? { earlier: o.earlier } : {}),
+      ...(o.tracing ? { tracing: o.tracing } : {}),
       log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
     });
     this.recognition = this.listen();

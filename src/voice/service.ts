@@ -5,6 +5,7 @@ import type { Toolbox, ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
+import type { Traced, Tracing } from "../observability/tracing.ts";
 import type { ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { DeviceAgentChoice } from "./agent-choice.ts";
 import { AudioThreads, defaultAudioThreads } from "./audio-threads.ts";
@@ -40,6 +41,8 @@ export interface VoiceServiceOptions {
   env?: NodeJS.ProcessEnv;
   /** Rewrites devices' memories after their conversations (agents with `memory`). */
   memory?: MemoryRewriter;
+  /** The node's tracing: each turn a trace. */
+  tracing?: Tracing | undefined;
 }
 
 /** Voice conversations of this node: one per active connection, sharing the process's engines. */
@@ -182,12 +185,13 @@ export class VoiceService implements VoiceHost {
           const agent = choice.chosenId();
           return agent !== undefined && meter.limitedCached({ id: `device:${key}`, device: key }, agent);
         },
-        run: async (agentId, messages, signal, n, release) => {
+        ...(this.o.tracing ? { tracing: { tracing: this.o.tracing, conversation: recorder.id } } : {}),
+        run: async (agentId, messages, signal, n, release, trace) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
           // A reply prepared in a pause (voice.md §7) runs its tools only once it is used.
           const tools = { ...toolEvents(events, `out-${n}`), ...(release ? { ready: release } : {}) };
-          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools);
+          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools, trace);
         },
       });
     } catch (err) {
@@ -233,9 +237,16 @@ export class VoiceService implements VoiceHost {
   }
 
   /** The agent's answer through the Compatible API's own agent code, with the device as the caller; text deltas. */
-  private async reply(publicKey: string, agentId: string, messages: ChatMessage[], signal: AbortSignal, tools: ToolObserver): Promise<AsyncIterable<string>> {
+  private async reply(
+    publicKey: string,
+    agentId: string,
+    messages: ChatMessage[],
+    signal: AbortSignal,
+    tools: ToolObserver,
+    trace?: Traced,
+  ): Promise<AsyncIterable<string>> {
     const request = { model: agentId, messages, stream: true } as ChatRequest;
-    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools);
+    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools, trace);
     if (result.kind !== "stream") throw new Error("the agent did not stream");
     const events = result.stream.events();
     return (async function* () {
