@@ -39,6 +39,8 @@ export interface ConversationOptions {
   usage?: TurnUsage;
   /** Whether the device is known to be at a usage limit now. */
   limited?: () => boolean;
+  /** Hears the device's audio as the uplink decoded it (16 kHz), silence included, in order (the turns' recordings). */
+  tap?: { heard(pcm: Int16Array): void; silence(samples: number): void };
 }
 
 /** A conversation logs dropped audio at most this often. */
@@ -99,6 +101,7 @@ export class Conversation {
     this.recognition = this.listen();
     const pcm = (samples: Int16Array) => {
       this.heardSamples += samples.length;
+      o.tap?.heard(samples);
       this.hear(samples);
     };
     // Quiet packets are decoded and handed on at once for this long after speech: the silence that
@@ -106,7 +109,9 @@ export class Conversation {
     const hangoverMs = turnHangoverMs(o.config.turn);
     const silence = (samples: number) => {
       this.heardSamples += samples;
-      if (!this.closed) this.recognition.silence(samples);
+      if (this.closed) return;
+      o.tap?.silence(samples);
+      this.recognition.silence(samples);
     };
     this.uplink = o.threads
       ? {

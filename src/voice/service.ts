@@ -19,6 +19,7 @@ import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 import type { RealtimeAgentInfo } from "./realtime/bridge.ts";
 import { RealtimeVoice, realtimeAgents } from "./realtime/session.ts";
+import { observeRecording, TurnRecorder } from "./recording.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
 import { deviceRealtimeUsage, deviceTurnUsage, LimitedReplies } from "./usage.ts";
@@ -112,14 +113,22 @@ export class VoiceService implements VoiceHost {
       recorder.add(entry);
       keeper?.entry(entry);
     });
+    const key = devicePort.publicKey;
+    // What happened in each turn, after its entries: its metrics, and its two sides when the agent records (voice.md §8).
+    const turns = new TurnRecorder({
+      policy: () => this.recordingPolicy(choice.chosenId()),
+      store: (r) => recorder.recording(r.turn, r.side, r.audio, r.durationMs, r.retentionDays),
+      metrics: (turn, json) => recorder.metrics(turn, json),
+      warn: (err) => this.o.logger.warn({ error: err instanceof Error ? err.message : String(err), peer: key }, "a turn's recording could not be made"),
+    });
+    const recorded = observeRecording(transcript.port, turns);
     // The device's packets go to both sides; each takes them only while its kind of agent answers.
     const listeners: Array<(packet: Buffer) => void> = [];
-    transcript.port.onPacket((packet) => {
+    recorded.onPacket((packet) => {
       for (const l of listeners) l(packet);
     });
-    const port: AudioPort = { ...transcript.port, onPacket: (cb) => listeners.push(cb) };
+    const port: AudioPort = { ...recorded, onPacket: (cb) => listeners.push(cb) };
     const events = new VoiceEvents(port);
-    const key = devicePort.publicKey;
     const choice = new DeviceAgentChoice({
       key,
       read: () => this.o.domain.peers.voiceAgent(key),
@@ -182,6 +191,7 @@ export class VoiceService implements VoiceHost {
           const agent = choice.chosenId();
           return agent !== undefined && meter.limitedCached({ id: `device:${key}`, device: key }, agent);
         },
+        ...(this.recording ? { tap: { heard: (pcm: Int16Array) => turns.heard(pcm), silence: (n: number) => turns.silence(n) } } : {}),
         run: async (agentId, messages, signal, n, release) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
@@ -195,6 +205,7 @@ export class VoiceService implements VoiceHost {
       realtime?.close();
       choice.close();
       transcript.close();
+      turns.close();
       recorder.close();
       keeper?.close();
       throw err;
@@ -210,10 +221,22 @@ export class VoiceService implements VoiceHost {
         realtime?.close();
         conversation.close();
         transcript.close();
+        turns.close();
         recorder.close();
         keeper?.close();
       },
     };
+  }
+
+  /** Whether some agent records its turns (then the uplink's audio is tapped). */
+  private get recording(): boolean {
+    return this.o.domain.conversations.storing && this.o.config.agents.some((a) => a.record?.audio);
+  }
+
+  /** The recording retention of the agent answering now; undefined when it does not record. */
+  private recordingPolicy(agentId: string | undefined): { retentionDays: number } | undefined {
+    const agent = agentId === undefined ? undefined : this.o.config.agents.find((a) => a.id === agentId);
+    return agent?.record?.audio && this.o.domain.conversations.storing ? { retentionDays: agent.record.retention_days } : undefined;
   }
 
   /** The memory of a connection's conversations, when some agent remembers. */
