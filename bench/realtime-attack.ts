@@ -18,6 +18,7 @@ import { systemClock } from "../src/voice/clock.ts";
 import { VoiceMetrics } from "../src/voice/metrics.ts";
 import { VoiceEvents } from "../src/voice/peer-events.ts";
 import { RealtimeBridge } from "../src/voice/realtime/bridge.ts";
+import { realtimeAgent } from "../test/support/fake-realtime.ts";
 
 const ATTACKS = ["audio-item-ids", "transcript-item-ids", "audio-one-item", "transcript-100mb", "tool-arguments"] as const;
 
@@ -43,19 +44,7 @@ export async function realtimeAttackBench(): Promise<unknown> {
       });
       loop.enable();
       const bridge = new RealtimeBridge({
-        agent: {
-          id: "talker",
-          instructions: "Be brief.",
-          voice: "marin",
-          turnDetection: "server_vad",
-          transcription: "gpt-4o-mini-transcribe",
-          toolTimeoutMs: 1_000,
-          maxSteps: 4,
-          provider: "rt",
-          url: `ws://127.0.0.1:${port}/v1/realtime?model=m&attack=${attack}`,
-          apiKey: undefined,
-          timeoutMs: 10_000,
-        },
+        agent: realtimeAgent(`ws://127.0.0.1:${port}/v1/realtime?model=m&attack=${attack}`, { toolTimeoutMs: 1_000 }),
         config: config.voice,
         events: new VoiceEvents({ sendEvent: () => void events++ } as never),
         tools: {

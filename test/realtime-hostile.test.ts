@@ -15,7 +15,7 @@ import { type VoiceEvent, VoiceEvents } from "../src/voice/peer-events.ts";
 import { AudioQueue, BLOCK_BYTES } from "../src/voice/realtime/audio-queue.ts";
 import { MAX_REPLY_ITEMS, MAX_USER_TRANSCRIPT_CHARS, RealtimeBridge } from "../src/voice/realtime/bridge.ts";
 import { BACKOFF_MAX_MS, SESSION_PROVEN_MS } from "../src/voice/realtime/link.ts";
-import { type FakeRealtime, type FakeSession, startFakeRealtime } from "./support/fake-realtime.ts";
+import { type FakeRealtime, type FakeSession, realtimeAgent, startFakeRealtime } from "./support/fake-realtime.ts";
 import { FakeClock, settle } from "./support/fake-voice.ts";
 
 type Line = { level: string; details: Record<string, unknown>; message: string };
@@ -35,19 +35,7 @@ async function bridgeOn(url: string, voice: Record<string, unknown> = {}) {
   const events: VoiceEvent[] = [];
   const lines: Line[] = [];
   const bridge = new RealtimeBridge({
-    agent: {
-      id: "talker",
-      instructions: "Be brief.",
-      voice: "marin",
-      turnDetection: "server_vad",
-      transcription: "gpt-4o-mini-transcribe",
-      toolTimeoutMs: 10_000,
-      maxSteps: 4,
-      provider: "rt",
-      url,
-      apiKey: undefined,
-      timeoutMs: 10_000,
-    },
+    agent: realtimeAgent(url),
     config: config.voice,
     events: new VoiceEvents({ sendEvent: (e: VoiceEvent) => void events.push(e) } as never),
     tools: { definitions: () => [], displayName: (n: string) => n } as unknown as ToolKit,

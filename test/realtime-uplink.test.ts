@@ -11,7 +11,7 @@ import { loadConfig } from "../src/config/config.ts";
 import { VoiceMetrics } from "../src/voice/metrics.ts";
 import { VoiceEvents } from "../src/voice/peer-events.ts";
 import { RealtimeBridge } from "../src/voice/realtime/bridge.ts";
-import { startFakeRealtime } from "./support/fake-realtime.ts";
+import { realtimeAgent, startFakeRealtime } from "./support/fake-realtime.ts";
 import { encoded, FakeClock, withLevel } from "./support/fake-voice.ts";
 import { rtpPacket } from "./support/rtp-device.ts";
 
@@ -20,19 +20,7 @@ test("a realtime agent hears the silence after speech at once, not held back by 
   const clock = new FakeClock();
   const config = loadConfig({}, {});
   const bridge = new RealtimeBridge({
-    agent: {
-      id: "talker",
-      instructions: "Be brief.",
-      voice: "marin",
-      turnDetection: "server_vad",
-      transcription: false,
-      toolTimeoutMs: 10_000,
-      maxSteps: 4,
-      provider: "rt",
-      url: `${fake.url.replace(/^http/, "ws")}/realtime?model=m`,
-      apiKey: undefined,
-      timeoutMs: 10_000,
-    },
+    agent: realtimeAgent(`${fake.url.replace(/^http/, "ws")}/realtime?model=m`, { transcription: false }),
     config: config.voice,
     events: new VoiceEvents({ publicKey: "device", payloadType: 111, onPacket: () => {}, sendFrame: () => true, sendEvent: () => true } as never),
     // No tools: the path under test is the audio.
