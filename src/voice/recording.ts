@@ -1,5 +1,5 @@
 import { oggOpus } from "../audio/ogg-opus.ts";
-import { LibOpus, OPUS_RATE } from "../audio/opus.ts";
+import { LibOpus, OPUS_RATE, type OpusRate } from "../audio/opus.ts";
 import type { RecordingSide } from "../store/recordings.ts";
 import { RECOGNITION_RATE } from "./engine-ports.ts";
 import { opusPacketSamples } from "./jitter.ts";
@@ -10,10 +10,8 @@ import type { AudioPort } from "./port.ts";
 export const PRE_ROLL_MS = 600;
 /** A side is kept up to this long (a turn ends at `voice.turn.max_ms`, 30 s by default; a reply is cut by its text's limit). */
 export const MAX_SIDE_MS = 120_000;
-/** The device's side is encoded at this bit rate (speech at 16 kHz, mono). */
+/** The device's side is encoded at this bit rate (speech at 16 or 24 kHz, mono). */
 const USER_BITRATE = 24_000;
-const RATE = RECOGNITION_RATE;
-const FRAME = RATE / 50;
 
 /** What one finished side of a turn is handed to the store as. */
 export interface SideRecording {
@@ -36,6 +34,8 @@ export interface TurnRecorderOptions {
 }
 
 interface Side {
+  /** The rate its audio came at (the device's side), or 48 kHz (the reply's). */
+  rate: number;
   turn: number;
   side: RecordingSide;
   retentionDays: number;
@@ -55,14 +55,16 @@ interface Side {
  */
 export class TurnRecorder {
   private readonly o: TurnRecorderOptions;
+  /** The rate the device's audio comes at now (the thinking part's: 16 kHz for a text agent, 24 kHz for a realtime one). */
+  private rate: OpusRate = RECOGNITION_RATE;
   /** The last PRE_ROLL_MS of the device's audio, a ring. */
-  private readonly ring = new Int16Array((PRE_ROLL_MS * RATE) / 1000);
+  private ring = new Int16Array((PRE_ROLL_MS * RECOGNITION_RATE) / 1000);
   private ringAt = 0;
   private ringFilled = 0;
   private encoder: LibOpus | undefined;
   /** The device's side being heard, and its samples not yet a whole frame. */
   private user: Side | undefined;
-  private readonly pending = new Int16Array(FRAME);
+  private pending = new Int16Array(RECOGNITION_RATE / 50);
   private pendingLength = 0;
   /** The reply's side being sent. */
   private reply: Side | undefined;
@@ -76,18 +78,32 @@ export class TurnRecorder {
     this.o = o;
   }
 
-  /** The device's audio at 16 kHz, in order. */
-  heard(pcm: Int16Array): void {
+  /** The device's audio at `rate`, in order. */
+  heard(pcm: Int16Array, rate: OpusRate = RECOGNITION_RATE): void {
     if (this.closed) return;
+    if (rate !== this.rate) this.changeRate(rate);
     if (this.user) this.append(pcm);
     else this.remember(pcm);
   }
 
-  /** Silence of `samples` at 16 kHz in its place among `heard`'s. */
-  silence(samples: number): void {
+  /** Silence of `samples` at `rate` in its place among `heard`'s. */
+  silence(samples: number, rate: OpusRate = RECOGNITION_RATE): void {
     if (this.closed || samples <= 0) return;
-    // Pieces of at most a second: a long pause allocates nothing large.
-    for (let left = samples; left > 0; left -= RATE) this.heard(zeros.subarray(0, Math.min(left, RATE)));
+    // Pieces of at most 16,000 samples: a long pause allocates nothing large.
+    for (let left = samples; left > 0; left -= zeros.length) this.heard(zeros.subarray(0, Math.min(left, zeros.length)), rate);
+  }
+
+  /** The device's agent changed kind: its audio comes at another rate; a side being heard ends here, the ring starts anew. */
+  private changeRate(rate: OpusRate): void {
+    if (this.user) this.endUser(this.user.turn);
+    this.rate = rate;
+    this.ring = new Int16Array((PRE_ROLL_MS * rate) / 1000);
+    this.ringAt = 0;
+    this.ringFilled = 0;
+    this.pending = new Int16Array(rate / 50);
+    this.pendingLength = 0;
+    this.encoder?.close();
+    this.encoder = undefined;
   }
 
   /** One Opus frame sent to the device. */
@@ -139,7 +155,7 @@ export class TurnRecorder {
     if (this.reply && this.reply.turn < turn) this.endReply();
     const policy = this.o.policy();
     if (!policy) return;
-    this.user = { turn, side: "user", retentionDays: policy.retentionDays, packets: [], samples: [], total: 0 };
+    this.user = { rate: this.rate, turn, side: "user", retentionDays: policy.retentionDays, packets: [], samples: [], total: 0 };
     this.pendingLength = 0;
     // The ring's audio first, oldest first.
     const start = this.ringFilled < this.ring.length ? 0 : this.ringAt;
@@ -162,7 +178,7 @@ export class TurnRecorder {
     }
     if (u.packets.length > 0) this.finished.push(u);
     // The reply to this turn is recorded from now (a realtime model may answer before its text begins).
-    this.reply = { turn, side: "assistant", retentionDays: u.retentionDays, packets: [], samples: [], total: 0 };
+    this.reply = { rate: OPUS_RATE, turn, side: "assistant", retentionDays: u.retentionDays, packets: [], samples: [], total: 0 };
   }
 
   private endReply(): void {
@@ -175,12 +191,13 @@ export class TurnRecorder {
     const u = this.user;
     if (!u) return;
     let at = 0;
+    const frame = this.pending.length;
     while (at < pcm.length) {
-      const take = Math.min(FRAME - this.pendingLength, pcm.length - at);
+      const take = Math.min(frame - this.pendingLength, pcm.length - at);
       this.pending.set(pcm.subarray(at, at + take), this.pendingLength);
       this.pendingLength += take;
       at += take;
-      if (this.pendingLength === FRAME) {
+      if (this.pendingLength === frame) {
         this.encode(u, this.pending);
         this.pendingLength = 0;
       }
@@ -191,7 +208,7 @@ export class TurnRecorder {
     if ((u.total * 1000) / OPUS_RATE >= MAX_SIDE_MS) return;
     try {
       if (!this.encoder) {
-        this.encoder = new LibOpus("voip", RATE);
+        this.encoder = new LibOpus("voip", this.rate);
         this.encoder.setBitrate(USER_BITRATE);
       }
       u.packets.push(this.encoder.encode(frame));
@@ -226,7 +243,7 @@ export class TurnRecorder {
     this.work = this.work.then(async () => {
       for (const s of ready) {
         try {
-          const audio = await oggOpus(s.packets, s.samples, s.side === "user" ? RATE : OPUS_RATE);
+          const audio = await oggOpus(s.packets, s.samples, s.rate);
           this.o.store({ turn: s.turn, side: s.side, audio, durationMs: (s.total * 1000) / OPUS_RATE, retentionDays: s.retentionDays });
         } catch (err) {
           this.o.warn?.(err);
@@ -236,7 +253,7 @@ export class TurnRecorder {
   }
 }
 
-const zeros = new Int16Array(RATE);
+const zeros = new Int16Array(RECOGNITION_RATE);
 
 /**
  * The port a conversation should use so that `recorder` hears what it sends (frames and events,
