@@ -394,13 +394,16 @@ export async function rig(
       transcript.close();
     },
   };
-  const packetListeners: Array<(bytes: Buffer) => void> = [];
+  const packetListeners = new Set<(bytes: Buffer) => void>();
   const transcript = observeTranscript(
     {
       publicKey: "fake-device",
       payloadType: 111,
       audioLevelId: 1,
-      onPacket: (cb) => packetListeners.push(cb),
+      onPacket: (cb) => {
+        packetListeners.add(cb);
+        return () => packetListeners.delete(cb);
+      },
       sendFrame: () => {
         r.frames++;
         return true;
