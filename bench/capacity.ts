@@ -114,7 +114,7 @@ function serverCpu(pid: number): { process: number; main: number } {
  * the main thread from libuv's pool, V8's, the audio threads (Node's workers) and node-datachannel's
  * native threads (libdatachannel's, usrsctp's, libjuice's), whose names are whatever they set.
  */
-function threadCpu(pid: number): Map<string, number> {
+export function threadCpu(pid: number): Map<string, number> {
   const out = new Map<string, number>();
   let tasks: string[] = [];
   try {
@@ -356,7 +356,7 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
 }
 
 /** The `base` checkout: a directory as is, or a revision in a temporary worktree sharing this checkout's node_modules. */
-function baseRoot(spec: string): { root: string; remove: () => void } {
+export function baseRoot(spec: string): { root: string; remove: () => void } {
   if (existsSync(join(spec, "bin/perch"))) return { root: spec, remove: () => {} };
   const root = mkdtempSync(join(tmpdir(), "perch-bench-base-"));
   execFileSync("git", ["-C", ROOT, "worktree", "add", "--detach", root, spec], { stdio: "ignore" });

@@ -27,6 +27,7 @@ import { PerchClient } from "../src/sdk/client.ts";
 import { type RunningServer, startServer } from "../src/server.ts";
 import { encodeVoiceEvent, VoiceEvents } from "../src/voice/peer-events.ts";
 import { observeTranscript } from "../src/voice/transcript.ts";
+import { parseSseBlock, sseBlocks } from "../test/support/sse.ts";
 import { percentiles } from "./support.ts";
 
 const DEVICES = Number(process.env.BENCH_CONV_DEVICES ?? 50);
@@ -70,19 +71,10 @@ async function paired(a: RunningServer, b: RunningServer): Promise<{ key: string
 async function watch(url: string, bearer: string, signal: AbortSignal, seen: (text: string) => void): Promise<void> {
   const res = await fetch(`${url}/side-control/events`, { headers: { authorization: `Bearer ${bearer}` }, signal });
   if (!res.ok || !res.body) throw new Error(`events refused: ${res.status}`);
-  const decoder = new TextDecoder();
-  let buffer = "";
   (async () => {
-    for await (const chunk of res.body!) {
-      buffer += decoder.decode(chunk, { stream: true });
-      let at = buffer.indexOf("\n\n");
-      while (at >= 0) {
-        const block = buffer.slice(0, at);
-        buffer = buffer.slice(at + 2);
-        at = buffer.indexOf("\n\n");
-        if (!block.startsWith("event: conversation\n")) continue;
-        seen((JSON.parse(block.slice(block.indexOf("data: ") + 6)) as { text: string }).text);
-      }
+    for await (const block of sseBlocks(res.body!)) {
+      const { event, data } = parseSseBlock(block);
+      if (event === "conversation" && data !== undefined) seen((JSON.parse(data) as { text: string }).text);
     }
   })().catch(() => {});
 }
@@ -108,7 +100,7 @@ async function livePath(databaseUrl: string) {
         {
           publicKey: key,
           payloadType: 111,
-          onPacket: () => {},
+          onPacket: () => () => {},
           sendFrame: () => true,
           sendEvent: (event) => {
             encodeVoiceEvent(event, 1n, BigInt(Date.now()));

@@ -21,6 +21,7 @@ import { join } from "node:path";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { encodeKey, generateKeyPair, type KeyPair } from "../src/crypto/keys.ts";
 import { PerchClient } from "../src/sdk/client.ts";
+import { parseSseBlock, sseBlocks } from "../test/support/sse.ts";
 import { conversationRuns } from "./conversations.ts";
 import { Crowd } from "./crowd.ts";
 import { benchConfig, freshPgDatabase, percentiles, round, type Server, startServer, treeCpuSeconds } from "./support.ts";
@@ -120,29 +121,20 @@ class Subscribers {
       return;
     }
     this.open++;
-    const decoder = new TextDecoder();
-    let buffer = "";
     (async () => {
-      for await (const chunk of res.body as ReadableStream<Uint8Array>) {
-        buffer += decoder.decode(chunk, { stream: true });
-        let at = buffer.indexOf("\n\n");
-        while (at >= 0) {
-          this.parse(buffer.slice(0, at));
-          buffer = buffer.slice(at + 2);
-          at = buffer.indexOf("\n\n");
-        }
-      }
+      for await (const block of sseBlocks(res.body as ReadableStream<Uint8Array>)) this.parse(block);
     })()
       .catch(() => {})
       .finally(() => this.open--);
   }
 
   private parse(block: string): void {
-    if (!block.startsWith("event: telemetry\n")) return;
+    const { event, data: text } = parseSseBlock(block);
+    if (event !== "telemetry" || text === undefined) return;
     this.events++;
     if (!this.recording) return;
     const now = Date.now();
-    const data = JSON.parse(block.slice(block.indexOf("data: ") + 6)) as { values: Array<{ observed_at_unix_ms: number }> };
+    const data = JSON.parse(text) as { values: Array<{ observed_at_unix_ms: number }> };
     for (const v of data.values) this.latencies.push(now - v.observed_at_unix_ms);
   }
 

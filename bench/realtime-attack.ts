@@ -1,6 +1,6 @@
 /**
  * `npm run bench -- realtime-attack`: the hostile realtime provider attacks of issue 45, each on one
- * conversation's bridge in this process (a provider in a process of its own sends): new item ids
+ * conversation's realtime activity (src/voice/realtime/activity.ts) in this process (a provider in a process of its own sends): new item ids
  * in 200,000 audio deltas and in 100,000 transcript deltas, 200,000 tiny deltas of one item, a
  * 100 MB transcript, 5 tool calls of 3.9 MB arguments. For each: the longest the event loop was
  * held (what `/healthz` would wait at most; the issue's bound: 100 ms), and the RSS after it,
@@ -16,8 +16,10 @@ import { loadResampler } from "../src/audio/resampler.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { systemClock } from "../src/voice/clock.ts";
 import { VoiceMetrics } from "../src/voice/metrics.ts";
+import { OpusCodec } from "../src/voice/opus.ts";
 import { VoiceEvents } from "../src/voice/peer-events.ts";
-import { RealtimeBridge } from "../src/voice/realtime/bridge.ts";
+import { RealtimeActivity } from "../src/voice/realtime/activity.ts";
+import { realtimeAgent } from "../test/support/fake-realtime.ts";
 
 const ATTACKS = ["audio-item-ids", "transcript-item-ids", "audio-one-item", "transcript-100mb", "tool-arguments"] as const;
 
@@ -42,20 +44,8 @@ export async function realtimeAttackBench(): Promise<unknown> {
         done = r;
       });
       loop.enable();
-      const bridge = new RealtimeBridge({
-        agent: {
-          id: "talker",
-          instructions: "Be brief.",
-          voice: "marin",
-          turnDetection: "server_vad",
-          transcription: "gpt-4o-mini-transcribe",
-          toolTimeoutMs: 1_000,
-          maxSteps: 4,
-          provider: "rt",
-          url: `ws://127.0.0.1:${port}/v1/realtime?model=m&attack=${attack}`,
-          apiKey: undefined,
-          timeoutMs: 10_000,
-        },
+      const session = new RealtimeActivity({
+        agent: realtimeAgent(`ws://127.0.0.1:${port}/v1/realtime?model=m&attack=${attack}`, { toolTimeoutMs: 1_000 }),
         config: config.voice,
         events: new VoiceEvents({ sendEvent: () => void events++ } as never),
         tools: {
@@ -66,7 +56,7 @@ export async function realtimeAttackBench(): Promise<unknown> {
         toolEvents: () => ({ called() {}, finished() {} }),
         activity: undefined,
         resampler,
-        payloadType: 111,
+        encoder: new OpusCodec(24_000),
         metrics: new VoiceMetrics(new Registry(), () => 1),
         clock: systemClock,
         send: () => true,
@@ -74,11 +64,11 @@ export async function realtimeAttackBench(): Promise<unknown> {
           if (message === "the realtime session failed; reconnecting") done();
         },
       });
-      // The attack ends when the provider closes the session (the bridge's failure line), at most 2 minutes.
+      // The attack ends when the provider closes the session (the session's failure line), at most 2 minutes.
       const timer = setTimeout(done, 120_000);
       await finished;
       clearTimeout(timer);
-      bridge.close();
+      session.close();
       loop.disable();
       await new Promise((r) => setTimeout(r, 500));
       gc();

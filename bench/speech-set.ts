@@ -9,22 +9,19 @@
  */
 import { createSpeechEngine } from "../src/ai/speech/index.ts";
 import { loadResampler, Resampler } from "../src/audio/resampler.ts";
-import { espeak, seededRandom } from "../test/support/speech.ts";
+import { ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES, seededRandom } from "../test/support/speech.ts";
 
 export const RATE = 16_000;
 
-/** Everyday requests, numbers among them; the README tour's question and the Compatible API's example among them. */
+/**
+ * Everyday requests, numbers among them; the README tour's question and the Compatible API's example
+ * among them. The tests' round-trip sentences from the fourth on, in their order, are the set's.
+ */
 export const SENTENCES = [
   "What is the weather like today?",
   "Turn on the kitchen lights.",
   "Set a timer for fifteen minutes.",
-  "Play some music in the living room.",
-  "The battery is almost empty.",
-  "Call my mother tomorrow morning.",
-  "How far is the nearest train station?",
-  "Remind me to buy milk after work.",
-  "Open the front door.",
-  "I would like a cup of coffee.",
+  ...ROUND_TRIP_SENTENCES.slice(3),
   "Turn the volume down to three.",
   "Wake me up at seven thirty.",
   "What time is it in Tokyo?",
@@ -54,8 +51,8 @@ export interface Voice {
 }
 
 /** espeak-ng speaks at 22,050 Hz; test/support/speech.ts's helper resamples to 16 kHz (linear), so the rate is 16 kHz here. */
-function espeakVoice(name: string, args: string[]): Voice {
-  return { name: `espeak-ng ${name}`, speak: async (text) => ({ samples: await espeak(text, args), rate: RATE }) };
+function espeakVoice(v: { name: string; args: readonly string[] }): Voice {
+  return { name: v.name, speak: async (text) => ({ samples: await espeak(text, v.args), rate: RATE }) };
 }
 
 function fliteVoice(voice: string): Voice {
@@ -70,11 +67,11 @@ function fliteVoice(voice: string): Voice {
 }
 
 export const VOICES: Voice[] = [
-  espeakVoice("en-us", ["-v", "en-us", "-s", "140"]),
-  espeakVoice("en-gb-x-rp", ["-v", "en-gb-x-rp", "-s", "150"]),
+  // The tests' two espeak-ng voices (en-us, en-gb-x-rp), then the others.
+  ...ESPEAK_VOICES.map(espeakVoice),
   fliteVoice("alloy"),
   fliteVoice("nova"),
-  espeakVoice("en-us+f3", ["-v", "en-us+f3", "-s", "160"]),
+  espeakVoice({ name: "espeak-ng en-us+f3", args: ["-v", "en-us+f3", "-s", "160"] }),
   fliteVoice("fable"),
 ];
 

@@ -6,6 +6,7 @@ import { wavFile } from "../src/audio/samples.ts";
 import { engines } from "./support/engines.ts";
 import { childProcesses } from "./support/processes.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
+import { sseJson } from "./support/sse.ts";
 
 const KEY = "sk-perch-audio-test";
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
@@ -84,10 +85,7 @@ describe("Compatible API: audio routes, HTTP side", () => {
       body: JSON.stringify({ model: "tts-1", input: "Hello there.", voice: "alloy", stream_format: "sse", response_format: "pcm" }),
     });
     assert.match(sse.headers.get("content-type") ?? "", /^text\/event-stream/);
-    const events = (await sse.text())
-      .split("\n\n")
-      .filter(Boolean)
-      .map((e) => JSON.parse(e.replace(/^data: /, "")));
+    const events = await sseJson(sse);
     assert.ok(events.length >= 2);
     assert.ok(events.slice(0, -1).every((e) => e.type === "speech.audio.delta" && typeof e.audio === "string"));
     const done = events.at(-1);

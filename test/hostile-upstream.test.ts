@@ -10,6 +10,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import { startTestServer, type TestServer } from "./support/server.ts";
+import { sseJson } from "./support/sse.ts";
 
 const KEY = "sk-perch-hostile-upstream";
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
@@ -100,11 +101,7 @@ describe("upstreams as untrusted input", () => {
       ...(signal ? { signal } : {}),
     });
   /** The streamed answer's `data:` payloads. */
-  const events = async (res: Response): Promise<any[]> =>
-    (await res.text())
-      .split("\n")
-      .filter((l) => l.startsWith("data: ") && l !== "data: [DONE]")
-      .map((l) => JSON.parse(l.slice(6)));
+  const events = sseJson;
 
   before(async () => {
     upstream = await new RawUpstream().start();

@@ -1,5 +1,4 @@
 import assert from "node:assert/strict";
-import { createSocket } from "node:dgram";
 import { after, before, describe, test } from "node:test";
 import wrtc from "@roamhq/wrtc";
 import pino from "pino";
@@ -9,6 +8,7 @@ import type { ChannelPort } from "../src/protocol/channel.ts";
 import type { StreamSocket } from "../src/protocol/stream-socket.ts";
 import { Answerer, type PeerLink } from "../src/transport/answerer.ts";
 import { StreamHttpServer } from "../src/transport/http-streams.ts";
+import { freeUdpPort } from "./support/server.ts";
 import { answeredBy, eventually } from "./support/webrtc.ts";
 
 /**
@@ -39,14 +39,6 @@ const LOOKED_FOR_AND_ABSENT = new Set([
 
 /** What the seam exists for: Hono's drain timer calls `destroySoon`; Node reads, writes and closes the socket and logs its address. */
 const MUST_BE_USED = ["destroySoon", "on", "write", "end", "destroy", "remoteAddress"];
-
-async function freeUdpPort(): Promise<number> {
-  const s = createSocket("udp4");
-  await new Promise<void>((r) => s.bind(0, "127.0.0.1", r));
-  const { port } = s.address();
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
 
 /** A proxy of `socket` recording the names read on it, and which of them were absent then. */
 function recording(socket: StreamSocket, used: Set<string>, absent: Set<string>): StreamSocket {

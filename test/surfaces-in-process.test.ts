@@ -13,6 +13,7 @@ import { type ConfigInput, loadConfig } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { Node } from "../src/server.ts";
 import { freeUdpPort, tempDir } from "./support/server.ts";
+import { sseJson as events } from "./support/sse.ts";
 import { realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
 const KEY = "sk-in-process";
@@ -60,14 +61,6 @@ function scriptedSpeech(script: { pieces?: number; fail?: Error; busy?: boolean 
 
 const speechBody = (o: Record<string, unknown> = {}) => JSON.stringify({ model: "tts-1", input: "Hello there.", voice: "alloy", ...o });
 const postJson = (body: string) => ({ method: "POST", headers: { ...auth, "content-type": "application/json" }, body });
-
-/** The `data:` payloads of an event stream's body. */
-async function events(res: Response): Promise<Array<Record<string, any>>> {
-  return (await res.text())
-    .split("\n\n")
-    .filter((e) => e.startsWith("data: "))
-    .map((e) => JSON.parse(e.slice(6)));
-}
 
 describe("in process: the Compatible API's speech route", () => {
   test("a full engine queue is 429 with Retry-After and the engine_busy code", async () => {

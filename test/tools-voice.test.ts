@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { perch } from "./support/cli.ts";
+import { offerListed, volumeTool } from "./support/device-tools.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { EventLog, spoken, talkerConfig } from "./support/voice.ts";
@@ -50,21 +51,9 @@ describe("tools in voice conversations", () => {
     try {
       const log = new EventLog(conn);
       const mic = await conn.microphone();
-      const got: unknown[] = [];
-      await conn.offerTools([
-        {
-          name: "set_volume",
-          description: "Sets the speaker volume (0-10).",
-          inputSchema: { type: "object", properties: { level: { type: "integer" } }, required: ["level"] },
-          handler: async (args) => {
-            got.push(args);
-            // The turn waits for the tool.
-            await new Promise((r) => setTimeout(r, 300));
-            return "The volume is now 3.";
-          },
-        },
-      ]);
-      await eventually(() => server.transport!.deviceTools(conn.publicKey)?.tools.length === 1, 5000, "listed");
+      // The turn waits for the tool.
+      const { tool, got } = volumeTool({ delayMs: 300 });
+      await offerListed(server, conn, [tool]);
       upstream.reply({ tool_calls: [{ id: "v", name: "device.set_volume", arguments: '{"level":3}' }] }, { content: "The volume is three now." });
       const before = upstream.received.length;
       await mic.say(await spoken(QUESTION));

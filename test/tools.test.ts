@@ -6,6 +6,7 @@ import OpenAI from "openai";
 import { RpcMethod, ServerPutInfoRequestSchema } from "../src/protocol/gen/rpc_pb.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import { perchJson } from "./support/cli.ts";
+import { offerListed, volumeTool } from "./support/device-tools.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { WeatherServer } from "./support/mcp.ts";
 import { STORES, startTestServer, type TestServer } from "./support/server.ts";
@@ -17,22 +18,9 @@ const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 /** A device offering `set_volume` (and recording what its handler got). */
 async function volumeDevice(server: TestServer) {
   const conn = await connect(server);
-  const got: unknown[] = [];
-  let level = 5;
-  const offered = await conn.offerTools([
-    {
-      name: "set_volume",
-      description: "Sets the speaker volume (0-10).",
-      inputSchema: { type: "object", properties: { level: { type: "integer", minimum: 0, maximum: 10 } }, required: ["level"] },
-      handler: (args) => {
-        got.push(args);
-        level = args.level as number;
-        return `The volume is now ${level}.`;
-      },
-    },
-  ]);
-  await eventually(() => server.transport!.deviceTools(conn.publicKey)?.tools.length === 1, 5000, "the device's tools listed");
-  return { conn, got, offered, level: () => level };
+  const { tool, got, level } = volumeTool();
+  const offered = await offerListed(server, conn, [tool]);
+  return { conn, got, offered, level };
 }
 
 const toolNames = (body: Record<string, any>) => (body.tools ?? []).map((t: any) => t.function.name).sort();

@@ -3,6 +3,7 @@ import { after, before, describe, test } from "node:test";
 import pino from "pino";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
+import { offerListed, volumeTool } from "./support/device-tools.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeRealtime, type FakeSession, type Script, startFakeRealtime } from "./support/fake-realtime.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
@@ -142,18 +143,8 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     await fake.until(() => fake.sessions.slice(before).some((x) => x.session !== undefined), 10_000, "the other device's session");
     await other.offerTools([{ name: "unlock_door", description: "Unlocks the door.", inputSchema: { type: "object" }, handler: async () => "unlocked" }]);
     const { conn, log, say, s } = await device();
-    const got: unknown[] = [];
-    await conn.offerTools([
-      {
-        name: "set_volume",
-        description: "Sets the speaker volume (0-10).",
-        inputSchema: { type: "object", properties: { level: { type: "integer" } }, required: ["level"] },
-        handler: async (args) => {
-          got.push(args);
-          return "volume is 3";
-        },
-      },
-    ]);
+    const { tool, got } = volumeTool({ answer: () => "volume is 3" });
+    await offerListed(server, conn, [tool]);
     fake.script({ kind: "call", name: "device.set_volume", arguments: '{"level":3}', after: { kind: "reply", text: "Done, the volume is three.", ms: 600 } });
     await say(question);
     await metricsOf(log, 1);

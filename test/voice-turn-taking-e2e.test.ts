@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { concatInt16 } from "../src/audio/samples.ts";
+import { offerListed, volumeTool } from "./support/device-tools.ts";
 import { warmRecogniser } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { startTestServer, type TestServer } from "./support/server.ts";
@@ -76,19 +77,8 @@ describe("turn-taking end to end (voice.md §7)", () => {
     const { conn, log } = await voiceDevice(server);
     try {
       const mic = await conn.microphone();
-      const got: unknown[] = [];
-      await conn.offerTools([
-        {
-          name: "set_volume",
-          description: "Sets the speaker volume (0-10).",
-          inputSchema: { type: "object", properties: { level: { type: "integer" } }, required: ["level"] },
-          handler: async (args) => {
-            got.push(args);
-            return `The volume is now ${(args as { level: number }).level}.`;
-          },
-        },
-      ]);
-      await eventually(() => server.transport!.deviceTools(conn.publicKey)?.tools.length === 1, 5000, "listed");
+      const { tool, got } = volumeTool();
+      await offerListed(server, conn, [tool]);
       const from = upstream.received.length;
       const [head, tail] = [await spoken("Turn the volume down to", VOICE), await spoken("three.", VOICE)];
       await mic.say(head);

@@ -5,35 +5,24 @@
  * `test-artifacts/` (the README's docs/app-conversation.png is one of them).
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { type Browser, chromium, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
 import type { FliteSpeechEngine } from "../src/ai/speech/index.ts";
 import { RpcMethod, ServerPutInfoRequestSchema } from "../src/protocol/gen/rpc_pb.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
+import { ARTIFACTS, launchChromium, phoneApp } from "./support/browser.ts";
 import { storedRows } from "./support/conversations.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
-import { ROOT, startTestServer, type TestServer } from "./support/server.ts";
+import { startTestServer, type TestServer } from "./support/server.ts";
 import { EventLog, heardFor, resample, talkerConfig } from "./support/voice.ts";
 import { connect } from "./support/webrtc.ts";
 
-const CHROMIUM = process.env.PERCH_TEST_CHROMIUM || "/usr/bin/chromium";
-const ARTIFACTS = join(ROOT, "test-artifacts");
-const ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"];
 const LONG = "Here is a story about a small bird. It lived in a tall tree by the river. Every morning it sang to the fish. One day the fish sang back.";
-
-async function phonePage(browser: Browser, server: TestServer, device: PerchClient): Promise<Page> {
-  const context = await browser.newContext({ viewport: { width: 360, height: 780 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
-  const page = await context.newPage();
-  await page.goto(`${server.url}/app/#token=${(await device.createDeviceToken()).token}`);
-  await page.getByText("Live", { exact: true }).waitFor();
-  return page;
-}
 
 describe("the web app's conversations in headless Chromium", { timeout: 240_000 }, () => {
   let upstream: FakeUpstream;
@@ -44,21 +33,16 @@ describe("the web app's conversations in headless Chromium", { timeout: 240_000 
   let device: PerchClient;
 
   before(async () => {
-    assert.ok(
-      existsSync(CHROMIUM),
-      `Chromium is required for this test and was not found at ${CHROMIUM} (install Debian's chromium, or set PERCH_TEST_CHROMIUM)`,
-    );
-    mkdirSync(ARTIFACTS, { recursive: true });
     upstream = await startFakeUpstream();
     // The recogniser's and the voice detector's models loaded before the first turn (a loaded machine takes long).
     await engines().transcription?.start?.();
     server = await startTestServer({ config: { ...talkerConfig(upstream.url), voice: { ...talkerConfig(upstream.url).voice, store_transcripts: true } } });
-    browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ARGS, timeout: 20_000 });
+    browser = await launchChromium();
     conn = await connect(server);
     device = new PerchClient({ baseUrl: server.url, keyPair: conn.keyPair });
     await device.login();
     await conn.call(RpcMethod.SERVER_INFO_PUT, toBinary(ServerPutInfoRequestSchema, create(ServerPutInfoRequestSchema, { value: { name: "Bedtime bear" } })));
-    page = await phonePage(browser, server, device);
+    page = await phoneApp(browser, server.url, device);
   });
   after(async () => {
     conn?.close();
@@ -148,7 +132,7 @@ describe("the web app's conversations in headless Chromium", { timeout: 240_000 
     try {
       const owner = plain.client();
       await owner.login();
-      const p = await phonePage(browser, plain, owner);
+      const p = await phoneApp(browser, plain.url, owner);
       await p
         .getByRole("region", { name: "Conversations", exact: true })
         .getByText("This server does not keep conversations: they appear here only while you watch.")

@@ -6,20 +6,16 @@
  * (docs/app-memory.png is one of them).
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { type Browser, chromium, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
 import type { PerchClient } from "../src/sdk/client.ts";
+import { ARTIFACTS, launchChromium, phoneApp } from "./support/browser.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { memoryConfig, scriptMemoryModel } from "./support/memory.ts";
-import { ROOT, startTestServer, type TestServer } from "./support/server.ts";
+import { startTestServer, type TestServer } from "./support/server.ts";
 import { spoken, voiceDevice } from "./support/voice.ts";
-
-const CHROMIUM = process.env.PERCH_TEST_CHROMIUM || "/usr/bin/chromium";
-const ARTIFACTS = join(ROOT, "test-artifacts");
-const ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"];
 
 describe("the web app's memory in headless Chromium", { timeout: 240_000 }, () => {
   let upstream: FakeUpstream;
@@ -29,22 +25,14 @@ describe("the web app's memory in headless Chromium", { timeout: 240_000 }, () =
   let device: PerchClient;
 
   before(async () => {
-    assert.ok(
-      existsSync(CHROMIUM),
-      `Chromium is required for this test and was not found at ${CHROMIUM} (install Debian's chromium, or set PERCH_TEST_CHROMIUM)`,
-    );
-    mkdirSync(ARTIFACTS, { recursive: true });
     upstream = await startFakeUpstream();
     scriptMemoryModel(upstream);
     await engines().transcription?.start?.();
     server = await startTestServer({ config: memoryConfig(upstream.url) });
-    browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ARGS, timeout: 20_000 });
+    browser = await launchChromium();
     device = server.client();
     await device.login();
-    const context = await browser.newContext({ viewport: { width: 360, height: 780 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
-    page = await context.newPage();
-    await page.goto(`${server.url}/app/#token=${(await device.createDeviceToken()).token}`);
-    await page.getByText("Live", { exact: true }).waitFor();
+    page = await phoneApp(browser, server.url, device);
   });
   after(async () => {
     await browser?.close().catch(() => {});

@@ -4,37 +4,26 @@
  * written to `test-artifacts/` (git-ignored) as the test goes.
  */
 import assert from "node:assert/strict";
-import { createSocket } from "node:dgram";
-import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { x25519 } from "@noble/curves/ed25519.js";
-import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
+import type { Browser, BrowserContext, Page } from "playwright-core";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { RpcMethod, ServerPutInfoRequestSchema } from "../src/protocol/gen/rpc_pb.ts";
 import { PerchClient } from "../src/sdk/client.ts";
 import type { PerchConnection } from "../src/sdk/webrtc.ts";
-import { ROOT, startTestServer, type TestServer, tempDir } from "./support/server.ts";
+import { ARTIFACTS, CHROMIUM_ARGS, launchChromium, phoneContext } from "./support/browser.ts";
+import { freeUdpPort, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { connect } from "./support/webrtc.ts";
 
-const CHROMIUM = process.env.PERCH_TEST_CHROMIUM || "/usr/bin/chromium";
-const ARTIFACTS = join(ROOT, "test-artifacts");
 /**
  * The phone reaches the server by a LAN-style name, as on a home network: Chromium resolves it to
  * the loopback address itself, so no traffic leaves this machine, and the page is what a phone at
  * `http://<lan name>:<port>/app/` gets: not a secure context (no `crypto.subtle`).
  */
 const LAN_NAME = "perch-box.lan";
-const ARGS = [
-  "--no-sandbox",
-  "--disable-gpu",
-  "--no-first-run",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-  `--host-resolver-rules=MAP ${LAN_NAME} 127.0.0.1`,
-];
+const ARGS = [...CHROMIUM_ARGS, `--host-resolver-rules=MAP ${LAN_NAME} 127.0.0.1`];
 
 /** Reports battery (and GNSS, when given) as the device's telemetry. */
 function report(conn: PerchConnection, battery: number, position?: [number, number]): void {
@@ -44,17 +33,6 @@ function report(conn: PerchConnection, battery: number, position?: [number, numb
   ];
   if (position) observations.push({ observedAtDeltaMs: 0, body: { case: "gnss", value: { latitude: position[0], longitude: position[1], accuracyM: 5 } } });
   conn.sendTelemetry({ observedAtUnixMs: BigInt(Date.now()), observations });
-}
-
-function freeUdpPort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const socket = createSocket("udp4");
-    socket.once("error", reject);
-    socket.bind(0, "127.0.0.1", () => {
-      const { port } = socket.address();
-      socket.close(() => resolve(port));
-    });
-  });
 }
 
 async function shot(page: Page, name: string): Promise<void> {
@@ -124,15 +102,10 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
   const bearerOf = (p: Page) => p.evaluate(() => JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token) as Promise<string | undefined>;
 
   before(async () => {
-    assert.ok(
-      existsSync(CHROMIUM),
-      `Chromium is required for this test and was not found at ${CHROMIUM} (install Debian's chromium, or set PERCH_TEST_CHROMIUM)`,
-    );
-    mkdirSync(ARTIFACTS, { recursive: true });
     server = await startTestServer({ dataDir, config: { node_name: "webapp-node" } });
-    browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ARGS, timeout: 20_000 });
+    browser = await launchChromium(ARGS);
     // A phone's screen: 360 CSS pixels wide.
-    context = await browser.newContext({ viewport: { width: 360, height: 780 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+    context = await phoneContext(browser);
     page = await context.newPage();
     page.on("console", (m) => pageLog.push(`${m.type()}: ${m.text()}`));
     page.on("pageerror", (e) => pageLog.push(`pageerror: ${e.message}`));
@@ -262,14 +235,31 @@ describe("the companion web app in headless Chromium", { timeout: 120_000 }, () 
     await shot(page, "link-not-used");
     assert.equal((await fetch(`${server.url}/side-control/status`, { headers: { authorization: `Bearer ${bearer}` } })).status, 200);
 
-    // A fresh link pairs anew; the pairing it replaces ends on the server.
+    // A fresh link pairs anew; the pairing it replaces ends on the server. Its stream says so
+    // before the page has let go of it (the page's timers held, as a busy phone may): the new
+    // pairing goes on. The login is held until the old pairing's stream is live.
+    let releaseLogin = () => {};
+    const loginHeld = new Promise<void>((resolve) => (releaseLogin = resolve));
+    await page.route("**/login", async (route) => {
+      await loginHeld;
+      await route.continue();
+    });
+    await page.clock.install();
     await page.goto("about:blank");
     await page.goto(app(`#token=${(await device.createDeviceToken()).token}`));
+    await page.getByText("Live", { exact: true }).waitFor();
+    await page.clock.pauseAt(Date.now() + 60_000);
+    releaseLogin();
     await page.waitForFunction((old) => {
       const now = JSON.parse(localStorage.getItem("perch.session") ?? "{}").access_token;
       return now && now !== old;
     }, bearer);
+    // The old pairing's stream has ended (its loop waits to retry) or its end was taken for the new one's.
+    await page.getByText(/Reconnecting in \d+ s|The device ended this pairing/).waitFor();
+    await page.clock.resume();
+    await page.unroute("**/login");
     await page.getByText("Live", { exact: true }).waitFor();
+    assert.equal(await page.getByText("The device ended this pairing").count(), 0, "the new pairing was not ended");
     assert.equal(await page.getByText("The pairing link was not used").count(), 0);
     const sessions = (await device.sideControlSessions()).items;
     assert.ok(!sessions.some((s) => s.id === used.id), "the replaced pairing ended on the server");

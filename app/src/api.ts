@@ -5,6 +5,8 @@ export class ApiError extends Error {
   readonly status: number;
   readonly code: string;
   readonly details: Record<string, unknown> | undefined;
+  /** The bearer the failed request carried: a 401 for a pairing already replaced must not end the new one. */
+  bearer: string | undefined;
   constructor(status: number, code: string, message: string, details?: Record<string, unknown>) {
     super(message);
     this.status = status;
@@ -92,7 +94,11 @@ export async function request<T>(
     if ((err as Error)?.name === "AbortError") throw err;
     throw new ApiError(0, "UNREACHABLE", "the server cannot be reached");
   }
-  if (!res.ok) throw await errorOf(res);
+  if (!res.ok) {
+    const err = await errorOf(res);
+    err.bearer = o.bearer;
+    throw err;
+  }
   if (res.status === 204) return undefined as T;
   return (await res.json()) as T;
 }

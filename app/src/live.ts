@@ -9,6 +9,7 @@ import {
   link,
   memoryChanged,
   runtime,
+  session,
   status,
   usageChanged,
 } from "./state.ts";
@@ -23,16 +24,20 @@ function backoff(attempt: number): number {
   return Math.round(base * (0.5 + Math.random() / 2));
 }
 
-/** An API failure that means the pairing is over; the app then says why. */
+/**
+ * An API failure that means the pairing is over; the app then says why. A failure of a request made
+ * with an earlier pairing's bearer (one a new link replaced) is over too, but ends nothing here.
+ */
 export function sessionProblem(err: unknown): boolean {
   if (!(err instanceof ApiError)) return false;
+  if (err.bearer !== undefined && err.bearer !== session.value?.access_token) return err.status === 401;
   if (err.status === 401) endSession("invalid");
   else if (err.code === "PEER_BLOCKED") endSession("blocked");
   else return false;
   return true;
 }
 
-function dispatch(event: string, data: unknown): void {
+function dispatch(s: Session, event: string, data: unknown): void {
   switch (event) {
     case "status":
       status.value = data as PeerStatus;
@@ -56,13 +61,15 @@ function dispatch(event: string, data: unknown): void {
       usageChanged.value = data as Usage;
       break;
     case "session":
+      // The stream of a pairing a new link replaced says it ended: the new pairing goes on.
+      if (session.value?.access_token !== s.access_token) break;
       endSession((data as { state: "revoked" | "expired" }).state === "expired" ? "expired" : "revoked");
       break;
   }
 }
 
 /** Parses server-sent events from a fetch body; resolves when the server ends the stream. */
-async function read(body: ReadableStream<Uint8Array>, signal: AbortSignal): Promise<void> {
+async function read(s: Session, body: ReadableStream<Uint8Array>, signal: AbortSignal): Promise<void> {
   const reader = body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -84,7 +91,7 @@ async function read(body: ReadableStream<Uint8Array>, signal: AbortSignal): Prom
       }
       if (data.length === 0) continue;
       try {
-        dispatch(event, JSON.parse(data.join("\n")));
+        dispatch(s, event, JSON.parse(data.join("\n")));
       } catch {
         // A malformed event is skipped.
       }
@@ -124,7 +131,7 @@ export function startLive(s: Session): () => void {
           (i) => (info.value = i),
           (err: unknown) => sessionProblem(err),
         );
-        await read(res.body, abort.signal);
+        await read(s, res.body, abort.signal);
         reason = "the server closed the stream";
       } catch (err) {
         if (abort.signal.aborted) return;

@@ -1,6 +1,7 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
+import type { Tracing } from "../observability/tracing.ts";
 import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
 import { createExchange, honoFetch, type NativeRoutes } from "./exchange.ts";
@@ -29,6 +30,8 @@ export interface AppOptions {
   webrtc?: WebRtcPort | undefined;
   /** The node's state in its fleet, for `/readyz` (fleet.md §2, §3); default always serving. */
   fleetState?: () => "serving" | "full" | "draining";
+  /** The node's tracing (every request a server span), when on. */
+  tracing?: Tracing | undefined;
 }
 
 /** The routes of a set of surfaces: the Hono application, and the surfaces' native routes (exchange.ts). */
@@ -40,6 +43,7 @@ export interface HttpApp {
   callers: Callers;
   logger: Logger;
   metrics: Metrics;
+  tracing?: Tracing | undefined;
 }
 
 /**
@@ -65,18 +69,18 @@ export function createApp(o: AppOptions): HttpApp {
     webAppSurface({ tileUrl: o.domain.ctx.config.app.tile_url }),
   ];
   const { native, table } = mountSurfaces(root, surfaces, o.logger);
-  return { hono: root, routes: native, table, callers, logger: o.logger, metrics: o.metrics };
+  return { hono: root, routes: native, table, callers, logger: o.logger, metrics: o.metrics, tracing: o.tracing };
 }
 
 /**
  * An application of only `surfaces`, served by an exchange of its own: what a transport serves on a
  * stream of its own (the Compatible API at `/v1` on stream 2).
  */
-export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics">, surfaces: (callers: Callers) => Surface[]): HttpApp {
+export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics" | "tracing">, surfaces: (callers: Callers) => Surface[]): HttpApp {
   const callers = new Callers(o.domain, o.domain.ctx.config.trust_proxy);
   const root = rootApp();
   const { native, table } = mountSurfaces(root, surfaces(callers), o.logger);
-  return { hono: root, routes: native, table, callers, logger: o.logger, metrics: o.metrics };
+  return { hono: root, routes: native, table, callers, logger: o.logger, metrics: o.metrics, tracing: o.tracing };
 }
 
 /** The exchange serving `app`, as a Node request listener; `wait` holds requests while it returns a promise. */
@@ -88,6 +92,7 @@ export function listenerOf(app: HttpApp, wait?: () => Promise<void> | undefined)
     routes: app.routes,
     app: adapterListener(honoFetch(app.hono.fetch)),
     ...(wait ? { wait } : {}),
+    tracing: app.tracing,
   });
 }
 

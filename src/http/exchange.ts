@@ -5,6 +5,8 @@ import type { Logger } from "pino";
 import type { Caller } from "../ai/caller.ts";
 import { StoreUnavailable } from "../domain/index.ts";
 import type { Principal } from "../domain/principal.ts";
+import { requestSpan, routedSpan } from "../observability/http-spans.ts";
+import type { Traced, Tracing } from "../observability/tracing.ts";
 import type { AppBindings } from "./env.ts";
 import { type FramingError, framingError, framingErrorBody, framingErrorHeaders } from "./framing.ts";
 import { nodeHeader } from "./headers.ts";
@@ -49,6 +51,8 @@ export class Exchange {
   principal: Principal | undefined;
   /** The caller the Compatible API's gate admitted. */
   caller: Caller | undefined;
+  /** The request's server span, when the node traces (`tracing.otlp`): the parent of what serving it does. */
+  traced: Traced | undefined;
   private readonly recorder: Recorder;
   private recorded = false;
 
@@ -115,6 +119,8 @@ export interface ExchangeOptions {
   app: (incoming: IncomingMessage, outgoing: ServerResponse) => void;
   /** While it returns a promise, requests wait for it (a node joining the store). */
   wait?: () => Promise<void> | undefined;
+  /** The node's tracing: every request a server span. */
+  tracing?: Tracing | undefined;
 }
 
 /** The exchange of one set of surfaces, as a Node request listener. */
@@ -128,12 +134,15 @@ export function createExchange(o: ExchangeOptions): (incoming: IncomingMessage, 
       status,
       client: o.callers.resolveAddress(x.env),
       ms,
+      traceId: x.traced && routedSpan(x.traced, x.incoming.method ?? "GET", route, status),
     });
+  const tracing = o.tracing;
   return (incoming, outgoing) => {
     const path = targetPath(incoming);
     if (path === undefined) return refuse(o, incoming, outgoing, framingError(undefined));
     const x = new Exchange(incoming, outgoing, path, recorder);
     const method = incoming.method ?? "GET";
+    if (tracing) x.traced = requestSpan(tracing, outgoing, method, path);
     if (method === "OPTIONS") {
       outgoing.setHeader("X-Request-ID", x.requestId);
       outgoing.setHeader("Access-Control-Allow-Origin", "*");
@@ -275,6 +284,8 @@ export interface ExchangeRecord {
   client: string;
   /** Since the request reached the exchange. */
   ms: number;
+  /** The trace of the request, when the node traces. */
+  traceId?: string | undefined;
 }
 
 /**
@@ -285,7 +296,16 @@ function recordExchange(logger: Logger, metrics: Metrics, e: ExchangeRecord): vo
   metrics.observe(e.method, e.route, e.status, e.ms / 1000);
   if (logger.isLevelEnabled("info")) {
     logger.info(
-      { req_id: e.requestId, method: e.method, path: e.path, route: e.route, status: e.status, client: e.client, ms: Math.round(e.ms * 100) / 100 },
+      {
+        req_id: e.requestId,
+        method: e.method,
+        path: e.path,
+        route: e.route,
+        status: e.status,
+        client: e.client,
+        ms: Math.round(e.ms * 100) / 100,
+        ...(e.traceId ? { trace_id: e.traceId } : {}),
+      },
       "request",
     );
   }

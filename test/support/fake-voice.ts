@@ -381,13 +381,16 @@ export async function rig(voice: Record<string, unknown> = {}, o: { threads?: Au
       transcript.close();
     },
   };
-  const packetListeners: Array<(bytes: Buffer) => void> = [];
+  const packetListeners = new Set<(bytes: Buffer) => void>();
   const transcript = observeTranscript(
     {
       publicKey: "fake-device",
       payloadType: 111,
       audioLevelId: 1,
-      onPacket: (cb) => packetListeners.push(cb),
+      onPacket: (cb) => {
+        packetListeners.add(cb);
+        return () => packetListeners.delete(cb);
+      },
       sendFrame: () => {
         r.frames++;
         return true;

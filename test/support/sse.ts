@@ -1,7 +1,49 @@
-/** A client of `GET /side-control/events`: fetch with the bearer header, events parsed as they arrive. */
+/**
+ * The tests' and benches' one reader of event streams (`text/event-stream`): blocks split as they
+ * arrive, a block's fields, a whole response's JSON payloads, and a client of `GET /side-control/events`.
+ */
+
+/** The blocks (separated by a blank line) of an event stream's body, each as soon as it is whole. */
+export async function* sseBlocks(body: AsyncIterable<Uint8Array>): AsyncGenerator<string> {
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for await (const chunk of body) {
+    buffer += decoder.decode(chunk, { stream: true });
+    let at = buffer.indexOf("\n\n");
+    while (at >= 0) {
+      yield buffer.slice(0, at);
+      buffer = buffer.slice(at + 2);
+      at = buffer.indexOf("\n\n");
+    }
+  }
+}
+
+/** One block's fields: its comment lines, its event name (`message` unless named) and its data lines joined (undefined with none). */
+export function parseSseBlock(block: string): { comments: string[]; event: string; data: string | undefined } {
+  let event = "message";
+  const comments: string[] = [];
+  const data: string[] = [];
+  for (const line of block.split("\n")) {
+    if (line.startsWith(":")) comments.push(line.slice(1).trim());
+    else if (line.startsWith("event:")) event = line.slice(6).trim();
+    else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
+  }
+  return { comments, event, data: data.length > 0 ? data.join("\n") : undefined };
+}
+
+/** The JSON `data:` payloads of a whole event-stream response, in order (the `[DONE]` end marker left out). */
+export async function sseJson(res: Response): Promise<any[]> {
+  const out: unknown[] = [];
+  for (const block of (await res.text()).split("\n\n")) {
+    const { data } = parseSseBlock(block);
+    if (data !== undefined && data !== "[DONE]") out.push(JSON.parse(data));
+  }
+  return out;
+}
 
 export type SseItem = { event: string; data: unknown } | { comment: string };
 
+/** A client of `GET /side-control/events`: fetch with the bearer header, events parsed as they arrive. */
 export class EventStream {
   readonly items: SseItem[] = [];
   ended = false;
@@ -76,33 +118,16 @@ export class EventStream {
   }
 
   private async pump(body: ReadableStream<Uint8Array>): Promise<void> {
-    const decoder = new TextDecoder();
-    let buffer = "";
     try {
-      for await (const chunk of body) {
-        buffer += decoder.decode(chunk, { stream: true });
-        let at = buffer.indexOf("\n\n");
-        while (at >= 0) {
-          this.parse(buffer.slice(0, at));
-          buffer = buffer.slice(at + 2);
-          at = buffer.indexOf("\n\n");
-        }
+      for await (const block of sseBlocks(body)) {
+        const { comments, event, data } = parseSseBlock(block);
+        for (const comment of comments) this.items.push({ comment });
+        if (data !== undefined) this.items.push({ event, data: JSON.parse(data) });
         this.wake();
       }
     } finally {
       this.ended = true;
       this.wake();
     }
-  }
-
-  private parse(block: string): void {
-    let event = "message";
-    const data: string[] = [];
-    for (const line of block.split("\n")) {
-      if (line.startsWith(":")) this.items.push({ comment: line.slice(1).trim() });
-      else if (line.startsWith("event:")) event = line.slice(6).trim();
-      else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
-    }
-    if (data.length > 0) this.items.push({ event, data: JSON.parse(data.join("\n")) });
   }
 }

@@ -40,7 +40,7 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; bodies: Json
       const admission = admitted instanceof Promise ? await admitted : admitted;
       let result: Awaited<ReturnType<ChatService["run"]>>;
       try {
-        result = await o.chat.run(entry, caller, request, signal);
+        result = await o.chat.run(entry, caller, request, signal, undefined, x.traced);
       } catch (err) {
         admission.abandon();
         throw err;
