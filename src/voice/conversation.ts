@@ -70,6 +70,8 @@ export interface ConversationOptions {
   usage?: TurnUsage;
   /** Whether the device is known to be at a usage limit now. */
   limited?: () => boolean;
+  /** Hears the device's audio as the uplink decoded it (at the thinking part's rate), silence included, in order (the turns' recordings). */
+  tap?: { heard(pcm: Int16Array, rate: OpusRate): void; silence(samples: number, rate: OpusRate): void };
 }
 
 /** A conversation logs dropped audio at most this often. */
@@ -230,11 +232,15 @@ export class Conversation {
       {
         pcm: (samples) => {
           this.heardSamples += samples.length;
-          if (!this.closed && this.part?.rate === rate) this.part.hear(samples);
+          if (this.closed || this.part?.rate !== rate) return;
+          o.tap?.heard(samples, rate);
+          this.part.hear(samples);
         },
         silence: (samples) => {
           this.heardSamples += samples;
-          if (!this.closed && this.part?.rate === rate) this.part.silence(samples);
+          if (this.closed || this.part?.rate !== rate) return;
+          o.tap?.silence(samples, rate);
+          this.part.silence(samples);
         },
         overrun: (samples) => this.overrun(samples),
         counted: (decoded, silent) => o.metrics.uplinkPackets(decoded, silent),

@@ -3,6 +3,7 @@ import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { Toolbox, ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
+import type { OpusRate } from "../audio/opus.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
 import type { ChatMessage, ChatRequest } from "../protocol/compat.ts";
@@ -20,6 +21,7 @@ import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 import { RealtimeActivity } from "./realtime/activity.ts";
 import { type RealtimeAgentInfo, realtimeAgents } from "./realtime/agents.ts";
+import { observeRecording, TurnRecorder } from "./recording.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
 import { deviceRealtimeUsage, deviceTurnUsage, LimitedReplies, type RealtimeUsage } from "./usage.ts";
@@ -109,9 +111,16 @@ export class VoiceService implements VoiceHost {
       recorder.add(entry);
       keeper?.entry(entry);
     });
-    const port = transcript.port;
-    const events = new VoiceEvents(port);
     const key = devicePort.publicKey;
+    // What happened in each turn, after its entries: its metrics, and its two sides when the agent records (voice.md §8).
+    const turns = new TurnRecorder({
+      policy: () => this.recordingPolicy(choice.chosenId()),
+      store: (r) => recorder.recording(r.turn, r.side, r.audio, r.durationMs, r.retentionDays),
+      metrics: (turn, json) => recorder.metrics(turn, json),
+      warn: (err) => this.o.logger.warn({ error: err instanceof Error ? err.message : String(err), peer: key }, "a turn's recording could not be made"),
+    });
+    const port = observeRecording(transcript.port, turns);
+    const events = new VoiceEvents(port);
     const choice = new DeviceAgentChoice({
       key,
       read: () => this.o.domain.peers.voiceAgent(key),
@@ -163,6 +172,9 @@ export class VoiceService implements VoiceHost {
           const agent = choice.chosenId();
           return agent !== undefined && meter.limitedCached({ id: `device:${key}`, device: key }, agent);
         },
+        ...(this.recording
+          ? { tap: { heard: (pcm: Int16Array, rate: OpusRate) => turns.heard(pcm, rate), silence: (n: number, rate: OpusRate) => turns.silence(n, rate) } }
+          : {}),
         run: async (agentId, messages, signal, n, release) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
@@ -175,6 +187,7 @@ export class VoiceService implements VoiceHost {
       // Nothing of this connection's stays subscribed or open when its conversation cannot start.
       choice.close();
       transcript.close();
+      turns.close();
       recorder.close();
       keeper?.close();
       throw err;
@@ -187,10 +200,22 @@ export class VoiceService implements VoiceHost {
         choice.close();
         conversation.close();
         transcript.close();
+        turns.close();
         recorder.close();
         keeper?.close();
       },
     };
+  }
+
+  /** Whether some agent records its turns (then the uplink's audio is tapped). */
+  private get recording(): boolean {
+    return this.o.domain.conversations.storing && this.o.config.agents.some((a) => a.record?.audio);
+  }
+
+  /** The recording retention of the agent answering now; undefined when it does not record. */
+  private recordingPolicy(agentId: string | undefined): { retentionDays: number } | undefined {
+    const agent = agentId === undefined ? undefined : this.o.config.agents.find((a) => a.id === agentId);
+    return agent?.record?.audio && this.o.domain.conversations.storing ? { retentionDays: agent.record.retention_days } : undefined;
   }
 
   /** A realtime agent's part of a device's conversation: its session, its tools for this device, the device's memory as notes. */
