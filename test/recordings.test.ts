@@ -9,13 +9,15 @@ import { LibOpus } from "../src/audio/opus.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { ManualClock } from "../src/domain/clock.ts";
 import { DAY_MS } from "../src/domain/context.ts";
-import type { PerchClient } from "../src/sdk/client.ts";
+import { PerchClient } from "../src/sdk/client.ts";
 import { PRE_ROLL_MS, TurnRecorder } from "../src/voice/recording.ts";
 import { countRows, pairPhone } from "./support/conversations.ts";
 import { engines } from "./support/engines.ts";
+import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
-import { resample, talkerConfig } from "./support/voice.ts";
+import { heardFor, resample, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
+import { eventually } from "./support/webrtc.ts";
 
 const API_KEY = "sk-perch-recordings-test";
 const sha256 = (text: string) => createHash("sha256").update(text).digest("hex");
@@ -24,8 +26,8 @@ const ASKED = "please water the tomato plants on the balcony";
 const ANSWERED = "I will water the tomato plants now";
 
 /** A configuration where agent `talker` records its turns (the chat model is never called here). */
-function recordingConfig(databaseUrl: string | undefined, retentionDays = 3) {
-  const base = talkerConfig("http://127.0.0.1:9/v1");
+function recordingConfig(databaseUrl: string | undefined, retentionDays = 3, upstreamUrl = "http://127.0.0.1:9/v1") {
+  const base = talkerConfig(upstreamUrl);
   return {
     ...base,
     ...(databaseUrl ? { database_url: databaseUrl } : {}),
@@ -277,6 +279,85 @@ for (const store of STORES) {
     });
   });
 }
+
+describe("recordings of a real conversation (real WebRTC, a scripted model)", { timeout: 240_000 }, () => {
+  let upstream: FakeUpstream;
+  let server: TestServer;
+
+  before(async () => {
+    upstream = await startFakeUpstream();
+    // The recogniser's and the voice detector's models loaded before the first turn (a loaded machine takes long).
+    await engines().transcription?.start?.();
+    server = await startTestServer({ config: recordingConfig(undefined, 7, upstream.url) });
+  });
+  after(async () => {
+    await server?.stop();
+    await upstream?.close();
+  });
+
+  test("the device's words as heard and the reply as sent, played back and transcribed; an interrupted reply kept up to the barge-in", async () => {
+    const { conn, log } = await voiceDevice(server);
+    const device = new PerchClient({ baseUrl: server.url, keyPair: conn.keyPair });
+    await device.login();
+    const { phone } = await pairPhone(server, device);
+    const mic = await conn.microphone();
+
+    upstream.reply({ content: "The kitchen lights are on now." });
+    await mic.say(await spoken("Turn on the kitchen lights please."));
+    await log.wait((e) => e.stream === "out-1" && e.label === "turn.metrics", 30_000, "turn 1");
+    // A long reply, interrupted once some of it was heard.
+    const story = "Here is a story about a small bird. It lived in a tall tree by the river. Every morning it sang to the fish. One day the fish sang back.";
+    upstream.reply({ chunks: story.split(/(?<=\. )/) });
+    await mic.say(await spoken("Tell me a story about a bird."));
+    await log.wait((e) => e.stream === "out-2" && e.type === "BOS" && e.label === "assistant.audio", 30_000, "the story's audio");
+    await heardFor(conn, 1_500);
+    upstream.reply({ content: "Good night." });
+    await mic.say(await spoken("Stop now and say good night."));
+    await log.wait((e) => e.stream === "out-3" && e.label === "turn.metrics", 30_000, "turn 3");
+    conn.close();
+
+    type Stored = {
+      id: string;
+      items: Array<{ turn: number; role: string; text: string; interrupted?: boolean; metrics?: Record<string, unknown> }>;
+      recordings?: Array<{ turn: number; side: string; duration_ms: number }>;
+    };
+    const id = (await phone.request<{ items: Array<{ id: string }> }>("GET", "/side-control/conversations")).items[0]!.id;
+    const stored = await eventually(
+      async () => {
+        const c = await phone.request<Stored>("GET", `/side-control/conversations/${id}`);
+        return (c.recordings?.length ?? 0) >= 6 ? c : undefined;
+      },
+      15_000,
+      "both sides of three turns",
+    );
+    assert.deepEqual(
+      stored.recordings!.map((r) => `${r.turn}:${r.side}`),
+      ["1:assistant", "1:user", "2:assistant", "2:user", "3:assistant", "3:user"],
+    );
+    for (const e of stored.items) assert.equal(typeof e.metrics?.speech_to_audio, "number", `turn ${e.turn} ${e.role} carries its metrics`);
+    const side = async (turn: number, which: "user" | "assistant") => {
+      const res = await getAudio(server, phone.accessToken, audioPath(id, turn, which));
+      assert.equal(res.status, 200);
+      return new Uint8Array(await res.arrayBuffer());
+    };
+    const heardUser = await transcribe(server, await side(1, "user"));
+    assert.ok(wordErrorRate("Turn on the kitchen lights please.", heardUser) <= 0.4, `the device's side heard as ${JSON.stringify(heardUser)}`);
+    const heardReply = await transcribe(server, await side(1, "assistant"));
+    assert.ok(wordErrorRate("The kitchen lights are on now.", heardReply) <= 0.4, `the reply's side heard as ${JSON.stringify(heardReply)}`);
+    // The interrupted reply: only what was sent before the barge-in, far short of the whole story.
+    const reply2 = stored.items.find((e) => e.turn === 2 && e.role === "assistant")!;
+    assert.equal(reply2.interrupted, true);
+    const cut = stored.recordings!.find((r) => r.turn === 2 && r.side === "assistant")!;
+    const whole = (await ffmpegDuration(await side(1, "assistant"))) * (story.length / "The kitchen lights are on now.".length);
+    assert.ok(
+      cut.duration_ms >= 1_000 && cut.duration_ms < whole * 1000 * 0.7,
+      `interrupted reply kept ${cut.duration_ms} ms of about ${Math.round(whole * 1000)}`,
+    );
+    assert.ok(Math.abs((await ffmpegDuration(await side(2, "assistant"))) * 1000 - cut.duration_ms) < 100);
+    const heardCut = await transcribe(server, await side(2, "assistant"));
+    assert.ok(/bird|story/i.test(heardCut), `the kept part is the story's beginning: ${JSON.stringify(heardCut)}`);
+  });
+});
 
 describe("recording configuration", () => {
   test("recording without stored transcripts is refused at load, naming the key", () => {
