@@ -187,9 +187,22 @@ export class RealtimeActivity {
     if (!this.closed) this.node?.recognition.tick();
   }
 
-  /** The audio thread decoding the uplink ended: the node's turn being heard is heard afresh (the model's detector hears the gap). */
-  audioLost(): void {
-    if (this.closed || !this.node || !this.o.activity) return;
+  /**
+   * The audio thread of the uplink ended: the reply it was encoding fails (its frames in flight are
+   * lost; the response is cancelled), and the node's turn being heard is heard afresh (the model's
+   * own detector hears the gap as it is).
+   */
+  audioLost(err: Error): void {
+    if (this.closed) return;
+    const turn = this.reply;
+    if (turn && !turn.ended) {
+      turn.tools.abort.abort(err);
+      if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
+      turn.responseActive = false;
+      turn.cutItems(turn.stopAudio(), true);
+      this.endTurn(turn, "failed", `the reply's audio failed: ${err.message}`);
+    }
+    if (!this.node || !this.o.activity) return;
     this.node.recognition.close();
     this.node.recognition = this.listen(this.o.activity);
   }
