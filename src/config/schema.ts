@@ -244,6 +244,13 @@ const AgentConfig = z.strictObject({
     })
     .optional()
     .meta(info('what the agent remembers of each device\'s people between conversations (public-api.md, "Memory")')),
+  record: z
+    .strictObject({
+      audio: z.boolean().default(false).meta(info("each turn's two sides are kept as Ogg Opus with the stored conversation (needs `voice.store_transcripts`)")),
+      retention_days: z.number().int().min(1).max(3_650).default(7).meta(info("a turn's recording is deleted this many days after it was made")),
+    })
+    .optional()
+    .meta(info("recordings of the agent's voice turns (voice.md §8; docs/observability.md)")),
 });
 
 /** An MCP server whose tools agents may use (Streamable HTTP; tools.md §2). */
@@ -927,6 +934,9 @@ function checkCatalog(
       if (!m) issue(["agents", i, field], `unknown model ${id}`);
       else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
     }
+    // A recording lives with its stored conversation: without stored transcripts there is none to keep it.
+    if (a.record?.audio && !c.voice.store_transcripts)
+      issue(["agents", i, "record", "audio"], `agent ${a.id} records audio, which is kept with stored conversations: set voice.store_transcripts: true`);
     // A realtime model cannot rewrite a memory: such an agent names a chat model for it.
     if (a.memory?.enabled && a.memory.model === undefined && model?.kind === "realtime")
       issue(["agents", i, "memory", "model"], `agent ${a.id} converses on a realtime model: its memory needs a chat model (memory.model)`);

@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { Hono } from "hono";
 import { type BuiltApp, loadApp } from "../webapp/build.ts";
 import type { AppEnv } from "./env.ts";
-import { errorResponse, toApiError, unroutedResponse } from "./errors.ts";
+import { apiFailure, unroutedResponse } from "./errors.ts";
 import type { Surface } from "./surface.ts";
 
 export interface WebAppOptions {
@@ -68,5 +68,5 @@ export function webAppSurface(o: WebAppOptions = {}): Surface {
       "x-content-type-options": "nosniff",
     });
   });
-  return { base: "/app", app, error: (c, err) => errorResponse(c, toApiError(err)), unrouted: unroutedResponse };
+  return { base: "/app", app, failure: apiFailure, unrouted: unroutedResponse };
 }

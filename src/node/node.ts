@@ -25,7 +25,7 @@ import { inProcess } from "../http/in-process.ts";
 import { createHttpServer } from "../http/listener.ts";
 import { Metrics } from "../http/metrics.ts";
 import type { Callers } from "../http/principal.ts";
-import type { Surface } from "../http/surface.ts";
+import type { RouteEntry, Surface } from "../http/surface.ts";
 import { readTlsFiles, type TlsFiles } from "../http/tls.ts";
 import { toolSummary } from "../mcp/device.ts";
 import { Tracing } from "../observability/tracing.ts";
@@ -164,6 +164,11 @@ export class Node {
   private readonly app: HttpApp;
   /** Serves one request in process, through the exchange, as the listener would (no port taken; the fast tests' layer). */
   readonly request: (path: string, init?: RequestInit) => Promise<Response>;
+
+  /** Every route the node's HTTP listener serves (native and Hono), by surface: what tracing names spans by, what tests walk. */
+  get routes(): readonly RouteEntry[] {
+    return this.app.table;
+  }
   /** `https` when `tls` is configured. */
   private readonly scheme: "http" | "https";
   private readonly compat: (base?: string) => (callers: Callers) => Surface;
@@ -451,6 +456,7 @@ export class Node {
       toolbox: this.tools,
       env: this.o.env ?? process.env,
       memory: this.memory,
+      tracing: this.tracing,
     });
     this.closers.defer(() => voice.close());
     this.voice = voice;

@@ -3,8 +3,10 @@ import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { Toolbox, ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
+import type { OpusRate } from "../audio/opus.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
+import type { Traced, Tracing } from "../observability/tracing.ts";
 import type { ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { DeviceAgentChoice } from "./agent-choice.ts";
 import { AudioThreads, defaultAudioThreads } from "./audio-threads.ts";
@@ -20,6 +22,7 @@ import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
 import { RealtimeActivity } from "./realtime/activity.ts";
 import { type RealtimeAgentInfo, realtimeAgents } from "./realtime/agents.ts";
+import { observeRecording, TurnRecorder } from "./recording.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
 import { deviceRealtimeUsage, deviceTurnUsage, LimitedReplies, type RealtimeUsage } from "./usage.ts";
@@ -41,6 +44,8 @@ export interface VoiceServiceOptions {
   env?: NodeJS.ProcessEnv;
   /** Rewrites devices' memories after their conversations (agents with `memory`). */
   memory?: MemoryRewriter;
+  /** The node's tracing: each turn a trace. */
+  tracing?: Tracing | undefined;
 }
 
 /** Voice conversations of this node: one per active connection, sharing the process's engines. */
@@ -109,9 +114,16 @@ export class VoiceService implements VoiceHost {
       recorder.add(entry);
       keeper?.entry(entry);
     });
-    const port = transcript.port;
-    const events = new VoiceEvents(port);
     const key = devicePort.publicKey;
+    // What happened in each turn, after its entries: its metrics, and its two sides when the agent records (voice.md §8).
+    const turns = new TurnRecorder({
+      policy: () => this.recordingPolicy(choice.chosenId()),
+      store: (r) => recorder.recording(r.turn, r.side, r.audio, r.durationMs, r.retentionDays),
+      metrics: (turn, json) => recorder.metrics(turn, json),
+      warn: (err) => this.o.logger.warn({ error: err instanceof Error ? err.message : String(err), peer: key }, "a turn's recording could not be made"),
+    });
+    const port = observeRecording(transcript.port, turns);
+    const events = new VoiceEvents(port);
     const choice = new DeviceAgentChoice({
       key,
       read: () => this.o.domain.peers.voiceAgent(key),
@@ -153,7 +165,7 @@ export class VoiceService implements VoiceHost {
                   const id = choice.chosenId();
                   return id !== undefined && realtimeAgents.has(id) && !realtimeUsage?.limited(id) ? id : undefined;
                 },
-                open: (agentId, out) => this.realtimeActivity(key, events, realtimeAgents.get(agentId)!, out, keeper, realtimeUsage),
+                open: (agentId, out) => this.realtimeActivity(key, events, realtimeAgents.get(agentId)!, out, keeper, realtimeUsage, recorder.id),
               },
             }
           : {}),
@@ -163,18 +175,23 @@ export class VoiceService implements VoiceHost {
           const agent = choice.chosenId();
           return agent !== undefined && meter.limitedCached({ id: `device:${key}`, device: key }, agent);
         },
-        run: async (agentId, messages, signal, n, release) => {
+        ...(this.o.tracing ? { tracing: { tracing: this.o.tracing, conversation: recorder.id } } : {}),
+        ...(this.recording
+          ? { tap: { heard: (pcm: Int16Array, rate: OpusRate) => turns.heard(pcm, rate), silence: (n: number, rate: OpusRate) => turns.silence(n, rate) } }
+          : {}),
+        run: async (agentId, messages, signal, n, release, trace) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
           // A reply prepared in a pause (voice.md §7) runs its tools only once it is used.
           const tools = { ...toolEvents(events, `out-${n}`), ...(release ? { ready: release } : {}) };
-          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools);
+          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools, trace);
         },
       });
     } catch (err) {
       // Nothing of this connection's stays subscribed or open when its conversation cannot start.
       choice.close();
       transcript.close();
+      turns.close();
       recorder.close();
       keeper?.close();
       throw err;
@@ -187,10 +204,22 @@ export class VoiceService implements VoiceHost {
         choice.close();
         conversation.close();
         transcript.close();
+        turns.close();
         recorder.close();
         keeper?.close();
       },
     };
+  }
+
+  /** Whether some agent records its turns (then the uplink's audio is tapped). */
+  private get recording(): boolean {
+    return this.o.domain.conversations.storing && this.o.config.agents.some((a) => a.record?.audio);
+  }
+
+  /** The recording retention of the agent answering now; undefined when it does not record. */
+  private recordingPolicy(agentId: string | undefined): { retentionDays: number } | undefined {
+    const agent = agentId === undefined ? undefined : this.o.config.agents.find((a) => a.id === agentId);
+    return agent?.record?.audio && this.o.domain.conversations.storing ? { retentionDays: agent.record.retention_days } : undefined;
   }
 
   /** A realtime agent's part of a device's conversation: its session, its tools for this device, the device's memory as notes. */
@@ -201,6 +230,7 @@ export class VoiceService implements VoiceHost {
     out: { encoder: FrameEncoder; send: (opus: Buffer, first: boolean) => boolean },
     keeper: MemoryKeeper | undefined,
     usage: RealtimeUsage | undefined,
+    conversation: string,
   ): RealtimeActivity {
     const { config } = this.o;
     const agentConfig = config.agents.find((a) => a.id === agent.id)!;
@@ -224,6 +254,7 @@ export class VoiceService implements VoiceHost {
       send: out.send,
       log: (level, details, message) => this.o.logger[level]({ peer: key, ...details }, message),
       ...(usage ? { usage: usage.counts(agent.id) } : {}),
+      ...(this.o.tracing ? { tracing: { tracing: this.o.tracing, conversation } } : {}),
     });
   }
 
@@ -244,9 +275,16 @@ export class VoiceService implements VoiceHost {
   }
 
   /** The agent's answer through the Compatible API's own agent code, with the device as the caller; text deltas. */
-  private async reply(publicKey: string, agentId: string, messages: ChatMessage[], signal: AbortSignal, tools: ToolObserver): Promise<AsyncIterable<string>> {
+  private async reply(
+    publicKey: string,
+    agentId: string,
+    messages: ChatMessage[],
+    signal: AbortSignal,
+    tools: ToolObserver,
+    trace?: Traced,
+  ): Promise<AsyncIterable<string>> {
     const request = { model: agentId, messages, stream: true } as ChatRequest;
-    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools);
+    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools, trace);
     if (result.kind !== "stream") throw new Error("the agent did not stream");
     const events = result.stream.events();
     return (async function* () {
