@@ -1,3 +1,4 @@
+import { toolSpan } from "./gen-ai-spans.ts";
 import type { Traced, Tracing } from "./tracing.ts";
 
 /**
@@ -11,6 +12,7 @@ export class TurnTrace {
   readonly traced: Traced;
   private readonly offset: number;
   private readonly speechEngine: string;
+  private readonly seen = new Set<string>();
 
   private constructor(traced: Traced, offset: number, speechEngine: string) {
     this.traced = traced;
@@ -21,7 +23,15 @@ export class TurnTrace {
   /** `now`: the conversation clock's time now; `onset`: when the turn's speech began on it. */
   static start(
     tracing: Tracing,
-    o: { now: number; onset: number; n: number; agent: string; conversation?: string | undefined; engines: { transcription: string; speech: string } },
+    o: {
+      now: number;
+      onset: number;
+      n: number;
+      agent: string;
+      conversation?: string | undefined;
+      /** The engines by part: `transcription` and `speech`, or `realtime`. */
+      engines: Record<string, string>;
+    },
   ): TurnTrace {
     const offset = Date.now() - o.now;
     const traced = tracing.root(
@@ -30,13 +40,12 @@ export class TurnTrace {
         "perch.voice.turn": o.n,
         "gen_ai.agent.id": o.agent,
         ...(o.conversation ? { "gen_ai.conversation.id": o.conversation } : {}),
-        "perch.voice.engine.transcription": o.engines.transcription,
-        "perch.voice.engine.speech": o.engines.speech,
+        ...Object.fromEntries(Object.entries(o.engines).map(([part, engine]) => [`perch.voice.engine.${part}`, engine])),
       },
       undefined,
       o.onset + offset,
     );
-    return new TurnTrace(traced, offset, o.engines.speech);
+    return new TurnTrace(traced, offset, o.engines.speech ?? o.engines.realtime ?? "");
   }
 
   get traceId(): string {
@@ -48,6 +57,23 @@ export class TurnTrace {
     const span = this.traced.child(name, attributes, undefined, from + this.offset);
     if (text) span.text(text[0], text[1]);
     span.end(Math.max(from, to) + this.offset);
+  }
+
+  /** Whether this is the first time `what` is asked of this turn (a reply's first audio delta, not its hundreds). */
+  first(what: string): boolean {
+    if (this.seen.has(what)) return false;
+    this.seen.add(what);
+    return true;
+  }
+
+  /** A realtime session's server event (its type; ids, never words) at `at` (clock time). */
+  sessionEvent(type: string, at: number, attributes?: Record<string, string>): void {
+    this.traced.event(type, attributes, at + this.offset);
+  }
+
+  /** A tool call's span, started now (a realtime turn's: a text agent's come through the chat service). */
+  tool(name: string, argumentsText: string): Traced {
+    return toolSpan(this.traced, name, "", argumentsText);
   }
 
   /** One sentence's synthesis, started now. */

@@ -165,7 +165,7 @@ export class VoiceService implements VoiceHost {
                   const id = choice.chosenId();
                   return id !== undefined && realtimeAgents.has(id) && !realtimeUsage?.limited(id) ? id : undefined;
                 },
-                open: (agentId, out) => this.realtimeActivity(key, events, realtimeAgents.get(agentId)!, out, keeper, realtimeUsage),
+                open: (agentId, out) => this.realtimeActivity(key, events, realtimeAgents.get(agentId)!, out, keeper, realtimeUsage, recorder.id),
               },
             }
           : {}),
@@ -230,6 +230,7 @@ export class VoiceService implements VoiceHost {
     out: { encoder: FrameEncoder; send: (opus: Buffer, first: boolean) => boolean },
     keeper: MemoryKeeper | undefined,
     usage: RealtimeUsage | undefined,
+    conversation: string,
   ): RealtimeActivity {
     const { config } = this.o;
     const agentConfig = config.agents.find((a) => a.id === agent.id)!;
@@ -253,6 +254,7 @@ export class VoiceService implements VoiceHost {
       send: out.send,
       log: (level, details, message) => this.o.logger[level]({ peer: key, ...details }, message),
       ...(usage ? { usage: usage.counts(agent.id) } : {}),
+      ...(this.o.tracing ? { tracing: { tracing: this.o.tracing, conversation } } : {}),
     });
   }
 
