@@ -22,6 +22,11 @@
  * BENCH_CAPACITY_AUDIO_LEVEL=1: the devices offer the RTP audio level (RFC 6464) and send it on every
  * packet, as libwebrtc (the SDK's microphone, browsers) does; default off (the extension offered by none).
  *
+ * `--record` (BENCH_CAPACITY_RECORD=1): the cost of turn recordings (voice.md §8): two servers of this
+ * checkout, both storing transcripts, `base` without and `this` with `record.audio` on the agent,
+ * side by side as with `--base`; after the steps, the recordings stored by `this` (bytes and seconds
+ * of audio, bytes per minute of recorded audio and per minute of conversation).
+ *
  * BENCH_CAPACITY_PROCESSES (4): device processes per server (niced, as bench/crowd.ts's:
  * BENCH_CROWD_NICE=0 turns it off). BENCH_CAPACITY_PAUSE_MS (4000), BENCH_CAPACITY_REPLY_MS (1200).
  */
@@ -29,6 +34,7 @@ import { type ChildProcess, execFileSync, fork, spawn } from "node:child_process
 import { existsSync, mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg, setPriority, tmpdir } from "node:os";
 import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import { LibOpus } from "../src/audio/opus.ts";
 import type { CapacityAudio, CapacityCollected, CapacityCommand, CapacityConnected, Mode } from "./capacity-worker.ts";
 import { benchConfig, ROOT, round, type Server, settledCpu, startServer } from "./support.ts";
@@ -237,9 +243,12 @@ interface Side {
   devices: DeviceProcess[];
   atRest: ReturnType<typeof treeRss>;
   steps: unknown[];
+  data: string;
 }
 
-async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string): Promise<Side> {
+const RECORD = process.argv.includes("--record") || process.env.BENCH_CAPACITY_RECORD === "1";
+
+async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string, record?: boolean): Promise<Side> {
   const data = mkdtempSync(join(dir, `${name}-`));
   const server = await startServer(
     {
@@ -261,9 +270,10 @@ async function startSide(name: string, root: string, dir: string, providerUrl: s
             voice: "alloy",
             speech_model: "voice-tts",
             transcription_model: "voice-stt",
+            ...(record ? { record: { audio: true, retention_days: 1 } } : {}),
           },
         ],
-        voice: { agent: "talker" },
+        voice: { agent: "talker", ...(record === undefined ? {} : { store_transcripts: true }) },
       }),
     },
     root,
@@ -273,7 +283,29 @@ async function startSide(name: string, root: string, dir: string, providerUrl: s
   const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
   const env = { PERCH_URL: server.url, PERCH_SERVER_KEY: serverKey, CROWD_BIND: new URL(server.url).hostname, CAPACITY_AUDIO: audioFile };
   const devices = Array.from({ length: PROCESSES }, () => new DeviceProcess(env));
-  return { name, root, server, devices, atRest, steps: [] };
+  return { name, root, server, devices, atRest, steps: [], data };
+}
+
+/** What a server stored of the turns' recordings (its SQLite file, read beside it). */
+function storedRecordings(data: string): { sides: number; bytes: number; audio_seconds: number; bytes_per_audio_minute: number } {
+  const db = new DatabaseSync(join(data, "perch.db"), { readOnly: true });
+  try {
+    const r = db
+      .prepare("select count(*) as n, coalesce(sum(length(audio)), 0) as bytes, coalesce(sum(duration_ms), 0) as ms from conversation_recordings")
+      .get() as {
+      n: number;
+      bytes: number;
+      ms: number;
+    };
+    return {
+      sides: Number(r.n),
+      bytes: Number(r.bytes),
+      audio_seconds: round(Number(r.ms) / 1000),
+      bytes_per_audio_minute: r.ms > 0 ? Math.round((Number(r.bytes) / Number(r.ms)) * 60_000) : 0,
+    };
+  } finally {
+    db.close();
+  }
 }
 
 async function runStep(side: Side, step: Step): Promise<unknown> {
@@ -385,8 +417,13 @@ export async function capacityBench(): Promise<unknown> {
   const load = [round(loadavg()[0]!)];
   try {
     const providerUrl = await new Promise<string>((resolve) => provider.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
-    if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
-    sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
+    if (RECORD) {
+      sides.push(await startSide("base", ROOT, dir, providerUrl, audioFile, false));
+      sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile, true));
+    } else {
+      if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
+      sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
+    }
     for (const [i, step] of plan.entries()) {
       const order = i % 2 === 0 ? sides : [...sides].reverse();
       for (const side of order) side.steps.push(await runStep(side, step));
@@ -398,7 +435,7 @@ export async function capacityBench(): Promise<unknown> {
       step_seconds: STEP_S,
       warmup_seconds: WARMUP_S,
       device_processes: PROCESSES,
-      base: spec ?? "not measured: --base <dir or git revision>",
+      base: RECORD ? "this checkout, recording off (both store transcripts; this: record.audio on)" : (spec ?? "not measured: --base <dir or git revision>"),
       goals: {
         talk_120: "every turn answered, end of speech → first reply audio p95 ≤ 1000 ms; CPU ≤ 0.8 % of a core per conversation",
         mic_100: "≤ 15 % of a core in all",
@@ -411,6 +448,18 @@ export async function capacityBench(): Promise<unknown> {
         at_rest: side.atRest,
         steps: side.steps,
         server_warnings: side.server.warnings,
+      };
+    }
+    if (RECORD) {
+      const on = sides.find((x) => x.name === "this")!;
+      // The writes of the last turns settle first.
+      await new Promise((r) => setTimeout(r, 2_000));
+      const stored = storedRecordings(on.data);
+      const talkSeconds = plan.filter((p) => p.mode === "talk").reduce((sum, p) => sum + p.count * (STEP_S + WARMUP_S), 0);
+      out.recordings = {
+        ...stored,
+        conversation_minutes: round(talkSeconds / 60),
+        bytes_per_conversation_minute: talkSeconds > 0 ? Math.round(stored.bytes / (talkSeconds / 60)) : 0,
       };
     }
     const [b, a] = sides.length === 2 ? sides : [];
