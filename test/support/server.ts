@@ -79,6 +79,26 @@ export async function freeUdpPort(): Promise<number> {
   return port;
 }
 
+/** A test node's configuration: `config` over the loopback address, any port, no rate limits, the tests' engines. */
+function testConfig(dataDir: string, config: ConfigInput = {}) {
+  return loadConfig(
+    {},
+    {
+      port: 0,
+      host: "127.0.0.1",
+      data_dir: dataDir,
+      // PERCH_TEST_LOG=warn (or any level) shows the server's log while debugging a test.
+      log_level: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
+      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
+      ...config,
+      // The CPU bound judges the whole process, here the test's own (its devices, its other servers)
+      // on a machine shared with other test files: off unless a test sets it.
+      fleet: { max_cpu: 0, ...config.fleet },
+      engines: { ...TEST_ENGINES, ...config.engines },
+    },
+  );
+}
+
 /** Starts the real server in this process on a random port, with a temporary data directory. */
 export async function startTestServer(
   o: {
@@ -97,23 +117,7 @@ export async function startTestServer(
   // The UDP port defaults to the HTTP port's number, which another process on this machine (a
   // WebRTC peer of a test running beside) may hold as its UDP port: a free UDP port is picked here.
   const udpPort = o.config?.webrtc?.udp_port ?? (await freeUdpPort());
-  const config = loadConfig(
-    {},
-    {
-      port: 0,
-      host: "127.0.0.1",
-      data_dir: dataDir,
-      // PERCH_TEST_LOG=warn (or any level) shows the server's log while debugging a test.
-      log_level: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
-      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
-      ...o.config,
-      // The CPU bound judges the whole process, here the test's own (its devices, its other servers)
-      // on a machine shared with other test files: off unless a test sets it.
-      fleet: { max_cpu: 0, ...o.config?.fleet },
-      engines: { ...TEST_ENGINES, ...o.config?.engines },
-      webrtc: { ...o.config?.webrtc, udp_port: udpPort },
-    },
-  );
+  const config = testConfig(dataDir, { ...o.config, webrtc: { ...o.config?.webrtc, udp_port: udpPort } });
   const server = await startServer({
     config,
     ...(o.clock ? { clock: o.clock } : {}),
@@ -162,19 +166,7 @@ export interface TestNode {
  */
 export async function startTestNode(o: Parameters<typeof startTestServer>[0] = {}): Promise<TestNode> {
   const dataDir = o.dataDir ?? tempDir();
-  const config = loadConfig(
-    {},
-    {
-      port: 0,
-      host: "127.0.0.1",
-      data_dir: dataDir,
-      log_level: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
-      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
-      ...o.config,
-      fleet: { max_cpu: 0, ...o.config?.fleet },
-      engines: { ...TEST_ENGINES, ...o.config?.engines },
-    },
-  );
+  const config = testConfig(dataDir, o.config);
   const node = await Node.build({
     config,
     ...(o.clock ? { clock: o.clock } : {}),
