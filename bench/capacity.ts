@@ -88,7 +88,7 @@ function serverCpu(pid: number): { process: number; main: number } {
  * the main thread from libuv's pool, V8's, the audio threads (Node's workers) and node-datachannel's
  * native threads (libdatachannel's, usrsctp's, libjuice's), whose names are whatever they set.
  */
-function threadCpu(pid: number): Map<string, number> {
+export function threadCpu(pid: number): Map<string, number> {
   const out = new Map<string, number>();
   let tasks: string[] = [];
   try {

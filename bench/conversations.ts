@@ -100,7 +100,7 @@ async function livePath(databaseUrl: string) {
         {
           publicKey: key,
           payloadType: 111,
-          onPacket: () => {},
+          onPacket: () => () => {},
           sendFrame: () => true,
           sendEvent: (event) => {
             encodeVoiceEvent(event, 1n, BigInt(Date.now()));

@@ -43,7 +43,7 @@ wss.on("connection", (ws, req) => {
       }));
     }
     send({ type: "response.done", response: { id: "r1", status: "completed" } });
-    // The end of the attack: the session closed (the bridge says so, and reconnects).
+    // The end of the attack: the session closed (the realtime session says so, and reconnects).
     setTimeout(() => ws.close(1000), 200);
   });
 });

@@ -7,12 +7,19 @@
  * sent), for one conversation and for 20 at once; the node's CPU and memory per conversation at
  * 20. Then the text pipeline with provider engines (bench/voice.ts `--engines provider`, phases
  * one and crowd) in the same run, and the ratios of the two.
+ *
+ * `--base <dir or git revision>` (issue 49): before and after side by side instead: for each count
+ * of BENCH_REALTIME_COUNTS (default 20,60) realtime conversations, that checkout's server and this
+ * one in turn (the order alternating), each alone on the machine with the same fake model: the
+ * server's CPU per conversation, its main thread's (the event loop) share of it and CPU by thread
+ * name, late frames, and the turns' latency. No text pipeline phase then.
  */
-import { spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { benchConfig, ROOT, round, startServer, treeCpuSeconds } from "./support.ts";
+import { threadCpu } from "./capacity.ts";
+import { benchConfig, checkoutOf, ROOT, round, startServer, treeCpuSeconds } from "./support.ts";
 import { devices, metric, questionFile, rssMb, turnFigures } from "./voice.ts";
 
 const TURNS = Number(process.env.BENCH_VOICE_TURNS ?? 8);
@@ -20,6 +27,8 @@ const CONVERSATIONS = Number(process.env.BENCH_VOICE_CONVERSATIONS ?? 20);
 const PROCESSES = Number(process.env.BENCH_VOICE_PROCESSES ?? 4);
 
 export async function realtimeVoiceBench(textPipeline: () => Promise<unknown>): Promise<unknown> {
+  const at = process.argv.indexOf("--base");
+  if (at >= 0) return await sideBySide(process.argv[at + 1] ?? "");
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-realtime-"));
   const file = await questionFile(dir);
   const fake = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/realtime-fake.ts")], {
@@ -89,5 +98,105 @@ export async function realtimeVoiceBench(textPipeline: () => Promise<unknown>): 
       cpu_per_conversation: round(rc.server_cpu_percent_per_conversation / (text.concurrent?.server_cpu_percent_per_conversation ?? Number.NaN)),
       rss_per_conversation: round(rc.server_rss_mb.per_conversation / (text.concurrent?.server_rss_mb?.per_conversation ?? Number.NaN)),
     },
+  };
+}
+
+/** The fake realtime model in its own process, and its URL. */
+async function startFake(): Promise<{ url: string; child: ChildProcess }> {
+  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/realtime-fake.ts")], {
+    env: { ...process.env, BENCH_REALTIME_STAMP: "1", BENCH_REALTIME_REPLY_MS: "2000" },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  const url = await new Promise<string>((resolve) => child.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
+  return { url, child };
+}
+
+/** One side's run of `count` realtime conversations: CPU per conversation, the main thread's share, by thread, turns. */
+async function realtimeCrowd(root: string, fakeUrl: string, file: string, count: number): Promise<Record<string, unknown>> {
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-realtime-"));
+  const server = await startServer(
+    {
+      PERCH_DATA_DIR: dir,
+      ...benchConfig(dir, {
+        providers: [{ id: "fake-realtime", kind: "openai-compatible", base_url: fakeUrl }],
+        models: [{ id: "live", kind: "realtime", provider: "fake-realtime", upstream_model: "gpt-realtime" }],
+        agents: [{ id: "talker", model: "live", instructions: "Answer briefly.", voice: "marin" }],
+        voice: { agent: "talker" },
+      }),
+    },
+    root,
+  );
+  const pid = server.child.pid!;
+  try {
+    await server.settled();
+    await devices(server, file, 1, 1, "turns", 2);
+    const cpuBefore = treeCpuSeconds(pid);
+    const threadsBefore = threadCpu(pid);
+    const framesBefore = await metric(server, "perch_voice_frames_total");
+    const lateBefore = await metric(server, "perch_voice_frames_late_total");
+    const started = performance.now();
+    const crowd = turnFigures(await devices(server, file, count, PROCESSES, "turns", Math.max(3, Math.round(TURNS / 2))));
+    const seconds = (performance.now() - started) / 1000;
+    const cpu = treeCpuSeconds(pid) - cpuBefore;
+    const threads: Record<string, number> = {};
+    for (const [name, s] of threadCpu(pid)) {
+      const pct = round((((s - (threadsBefore.get(name) ?? 0)) / seconds) * 100) / count);
+      if (pct > 0) threads[name] = pct;
+    }
+    const main = threads.main ?? 0;
+    const frames = (await metric(server, "perch_voice_frames_total")) - framesBefore;
+    const late = (await metric(server, "perch_voice_frames_late_total")) - lateBefore;
+    const perConversation = round(((cpu / seconds) * 100) / count);
+    return {
+      conversations: count,
+      server_cpu_percent_per_conversation: perConversation,
+      main_thread_cpu_percent_per_conversation: main,
+      main_thread_share_percent: round((main / Math.max(perConversation, 0.001)) * 100),
+      threads_cpu_percent_per_conversation: threads,
+      late_share_percent: round((late / Math.max(1, frames)) * 100),
+      ...crowd,
+      server_warnings: server.warnings.count,
+    };
+  } finally {
+    await server.stop();
+  }
+}
+
+/** `--base`: before and after, one count at a time, the sides alternating which goes first. */
+async function sideBySide(spec: string): Promise<unknown> {
+  if (!spec) throw new Error("--base takes a directory or a git revision");
+  const counts = (process.env.BENCH_REALTIME_COUNTS ?? "20,60").split(",").map(Number);
+  const dir = mkdtempSync(join(tmpdir(), "perch-bench-realtime-"));
+  const file = await questionFile(dir);
+  const fake = await startFake();
+  const base = checkoutOf(spec);
+  const load: number[] = [round(loadavg()[0]!)];
+  const steps: Array<Record<string, unknown>> = [];
+  try {
+    for (const [i, count] of counts.entries()) {
+      const order = i % 2 === 0 ? (["base", "head"] as const) : (["head", "base"] as const);
+      const step: Record<string, unknown> = { conversations: count };
+      for (const side of order) {
+        step[side] = await realtimeCrowd(side === "base" ? base.root : ROOT, fake.url, file, count);
+        load.push(round(loadavg()[0]!));
+      }
+      const b = step.base as { server_cpu_percent_per_conversation: number; main_thread_cpu_percent_per_conversation: number };
+      const h = step.head as typeof b;
+      step.ratios_head_to_base = {
+        cpu_per_conversation: round(h.server_cpu_percent_per_conversation / b.server_cpu_percent_per_conversation),
+        main_thread_cpu_per_conversation: round(h.main_thread_cpu_percent_per_conversation / b.main_thread_cpu_percent_per_conversation),
+      };
+      steps.push(step);
+    }
+  } finally {
+    fake.child.kill();
+    base.remove();
+  }
+  return {
+    suite: "voice",
+    engines: "realtime",
+    base: spec,
+    machine: { cores: availableParallelism(), load_1m: load, shared: "yes: other engineers' work ran beside; compare the ratios" },
+    steps,
   };
 }

@@ -195,9 +195,9 @@ describe("the exchange and its native routes", () => {
 
   test("a status request reads the session once, refused or not", async () => {
     const auth = server.domain.auth;
-    const original = auth.authenticateWithStatus;
+    const original = auth.authenticate;
     let reads = 0;
-    auth.authenticateWithStatus = (...args) => {
+    auth.authenticate = (...args) => {
       reads++;
       return original.apply(auth, args);
     };
@@ -207,7 +207,7 @@ describe("the exchange and its native routes", () => {
       await answer("a session, counted", "st-once-ok", STATUS, { headers: { Authorization: `Bearer ${token}` } }, 200, STATUS);
       assert.equal(reads, 2);
     } finally {
-      auth.authenticateWithStatus = original;
+      auth.authenticate = original;
     }
   });
 

@@ -189,7 +189,7 @@ describe("a drain answers what is in flight", () => {
         await new Promise<void>((r) => (release = r));
         return c.json({ answered: true });
       }),
-      error: (c) => c.json({ error: "internal" }, 500),
+      failure: () => ({ status: 500, body: { error: "internal" }, contentType: "application/json" }),
       unrouted: (c) => c.json({ error: "not found" }, 404),
     };
     const s = await startTestServer({ surfaces: () => [slow], config: { fleet: { max_cpu: 0 } } });

@@ -624,6 +624,12 @@ const SIDE_CONTROL_ROUTES: BearerRoute[] = [
   { method: "GET", template: "/side-control/conversations", path: "/side-control/conversations", ok: 200 },
   { method: "GET", template: "/side-control/conversations/{id}", path: "/side-control/conversations/none", ok: 404 },
   { method: "DELETE", template: "/side-control/conversations/{id}", path: "/side-control/conversations/none", ok: 404 },
+  {
+    method: "GET",
+    template: "/side-control/conversations/{id}/turns/{turn}/audio",
+    path: "/side-control/conversations/none/turns/1/audio?side=user",
+    ok: 404,
+  },
   { method: "DELETE", template: "/side-control/conversations", path: "/side-control/conversations", ok: 204 },
   // No agent remembers on this server: the memory reads as off, an edit is refused, forgetting works.
   { method: "GET", template: "/side-control/memory", path: "/side-control/memory", ok: 200 },
@@ -649,7 +655,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     }
     const table = [...ME_ROUTES, ...SIDE_CONTROL_ROUTES].map((r) => `${r.method} ${r.template}`);
     assert.deepEqual([...table].sort(), [...documented].sort());
-    assert.equal(new Set(table).size, 31);
+    assert.equal(new Set(table).size, 32);
   });
 
   test("anonymous, unknown, wrong kind, revoked, mismatched key, then expired: refused everywhere, nothing written", async () => {

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
+import { errorOf, parseServerEvent } from "../src/voice/realtime/events.ts";
 import { historyItems, realtimeUrl, sessionUpdate } from "../src/voice/realtime/wire.ts";
 import { startTestNode, type TestNode } from "./support/server.ts";
 
@@ -67,6 +68,36 @@ describe("the realtime wire (GA events)", () => {
         { type: "message", role: "assistant", content: [{ type: "output_text", text: "Hello." }] },
       ],
     );
+  });
+});
+
+describe("the realtime server events (one zod union, src/voice/realtime/events.ts)", () => {
+  test("read by type, typed: the fields Perch reads, nothing else", () => {
+    const e = parseServerEvent(JSON.stringify({ type: "response.output_audio.delta", response_id: "r1", item_id: "i1", delta: "AAAA", extra: { big: 1 } }));
+    assert.deepEqual(e, { type: "response.output_audio.delta", response_id: "r1", item_id: "i1", delta: "AAAA" });
+    const done = parseServerEvent(
+      JSON.stringify({ type: "response.done", response: { id: "r1", status: "completed", usage: { input_tokens: 3, output_tokens: 5 } } }),
+    );
+    assert.equal(done?.type === "response.done" && done.response?.usage?.output_tokens, 5);
+  });
+  test("untrusted: a field of the wrong type reads as absent, the event stays; other types, non-objects and bad JSON are no events", () => {
+    assert.deepEqual(parseServerEvent(JSON.stringify({ type: "response.output_audio.delta", response_id: 7, item_id: ["x"], delta: null })), {
+      type: "response.output_audio.delta",
+      response_id: undefined,
+      item_id: undefined,
+      delta: undefined,
+    });
+    const created = parseServerEvent(JSON.stringify({ type: "session.created", session: { expires_at: "soon" } }));
+    assert.deepEqual(created, { type: "session.created", session: { expires_at: undefined } });
+    assert.deepEqual(parseServerEvent(JSON.stringify({ type: "response.created", response: "r1" })), { type: "response.created", response: undefined });
+    for (const frame of ['{"type":"rate_limits.updated"}', '{"type":42}', "[]", "null", '"error"', "{not json"])
+      assert.equal(parseServerEvent(frame), undefined, frame);
+  });
+  test("an error's parts bounded (they reach the log and the device)", () => {
+    const e = parseServerEvent(JSON.stringify({ type: "error", error: { type: "server_error", message: "m".repeat(10_000), event_id: "perch_setup_1" } }));
+    assert.ok(e?.type === "error");
+    const err = errorOf(e);
+    assert.deepEqual([err.code, err.message.length, err.eventId], ["server_error", 500, "perch_setup_1"]);
   });
 });
 

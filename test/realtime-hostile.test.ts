@@ -1,6 +1,6 @@
 /**
  * A realtime provider that sends what nobody bounded (issue: "a realtime provider must never hold
- * the node"), fast: the bridge in process on a fake clock, the provider a real WebSocket server
+ * the node"), fast: the realtime activity (src/voice/realtime/activity.ts) in process on a fake clock, the provider a real WebSocket server
  * (the fake realtime model, or a bare one for reconnect storms) whose events the test writes.
  */
 import assert from "node:assert/strict";
@@ -11,10 +11,12 @@ import type { ToolKit } from "../src/ai/agents/toolbox.ts";
 import { loadResampler } from "../src/audio/resampler.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { VoiceMetrics } from "../src/voice/metrics.ts";
+import { OpusCodec } from "../src/voice/opus.ts";
 import { type VoiceEvent, VoiceEvents } from "../src/voice/peer-events.ts";
+import { MAX_USER_TRANSCRIPT_CHARS, RealtimeActivity } from "../src/voice/realtime/activity.ts";
 import { AudioQueue, BLOCK_BYTES } from "../src/voice/realtime/audio-queue.ts";
-import { MAX_REPLY_ITEMS, MAX_USER_TRANSCRIPT_CHARS, RealtimeBridge } from "../src/voice/realtime/bridge.ts";
 import { BACKOFF_MAX_MS, SESSION_PROVEN_MS } from "../src/voice/realtime/link.ts";
+import { MAX_REPLY_ITEMS } from "../src/voice/realtime/turn.ts";
 import { type FakeRealtime, type FakeSession, realtimeAgent, startFakeRealtime } from "./support/fake-realtime.ts";
 import { FakeClock, settle } from "./support/fake-voice.ts";
 
@@ -29,12 +31,12 @@ async function until(pred: () => boolean, what: string, ms = 10_000): Promise<vo
   }
 }
 
-async function bridgeOn(url: string, voice: Record<string, unknown> = {}) {
+async function sessionOn(url: string, voice: Record<string, unknown> = {}) {
   const clock = new FakeClock();
   const config = loadConfig({}, { voice } as never);
   const events: VoiceEvent[] = [];
   const lines: Line[] = [];
-  const bridge = new RealtimeBridge({
+  const session = new RealtimeActivity({
     agent: realtimeAgent(url),
     config: config.voice,
     events: new VoiceEvents({ sendEvent: (e: VoiceEvent) => void events.push(e) } as never),
@@ -42,14 +44,14 @@ async function bridgeOn(url: string, voice: Record<string, unknown> = {}) {
     toolEvents: () => ({ called() {}, finished() {} }),
     activity: undefined,
     resampler: await loadResampler(),
-    payloadType: 111,
+    encoder: new OpusCodec(24_000),
     metrics: new VoiceMetrics(new Registry(), () => 1),
     clock,
     send: () => true,
     log: (level, details, message) => void lines.push({ level, details, message }),
   });
   const of = (stream: string, label?: string) => events.filter((e) => e.streamId === stream && (label === undefined || e.label === label));
-  return { bridge, clock, events, lines, of };
+  return { session, clock, events, lines, of };
 }
 
 const wsUrl = (fake: FakeRealtime) => `${fake.url.replace(/^http/, "ws")}/realtime?model=m`;
@@ -73,7 +75,7 @@ describe("a hostile realtime provider (fast)", () => {
 
   test("a reply's audio with a new item id in every delta keeps at most MAX_REPLY_ITEMS items (a barge-in cuts only those)", async () => {
     fake ??= await startFakeRealtime();
-    const { bridge, of } = await bridgeOn(wsUrl(fake));
+    const { session, of } = await sessionOn(wsUrl(fake));
     try {
       const s = await turnBegun(fake, 0);
       const delta = Buffer.alloc(64, 1).toString("base64");
@@ -82,12 +84,12 @@ describe("a hostile realtime provider (fast)", () => {
       // Speech over the reply: its items are cut (deleted, none was heard).
       send(s, { type: "input_audio_buffer.speech_started", item_id: "in_2" });
       await until(() => of("out-1", "turn.metrics").length === 1, "turn 1's metrics", 30_000);
-      bridge.close();
+      session.close();
       await fake.until(() => s.closed, 10_000, "the session's close");
       const cuts = s.events.filter((e) => e.type === "conversation.item.delete" || e.type === "conversation.item.truncate");
       assert.ok(cuts.length > 0 && cuts.length <= MAX_REPLY_ITEMS, `${cuts.length} items cut`);
     } finally {
-      bridge.close();
+      session.close();
     }
   });
 
@@ -119,7 +121,7 @@ describe("a hostile realtime provider (fast)", () => {
   test("a reply's transcript is cut at voice.max_reply_chars (deltas and done), the response cancelled; the history keeps the cut text", async () => {
     fake ??= await startFakeRealtime();
     const before = fake.sessions.length;
-    const { bridge, clock, lines, of } = await bridgeOn(wsUrl(fake), { max_reply_chars: 100 });
+    const { session, clock, lines, of } = await sessionOn(wsUrl(fake), { max_reply_chars: 100 });
     try {
       const s = await turnBegun(fake, before);
       for (let i = 0; i < 200; i++) send(s, { type: "response.output_audio_transcript.delta", response_id: "resp_1", item_id: "it_1", delta: "0123456789" });
@@ -165,14 +167,14 @@ describe("a hostile realtime provider (fast)", () => {
       for (const text of history) assert.ok(text.length <= MAX_USER_TRANSCRIPT_CHARS, `a history text of ${text.length} characters`);
       assert.ok(history.filter((t) => t.startsWith("0123")).every((t) => t.length <= 100));
     } finally {
-      bridge.close();
+      session.close();
     }
   });
 
   test("an error event fails only the turn in progress; the session is kept; an error answering Perch's own cancel with no event id ends nothing", async () => {
     fake ??= await startFakeRealtime();
     const before = fake.sessions.length;
-    const { bridge, of } = await bridgeOn(wsUrl(fake));
+    const { session, of } = await sessionOn(wsUrl(fake));
     try {
       const s = await turnBegun(fake, before);
       send(s, { type: "error", error: { type: "server_error", code: "server_error", message: "The server had an error." } });
@@ -204,14 +206,14 @@ describe("a hostile realtime provider (fast)", () => {
       assert.equal(s.closed, false, "the session is kept");
       assert.equal(fake.sessions.length, before + 1, "no new session");
     } finally {
-      bridge.close();
+      session.close();
     }
   });
 
   test("a flood of error events is said once per turn, not once per event; the session is kept", async () => {
     fake ??= await startFakeRealtime();
     const before = fake.sessions.length;
-    const { bridge, lines, of } = await bridgeOn(wsUrl(fake));
+    const { session, lines, of } = await sessionOn(wsUrl(fake));
     try {
       await fake.until(() => fake.sessions.slice(before).some((x) => x.session !== undefined), 10_000, "the session");
       const s = fake.sessions.slice(before).find((x) => x.session !== undefined)!;
@@ -236,7 +238,7 @@ describe("a hostile realtime provider (fast)", () => {
       );
       assert.equal(s.closed, false, "the session is kept");
     } finally {
-      bridge.close();
+      session.close();
     }
   });
 });
@@ -258,7 +260,7 @@ describe("a provider that drops every session right after accepting it (fast)", 
     });
     await new Promise((r) => wss.once("listening", r));
     const { port } = wss.address() as { port: number };
-    const { bridge, clock, lines, of } = await bridgeOn(`ws://127.0.0.1:${port}/v1/realtime?model=m`);
+    const { session, clock, lines, of } = await sessionOn(`ws://127.0.0.1:${port}/v1/realtime?model=m`);
     const failures = () => lines.filter((l) => l.message.startsWith("the realtime session failed"));
     try {
       // Each failure's retry, the clock moved to it, until the back-off is at its longest for a while.
@@ -311,7 +313,7 @@ describe("a provider that drops every session right after accepting it (fast)", 
       await until(() => failures().length > m, "the answering session's failure");
       assert.equal(failures().at(-1)!.details.retry_in_ms, 0);
     } finally {
-      bridge.close();
+      session.close();
       for (const c of wss.clients) c.terminate();
       await new Promise((r) => wss.close(r));
     }

@@ -36,12 +36,15 @@ function openAiLikeSurface(): Surface {
   return {
     base: "/openai/v1",
     app,
-    error: (c, err) => {
-      if (err instanceof DomainError && err.kind === "rate_limited") {
-        c.header("Retry-After", String(err.retryAfter));
-        return fail(c, 429, err.message, "rate_limit_error", "rate_limit_exceeded");
-      }
-      return fail(c, 500, "internal error", "api_error", null);
+    failure: (err) => {
+      const error = (status: number, message: string, type: string, code: string | null) => ({
+        status,
+        body: { error: { message, type, param: null, code } },
+        contentType: "application/json",
+        ...(err instanceof DomainError ? { retryAfter: err.retryAfter } : {}),
+      });
+      if (err instanceof DomainError && err.kind === "rate_limited") return error(429, err.message, "rate_limit_error", "rate_limit_exceeded");
+      return error(500, "internal error", "api_error", null);
     },
     unrouted: (c, allow) => {
       if (allow.length === 0) return fail(c, 404, `Invalid URL (${c.req.method} ${c.req.path})`, "invalid_request_error", null);

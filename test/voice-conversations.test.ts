@@ -137,8 +137,20 @@ describe("a device's conversation reaches its phone on another node", { skip: TE
         [first[0]!.conversation_id, first.slice(0, 4)],
         [second[0]!.conversation_id, second],
       ] as const) {
-        const stored = await c.request<{ items: Entry[] }>("GET", `/side-control/conversations/${id}`);
-        assert.deepEqual(stored.items, live, "stored as they went live");
+        const stored = await c.request<{ items: Array<Entry & { metrics?: { interrupted?: boolean; transcription?: number } }> }>(
+          "GET",
+          `/side-control/conversations/${id}`,
+        );
+        assert.deepEqual(
+          stored.items.map(({ metrics: _, ...e }) => e),
+          live,
+          "stored as they went live",
+        );
+        // Each stored entry carries its turn's metrics (voice.md §8): the interrupted reply's say so.
+        for (const e of stored.items) {
+          assert.equal(typeof e.metrics?.transcription, "number", `turn ${e.turn} ${e.role}: ${JSON.stringify(e.metrics)}`);
+          if (e.interrupted) assert.equal(e.metrics?.interrupted, true);
+        }
       }
     };
     // The entries are written in the background: read once they are all there.

@@ -17,7 +17,7 @@ function framedPort(): { port: AudioPort; events: PeerEvent[] } {
   const port: AudioPort = {
     publicKey: "test",
     payloadType: 111,
-    onPacket: () => {},
+    onPacket: () => () => {},
     sendFrame: () => true,
     sendEvent: (event) => {
       const bytes = encodeVoiceEvent(event, ++sequence, 0n);

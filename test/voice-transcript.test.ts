@@ -16,7 +16,7 @@ function devicePort(open = true): AudioPort & { sent: number } {
     publicKey: "device",
     payloadType: 111,
     sent: 0,
-    onPacket: () => {},
+    onPacket: () => () => {},
     sendFrame: () => true,
     sendEvent: (event: VoiceEvent) => {
       if (!open) return false;
@@ -107,8 +107,9 @@ describe("the conversation's transcript, read from its voice events", () => {
   test("events stay objects until the transport encodes them: the device's port gets the very objects told, and the transcript reads them without decoding", () => {
     const told: VoiceEvent[] = [];
     const entries: TranscriptEntry[] = [];
-    const t = observeTranscript({ publicKey: "device", payloadType: 111, onPacket: () => {}, sendFrame: () => true, sendEvent: (e) => told.push(e) > 0 }, (e) =>
-      entries.push(e),
+    const t = observeTranscript(
+      { publicKey: "device", payloadType: 111, onPacket: () => () => {}, sendFrame: () => true, sendEvent: (e) => told.push(e) > 0 },
+      (e) => entries.push(e),
     );
     const event: VoiceEvent = { type: "done", streamId: "in-1", label: "user.transcript", text: "Hello" };
     assert.equal(t.port.sendEvent(event), true);

@@ -62,6 +62,22 @@ export class ChatStream {
     return this;
   }
 
+  /** Calls `fn` with each piece as it is read, until `fn` returns true (it has seen what it watched for). */
+  watch(fn: (piece: ChatPiece) => boolean): this {
+    const source = this.source;
+    if (!source) throw new Error("a chat stream is read once");
+    let watching = true;
+    this.source = {
+      next: () =>
+        source.next().then((r) => {
+          if (watching && !r.done) watching = !fn(r.value);
+          return r;
+        }),
+      ...(source.return ? { return: (value?: unknown) => source.return!(value) } : {}),
+    };
+    return this;
+  }
+
   pieces(): AsyncIterableIterator<ChatPiece> {
     return mapped(this.take(), (p) => p);
   }

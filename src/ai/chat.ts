@@ -1,5 +1,6 @@
 import { estimateTokens } from "../domain/usage-limits.ts";
 import type { UsageMeter } from "../domain/usage-meter.ts";
+import type { Traced } from "../observability/tracing.ts";
 import type { ChatCompletion, ChatRequest, Usage } from "../protocol/compat.ts";
 import { AgentRunner } from "./agents/agent.ts";
 import type { Toolbox, ToolObserver } from "./agents/toolbox.ts";
@@ -61,14 +62,14 @@ export class ChatService {
     return entry;
   }
 
-  /** `observer` sees an agent's tool calls as they run. */
-  async chat(caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver): Promise<ChatResult> {
-    return await this.run(this.resolve(caller, request.model), caller, request, signal, observer);
+  /** `observer` sees an agent's tool calls as they run; `trace`: the span the calls go under, when the node traces. */
+  async chat(caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver, trace?: Traced): Promise<ChatResult> {
+    return await this.run(this.resolve(caller, request.model), caller, request, signal, observer, trace);
   }
 
   /** `chat` of a model or agent already resolved for `caller` (`resolve`). */
-  async run(entry: ChatEntry, caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver): Promise<ChatResult> {
-    const result = await this.call(entry, caller, request, signal, observer);
+  async run(entry: ChatEntry, caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver, trace?: Traced): Promise<ChatResult> {
+    const result = await this.call(entry, caller, request, signal, observer, trace);
     const meter = this.usage;
     if (!meter) return result;
     // Tokens as the provider reported them; estimated from the text (and flagged) where it reported none.
@@ -95,12 +96,19 @@ export class ChatService {
     return result;
   }
 
-  private async call(entry: ChatEntry, caller: Caller, request: ChatRequest, signal: AbortSignal, observer?: ToolObserver): Promise<ChatResult> {
+  private async call(
+    entry: ChatEntry,
+    caller: Caller,
+    request: ChatRequest,
+    signal: AbortSignal,
+    observer?: ToolObserver,
+    trace?: Traced,
+  ): Promise<ChatResult> {
     checkParts(request, entry.model.input);
-    const o = { signal, publicModel: entry.id };
+    const o = { signal, publicModel: entry.id, trace };
     if (entry.kind === "agent") {
       if (request.tools?.length) throw new GenerationError("invalid", "an agent runs its own tools: `tools` cannot be given with an agent", { param: "tools" });
-      const run = { agent: entry.agent, model: entry.model, caller, request: withTokenLimit(request, entry.agent.max_tokens), signal, observer };
+      const run = { agent: entry.agent, model: entry.model, caller, request: withTokenLimit(request, entry.agent.max_tokens), signal, observer, trace };
       return request.stream ? { kind: "stream", stream: await this.agents.stream(run) } : { kind: "completion", completion: await this.agents.complete(run) };
     }
     return request.stream

@@ -1,4 +1,6 @@
 import { type Config, EMBEDDED_SPEECH_MODEL, EMBEDDED_TRANSCRIPTION_MODEL, type ModelConfig, type ProviderConfig } from "../config/config.ts";
+import { chatSpan, genAiProvider, type ModelSpan } from "../observability/gen-ai-spans.ts";
+import type { Traced } from "../observability/tracing.ts";
 import type { ChatCompletion } from "../protocol/compat.ts";
 import type { ChatStream } from "./chat-stream.ts";
 import { GenerationError } from "./errors.ts";
@@ -47,11 +49,48 @@ export class ChatRouter {
   }
 
   complete(model: ModelConfig, request: ProviderRequest, o: CallOptions): Promise<ChatCompletion> {
-    return this.attempt(model, o.signal, (provider, upstream) => provider.complete({ ...request, model: upstream }, o));
+    if (!o.trace) return this.attempt(model, o.signal, (provider, upstream) => provider.complete({ ...request, model: upstream }, o));
+    const span = this.span(o.trace, model, request, false);
+    return this.attempt(model, o.signal, (provider, upstream, m) => {
+      span.answeredBy(upstream, this.providerName(m));
+      return provider.complete({ ...request, model: upstream }, o);
+    }).then(
+      (c) => {
+        span.completed(c);
+        return c;
+      },
+      (err: unknown) => {
+        span.failed(err);
+        throw err;
+      },
+    );
   }
 
   stream(model: ModelConfig, request: ProviderRequest, o: CallOptions): Promise<ChatStream> {
-    return this.attempt(model, o.signal, (provider, upstream) => provider.stream({ ...request, model: upstream }, o));
+    if (!o.trace) return this.attempt(model, o.signal, (provider, upstream) => provider.stream({ ...request, model: upstream }, o));
+    const span = this.span(o.trace, model, request, true);
+    return this.attempt(model, o.signal, (provider, upstream, m) => {
+      span.answeredBy(upstream, this.providerName(m));
+      return provider.stream({ ...request, model: upstream }, o);
+    }).then(
+      // The stream has started once its first event is in.
+      (stream) => {
+        span.firstChunk();
+        return stream.watch((piece) => span.sawText(piece)).onEnd(() => span.streamEnded(stream.stats.usage));
+      },
+      (err: unknown) => {
+        span.failed(err);
+        throw err;
+      },
+    );
+  }
+
+  private span(parent: Traced, model: ModelConfig, request: ProviderRequest, stream: boolean): ModelSpan {
+    return chatSpan(parent, model.upstream_model, this.providerName(model), stream, request.messages);
+  }
+
+  private providerName(m: ModelConfig): string {
+    return genAiProvider(this.providers.get(m.provider)!.config);
   }
 
   /**

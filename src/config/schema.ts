@@ -244,6 +244,13 @@ const AgentConfig = z.strictObject({
     })
     .optional()
     .meta(info('what the agent remembers of each device\'s people between conversations (public-api.md, "Memory")')),
+  record: z
+    .strictObject({
+      audio: z.boolean().default(false).meta(info("each turn's two sides are kept as Ogg Opus with the stored conversation (needs `voice.store_transcripts`)")),
+      retention_days: z.number().int().min(1).max(3_650).default(7).meta(info("a turn's recording is deleted this many days after it was made")),
+    })
+    .optional()
+    .meta(info("recordings of the agent's voice turns (voice.md §8; docs/observability.md)")),
 });
 
 /** An MCP server whose tools agents may use (Streamable HTTP; tools.md §2). */
@@ -463,6 +470,34 @@ export function toolPattern(entry: string): { source: string; name: string } | u
 }
 
 /** Every setting. A config file (YAML or JSON) supplies any of them; environment variables win. */
+/** Traces over OTLP/HTTP (protobuf) to a collector (voice.md §8); nothing is traced without `otlp.endpoint`. */
+const TracingConfig = z.strictObject({
+  otlp: z
+    .strictObject({
+      endpoint: z
+        .url({ protocol: /^https?$/ })
+        .meta(info("the collector's OTLP/HTTP base URL (e.g. `http://collector:4318`); spans are posted to `<endpoint>/v1/traces`")),
+      headers_env: z
+        .record(z.string().regex(/^[A-Za-z0-9-]{1,128}$/, "must be a header name"), z.string().min(1))
+        .default({})
+        .meta(info("header name → the environment variable holding its value (a backend's key; values never written in the file)")),
+      timeout_ms: z.number().int().min(100).max(60_000).default(10_000).meta(info("one export waits at most this long for the collector")),
+      max_queue_size: z
+        .number()
+        .int()
+        .min(1)
+        .max(1_000_000)
+        .default(2048)
+        .meta(info("finished spans waiting for export at most; more are dropped (counted in `perch_tracing_spans_dropped_total`)")),
+      max_export_batch_size: z.number().int().min(1).max(100_000).default(512).meta(info("spans per export request at most")),
+      schedule_delay_ms: z.number().int().min(1).max(600_000).default(2000).meta(info("finished spans wait at most this long before they are exported")),
+    })
+    .optional()
+    .meta(info("the OpenTelemetry Collector (or any OTLP/HTTP backend) spans go to", { default_text: "none: tracing is off" })),
+  service_name: z.string().min(1).default("perch").meta(info("`service.name` of the spans (`service.instance.id` is `node_name`)")),
+  include_text: z.boolean().default(false).meta(info("put what people said (transcripts, reply text, tool arguments) in span attributes; never without this")),
+});
+
 export const ConfigSchema = z
   .strictObject({
     port: z.number().int().min(0).max(65535).default(8080).meta(info("listen port (`0`: any free port)")),
@@ -785,6 +820,9 @@ export const ConfigSchema = z
     mcp_servers: z.array(McpServerConfig).default([]).meta(info("MCP servers over Streamable HTTP whose tools agents may use")),
     api_keys: z.array(ApiKeyConfig).default([]).meta(info("keys of the Compatible API's applications")),
     voice: VoiceConfig.default(VOICE_DEFAULTS).meta(info("voice conversations over a connected device's audio")),
+    tracing: TracingConfig.default({ service_name: "perch", include_text: false }).meta(
+      info("traces of voice turns and HTTP requests to an OpenTelemetry backend (docs/observability.md); off without `tracing.otlp.endpoint`"),
+    ),
     usage: z
       .strictObject({
         count: z.boolean().default(true).meta(info("count what devices and API keys use (`false`: nothing is counted or written, and no limit may be set)")),
@@ -896,6 +934,9 @@ function checkCatalog(
       if (!m) issue(["agents", i, field], `unknown model ${id}`);
       else if (m.kind !== kind) issue(["agents", i, field], `${id} is a ${m.kind} model, not ${kind}`);
     }
+    // A recording lives with its stored conversation: without stored transcripts there is none to keep it.
+    if (a.record?.audio && !c.voice.store_transcripts)
+      issue(["agents", i, "record", "audio"], `agent ${a.id} records audio, which is kept with stored conversations: set voice.store_transcripts: true`);
     // A realtime model cannot rewrite a memory: such an agent names a chat model for it.
     if (a.memory?.enabled && a.memory.model === undefined && model?.kind === "realtime")
       issue(["agents", i, "memory", "model"], `agent ${a.id} converses on a realtime model: its memory needs a chat model (memory.model)`);

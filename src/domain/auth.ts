@@ -6,7 +6,7 @@ import { hashToken, newId, newToken } from "../crypto/tokens.ts";
 import type { LoginRequest, LoginResult } from "../protocol/public.ts";
 import type { Repositories } from "../store/index.ts";
 import type { PeerRow } from "../store/peers.ts";
-import type { SessionWithPeers, SessionWithStatus } from "../store/sessions.ts";
+import type { SessionWithPeers } from "../store/sessions.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 import type { Principal } from "./principal.ts";
@@ -184,24 +184,8 @@ export class AuthService {
     return this.principalOf(await this.session(hashToken(bearer)), publicKeyHeader);
   }
 
-  /**
-   * `authenticate`, and the status document of the session's peer read in the same statement
-   * (undefined when it has none). Nothing is cached, so a revocation by any node acts on the very
-   * next request, on every store. A Side Control session (refused where this is asked) is
-   * authenticated again by `authenticate`, which also checks its target.
-   */
-  async authenticateWithStatus(
-    bearer: string | undefined,
-    publicKeyHeader: string | undefined,
-  ): Promise<{ principal: Principal; statusText: string | undefined }> {
-    if (!bearer) throw invalidSession("Authorization: Bearer <access_token> is required");
-    const row = await this.ctx.store.read((r) => r.sessions.findWithStatusByTokenHash(hashToken(bearer)));
-    if (row && row.kind !== "primary") return { principal: await this.authenticate(bearer, publicKeyHeader), statusText: undefined };
-    return { principal: this.principalOf(row, publicKeyHeader), statusText: row?.status_document ?? undefined };
-  }
-
   /** The principal of a session read for a request, once the session and the peers behind it are checked. */
-  private principalOf(row: SessionCheck | undefined, publicKeyHeader: string | undefined): Principal {
+  private principalOf(row: SessionWithPeers | undefined, publicKeyHeader: string | undefined): Principal {
     if (!row || row.revoked_at !== null || row.expires_at <= this.ctx.clock.now()) throw invalidSession("the session is unknown, expired or revoked");
     if (publicKeyHeader !== undefined && canonicalKey(publicKeyHeader) !== row.public_key) {
       throw new DomainError("unauthenticated", "PUBLIC_KEY_MISMATCH", "X-Public-Key does not match the session");
@@ -210,7 +194,6 @@ export class AuthService {
       checkPeer(row.peer_status, false);
       return { kind: "primary", publicKey: row.public_key, sessionId: row.id };
     }
-    if (!("target_status" in row)) throw new Error("a Side Control session is checked with its target");
     checkPeer(row.target_status, false);
     checkPeer(row.peer_status, true);
     return { kind: "side_control", publicKey: row.public_key, targetKey: row.target_key as string, sessionId: row.id, expiresAt: row.expires_at };
@@ -241,9 +224,6 @@ export class AuthService {
     return { kind: "primary", publicKey: peerKey };
   }
 }
-
-/** What `principalOf` checks: a primary session needs neither target column. */
-type SessionCheck = SessionWithStatus | SessionWithPeers;
 
 interface CachedSession {
   row: SessionWithPeers;

@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import { base64urlnopad } from "@scure/base";
 import type { Conversation, ConversationEntry, ConversationList, ConversationSummary } from "../protocol/public.ts";
 import type { ConversationEntryRow, ConversationRow } from "../store/conversations.ts";
+import type { RecordingSide } from "../store/recordings.ts";
 import { DAY_MS, type DomainContext } from "./context.ts";
 import { DomainError } from "./errors.ts";
 
@@ -68,21 +69,60 @@ export class ConversationService {
     if (!this.storing) throw notFound(id);
     const found = await this.ctx.store.read(async (r) => {
       const row = await r.conversations.get(deviceKey, id);
-      return row && { row, entries: await r.conversations.entries(id) };
+      return row && { row, entries: await r.conversations.entries(id), metrics: await r.recordings.metrics(id), sides: await r.recordings.sides(id) };
     });
     if (!found) throw notFound(id);
-    return { id: found.row.id, started_at_unix_ms: found.row.started_at, items: found.entries.map(entryView) };
+    const items = found.entries.map((row) => {
+      const e = entryView(row);
+      const metrics = found.metrics.get(row.turn);
+      if (metrics !== undefined) e.metrics = JSON.parse(metrics) as Record<string, unknown>;
+      return e;
+    });
+    const c: Conversation = { id: found.row.id, started_at_unix_ms: found.row.started_at, items };
+    if (found.sides.length > 0) c.recordings = found.sides.map((r) => ({ turn: r.turn, side: r.side as RecordingSide, duration_ms: r.duration_ms }));
+    return c;
+  }
+
+  /**
+   * One side of a turn's recording, Ogg Opus (voice.md §8): CONVERSATION_NOT_FOUND for an unknown
+   * conversation or another device's, RECORDING_NOT_FOUND when that turn's side was not kept.
+   */
+  async audio(deviceKey: string, id: string, turn: number, side: RecordingSide): Promise<Uint8Array> {
+    if (!this.storing) throw notFound(id);
+    const found = await this.ctx.store.read(async (r) => {
+      const row = await r.conversations.get(deviceKey, id);
+      return row && { audio: await r.recordings.get(deviceKey, id, turn, side) };
+    });
+    if (!found) throw notFound(id);
+    if (!found.audio) throw new DomainError("not_found", "RECORDING_NOT_FOUND", `no ${side} recording of turn ${turn} of this conversation`);
+    return found.audio;
   }
 
   /** Deletes for good; deletes work while storing is off too (what was stored before can still go). */
   async delete(deviceKey: string, id: string): Promise<void> {
     const at = this.ctx.clock.now();
-    if (!(await this.ctx.store.transaction((tx) => tx.conversations.delete(deviceKey, id, at)))) throw notFound(id);
+    const r = await this.ctx.store.transaction(async (tx) => {
+      // Recordings first, overwritten in the file (the cascade would leave the audio in free space).
+      const recordings = await tx.recordings.deleteConversation(deviceKey, id);
+      return { deleted: await tx.conversations.delete(deviceKey, id, at), recordings };
+    });
+    if (!r.deleted) throw notFound(id);
+    if (r.recordings > 0) await this.erase();
   }
 
   async deleteAll(deviceKey: string): Promise<number> {
     const at = this.ctx.clock.now();
-    return this.ctx.store.transaction((tx) => tx.conversations.deleteAll(deviceKey, at));
+    const r = await this.ctx.store.transaction(async (tx) => {
+      const recordings = await tx.recordings.deleteDevice(deviceKey);
+      return { deleted: await tx.conversations.deleteAll(deviceKey, at), recordings };
+    });
+    if (r.recordings > 0) await this.erase();
+    return r.deleted;
+  }
+
+  /** Deleted recordings out of the database files (SQLite's log truncated; PostgreSQL's table rewritten in the background). */
+  private async erase(): Promise<void> {
+    await this.ctx.store.eraseDeletedRecordings().catch(() => {});
   }
 
   /** Every stored conversation of the device with its entries, newest first, whether or not storing is on now (for operators). */
@@ -106,6 +146,15 @@ export class ConversationService {
     const before = this.ctx.clock.now() - this.ctx.config.voice.transcript_retention_days * DAY_MS;
     let total = 0;
     await this.ctx.store.transaction((tx) => tx.conversations.forgetDeletionsBefore(before));
+    // Recordings past their own retention (record.retention_days), and those of the conversations going now, overwritten.
+    let recordings = 0;
+    for (;;) {
+      const n = await this.ctx.store.transaction((tx) => tx.recordings.deleteExpired(this.ctx.clock.now(), RETENTION_BATCH, before));
+      recordings += n;
+      if (n === 0) break;
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+    if (recordings > 0) await this.erase();
     for (;;) {
       const n = await this.ctx.store.transaction((tx) => tx.conversations.deleteOlderThan(before, RETENTION_BATCH));
       total += n;
@@ -150,6 +199,29 @@ export class ConversationRecorder {
     };
     const conversation = { id: this.id, publicKey: this.deviceKey, startedAt: this.startedAt };
     this.write(() => this.ctx.store.transaction((tx) => tx.conversations.append(conversation, row)).then(() => {}));
+  }
+
+  /** A finished turn's `turn.metrics` (JSON), stored with its entries (after them). */
+  metrics(turn: number, json: string): void {
+    if (!this.stored) return;
+    this.write(() => this.ctx.store.transaction((tx) => tx.recordings.putMetrics(this.id, turn, json)).then(() => {}));
+  }
+
+  /** One side of a finished turn as Ogg Opus, kept `retentionDays` (after the turn's entries; nothing when the turn stored none). */
+  recording(turn: number, side: RecordingSide, audio: Uint8Array, durationMs: number, retentionDays: number): void {
+    if (!this.stored) return;
+    const at = this.ctx.clock.now();
+    const row = {
+      conversation_id: this.id,
+      turn,
+      side,
+      public_key: this.deviceKey,
+      audio,
+      duration_ms: Math.round(durationMs),
+      at,
+      expires_at: at + retentionDays * DAY_MS,
+    };
+    this.write(() => this.ctx.store.transaction((tx) => tx.recordings.put(row)).then(() => {}));
   }
 
   /** The connection closed: a stored conversation is marked ended. */

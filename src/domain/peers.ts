@@ -120,12 +120,15 @@ export class PeerService {
     const publish = await this.ctx.store.transaction(async (tx) => {
       // Its memory first, overwritten in the file (the cascade would leave the text in free space).
       await tx.memories.delete(publicKey);
+      const recordings = await tx.recordings.deleteDevice(publicKey);
       await tx.usage.removePrincipal(`device:${publicKey}`);
-      return (await tx.peers.remove(publicKey)) ? this.ctx.events.peer(tx, publicKey, "removed") : undefined;
+      const removed = (await tx.peers.remove(publicKey)) ? await this.ctx.events.peer(tx, publicKey, "removed") : undefined;
+      return removed && { removed, recordings };
     });
     // Best effort: the peer is gone either way, and SQLite checkpoints on its own later.
     if (publish) await this.ctx.store.truncateLogSoon().catch(() => false);
-    publish?.();
+    if (publish && publish.recordings > 0) await this.ctx.store.eraseDeletedRecordings().catch(() => {});
+    publish?.removed();
     if (publish) for (const l of this.removedListeners) l(publicKey);
     return publish !== undefined;
   }

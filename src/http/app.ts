@@ -1,17 +1,18 @@
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Logger } from "pino";
 import type { Domain } from "../domain/index.ts";
+import type { Tracing } from "../observability/tracing.ts";
 import type { ServerInfo } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
-import { createExchange, logFailure, type NativeRoutes } from "./exchange.ts";
+import { createExchange, honoFetch, type NativeRoutes } from "./exchange.ts";
 import { adapterListener, type RequestListener } from "./listener.ts";
 import type { Metrics } from "./metrics.ts";
-import { CLIENT_CLOSED_REQUEST, clientClosedRequest, reported } from "./middleware.ts";
+import { reported } from "./middleware.ts";
 import { opsSurface } from "./ops.ts";
 import { Callers } from "./principal.ts";
 import { publicSurface } from "./public/surface.ts";
 import type { WebRtcPort } from "./public/webrtc.ts";
-import { mountSurfaces, type Surface } from "./surface.ts";
+import { mountSurfaces, type RouteEntry, type Surface } from "./surface.ts";
 import { webAppSurface } from "./webapp.ts";
 
 export { JSON_BODY_LIMIT } from "./public/limits.ts";
@@ -29,15 +30,20 @@ export interface AppOptions {
   webrtc?: WebRtcPort | undefined;
   /** The node's state in its fleet, for `/readyz` (fleet.md §2, §3); default always serving. */
   fleetState?: () => "serving" | "full" | "draining";
+  /** The node's tracing (every request a server span), when on. */
+  tracing?: Tracing | undefined;
 }
 
 /** The routes of a set of surfaces: the Hono application, and the surfaces' native routes (exchange.ts). */
 export interface HttpApp {
   hono: OpenAPIHono<AppEnv>;
   routes: NativeRoutes;
+  /** Every route of its surfaces, native and Hono. */
+  table: readonly RouteEntry[];
   callers: Callers;
   logger: Logger;
   metrics: Metrics;
+  tracing?: Tracing | undefined;
 }
 
 /**
@@ -62,19 +68,19 @@ export function createApp(o: AppOptions): HttpApp {
     opsSurface({ domain: o.domain, metrics: o.metrics, document: openApiDocument, ...(o.fleetState ? { fleetState: o.fleetState } : {}) }),
     webAppSurface({ tileUrl: o.domain.ctx.config.app.tile_url }),
   ];
-  const routes = mountAll(o, root, surfaces);
-  return { hono: root, routes, callers, logger: o.logger, metrics: o.metrics };
+  const { native, table } = mountSurfaces(root, surfaces, o.logger);
+  return { hono: root, routes: native, table, callers, logger: o.logger, metrics: o.metrics, tracing: o.tracing };
 }
 
 /**
  * An application of only `surfaces`, served by an exchange of its own: what a transport serves on a
  * stream of its own (the Compatible API at `/v1` on stream 2).
  */
-export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics">, surfaces: (callers: Callers) => Surface[]): HttpApp {
+export function createSurfacesApp(o: Pick<AppOptions, "domain" | "logger" | "metrics" | "tracing">, surfaces: (callers: Callers) => Surface[]): HttpApp {
   const callers = new Callers(o.domain, o.domain.ctx.config.trust_proxy);
   const root = rootApp();
-  const routes = mountAll(o, root, surfaces(callers));
-  return { hono: root, routes, callers, logger: o.logger, metrics: o.metrics };
+  const { native, table } = mountSurfaces(root, surfaces(callers), o.logger);
+  return { hono: root, routes: native, table, callers, logger: o.logger, metrics: o.metrics, tracing: o.tracing };
 }
 
 /** The exchange serving `app`, as a Node request listener; `wait` holds requests while it returns a promise. */
@@ -84,8 +90,9 @@ export function listenerOf(app: HttpApp, wait?: () => Promise<void> | undefined)
     metrics: app.metrics,
     callers: app.callers,
     routes: app.routes,
-    app: adapterListener(app.hono.fetch),
+    app: adapterListener(honoFetch(app.hono.fetch)),
     ...(wait ? { wait } : {}),
+    tracing: app.tracing,
   });
 }
 
@@ -93,14 +100,4 @@ function rootApp(): OpenAPIHono<AppEnv> {
   const root = new OpenAPIHono<AppEnv>();
   root.use(reported);
   return root;
-}
-
-function mountAll(o: Pick<AppOptions, "logger">, root: OpenAPIHono<AppEnv>, surfaces: Surface[]): NativeRoutes {
-  return mountSurfaces(root, surfaces, (c, err, surface) => {
-    // A body that stopped arriving because its client left: not a server error, and nobody reads the answer.
-    if (clientClosedRequest(c)) return new Response(null, { status: CLIENT_CLOSED_REQUEST });
-    const res = surface.error(c, err);
-    logFailure(o.logger, err, res.status, c.get("requestId"), c.req.path);
-    return res;
-  });
 }

@@ -2,7 +2,8 @@ import type { Context } from "hono";
 import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
 import { PerchError, statusOf } from "../errors.ts";
-import { JSON_UTF8 } from "./json.ts";
+import { JSON_CONTENT_TYPE, JSON_UTF8 } from "./json.ts";
+import type { Failure } from "./surface.ts";
 
 export type ErrorStatus = 400 | 401 | 403 | 404 | 405 | 408 | 409 | 413 | 415 | 429 | 431 | 500 | 502 | 503 | 504;
 
@@ -34,6 +35,12 @@ export function errorBody(err: ApiError): { error: { code: string; message: stri
 export function errorResponse(c: Context, err: ApiError): Response {
   if (err.retryAfter !== undefined) c.header("Retry-After", String(err.retryAfter));
   return c.json(errorBody(err), err.status, JSON_UTF8);
+}
+
+/** The Public API's (and operations', the web app's) error mapping: `ErrorResponse`. */
+export function apiFailure(err: unknown): Failure {
+  const e = toApiError(err);
+  return { status: e.status, body: errorBody(e), retryAfter: e.retryAfter, contentType: JSON_CONTENT_TYPE };
 }
 
 /** The `ErrorResponse` for a request no route answers: 405 with `Allow` when the path has other methods, else 404. */

@@ -2,7 +2,11 @@ import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import type { Logger } from "pino";
+import type { Caller } from "../ai/caller.ts";
 import { StoreUnavailable } from "../domain/index.ts";
+import type { Principal } from "../domain/principal.ts";
+import { requestSpan, routedSpan } from "../observability/http-spans.ts";
+import type { Traced, Tracing } from "../observability/tracing.ts";
 import type { AppBindings } from "./env.ts";
 import { type FramingError, framingError, framingErrorBody, framingErrorHeaders } from "./framing.ts";
 import { nodeHeader } from "./headers.ts";
@@ -43,6 +47,12 @@ export class Exchange {
   route = "unmatched";
   /** Served by a native route: the shared headers go out with its head (`headers`), not set beforehand. */
   native = false;
+  /** The caller a route's guard admitted (`Callers.guard`): a Public API route's principal. */
+  principal: Principal | undefined;
+  /** The caller the Compatible API's gate admitted. */
+  caller: Caller | undefined;
+  /** The request's server span, when the node traces (`tracing.otlp`): the parent of what serving it does. */
+  traced: Traced | undefined;
   private readonly recorder: Recorder;
   private recorded = false;
 
@@ -74,17 +84,20 @@ export class Exchange {
 
 type Recorder = (x: Exchange, status: number, route: string, ms: number) => void;
 
-/** A route served on Node's request and response, declared by its surface: the only handler of its method and path. */
-export interface NativeRoute {
-  method: "GET" | "POST" | "PUT" | "DELETE";
-  /** The path (`/me/status`; under its surface's base where the surface declares it); no parameters. */
+/**
+ * A route served on Node's request and response, declared by its surface (`nativeRoute`,
+ * native.ts): the only handler of its method and path. The exchange serves it as `mountSurfaces`
+ * wrapped it: its checks, its answer, the surface's error mapping, one `record`.
+ */
+export interface ServedRoute {
+  /** The path (`/me/status`), under its surface's base; no parameters. */
   path: string;
-  /** Answers the request (its errors too) and records it (`x.record`). */
+  /** Answers the request, its errors included, and records it once. */
   serve(x: Exchange): Promise<void>;
 }
 
 /** Native routes by `METHOD /full/path`. */
-export type NativeRoutes = ReadonlyMap<string, NativeRoute>;
+export type NativeRoutes = ReadonlyMap<string, ServedRoute>;
 
 /**
  * The headers every answer but a preflight's carries, set on Node's response before the answer
@@ -106,6 +119,8 @@ export interface ExchangeOptions {
   app: (incoming: IncomingMessage, outgoing: ServerResponse) => void;
   /** While it returns a promise, requests wait for it (a node joining the store). */
   wait?: () => Promise<void> | undefined;
+  /** The node's tracing: every request a server span. */
+  tracing?: Tracing | undefined;
 }
 
 /** The exchange of one set of surfaces, as a Node request listener. */
@@ -119,12 +134,15 @@ export function createExchange(o: ExchangeOptions): (incoming: IncomingMessage, 
       status,
       client: o.callers.resolveAddress(x.env),
       ms,
+      traceId: x.traced && routedSpan(x.traced, x.incoming.method ?? "GET", route, status),
     });
+  const tracing = o.tracing;
   return (incoming, outgoing) => {
     const path = targetPath(incoming);
     if (path === undefined) return refuse(o, incoming, outgoing, framingError(undefined));
     const x = new Exchange(incoming, outgoing, path, recorder);
     const method = incoming.method ?? "GET";
+    if (tracing) x.traced = requestSpan(tracing, outgoing, method, path);
     if (method === "OPTIONS") {
       outgoing.setHeader("X-Request-ID", x.requestId);
       outgoing.setHeader("Access-Control-Allow-Origin", "*");
@@ -160,9 +178,18 @@ export function createExchange(o: ExchangeOptions): (incoming: IncomingMessage, 
 const EXCHANGE = Symbol("exchange");
 type ExchangeCarrier = IncomingMessage & { [EXCHANGE]?: Exchange };
 
-/** The exchange of a request the Hono adapter hands on (its bindings are the adapter's own). */
+/** The exchange of a request (the bindings a Hono route sees are the exchange's own, `honoFetch`). */
 export function exchangeOf(env: AppBindings | undefined): Exchange | undefined {
   return env?.exchange ?? (env?.incoming as ExchangeCarrier | undefined)?.[EXCHANGE];
+}
+
+/**
+ * The Hono application's `fetch` as the Node adapter calls it, with the exchange's bindings in
+ * place of the adapter's: a Hono route and a native one read the same bindings (the caller a guard
+ * admitted, a chunked body the body limit read).
+ */
+export function honoFetch(fetch: (request: Request, env: AppBindings) => Response | Promise<Response>) {
+  return (request: Request, env: { incoming: unknown; outgoing: unknown }) => fetch(request, exchangeOf(env as AppBindings)?.env ?? (env as AppBindings));
 }
 
 /**
@@ -257,6 +284,8 @@ export interface ExchangeRecord {
   client: string;
   /** Since the request reached the exchange. */
   ms: number;
+  /** The trace of the request, when the node traces. */
+  traceId?: string | undefined;
 }
 
 /**
@@ -267,7 +296,16 @@ function recordExchange(logger: Logger, metrics: Metrics, e: ExchangeRecord): vo
   metrics.observe(e.method, e.route, e.status, e.ms / 1000);
   if (logger.isLevelEnabled("info")) {
     logger.info(
-      { req_id: e.requestId, method: e.method, path: e.path, route: e.route, status: e.status, client: e.client, ms: Math.round(e.ms * 100) / 100 },
+      {
+        req_id: e.requestId,
+        method: e.method,
+        path: e.path,
+        route: e.route,
+        status: e.status,
+        client: e.client,
+        ms: Math.round(e.ms * 100) / 100,
+        ...(e.traceId ? { trace_id: e.traceId } : {}),
+      },
       "request",
     );
   }

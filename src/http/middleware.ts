@@ -1,6 +1,6 @@
 import type { ServerResponse } from "node:http";
 import type { Context, MiddlewareHandler } from "hono";
-import { routePath } from "hono/route";
+import { matchedRoutes } from "hono/route";
 import { bodyWithinLimit } from "./body.ts";
 import type { AppEnv } from "./env.ts";
 import { ApiError } from "./errors.ts";
@@ -17,9 +17,23 @@ export const reported: MiddlewareHandler<AppEnv> = async (c, next) => {
   if (!x) throw new Error("the application is served through the exchange (src/http/exchange.ts)");
   c.set("requestId", x.requestId);
   await next();
-  const path = routePath(c);
-  x.record(c.res.status, path === "/*" ? "unmatched" : path);
+  x.record(c.res.status, handlerPath(c) ?? "unmatched");
 };
+
+/**
+ * The pattern of the route answering a request (`/contacts/:name`): its handler's, not a
+ * middleware's (a surface's gate that refused it, `/openai/v1/*`); undefined when no route matched.
+ */
+export function handlerPath(c: Context): string | undefined {
+  const matched = matchedRoutes(c);
+  const current = matched[c.req.routeIndex];
+  if (current && current.method !== "ALL") return current.path;
+  for (let i = matched.length - 1; i >= 0; i--) {
+    const r = matched[i]!;
+    if (r.method !== "ALL") return r.path;
+  }
+  return undefined;
+}
 
 /** The status recorded for a request its client abandoned ("client closed request"). */
 export const CLIENT_CLOSED_REQUEST = 499;

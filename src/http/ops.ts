@@ -2,7 +2,7 @@ import { createRoute, OpenAPIHono, z } from "@hono/zod-openapi";
 import type { Domain } from "../domain/index.ts";
 import { ErrorResponse } from "../protocol/public.ts";
 import type { AppEnv } from "./env.ts";
-import { errorResponse, invalid, toApiError, unroutedResponse } from "./errors.ts";
+import { apiFailure, invalid, unroutedResponse } from "./errors.ts";
 import { JSON_UTF8 } from "./json.ts";
 import type { Metrics } from "./metrics.ts";
 import type { Surface } from "./surface.ts";
@@ -74,5 +74,5 @@ export function opsSurface(o: OpsSurfaceOptions): Surface {
   // Not in the document itself, as before: it describes the API, not its own description.
   app.get("/openapi.json", (c) => c.json(o.document(), 200, JSON_UTF8));
 
-  return { base: "/", app, error: (c, err) => errorResponse(c, toApiError(err)), unrouted: unroutedResponse };
+  return { base: "/", app, failure: apiFailure, unrouted: unroutedResponse };
 }

@@ -5,7 +5,8 @@ import type { Domain } from "../domain/index.ts";
 import type { Principal } from "../domain/principal.ts";
 import { connectionOf } from "./connection.ts";
 import type { AppBindings, AppEnv } from "./env.ts";
-import { requestHeader } from "./headers.ts";
+import { nodeHeader, requestHeader } from "./headers.ts";
+import { asMiddleware, type Guard } from "./native.ts";
 
 const BEARER = /^Bearer +(\S+)$/i;
 
@@ -84,31 +85,16 @@ export class Callers {
     return incoming.socket.remoteAddress ?? "unknown";
   }
 
-  /** Middleware: resolves the principal and requires it to be of `kind`. */
-  require(kind: "primary" | "side_control"): MiddlewareHandler<AppEnv> {
-    return async (c, next) => {
-      c.set("principal", requireKind(await this.principal(c), kind));
-      await next();
+  /** A guard: resolves the caller's principal (`Exchange.principal`) and requires it to be of `kind`. */
+  guard(kind: "primary" | "side_control"): Guard {
+    return async (x) => {
+      x.principal = requireKind(await this.principalOf(x.env, (name) => nodeHeader(x.incoming, name)), kind);
     };
   }
 
-  /**
-   * A primary caller's status document as stored (undefined when none), authenticating as
-   * `require("primary")` does: for a bearer, the session and the document in one statement.
-   */
-  async primaryStatusOf(
-    env: AppBindings | undefined,
-    header: (name: string) => string | undefined,
-  ): Promise<{ principal: Principal; statusText: string | undefined }> {
-    const publicKey = header("x-public-key");
-    const connection = connectionOf(env);
-    if (connection) {
-      const principal = requireKind(await this.domain.auth.authenticateConnection(connection.peerKey, publicKey), "primary");
-      return { principal, statusText: await this.domain.peers.statusText(connection.peerKey) };
-    }
-    const found = await this.domain.auth.authenticateWithStatus(bearerToken(header("authorization")), publicKey);
-    requireKind(found.principal, "primary");
-    return found;
+  /** `guard` as middleware (`c.get("principal")`). */
+  require(kind: "primary" | "side_control"): MiddlewareHandler<AppEnv> {
+    return asMiddleware(this.guard(kind));
   }
 }
 

@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { Hono } from "hono";
 import { type BuiltApp, loadApp } from "../webapp/build.ts";
 import type { AppEnv } from "./env.ts";
-import { errorResponse, toApiError, unroutedResponse } from "./errors.ts";
+import { apiFailure, unroutedResponse } from "./errors.ts";
 import type { Surface } from "./surface.ts";
 
 export interface WebAppOptions {
@@ -30,6 +30,8 @@ export function webAppSurface(o: WebAppOptions = {}): Surface {
     "style-src 'self'",
     `img-src 'self' data:${tileOrigin ? ` ${tileOrigin}` : ""}`,
     "connect-src 'self'",
+    // The turns' recordings play from object URLs the page makes of what it fetched with the bearer.
+    "media-src blob:",
     "manifest-src 'self'",
     "base-uri 'none'",
     "form-action 'none'",
@@ -68,5 +70,5 @@ export function webAppSurface(o: WebAppOptions = {}): Surface {
       "x-content-type-options": "nosniff",
     });
   });
-  return { base: "/app", app, error: (c, err) => errorResponse(c, toApiError(err)), unrouted: unroutedResponse };
+  return { base: "/app", app, failure: apiFailure, unrouted: unroutedResponse };
 }

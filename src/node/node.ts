@@ -25,9 +25,10 @@ import { inProcess } from "../http/in-process.ts";
 import { createHttpServer } from "../http/listener.ts";
 import { Metrics } from "../http/metrics.ts";
 import type { Callers } from "../http/principal.ts";
-import type { Surface } from "../http/surface.ts";
+import type { RouteEntry, Surface } from "../http/surface.ts";
 import { readTlsFiles, type TlsFiles } from "../http/tls.ts";
 import { toolSummary } from "../mcp/device.ts";
+import { Tracing } from "../observability/tracing.ts";
 import { Store } from "../store/index.ts";
 import { startTransport } from "../transport/start.ts";
 import type { WebRtcTransport } from "../transport/transport.ts";
@@ -91,6 +92,8 @@ export interface RunningServer {
   engines: EngineHost;
   /** Chat and agents (the Compatible API's and the voice turns'). */
   chat: ChatService;
+  /** The node's tracing; undefined when off (no `tracing.otlp`). */
+  tracing: Tracing | undefined;
   /** Stops accepting, lets in-flight requests finish, then the node leaves and closes the store. */
   close(): Promise<void>;
   /**
@@ -141,6 +144,8 @@ export class Node {
   readonly commands: Commands;
   readonly domain: Domain;
   readonly metrics: Metrics;
+  /** The node's tracing (voice.md §8); undefined when `tracing.otlp` is not configured. */
+  readonly tracing: Tracing | undefined;
   readonly chat: ChatService;
   private readonly tools: Toolbox;
   /** Rewrites devices' memories after their conversations. */
@@ -159,6 +164,11 @@ export class Node {
   private readonly app: HttpApp;
   /** Serves one request in process, through the exchange, as the listener would (no port taken; the fast tests' layer). */
   readonly request: (path: string, init?: RequestInit) => Promise<Response>;
+
+  /** Every route the node's HTTP listener serves (native and Hono), by surface: what tracing names spans by, what tests walk. */
+  get routes(): readonly RouteEntry[] {
+    return this.app.table;
+  }
   /** `https` when `tls` is configured. */
   private readonly scheme: "http" | "https";
   private readonly compat: (base?: string) => (callers: Callers) => Surface;
@@ -247,6 +257,15 @@ export class Node {
       () => engines.schedulers(),
       () => engines.states(),
     );
+    this.tracing = Tracing.of(config.tracing, {
+      registry: this.metrics.registry,
+      env: o.env ?? process.env,
+      node: config.node_name,
+      version: buildInfo().version,
+      warn: (message, err) => this.logger.warn({ err: err instanceof Error ? err.message : err }, message),
+    });
+    // Deferred early, so run late: what the node's parts end last is still sent.
+    if (this.tracing) this.closers.defer(() => this.tracing?.shutdown());
     this.jobs = new Jobs(this.logger);
     const cpu = o.cpuShare ? undefined : new CpuWindow();
     if (cpu) this.closers.defer(async () => cpu.stop());
@@ -326,6 +345,7 @@ export class Node {
       domain: this.domain,
       logger: this.logger,
       metrics: this.metrics,
+      tracing: this.tracing,
       version: build.version,
       webrtc: webrtcEnabled ? { ...nodeWebRtcPort(this), admit: () => this.fleet.admit() } : undefined,
       fleetState: () => this.fleet.state(),
@@ -401,7 +421,9 @@ export class Node {
 
   /** The WebRTC transport: stream 1 serves this same application, stream 2 the Compatible API at `/v1`. */
   private async startTransport(): Promise<WebRtcTransport> {
-    const compatibleApi = createSurfacesApp({ domain: this.domain, logger: this.logger, metrics: this.metrics }, (callers) => [this.compat("/v1")(callers)]);
+    const compatibleApi = createSurfacesApp({ domain: this.domain, logger: this.logger, metrics: this.metrics, tracing: this.tracing }, (callers) => [
+      this.compat("/v1")(callers),
+    ]);
     return startTransport(this.config, {
       voice: await this.startVoice(),
       domain: this.domain,
@@ -434,6 +456,7 @@ export class Node {
       toolbox: this.tools,
       env: this.o.env ?? process.env,
       memory: this.memory,
+      tracing: this.tracing,
     });
     this.closers.defer(() => voice.close());
     this.voice = voice;
@@ -490,7 +513,7 @@ export class Node {
 
   private running(): RunningServer {
     const wildcard = this.config.host === "0.0.0.0" || this.config.host === "::";
-    const { domain, store, httpServer, request, transport, events, commands, memory, engines, chat } = this;
+    const { domain, store, httpServer, request, transport, events, commands, memory, engines, chat, tracing } = this;
     return {
       url: `${this.scheme}://${this.hostPort(wildcard ? "127.0.0.1" : this.config.host)}`,
       port: this.port,
@@ -504,6 +527,7 @@ export class Node {
       memory,
       engines,
       chat,
+      tracing,
       close: () => this.close(),
       drain: () => this.drain(),
       finished: this.finished,

@@ -319,6 +319,10 @@ export const ConversationEntry = z
     at_unix_ms: Millis,
     interrupted: z.boolean().optional().openapi({ description: "a reply cut short by the user (barge-in): `text` is what was spoken" }),
     tool: z.object({ name: z.string(), is_error: z.boolean() }).optional(),
+    metrics: z
+      .record(z.string(), z.unknown())
+      .optional()
+      .openapi({ description: "a stored entry's turn's `turn.metrics` (voice.md §3), once the turn finished" }),
   })
   .openapi("ConversationEntry");
 
@@ -345,7 +349,34 @@ export const ConversationList = z
   })
   .openapi("ConversationList");
 
-export const Conversation = z.object({ id: z.string(), started_at_unix_ms: Millis, items: z.array(ConversationEntry) }).openapi("Conversation");
+export const RecordingSide = z.enum(["user", "assistant"]);
+
+export const TurnRecording = z
+  .object({ turn: z.number().int().min(1), side: RecordingSide, duration_ms: z.number().int().min(0) })
+  .openapi("TurnRecording", { description: "one side of a turn kept as Ogg Opus (voice.md §8)" });
+
+export const Conversation = z
+  .object({
+    id: z.string(),
+    started_at_unix_ms: Millis,
+    items: z.array(ConversationEntry),
+    recordings: z
+      .array(TurnRecording)
+      .optional()
+      .openapi({ description: "the turns' recordings kept (agents with `record.audio`), for `…/turns/{turn}/audio?side=`; absent when none" }),
+  })
+  .openapi("Conversation");
+
+/** `GET /side-control/conversations/{id}/turns/{turn}/audio?side=` (voice.md §8). */
+export const TurnAudioParams = z.strictObject({
+  id: z.string(),
+  turn: z
+    .string()
+    .regex(/^[1-9][0-9]{0,8}$/, "turn must be a whole number from 1")
+    .transform(Number)
+    .openapi({ param: { name: "turn", in: "path" }, type: "integer", example: 1 }),
+});
+export const TurnAudioQuery = z.strictObject({ side: RecordingSide });
 
 export const ConversationListQuery = z.strictObject({
   cursor: z.string().optional(),

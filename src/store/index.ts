@@ -15,6 +15,7 @@ import { NodeRepository } from "./nodes.ts";
 import { NonceRepository } from "./nonces.ts";
 import { PeerRepository } from "./peers.ts";
 import { ReadPool } from "./read-pool.ts";
+import { RecordingRepository } from "./recordings.ts";
 import { RuntimeRepository } from "./runtime.ts";
 import { SessionRepository } from "./sessions.ts";
 import { StatusRepository } from "./status.ts";
@@ -38,6 +39,7 @@ export class Repositories {
   readonly contacts: ContactRepository;
   readonly conversations: ConversationRepository;
   readonly memories: MemoryRepository;
+  readonly recordings: RecordingRepository;
   readonly locks: LockRepository;
   readonly liveStreams: LiveStreamRepository;
   readonly busMessages: BusMessageRepository;
@@ -62,6 +64,7 @@ export class Repositories {
     this.locks = new LockRepository(db, dialect);
     this.conversations = new ConversationRepository(db, this.locks);
     this.memories = new MemoryRepository(db, dialect, secureWrites);
+    this.recordings = new RecordingRepository(db, dialect, secureWrites);
     this.liveStreams = new LiveStreamRepository(db, dialect);
     this.busMessages = new BusMessageRepository(db, dialect);
     this.nodes = new NodeRepository(db);
@@ -247,6 +250,54 @@ export class Store {
     this.truncateRetry.unref();
   }
 
+  /**
+   * Deleted recordings out of the database files: on SQLite they were overwritten (`secure_delete`)
+   * and the log is truncated now; on PostgreSQL the recordings table is rewritten
+   * (`VACUUM FULL`, which drops the files that held the dead rows), once for the deletions of a
+   * moment, in the background. Resolves once the SQLite log is done (PostgreSQL: at once).
+   */
+  async eraseDeletedRecordings(): Promise<void> {
+    if (this.dialect === "sqlite") {
+      await this.truncateLogSoon();
+      return;
+    }
+    if (this.compacting) {
+      this.compactAgain = true;
+      return;
+    }
+    this.compacting = this.compactRecordings()
+      .catch((err: unknown) => this.onCompactError?.(err))
+      .finally(() => {
+        this.compacting = undefined;
+        if (this.compactAgain && !this.closed) {
+          this.compactAgain = false;
+          void this.eraseDeletedRecordings();
+        }
+      });
+  }
+
+  /** Hears of a PostgreSQL compaction that failed (it is tried again with the next deletion, or the retention job's). */
+  onCompactError: ((err: unknown) => void) | undefined;
+  private compacting: Promise<void> | undefined;
+  private compactAgain = false;
+
+  /** The background compaction under way, if any (tests). */
+  get recordingsCompacted(): Promise<void> {
+    return this.compacting ?? Promise.resolve();
+  }
+
+  /** PostgreSQL: rewrites the recordings table on a connection of its own, waiting at most 10 s for its lock (never queueing readers behind it for long). */
+  private async compactRecordings(): Promise<void> {
+    await this.database.db.connection().execute(async (conn) => {
+      await sql`set lock_timeout = '10s'`.execute(conn);
+      try {
+        await sql`vacuum full conversation_recordings`.execute(conn);
+      } finally {
+        await sql`reset lock_timeout`.execute(conn);
+      }
+    });
+  }
+
   /** A round trip to the database. */
   async ping(): Promise<void> {
     const nested = nestedUse("ping");
@@ -257,6 +308,7 @@ export class Store {
   async close(): Promise<void> {
     this.closed = true;
     if (this.truncateRetry) clearTimeout(this.truncateRetry);
+    await this.compacting;
     await this.readPool?.close();
     await this.database.close();
   }

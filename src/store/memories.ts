@@ -141,14 +141,19 @@ export class MemoryRepository {
    * its units one after another, so no test makes two stores' memory writes overlap today; the
    * count is kept so that an asynchronous driver would stay correct.)
    */
-  private async secure<T>(work: () => Promise<T>): Promise<T> {
-    if (this.dialect !== "sqlite") return work();
-    if (this.secureWrites.count++ === 0) await sql`PRAGMA secure_delete = 1`.execute(this.db);
-    try {
-      return await work();
-    } finally {
-      if (--this.secureWrites.count === 0) await sql`PRAGMA secure_delete = 0`.execute(this.db);
-    }
+  private secure<T>(work: () => Promise<T>): Promise<T> {
+    return secureWrite(this.db, this.dialect, this.secureWrites, work);
+  }
+}
+
+/** SQLite: `work` with `secure_delete` on, counted in `secureWrites` (see MemoryRepository.secure); PostgreSQL: `work`. */
+export async function secureWrite<T>(db: Db, dialect: DialectName, secureWrites: SecureWrites, work: () => Promise<T>): Promise<T> {
+  if (dialect !== "sqlite") return work();
+  if (secureWrites.count++ === 0) await sql`PRAGMA secure_delete = 1`.execute(db);
+  try {
+    return await work();
+  } finally {
+    if (--secureWrites.count === 0) await sql`PRAGMA secure_delete = 0`.execute(db);
   }
 }
 

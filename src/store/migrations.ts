@@ -263,6 +263,38 @@ const migrations = (dialect: DialectName): Record<string, Migration> => ({
       await db.schema.alterTable("peers").addColumn("usage_limits", "text").execute();
     },
   },
+  // What happened in a turn (voice.md §8): each stored turn's `turn.metrics`, and, for agents that
+  // record, each turn's two sides as Ogg Opus, with the time they are deleted at (the agent's
+  // `record.retention_days`). Both go with their conversation (cascade); recordings are deleted
+  // explicitly first, so that their bytes are overwritten (RecordingRepository).
+  "0012_turn_recordings": {
+    async up(db: Kysely<any>) {
+      await db.schema
+        .createTable("conversation_turns")
+        .addColumn("conversation_id", "text", (c) => c.notNull().references("conversations.id").onDelete("cascade"))
+        .addColumn("turn", "integer", (c) => c.notNull())
+        .addColumn("metrics", "text", (c) => c.notNull())
+        .addPrimaryKeyConstraint("conversation_turns_pk", ["conversation_id", "turn"])
+        .$call((b) => (dialect === "sqlite" ? b.modifyEnd(sql`without rowid`) : b))
+        .execute();
+      await db.schema
+        .createTable("conversation_recordings")
+        .addColumn("conversation_id", "text", (c) => c.notNull().references("conversations.id").onDelete("cascade"))
+        .addColumn("turn", "integer", (c) => c.notNull())
+        .addColumn("side", "text", (c) => c.notNull())
+        .addColumn("public_key", "text", (c) => c.notNull())
+        .addColumn("audio", dialect === "sqlite" ? "blob" : "bytea", (c) => c.notNull())
+        .addColumn("duration_ms", "integer", (c) => c.notNull())
+        .addColumn("at", "bigint", (c) => c.notNull())
+        .addColumn("expires_at", "bigint", (c) => c.notNull())
+        .addPrimaryKeyConstraint("conversation_recordings_pk", ["conversation_id", "turn", "side"])
+        .execute();
+      await db.schema.createIndex("conversation_recordings_expires").on("conversation_recordings").column("expires_at").execute();
+      await db.schema.createIndex("conversation_recordings_peer").on("conversation_recordings").column("public_key").execute();
+      // Incompressible audio is kept out of line as it is (PostgreSQL would try to compress it first).
+      if (dialect === "postgres") await sql`alter table conversation_recordings alter column audio set storage external`.execute(db);
+    },
+  },
 });
 
 /** Rows of `table` whose `column` names no peer; they belonged to a peer removed before the cascade. */

@@ -103,6 +103,19 @@ export interface Tables {
     tool_name: string | null;
     tool_is_error: number | null;
   };
+  /** A stored turn's `turn.metrics` (voice.md §3), JSON. */
+  conversation_turns: { conversation_id: string; turn: number; metrics: string };
+  /** One side (`user`, `assistant`) of a stored turn as Ogg Opus (voice.md §8). */
+  conversation_recordings: {
+    conversation_id: string;
+    turn: number;
+    side: string;
+    public_key: string;
+    audio: Uint8Array;
+    duration_ms: number;
+    at: number;
+    expires_at: number;
+  };
   /** A conversation its controller deleted: its later entries are not stored. */
   conversation_deletions: { id: string; public_key: string; at: number };
   /** A device's memory; `rev` is new at every write. */

@@ -38,16 +38,6 @@ export class SessionRepository {
     return (await sessionByTokenHash(this.db, this.dialect, tokenHash))[0];
   }
 
-  /**
-   * What authentication checks of a primary session behind a bearer token, and the status
-   * document of its peer, in one statement: `GET /me/status` reads both at once, so it needs no
-   * session cache (nor its check for other processes' commits) and sees a revocation, by any node,
-   * on its very next request. A Side Control session's target is not read: see `AuthService`.
-   */
-  async findWithStatusByTokenHash(tokenHash: string): Promise<SessionWithStatus | undefined> {
-    return (await sessionWithStatusByTokenHash(this.db, this.dialect, tokenHash))[0];
-  }
-
   /** Live (unrevoked, unexpired) sessions, newest first; optionally only Side Control ones aimed at `targetKey`. */
   listLive(now: number, filter: { kind?: string; targetKey?: string } = {}): Promise<SessionRow[]> {
     let q = this.db.selectFrom("sessions").selectAll().where("revoked_at", "is", null).where("expires_at", ">", now);
@@ -104,22 +94,6 @@ const sessionByTokenHash = compiled(
       .leftJoin("peers as t", "t.public_key", "s.target_key")
       .selectAll("s")
       .select(["p.status as peer_status", "t.status as target_status"])
-      .where("s.token_hash", "=", tokenHash),
-  "",
-);
-
-/** A session's checked columns, its peer's registration status and the peer's status document (null when none). */
-export type SessionWithStatus = Pick<SessionWithPeers, "id" | "kind" | "public_key" | "expires_at" | "revoked_at" | "peer_status"> & {
-  status_document: string | null;
-};
-
-const sessionWithStatusByTokenHash = compiled(
-  (db, tokenHash: string) =>
-    db
-      .selectFrom("sessions as s")
-      .leftJoin("peers as p", "p.public_key", "s.public_key")
-      .leftJoin("peer_status as d", "d.public_key", "s.public_key")
-      .select(["s.id", "s.kind", "s.public_key", "s.expires_at", "s.revoked_at", "p.status as peer_status", "d.document as status_document"])
       .where("s.token_hash", "=", tokenHash),
   "",
 );

@@ -85,7 +85,8 @@ export class Connection {
   closeReason: CloseReason | undefined;
   /** The connection's voice conversation, while it is active. */
   private voice: VoiceSession | undefined;
-  private audioIn: ((packet: Buffer) => void) | undefined;
+  /** The voice conversation's subscribers to the uplink's packets (src/voice/port.ts). */
+  private readonly audioIn = new Set<(packet: Buffer) => void>();
   private eventSequence = 0n;
   /** The tools the device offers over service 3, while that stream is open. */
   tools: DeviceToolSession | undefined;
@@ -124,7 +125,7 @@ export class Connection {
   /** Hands an uplink packet to the voice conversation; its failure ends the conversation, not the connection. */
   private hearAudio(packet: Buffer): void {
     try {
-      this.audioIn?.(packet);
+      for (const listener of this.audioIn) listener(packet);
     } catch (err) {
       this.host.logger.error({ err, peer: this.publicKey }, "voice conversation failed on an audio packet; it is closed");
       this.stopVoice();
@@ -292,7 +293,12 @@ export class Connection {
       payloadType: this.link.audio.payloadType,
       audioLevelId: this.link.audio.audioLevelId,
       onPacket: (cb) => {
-        this.audioIn = cb;
+        // Each subscription is its own entry: the same function subscribed twice is unsubscribed once each.
+        const listener = (packet: Buffer) => cb(packet);
+        this.audioIn.add(listener);
+        return () => {
+          this.audioIn.delete(listener);
+        };
       },
       sendFrame: (opus, first) => this.state === "active" && this.audio.sendFrame(opus, first),
       sendEvent: (event) => this.sendEvent(event),
@@ -429,7 +435,7 @@ export class Connection {
   }
 
   private stopVoice(): void {
-    this.audioIn = undefined;
+    this.audioIn.clear();
     try {
       this.voice?.close();
     } catch (err) {

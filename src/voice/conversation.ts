@@ -1,21 +1,50 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { Logger } from "pino";
+import type { OpusRate } from "../audio/opus.ts";
 import type { VoiceConfig } from "../config/config.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
-import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
-import type { AudioThreads, ThreadUplink } from "./audio-threads.ts";
+import type { ActivityOptions, AgentChoice, AgentRun } from "./activity.ts";
+import type { AudioThreads } from "./audio-threads.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
-import { RECOGNITION_RATE, type VoiceActivityPort } from "./engine-ports.ts";
+import type { VoiceActivityPort } from "./engine-ports.ts";
 import type { VoiceMetrics } from "./metrics.ts";
-import { OPUS_RATE, OpusCodec } from "./opus.ts";
+import { type FrameEncoder, OPUS_RATE } from "./opus.ts";
 import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort } from "./port.ts";
-import { AudioRecognition } from "./recognition.ts";
-import { turnHangoverMs, Uplink } from "./uplink.ts";
-
+import { TextAgentActivity } from "./text-agent.ts";
+import { turnHangoverMs } from "./uplink.ts";
+import { openUplink, type VoiceUplink } from "./uplinks.ts";
 import type { TurnUsage } from "./usage.ts";
 
 export type { AgentChoice } from "./activity.ts";
+
+/**
+ * The part of a conversation that thinks, chosen by the agent's kind: a text agent's
+ * (src/voice/text-agent.ts: the node's recognition, the agent's words, synthesis) or a realtime
+ * agent's (src/voice/realtime/activity.ts: a model that hears and speaks). Both hear the same
+ * uplink, at the rate they ask for, and speak through the same encoder and sender.
+ */
+export interface AgentActivityKind {
+  /** The rate it hears the device at. */
+  readonly rate: OpusRate;
+  /** Whether the user is heard speaking now (a drain does not hand the device over then). */
+  readonly hearing: boolean;
+  /** The device's audio at `rate`, in order, with `silence`. */
+  hear(pcm: Int16Array): void;
+  silence(samples: number): void;
+  /** Every 20 ms. */
+  tick(): void;
+  /** The audio thread decoding the uplink ended: what was being heard is lost. */
+  audioLost(err: Error): void;
+  close(): void;
+}
+
+/** How a realtime agent's part opens (src/voice/service.ts), with the conversation's audio out. */
+export interface RealtimeKind {
+  /** The realtime agent answering the device now, or undefined (a text agent, voice off, a usage limit reached). */
+  chosen(): string | undefined;
+  open(agentId: string, out: { encoder: FrameEncoder; send: (opus: Buffer, first: boolean) => boolean }): AgentActivityKind;
+}
 
 export interface ConversationOptions {
   port: AudioPort;
@@ -27,10 +56,12 @@ export interface ConversationOptions {
   resampler: SpeexModule;
   metrics: VoiceMetrics;
   logger: Logger;
-  /** The device's agent and its engines as last known (refreshed in the background); undefined: voice is off. */
+  /** The device's text agent and its engines as last known (refreshed in the background); undefined: no text agent answers. */
   agent: () => AgentChoice | undefined;
-  /** The agent's reply to the history so far, as text deltas. */
+  /** The text agent's reply to the history so far, as text deltas. */
   run: AgentRun;
+  /** Realtime agents, when the node has any: while one is chosen, it answers instead of the text agent. */
+  realtime?: RealtimeKind;
   /** Default the system's. */
   clock?: VoiceClock;
   /** The node's audio threads: the uplink is decoded on one of them (default: on this thread). */
@@ -39,34 +70,44 @@ export interface ConversationOptions {
   usage?: TurnUsage;
   /** Whether the device is known to be at a usage limit now. */
   limited?: () => boolean;
+  /** The node's tracing (each turn a trace), and the conversation's id in it. */
+  tracing?: ActivityOptions["tracing"];
+  /** Hears the device's audio as the uplink decoded it (at the thinking part's rate), silence included, in order (the turns' recordings). */
+  tap?: { heard(pcm: Int16Array, rate: OpusRate): void; silence(samples: number, rate: OpusRate): void };
 }
 
 /** A conversation logs dropped audio at most this often. */
 const DROP_LOG_MS = 10_000;
-/** The jitter buffer's and the end of turn's clock. */
+/** The jitter buffer's, the end of turn's and the agent's choice's clock. */
 const TICK_MS = 20;
-/** The uplink's packets are counted in the metrics every this many ticks. */
-const COUNT_TICKS = 50;
 
 /**
- * One device's voice conversation, for the life of its connection: the uplink (RTP → 16 kHz
- * audio) → recognition (voice activity, turns, transcription) → the turn activity (the agent's
- * reply spoken back through a reply handle, barge-in, history). Its failures stay inside it:
- * every callback is guarded and ends at most the turn.
+ * One device's voice conversation, for the life of its connection, one pipeline whatever the
+ * agent: the device's packets (one subscription) → the uplink (RTP → audio at the thinking part's
+ * rate, on an audio thread or here) → the agent activity its kind chooses (a text agent's
+ * recognition and turns, or a realtime model's session), whose replies go out through the same
+ * encoder (the uplink's) and sender. The choice is followed every tick: another agent, of another
+ * kind, takes the audio from the next packet on. Its failures stay inside it: every callback is
+ * guarded and ends at most the turn.
  */
 export class Conversation {
   private readonly o: ConversationOptions;
   private readonly clock: VoiceClock;
-  /** The uplink decodes straight to the recogniser's rate. */
-  private readonly codec = new OpusCodec(RECOGNITION_RATE);
-  /** The uplink, here or on an audio thread. */
-  private readonly uplink: { here: Uplink } | { thread: ThreadUplink };
-  private recognition: AudioRecognition<Turn>;
-  private readonly turns: TurnActivity;
+  private readonly peer: string;
+  private uplink: VoiceUplink;
+  private readonly unsubscribe: () => void;
+  /** The text agents' part: kept for the connection's life (its history outlives a realtime agent's turn in between). */
+  private readonly text: TextAgentActivity;
+  /** The realtime agent's part while one answers. */
+  private realtime: { id: string; part: AgentActivityKind } | undefined;
+  /** A realtime agent whose part could not open (said once, not every tick). */
+  private refused: string | undefined;
+  /** The part answering now: the one the audio goes to. */
+  private part: AgentActivityKind | undefined;
+  /** The replies' encoder: whichever uplink is current. */
+  private readonly encoder: FrameEncoder = { frame: (pcm, encoded, urgent) => this.uplink.frame(pcm, encoded, urgent) };
   private readonly stopTicker: () => void;
-  private readonly logged = { overrun: 0, overrunAt: Number.NEGATIVE_INFINITY, droppedAt: Number.NEGATIVE_INFINITY };
-  /** Uplink packets already counted in the metrics, and ticks until they are counted again. */
-  private readonly counted = { decoded: 0, silent: 0, ticks: 0 };
+  private readonly logged = { overrun: 0, overrunAt: Number.NEGATIVE_INFINITY };
   /** Samples heard from the uplink. */
   heardSamples = 0;
   private closed = false;
@@ -74,163 +115,156 @@ export class Conversation {
   constructor(o: ConversationOptions) {
     this.o = o;
     this.clock = o.clock ?? systemClock;
-    const peer = o.port.publicKey;
-    this.turns = new TurnActivity({
+    this.peer = o.port.publicKey;
+    const log = this.log;
+    this.text = new TextAgentActivity({
       config: o.config,
       events: new VoiceEvents(o.port),
-      clock: this.clock,
-      metrics: o.metrics,
+      activity: o.activity,
       resampler: o.resampler,
-      // The replies are encoded where the uplink is decoded: on its audio thread, or here.
-      codec: {
-        frame: (pcm, encoded, urgent) => {
-          if ("thread" in this.uplink) this.uplink.thread.frame(pcm, encoded, urgent);
-          else this.codec.frame(pcm, encoded);
-        },
-      },
+      metrics: o.metrics,
+      clock: this.clock,
+      encoder: this.encoder,
       send: (opus, first) => o.port.sendFrame(opus, first),
       agent: o.agent,
       run: o.run,
-      ...(o.usage ? { usage: o.usage } : {}),
-      ...(o.limited ? { limited: o.limited } : {}),
-      ...(o.earlier ? { earlier: o.earlier } : {}),
-      log: (level, details, message) => o.logger[level]({ peer, ...details }, message),
+      usage: o.usage,
+      limited: o.limited,
+      earlier: o.earlier,
+      tracing: o.tracing,
+      log,
     });
-    this.recognition = this.listen();
-    const pcm = (samples: Int16Array) => {
-      this.heardSamples += samples.length;
-      this.hear(samples);
-    };
-    // Quiet packets are decoded and handed on at once for this long after speech: the silence that
-    // ends a turn (up to unfinished_silence_ms) must not wait in the uplink's look-back.
-    const hangoverMs = turnHangoverMs(o.config.turn);
-    const silence = (samples: number) => {
-      this.heardSamples += samples;
-      if (!this.closed) this.recognition.silence(samples);
-    };
-    this.uplink = o.threads
-      ? {
-          thread: o.threads.uplink({
-            payloadType: o.port.payloadType,
-            audioLevelId: o.port.audioLevelId,
-            rate: RECOGNITION_RATE,
-            hangoverMs,
-            pcm,
-            silence,
-            overrun: (samples) => this.overrun(samples),
-            counted: (decoded, silent) => o.metrics.uplinkPackets(decoded, silent),
-            failed: (err) => this.audioLost(err),
-          }),
-        }
-      : {
-          here: new Uplink({
-            codec: this.codec,
-            payloadType: o.port.payloadType,
-            audioLevelId: o.port.audioLevelId,
-            hangoverMs,
-            pcm,
-            silence,
-            overrun: (samples) => this.overrun(samples),
-            now: () => this.clock.now(),
-          }),
-        };
-    const uplink = this.uplink;
-    o.port.onPacket((packet) => {
-      if (this.closed || !o.agent()) return;
+    this.part = this.choose();
+    try {
+      this.uplink = this.openUplink(this.part?.rate ?? this.text.rate);
+    } catch (err) {
+      // Nothing of the conversation stays open (a realtime session would reconnect for good) when it cannot start.
+      this.realtime?.part.close();
+      this.text.close();
+      throw err;
+    }
+    this.unsubscribe = o.port.onPacket((packet) => {
+      if (this.closed || !this.part) return;
       try {
-        if ("here" in uplink) uplink.here.packet(packet);
-        else uplink.thread.packet(packet);
+        this.uplink.packet(packet);
       } catch (err) {
-        o.logger.warn({ err, peer }, "voice uplink packet failed");
+        o.logger.warn({ err, peer: this.peer }, "voice uplink packet failed");
       }
     });
     this.stopTicker = this.clock.every(TICK_MS, () => {
       try {
-        if ("here" in uplink) uplink.here.tick();
-        this.recognition.tick();
-        if (++this.counted.ticks >= COUNT_TICKS) this.count();
+        this.follow();
+        this.uplink.tick();
+        this.text.tick();
+        this.realtime?.part.tick();
       } catch (err) {
-        o.logger.warn({ err, peer }, "voice uplink tick failed");
+        o.logger.warn({ err, peer: this.peer }, "voice uplink tick failed");
       }
     });
   }
 
   /** The audio thread (its index in the pool) the uplink is decoded on; -1 on this thread. */
   get uplinkThread(): number {
-    return "thread" in this.uplink ? this.uplink.thread.thread : -1;
+    return this.uplink.thread;
   }
 
-  /** Whether the device converses through this pipeline now (its agent is a text agent with engines). */
+  /** Whether the device converses now (its agent, of either kind, can answer). */
   get active(): boolean {
-    return !this.closed && this.o.agent() !== undefined;
+    return !this.closed && this.part !== undefined;
   }
 
   /** The user is heard speaking now, even before it is a turn (its first frames). */
   get hearing(): boolean {
-    return !this.closed && this.recognition.hearing;
+    return !this.closed && this.part?.hearing === true;
   }
 
-  /** 16 kHz audio of the device, in order (from the uplink; tests give it directly). */
+  /** 16 kHz audio of the device for the text agent, in order (from the uplink; tests give it directly). */
   hear(pcm: Int16Array): void {
-    if (this.closed) return;
-    this.recognition.hear(pcm);
-    const now = this.clock.now();
-    if (now - this.logged.droppedAt <= DROP_LOG_MS) return;
-    const dropped = this.recognition.takeDropped();
-    if (dropped === 0) return;
-    this.logged.droppedAt = now;
-    this.o.logger.warn(
-      { peer: this.o.port.publicKey, dropped_ms: Math.round((dropped / RECOGNITION_RATE) * 1000) },
-      "voice activity detection is behind; audio dropped",
-    );
+    if (!this.closed) this.text.hear(pcm);
   }
 
   close(): void {
     if (this.closed) return;
     this.closed = true;
     this.stopTicker();
-    this.count();
-    if ("thread" in this.uplink) this.uplink.thread.close();
-    this.turns.close();
-    this.recognition.close();
-    this.codec.close();
+    this.unsubscribe();
+    this.uplink.close();
+    this.realtime?.part.close();
+    this.realtime = undefined;
+    this.part = undefined;
+    this.text.close();
   }
 
-  /** The turns as the detector hears them, on a detector of their own. */
-  private listen(): AudioRecognition<Turn> {
-    const { o } = this;
-    const peer = o.port.publicKey;
-    return new AudioRecognition({
-      // The detector hears the speech stop at the shortest silence that can end a turn; the words decide the rest; its
-      // onsets pause a reply at voice activity's first frames (voice.md §7).
-      vad: o.activity.create({ minSpeechMs: o.config.turn.min_speech_ms, minSilenceMs: o.config.turn.finished_silence_ms, onsets: true }),
-      turn: o.config.turn,
-      clock: this.clock,
-      hooks: this.turns,
-      warn: (message, details) => o.logger.warn({ peer, ...details }, message),
-    });
-  }
+  private readonly log = (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) =>
+    this.o.logger[level]({ peer: this.peer, ...details }, message);
 
   /**
-   * The audio thread that decoded the uplink ended: the turn being heard fails (its audio has a
-   * hole), and the next one is heard afresh, on a new detector, from the thread that took over.
+   * The part the agent's kind chooses now: the realtime agent's (opened when it is chosen, closed
+   * when another is), else the text agent's while one answers, else none (voice off).
    */
-  private audioLost(err: Error): void {
-    if (this.closed) return;
-    this.o.logger.warn({ peer: this.o.port.publicKey, err: err.message }, "the voice uplink's audio thread ended; the turn being heard fails");
-    this.recognition.close();
-    this.turns.audioLost(err);
-    this.recognition = this.listen();
+  private choose(): AgentActivityKind | undefined {
+    const id = this.o.realtime?.chosen();
+    if (this.realtime && this.realtime.id !== id) {
+      this.realtime.part.close();
+      this.realtime = undefined;
+    }
+    if (id !== undefined && !this.realtime && this.refused !== id) {
+      try {
+        this.realtime = { id, part: this.o.realtime!.open(id, { encoder: this.encoder, send: (opus, first) => this.o.port.sendFrame(opus, first) }) };
+        this.refused = undefined;
+      } catch (err) {
+        this.refused = id;
+        this.log("warn", { err, agent: id }, "this realtime agent cannot converse");
+      }
+    }
+    if (this.realtime) return this.realtime.part;
+    return this.o.agent() ? this.text : undefined;
   }
 
-  /** The uplink's packets since last counted, into the metrics (every second, not per packet). */
-  private count(): void {
-    if (!("here" in this.uplink)) return;
-    const { decoded, silent } = this.uplink.here;
-    this.o.metrics.uplinkPackets(decoded - this.counted.decoded, silent - this.counted.silent);
-    this.counted.decoded = decoded;
-    this.counted.silent = silent;
-    this.counted.ticks = 0;
+  /** Follows the device's agent: the audio goes to the part chosen now, the uplink reopened when its rate changes. */
+  private follow(): void {
+    const part = this.choose();
+    if (part === this.part) return;
+    this.part = part;
+    if (part && part.rate !== this.uplink.rate) {
+      this.uplink.close();
+      this.uplink = this.openUplink(part.rate);
+    }
+  }
+
+  private openUplink(rate: OpusRate): VoiceUplink {
+    const { o } = this;
+    // Quiet packets are decoded and handed on at once for this long after speech: the silence that
+    // ends a turn (a detector's, or a realtime model's) must not wait in the uplink's look-back.
+    return openUplink(
+      o.threads,
+      { payloadType: o.port.payloadType, audioLevelId: o.port.audioLevelId, rate, hangoverMs: turnHangoverMs(o.config.turn) },
+      {
+        pcm: (samples) => {
+          this.heardSamples += samples.length;
+          if (this.closed || this.part?.rate !== rate) return;
+          o.tap?.heard(samples, rate);
+          this.part.hear(samples);
+        },
+        silence: (samples) => {
+          this.heardSamples += samples;
+          if (this.closed || this.part?.rate !== rate) return;
+          o.tap?.silence(samples, rate);
+          this.part.silence(samples);
+        },
+        overrun: (samples) => this.overrun(samples),
+        counted: (decoded, silent) => o.metrics.uplinkPackets(decoded, silent),
+        failed: (err) => this.audioLost(err),
+      },
+      this.clock,
+    );
+  }
+
+  /** The audio thread that decoded the uplink ended: the part answering loses what it was hearing. */
+  private audioLost(err: Error): void {
+    if (this.closed) return;
+    this.log("warn", { err: err.message }, "the voice uplink's audio thread ended; the turn being heard fails");
+    this.part?.audioLost(err);
   }
 
   /** The device claimed more audio than real time allows; logged at most every DROP_LOG_MS, not per packet. */
@@ -240,10 +274,7 @@ export class Conversation {
     const now = this.clock.now();
     if (now - this.logged.overrunAt <= DROP_LOG_MS) return;
     this.logged.overrunAt = now;
-    this.o.logger.warn(
-      { peer: this.o.port.publicKey, dropped_ms: Math.round((this.logged.overrun / OPUS_RATE) * 1000) },
-      "the device sends audio ahead of real time; the excess is dropped",
-    );
+    this.log("warn", { dropped_ms: Math.round((this.logged.overrun / OPUS_RATE) * 1000) }, "the device sends audio ahead of real time; the excess is dropped");
     this.logged.overrun = 0;
   }
 }

@@ -11,8 +11,11 @@ export interface AudioPort {
   readonly payloadType: number;
   /** The header extension id of the audio level (RFC 6464), when the device offered it (and the answer accepted it). */
   readonly audioLevelId?: number | undefined;
-  /** Each packet received on the audio track (RTP, or RTCP sharing the track). */
-  onPacket(cb: (packet: Buffer) => void): void;
+  /**
+   * Subscribes to each packet received on the audio track (RTP, or RTCP sharing the track), in
+   * the order subscribed; returns the unsubscribe. A listener that throws ends the conversation.
+   */
+  onPacket(cb: (packet: Buffer) => void): () => void;
   /** Sends one Opus frame (20 ms) on the track's sender, continuing its RTP sequence and timestamps; false when not sent. */
   sendFrame(opus: Buffer, first: boolean): boolean;
   /**

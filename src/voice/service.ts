@@ -3,8 +3,10 @@ import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { Toolbox, ToolObserver } from "../ai/agents/toolbox.ts";
 import type { ChatService } from "../ai/chat.ts";
+import type { OpusRate } from "../audio/opus.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
+import type { Traced, Tracing } from "../observability/tracing.ts";
 import type { ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { DeviceAgentChoice } from "./agent-choice.ts";
 import { AudioThreads, defaultAudioThreads } from "./audio-threads.ts";
@@ -15,13 +17,15 @@ import type { VoiceActivityPort, VoiceEngines } from "./engine-ports.ts";
 import { MemoryKeeper } from "./memory-keeper.ts";
 import type { MemoryRewriter } from "./memory-rewriter.ts";
 import { VoiceMetrics } from "./metrics.ts";
+import type { FrameEncoder } from "./opus.ts";
 import { VoiceEvents } from "./peer-events.ts";
 import type { AudioPort, VoiceHost, VoiceSession } from "./port.ts";
-import type { RealtimeAgentInfo } from "./realtime/bridge.ts";
-import { RealtimeVoice, realtimeAgents } from "./realtime/session.ts";
+import { RealtimeActivity } from "./realtime/activity.ts";
+import { type RealtimeAgentInfo, realtimeAgents } from "./realtime/agents.ts";
+import { observeRecording, TurnRecorder } from "./recording.ts";
 import { toolEvents } from "./tool-events.ts";
 import { observeTranscript } from "./transcript.ts";
-import { deviceRealtimeUsage, deviceTurnUsage, LimitedReplies } from "./usage.ts";
+import { deviceRealtimeUsage, deviceTurnUsage, LimitedReplies, type RealtimeUsage } from "./usage.ts";
 
 export interface VoiceServiceOptions {
   config: Config;
@@ -40,6 +44,8 @@ export interface VoiceServiceOptions {
   env?: NodeJS.ProcessEnv;
   /** Rewrites devices' memories after their conversations (agents with `memory`). */
   memory?: MemoryRewriter;
+  /** The node's tracing: each turn a trace. */
+  tracing?: Tracing | undefined;
 }
 
 /** Voice conversations of this node: one per active connection, sharing the process's engines. */
@@ -47,9 +53,7 @@ export class VoiceService implements VoiceHost {
   private readonly o: VoiceServiceOptions;
   private readonly metrics: VoiceMetrics;
   private readonly open_ = new Set<Conversation>();
-  /** Realtime conversations going on now. */
-  private readonly realtimeOpen = new Set<RealtimeVoice>();
-  /** Agents whose model is realtime (voice.md §6): they converse through a bridge, not the engines. */
+  /** Agents whose model is realtime (voice.md §6): their conversations' part is a realtime session (src/voice/realtime/activity.ts), not the engines. */
   private readonly realtime: Map<string, RealtimeAgentInfo>;
   /** Each agent's engines, chosen once; an agent whose engines are missing does not converse. */
   private readonly engines = new Map<string, VoiceEngines>();
@@ -77,13 +81,11 @@ export class VoiceService implements VoiceHost {
     }
   }
 
-  /** Conversations held now. */
+  /** Conversations held now (voice off is none). */
   get size(): number {
-    let realtime = 0;
-    for (const r of this.realtimeOpen) if (r.active) realtime++;
-    let text = 0;
-    for (const c of this.open_) if (c.active) text++;
-    return text + realtime;
+    let n = 0;
+    for (const c of this.open_) if (c.active) n++;
+    return n;
   }
 
   /** The node's audio threads, started at the first conversation that needs them. */
@@ -112,14 +114,16 @@ export class VoiceService implements VoiceHost {
       recorder.add(entry);
       keeper?.entry(entry);
     });
-    // The device's packets go to both sides; each takes them only while its kind of agent answers.
-    const listeners: Array<(packet: Buffer) => void> = [];
-    transcript.port.onPacket((packet) => {
-      for (const l of listeners) l(packet);
-    });
-    const port: AudioPort = { ...transcript.port, onPacket: (cb) => listeners.push(cb) };
-    const events = new VoiceEvents(port);
     const key = devicePort.publicKey;
+    // What happened in each turn, after its entries: its metrics, and its two sides when the agent records (voice.md §8).
+    const turns = new TurnRecorder({
+      policy: () => this.recordingPolicy(choice.chosenId()),
+      store: (r) => recorder.recording(r.turn, r.side, r.audio, r.durationMs, r.retentionDays),
+      metrics: (turn, json) => recorder.metrics(turn, json),
+      warn: (err) => this.o.logger.warn({ error: err instanceof Error ? err.message : String(err), peer: key }, "a turn's recording could not be made"),
+    });
+    const port = observeRecording(transcript.port, turns);
+    const events = new VoiceEvents(port);
     const choice = new DeviceAgentChoice({
       key,
       read: () => this.o.domain.peers.voiceAgent(key),
@@ -130,7 +134,6 @@ export class VoiceService implements VoiceHost {
       onReadError: (err) => this.o.logger.warn({ err, peer: key }, "could not read the device's voice agent; trying again"),
     });
     let conversation: Conversation;
-    let realtime: RealtimeVoice | undefined;
     const meter = this.o.domain.usage.meter;
     const realtimeUsage = this.realtime.size > 0 ? deviceRealtimeUsage(meter, key) : undefined;
     // A realtime agent at its limit: its session is closed, and the text pipeline answers with its limited reply.
@@ -140,30 +143,8 @@ export class VoiceService implements VoiceHost {
       if (!id || !engines || !realtimeUsage?.limited(id)) return undefined;
       return { id, voice: engines.speech.engine === "embedded" ? "alloy" : (this.realtime.get(id)?.voice ?? "alloy"), engines };
     };
+    const realtimeAgents = this.realtime;
     try {
-      if (this.realtime.size > 0) {
-        const r = new RealtimeVoice({
-          port,
-          events,
-          config: this.o.config,
-          agents: this.realtime,
-          agentId: () => choice.chosenId(),
-          // The device's memory as notes after the agent's instructions, as text agents have it.
-          notes: async (agentId) => {
-            const notes = await keeper?.notes(agentId);
-            return typeof notes?.content === "string" ? notes.content : undefined;
-          },
-          toolbox: this.o.toolbox,
-          activity: this.o.activity,
-          resampler: this.o.resampler,
-          metrics: this.metrics,
-          clock: systemClock,
-          log: (level, details, message) => this.o.logger[level]({ peer: key, ...details }, message),
-          ...(realtimeUsage ? { usage: realtimeUsage } : {}),
-        });
-        realtime = r;
-        listeners.push((packet) => r.packet(packet));
-      }
       conversation = new Conversation({
         port,
         // With transcripts stored, a device back from a drained node (or a dropped link) continues its conversation (fleet.md §3).
@@ -176,44 +157,105 @@ export class VoiceService implements VoiceHost {
         metrics: this.metrics,
         logger: this.o.logger,
         agent: () => choice.current() ?? limitedRealtime(),
+        ...(realtimeAgents.size > 0
+          ? {
+              realtime: {
+                // While a usage limit is reached no session is open: the device's turns get the agent's limited reply instead (limitedRealtime).
+                chosen: () => {
+                  const id = choice.chosenId();
+                  return id !== undefined && realtimeAgents.has(id) && !realtimeUsage?.limited(id) ? id : undefined;
+                },
+                open: (agentId, out) => this.realtimeActivity(key, events, realtimeAgents.get(agentId)!, out, keeper, realtimeUsage, recorder.id),
+              },
+            }
+          : {}),
         threads: this.threads,
         usage: deviceTurnUsage(meter, key, this.limitedReplies),
         limited: () => {
           const agent = choice.chosenId();
           return agent !== undefined && meter.limitedCached({ id: `device:${key}`, device: key }, agent);
         },
-        run: async (agentId, messages, signal, n, release) => {
+        ...(this.o.tracing ? { tracing: { tracing: this.o.tracing, conversation: recorder.id } } : {}),
+        ...(this.recording
+          ? { tap: { heard: (pcm: Int16Array, rate: OpusRate) => turns.heard(pcm, rate), silence: (n: number, rate: OpusRate) => turns.silence(n, rate) } }
+          : {}),
+        run: async (agentId, messages, signal, n, release, trace) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
           // A reply prepared in a pause (voice.md §7) runs its tools only once it is used.
           const tools = { ...toolEvents(events, `out-${n}`), ...(release ? { ready: release } : {}) };
-          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools);
+          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools, trace);
         },
       });
     } catch (err) {
       // Nothing of this connection's stays subscribed or open when its conversation cannot start.
-      realtime?.close();
       choice.close();
       transcript.close();
+      turns.close();
       recorder.close();
       keeper?.close();
       throw err;
     }
     this.open_.add(conversation);
-    if (realtime) this.realtimeOpen.add(realtime);
     return {
       hearing: () => conversation.hearing,
       close: () => {
         this.open_.delete(conversation);
-        if (realtime) this.realtimeOpen.delete(realtime);
         choice.close();
-        realtime?.close();
         conversation.close();
         transcript.close();
+        turns.close();
         recorder.close();
         keeper?.close();
       },
     };
+  }
+
+  /** Whether some agent records its turns (then the uplink's audio is tapped). */
+  private get recording(): boolean {
+    return this.o.domain.conversations.storing && this.o.config.agents.some((a) => a.record?.audio);
+  }
+
+  /** The recording retention of the agent answering now; undefined when it does not record. */
+  private recordingPolicy(agentId: string | undefined): { retentionDays: number } | undefined {
+    const agent = agentId === undefined ? undefined : this.o.config.agents.find((a) => a.id === agentId);
+    return agent?.record?.audio && this.o.domain.conversations.storing ? { retentionDays: agent.record.retention_days } : undefined;
+  }
+
+  /** A realtime agent's part of a device's conversation: its session, its tools for this device, the device's memory as notes. */
+  private realtimeActivity(
+    key: string,
+    events: VoiceEvents,
+    agent: RealtimeAgentInfo,
+    out: { encoder: FrameEncoder; send: (opus: Buffer, first: boolean) => boolean },
+    keeper: MemoryKeeper | undefined,
+    usage: RealtimeUsage | undefined,
+    conversation: string,
+  ): RealtimeActivity {
+    const { config } = this.o;
+    const agentConfig = config.agents.find((a) => a.id === agent.id)!;
+    const model = config.models.find((m) => m.id === agentConfig.model)!;
+    return new RealtimeActivity({
+      agent,
+      config: config.voice,
+      events,
+      tools: this.o.toolbox.forRun(agentConfig, model, { kind: "device", publicKey: key }),
+      toolEvents: (n) => toolEvents(events, `out-${n}`),
+      activity: this.o.activity,
+      // The device's memory as notes after the agent's instructions, as text agents have it.
+      notes: async () => {
+        const notes = await keeper?.notes(agent.id);
+        return typeof notes?.content === "string" ? notes.content : undefined;
+      },
+      resampler: this.o.resampler,
+      encoder: out.encoder,
+      metrics: this.metrics,
+      clock: systemClock,
+      send: out.send,
+      log: (level, details, message) => this.o.logger[level]({ peer: key, ...details }, message),
+      ...(usage ? { usage: usage.counts(agent.id) } : {}),
+      ...(this.o.tracing ? { tracing: { tracing: this.o.tracing, conversation } } : {}),
+    });
   }
 
   /** The memory of a connection's conversations, when some agent remembers. */
@@ -233,9 +275,16 @@ export class VoiceService implements VoiceHost {
   }
 
   /** The agent's answer through the Compatible API's own agent code, with the device as the caller; text deltas. */
-  private async reply(publicKey: string, agentId: string, messages: ChatMessage[], signal: AbortSignal, tools: ToolObserver): Promise<AsyncIterable<string>> {
+  private async reply(
+    publicKey: string,
+    agentId: string,
+    messages: ChatMessage[],
+    signal: AbortSignal,
+    tools: ToolObserver,
+    trace?: Traced,
+  ): Promise<AsyncIterable<string>> {
     const request = { model: agentId, messages, stream: true } as ChatRequest;
-    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools);
+    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools, trace);
     if (result.kind !== "stream") throw new Error("the agent did not stream");
     const events = result.stream.events();
     return (async function* () {

@@ -1,6 +1,6 @@
 import { type Admission, UsageLimited, type UsageMeter, type Who } from "../domain/usage-meter.ts";
 import type { SpeechChunk, SpeechPort, SynthesisRequest } from "./engine-ports.ts";
-import type { RealtimeCounts } from "./realtime/bridge.ts";
+import type { RealtimeCounts } from "./realtime/activity.ts";
 
 /** What a voice turn asks of usage (usage.md §1–3): admission, its counts, and the limited reply. */
 export interface TurnUsage {

@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { Duplex } from "node:stream";
 import { type WebSocket, WebSocketServer } from "ws";
-import type { RealtimeAgentInfo } from "../../src/voice/realtime/bridge.ts";
+import type { RealtimeAgentInfo } from "../../src/voice/realtime/agents.ts";
 
 /**
  * A fake realtime model: a real WebSocket server on 127.0.0.1 speaking the OpenAI Realtime API's GA
@@ -13,7 +13,7 @@ import type { RealtimeAgentInfo } from "../../src/voice/realtime/bridge.ts";
 
 export const RATE = 24_000;
 
-/** The agent `talker` on the realtime model at `url` (a `ws:` URL of the fake or an attacker), as the tests and benches build a bridge for it. */
+/** The agent `talker` on the realtime model at `url` (a `ws:` URL of the fake or an attacker), as the tests and benches build a realtime session for it. */
 export function realtimeAgent(url: string, o: Partial<RealtimeAgentInfo> = {}): RealtimeAgentInfo {
   return {
     id: "talker",

@@ -1,4 +1,6 @@
 import type { AgentConfig, ModelConfig } from "../../config/config.ts";
+import { toolEnded, toolSpan } from "../../observability/gen-ai-spans.ts";
+import type { Traced } from "../../observability/tracing.ts";
 import type { ChatChunk, ChatCompletion, ChatMessage, FinishReason, ToolCall, Usage } from "../../protocol/compat.ts";
 import type { Caller } from "../caller.ts";
 import { type ChatEvent, type ChatPiece, type ChatStats, ChatStream } from "../chat-stream.ts";
@@ -17,6 +19,8 @@ export interface AgentRun {
   signal: AbortSignal;
   /** Sees the tool calls as they run (a voice turn's events). */
   observer?: ToolObserver | undefined;
+  /** The span its model and tool calls go under, when the node traces. */
+  trace?: Traced | undefined;
 }
 
 /**
@@ -39,7 +43,11 @@ export class AgentRunner {
     const total = emptyUsage();
     for (let step = 1; ; step++) {
       const offered = step < agent.max_steps ? kit.definitions() : [];
-      const completion = await this.router.complete(model, stepRequest(run.request, messages, offered), { signal: run.signal, publicModel: agent.id });
+      const completion = await this.router.complete(model, stepRequest(run.request, messages, offered), {
+        signal: run.signal,
+        publicModel: agent.id,
+        trace: run.trace,
+      });
       addUsage(total, completion.usage);
       const message = completion.choices[0]?.message;
       let calls: ToolCall[];
@@ -75,7 +83,7 @@ export class AgentRunner {
     });
     let step = 1;
     let offered = step < agent.max_steps ? kit.definitions() : [];
-    let current = await this.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id });
+    let current = await this.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id, trace: run.trace });
     const self = this;
     // Step by step, the model's pieces in, the agent's out (as many as came in): events, never bytes.
     async function* pieces(): AsyncGenerator<ChatPiece> {
@@ -121,7 +129,7 @@ export class AgentRunner {
         step++;
         offered = step < agent.max_steps ? kit.definitions() : [];
         try {
-          current = await self.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id });
+          current = await self.router.stream(model, upstreamRequest(offered), { signal: run.signal, publicModel: agent.id, trace: run.trace });
         } catch (err) {
           if (run.signal.aborted) return;
           throw err instanceof GenerationError ? err : new GenerationError("upstream_failed", (err as Error).message, { code: "upstream_error" });
@@ -140,7 +148,9 @@ export class AgentRunner {
         // The events name the tool as configured, not in the provider's form (`device__set_volume`).
         const name = kit.displayName(call.function.name);
         run.observer?.called(name, call.function.arguments);
+        const span = run.trace && toolSpan(run.trace, name, call.id, call.function.arguments);
         const outcome = await kit.run(call, run.signal);
+        if (span) toolEnded(span, outcome.result, outcome.isError);
         run.observer?.finished(name, outcome);
         return outcome;
       }),

@@ -1,3 +1,4 @@
+import type { Traced } from "../../observability/tracing.ts";
 import type { ChatCompletion, ChatRequest } from "../../protocol/compat.ts";
 import type { ChatStream } from "../chat-stream.ts";
 
@@ -8,6 +9,8 @@ export interface CallOptions {
   signal: AbortSignal;
   /** The model id the client asked for: responses name it instead of the upstream model. */
   publicModel: string;
+  /** The span the call's span goes under, when the node traces. */
+  trace?: Traced | undefined;
 }
 
 /** One upstream provider, behind which any of its models is called. Retries and fallbacks live in the router, not here. */

@@ -1,17 +1,16 @@
-import type { Logger } from "pino";
 import { usageWho } from "../../ai/caller.ts";
 import type { ChatService } from "../../ai/chat.ts";
 import type { UsageMeter } from "../../domain/usage-meter.ts";
 import type { ChatCompletion } from "../../protocol/compat.ts";
 import { parseChatRequest } from "../../protocol/compat.ts";
 import { clientGoneOf } from "../client-gone.ts";
-import { type Exchange, logFailure, type NativeRoute } from "../exchange.ts";
+import type { Exchange } from "../exchange.ts";
 import { writeJson } from "../json.ts";
 import type { Metrics } from "../metrics.ts";
-import { CLIENT_CLOSED_REQUEST, clientLeft } from "../middleware.ts";
+import type { NativeRoute } from "../native.ts";
 import { asIs, EVENT_STREAM, writeStream } from "../stream.ts";
-import { invalidParameter, openAIErrorEnvelope, toOpenAIError } from "./errors.ts";
-import type { CompatGate } from "./surface.ts";
+import { invalidParameter, toOpenAIError } from "./errors.ts";
+import type { JsonBodies } from "./json.ts";
 
 export const CHAT_ROUTE = "/chat/completions";
 const JSON_TYPE = "application/json";
@@ -19,14 +18,15 @@ const JSON_TYPE = "application/json";
 /**
  * `POST /chat/completions`, the Compatible API's busiest route: served on Node's request and
  * response (its only handler; the Compatible API has no OpenAPI document), behind the surface's
- * gate like its other routes, every error in OpenAI's envelope. A stream is written by the one
- * stream writer: a failure after the first event ends it with the `error` event; the client's
- * leaving ends the provider's stream, which closes the provider's connection.
+ * gate like its other routes, every error answered by the surface's mapping (`mountSurfaces`). A
+ * stream is written by the one stream writer: a failure after the first event ends it with the
+ * `error` event; the client's leaving ends the provider's stream, which closes the provider's connection.
  */
-export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logger; gate: CompatGate; usage: UsageMeter }): NativeRoute {
+export function chatRoute(o: { chat: ChatService; metrics: Metrics; bodies: JsonBodies; usage: UsageMeter }): NativeRoute {
   const serve = async (x: Exchange) => {
-    const caller = await o.gate.admit(x.env, true);
-    const body = o.gate.bodies.read(x.env, caller);
+    const caller = x.caller;
+    if (!caller) throw new Error("the Compatible API's routes run behind its gate (compat/surface.ts)");
+    const body = o.bodies.read(x.env, caller);
     const parsed = parseChatRequest(body instanceof Promise ? await body : body);
     if (!parsed.success) throw invalidParameter(parsed.error);
     const request = parsed.data;
@@ -40,7 +40,7 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logg
       const admission = admitted instanceof Promise ? await admitted : admitted;
       let result: Awaited<ReturnType<ChatService["run"]>>;
       try {
-        result = await o.chat.run(entry, caller, request, signal);
+        result = await o.chat.run(entry, caller, request, signal, undefined, x.traced);
       } catch (err) {
         admission.abandon();
         throw err;
@@ -50,33 +50,18 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; logger: Logg
       if (result.kind === "completion") {
         call.completed(result.completion);
         writeJson(x, 200, JSON.stringify(result.completion), { contentType: JSON_TYPE });
-        o.gate.watch(x.outgoing, true);
-        x.record(200);
         return;
       }
       const { stream } = result;
-      o.gate.watch(x.outgoing);
-      x.record(200);
       const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
-      await writeStream(x, EVENT_STREAM, stream.sse(), { sse: true, encode: asIs, done });
+      // Its head is written at once; the rest goes on after this returns.
+      writeStream(x, EVENT_STREAM, stream.sse(), { sse: true, encode: asIs, done }).catch(() => x.outgoing.destroy());
     } catch (err) {
       call.failed(err, signal.aborted);
       throw err;
     }
   };
-  return {
-    method: "POST",
-    path: CHAT_ROUTE,
-    serve: (x) =>
-      serve(x).catch((err: unknown) => {
-        if (clientLeft(x.outgoing) || (!x.incoming.complete && x.incoming.destroyed)) return x.record(CLIENT_CLOSED_REQUEST);
-        const e = toOpenAIError(err);
-        logFailure(o.logger, err, e.status, x.requestId, x.path);
-        writeJson(x, e.status, JSON.stringify(openAIErrorEnvelope(e)), { contentType: JSON_TYPE, retryAfter: e.retryAfter });
-        o.gate.watch(x.outgoing, true);
-        x.record(e.status);
-      }),
-  };
+  return { method: "POST", path: CHAT_ROUTE, guards: [], serve };
 }
 
 /** The Compatible API's metrics of one chat call. */

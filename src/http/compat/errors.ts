@@ -3,6 +3,7 @@ import { HTTPException } from "hono/http-exception";
 import type { ZodError } from "zod";
 import { PerchError, statusOf } from "../../errors.ts";
 import { sseEvent } from "../../protocol/sse.ts";
+import type { Failure } from "../surface.ts";
 
 export type OpenAIErrorType = "invalid_request_error" | "permission_error" | "rate_limit_error" | "insufficient_quota" | "api_error";
 
@@ -39,6 +40,12 @@ export function openAIErrorResponse(c: Context, err: OpenAIError): Response {
 /** The body of OpenAI's error envelope for `err`. */
 export function openAIErrorEnvelope(err: OpenAIError): { error: { message: string; type: OpenAIErrorType; param: string | null; code: string | null } } {
   return { error: { message: err.message, type: err.type, param: err.param, code: err.code } };
+}
+
+/** The Compatible API's error mapping: OpenAI's envelope. */
+export function openAIFailure(err: unknown): Failure {
+  const e = toOpenAIError(err);
+  return { status: e.status, body: openAIErrorEnvelope(e), retryAfter: e.retryAfter, contentType: "application/json" };
 }
 
 /** Maps anything thrown while serving the Compatible API onto OpenAI's envelope; unexpected errors become 500. */

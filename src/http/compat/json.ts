@@ -5,7 +5,6 @@ import { readNodeBody } from "../body.ts";
 import { clientGone, nodeBindings } from "../client-gone.ts";
 import type { AppBindings } from "../env.ts";
 import { JsonBudget, LargeBodies } from "../json-budget.ts";
-import type { CompatEnv } from "./env.ts";
 import { OpenAIError } from "./errors.ts";
 
 export { clientGone };
@@ -54,7 +53,7 @@ export class JsonBodies {
    * called). Throws a 429 when none is free; undefined when the body is not large.
    */
   slot(c: Context, bytes: number): (() => void) | undefined {
-    return this.slotOf(nodeBindings(c)?.outgoing, (c as Context<CompatEnv>).get("caller"), bytes);
+    return this.slotOf(nodeBindings(c)?.outgoing, (c.env as AppBindings | undefined)?.exchange?.caller, bytes);
   }
 
   /**
@@ -62,7 +61,7 @@ export class JsonBodies {
    * in the JSON thread, so that it does not hold the event loop.
    */
   async readOf(c: Context): Promise<unknown> {
-    return this.read(c.env as AppBindings, (c as Context<CompatEnv>).get("caller"));
+    return this.read(c.env as AppBindings, (c.env as AppBindings | undefined)?.exchange?.caller);
   }
 
   /**

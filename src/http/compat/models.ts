@@ -1,14 +1,14 @@
 import type { Hono } from "hono";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { Metrics } from "../metrics.ts";
-import type { CompatEnv } from "./env.ts";
+import { type CompatEnv, callerOf } from "./env.ts";
 
 /** `GET /models`: what the caller may use, without anything about providers. */
 export function registerModelsRoute(app: Hono<CompatEnv>, catalog: Catalog, metrics: Metrics): void {
   app.get("/models", (c) => {
     const started = performance.now();
     // A speech-to-speech model or agent says so (voice.md §6): `/chat/completions` refuses it.
-    const data = catalog.list(c.get("caller")).map((e) => ({
+    const data = catalog.list(callerOf(c)).map((e) => ({
       id: e.id,
       object: "model" as const,
       created: catalog.created,

@@ -10,7 +10,7 @@ import { sseEvent } from "../../protocol/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { asIs, EVENT_STREAM, type StreamEnd, startingWith, streamed } from "../stream.ts";
 import { speechModel } from "./audio-models.ts";
-import type { CompatEnv } from "./env.ts";
+import { type CompatEnv, callerOf } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, type JsonBodies } from "./json.ts";
 import { readAhead } from "./read-ahead.ts";
@@ -49,11 +49,11 @@ export function registerSpeechRoute(
     const parsed = SpeechRequest.safeParse(await bodies.readOf(c));
     if (!parsed.success) throw invalidParameter(parsed.error);
     const r = parsed.data;
-    const entry = speechModel(catalog, c.get("caller"), r.model);
+    const entry = speechModel(catalog, callerOf(c), r.model);
     const model = entry.id;
     const signal = clientGone(c);
     // A usage limit reached refuses the request (usage.md §2); the characters count once it is answered.
-    const admitted = usage.admit(usageWho(c.get("caller")), model);
+    const admitted = usage.admit(usageWho(callerOf(c)), model);
     const admission = admitted instanceof Promise ? await admitted : admitted;
     const observe = (status: number, error?: string) => metrics.observeAi(ROUTE, model, status, (performance.now() - started) / 1000, error);
     const done = (status: number, error?: string) => {
@@ -98,7 +98,7 @@ export function registerSpeechRoute(
             format: r.response_format,
             speed: r.speed,
             signal,
-            caller: callerKey(c.get("caller")),
+            caller: callerKey(callerOf(c)),
             ...(maxQueueWaitMs !== undefined ? { maxWaitMs: maxQueueWaitMs } : {}),
           })
           [Symbol.asyncIterator]();

@@ -1,22 +1,22 @@
-import { Hono, type MiddlewareHandler } from "hono";
+import { Hono } from "hono";
 import type { Logger } from "pino";
-import type { Caller } from "../../ai/caller.ts";
 import type { Catalog } from "../../ai/catalog.ts";
 import type { ChatService } from "../../ai/chat.ts";
 import type { ChatRouter } from "../../ai/router.ts";
 import type { SpeechEngine, TranscriptionEngine } from "../../ai/speech/index.ts";
 import { TranscriptionService } from "../../ai/transcription.ts";
 import type { UsageMeter } from "../../domain/usage-meter.ts";
-import { bodyWithinLimit } from "../body.ts";
 import type { AppBindings, AppEnv } from "../env.ts";
+import type { Exchange } from "../exchange.ts";
 import { nodeHeader } from "../headers.ts";
 import type { Metrics } from "../metrics.ts";
+import { bodyLimitGuard } from "../native.ts";
 import type { Callers } from "../principal.ts";
-import type { Surface } from "../surface.ts";
+import type { Gate, Surface } from "../surface.ts";
 import { authenticateCaller } from "./auth.ts";
 import { chatRoute } from "./chat.ts";
 import type { CompatEnv } from "./env.ts";
-import { OpenAIError, openAIErrorResponse, toOpenAIError } from "./errors.ts";
+import { OpenAIError, openAIErrorResponse, openAIFailure } from "./errors.ts";
 import type { JsonBodies } from "./json.ts";
 import { registerModelsRoute } from "./models.ts";
 import { registerSpeechRoute } from "./speech.ts";
@@ -62,9 +62,6 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
   o.bodies.warm();
   const app = new Hono<CompatEnv>();
   const gate = new CompatGate(o.callers, o.limits?.write_timeout_ms ?? DEFAULT_WRITE_TIMEOUT_MS, o.bodies);
-  const guard = gate.middleware();
-  app.get("/models", guard);
-  for (const path of ["/audio/speech", "/audio/transcriptions"]) app.post(path, guard);
   registerModelsRoute(app, o.catalog, o.metrics);
   registerSpeechRoute(app, o.catalog, o.speech, o.router, o.metrics, gate.bodies, o.usage, o.limits?.max_queue_wait_ms);
   registerTranscriptionRoute(
@@ -83,7 +80,8 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
   return {
     base: o.base ?? COMPAT_BASE,
     app: app as unknown as Hono<AppEnv>,
-    error: (c, err) => openAIErrorResponse(c, toOpenAIError(err)),
+    failure: openAIFailure,
+    gate,
     unrouted: (c, allow) => {
       if (allow.length > 0) {
         c.header("Allow", allow.join(", "));
@@ -91,18 +89,23 @@ export function compatSurface(o: CompatSurfaceOptions): Surface {
       }
       return openAIErrorResponse(c, new OpenAIError(404, `Unknown request URL: ${c.req.method} ${c.req.path}.`, { code: "unknown_url" }));
     },
-    native: [chatRoute({ chat: o.chat, metrics: o.metrics, logger: o.logger, gate, usage: o.usage })],
+    native: [chatRoute({ chat: o.chat, metrics: o.metrics, bodies: gate.bodies, usage: o.usage })],
   };
 }
 
 /**
- * What every route of the surface checks first, in this order, for its native route (chat) and its
- * Hono routes alike: the body's size (413 over COMPAT_BODY_LIMIT), the caller (401, 403), then
- * the response's write timeout.
+ * What every route of the surface checks first, native (chat) and Hono alike, whether or not it is
+ * listed anywhere (the surface's gate, run by `mountSurfaces`), in this order: the body's size (413
+ * over COMPAT_BODY_LIMIT), the caller (401, 403: `Exchange.caller`), then the response's write timeout.
  */
-export class CompatGate {
+export class CompatGate implements Gate {
   private readonly callers: Callers;
   private readonly watcher: (outgoing: NonNullable<AppBindings["outgoing"]>) => void;
+  private readonly bodyLimit = bodyLimitGuard(
+    COMPAT_BODY_LIMIT,
+    () => new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" }),
+    2 * COMPAT_BODY_LIMIT,
+  );
   /** The surface's request bodies (large-body slots, the JSON thread). */
   readonly bodies: JsonBodies;
 
@@ -113,33 +116,19 @@ export class CompatGate {
   }
 
   /**
-   * The caller of a request admitted; throws the surface's error otherwise. A chunked body read
-   * whole is left in `env.body`. With `watchLater`, the write timeout is the caller's to apply
-   * (`watch`), once it knows whether its answer is a stream or a whole one.
+   * Admits a request's caller, or throws the surface's error. A Hono route's answer is watched by
+   * the write timeout from here on; a native route's once it is known whether its answer is a
+   * stream or a whole one (`answered`).
    */
-  async admit(env: AppBindings, watchLater = false): Promise<Caller> {
-    const { incoming, outgoing } = env;
-    if (!incoming || !outgoing) throw new Error("the Compatible API is served through the exchange (src/http/exchange.ts)");
-    const within = bodyWithinLimit(env, COMPAT_BODY_LIMIT, 2 * COMPAT_BODY_LIMIT);
-    if (within !== true && (within === false || !(await within))) {
-      throw new OpenAIError(413, `The request body is over ${COMPAT_BODY_LIMIT} bytes.`, { code: "request_too_large" });
-    }
-    const caller = await authenticateCaller(this.callers, env, (name) => nodeHeader(incoming, name));
-    if (!watchLater) this.watch(outgoing);
-    return caller;
-  }
+  readonly admit = async (x: Exchange): Promise<void> => {
+    const limited = this.bodyLimit(x);
+    if (limited) await limited;
+    x.caller = await authenticateCaller(this.callers, x.env, (name) => nodeHeader(x.incoming, name));
+    if (!x.native) this.watcher(x.outgoing);
+  };
 
-  /** The write timeout on `outgoing`: a stream from its start, a whole answer (`whole`) when it is written and its socket still holds some of it. */
-  watch(outgoing: NonNullable<AppBindings["outgoing"]>, whole = false): void {
-    if (!whole || unsent(outgoing)) this.watcher(outgoing);
-  }
-
-  /** `admit` as the Hono routes' first middleware: a body read here is put back on the web request. */
-  middleware(): MiddlewareHandler<CompatEnv> {
-    return async (c, next) => {
-      c.set("caller", await this.admit(c.env));
-      if (c.env.body) c.req.raw = new Request(c.req.raw, { body: c.env.body as Uint8Array<ArrayBuffer> });
-      await next();
-    };
+  /** The write timeout on a native route's answer: a stream from its start, a whole answer when its socket still holds some of it. */
+  answered(x: Exchange): void {
+    if (!x.outgoing.writableEnded || unsent(x.outgoing)) this.watcher(x.outgoing);
   }
 }

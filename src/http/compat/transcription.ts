@@ -9,7 +9,7 @@ import { sseEvent } from "../../protocol/sse.ts";
 import type { Metrics } from "../metrics.ts";
 import { EVENT_STREAM, streamed } from "../stream.ts";
 import { transcriptionModel } from "./audio-models.ts";
-import type { CompatEnv } from "./env.ts";
+import { type CompatEnv, callerOf } from "./env.ts";
 import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
 import { clientGone, type JsonBodies } from "./json.ts";
 import { relayed, settle } from "./speech.ts";
@@ -123,11 +123,11 @@ export function registerTranscriptionRoute(
     const parsed = TranscriptionForm.safeParse(formFields(form));
     if (!parsed.success) throw formError(parsed.error);
     const f = parsed.data;
-    const entry = transcriptionModel(catalog, c.get("caller"), f.model);
+    const entry = transcriptionModel(catalog, callerOf(c), f.model);
     if (f.file.size > MAX_AUDIO_BYTES)
       throw new OpenAIError(413, `The audio file is over ${MAX_AUDIO_BYTES} bytes (25 MB).`, { param: "file", code: "file_too_large" });
     // A usage limit reached refuses the request (usage.md §2); the audio's seconds count once it is answered.
-    const admitted = usage.admit(usageWho(c.get("caller")), entry.id);
+    const admitted = usage.admit(usageWho(callerOf(c)), entry.id);
     const admission = admitted instanceof Promise ? await admitted : admitted;
     let seconds: number | undefined;
     const done = (status: number, error?: string) => {
@@ -149,7 +149,7 @@ export function registerTranscriptionRoute(
     };
     let outcome: Awaited<ReturnType<TranscriptionService["transcribe"]>>;
     try {
-      outcome = await service.transcribe(entry, request, clientGone(c), callerKey(c.get("caller")));
+      outcome = await service.transcribe(entry, request, clientGone(c), callerKey(callerOf(c)));
     } catch (err) {
       const e = toOpenAIError(err);
       done(e.status, e.type);

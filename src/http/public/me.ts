@@ -4,14 +4,15 @@ import type { PrimaryPrincipal } from "../../domain/principal.ts";
 import { DeviceToken, PeerSelf, PeerStatus, Runtime, SideControlSessionList, UsageView } from "../../protocol/public.ts";
 import type { App } from "../env.ts";
 import { invalid } from "../errors.ts";
-import { JSON_UTF8 } from "../json.ts";
+import { JSON_UTF8, writeJson } from "../json.ts";
 import { requireJson } from "../middleware.ts";
+import { type NativeRoute, nativeRoute } from "../native.ts";
 import type { Callers } from "../principal.ts";
 import { jsonBodyLimit } from "./limits.ts";
 import { bearerSecurity, errors, json, jsonBody, noContent } from "./responses.ts";
 
-/** The `/me*` routes: a primary session acting on its own peer. */
-export function registerMeRoutes(app: App, domain: Domain, callers: Callers): void {
+/** The `/me*` routes: a primary session acting on its own peer. Returns its native routes (`GET /me/status`). */
+export function registerMeRoutes(app: App, domain: Domain, callers: Callers): NativeRoute[] {
   const primary = callers.require("primary");
   const route = <P extends string, M extends "get" | "put" | "post" | "delete">(method: M, path: P) => ({
     method,
@@ -32,13 +33,16 @@ export function registerMeRoutes(app: App, domain: Domain, callers: Callers): vo
     async (c) => c.json(await domain.peers.self(self(c)), 200, JSON_UTF8),
   );
 
-  // Served by the native route of status.ts, its only handler: documented here.
-  const { middleware: _served, ...statusDoc } = createRoute({
-    ...route("get", "/me/status"),
-    summary: "The caller's status document ({} when none)",
-    responses: { 200: json(PeerStatus, "Status"), ...authErrors },
-  });
-  app.openAPIRegistry.registerPath(statusDoc);
+  // The route devices poll most, served on Node's request and response (native.ts): its only
+  // handler, declared from its route object like its siblings. The document as stored, unparsed.
+  const status = nativeRoute(
+    createRoute({
+      ...route("get", "/me/status"),
+      summary: "The caller's status document ({} when none)",
+      responses: { 200: json(PeerStatus, "Status"), ...authErrors },
+    }),
+    async (x) => writeJson(x, 200, await domain.peers.statusText((x.principal as PrimaryPrincipal).publicKey)),
+  );
 
   app.openapi(
     createRoute({
@@ -113,4 +117,6 @@ export function registerMeRoutes(app: App, domain: Domain, callers: Callers): vo
       return c.body(null, 204);
     },
   );
+
+  return [status];
 }

@@ -23,6 +23,8 @@ import {
   TelemetryLatestQuery,
   TelemetryRange,
   TelemetryRangeQuery,
+  TurnAudioParams,
+  TurnAudioQuery,
   UsageView,
 } from "../../protocol/public.ts";
 import { clientGone } from "../client-gone.ts";
@@ -287,6 +289,26 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       responses: { 200: json(Conversation, "The conversation"), ...authErrors, ...errors(404) },
     }),
     async (c) => c.json(await domain.conversations.get(target(c), c.req.valid("param").id), 200, JSON_UTF8),
+  );
+
+  app.openapi(
+    createRoute({
+      ...route("get", "/side-control/conversations/{id}/turns/{turn}/audio"),
+      summary: "One side of a turn's recording as Ogg Opus (agents with `record.audio`; voice.md §8)",
+      request: { params: TurnAudioParams, query: TurnAudioQuery },
+      responses: {
+        200: { description: "The side's audio", content: { "audio/ogg": { schema: z.string().openapi({ type: "string", format: "binary" }) } } },
+        ...authErrors,
+        ...errors(400, 404),
+      },
+    }),
+    async (c) => {
+      const { id, turn } = c.req.valid("param");
+      const audio = await domain.conversations.audio(target(c), id, turn, c.req.valid("query").side);
+      // A recording never changes: the app may keep it; it is the device's people's, so no shared cache.
+      return c.body(audio as Uint8Array<ArrayBuffer>, 200, { "Content-Type": "audio/ogg", "Cache-Control": "private, max-age=3600" }) as never;
+    },
+    invalid("INVALID_REQUEST"),
   );
 
   app.openapi(

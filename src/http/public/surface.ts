@@ -3,13 +3,12 @@ import type { Logger } from "pino";
 import type { Domain } from "../../domain/index.ts";
 import type { ServerInfo } from "../../protocol/public.ts";
 import type { AppEnv } from "../env.ts";
-import { errorResponse, invalid, toApiError, unroutedResponse } from "../errors.ts";
+import { apiFailure, invalid, unroutedResponse } from "../errors.ts";
 import type { Callers } from "../principal.ts";
 import type { Surface } from "../surface.ts";
 import { registerMeRoutes } from "./me.ts";
 import { registerServerRoutes } from "./server.ts";
 import { registerSideControlRoutes } from "./side-control.ts";
-import { statusRoute } from "./status.ts";
 import { registerWebRtcRoutes, type WebRtcPort } from "./webrtc.ts";
 
 export interface PublicSurfaceOptions {
@@ -26,7 +25,7 @@ export interface PublicSurfaceOptions {
 export function publicSurface(o: PublicSurfaceOptions): Surface {
   const app = new OpenAPIHono<AppEnv>({ defaultHook: invalid("INVALID_REQUEST") });
   registerServerRoutes(app, o.domain, o.callers, o.serverInfo);
-  registerMeRoutes(app, o.domain, o.callers);
+  const native = registerMeRoutes(app, o.domain, o.callers);
   registerSideControlRoutes(app, o.domain, o.callers);
   if (o.webrtc) registerWebRtcRoutes(app, o.domain, o.callers, o.webrtc);
   app.openAPIRegistry.registerComponent("securitySchemes", "bearerAuth", {
@@ -37,8 +36,8 @@ export function publicSurface(o: PublicSurfaceOptions): Surface {
   return {
     base: "/",
     app,
-    error: (c, err) => errorResponse(c, toApiError(err)),
+    failure: apiFailure,
     unrouted: unroutedResponse,
-    native: [statusRoute({ callers: o.callers, logger: o.logger })],
+    native,
   };
 }

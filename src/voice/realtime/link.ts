@@ -1,6 +1,6 @@
 import WebSocket from "ws";
 import type { VoiceClock } from "../clock.ts";
-import { errorOf, parseServerEvent, type ServerEvent } from "./wire.ts";
+import { errorOf, parseServerEvent, type RealtimeServerEvent } from "./events.ts";
 
 /**
  * Reconnection back-off (voice.md §6): at once, then 0.5 s doubling to 10 s; back to "at once" only
@@ -31,7 +31,7 @@ export interface LinkOptions {
   /** What opens every session: `session.update` (with `setupId` as its event id), then the history. */
   opening: (setupId: string) => Array<Record<string, unknown>>;
   /** Each server event of the open session (a rejected `session.update` is the link's own). */
-  event: (e: ServerEvent) => void;
+  event: (e: RealtimeServerEvent) => void;
   /** A session opened (its setup sent). */
   up: () => void;
   /**
@@ -44,7 +44,7 @@ export interface LinkOptions {
 /**
  * One conversation's WebSocket to a realtime model, kept open: opened at once, its setup sent on
  * every (re)open, and reopened in the background with back-off after any failure (a refused
- * upgrade, a closed socket, a rejected setup, or one the bridge reports). Never throws.
+ * upgrade, a closed socket, a rejected setup, or one the session reports). Never throws.
  */
 export class RealtimeLink {
   private readonly o: LinkOptions;

@@ -1,6 +1,6 @@
 /**
  * The OpenAI Realtime API as Perch speaks it (voice.md §6): GA event names only, the client events
- * Perch sends built in one place, and the server events it reads narrowed from untrusted JSON.
+ * Perch sends built in one place (the server events it reads: ./events.ts).
  */
 import type { ChatMessage } from "../../protocol/compat.ts";
 
@@ -59,50 +59,6 @@ export function historyItems(history: readonly ChatMessage[]): Array<Record<stri
       return [{ type: "conversation.item.create", item: { type: "message", role: "assistant", content: [{ type: "output_text", text: m.content }] } }];
     return [];
   });
-}
-
-/** A server event: its `type` and the fields Perch reads, each checked before use. */
-export interface ServerEvent {
-  type: string;
-  raw: Record<string, unknown>;
-}
-
-/** Parses one text frame; undefined for anything that is not a JSON object with a string `type`. */
-export function parseServerEvent(text: string): ServerEvent | undefined {
-  let v: unknown;
-  try {
-    v = JSON.parse(text);
-  } catch {
-    return undefined;
-  }
-  if (typeof v !== "object" || v === null || Array.isArray(v)) return undefined;
-  const raw = v as Record<string, unknown>;
-  return typeof raw.type === "string" ? { type: raw.type, raw } : undefined;
-}
-
-export function str(o: Record<string, unknown> | undefined, key: string): string | undefined {
-  const v = o?.[key];
-  return typeof v === "string" ? v : undefined;
-}
-
-export function obj(o: Record<string, unknown> | undefined, key: string): Record<string, unknown> | undefined {
-  const v = o?.[key];
-  return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined;
-}
-
-/** A provider's error code and message are kept this far. */
-const MAX_ERROR_CODE_CHARS = 100;
-const MAX_ERROR_MESSAGE_CHARS = 500;
-
-/** An `error` event's parts (`error: {type, code, message, event_id}`). */
-export function errorOf(e: ServerEvent): { code: string; message: string; eventId: string | undefined } {
-  const error = obj(e.raw, "error");
-  return {
-    // Bounded: they go to the log and to the device's event (a provider's megabyte of message must not).
-    code: (str(error, "code") ?? str(error, "type") ?? "error").slice(0, MAX_ERROR_CODE_CHARS),
-    message: (str(error, "message") ?? "the model reported an error").slice(0, MAX_ERROR_MESSAGE_CHARS),
-    eventId: str(error, "event_id"),
-  };
 }
 
 /** The WebSocket URL of a provider's realtime endpoint for a model. */
