@@ -16,6 +16,7 @@ import { loadConfig } from "../src/config/config.ts";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
 import { Conversation } from "../src/voice/conversation.ts";
 import { VoiceMetrics } from "../src/voice/metrics.ts";
+import type { VoiceEvent } from "../src/voice/peer-events.ts";
 import { VoiceEvents } from "../src/voice/peer-events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
 import { RealtimeActivity } from "../src/voice/realtime/activity.ts";
@@ -28,6 +29,8 @@ async function realtimeConversation(fake: FakeRealtime, threads: AudioThreads | 
   const clock = new FakeClock();
   const config = loadConfig({}, {});
   const listeners = new Set<(packet: Buffer) => void>();
+  const told: VoiceEvent[] = [];
+  const sent = { frames: 0 };
   const port: AudioPort = {
     publicKey: "device",
     payloadType: 111,
@@ -36,8 +39,11 @@ async function realtimeConversation(fake: FakeRealtime, threads: AudioThreads | 
       listeners.add(cb);
       return () => listeners.delete(cb);
     },
-    sendFrame: () => true,
-    sendEvent: () => true,
+    sendFrame: () => {
+      sent.frames++;
+      return true;
+    },
+    sendEvent: (e) => told.push(e) > 0,
   };
   const metrics = new VoiceMetrics(new Registry(), () => 1);
   const resampler = await loadResampler();
@@ -82,7 +88,14 @@ async function realtimeConversation(fake: FakeRealtime, threads: AudioThreads | 
     // A thread decodes in real time: it is given a moment per packet.
     if (threads) await sleep(2);
   };
-  return { conversation, send, sent: () => seq * 480 };
+  /** Moves the clock on `ms` without packets, a real millisecond a tick (a thread encodes the reply's frames in real time). */
+  const wait = async (ms: number) => {
+    for (let t = 0; t < ms; t += 20) {
+      await clock.advance(20);
+      await sleep(1);
+    }
+  };
+  return { conversation, send, wait, told, frames: () => sent.frames, sent: () => seq * 480 };
 }
 
 describe("a realtime agent's uplink, through the conversation's pipeline", () => {
@@ -117,4 +130,40 @@ describe("a realtime agent's uplink, through the conversation's pipeline", () =>
       }
     });
   }
+
+  test("the audio thread dies while it encodes a realtime reply: that reply fails (its audio stops, failed events); the next turn is answered on a fresh thread", async () => {
+    fake ??= await startFakeRealtime();
+    threads ??= new AudioThreads(1, () => {});
+    const r = await realtimeConversation(fake, threads);
+    const loud = encoded(30, true);
+    const quiet = encoded(1, false)[0]!;
+    const ask = async () => {
+      for (const p of loud) await r.send(p, 10);
+      for (let i = 0; i < 25; i++) await r.send(quiet, 127);
+    };
+    const audioEnd = (n: number) =>
+      r.told.find((e): e is Extract<VoiceEvent, { type: "eos" }> => e.type === "eos" && e.streamId === `out-${n}` && e.label === "assistant.audio");
+    try {
+      await fake.until(() => fake.sessions.some((s) => s.session !== undefined && !s.closed), 10_000, "the session");
+      // A long reply, sent faster than it plays: it is still playing when the thread dies.
+      fake.script({ kind: "reply", text: "Once upon a time there was a very long story.", ms: 10_000, speed: 4 });
+      await ask();
+      for (let i = 0; i < 500 && r.frames() < 10; i++) await r.wait(20);
+      assert.ok(r.frames() >= 10, `${r.frames()} frames of the reply sent`);
+      await threads.workers[r.conversation.uplinkThread]!.terminate();
+      for (let i = 0; i < 500 && !audioEnd(1); i++) await r.wait(20);
+      assert.equal(audioEnd(1)?.error?.code, "failed", JSON.stringify(audioEnd(1)));
+      const atDeath = r.frames();
+      await r.wait(200);
+      assert.equal(r.frames(), atDeath, "the reply's audio stopped");
+      // The next turn is heard and answered, its reply encoded on the fresh thread.
+      fake.script({ kind: "reply", text: "It is ten o'clock.", ms: 600 });
+      await ask();
+      for (let i = 0; i < 500 && !audioEnd(2); i++) await r.wait(20);
+      assert.ok(audioEnd(2) && audioEnd(2)?.error === undefined, JSON.stringify(audioEnd(2)));
+      assert.ok(r.frames() > atDeath, "the next reply was spoken");
+    } finally {
+      r.conversation.close();
+    }
+  });
 });

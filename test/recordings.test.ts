@@ -1,98 +1,22 @@
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { createHash } from "node:crypto";
 import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
-import { LibOpus } from "../src/audio/opus.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { ManualClock } from "../src/domain/clock.ts";
 import { DAY_MS } from "../src/domain/context.ts";
-import type { PerchClient } from "../src/sdk/client.ts";
-import { PRE_ROLL_MS, TurnRecorder } from "../src/voice/recording.ts";
+import { PerchClient } from "../src/sdk/client.ts";
+import { PRE_ROLL_MS } from "../src/voice/recording.ts";
 import { countRows, pairPhone } from "./support/conversations.ts";
 import { engines } from "./support/engines.ts";
+import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
+import { ANSWERED, API_KEY, ASKED, recordingConfig, recordTurn, sides } from "./support/recordings.ts";
 import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
-import { resample, talkerConfig } from "./support/voice.ts";
-
-const API_KEY = "sk-perch-recordings-test";
-const sha256 = (text: string) => createHash("sha256").update(text).digest("hex");
-
-const ASKED = "please water the tomato plants on the balcony";
-const ANSWERED = "I will water the tomato plants now";
-
-/** A configuration where agent `talker` records its turns (the chat model is never called here). */
-function recordingConfig(databaseUrl: string | undefined, retentionDays = 3) {
-  const base = talkerConfig("http://127.0.0.1:9/v1");
-  return {
-    ...base,
-    ...(databaseUrl ? { database_url: databaseUrl } : {}),
-    api_keys: [{ name: "ops", sha256: sha256(API_KEY) }],
-    agents: base.agents.map((a) => ({ ...a, record: { audio: true, retention_days: retentionDays } })),
-    voice: { ...base.voice, store_transcripts: true },
-  };
-}
-
-/** The user's words at 16 kHz (espeak-ng), and the reply's as 20 ms Opus frames at 48 kHz (the embedded voice), as a conversation would send them. */
-async function sides(): Promise<{ user: Int16Array; reply: Buffer[] }> {
-  const speech = engines().speech as unknown as { speak(t: string, v: string): Promise<{ samples: Int16Array; sampleRate: number }> };
-  const asked = await speech.speak(ASKED, "nova");
-  const user = await resample(asked.samples, asked.sampleRate, 16_000);
-  const { samples, sampleRate } = await speech.speak(ANSWERED, "alloy");
-  const at48 = await resample(samples, sampleRate, 48_000);
-  const encoder = new LibOpus("voip", 48_000);
-  encoder.setBitrate(32_000);
-  const reply: Buffer[] = [];
-  for (let at = 0; at + 960 <= at48.length; at += 960) reply.push(encoder.encode(at48.subarray(at, at + 960)));
-  encoder.close();
-  return { user, reply };
-}
-
-/**
- * One stored turn of the device's conversation with both sides recorded: the domain's conversation
- * and the recorder hear what a conversation would tell them (its audio, its frames and its events).
- */
-async function recordTurn(server: TestServer, key: string, said: { user: Int16Array; reply: Buffer[] }, o: { metrics?: boolean } = {}): Promise<string> {
-  // A little noise of its own: every recording's bytes differ from every other's (the erasure test looks for them).
-  const audio = { ...said, user: Int16Array.from(said.user, (s) => Math.max(-32768, Math.min(32767, s + Math.round((Math.random() - 0.5) * 16)))) };
-  const errors: unknown[] = [];
-  const conversation = server.domain.conversations.open(key, (err) => errors.push(err));
-  const recorder = new TurnRecorder({
-    policy: () => ({ retentionDays: 3 }),
-    store: (r) => conversation.recording(r.turn, r.side, r.audio, r.durationMs, r.retentionDays),
-    metrics: (turn, json) => conversation.metrics(turn, json),
-    warn: (err) => errors.push(err),
-  });
-  recorder.silence(8_000);
-  recorder.heard(audio.user.subarray(0, 3_200));
-  recorder.event({ type: "bos", streamId: "in-1", kind: "audio", label: "user.audio", mimeType: "" });
-  recorder.heard(audio.user.subarray(3_200));
-  recorder.silence(6_400);
-  recorder.event({ type: "eos", streamId: "in-1", kind: "audio", label: "user.audio" });
-  conversation.add({ turn: 1, role: "user", text: ASKED });
-  recorder.event({ type: "bos", streamId: "out-1", kind: "text", label: "assistant.text", mimeType: "" });
-  for (const frame of audio.reply) recorder.sent(frame);
-  recorder.event({ type: "eos", streamId: "out-1", kind: "audio", label: "assistant.audio" });
-  // Heard after the reply: not part of either side.
-  recorder.heard(audio.user);
-  conversation.add({ turn: 1, role: "assistant", text: ANSWERED });
-  if (o.metrics !== false) {
-    recorder.event({
-      type: "done",
-      streamId: "out-1",
-      label: "turn.metrics",
-      text: JSON.stringify({ end_of_speech: 412.5, transcription: 180, interrupted: false }),
-    });
-  }
-  recorder.close();
-  await recorder.settled();
-  conversation.close();
-  await conversation.settled();
-  assert.deepEqual(errors, []);
-  return conversation.id;
-}
+import { heardFor, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
+import { eventually } from "./support/webrtc.ts";
 
 const audioPath = (id: string, turn: number | string, side: string) => `/side-control/conversations/${encodeURIComponent(id)}/turns/${turn}/audio?side=${side}`;
 
@@ -277,6 +201,85 @@ for (const store of STORES) {
     });
   });
 }
+
+describe("recordings of a real conversation (real WebRTC, a scripted model)", { timeout: 240_000 }, () => {
+  let upstream: FakeUpstream;
+  let server: TestServer;
+
+  before(async () => {
+    upstream = await startFakeUpstream();
+    // The recogniser's and the voice detector's models loaded before the first turn (a loaded machine takes long).
+    await engines().transcription?.start?.();
+    server = await startTestServer({ config: recordingConfig(undefined, 7, upstream.url) });
+  });
+  after(async () => {
+    await server?.stop();
+    await upstream?.close();
+  });
+
+  test("the device's words as heard and the reply as sent, played back and transcribed; an interrupted reply kept up to the barge-in", async () => {
+    const { conn, log } = await voiceDevice(server);
+    const device = new PerchClient({ baseUrl: server.url, keyPair: conn.keyPair });
+    await device.login();
+    const { phone } = await pairPhone(server, device);
+    const mic = await conn.microphone();
+
+    upstream.reply({ content: "The kitchen lights are on now." });
+    await mic.say(await spoken("Turn on the kitchen lights please."));
+    await log.wait((e) => e.stream === "out-1" && e.label === "turn.metrics", 30_000, "turn 1");
+    // A long reply, interrupted once some of it was heard.
+    const story = "Here is a story about a small bird. It lived in a tall tree by the river. Every morning it sang to the fish. One day the fish sang back.";
+    upstream.reply({ chunks: story.split(/(?<=\. )/) });
+    await mic.say(await spoken("Tell me a story about a bird."));
+    await log.wait((e) => e.stream === "out-2" && e.type === "BOS" && e.label === "assistant.audio", 30_000, "the story's audio");
+    await heardFor(conn, 1_500);
+    upstream.reply({ content: "Good night." });
+    await mic.say(await spoken("Stop now and say good night."));
+    await log.wait((e) => e.stream === "out-3" && e.label === "turn.metrics", 30_000, "turn 3");
+    conn.close();
+
+    type Stored = {
+      id: string;
+      items: Array<{ turn: number; role: string; text: string; interrupted?: boolean; metrics?: Record<string, unknown> }>;
+      recordings?: Array<{ turn: number; side: string; duration_ms: number }>;
+    };
+    const id = (await phone.request<{ items: Array<{ id: string }> }>("GET", "/side-control/conversations")).items[0]!.id;
+    const stored = await eventually(
+      async () => {
+        const c = await phone.request<Stored>("GET", `/side-control/conversations/${id}`);
+        return (c.recordings?.length ?? 0) >= 6 ? c : undefined;
+      },
+      15_000,
+      "both sides of three turns",
+    );
+    assert.deepEqual(
+      stored.recordings!.map((r) => `${r.turn}:${r.side}`),
+      ["1:assistant", "1:user", "2:assistant", "2:user", "3:assistant", "3:user"],
+    );
+    for (const e of stored.items) assert.equal(typeof e.metrics?.speech_to_audio, "number", `turn ${e.turn} ${e.role} carries its metrics`);
+    const side = async (turn: number, which: "user" | "assistant") => {
+      const res = await getAudio(server, phone.accessToken, audioPath(id, turn, which));
+      assert.equal(res.status, 200);
+      return new Uint8Array(await res.arrayBuffer());
+    };
+    const heardUser = await transcribe(server, await side(1, "user"));
+    assert.ok(wordErrorRate("Turn on the kitchen lights please.", heardUser) <= 0.4, `the device's side heard as ${JSON.stringify(heardUser)}`);
+    const heardReply = await transcribe(server, await side(1, "assistant"));
+    assert.ok(wordErrorRate("The kitchen lights are on now.", heardReply) <= 0.4, `the reply's side heard as ${JSON.stringify(heardReply)}`);
+    // The interrupted reply: only what was sent before the barge-in, far short of the whole story.
+    const reply2 = stored.items.find((e) => e.turn === 2 && e.role === "assistant")!;
+    assert.equal(reply2.interrupted, true);
+    const cut = stored.recordings!.find((r) => r.turn === 2 && r.side === "assistant")!;
+    const whole = (await ffmpegDuration(await side(1, "assistant"))) * (story.length / "The kitchen lights are on now.".length);
+    assert.ok(
+      cut.duration_ms >= 1_000 && cut.duration_ms < whole * 1000 * 0.7,
+      `interrupted reply kept ${cut.duration_ms} ms of about ${Math.round(whole * 1000)}`,
+    );
+    assert.ok(Math.abs((await ffmpegDuration(await side(2, "assistant"))) * 1000 - cut.duration_ms) < 100);
+    const heardCut = await transcribe(server, await side(2, "assistant"));
+    assert.ok(/bird|story/i.test(heardCut), `the kept part is the story's beginning: ${JSON.stringify(heardCut)}`);
+  });
+});
 
 describe("recording configuration", () => {
   test("recording without stored transcripts is refused at load, naming the key", () => {

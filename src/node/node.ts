@@ -461,6 +461,7 @@ export class Node {
       toolbox: this.tools,
       env: this.o.env ?? process.env,
       memory: this.memory,
+      tracing: this.tracing,
     });
     this.closers.defer(() => voice.close());
     this.voice = voice;

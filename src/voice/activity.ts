@@ -1,6 +1,8 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { VoiceConfig } from "../config/config.ts";
 import type { Admission } from "../domain/usage-meter.ts";
+import type { Traced, Tracing } from "../observability/tracing.ts";
+import { TurnTrace } from "../observability/voice-spans.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { EngineId, VoiceEngines } from "./engine-ports.ts";
@@ -33,6 +35,7 @@ export type AgentRun = (
   signal: AbortSignal,
   n: number,
   release?: () => Promise<void>,
+  trace?: Traced,
 ) => Promise<AsyncIterable<string>>;
 
 export interface ActivityOptions {
@@ -60,6 +63,8 @@ export interface ActivityOptions {
    * back from a drained node), put before the first turn's words once known.
    */
   earlier?: Promise<ChatMessage[]>;
+  /** The node's tracing (each turn a trace), and the conversation's id in it. */
+  tracing?: { tracing: Tracing; conversation?: string | undefined } | undefined;
 }
 
 /** Audio is judged in pieces of about 20 ms: "sound until min_ms" allows this much short. */
@@ -104,6 +109,8 @@ export interface Turn extends ListeningTurn {
   prepared?: Prepared | undefined;
   /** Preemptive replies asked in this turn. */
   preempted: number;
+  /** Its trace, from when it is a turn of its own, when the node traces. */
+  trace?: TurnTrace | undefined;
 }
 
 /** A reply being spoken, and the false interruptions it survived. */
@@ -264,7 +271,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     const history = [...this.history];
     const messages: ChatMessage[] = [...history, { role: "user", content: text }];
     const { n } = turn;
-    const reply = new PreparedReply(text, (signal, release) => this.o.run(agent.id, messages, signal, n, release), {
+    const reply = new PreparedReply(text, (signal, release) => this.o.run(agent.id, messages, signal, n, release, turn.trace?.traced), {
       clock: this.o.clock,
       maxChars: this.o.config.max_reply_chars,
     });
@@ -307,19 +314,40 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     this.o.events.eos(`in-${n}`, "audio", "user.audio");
     this.o.events.eos(`out-${n}`, "text", "assistant.text", { code: "failed", message: `the turn's audio was lost: ${err.message}` });
     const engines: TurnEngines = { transcription: turn.agent.engines.transcription.engine, speech: turn.agent.engines.speech.engine };
-    this.finishTurn(n, "failed", {}, engines, {
-      interrupted: false,
-      turn_cut: false,
-      reply_cut: false,
-      preemptive: turn.preempted > 0 ? "discarded" : "off",
-      false_interruptions: 0,
-    });
+    this.finishTurn(
+      n,
+      "failed",
+      {},
+      engines,
+      {
+        interrupted: false,
+        turn_cut: false,
+        reply_cut: false,
+        preemptive: turn.preempted > 0 ? "discarded" : "off",
+        false_interruptions: 0,
+      },
+      turn.trace,
+      "the turn's audio was lost",
+    );
   }
 
   /** A turn of its own: its number and its first event. */
   private begin(turn: Turn): void {
     this.turns++;
     turn.n = this.turns;
+    const t = this.o.tracing;
+    if (t) {
+      const { agent } = turn;
+      const engines = { transcription: agent.engines.transcription.engine, speech: agent.engines.speech.engine };
+      turn.trace = TurnTrace.start(t.tracing, {
+        now: this.o.clock.now(),
+        onset: turn.onset,
+        n: turn.n,
+        agent: agent.id,
+        conversation: t.conversation,
+        engines,
+      });
+    }
     this.o.events.bos(`in-${turn.n}`, "audio", "user.audio");
   }
 
@@ -448,12 +476,14 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       preemptive: "off",
       false_interruptions: 0,
     };
-    const done = (result: TurnResult, engines: TurnEngines, f: TurnFlags) => {
+    const engines: TurnEngines = { transcription: turn.agent.engines.transcription.engine, speech: turn.agent.engines.speech.engine };
+    const trace = turn.trace;
+    trace?.stage("voice.end_of_turn", end.lastVoiced, end.decided, { "perch.voice.turn_cut": end.cut });
+    const done = (result: TurnResult, engines: TurnEngines, f: TurnFlags, error?: string) => {
       this.drop(turn);
       if (f.preemptive === "off" && turn.preempted > 0) f.preemptive = "discarded";
-      this.finishTurn(n, result, stages, engines, f);
+      this.finishTurn(n, result, stages, engines, f, trace, error);
     };
-    const engines: TurnEngines = { transcription: turn.agent.engines.transcription.engine, speech: turn.agent.engines.speech.engine };
     this.transcribing = turn;
     let transcript: string;
     try {
@@ -471,6 +501,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     await this.continued();
     const transcribed = clock.now();
     stages.transcription = transcribed - end.decided;
+    trace?.stage("voice.transcription", end.decided, transcribed, { "perch.voice.engine": engines.transcription }, ["perch.voice.transcript", transcript]);
     // The turn's audio was transcribed, answered or not (usage.md §1).
     this.o.usage?.record(turn.agent.id, { audio_ms: Math.max(0, Math.round(end.decided - turn.onset)) });
     if (this.closed) return;
@@ -505,7 +536,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     this.remember("user", transcript);
     const messages = [...this.history];
     engines.speech = agent.engines.speech.engine;
-    let text: ReplyOptions["text"] = (signal) => this.o.run(agent.id, messages, signal, n);
+    let text: ReplyOptions["text"] = (signal) => this.o.run(agent.id, messages, signal, n, undefined, trace?.traced);
     let speech = usage ? countedSpeech(agent.engines.speech, (chars) => usage.record(agent.id, { speech_chars: chars })) : agent.engines.speech;
     if (limited !== undefined && usage) {
       this.drop(turn);
@@ -538,6 +569,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       late: () => this.o.metrics.frameLate(),
       maxChars: this.o.config.max_reply_chars,
       maxWaitMs: this.o.config.max_reply_delay_ms,
+      ...(trace ? { trace } : {}),
     });
     let remembered = () => {};
     const speaking: Speaking = { n, reply, falseInterruptions: 0, remembered: new Promise<void>((resolve) => (remembered = resolve)) };
@@ -571,13 +603,19 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       stages.speech_to_audio = at.firstAudio - end.lastVoiced;
     }
     if (outcome.error) this.o.log("warn", { turn: n, error: outcome.error }, "voice reply failed");
-    done(limited !== undefined && outcome.result === "answered" ? "limited" : outcome.result, engines, {
-      ...flags,
-      interrupted: outcome.result === "interrupted",
-      reply_cut: outcome.cut,
-      false_interruptions: speaking.falseInterruptions,
-      ...(limited !== undefined ? { limited } : {}),
-    });
+    if (at.firstAudio !== undefined) trace?.stage("voice.playout", at.firstAudio, clock.now(), { "perch.voice.interrupted": outcome.result === "interrupted" });
+    done(
+      limited !== undefined && outcome.result === "answered" ? "limited" : outcome.result,
+      engines,
+      {
+        ...flags,
+        interrupted: outcome.result === "interrupted",
+        reply_cut: outcome.cut,
+        false_interruptions: speaking.falseInterruptions,
+        ...(limited !== undefined ? { limited } : {}),
+      },
+      outcome.error,
+    );
   }
 
   /** The earlier turns this conversation continues (once, before its first words; never over a history of its own). */
@@ -595,13 +633,22 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     if (this.history.length > max) this.history.splice(0, this.history.length - max);
   }
 
-  private finishTurn(n: number, result: TurnResult, stages: Partial<Record<Stage, number>>, engines: TurnEngines, flags: TurnFlags): void {
+  private finishTurn(
+    n: number,
+    result: TurnResult,
+    stages: Partial<Record<Stage, number>>,
+    engines: TurnEngines,
+    flags: TurnFlags,
+    trace?: TurnTrace,
+    error?: string,
+  ): void {
     const metrics: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(stages)) metrics[k] = Math.round(v * 10) / 10;
     Object.assign(metrics, flags, { engines });
     this.o.events.done(`out-${n}`, "turn.metrics", JSON.stringify(metrics));
     this.o.metrics.turn(result, stages, engines);
-    this.o.log("info", { turn: n, result, ...metrics }, "voice turn");
+    trace?.end(result, stages, error);
+    this.o.log("info", { turn: n, result, ...metrics, ...(trace ? { trace_id: trace.traceId } : {}) }, "voice turn");
   }
 }
 

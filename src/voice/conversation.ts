@@ -3,7 +3,7 @@ import type { Logger } from "pino";
 import type { OpusRate } from "../audio/opus.ts";
 import type { VoiceConfig } from "../config/config.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
-import type { AgentChoice, AgentRun } from "./activity.ts";
+import type { ActivityOptions, AgentChoice, AgentRun } from "./activity.ts";
 import type { AudioThreads } from "./audio-threads.ts";
 import { systemClock, type VoiceClock } from "./clock.ts";
 import type { VoiceActivityPort } from "./engine-ports.ts";
@@ -70,6 +70,8 @@ export interface ConversationOptions {
   usage?: TurnUsage;
   /** Whether the device is known to be at a usage limit now. */
   limited?: () => boolean;
+  /** The node's tracing (each turn a trace), and the conversation's id in it. */
+  tracing?: ActivityOptions["tracing"];
   /** Hears the device's audio as the uplink decoded it (at the thinking part's rate), silence included, in order (the turns' recordings). */
   tap?: { heard(pcm: Int16Array, rate: OpusRate): void; silence(samples: number, rate: OpusRate): void };
 }
@@ -129,10 +131,18 @@ export class Conversation {
       usage: o.usage,
       limited: o.limited,
       earlier: o.earlier,
+      tracing: o.tracing,
       log,
     });
     this.part = this.choose();
-    this.uplink = this.openUplink(this.part?.rate ?? this.text.rate);
+    try {
+      this.uplink = this.openUplink(this.part?.rate ?? this.text.rate);
+    } catch (err) {
+      // Nothing of the conversation stays open (a realtime session would reconnect for good) when it cannot start.
+      this.realtime?.part.close();
+      this.text.close();
+      throw err;
+    }
     this.unsubscribe = o.port.onPacket((packet) => {
       if (this.closed || !this.part) return;
       try {

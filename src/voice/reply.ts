@@ -1,6 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import { EngineBusyError } from "../ai/speech/errors.ts";
 import { Resampler } from "../audio/resampler.ts";
+import type { SynthesisSpan, TurnTrace } from "../observability/voice-spans.ts";
 import type { VoiceClock } from "./clock.ts";
 import type { SpeechChunk, SpeechPort, SynthesisRequest } from "./engine-ports.ts";
 import type { FrameEncoder } from "./opus.ts";
@@ -22,6 +23,8 @@ const MIN_RATE = 8_000;
 const MAX_RATE = 48_000;
 
 export interface ReplyOptions {
+  /** The turn's trace: a span per sentence's synthesis. */
+  trace?: TurnTrace;
   /** Turn number: stream id `out-<n>`. */
   n: number;
   voice: string;
@@ -214,7 +217,7 @@ export class Reply {
       // Only the reply's first sentence carries the budget: once audio plays, a gap beats a cut.
       const budget = first ? o.maxWaitMs : undefined;
       first = false;
-      return new Synthesis(o.speech, { text, voice: o.voice, signal, ...(budget !== undefined ? { maxWaitMs: budget } : {}) });
+      return new Synthesis(o.speech, { text, voice: o.voice, signal, ...(budget !== undefined ? { maxWaitMs: budget } : {}) }, o.trace?.synthesis(text));
     };
     try {
       let current: Synthesis | undefined;
@@ -285,19 +288,35 @@ class Synthesis {
   readonly text: string;
   private readonly iterator: AsyncIterator<SpeechChunk>;
   private first: Promise<IteratorResult<SpeechChunk>> | undefined;
+  private readonly span: SynthesisSpan | undefined;
 
-  constructor(speech: SpeechPort, request: SynthesisRequest) {
+  constructor(speech: SpeechPort, request: SynthesisRequest, span?: SynthesisSpan) {
     this.text = request.text;
+    this.span = span;
     this.iterator = speech.synthesize(request)[Symbol.asyncIterator]();
     this.first = this.iterator.next();
     // Awaited when its turn comes; a failure before then (an abort) is not unhandled.
     this.first.catch(() => {});
+    // A synthesis left unfinished (a barge-in, the reply's end) ends its span then.
+    if (span) request.signal.addEventListener("abort", () => span.end(), { once: true });
   }
 
   async next(): Promise<SpeechChunk | undefined> {
     const pending = this.first ?? this.iterator.next();
     this.first = undefined;
-    const r = await pending;
+    if (!this.span) {
+      const r = await pending;
+      return r.done ? undefined : r.value;
+    }
+    let r: IteratorResult<SpeechChunk>;
+    try {
+      r = await pending;
+    } catch (err) {
+      this.span.end(err);
+      throw err;
+    }
+    if (r.done) this.span.end();
+    else this.span.audio();
     return r.done ? undefined : r.value;
   }
 }

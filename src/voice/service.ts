@@ -6,6 +6,7 @@ import type { ChatService } from "../ai/chat.ts";
 import type { OpusRate } from "../audio/opus.ts";
 import type { Config } from "../config/config.ts";
 import type { Domain } from "../domain/index.ts";
+import type { Traced, Tracing } from "../observability/tracing.ts";
 import type { ChatMessage, ChatRequest } from "../protocol/compat.ts";
 import { DeviceAgentChoice } from "./agent-choice.ts";
 import { AudioThreads, defaultAudioThreads } from "./audio-threads.ts";
@@ -43,6 +44,8 @@ export interface VoiceServiceOptions {
   env?: NodeJS.ProcessEnv;
   /** Rewrites devices' memories after their conversations (agents with `memory`). */
   memory?: MemoryRewriter;
+  /** The node's tracing: each turn a trace. */
+  tracing?: Tracing | undefined;
 }
 
 /** Voice conversations of this node: one per active connection, sharing the process's engines. */
@@ -162,7 +165,7 @@ export class VoiceService implements VoiceHost {
                   const id = choice.chosenId();
                   return id !== undefined && realtimeAgents.has(id) && !realtimeUsage?.limited(id) ? id : undefined;
                 },
-                open: (agentId, out) => this.realtimeActivity(key, events, realtimeAgents.get(agentId)!, out, keeper, realtimeUsage),
+                open: (agentId, out) => this.realtimeActivity(key, events, realtimeAgents.get(agentId)!, out, keeper, realtimeUsage, recorder.id),
               },
             }
           : {}),
@@ -172,15 +175,16 @@ export class VoiceService implements VoiceHost {
           const agent = choice.chosenId();
           return agent !== undefined && meter.limitedCached({ id: `device:${key}`, device: key }, agent);
         },
+        ...(this.o.tracing ? { tracing: { tracing: this.o.tracing, conversation: recorder.id } } : {}),
         ...(this.recording
           ? { tap: { heard: (pcm: Int16Array, rate: OpusRate) => turns.heard(pcm, rate), silence: (n: number, rate: OpusRate) => turns.silence(n, rate) } }
           : {}),
-        run: async (agentId, messages, signal, n, release) => {
+        run: async (agentId, messages, signal, n, release, trace) => {
           // The memory as notes after the agent's instructions (read when the conversation began).
           const notes = await keeper?.notes(agentId);
           // A reply prepared in a pause (voice.md §7) runs its tools only once it is used.
           const tools = { ...toolEvents(events, `out-${n}`), ...(release ? { ready: release } : {}) };
-          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools);
+          return this.reply(port.publicKey, agentId, notes ? [notes, ...messages] : messages, signal, tools, trace);
         },
       });
     } catch (err) {
@@ -226,6 +230,7 @@ export class VoiceService implements VoiceHost {
     out: { encoder: FrameEncoder; send: (opus: Buffer, first: boolean) => boolean },
     keeper: MemoryKeeper | undefined,
     usage: RealtimeUsage | undefined,
+    conversation: string,
   ): RealtimeActivity {
     const { config } = this.o;
     const agentConfig = config.agents.find((a) => a.id === agent.id)!;
@@ -249,6 +254,7 @@ export class VoiceService implements VoiceHost {
       send: out.send,
       log: (level, details, message) => this.o.logger[level]({ peer: key, ...details }, message),
       ...(usage ? { usage: usage.counts(agent.id) } : {}),
+      ...(this.o.tracing ? { tracing: { tracing: this.o.tracing, conversation } } : {}),
     });
   }
 
@@ -269,9 +275,16 @@ export class VoiceService implements VoiceHost {
   }
 
   /** The agent's answer through the Compatible API's own agent code, with the device as the caller; text deltas. */
-  private async reply(publicKey: string, agentId: string, messages: ChatMessage[], signal: AbortSignal, tools: ToolObserver): Promise<AsyncIterable<string>> {
+  private async reply(
+    publicKey: string,
+    agentId: string,
+    messages: ChatMessage[],
+    signal: AbortSignal,
+    tools: ToolObserver,
+    trace?: Traced,
+  ): Promise<AsyncIterable<string>> {
     const request = { model: agentId, messages, stream: true } as ChatRequest;
-    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools);
+    const result = await this.o.chat.chat({ kind: "device", publicKey }, request, signal, tools, trace);
     if (result.kind !== "stream") throw new Error("the agent did not stream");
     const events = result.stream.events();
     return (async function* () {

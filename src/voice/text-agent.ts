@@ -1,7 +1,7 @@
 import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { VoiceConfig } from "../config/config.ts";
 import type { ChatMessage } from "../protocol/compat.ts";
-import { type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
+import { type ActivityOptions, type AgentChoice, type AgentRun, type Turn, TurnActivity } from "./activity.ts";
 import type { VoiceClock } from "./clock.ts";
 import { RECOGNITION_RATE, type VoiceActivityPort } from "./engine-ports.ts";
 import type { VoiceMetrics } from "./metrics.ts";
@@ -29,6 +29,7 @@ export interface TextAgentOptions {
   usage?: TurnUsage | undefined;
   limited?: (() => boolean) | undefined;
   earlier?: Promise<ChatMessage[]> | undefined;
+  tracing?: ActivityOptions["tracing"];
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
 }
 
@@ -62,6 +63,7 @@ export class TextAgentActivity {
       ...(o.usage ? { usage: o.usage } : {}),
       ...(o.limited ? { limited: o.limited } : {}),
       ...(o.earlier ? { earlier: o.earlier } : {}),
+      ...(o.tracing ? { tracing: o.tracing } : {}),
       log: o.log,
     });
     this.recognition = this.listen();

@@ -9,6 +9,7 @@ import pino from "pino";
 import { Registry } from "prom-client";
 import { loadResampler } from "../../src/audio/resampler.ts";
 import { VoiceConfig as VoiceConfigSchema } from "../../src/config/config.ts";
+import type { Traced, Tracing } from "../../src/observability/tracing.ts";
 import type { ChatMessage } from "../../src/protocol/compat.ts";
 import { PeerEventSchema } from "../../src/protocol/gen/event_pb.ts";
 import type { AgentChoice } from "../../src/voice/activity.ts";
@@ -282,12 +283,21 @@ export class FakeModel {
     at: number;
     /** Given to a call made in a pause (a preemptive reply): awaited before a tool may run. */
     release: (() => Promise<void>) | undefined;
+    /** The span the call's spans go under, when the conversation traces. */
+    trace: Traced | undefined;
   }> = [];
   script: (call: FakeModel["calls"][number]) => AsyncIterable<string> = () => pieces(["It is ten o'clock. ", "Anything else?"]);
   now: () => number = () => 0;
 
-  run = async (agentId: string, messages: ChatMessage[], signal: AbortSignal, _n: number, release?: () => Promise<void>): Promise<AsyncIterable<string>> => {
-    const call = { agentId, messages, signal, pieces: 0, at: this.now(), release };
+  run = async (
+    agentId: string,
+    messages: ChatMessage[],
+    signal: AbortSignal,
+    _n: number,
+    release?: () => Promise<void>,
+    trace?: Traced,
+  ): Promise<AsyncIterable<string>> => {
+    const call = { agentId, messages, signal, pieces: 0, at: this.now(), release, trace };
     this.calls.push(call);
     const source = this.script(call);
     return (async function* () {
@@ -331,7 +341,10 @@ export interface Rig {
 }
 
 /** A conversation with fake engines on a fake clock (voice config as in configuration; defaults otherwise). */
-export async function rig(voice: Record<string, unknown> = {}, o: { threads?: AudioThreads; usage?: TurnUsage; limited?: () => boolean } = {}): Promise<Rig> {
+export async function rig(
+  voice: Record<string, unknown> = {},
+  o: { threads?: AudioThreads; usage?: TurnUsage; limited?: () => boolean; tracing?: Tracing } = {},
+): Promise<Rig> {
   const clock = new FakeClock();
   const stt = new FakeTranscription();
   const tts = new FakeSpeech();
@@ -427,6 +440,7 @@ export async function rig(voice: Record<string, unknown> = {}, o: { threads?: Au
     threads: o.threads,
     ...(o.usage ? { usage: o.usage } : {}),
     ...(o.limited ? { limited: o.limited } : {}),
+    ...(o.tracing ? { tracing: { tracing: o.tracing, conversation: "conversation-1" } } : {}),
   });
   return r;
 }

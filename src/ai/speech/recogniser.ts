@@ -493,13 +493,16 @@ const SPECULATE_AFTER = 0.15;
 const BLOCK = 320;
 const MAX_UTTERANCE = 20;
 
+/** What a live stream's recogniser asks of the engine (the fast tests give a fake one). */
+export type LiveRecognition = Pick<MoonshineEngine, "recognise" | "recogniseHeard" | "recogniserIdle">;
+
 /**
  * One live stream's utterance. Recognition of the whole utterance starts on its own as soon as
  * 150 ms of silence follow speech (the turn detector reports the end of speech only after its own
  * silence, 300 ms or more): `finish()` then has the text already, or soon, instead of starting then.
  */
 export class IncrementalRecogniser {
-  private readonly engine: MoonshineEngine;
+  private readonly engine: LiveRecognition;
   private chunks: Float32Array[] = [];
   private samples = 0;
   private last: { samples: number; heard: Heard } | undefined;
@@ -512,7 +515,7 @@ export class IncrementalRecogniser {
   /** A block's worth of samples not yet judged. */
   private pending = new Float32Array(0);
 
-  constructor(engine: MoonshineEngine) {
+  constructor(engine: LiveRecognition) {
     this.engine = engine;
   }
 

@@ -2,7 +2,11 @@ import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import type { ToolKit, ToolObserver } from "../../ai/agents/toolbox.ts";
 import { Resampler } from "../../audio/resampler.ts";
 import type { VoiceConfig } from "../../config/config.ts";
+import { toolEnded } from "../../observability/gen-ai-spans.ts";
+import type { Traced } from "../../observability/tracing.ts";
+import { TurnTrace } from "../../observability/voice-spans.ts";
 import type { ChatMessage } from "../../protocol/compat.ts";
+import type { ActivityOptions } from "../activity.ts";
 import type { VoiceClock } from "../clock.ts";
 import { RECOGNITION_RATE, type TurnTranscription, type VoiceActivityPort } from "../engine-ports.ts";
 import type { Stage, VoiceMetrics } from "../metrics.ts";
@@ -59,6 +63,8 @@ export interface RealtimeActivityOptions {
   log: (level: "info" | "warn" | "debug", details: Record<string, unknown>, message: string) => void;
   /** Counts the session's use (usage.md §1): audio both ways (24 kHz samples), the tokens reported, answered turns. */
   usage?: RealtimeCounts;
+  /** The node's tracing (each turn a trace, with the session's events), and the conversation's id in it. */
+  tracing?: ActivityOptions["tracing"];
 }
 
 export interface RealtimeCounts {
@@ -108,6 +114,8 @@ export class RealtimeActivity {
   private errorSaidAt = Number.NEGATIVE_INFINITY;
   private eventIds = 0;
   private toolsSent = "";
+  /** The traces of the turns under way, by number (when the node traces). */
+  private readonly traces = new Map<number, TurnTrace>();
   private cancelRenew: (() => void) | undefined;
   private memory: string | undefined;
   private closed = false;
@@ -179,9 +187,22 @@ export class RealtimeActivity {
     if (!this.closed) this.node?.recognition.tick();
   }
 
-  /** The audio thread decoding the uplink ended: the node's turn being heard is heard afresh (the model's detector hears the gap). */
-  audioLost(): void {
-    if (this.closed || !this.node || !this.o.activity) return;
+  /**
+   * The audio thread of the uplink ended: the reply it was encoding fails (its frames in flight are
+   * lost; the response is cancelled), and the node's turn being heard is heard afresh (the model's
+   * own detector hears the gap as it is).
+   */
+  audioLost(err: Error): void {
+    if (this.closed) return;
+    const turn = this.reply;
+    if (turn && !turn.ended) {
+      turn.tools.abort.abort(err);
+      if (turn.responseActive) this.sendOwn({ type: "response.cancel" });
+      turn.responseActive = false;
+      turn.cutItems(turn.stopAudio(), true);
+      this.endTurn(turn, "failed", `the reply's audio failed: ${err.message}`);
+    }
+    if (!this.node || !this.o.activity) return;
     this.node.recognition.close();
     this.node.recognition = this.listen(this.o.activity);
   }
@@ -336,7 +357,44 @@ export class RealtimeActivity {
 
   private event(e: RealtimeServerEvent): void {
     if (this.closed) return;
+    if (this.o.tracing) this.traceEvent(e);
     (this.on[e.type] as (e: RealtimeServerEvent) => void)(e);
+  }
+
+  /** The session's event on the trace of the turn it belongs to: the one heard, else the one answered (deltas: only a reply's first audio). */
+  private traceEvent(e: RealtimeServerEvent): void {
+    const reply = this.reply && !this.reply.ended ? this.reply : undefined;
+    const n = e.type === "input_audio_buffer.speech_started" ? this.turns + 1 : (this.listening?.n ?? reply?.n);
+    if (e.type.endsWith(".delta") && e.type !== "response.output_audio.delta") return;
+    const trace = n === undefined ? undefined : (this.traces.get(n) ?? (e.type === "input_audio_buffer.speech_started" ? this.trace(n) : undefined));
+    if (!trace || (e.type === "response.output_audio.delta" && !trace.first(e.type))) return;
+    const ids = e as { response_id?: string; item_id?: string; response?: { id?: string; status?: string } };
+    const attributes: Record<string, string> = {};
+    const responseId = ids.response_id ?? ids.response?.id;
+    if (responseId) attributes["perch.realtime.response_id"] = responseId;
+    if (ids.item_id) attributes["perch.realtime.item_id"] = ids.item_id;
+    if (ids.response?.status) attributes["perch.realtime.status"] = ids.response.status;
+    trace.sessionEvent(e.type, this.o.clock.now(), attributes);
+  }
+
+  /** Turn `n`'s trace, begun now (its speech started). */
+  private trace(n: number): TurnTrace | undefined {
+    const t = this.o.tracing;
+    if (!t) return undefined;
+    let trace = this.traces.get(n);
+    if (!trace) {
+      const now = this.o.clock.now();
+      trace = TurnTrace.start(t.tracing, {
+        now,
+        onset: now,
+        n,
+        agent: this.o.agent.id,
+        conversation: t.conversation,
+        engines: { realtime: this.o.agent.provider },
+      });
+      this.traces.set(n, trace);
+    }
+    return trace;
   }
 
   /** A part of the user's transcript: told up to the bound, the rest dropped. */
@@ -443,6 +501,7 @@ export class RealtimeActivity {
     if (this.reply && !this.reply.ended && this.o.config.barge_in) this.bargeIn(this.reply);
     const n = ++this.turns;
     this.listening = { n };
+    this.trace(n);
     if (item) this.rememberItem(item, n);
     this.o.events.bos(`in-${n}`, "audio", "user.audio");
     this.refreshTools();
@@ -498,7 +557,7 @@ export class RealtimeActivity {
       stoppedAt,
       // Barge-in off: the previous reply plays to its end before this one's audio starts.
       after: previous && !previous.ended ? previous.finished : undefined,
-      tools: new RealtimeTools({ kit: o.tools, observer: o.toolEvents(n), timeoutMs: o.agent.toolTimeoutMs, clock: o.clock }),
+      tools: new RealtimeTools({ kit: o.tools, observer: tracedTools(o.toolEvents(n), this.trace(n)), timeoutMs: o.agent.toolTimeoutMs, clock: o.clock }),
       maxReplyChars: o.config.max_reply_chars,
       clock: o.clock,
       resampler: o.resampler,
@@ -636,7 +695,16 @@ export class RealtimeActivity {
     Object.assign(metrics, { interrupted: result === "interrupted", reply_cut: turn.cut, engines: { realtime: this.o.agent.provider } });
     events.done(out, "turn.metrics", JSON.stringify(metrics));
     this.o.metrics.turn(result, stages, { transcription: this.o.agent.provider, speech: this.o.agent.provider });
-    this.o.log(result === "failed" ? "warn" : "info", { turn: turn.n, result, ...metrics, ...(error ? { error } : {}) }, "voice turn");
+    const trace = this.traces.get(turn.n);
+    this.traces.delete(turn.n);
+    if (trace && turn.firstAudioAt !== undefined)
+      trace.stage("voice.playout", turn.firstAudioAt, this.o.clock.now(), { "perch.voice.interrupted": result === "interrupted" });
+    trace?.end(result, stages, error);
+    this.o.log(
+      result === "failed" ? "warn" : "info",
+      { turn: turn.n, result, ...metrics, ...(error ? { error } : {}), ...(trace ? { trace_id: trace.traceId } : {}) },
+      "voice turn",
+    );
     // A session that answered a turn works: the next failure reconnects at once again.
     if (result === "answered" && turn.audioStarted) this.link.proven();
   }
@@ -650,6 +718,26 @@ export class RealtimeActivity {
     const max = this.o.config.history_turns * 2;
     if (this.history.length > max) this.history.splice(0, this.history.length - max);
   }
+}
+
+/** A turn's tool observer that also traces each call (a span from its call to its result). */
+function tracedTools(observer: ToolObserver, trace: TurnTrace | undefined): ToolObserver {
+  if (!trace) return observer;
+  const open = new Map<string, Traced[]>();
+  return {
+    ...(observer.ready ? { ready: () => observer.ready!() } : {}),
+    called(name, args) {
+      const list = open.get(name) ?? [];
+      list.push(trace.tool(name, args));
+      open.set(name, list);
+      observer.called(name, args);
+    },
+    finished(name, outcome) {
+      const span = open.get(name)?.shift();
+      if (span) toolEnded(span, outcome.result, outcome.isError);
+      observer.finished(name, outcome);
+    },
+  };
 }
 
 /** A count the provider reported (none, or not positive, is 0). */
