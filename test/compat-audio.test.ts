@@ -144,7 +144,11 @@ describe("Compatible API: audio routes, HTTP side", () => {
       assert.equal(got, status, JSON.stringify({ extra: Object.keys(extra), body }));
       assert.equal(body.error.param, param, JSON.stringify({ extra: Object.keys(extra), body }));
     }
-    const notMultipart = await server.fetch(url("/audio/transcriptions"), { method: "POST", headers: { ...auth, "content-type": "application/json" }, body: "{}" });
+    const notMultipart = await server.fetch(url("/audio/transcriptions"), {
+      method: "POST",
+      headers: { ...auth, "content-type": "application/json" },
+      body: "{}",
+    });
     assert.equal(notMultipart.status, 400);
   });
 

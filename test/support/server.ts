@@ -180,7 +180,10 @@ export async function startTestNode(o: Parameters<typeof startTestServer>[0] = {
     const target = new URL(input instanceof Request ? input.url : String(input), url);
     if (target.origin !== url) throw new Error(`${target.origin} is not this in-process node's (${url})`);
     const request = input instanceof Request ? input : undefined;
-    return node.request(`${target.pathname}${target.search}`, request ? { method: request.method, headers: request.headers, body: request.body, duplex: "half", ...init } as RequestInit : init);
+    return node.request(
+      `${target.pathname}${target.search}`,
+      request ? ({ method: request.method, headers: request.headers, body: request.body, duplex: "half", ...init } as RequestInit) : init,
+    );
   };
   const now = o.clock ? () => o.clock!.now() : undefined;
   return {
