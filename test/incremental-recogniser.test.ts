@@ -3,6 +3,7 @@ import { describe, test } from "node:test";
 import type { Heard } from "../src/ai/speech/moonshine.ts";
 import { IncrementalRecogniser, type LiveRecognition } from "../src/ai/speech/recogniser.ts";
 import type { JobOptions } from "../src/ai/speech/scheduler.ts";
+import { embeddedTranscription, PartialGate } from "../src/voice/embedded-engines.ts";
 
 const RATE = 16_000;
 
@@ -13,6 +14,7 @@ function speech(seconds: number): Float32Array {
 function silence(seconds: number): Float32Array {
   return new Float32Array(Math.round(seconds * RATE));
 }
+const int16 = (audio: Float32Array) => Int16Array.from(audio, (x) => Math.round(x * 32767));
 
 /**
  * The model, faked: each recognition waits until the test answers it, so the test decides when a
@@ -104,5 +106,27 @@ describe("live recognition at a pause: speculate() never answers with words olde
     first.answer("Turn the lights off.");
     assert.equal(await words, "Turn the lights off.");
     assert.equal(model.jobs.length, 1);
+  });
+
+  test("through the conversation's port: the words asked after a pause and more speech are those of all the speech", async () => {
+    const model = new FakeModel();
+    const port = embeddedTranscription({ createIncrementalRecogniser: () => new IncrementalRecogniser(model), languages: ["en"] }, new PartialGate());
+    const partials: string[] = [];
+    const turn = port.open({ signal: new AbortController().signal, partial: (text) => partials.push(text) });
+    turn.push(int16(speech(1)));
+    turn.push(int16(silence(0.2)));
+    // The pause: the recognition under way covers everything so far.
+    turn.pause();
+    const first = await model.job(1);
+    // More speech, and the end of turn asks for the words at the next pause.
+    turn.push(int16(speech(0.3)));
+    turn.push(int16(silence(0.1)));
+    const words = turn.soFar();
+    first.answer("Set a timer.");
+    const second = await model.jobBefore(2, words);
+    assert.equal(second.samples, 1.6 * RATE);
+    second.answer("Set a timer for.");
+    assert.equal(await words, "Set a timer for.");
+    assert.deepEqual(partials, ["Set a timer."], "the pause's words went out as partial text, not as the turn's");
   });
 });

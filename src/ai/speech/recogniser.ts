@@ -115,6 +115,8 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   turnFrontEnd?: FrontEndOptions | false;
   /** Moonshine base's model directory (default the package's). */
   modelDir?: string;
+  /** Where the workers' warning goes (their priorities could not be set): the node's log. */
+  warn?: (message: string) => void;
   /** A load that failed is tried again on a use after this long, doubling (default 5 s, at most 5 min). */
   loadRetryMs?: number;
 }
@@ -206,6 +208,7 @@ export class MoonshineEngine implements TranscriptionEngine {
           background: this.processes - 1,
           name: "recogniser",
           isolation: "process",
+          ...(options.warn ? { warn: options.warn } : {}),
         });
         this.recogniserPool = pool;
         return {
