@@ -19,6 +19,10 @@
  * this one with the same configuration; every step runs on both, one after the other, the order
  * alternating from step to step, so that before and after come from one run on one machine.
  *
+ * BENCH_CAPACITY_TRACING=1: this checkout's server a second time, tracing every request and turn to
+ * a collector in this process (bench/otlp-sink.ts), beside the one that does not (`traced_over_this`):
+ * the cost of tracing (docs/observability.md).
+ *
  * BENCH_CAPACITY_AUDIO_LEVEL=1: the devices offer the RTP audio level (RFC 6464) and send it on every
  * packet, as libwebrtc (the SDK's microphone, browsers) does; default off (the extension offered by none).
  *
@@ -31,6 +35,7 @@ import { availableParallelism, loadavg, setPriority, tmpdir } from "node:os";
 import { join } from "node:path";
 import { LibOpus } from "../src/audio/opus.ts";
 import type { CapacityAudio, CapacityCollected, CapacityCommand, CapacityConnected, Mode } from "./capacity-worker.ts";
+import { OtlpSink } from "./otlp-sink.ts";
 import { benchConfig, ROOT, round, type Server, settledCpu, startServer } from "./support.ts";
 import { metric, pct, questionFile } from "./voice.ts";
 
@@ -239,7 +244,7 @@ interface Side {
   steps: unknown[];
 }
 
-async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string): Promise<Side> {
+async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string, extra: Record<string, unknown> = {}): Promise<Side> {
   const data = mkdtempSync(join(dir, `${name}-`));
   const server = await startServer(
     {
@@ -264,6 +269,7 @@ async function startSide(name: string, root: string, dir: string, providerUrl: s
           },
         ],
         voice: { agent: "talker" },
+        ...extra,
       }),
     },
     root,
@@ -373,6 +379,7 @@ export async function capacityBench(): Promise<unknown> {
     stdio: ["ignore", "pipe", "inherit", "ipc"],
   });
   const base = spec ? baseRoot(spec) : undefined;
+  const sink = process.env.BENCH_CAPACITY_TRACING === "1" ? await OtlpSink.start() : undefined;
   const sides: Side[] = [];
   const killAll = () => {
     for (const s of sides) {
@@ -387,6 +394,7 @@ export async function capacityBench(): Promise<unknown> {
     const providerUrl = await new Promise<string>((resolve) => provider.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
     if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
     sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
+    if (sink) sides.push(await startSide("traced", ROOT, dir, providerUrl, audioFile, { tracing: { otlp: { endpoint: sink.endpoint } } }));
     for (const [i, step] of plan.entries()) {
       const order = i % 2 === 0 ? sides : [...sides].reverse();
       for (const side of order) side.steps.push(await runStep(side, step));
@@ -413,35 +421,37 @@ export async function capacityBench(): Promise<unknown> {
         server_warnings: side.server.warnings,
       };
     }
-    const [b, a] = sides.length === 2 ? sides : [];
-    if (b && a) {
-      type Figures = {
-        step: string;
-        cpu_percent: number;
-        main_thread_cpu_percent: number;
-        rss_mb: { mean: number };
-        end_of_speech_to_first_audio_ms?: { p50: number; p95: number };
-      };
-      const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
-      out.this_over_base = {
-        at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
-        steps: (a.steps as Figures[]).map((s, i) => {
-          const o = b.steps[i] as Figures;
-          return {
-            step: s.step,
-            cpu: ratio(s.cpu_percent, o.cpu_percent),
-            main_thread_cpu: ratio(s.main_thread_cpu_percent, o.main_thread_cpu_percent),
-            rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
-            ...(s.end_of_speech_to_first_audio_ms
-              ? {
-                  latency_p50: ratio(s.end_of_speech_to_first_audio_ms.p50, o.end_of_speech_to_first_audio_ms?.p50),
-                  latency_p95: ratio(s.end_of_speech_to_first_audio_ms.p95, o.end_of_speech_to_first_audio_ms?.p95),
-                }
-              : {}),
-          };
-        }),
-      };
-    }
+    type Figures = {
+      step: string;
+      cpu_percent: number;
+      main_thread_cpu_percent: number;
+      rss_mb: { mean: number };
+      end_of_speech_to_first_audio_ms?: { p50: number; p95: number };
+    };
+    const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
+    const over = (a: Side, b: Side) => ({
+      at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
+      steps: (a.steps as Figures[]).map((s, i) => {
+        const o = b.steps[i] as Figures;
+        return {
+          step: s.step,
+          cpu: ratio(s.cpu_percent, o.cpu_percent),
+          main_thread_cpu: ratio(s.main_thread_cpu_percent, o.main_thread_cpu_percent),
+          rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
+          ...(s.end_of_speech_to_first_audio_ms
+            ? {
+                latency_p50: ratio(s.end_of_speech_to_first_audio_ms.p50, o.end_of_speech_to_first_audio_ms?.p50),
+                latency_p95: ratio(s.end_of_speech_to_first_audio_ms.p95, o.end_of_speech_to_first_audio_ms?.p95),
+              }
+            : {}),
+        };
+      }),
+    });
+    const side = (name: string) => sides.find((s) => s.name === name);
+    const [base_, this_, traced] = [side("base"), side("this")!, side("traced")];
+    if (base_) out.this_over_base = over(this_, base_);
+    if (traced) out.traced_over_this = over(traced, this_);
+    if (sink) out.collector = sink.figures();
     return out;
   } finally {
     for (const s of sides) {
@@ -450,5 +460,6 @@ export async function capacityBench(): Promise<unknown> {
     }
     killAll();
     base?.remove();
+    await sink?.close();
   }
 }
