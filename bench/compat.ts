@@ -9,12 +9,14 @@
  * measured the same way, call by call and in its own 32-connection load right after this one's.
  * `BENCH_COMPAT_ONLY=chat` measures only the chat figures (no large bodies).
  */
+
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import http from "node:http";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
+import { JsonThread } from "../src/ai/json-thread.ts";
 import { AiSdkProvider } from "../src/ai/providers/ai-sdk.ts";
 import { OpenAIProvider } from "../src/ai/providers/openai.ts";
 import { type Portkey, startPortkey } from "./portkey.ts";
@@ -375,7 +377,7 @@ function exchange(t: Target, body: string, toFirstByte: boolean): Promise<number
  */
 async function passThroughVsSdk(url: string) {
   const signal = new AbortController().signal;
-  const passThrough = new OpenAIProvider({ baseUrl: url, apiKey: undefined, timeoutMs: 60_000 });
+  const passThrough = new OpenAIProvider({ baseUrl: url, apiKey: undefined, timeoutMs: 60_000, json: new JsonThread() });
   const viaSdk = new AiSdkProvider({ kind: "openai-compatible", baseUrl: url, apiKey: undefined, timeoutMs: 60_000 });
   const messages = [{ role: "user" as const, content: "Say something short." }];
   const out: Record<string, unknown> = {};

@@ -1,86 +1,108 @@
 /**
  * `npm run bench -- realtime-attack`: the hostile realtime provider attacks of issue 45, each on one
- * conversation's realtime activity (src/voice/realtime/activity.ts) in this process (a provider in a process of its own sends): new item ids
- * in 200,000 audio deltas and in 100,000 transcript deltas, 200,000 tiny deltas of one item, a
- * 100 MB transcript, 5 tool calls of 3.9 MB arguments. For each: the longest the event loop was
- * held (what `/healthz` would wait at most; the issue's bound: 100 ms), and the RSS after it,
- * collected, against before (bound: back within 50 MB).
+ * conversation's realtime session (a provider in a process of its own sends): new item ids in 200,000 audio
+ * deltas and in 100,000 transcript deltas, 200,000 tiny deltas of one item, a 100 MB transcript,
+ * 5 tool calls of 3.9 MB arguments. For each: the longest the event loop was held (what `/healthz`
+ * would wait at most; the issue's bound: 100 ms), and the RSS after it, collected, against before
+ * (bound: back within 50 MB). Beside the loop's delay, `max_hold_cpu_ms`: the longest hold in the
+ * main thread's own CPU time, which the machine's load does not add to.
+ *
+ * Each attack runs in a process of its own (realtime-attack-side.ts), on this checkout's code and,
+ * with `BENCH_REALTIME_ATTACK_BEFORE` (a checkout, or a git revision checked out into a temporary
+ * worktree), on that one's, one after the other for each attack (`BENCH_REALTIME_ATTACK_ROUNDS`
+ * rounds, 1 by default), and beside them `idle_process`: the longest hold of an idle process's loop
+ * over 2 s, the machine's load alone (on 2 shared cores it descheduled a process for 100 ms and
+ * more). `BENCH_REALTIME_ATTACK_ONLY=a,b` runs only those attacks;
+ * `BENCH_CPU_PROF=<dir>` writes each side's CPU profile there.
  */
 import { spawn } from "node:child_process";
-import { monitorEventLoopDelay } from "node:perf_hooks";
-import v8 from "node:v8";
-import vm from "node:vm";
-import { Registry } from "prom-client";
-import type { ToolKit } from "../src/ai/agents/toolbox.ts";
-import { loadResampler } from "../src/audio/resampler.ts";
-import { loadConfig } from "../src/config/config.ts";
-import { systemClock } from "../src/voice/clock.ts";
-import { VoiceMetrics } from "../src/voice/metrics.ts";
-import { OpusCodec } from "../src/voice/opus.ts";
-import { VoiceEvents } from "../src/voice/peer-events.ts";
-import { RealtimeActivity } from "../src/voice/realtime/activity.ts";
-import { realtimeAgent } from "../test/support/fake-realtime.ts";
+import { loadavg } from "node:os";
+import { ROOT } from "./support.ts";
+import { beforeRoot } from "./voice-turns.ts";
 
 const ATTACKS = ["audio-item-ids", "transcript-item-ids", "audio-one-item", "transcript-100mb", "tool-arguments"] as const;
 
+interface Side {
+  max_loop_delay_ms: number;
+  max_hold_cpu_ms: number;
+  attack_s: number;
+  rss_before_mb: number;
+  rss_after_mb: number;
+  events: number;
+}
+
+function run(root: string, port: number, attack: string): Promise<Side> {
+  const prof = process.env.BENCH_CPU_PROF;
+  const child = spawn(
+    process.execPath,
+    [
+      ...(prof ? ["--cpu-prof", `--cpu-prof-dir=${prof}`] : []),
+      "--import",
+      "tsx",
+      new URL("./realtime-attack-side.ts", import.meta.url).pathname,
+      root,
+      String(port),
+      attack,
+    ],
+    { stdio: ["ignore", "pipe", "inherit"], cwd: ROOT },
+  );
+  let out = "";
+  child.stdout.on("data", (d: Buffer) => (out += d.toString()));
+  return new Promise((resolve, reject) =>
+    child.once("exit", (code) => {
+      try {
+        resolve(JSON.parse(out) as Side);
+      } catch {
+        reject(new Error(`${attack} on ${root} exited with ${code}: ${out}`));
+      }
+    }),
+  );
+}
+
 export async function realtimeAttackBench(): Promise<unknown> {
-  v8.setFlagsFromString("--expose-gc");
-  const gc = vm.runInNewContext("gc") as () => void;
+  const spec = process.env.BENCH_REALTIME_ATTACK_BEFORE;
+  const before = spec ? beforeRoot(spec) : undefined;
+  const rounds = Number(process.env.BENCH_REALTIME_ATTACK_ROUNDS ?? 1);
+  const only = process.env.BENCH_REALTIME_ATTACK_ONLY?.split(",");
   const server = spawn(process.execPath, ["--import", "tsx", new URL("./realtime-attack-server.ts", import.meta.url).pathname], {
     stdio: ["ignore", "pipe", "inherit"],
   });
   const port = await new Promise<number>((resolve) => server.stdout!.once("data", (d: Buffer) => resolve(Number(d.toString().trim()))));
-  const resampler = await loadResampler();
-  const config = loadConfig({}, {});
-  const results: Record<string, { max_loop_delay_ms: number; rss_before_mb: number; rss_after_mb: number; events: number }> = {};
+  const sides = [...(before ? [["before", before.root] as const] : []), ["after", ROOT] as const];
+  const results: Record<string, Record<string, Side[]>> = {};
+  const load: number[] = [loadavg()[0]!];
   try {
-    for (const attack of ATTACKS) {
-      gc();
-      const before = process.memoryUsage().rss;
-      const loop = monitorEventLoopDelay({ resolution: 5 });
-      let events = 0;
-      let done!: () => void;
-      const finished = new Promise<void>((r) => {
-        done = r;
-      });
-      loop.enable();
-      const session = new RealtimeActivity({
-        agent: realtimeAgent(`ws://127.0.0.1:${port}/v1/realtime?model=m&attack=${attack}`, { toolTimeoutMs: 1_000 }),
-        config: config.voice,
-        events: new VoiceEvents({ sendEvent: () => void events++ } as never),
-        tools: {
-          definitions: () => [],
-          displayName: (n: string) => n,
-          run: async () => ({ text: "ok", isError: false, images: [], result: "ok" }),
-        } as unknown as ToolKit,
-        toolEvents: () => ({ called() {}, finished() {} }),
-        activity: undefined,
-        resampler,
-        encoder: new OpusCodec(24_000),
-        metrics: new VoiceMetrics(new Registry(), () => 1),
-        clock: systemClock,
-        send: () => true,
-        log: (_l, _d, message) => {
-          if (message === "the realtime session failed; reconnecting") done();
-        },
-      });
-      // The attack ends when the provider closes the session (the session's failure line), at most 2 minutes.
-      const timer = setTimeout(done, 120_000);
-      await finished;
-      clearTimeout(timer);
-      session.close();
-      loop.disable();
-      await new Promise((r) => setTimeout(r, 500));
-      gc();
-      results[attack] = {
-        max_loop_delay_ms: Math.round(loop.max / 1e6),
-        rss_before_mb: Math.round(before / 2 ** 20),
-        rss_after_mb: Math.round(process.memoryUsage().rss / 2 ** 20),
-        events,
-      };
-    }
+    for (let r = 0; r < rounds; r++)
+      for (const attack of ATTACKS.filter((a) => !only || only.includes(a)))
+        for (const [name, root] of [...sides, ["idle_process", ROOT] as const]) {
+          const side = await run(root, port, name === "idle_process" ? "idle" : attack);
+          const byAttack = results[attack] ?? {};
+          results[attack] = byAttack;
+          byAttack[name] = [...(byAttack[name] ?? []), side];
+        }
+    load.push(loadavg()[0]!);
   } finally {
     server.kill();
+    before?.remove();
   }
-  return { suite: "realtime-attack", bounds: { max_loop_delay_ms: 100, rss_growth_mb: 50 }, results };
+  const summary: Record<string, unknown> = {};
+  for (const [attack, bySide] of Object.entries(results)) {
+    const row: Record<string, unknown> = {};
+    for (const [name, runs] of Object.entries(bySide))
+      row[name] = {
+        max_loop_delay_ms: runs.map((s) => s.max_loop_delay_ms),
+        max_hold_cpu_ms: runs.map((s) => s.max_hold_cpu_ms),
+        attack_s: runs.map((s) => s.attack_s),
+        rss_growth_mb: runs.map((s) => s.rss_after_mb - s.rss_before_mb),
+        events: runs.map((s) => s.events),
+      };
+    summary[attack] = row;
+  }
+  return {
+    suite: "realtime-attack",
+    before: spec ?? "not measured: set BENCH_REALTIME_ATTACK_BEFORE to a checkout or a git revision",
+    bounds: { max_loop_delay_ms: 100, rss_growth_mb: 50 },
+    load_1m: { start: load[0], end: load[1] },
+    results: summary,
+  };
 }

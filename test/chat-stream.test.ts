@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { type ChatEvent, type ChatPiece, ChatStream, RawChatPiece } from "../src/ai/chat-stream.ts";
 import { ChunkWriter } from "../src/ai/chunks.ts";
+import { JsonThread } from "../src/ai/json-thread.ts";
 import { OpenAIProvider } from "../src/ai/providers/openai.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 
@@ -14,7 +15,7 @@ describe("chat stream: typed inside, bytes at the edge", () => {
 
   before(async () => {
     upstream = await startFakeUpstream();
-    provider = new OpenAIProvider({ baseUrl: upstream.url, apiKey: undefined, timeoutMs: 600_000 });
+    provider = new OpenAIProvider({ baseUrl: upstream.url, apiKey: undefined, timeoutMs: 600_000, json: new JsonThread() });
   });
   after(() => upstream.close());
 

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { InFlight } from "../src/ai/in-flight.ts";
+import { JsonThread } from "../src/ai/json-thread.ts";
 import { ChatRouter } from "../src/ai/router.ts";
 import { type Config, loadConfig } from "../src/config/config.ts";
 import { engineChooser } from "../src/voice/engine-choice.ts";
@@ -65,7 +66,7 @@ describe("provider engines behind the engine ports", () => {
     choose = engineChooser({
       catalog: undefined as never,
       embedded: { speech: embeddedSpeech, transcription: embeddedTranscription },
-      providers: { config, remote: { router: new ChatRouter(config, {}), inFlight: new InFlight() } },
+      providers: { config, remote: { router: new ChatRouter(config, new JsonThread(), {}), inFlight: new InFlight() } },
     });
   });
   after(() => fake.close());
@@ -83,7 +84,7 @@ describe("provider engines behind the engine ports", () => {
     const none = engineChooser({
       catalog: undefined as never,
       embedded: {},
-      providers: { config, remote: { router: new ChatRouter(config, {}), inFlight: new InFlight() } },
+      providers: { config, remote: { router: new ChatRouter(config, new JsonThread(), {}), inFlight: new InFlight() } },
     });
     assert.match(none(agent({})) as string, /tts-1/);
     assert.ok(typeof none(agent({ speech_model: "tts", transcription_model: "stt" })) !== "string");

@@ -3,6 +3,7 @@ import { getEventListeners } from "node:events";
 import { after, before, beforeEach, describe, test } from "node:test";
 import { GenerationError } from "../src/ai/errors.ts";
 import { InFlight } from "../src/ai/in-flight.ts";
+import { JsonThread } from "../src/ai/json-thread.ts";
 import { PROVIDER_PCM_RATE, type RemoteContext, remoteSpeech, remoteTranscription } from "../src/ai/remote-speech.ts";
 import { ChatRouter, embeddedFallback } from "../src/ai/router.ts";
 import { concatInt16 } from "../src/audio/samples.ts";
@@ -54,7 +55,7 @@ describe("provider speech and transcription for conversations", () => {
   let ctx: RemoteContext;
   const use = (c: Config) => {
     cfg = c;
-    ctx = { router: new ChatRouter(c, {}), inFlight: new InFlight() };
+    ctx = { router: new ChatRouter(c, new JsonThread(), {}), inFlight: new InFlight() };
   };
 
   before(async () => {
@@ -255,7 +256,7 @@ describe("a second Perch as the speech provider (its embedded tts-1 and whisper-
         ],
       },
     );
-    ctx = { router: new ChatRouter(cfg, { NODE_A_KEY: KEY }), inFlight: new InFlight() };
+    ctx = { router: new ChatRouter(cfg, new JsonThread(), { NODE_A_KEY: KEY }), inFlight: new InFlight() };
   });
   after(() => nodeA?.stop());
 

@@ -3,8 +3,8 @@ import { test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { TelemetrySample } from "../src/domain/telemetry.ts";
 import { TelemetryFrameSchema } from "../src/protocol/gen/telemetry_pb.ts";
-import { decodeTelemetry, InvalidFrame } from "../src/transport/telemetry.ts";
-import { readFrame } from "../src/transport/telemetry-wire.ts";
+import { InvalidFrame, TelemetryDecoder } from "../src/transport/telemetry.ts";
+import { FrameReader } from "../src/transport/telemetry-wire.ts";
 
 /**
  * The telemetry decoder reads most frames from their bytes into reused arrays and leaves the rest
@@ -13,6 +13,10 @@ import { readFrame } from "../src/transport/telemetry-wire.ts";
  */
 
 const FUTURE_LIMIT_MS = 24 * 60 * 60 * 1000;
+const decoder = new TelemetryDecoder();
+const decodeTelemetry = (payload: Uint8Array, now: number) => decoder.decode(payload, now);
+const reader = new FrameReader();
+const readFrame = (payload: Uint8Array) => reader.readFrame(payload);
 
 /** The decoder as it was (every frame through the generated schema), kept here as the reference. */
 function reference(payload: Uint8Array, now: number): TelemetrySample[] {

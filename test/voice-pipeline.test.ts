@@ -13,6 +13,7 @@ import type { ToolKit } from "../src/ai/agents/toolbox.ts";
 import { loadResampler } from "../src/audio/resampler.ts";
 import { loadConfig } from "../src/config/config.ts";
 import type { AgentChoice } from "../src/voice/activity.ts";
+import { AudioThreads } from "../src/voice/audio-threads.ts";
 import { Conversation } from "../src/voice/conversation.ts";
 import { VoiceMetrics } from "../src/voice/metrics.ts";
 import { VoiceEvents } from "../src/voice/peer-events.ts";
@@ -24,7 +25,7 @@ import { rtpPacket } from "./support/rtp-device.ts";
 
 const writer: AgentChoice = { id: "writer", voice: "alloy", engines: {} as never };
 
-async function pipeline(fake: FakeRealtime) {
+async function pipeline(fake: FakeRealtime, threads?: AudioThreads, seen?: { opened: string[]; closed: string[] }) {
   const clock = new FakeClock();
   const config = loadConfig({}, {});
   const listeners = new Set<(packet: Buffer) => void>();
@@ -42,7 +43,7 @@ async function pipeline(fake: FakeRealtime) {
   const resampler = await loadResampler();
   /** The device's agent: the realtime `talker`, the text `writer`, or none (voice off). */
   const device: { agent: "talker" | "writer" | undefined } = { agent: "talker" };
-  const opened: string[] = [];
+  const { opened, closed } = seen ?? { opened: [], closed: [] };
   const conversation = new Conversation({
     port,
     config: config.voice,
@@ -53,11 +54,12 @@ async function pipeline(fake: FakeRealtime) {
     agent: () => (device.agent === "writer" ? writer : undefined),
     run: () => Promise.reject(new Error("no turn is asked in this test")),
     clock,
+    threads,
     realtime: {
       chosen: () => (device.agent === "talker" ? "talker" : undefined),
       open: (id, out) => {
         opened.push(id);
-        return new RealtimeActivity({
+        const part = new RealtimeActivity({
           agent: realtimeAgent(`${fake.url.replace(/^http/, "ws")}/realtime?model=m`, { id, transcription: false }),
           config: config.voice,
           events: new VoiceEvents(port),
@@ -71,6 +73,13 @@ async function pipeline(fake: FakeRealtime) {
           send: out.send,
           log: () => {},
         });
+        // Seen closed: a session closed before it connected never reaches the fake.
+        const close = part.close.bind(part);
+        part.close = () => {
+          closed.push(id);
+          close();
+        };
+        return part;
       },
     },
   });
@@ -89,7 +98,7 @@ async function pipeline(fake: FakeRealtime) {
     await clock.advance(400);
     return conversation.heardSamples - before;
   };
-  return { conversation, listeners, device, opened, send, clock };
+  return { conversation, listeners, device, opened, closed, send, clock };
 }
 
 describe("one pipeline per conversation", () => {
@@ -137,5 +146,14 @@ describe("one pipeline per conversation", () => {
     p.conversation.close();
     assert.equal(p.listeners.size, 0);
     assert.equal(p.conversation.active, false);
+  });
+
+  test("a conversation that cannot start leaves nothing open: its realtime session is closed", async () => {
+    fake ??= await startFakeRealtime();
+    const threads = new AudioThreads(1, () => {});
+    await threads.close();
+    const seen = { opened: [] as string[], closed: [] as string[] };
+    await assert.rejects(pipeline(fake, threads, seen), /the audio threads are closed/);
+    assert.deepEqual(seen, { opened: ["talker"], closed: ["talker"] });
   });
 });

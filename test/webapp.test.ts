@@ -357,6 +357,8 @@ describe("the web app with map tiles configured", () => {
       const csp = res.headers.get("content-security-policy") ?? "";
       assert.match(csp, /img-src 'self' data: https:\/\/tiles\.example\.org(;|$)/);
       assert.match(csp, /connect-src 'self'(;|$)/);
+      // The turns' recordings play from the page's own object URLs, and from nothing else.
+      assert.match(csp, /media-src blob:(;|$)/);
     } finally {
       await server.stop();
     }

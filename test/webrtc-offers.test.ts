@@ -2,10 +2,11 @@ import assert from "node:assert/strict";
 import { createSocket } from "node:dgram";
 import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
+import pg from "pg";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { OfferError } from "../src/sdk/webrtc.ts";
 import { MAX_ANSWER_BYTES, offerToApply } from "../src/transport/sdp.ts";
-import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
+import { freshPostgresDatabase, STORES, startTestServer, TEST_DATABASE_URL, type TestServer, tempDir } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
 async function expectError(res: Response, status: number, code: string): Promise<void> {
@@ -344,3 +345,43 @@ for (const store of STORES)
       }
     });
   });
+
+// The order of answer() (transport.ts): the key is registered before the answer goes out, so that a
+// device that holds an answer is a peer an operator can block at once. The registration's write is
+// slowed by the database itself: a transaction of the test's holds the peers table against writes
+// (reads go on; the offer's nonce is in a table of its own).
+describe("offers: the key is registered before the answer is sent (postgres)", { skip: !TEST_DATABASE_URL && "PERCH_TEST_DATABASE_URL is not set" }, () => {
+  test("with the registration's write held back, the answer waits for it, and the peer is stored when it arrives", async () => {
+    const databaseUrl = await freshPostgresDatabase();
+    const server = await startTestServer({ config: { database_url: databaseUrl } });
+    const holder = new pg.Client({ connectionString: databaseUrl });
+    await holder.connect();
+    try {
+      const serverKey = (await server.client().serverInfo()).public_key;
+      const keyPair = generateKeyPair();
+      const s = sealOffer(serverKey, keyPair, await realOfferSdp());
+      await holder.query("begin");
+      await holder.query("lock table peers in share row exclusive mode");
+      let holding = true;
+      const answered = postOffer(server.url, s.headers, s.body).then(async (res) => ({
+        res,
+        holding,
+        stored: await server.store.read((r) => r.peers.get(encodeKey(keyPair.publicKey))),
+      }));
+      // The node's insert waits for the lock...
+      const waiting = "select 1 from pg_locks l join pg_class c on c.oid = l.relation where c.relname = 'peers' and not l.granted";
+      await eventually(async () => (await holder.query(waiting)).rowCount! > 0, 20_000, "the registration waiting for the lock");
+      // ...and is held back a while longer: an answer sent before the key is registered arrives meanwhile.
+      await new Promise((r) => setTimeout(r, 500));
+      holding = false;
+      await holder.query("commit");
+      const { res, holding: heldAtAnswer, stored } = await answered;
+      assert.equal(res.status, 200);
+      assert.equal(heldAtAnswer, false, "the answer arrived while the key's registration was held back");
+      assert.equal(stored?.status, "active", "the peer is stored when its answer arrives");
+    } finally {
+      await holder.end();
+      await server.stop();
+    }
+  });
+});

@@ -29,6 +29,25 @@ async function lanes(size: number, background: number) {
   return { pool, workers, foreground: lane("foreground"), background: lane("background"), release };
 }
 
+describe("worker pools of two nodes in one process", () => {
+  test("each pool's warning (no OS priorities) goes to its own node's sink, once per pool: nothing set by the last pool made", async () => {
+    const script = new URL("./support/no-tid-worker.ts", import.meta.url);
+    const heard: Record<"a" | "b", string[]> = { a: [], b: [] };
+    const a = new WorkerPool<string, string>({ script, size: 3, background: 2, name: "node a", warn: (m) => heard.a.push(m) });
+    const b = new WorkerPool<string, string>({ script, size: 2, background: 1, name: "node b", warn: (m) => heard.b.push(m) });
+    try {
+      await Promise.all([a.ready(), b.ready()]);
+      assert.equal(await a.run("x"), "x");
+      assert.equal(heard.a.length, 1, "node a's pool warned its own sink once (two background workers)");
+      assert.equal(heard.b.length, 1, "node b's pool warned its own sink");
+      assert.match(heard.a[0]!, /^node a workers run without OS priorities/);
+      assert.match(heard.b[0]!, /^node b workers run without OS priorities/);
+    } finally {
+      await Promise.all([a.close(), b.close()]);
+    }
+  });
+});
+
 describe("worker lanes: background work at a lower priority, conversations first", () => {
   const pools: Array<WorkerPool<string, LaneAnswer>> = [];
   after(async () => {

@@ -103,6 +103,27 @@ export async function request<T>(
   return (await res.json()) as T;
 }
 
+/**
+ * A binary answer (a recording) as a Blob, fetched with the bearer: a media element cannot send
+ * one, so the app plays it from an object URL (which works on a LAN name too, where the page is
+ * not a secure context).
+ */
+export async function fetchBlob(path: string, bearer: string, signal?: AbortSignal): Promise<Blob> {
+  let res: Response;
+  try {
+    res = await fetch(path, { headers: { authorization: `Bearer ${bearer}` }, ...(signal ? { signal } : {}) });
+  } catch (err) {
+    if ((err as Error)?.name === "AbortError") throw err;
+    throw new ApiError(0, "UNREACHABLE", "the server cannot be reached");
+  }
+  if (!res.ok) {
+    const err = await errorOf(res);
+    err.bearer = bearer;
+    throw err;
+  }
+  return res.blob();
+}
+
 /** Pairs this browser with a device: a Side Control login with the device token. */
 export async function pair(deviceToken: string): Promise<Session> {
   const key = await controllerKey();

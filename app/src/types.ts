@@ -50,6 +50,34 @@ export interface ConversationEntry {
   at_unix_ms: number;
   interrupted?: boolean;
   tool?: { name: string; is_error: boolean };
+  /** A stored entry's turn's `turn.metrics` (milliseconds), once the turn finished. */
+  metrics?: TurnMetrics;
+}
+
+/** `turn.metrics` (voice.md §3, §6, §7): stages in milliseconds, and what else the turn says of itself. */
+export interface TurnMetrics {
+  end_of_speech?: number;
+  transcription?: number;
+  first_token?: number;
+  first_audio?: number;
+  speech_to_audio?: number;
+  interrupted?: boolean;
+  [other: string]: unknown;
+}
+
+/** One side of a turn kept as Ogg Opus (`GET /side-control/conversations/{id}/turns/{turn}/audio?side=`). */
+export interface TurnRecording {
+  turn: number;
+  side: "user" | "assistant";
+  duration_ms: number;
+}
+
+/** `GET /side-control/conversations/{id}`. */
+export interface StoredConversation {
+  id: string;
+  started_at_unix_ms: number;
+  items: ConversationEntry[];
+  recordings?: TurnRecording[];
 }
 
 export interface ConversationList {

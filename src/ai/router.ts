@@ -5,7 +5,7 @@ import type { ChatCompletion } from "../protocol/compat.ts";
 import type { ChatStream } from "./chat-stream.ts";
 import { GenerationError } from "./errors.ts";
 import type { InFlight } from "./in-flight.ts";
-import { JsonThread } from "./json-thread.ts";
+import type { JsonThread } from "./json-thread.ts";
 import { AiSdkProvider } from "./providers/ai-sdk.ts";
 import { closing, OpenAIProvider, type RawAnswer } from "./providers/openai.ts";
 import { type CallOptions, type ChatProvider, ProviderError, type ProviderRequest } from "./providers/provider.ts";
@@ -37,11 +37,11 @@ export class ChatRouter {
   private readonly providers = new Map<string, { config: ProviderConfig; provider: ChatProvider }>();
   private readonly models: Map<string, ModelConfig>;
 
-  /** `json`: the node's JSON thread (default one of this router's own). */
   /** Providers whose key variable (`api_key_env`) is not set, each with the variable: named in their failures. */
   private readonly unsetKeys: Map<string, string>;
 
-  constructor(config: Pick<Config, "providers" | "models">, env: NodeJS.ProcessEnv = process.env, factory = defaultProviderFactory, json = new JsonThread()) {
+  /** `json`: the node's JSON thread (its `EngineHost`'s): a router makes none of its own. */
+  constructor(config: Pick<Config, "providers" | "models">, json: JsonThread, env: NodeJS.ProcessEnv = process.env, factory = defaultProviderFactory) {
     for (const p of config.providers)
       this.providers.set(p.id, { config: p, provider: factory(p, p.api_key_env ? env[p.api_key_env] || undefined : undefined, json) });
     this.unsetKeys = new Map(unsetKeyVariables(config.providers, env).map((u) => [u.provider, u.variable]));

@@ -13,6 +13,11 @@ import { createRequire } from "node:module";
  * instantiated when all are full, and one left empty is dropped (the first is kept). The build lets
  * a module's memory grow (in `_malloc`), which replaces its views: they are taken anew on every
  * call, and none is kept across a call that allocates.
+ *
+ * The module instances are this JavaScript thread's (each audio thread has its own), shared by
+ * every codec made on it, whichever node made it: they are an allocator's arenas, as the thread's
+ * own heap is. A codec's state is its own region of one of them; no codec, and so no node, reads
+ * another's, and a node's codecs all end with it (`close`), so an arena left empty is dropped.
  */
 
 interface Handler {

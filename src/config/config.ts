@@ -55,11 +55,12 @@ function merge(base: Record<string, unknown>, over: Record<string, unknown>): Re
   return out;
 }
 
-const WARNINGS = new WeakMap<Config, string[]>();
+/** Where a loaded configuration keeps its warnings: a property of the object itself (not enumerated, so never compared or copied), no process-wide table. */
+const WARNINGS = Symbol("configuration warnings");
 
 /** What loading `config` warned of (the old camelCase keys of its file), for the node to log at start. */
 export function configWarnings(config: Config): readonly string[] {
-  return WARNINGS.get(config) ?? [];
+  return (config as Config & { [WARNINGS]?: string[] })[WARNINGS] ?? [];
 }
 
 /** Sets `value` at a dotted key inside `input`, making the sections on the way. */
@@ -104,6 +105,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Conf
     const variable = fromVariable.get(at);
     throw new ConfigError(`invalid configuration at ${at || "(root)"}${variable ? ` (${variable}=${env[variable]})` : ""}: ${message}`);
   }
-  if (warnings.length > 0) WARNINGS.set(parsed.data, warnings);
+  if (warnings.length > 0) Object.defineProperty(parsed.data, WARNINGS, { value: warnings, enumerable: false });
   return parsed.data;
 }

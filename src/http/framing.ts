@@ -24,7 +24,9 @@ export const EXPECTATION_FAILED: FramingError = { status: 417, code: "EXPECTATIO
 /** How long a connection answered with a framing error may take to read the answer before it is dropped. */
 const LINGER_MS = 1_000;
 
-const answered = new WeakSet<Duplex>();
+/** Marks a socket already answered with a framing error (a property of the socket itself: no process-wide set). */
+const ANSWERED = Symbol("answered with a framing error");
+type Marked = Duplex & { [ANSWERED]?: true };
 
 /** The framing error Node reported as `code` (its parser's `HPE_*` codes, or a timeout). */
 export function framingError(code: string | undefined): FramingError {
@@ -54,8 +56,8 @@ export function framingErrorHeaders(body: string, requestId: string): Record<str
  * handler then ends as a closed request), or undefined when it only dropped the connection.
  */
 export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): (FramingError & { requestId: string; inFlight: boolean }) | undefined {
-  if (answered.has(socket)) return undefined;
-  answered.add(socket);
+  if ((socket as Marked)[ANSWERED]) return undefined;
+  (socket as Marked)[ANSWERED] = true;
   // Node keeps the response in progress on its socket; it has no public accessor.
   const inFlight = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage ?? undefined;
   if (err.code === "ECONNRESET" || !socket.writable || inFlight?.headersSent) {
@@ -68,7 +70,7 @@ export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): (
 
 /** Writes `f` on a socket no response was started on, closes it, and returns the request id. */
 export function answerOnSocket(socket: Duplex, f: FramingError): string {
-  answered.add(socket);
+  (socket as Marked)[ANSWERED] = true;
   const requestId = randomUUID();
   const body = framingErrorBody(f);
   const headers = Object.entries(framingErrorHeaders(body, requestId)).map(([name, value]) => `${name}: ${value}\r\n`);

@@ -1,6 +1,5 @@
 import type { ServerResponse } from "node:http";
 import type { Context } from "hono";
-import { sseErrorEvent } from "./compat/errors.ts";
 import type { AppBindings } from "./env.ts";
 import { type Exchange, exchangeOf } from "./exchange.ts";
 
@@ -8,12 +7,16 @@ import { type Exchange, exchangeOf } from "./exchange.ts";
 export type StreamEnd = (status: number, errorType?: string) => void;
 
 export interface StreamOptions<T> {
-  /** An event stream (its failure ends it with the `error` event), or raw bytes (a failure aborts it). */
-  sse: boolean;
   encode: (value: T) => Uint8Array;
+  /**
+   * The last bytes of a stream whose source failed after it started: an event stream's `error`
+   * event in its surface's envelope (`sseErrorEvent`). Absent, the answer is aborted instead (raw
+   * bytes; Side Control's events, whose client reconnects).
+   */
+  failed?: (err: unknown) => Uint8Array;
   /** Bytes after the last piece (`speech.audio.done`). */
   last?: () => Uint8Array;
-  done: StreamEnd;
+  done?: StreamEnd;
 }
 
 export const EVENT_STREAM = "text/event-stream; charset=utf-8";
@@ -32,9 +35,10 @@ function streamHeaders(headers: string[], contentType: string): string[] {
  * last (no buffering beyond the socket's). The head goes out with the first piece when that is at
  * hand (a provider's stream starts with its first event), else at once (an agent's tool step, an
  * engine's first audio). When the source fails after the answer started, an event stream ends
- * with the surface's `error` event (mapped as every error is, `sseErrorEvent`); raw bytes (audio)
- * are aborted instead (no final chunk), which every HTTP client reports as an error rather than
- * ending like a whole file. The client's going away ends `source` (which closes what it holds: a
+ * with the surface's `error` event (`failed`: mapped as every error is, `sseErrorEvent`); raw
+ * bytes (audio) and Side Control's events are aborted instead (no final chunk), which every HTTP
+ * client reports as an error rather than ending like a whole file. A source may be pushed to
+ * (`PushSource`: Side Control's events) or pulled from (a provider's stream, an engine's audio). The client's going away ends `source` (which closes what it holds: a
  * provider's connection, an engine's slot). `done` says how it ended, once: a client that leaves
  * while a piece is awaited is 499, and the source's failure that follows is not counted again.
  */
@@ -44,7 +48,7 @@ export async function writeStream<T>(x: Exchange, contentType: string, source: A
   const end = (status: number, errorType?: string) => {
     if (ended) return false;
     ended = true;
-    o.done(status, errorType);
+    o.done?.(status, errorType);
     return true;
   };
   const left = () => {
@@ -64,7 +68,7 @@ export async function writeStream<T>(x: Exchange, contentType: string, source: A
         first = undefined;
       } catch (err) {
         if (!end(200, "api_error")) return;
-        if (o.sse) outgoing.end(sseErrorEvent(err));
+        if (o.failed) outgoing.end(o.failed(err));
         // After what was written has left (Node sends a response's first writes on the next tick).
         else setImmediate(() => outgoing.destroy());
         return;
@@ -129,4 +133,71 @@ function drained(outgoing: ServerResponse): Promise<void> {
     outgoing.on("drain", go);
     outgoing.on("close", go);
   });
+}
+
+/**
+ * A source for `writeStream` fed as things happen (Side Control's events): pieces wait here until
+ * the writer takes them, which it does as the client takes the last. A client that falls more than
+ * `maxBacklog` bytes behind fails the stream (`push` throws, the answer is aborted: the client
+ * reconnects and reads the state again). The client's leaving calls `onReturn`.
+ */
+export class PushSource implements AsyncIterator<Uint8Array> {
+  /** Called once when the writer stops reading: the client left (or the stream ended). */
+  onReturn: (() => void) | undefined;
+  private readonly maxBacklog: number;
+  private readonly queue: Uint8Array[] = [];
+  private backlog = 0;
+  private ended = false;
+  private failure: Error | undefined;
+  private waiter: { resolve: (r: IteratorResult<Uint8Array>) => void; reject: (e: Error) => void } | undefined;
+
+  constructor(maxBacklog: number) {
+    this.maxBacklog = maxBacklog;
+  }
+
+  push(piece: Uint8Array): void {
+    if (this.ended || this.failure) return;
+    const waiter = this.waiter;
+    if (waiter) {
+      this.waiter = undefined;
+      waiter.resolve({ value: piece, done: false });
+      return;
+    }
+    this.queue.push(piece);
+    this.backlog += piece.length;
+    if (this.backlog > this.maxBacklog) {
+      this.failure = new Error("the client reads too slowly");
+      throw this.failure;
+    }
+  }
+
+  /** No more pieces: the stream ends once the queued ones are written. */
+  end(): void {
+    this.ended = true;
+    const waiter = this.waiter;
+    this.waiter = undefined;
+    waiter?.resolve({ value: undefined, done: true });
+  }
+
+  next(): Promise<IteratorResult<Uint8Array>> {
+    if (this.failure) return Promise.reject(this.failure);
+    const piece = this.queue.shift();
+    if (piece) {
+      this.backlog -= piece.length;
+      return Promise.resolve({ value: piece, done: false });
+    }
+    if (this.ended) return Promise.resolve({ value: undefined, done: true });
+    return new Promise((resolve, reject) => {
+      this.waiter = { resolve, reject };
+    });
+  }
+
+  return(): Promise<IteratorResult<Uint8Array>> {
+    this.ended = true;
+    this.queue.length = 0;
+    const onReturn = this.onReturn;
+    this.onReturn = undefined;
+    onReturn?.();
+    return Promise.resolve({ value: undefined, done: true });
+  }
 }

@@ -30,6 +30,8 @@ export function webAppSurface(o: WebAppOptions = {}): Surface {
     "style-src 'self'",
     `img-src 'self' data:${tileOrigin ? ` ${tileOrigin}` : ""}`,
     "connect-src 'self'",
+    // The turns' recordings play from object URLs the page makes of what it fetched with the bearer.
+    "media-src blob:",
     "manifest-src 'self'",
     "base-uri 'none'",
     "form-action 'none'",

@@ -70,9 +70,13 @@ export class EngineHost {
   }
 
   /** Flite for speech, Moonshine for transcription, sized by `settings` (else by the machine); none of their workers starts before `load` or a first use. */
-  static embedded(settings: EngineSettings = {}): EngineHost & { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine } {
-    const speech = createSpeechEngine();
+  static embedded(
+    settings: EngineSettings = {},
+    warn?: (message: string) => void,
+  ): EngineHost & { speech: SpeechEngine & { warmUp(): Promise<void> }; transcription: TranscriptionEngine } {
+    const speech = createSpeechEngine(warn ? { warn } : {});
     const transcription = createTranscriptionEngine({
+      ...(warn ? { warn } : {}),
       processes: settings.recogniser_processes ?? defaultRecogniserProcesses(thisMachine()),
       ...(settings.fast_recognition_after_ms !== undefined ? { fastAfterMs: settings.fast_recognition_after_ms } : {}),
     });

@@ -11,25 +11,41 @@ export interface LineSink {
  * The log's lines gathered in front of pino's destination and handed to it a batch at a time
  * (at `batchChars` characters, and at each flush). sonic-boom measures the bytes of everything it
  * holds (`Buffer.byteLength`) at every write: at one write per line that cost about 3 % of a
- * `GET /me/status`; here a line is only appended to a list. Pending lines are written at exit too.
+ * `GET /me/status`; here a line is only appended to a list. Pending lines are written at exit too,
+ * by this batcher's own exit hook, until its node closes it (`close`): no process-wide list of batchers.
  */
 export class BatchedLines implements DestinationStream {
   private readonly sink: LineSink;
   private readonly batchChars: number;
   private lines: string[] = [];
   private chars = 0;
+  private closed = false;
+  private readonly atExit = () => {
+    try {
+      this.flushSync();
+    } catch {
+      // Standard output is gone (a closed pipe): nothing more can be written.
+    }
+  };
 
   constructor(sink: LineSink, batchChars = 4096) {
     this.sink = sink;
     this.batchChars = batchChars;
-    flushedAtExit(this);
+    process.once("exit", this.atExit);
   }
 
   write(line: string): boolean {
     this.lines.push(line);
     this.chars += line.length;
-    if (this.chars >= this.batchChars) this.hand();
+    if (this.closed || this.chars >= this.batchChars) this.hand();
     return true;
+  }
+
+  /** Its node closed: what is pending is handed on, a later line at once, and the exit hook is removed. */
+  close(): void {
+    this.closed = true;
+    this.hand();
+    process.off("exit", this.atExit);
   }
 
   flush(cb?: (err?: Error) => void): void {
@@ -49,23 +65,4 @@ export class BatchedLines implements DestinationStream {
     this.chars = 0;
     this.sink.write(text);
   }
-}
-
-/** Every batcher made in this process, held weakly (a process may make many nodes: tests do). */
-const batchers = new Set<WeakRef<BatchedLines>>();
-
-function flushedAtExit(lines: BatchedLines): void {
-  if (batchers.size === 0) {
-    process.once("exit", () => {
-      for (const ref of batchers) {
-        try {
-          ref.deref()?.flushSync();
-        } catch {
-          // Standard output is gone (a closed pipe): nothing more can be written.
-        }
-      }
-    });
-  }
-  for (const ref of batchers) if (ref.deref() === undefined) batchers.delete(ref);
-  batchers.add(new WeakRef(lines));
 }

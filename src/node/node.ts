@@ -37,7 +37,6 @@ import { type EngineFor, engineChooser } from "../voice/engine-choice.ts";
 import type { VoiceActivityPort } from "../voice/engine-ports.ts";
 import { completeText, MemoryRewriter } from "../voice/memory-rewriter.ts";
 import { VoiceService } from "../voice/service.ts";
-import { onWorkerPriorityUnavailable } from "../workers/pool.ts";
 import { EngineHost, type EngineParts, enginesAtStart } from "./engines.ts";
 import { CpuWindow, Fleet } from "./fleet.ts";
 import { Closers, Jobs } from "./jobs.ts";
@@ -116,8 +115,9 @@ const USAGE_FLUSH_INTERVAL_MS = 1_000;
  * start-up, shutdown and exit): a write per request line cost about a fifth of a `GET /me/status`.
  * The batches are gathered in front of pino's destination, which writes each at once (see `BatchedLines`).
  */
-function createLogger(config: Config): Logger {
-  return pino({ level: config.log_level, base: { node: config.node_name } }, new BatchedLines(pino.destination({ dest: 1, sync: false, minLength: 0 })));
+function createLogger(config: Config): { logger: Logger; lines: BatchedLines } {
+  const lines = new BatchedLines(pino.destination({ dest: 1, sync: false, minLength: 0 }));
+  return { logger: pino({ level: config.log_level, base: { node: config.node_name } }, lines), lines };
 }
 
 /** What `Node.build` opened before the node's parts are wired: the store and the event bus. */
@@ -128,6 +128,8 @@ interface Opened {
   events: EventBus;
   closers: Closers;
   tls: TlsFiles | undefined;
+  /** The log's batcher, when the node made its logger. */
+  lines: BatchedLines | undefined;
 }
 
 /**
@@ -162,6 +164,7 @@ export class Node {
   private readonly serverKey: DomainContext["serverKey"];
   /** The HTTP application: the surfaces' routes, served by the exchange (`src/http/exchange.ts`). */
   private readonly app: HttpApp;
+  private readonly lines: BatchedLines | undefined;
   /** Serves one request in process, through the exchange, as the listener would (no port taken; the fast tests' layer). */
   readonly request: (path: string, init?: RequestInit) => Promise<Response>;
 
@@ -192,12 +195,11 @@ export class Node {
   /** Checks the configuration, opens the store and the event bus, and wires the node; listens on nothing. */
   static async build(o: StartOptions): Promise<Node> {
     const { config } = o;
-    const logger = o.logger ?? createLogger(config);
+    const made = o.logger ? undefined : createLogger(config);
+    const logger = o.logger ?? made!.logger;
     for (const warning of configWarnings(config)) logger.warn(warning);
     for (const { provider, variable } of unsetKeyVariables(config.providers, o.env ?? process.env))
       logger.warn({ provider, variable }, `provider ${provider}: its key variable ${variable} (api_key_env) is not set; its calls will fail until it is`);
-    // Said once per process, when a speech worker cannot be given its lower priority.
-    onWorkerPriorityUnavailable((message) => logger.warn(message));
     // With no agent no device converses: no turn can need Moonshine tiny, so it is not loaded.
     const given = o.engines;
     const engines =
@@ -205,7 +207,10 @@ export class Node {
         ? given
         : given
           ? EngineHost.of(given)
-          : EngineHost.embedded(config.agents.length > 0 ? config.engines : { ...config.engines, fast_recognition_after_ms: false });
+          : // Said once per pool, to this node's log, when a speech worker cannot be given its lower priority.
+            EngineHost.embedded(config.agents.length > 0 ? config.engines : { ...config.engines, fast_recognition_after_ms: false }, (message) =>
+              logger.warn(message),
+            );
     const { speech, transcription } = engines;
     // Said once per failed attempt, naming the engine: a request or turn that finds it failed gets a 503 naming it.
     engines.watchLoads(({ engine, model, err, retryInMs }) =>
@@ -232,7 +237,7 @@ export class Node {
         },
       });
       closers.defer(() => events.close());
-      return new Node(o, engines, { logger, serverKey, store, events, closers, tls });
+      return new Node(o, engines, { logger, serverKey, store, events, closers, tls, lines: made?.lines });
     } catch (err) {
       await closers.close();
       throw err;
@@ -245,7 +250,7 @@ export class Node {
     this.config = config;
     this.engines = engines;
     this.clock = o.clock ?? systemClock;
-    ({ logger: this.logger, serverKey: this.serverKey, store: this.store, events: this.events, closers: this.closers } = opened);
+    ({ logger: this.logger, serverKey: this.serverKey, store: this.store, events: this.events, closers: this.closers, lines: this.lines } = opened);
     this.commands = new Commands(this.events, config.node_name);
     this.closers.defer(() => this.commands.close());
     this.domain = new Domain(
@@ -279,7 +284,7 @@ export class Node {
       ...(speech ? { speech: { voices: speech.voices } } : {}),
       ...(transcription ? { transcription: { languages: transcription.languages } } : {}),
     });
-    const router = new ChatRouter(config, o.env, o.providerFactory, engines.json);
+    const router = new ChatRouter(config, engines.json, o.env, o.providerFactory);
     const bodies = new JsonBodies(engines.json);
     const embeddedVoice = embeddedPorts(speech, transcription);
     this.voiceEngines = {
@@ -593,5 +598,6 @@ export class Node {
     }
     await this.closers.close();
     this.logger.flush();
+    this.lines?.close();
   }
 }

@@ -1,4 +1,4 @@
-import { randomBytes } from "node:crypto";
+import { randomBytes, randomUUID } from "node:crypto";
 import type { Duplex } from "node:stream";
 import { create, type DescMessage, fromBinary, type MessageShape, toBinary } from "@bufbuild/protobuf";
 import { encodeFrame, envelopeFrames, type Frame, FrameDecoder, FrameType, MAX_FRAME_PAYLOAD } from "./frames.ts";
@@ -227,8 +227,6 @@ function errorResponse(id: string, code: number, message: string): RpcResponse {
   return create(RpcResponseSchema, { id, body: { case: "error", value: { code, message } } });
 }
 
-let nextId = 0;
-
 /**
  * Calls `method` on a freshly opened stream: writes the request (and `upBytes` of data), waits for
  * the response up to `timeoutMs`, and closes the stream. Throws `RpcError` for an error answer.
@@ -239,7 +237,8 @@ export async function callRpc(
   payload: Uint8Array,
   o: { timeoutMs?: number; upBytes?: number } = {},
 ): Promise<{ payload: Uint8Array; dataBytes: number }> {
-  const id = `${process.pid.toString(36)}-${(nextId++).toString(36)}`;
+  // One request per stream: the id only has to differ from a stale answer's (no counter shared by every caller of the process).
+  const id = randomUUID();
   try {
     const reading = readMessage(stream, o.timeoutMs ?? 5_000);
     reading.catch(() => {});

@@ -1,19 +1,24 @@
 /**
- * Server-sent events at the edges: the one writer (`data: <json>` events, as the Compatible API
- * sends them) and the one reader (the `eventsource-parser` library).
+ * Server-sent events at the edges: the one encoder (`data: <json>` events, as the Compatible API
+ * sends them, or named ones, `event: <name>`, as Side Control's), written by the one stream writer
+ * (`src/http/stream.ts`), and the one reader (the `eventsource-parser` library).
  */
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 
 export const DONE_EVENT = Buffer.from("data: [DONE]\n\n");
 
-export function sseEvent(value: unknown): Buffer {
-  return Buffer.from(sseText(value));
+/** One event (named `event`, when given) of `value` as JSON. */
+export function sseEvent(value: unknown, event?: string): Buffer {
+  return Buffer.from(sseText(value, event));
 }
 
 /** One event as text, for joining several before they become bytes once. */
-export function sseText(value: unknown): string {
-  return `data: ${JSON.stringify(value)}\n\n`;
+export function sseText(value: unknown, event?: string): string {
+  return event === undefined ? `data: ${JSON.stringify(value)}\n\n` : `event: ${event}\ndata: ${JSON.stringify(value)}\n\n`;
 }
+
+/** A comment line: keeps a quiet stream's connection from being taken for idle. */
+export const SSE_KEEP_ALIVE = Buffer.from(": keep-alive\n\n");
 
 /** The events of `text`, read whole: an event not ended by a blank line is read as if it were. */
 export function readSse(text: string): EventSourceMessage[] {

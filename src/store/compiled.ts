@@ -1,5 +1,5 @@
 import type { Compilable, CompiledQuery, QueryResult } from "kysely";
-import { type Db, directReads } from "./database.ts";
+import { type Db, directReadOf } from "./database.ts";
 import type { DialectName } from "./migrations.ts";
 
 /**
@@ -26,7 +26,7 @@ function compiledResult<R, P extends unknown[]>(build: (db: Db, ...values: P) =>
       byDialect.set(dialect, query);
     }
     // A read on SQLite's main connection outside any transaction runs at once (see DirectRead).
-    const rows = directReads.get(db)?.(query.sql, parameters);
+    const rows = directReadOf(db)?.(query.sql, parameters);
     if (rows) return Promise.resolve({ rows: rows as R[] });
     return db.executeQuery<R>({ ...query, parameters });
   };

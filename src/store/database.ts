@@ -46,8 +46,13 @@ const SQLITE_SERVING_BUSY_MS = 20;
  */
 export type DirectRead = (sql: string, parameters: readonly unknown[]) => unknown[] | undefined;
 
-/** The direct reads of each main SQLite handle (never of a transaction's). */
-export const directReads = new WeakMap<Db, DirectRead>();
+/** Where a main SQLite handle keeps its direct read (a property of the handle itself: a transaction's has none; no process-wide table). */
+const DIRECT_READ = Symbol("direct read");
+
+/** The direct read of `db`: a main SQLite handle's, else undefined (a transaction, PostgreSQL). */
+export function directReadOf(db: Db): DirectRead | undefined {
+  return (db as Db & { [DIRECT_READ]?: DirectRead })[DIRECT_READ];
+}
 
 /** Adapts `node:sqlite` to the better-sqlite3 shape Kysely's SQLite dialect drives, caching statements. */
 function nodeSqlite(path: string): SqliteDatabase & { dataVersion(): number; directRead: DirectRead } {
@@ -140,7 +145,7 @@ export function connect(url: string | undefined, dataDir: string, onError: (err:
     const database = nodeSqlite(path);
     dataVersion = database.dataVersion;
     db = new Kysely<Tables>({ dialect: new SqliteDialect({ database }) });
-    directReads.set(db, (sql, parameters) => database.directRead(sql, parameters));
+    Object.defineProperty(db, DIRECT_READ, { value: (sql: string, parameters: readonly unknown[]) => database.directRead(sql, parameters), enumerable: false });
   }
   return { db, dialect, file, dataVersion, close: () => db.destroy() };
 }

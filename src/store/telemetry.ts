@@ -94,6 +94,11 @@ const addToRollupsPostgres = addToRollups("postgres");
 
 /** Rows a sample upsert writes at most; larger writes are cut into statements of power-of-two sizes, each compiled once. */
 const MAX_UPSERT_ROWS = 512;
+/**
+ * The upsert of each row count, compiled once for the process: a memo of a pure function of the
+ * count (SQL text, per dialect in `compiled`), as every `compiled` query at module level is, so
+ * nodes sharing it share no state of theirs.
+ */
 const upserts = new Map<number, ReturnType<typeof upsertOf>>();
 
 /** Inserts samples (series, time, value), leaving a stored (series, time) alone. */

@@ -75,12 +75,13 @@ export class InvalidOffer extends Error {}
 /** The WebRTC stack could not gather this node's candidates. */
 class GatherError extends AnswerError {}
 
-let linkCounter = 0;
 /** Channel ids this side cycles through (fewer when the association has fewer streams). */
 const MAX_CHANNEL_IDS = 1024;
 
 export class Answerer {
   private readonly o: AnswererOptions;
+  /** Names this answerer's peer connections (`perch-<n>`, in node-datachannel's logs): counted per answerer, one per node's transport. */
+  private links = 0;
   /** An idle connection on the mux for the node's life: see `hold()`. */
   private keeper: PeerConnection | undefined;
 
@@ -158,7 +159,7 @@ export class Answerer {
   }
 
   private async attempt(offer: OfferToAnswer): Promise<PeerLink> {
-    const pc = this.peerConnection(`perch-${++linkCounter}`);
+    const pc = this.peerConnection(`perch-${++this.links}`);
     let link: Link | undefined;
     let timer: NodeJS.Timeout | undefined;
     try {

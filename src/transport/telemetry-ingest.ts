@@ -2,7 +2,7 @@ import type { Clock } from "../domain/clock.ts";
 import { RateLimiter } from "../domain/rate-limiter.ts";
 import type { TelemetryWriter } from "../domain/telemetry-writer.ts";
 import type { TransportMetrics } from "./metrics.ts";
-import { decodeTelemetry, InvalidFrame, TELEMETRY_PACKET } from "./telemetry.ts";
+import { InvalidFrame, TELEMETRY_PACKET, TelemetryDecoder } from "./telemetry.ts";
 
 const MAX_PACKET_BYTES = 64 * 1024;
 /** Telemetry frames a connection may send per second on average; more are dropped (a flood must not starve the node). */
@@ -24,6 +24,7 @@ export class TelemetryIngest {
   private readonly metrics: TransportMetrics;
   private readonly clock: Clock;
   private readonly limiter: RateLimiter;
+  private readonly decoder = new TelemetryDecoder();
 
   constructor(o: { writer: TelemetryWriter; metrics: TransportMetrics; clock: Clock; maxPeers: number }) {
     this.writer = o.writer;
@@ -49,7 +50,7 @@ export class TelemetryIngest {
       return;
     }
     try {
-      const samples = decodeTelemetry(data.subarray(1), this.clock.now());
+      const samples = this.decoder.decode(data.subarray(1), this.clock.now());
       // The writer counts the frame: accepted once stored, or dropped by reason.
       this.writer.add(publicKey, samples);
     } catch (err) {

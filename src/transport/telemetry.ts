@@ -2,7 +2,7 @@ import { fromBinary } from "@bufbuild/protobuf";
 import type { TelemetrySample } from "../domain/telemetry.ts";
 import type { WriteDropReason } from "../domain/telemetry-writer.ts";
 import { type TelemetryFrame, TelemetryFrameSchema } from "../protocol/gen/telemetry_pb.ts";
-import { BATTERY, frame, GNSS, NETWORK, NONE, readFrame, reserve, SLOTS, SYSTEM } from "./telemetry-wire.ts";
+import { BATTERY, FrameReader, GNSS, NETWORK, NONE, SLOTS, SYSTEM } from "./telemetry-wire.ts";
 
 export const TELEMETRY_PACKET = 0x40;
 const FUTURE_LIMIT_MS = 24 * 60 * 60 * 1000;
@@ -48,9 +48,19 @@ const BODY_FIELDS: ReadonlyArray<ReadonlyArray<readonly [slot: number, field: Te
  * The frame is read into reused arrays (`readFrame`), or through `fromBinary` when it is not of the
  * simple form that reads; either way the same checks run on the same values.
  */
-export function decodeTelemetry(payload: Uint8Array, now: number): TelemetrySample[] {
+export class TelemetryDecoder {
+  /** Its own reused arrays: a decoder per ingest (per node). */
+  private readonly reader = new FrameReader();
+
+  decode(payload: Uint8Array, now: number): TelemetrySample[] {
+    return decodeTelemetry(this.reader, payload, now);
+  }
+}
+
+function decodeTelemetry(reader: FrameReader, payload: Uint8Array, now: number): TelemetrySample[] {
   if (payload.length === 0) throw new InvalidFrame("empty", "empty frame");
-  if (!readFrame(payload)) fromSchema(payload);
+  const { frame } = reader;
+  if (!reader.readFrame(payload)) fromSchema(reader, payload);
   const n = frame.observations;
   if (n === 0) throw new InvalidFrame("empty", "no observations");
   const base = frame.observedAtUnixMs;
@@ -74,7 +84,7 @@ export function decodeTelemetry(payload: Uint8Array, now: number): TelemetrySamp
 }
 
 /** `payload` through the generated schema into `frame`'s arrays: any frame `fromBinary` takes, or `undecodable`. */
-function fromSchema(payload: Uint8Array): void {
+function fromSchema(reader: FrameReader, payload: Uint8Array): void {
   let message: TelemetryFrame;
   try {
     message = fromBinary(TelemetryFrameSchema, payload);
@@ -82,7 +92,8 @@ function fromSchema(payload: Uint8Array): void {
     throw new InvalidFrame("undecodable", "not a TelemetryFrame");
   }
   const n = message.observations.length;
-  reserve(n);
+  reader.reserve(n);
+  const { frame } = reader;
   frame.observedAtUnixMs = Number(message.observedAtUnixMs);
   frame.observations = n;
   for (let i = 0; i < n; i++) {

@@ -135,7 +135,14 @@ export class Conversation {
       log,
     });
     this.part = this.choose();
-    this.uplink = this.openUplink(this.part?.rate ?? this.text.rate);
+    try {
+      this.uplink = this.openUplink(this.part?.rate ?? this.text.rate);
+    } catch (err) {
+      // Nothing of the conversation stays open (a realtime session would reconnect for good) when it cannot start.
+      this.realtime?.part.close();
+      this.text.close();
+      throw err;
+    }
     this.unsubscribe = o.port.onPacket((packet) => {
       if (this.closed || !this.part) return;
       try {

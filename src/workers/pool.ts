@@ -76,6 +76,11 @@ export interface WorkerPoolOptions {
    * prefers the others and may take a free one of them. Default 0: every worker alike, every job on any.
    */
   background?: number;
+  /**
+   * Where the pool's warning goes, once, when its workers' priorities cannot be set: the node's log
+   * (each pool says it to its own node; default `process.emitWarning`).
+   */
+  warn?: (message: string) => void;
 }
 
 /** A worker's lane: foreground workers keep the process's priority, background ones run below it. */
@@ -84,27 +89,12 @@ export type Lane = "foreground" | "background";
 /** How much lower a background worker runs (niceness added, up to 19). */
 export const BACKGROUND_NICENESS = 10;
 
-let priorityWarning: (message: string) => void = (message) => process.emitWarning(message);
-let priorityWarned = false;
-
-/** Where the one warning goes when worker priorities cannot be set (the server's log). */
-export function onWorkerPriorityUnavailable(warn: (message: string) => void): void {
-  priorityWarning = warn;
-}
-
-/** Says once per process that workers run without priorities, and why. */
-function warnPriorityUnavailable(reason: string): void {
-  if (priorityWarned) return;
-  priorityWarned = true;
-  priorityWarning(`speech workers run without OS priorities (background work competes with conversations as an equal): ${reason}`);
-}
-
 /**
  * Lowers the priority of the threads `ids` (a thread's id, or every thread of a process) to
- * `niceness`; false when the system refuses (the warning is logged once). An unprivileged process
- * cannot raise it again: the worker keeps it for its life.
+ * `niceness`; false when the system refuses (`warn` hears why). An unprivileged process cannot
+ * raise it again: the worker keeps it for its life.
  */
-function lowerPriority(ids: number[], niceness: number): boolean {
+function lowerPriority(ids: number[], niceness: number, warn: (reason: string) => void): boolean {
   try {
     if (ids.length === 0) throw new Error("the worker's thread id is unknown on this system");
     for (const id of ids) {
@@ -117,7 +107,7 @@ function lowerPriority(ids: number[], niceness: number): boolean {
     }
     return true;
   } catch (error) {
-    warnPriorityUnavailable(error instanceof Error ? error.message : String(error));
+    warn(error instanceof Error ? error.message : String(error));
     return false;
   }
 }
@@ -291,6 +281,14 @@ export class WorkerPool<Req, Res> {
   private deathsInARow = 0;
   /** Whether a worker of this pool was ever ready (its model loads). */
   private loadedOnce = false;
+  private priorityWarned = false;
+  /** Says once, to this pool's `warn`, that its workers run without priorities, and why. */
+  private readonly priorityUnavailable = (reason: string): void => {
+    if (this.priorityWarned) return;
+    this.priorityWarned = true;
+    const message = `${this.options.name} workers run without OS priorities (background work competes with conversations as an equal): ${reason}`;
+    (this.options.warn ?? ((m: string) => process.emitWarning(m)))(message);
+  };
 
   constructor(options: WorkerPoolOptions) {
     if (!(options.size >= 1)) throw new RangeError("a worker pool needs at least one worker");
@@ -412,7 +410,7 @@ export class WorkerPool<Req, Res> {
     const slot: Slot<Res> = { worker, lane, osId: worker.pid, ready: false, job: undefined };
     const niceness = Math.min(19, getPriority() + BACKGROUND_NICENESS);
     // A process's threads made from now on (onnxruntime's) inherit its priority; those made before are set when it is ready.
-    if (background && worker.pid !== undefined) lowerPriority([worker.pid], niceness);
+    if (background && worker.pid !== undefined) lowerPriority([worker.pid], niceness, this.priorityUnavailable);
     this.slots.push(slot);
     worker.unref();
     let gone = false;
@@ -420,7 +418,8 @@ export class WorkerPool<Req, Res> {
       const message = raw as PoolMessage<Res>;
       if (message.type === "ready") {
         if (message.tid !== undefined && worker.pid === undefined) slot.osId = message.tid;
-        if (background) lowerPriority(worker.pid !== undefined ? threadsOf(worker.pid) : slot.osId !== undefined ? [slot.osId] : [], niceness);
+        if (background)
+          lowerPriority(worker.pid !== undefined ? threadsOf(worker.pid) : slot.osId !== undefined ? [slot.osId] : [], niceness, this.priorityUnavailable);
         slot.ready = true;
         this.loadedOnce = true;
         worker.unref();

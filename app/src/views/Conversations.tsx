@@ -3,7 +3,8 @@ import { useEffect } from "preact/hooks";
 import { ApiError, request } from "../api.ts";
 import { sessionProblem } from "../live.ts";
 import { connectedCount, info, liveConversation } from "../state.ts";
-import type { ConversationEntry, ConversationList } from "../types.ts";
+import type { ConversationEntry, ConversationList, StoredConversation } from "../types.ts";
+import { TurnDetails } from "./Turn.tsx";
 
 const PAGE = 10;
 
@@ -48,9 +49,31 @@ function Chat({ entries, label }: { entries: ConversationEntry[]; label: string 
   );
 }
 
+/** A stored conversation's entries, each turn followed by what happened in it: its two sides to play and its timeline. */
+function StoredChat({ c, label, path, bearer }: { c: StoredConversation; label: string; path: string; bearer: string }) {
+  const device = info.value.name || "Device";
+  const turns = new Map<number, ConversationEntry[]>();
+  for (const e of c.items) turns.set(e.turn, [...(turns.get(e.turn) ?? []), e]);
+  return (
+    <ol class="chat" aria-label={label}>
+      {[...turns].map(([turn, entries]) => [
+        ...entries.map((e, i) => <Entry key={`${turn}:${i}`} e={e} device={device} />),
+        <TurnDetails
+          key={`${turn}:details`}
+          turn={turn}
+          entries={entries}
+          recordings={(c.recordings ?? []).filter((r) => r.turn === turn)}
+          path={path}
+          bearer={bearer}
+        />,
+      ])}
+    </ol>
+  );
+}
+
 /** A stored conversation: its summary, its entries on demand, and a delete that asks first. */
 function Stored({ c, bearer, onDeleted }: { c: ConversationList["items"][number]; bearer: string; onDeleted(): void }) {
-  const entries = useSignal<ConversationEntry[] | undefined>(undefined);
+  const entries = useSignal<StoredConversation | undefined>(undefined);
   const open = useSignal(false);
   const confirming = useSignal(false);
   const problem = useSignal<string | undefined>(undefined);
@@ -60,7 +83,7 @@ function Stored({ c, bearer, onDeleted }: { c: ConversationList["items"][number]
     open.value = !open.value;
     if (!open.value || entries.value) return;
     try {
-      entries.value = (await request<{ items: ConversationEntry[] }>("GET", path, { bearer })).items;
+      entries.value = await request<StoredConversation>("GET", path, { bearer });
       problem.value = undefined;
     } catch (err) {
       problem.value = problemOf(err, "This conversation could not be loaded.");
@@ -116,7 +139,7 @@ function Stored({ c, bearer, onDeleted }: { c: ConversationList["items"][number]
           {problem.value}
         </p>
       )}
-      {open.value && entries.value && <Chat entries={entries.value} label={`Conversation of ${when}`} />}
+      {open.value && entries.value && <StoredChat c={entries.value} label={`Conversation of ${when}`} path={path} bearer={bearer} />}
     </li>
   );
 }

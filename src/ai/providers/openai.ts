@@ -13,7 +13,7 @@ import type { ChatCompletion } from "../../protocol/compat.ts";
 import { DONE_EVENT, readSse } from "../../protocol/sse.ts";
 import { type ChatPiece, type ChatStats, ChatStream, RawChatPiece } from "../chat-stream.ts";
 import { GenerationError } from "../errors.ts";
-import { JsonThread, OFFLOAD_BYTES } from "../json-thread.ts";
+import { type JsonThread, OFFLOAD_BYTES } from "../json-thread.ts";
 import { type CallOptions, type ChatProvider, ProviderError, type ProviderRequest, retryAfterMs } from "./provider.ts";
 
 export interface OpenAIProviderOptions {
@@ -24,7 +24,7 @@ export interface OpenAIProviderOptions {
   /** Overall deadline of one call (default 10 minutes). */
   deadlineMs?: number;
   /** Where a large request's JSON is written (the node's; default one of this provider's own). */
-  json?: JsonThread;
+  json: JsonThread;
 }
 
 const MAX_ERROR_BODY = 64 * 1024;
@@ -57,7 +57,7 @@ export class OpenAIProvider implements ChatProvider {
   private readonly json: JsonThread;
 
   constructor(o: OpenAIProviderOptions) {
-    this.json = o.json ?? new JsonThread();
+    this.json = o.json;
     const url = new URL(`${o.baseUrl.replace(/\/+$/, "")}/chat/completions`);
     this.basePath = url.pathname.slice(0, -"/chat/completions".length);
     // The idle timeout and the deadline are this class's own (undici's are turned off): one error for each.

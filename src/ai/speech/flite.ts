@@ -21,6 +21,11 @@ export interface FliteAudio {
   sampleRate: number;
 }
 
+/**
+ * flite's compiled WebAssembly, once per process: a `WebAssembly.Module` is immutable compiled
+ * code (each worker instantiates its own memory from it), so sharing it between nodes shares no
+ * state; compiling it again per node would only cost start-up time.
+ */
 let compiled: Promise<WebAssembly.Module> | undefined;
 
 function fliteModule(): Promise<WebAssembly.Module> {
@@ -28,15 +33,15 @@ function fliteModule(): Promise<WebAssembly.Module> {
   return compiled;
 }
 
-let scratch: string | undefined;
-
-function scratchDir(): string {
-  if (!scratch) {
-    const dir = mkdtempSync(join(tmpdir(), "perch-flite-"));
-    scratch = dir;
-    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
-  }
-  return scratch;
+/** A scratch directory of a pool's workers, removed when the pool closes (or, left open, when the process exits). */
+function scratchDir(): { dir: string; remove(): void } {
+  const dir = mkdtempSync(join(tmpdir(), "perch-flite-"));
+  const remove = () => {
+    process.off("exit", remove);
+    rmSync(dir, { recursive: true, force: true });
+  };
+  process.once("exit", remove);
+  return { dir, remove };
 }
 
 /**
@@ -49,12 +54,15 @@ function scratchDir(): string {
 export class FlitePool {
   private readonly size: number;
   private readonly background: number;
+  private readonly warn: ((message: string) => void) | undefined;
   private pool: Promise<WorkerPool<FliteJob, FliteResult>> | undefined;
+  private scratch: { dir: string; remove(): void } | undefined;
   private loading: Loading | undefined;
 
-  constructor(size: number, background = 0) {
+  constructor(size: number, background = 0, warn?: (message: string) => void) {
     this.size = size;
     this.background = background;
+    this.warn = warn;
   }
 
   /** Compiles the module and starts the workers, so that the first request does not pay for it. */
@@ -68,6 +76,8 @@ export class FlitePool {
     this.pool = undefined;
     this.loading = undefined;
     if (pool) await (await pool.catch(() => undefined))?.close();
+    this.scratch?.remove();
+    this.scratch = undefined;
   }
 
   /** Where the workers' start stands: none before the first job or warm-up. */
@@ -87,13 +97,15 @@ export class FlitePool {
     // flite reads a leading "-" in the text as an option; the text after -t is never one.
     args.push("-t", text);
     this.pool ??= fliteModule().then((module) => {
-      const workerData: FliteWorkerData = { module, dir: scratchDir() };
+      this.scratch ??= scratchDir();
+      const workerData: FliteWorkerData = { module, dir: this.scratch.dir };
       return new WorkerPool<FliteJob, FliteResult>({
         script: new URL("./flite-worker.ts", import.meta.url),
         workerData,
         size: this.size,
         background: this.background,
         name: "flite",
+        ...(this.warn ? { warn: this.warn } : {}),
       });
     });
     this.loading ??= new Loading(this.pool.then((pool) => pool.ready()));

@@ -115,6 +115,8 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   turnFrontEnd?: FrontEndOptions | false;
   /** Moonshine base's model directory (default the package's). */
   modelDir?: string;
+  /** Where the workers' warning goes (their priorities could not be set): the node's log. */
+  warn?: (message: string) => void;
   /** A load that failed is tried again on a use after this long, doubling (default 5 s, at most 5 min). */
   loadRetryMs?: number;
 }
@@ -206,6 +208,7 @@ export class MoonshineEngine implements TranscriptionEngine {
           background: this.processes - 1,
           name: "recogniser",
           isolation: "process",
+          ...(options.warn ? { warn: options.warn } : {}),
         });
         this.recogniserPool = pool;
         return {
@@ -490,13 +493,16 @@ const SPECULATE_AFTER = 0.15;
 const BLOCK = 320;
 const MAX_UTTERANCE = 20;
 
+/** What a live stream's recogniser asks of the engine (the fast tests give a fake one). */
+export type LiveRecognition = Pick<MoonshineEngine, "recognise" | "recogniseHeard" | "recogniserIdle">;
+
 /**
  * One live stream's utterance. Recognition of the whole utterance starts on its own as soon as
  * 150 ms of silence follow speech (the turn detector reports the end of speech only after its own
  * silence, 300 ms or more): `finish()` then has the text already, or soon, instead of starting then.
  */
 export class IncrementalRecogniser {
-  private readonly engine: MoonshineEngine;
+  private readonly engine: LiveRecognition;
   private chunks: Float32Array[] = [];
   private samples = 0;
   private last: { samples: number; heard: Heard } | undefined;
@@ -509,7 +515,7 @@ export class IncrementalRecogniser {
   /** A block's worth of samples not yet judged. */
   private pending = new Float32Array(0);
 
-  constructor(engine: MoonshineEngine) {
+  constructor(engine: LiveRecognition) {
     this.engine = engine;
   }
 

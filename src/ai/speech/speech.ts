@@ -39,6 +39,8 @@ export interface SpeechEngineOptions {
   foreground?: number;
   /** Requests streaming at once (each holds an encoder process); one more is refused with EngineBusyError. Default 64. */
   maxStreams?: number;
+  /** Where the workers' warning goes (their priorities could not be set): the node's log. */
+  warn?: (message: string) => void;
 }
 
 /** What a sentence is assumed to take before any was measured. */
@@ -87,7 +89,7 @@ export class FliteSpeechEngine implements SpeechEngine {
     // The scheduler's reserved slots are the foreground workers: other jobs than conversations' never run on them.
     this.scheduler = new Scheduler({ name: "speech", slots: background + foreground, initialJobMs: INITIAL_JOB_MS, reserved: () => foreground });
     this.schedulers = [this.scheduler];
-    this.pool = new FlitePool(background + foreground, foreground > 0 ? background : 0);
+    this.pool = new FlitePool(background + foreground, foreground > 0 ? background : 0, options.warn);
     this.maxStreams = options.maxStreams ?? 64;
   }
 

@@ -9,7 +9,7 @@ import { writeJson } from "../json.ts";
 import type { Metrics } from "../metrics.ts";
 import type { NativeRoute } from "../native.ts";
 import { asIs, EVENT_STREAM, writeStream } from "../stream.ts";
-import { invalidParameter, toOpenAIError } from "./errors.ts";
+import { invalidParameter, sseErrorEvent, toOpenAIError } from "./errors.ts";
 import type { JsonBodies } from "./json.ts";
 
 export const CHAT_ROUTE = "/chat/completions";
@@ -55,7 +55,7 @@ export function chatRoute(o: { chat: ChatService; metrics: Metrics; bodies: Json
       const { stream } = result;
       const done = (status: number, errorType?: string) => call.streamEnded(status, errorType, stream.stats.usage);
       // Its head is written at once; the rest goes on after this returns.
-      writeStream(x, EVENT_STREAM, stream.sse(), { sse: true, encode: asIs, done }).catch(() => x.outgoing.destroy());
+      writeStream(x, EVENT_STREAM, stream.sse(), { failed: sseErrorEvent, encode: asIs, done }).catch(() => x.outgoing.destroy());
     } catch (err) {
       call.failed(err, signal.aborted);
       throw err;

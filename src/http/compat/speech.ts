@@ -11,7 +11,7 @@ import type { Metrics } from "../metrics.ts";
 import { asIs, EVENT_STREAM, type StreamEnd, startingWith, streamed } from "../stream.ts";
 import { speechModel } from "./audio-models.ts";
 import { type CompatEnv, callerOf } from "./env.ts";
-import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
+import { invalidParameter, OpenAIError, sseErrorEvent, toOpenAIError } from "./errors.ts";
 import { clientGone, type JsonBodies } from "./json.ts";
 import { readAhead } from "./read-ahead.ts";
 
@@ -111,10 +111,10 @@ export function registerSpeechRoute(
         done(e.status, e.type);
         throw e;
       }
-      if (r.stream_format === "audio") return streamed(c, SPEECH_CONTENT_TYPES[r.response_format], it, { sse: false, encode: asIs, done });
+      if (r.stream_format === "audio") return streamed(c, SPEECH_CONTENT_TYPES[r.response_format], it, { encode: asIs, done });
       const input = Math.ceil(r.input.length / 4);
       return streamed(c, EVENT_STREAM, it, {
-        sse: true,
+        failed: sseErrorEvent,
         encode: (audio) => sseEvent({ type: "speech.audio.delta", audio: Buffer.from(audio).toString("base64") }),
         last: () => sseEvent({ type: "speech.audio.done", usage: { input_tokens: input, output_tokens: 0, total_tokens: input } }),
         done,
@@ -133,5 +133,5 @@ export function settle(admission: Admission, status: number, counts: Parameters<
 
 /** A provider's relayed answer, pulled as the client reads; one that breaks off is aborted. */
 export function relayed(c: Context, answer: RawAnswer, done: StreamEnd): Response {
-  return streamed(c, answer.contentType, answer.body[Symbol.asyncIterator](), { sse: false, encode: asIs, done });
+  return streamed(c, answer.contentType, answer.body[Symbol.asyncIterator](), { encode: asIs, done });
 }

@@ -10,7 +10,7 @@ import type { Metrics } from "../metrics.ts";
 import { EVENT_STREAM, streamed } from "../stream.ts";
 import { transcriptionModel } from "./audio-models.ts";
 import { type CompatEnv, callerOf } from "./env.ts";
-import { invalidParameter, OpenAIError, toOpenAIError } from "./errors.ts";
+import { invalidParameter, OpenAIError, sseErrorEvent, toOpenAIError } from "./errors.ts";
 import { clientGone, type JsonBodies } from "./json.ts";
 import { relayed, settle } from "./speech.ts";
 
@@ -157,7 +157,7 @@ export function registerTranscriptionRoute(
     }
     if (outcome.kind === "transcript" && outcome.transcript.duration > 0) seconds = outcome.transcript.duration;
     if (outcome.kind === "relayed") return relayed(c, outcome.answer, done);
-    if (outcome.kind === "events") return streamed(c, EVENT_STREAM, outcome.events, { sse: true, encode: sseEvent, done });
+    if (outcome.kind === "events") return streamed(c, EVENT_STREAM, outcome.events, { failed: sseErrorEvent, encode: sseEvent, done });
     done(200);
     const rendered = RENDERERS[f.response_format](outcome.transcript, f);
     return c.body(rendered.body, 200, { "content-type": rendered.contentType });

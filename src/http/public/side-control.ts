@@ -27,18 +27,30 @@ import {
   TurnAudioQuery,
   UsageView,
 } from "../../protocol/public.ts";
-import { clientGone } from "../client-gone.ts";
+import { SSE_KEEP_ALIVE, sseEvent } from "../../protocol/sse.ts";
 import type { App, AppEnv } from "../env.ts";
 import { ApiError, invalid } from "../errors.ts";
 import { JSON_UTF8, jsonText } from "../json.ts";
 import { requireJson } from "../middleware.ts";
 import type { Callers } from "../principal.ts";
+import { asIs, EVENT_STREAM, PushSource, streamed } from "../stream.ts";
 import { jsonBodyLimit } from "./limits.ts";
 import { bearerSecurity, errors, json, jsonBody, noContent } from "./responses.ts";
 
 /** The `/side-control/*` routes: a Side Control session acting on its bound target device. */
 export function registerSideControlRoutes(app: App, domain: Domain, callers: Callers): void {
   const sideControl = callers.require("side_control");
+  // An event shared by many streams (a device's change, to each of its controllers) is encoded
+  // once: the encodings of this node's surface, held as long as the event is.
+  const encoded = new WeakMap<LiveEvent, Uint8Array>();
+  const encode = (e: LiveEvent): Uint8Array => {
+    let bytes = encoded.get(e);
+    if (!bytes) {
+      bytes = sseEvent(e.data, e.event);
+      encoded.set(e, bytes);
+    }
+    return bytes;
+  };
   const route = <P extends string, M extends "get" | "put" | "post" | "delete">(method: M, path: P) => ({
     method,
     path,
@@ -129,15 +141,13 @@ export function registerSideControlRoutes(app: App, domain: Domain, callers: Cal
       },
     }),
     async (c) => {
-      // A client that leaves while its stream opens (its slot is taken in the store) never reads
-      // the body, whose cancellation would end the stream: its leaving ends it instead.
-      const gone = clientGone(c);
-      const { body, sink, attach } = eventStream();
+      // Written by the one stream writer: the events wait in `source` until the client takes them.
+      const source = new PushSource(MAX_BACKLOG_BYTES);
+      const sink: LiveSink = { event: (e) => source.push(encode(e)), keepAlive: () => source.push(SSE_KEEP_ALIVE), end: () => source.end() };
       const handle = await domain.live.open(c.get("principal") as SideControlPrincipal, sink);
-      attach(handle);
-      if (gone.aborted) handle.close();
-      else gone.addEventListener("abort", () => handle.close(), { once: true });
-      return c.body(body, 200, SSE_HEADERS);
+      // The client's leaving, even while its stream opened (its slot taken in the store), ends it.
+      source.onReturn = () => handle.close();
+      return streamed(c, EVENT_STREAM, source, { encode: asIs });
     },
   );
 
@@ -348,69 +358,5 @@ const memoryBody: MiddlewareHandler<AppEnv> = async (c, next) => {
   await next();
 };
 
-const SSE_HEADERS = {
-  "content-type": "text/event-stream; charset=utf-8",
-  "cache-control": "no-store",
-  "x-accel-buffering": "no",
-  // Declared, so that the Node adapter writes the first events at once.
-  "transfer-encoding": "chunked",
-};
-const KEEP_ALIVE = new TextEncoder().encode(": keep-alive\n\n");
 /** A client this far behind (bytes not yet taken by its connection) is dropped; it reconnects and reads the state again. */
 const MAX_BACKLOG_BYTES = 1024 * 1024;
-/** An event shared by many streams is encoded once. */
-const encoded = new WeakMap<LiveEvent, Uint8Array>();
-
-function encode(e: LiveEvent): Uint8Array {
-  let bytes = encoded.get(e);
-  if (!bytes) {
-    bytes = new TextEncoder().encode(`event: ${e.event}\ndata: ${JSON.stringify(e.data)}\n\n`);
-    encoded.set(e, bytes);
-  }
-  return bytes;
-}
-
-/** A response body fed by a live stream; the client going away closes the stream. */
-function eventStream(): { body: ReadableStream<Uint8Array>; sink: LiveSink; attach(handle: { close(): void }): void } {
-  let controller: ReadableStreamDefaultController<Uint8Array> | undefined;
-  let handle: { close(): void } | undefined;
-  let closed = false;
-  const body = new ReadableStream<Uint8Array>(
-    {
-      start: (ctl) => {
-        controller = ctl;
-      },
-      cancel: () => {
-        closed = true;
-        handle?.close();
-      },
-    },
-    new ByteLengthQueuingStrategy({ highWaterMark: 64 * 1024 }),
-  );
-  const enqueue = (bytes: Uint8Array) => {
-    if (closed || !controller) return;
-    controller.enqueue(bytes);
-    if ((controller.desiredSize ?? 0) < -MAX_BACKLOG_BYTES) {
-      closed = true;
-      controller.error(new Error("the client reads too slowly"));
-      throw new Error("the client reads too slowly");
-    }
-  };
-  const sink: LiveSink = {
-    event: (e) => enqueue(encode(e)),
-    keepAlive: () => enqueue(KEEP_ALIVE),
-    end: () => {
-      if (closed) return;
-      closed = true;
-      controller?.close();
-    },
-  };
-  return {
-    body,
-    sink,
-    attach: (h) => {
-      handle = h;
-      if (closed) h.close();
-    },
-  };
-}
