@@ -6,6 +6,7 @@ import { LibOpus } from "../src/audio/opus.ts";
 import { startCapacityProvider, talkerOn } from "../test/support/fleet.ts";
 import type { CapacityAudio, CapacityCollected, CapacityCommand, CapacityConnected, Mode } from "./capacity-worker.ts";
 import { DeviceProcess } from "./device-process.ts";
+import { OtlpSink } from "./otlp-sink.ts";
 import { benchConfig, checkoutOf, ROOT, round, type Server, settledCpu, startServer } from "./support.ts";
 import { metric, pct, questionFile } from "./voice.ts";
 
@@ -184,11 +185,10 @@ interface Side {
  */
 const RECORD = process.argv.includes("--record") || process.env.BENCH_CAPACITY_RECORD === "1";
 
-/** The talker's configuration with transcripts stored and its turns recorded or not (`record` undefined: as it is). */
-function recording(config: ReturnType<typeof talkerOn>, record: boolean | undefined) {
-  if (record === undefined) return config;
+/** Beside the talker's configuration: transcripts stored, and its turns recorded or not. */
+function recording(providerUrl: string, record: boolean): Record<string, unknown> {
+  const config = talkerOn(providerUrl);
   return {
-    ...config,
     agents: config.agents.map((a) => ({ ...a, ...(record ? { record: { audio: true, retention_days: 1 } } : {}) })),
     voice: { ...config.voice, store_transcripts: true },
   };
@@ -212,13 +212,14 @@ function storedRecordings(data: string): { sides: number; bytes: number; audio_s
   }
 }
 
-async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string, record?: boolean): Promise<Side> {
+/** `extra`: configuration beside the talker's (a traced side's `tracing`). */
+async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string, extra: Record<string, unknown> = {}): Promise<Side> {
   const data = mkdtempSync(join(dir, `${name}-`));
   const server = await startServer(
     {
       PERCH_DATA_DIR: data,
       PERCH_LOG_LEVEL: "warn",
-      ...benchConfig(data, recording(talkerOn(providerUrl), record)),
+      ...benchConfig(data, { ...talkerOn(providerUrl), ...extra }),
     },
     root,
   );
@@ -317,6 +318,8 @@ export async function capacityBench(): Promise<unknown> {
   const audioFile = await encodedAudio(dir);
   const { url: providerUrl, process: provider } = await startCapacityProvider();
   const base = spec ? checkoutOf(spec) : undefined;
+  // BENCH_CAPACITY_TRACING=1: this checkout a second time, tracing to a collector in this process (the cost of tracing).
+  const sink = process.env.BENCH_CAPACITY_TRACING === "1" ? await OtlpSink.start() : undefined;
   const sides: Side[] = [];
   const killAll = () => {
     for (const s of sides) {
@@ -329,11 +332,12 @@ export async function capacityBench(): Promise<unknown> {
   const load = [round(loadavg()[0]!)];
   try {
     if (RECORD) {
-      sides.push(await startSide("base", ROOT, dir, providerUrl, audioFile, false));
-      sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile, true));
+      sides.push(await startSide("base", ROOT, dir, providerUrl, audioFile, recording(providerUrl, false)));
+      sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile, recording(providerUrl, true)));
     } else {
       if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
       sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
+      if (sink) sides.push(await startSide("traced", ROOT, dir, providerUrl, audioFile, { tracing: { otlp: { endpoint: sink.endpoint } } }));
     }
     for (const [i, step] of plan.entries()) {
       const order = i % 2 === 0 ? sides : [...sides].reverse();
@@ -373,35 +377,37 @@ export async function capacityBench(): Promise<unknown> {
         bytes_per_conversation_minute: talkSeconds > 0 ? Math.round(stored.bytes / (talkSeconds / 60)) : 0,
       };
     }
-    const [b, a] = sides.length === 2 ? sides : [];
-    if (b && a) {
-      type Figures = {
-        step: string;
-        cpu_percent: number;
-        main_thread_cpu_percent: number;
-        rss_mb: { mean: number };
-        end_of_speech_to_first_audio_ms?: { p50: number; p95: number };
-      };
-      const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
-      out.this_over_base = {
-        at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
-        steps: (a.steps as Figures[]).map((s, i) => {
-          const o = b.steps[i] as Figures;
-          return {
-            step: s.step,
-            cpu: ratio(s.cpu_percent, o.cpu_percent),
-            main_thread_cpu: ratio(s.main_thread_cpu_percent, o.main_thread_cpu_percent),
-            rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
-            ...(s.end_of_speech_to_first_audio_ms
-              ? {
-                  latency_p50: ratio(s.end_of_speech_to_first_audio_ms.p50, o.end_of_speech_to_first_audio_ms?.p50),
-                  latency_p95: ratio(s.end_of_speech_to_first_audio_ms.p95, o.end_of_speech_to_first_audio_ms?.p95),
-                }
-              : {}),
-          };
-        }),
-      };
-    }
+    type Figures = {
+      step: string;
+      cpu_percent: number;
+      main_thread_cpu_percent: number;
+      rss_mb: { mean: number };
+      end_of_speech_to_first_audio_ms?: { p50: number; p95: number };
+    };
+    const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
+    const over = (a: Side, b: Side) => ({
+      at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
+      steps: (a.steps as Figures[]).map((s, i) => {
+        const o = b.steps[i] as Figures;
+        return {
+          step: s.step,
+          cpu: ratio(s.cpu_percent, o.cpu_percent),
+          main_thread_cpu: ratio(s.main_thread_cpu_percent, o.main_thread_cpu_percent),
+          rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
+          ...(s.end_of_speech_to_first_audio_ms
+            ? {
+                latency_p50: ratio(s.end_of_speech_to_first_audio_ms.p50, o.end_of_speech_to_first_audio_ms?.p50),
+                latency_p95: ratio(s.end_of_speech_to_first_audio_ms.p95, o.end_of_speech_to_first_audio_ms?.p95),
+              }
+            : {}),
+        };
+      }),
+    });
+    const side = (name: string) => sides.find((s) => s.name === name);
+    const [before, now, traced] = [side("base"), side("this")!, side("traced")];
+    if (before) out.this_over_base = over(now, before);
+    if (traced) out.traced_over_this = over(traced, now);
+    if (sink) out.collector = sink.figures();
     return out;
   } finally {
     for (const s of sides) {
@@ -410,5 +416,6 @@ export async function capacityBench(): Promise<unknown> {
     }
     killAll();
     base?.remove();
+    await sink?.close();
   }
 }
