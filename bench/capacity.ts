@@ -1,6 +1,7 @@
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import { LibOpus } from "../src/audio/opus.ts";
 import { startCapacityProvider, talkerOn } from "../test/support/fleet.ts";
 import type { CapacityAudio, CapacityCollected, CapacityCommand, CapacityConnected, Mode } from "./capacity-worker.ts";
@@ -173,6 +174,42 @@ interface Side {
   devices: DeviceProcesses[];
   atRest: ReturnType<typeof treeRss>;
   steps: unknown[];
+  data: string;
+}
+
+/**
+ * `--record` (BENCH_CAPACITY_RECORD=1): the cost of turn recordings (voice.md §8): two servers of this
+ * checkout, both storing transcripts, `base` without and `this` with `record.audio` on the agent,
+ * side by side as with `--base`; after the steps, the recordings stored by `this` (bytes and seconds
+ * of audio, bytes per minute of recorded audio and per minute of conversation).
+ */
+const RECORD = process.argv.includes("--record") || process.env.BENCH_CAPACITY_RECORD === "1";
+
+/** Beside the talker's configuration: transcripts stored, and its turns recorded or not. */
+function recording(providerUrl: string, record: boolean): Record<string, unknown> {
+  const config = talkerOn(providerUrl);
+  return {
+    agents: config.agents.map((a) => ({ ...a, ...(record ? { record: { audio: true, retention_days: 1 } } : {}) })),
+    voice: { ...config.voice, store_transcripts: true },
+  };
+}
+
+/** What a server stored of the turns' recordings (its SQLite file, read beside it). */
+function storedRecordings(data: string): { sides: number; bytes: number; audio_seconds: number; bytes_per_audio_minute: number } {
+  const db = new DatabaseSync(join(data, "perch.db"), { readOnly: true });
+  try {
+    const r = db
+      .prepare("select count(*) as n, coalesce(sum(length(audio)), 0) as bytes, coalesce(sum(duration_ms), 0) as ms from conversation_recordings")
+      .get() as { n: number; bytes: number; ms: number };
+    return {
+      sides: Number(r.n),
+      bytes: Number(r.bytes),
+      audio_seconds: round(Number(r.ms) / 1000),
+      bytes_per_audio_minute: r.ms > 0 ? Math.round((Number(r.bytes) / Number(r.ms)) * 60_000) : 0,
+    };
+  } finally {
+    db.close();
+  }
 }
 
 /** `extra`: configuration beside the talker's (a traced side's `tracing`). */
@@ -194,7 +231,7 @@ async function startSide(name: string, root: string, dir: string, providerUrl: s
     { length: PROCESSES },
     () => new DeviceProcess<CapacityCommand, CapacityConnected | CapacityCollected>("bench/capacity-worker.ts", env),
   );
-  return { name, root, server, devices, atRest, steps: [] };
+  return { name, root, server, devices, atRest, steps: [], data };
 }
 
 async function runStep(side: Side, step: Step): Promise<unknown> {
@@ -294,9 +331,14 @@ export async function capacityBench(): Promise<unknown> {
   process.once("exit", killAll);
   const load = [round(loadavg()[0]!)];
   try {
-    if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
-    sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
-    if (sink) sides.push(await startSide("traced", ROOT, dir, providerUrl, audioFile, { tracing: { otlp: { endpoint: sink.endpoint } } }));
+    if (RECORD) {
+      sides.push(await startSide("base", ROOT, dir, providerUrl, audioFile, recording(providerUrl, false)));
+      sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile, recording(providerUrl, true)));
+    } else {
+      if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
+      sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
+      if (sink) sides.push(await startSide("traced", ROOT, dir, providerUrl, audioFile, { tracing: { otlp: { endpoint: sink.endpoint } } }));
+    }
     for (const [i, step] of plan.entries()) {
       const order = i % 2 === 0 ? sides : [...sides].reverse();
       for (const side of order) side.steps.push(await runStep(side, step));
@@ -308,7 +350,7 @@ export async function capacityBench(): Promise<unknown> {
       step_seconds: STEP_S,
       warmup_seconds: WARMUP_S,
       device_processes: PROCESSES,
-      base: spec ?? "not measured: --base <dir or git revision>",
+      base: RECORD ? "this checkout, recording off (both store transcripts; this: record.audio on)" : (spec ?? "not measured: --base <dir or git revision>"),
       goals: {
         talk_120: "every turn answered, end of speech → first reply audio p95 ≤ 1000 ms; CPU ≤ 0.8 % of a core per conversation",
         mic_100: "≤ 15 % of a core in all",
@@ -321,6 +363,18 @@ export async function capacityBench(): Promise<unknown> {
         at_rest: side.atRest,
         steps: side.steps,
         server_warnings: side.server.warnings,
+      };
+    }
+    if (RECORD) {
+      const on = sides.find((x) => x.name === "this")!;
+      // The writes of the last turns settle first.
+      await new Promise((r) => setTimeout(r, 2_000));
+      const stored = storedRecordings(on.data);
+      const talkSeconds = plan.filter((p) => p.mode === "talk").reduce((sum, p) => sum + p.count * (STEP_S + WARMUP_S), 0);
+      out.recordings = {
+        ...stored,
+        conversation_minutes: round(talkSeconds / 60),
+        bytes_per_conversation_minute: talkSeconds > 0 ? Math.round(stored.bytes / (talkSeconds / 60)) : 0,
       };
     }
     type Figures = {
