@@ -31,6 +31,7 @@ interface Side {
   rss_before_mb: number;
   rss_after_mb: number;
   held_growth_mb: number;
+  longest_gap?: { wall_ms: number; cpu_ms: number; at_s: number };
   events: number;
 }
 
@@ -98,6 +99,7 @@ export async function realtimeAttackBench(): Promise<unknown> {
         attack_s: runs.map((s) => s.attack_s),
         rss_growth_mb: runs.map((s) => s.rss_after_mb - s.rss_before_mb),
         held_growth_mb: runs.map((s) => s.held_growth_mb),
+        longest_gap: runs.map((s) => s.longest_gap),
         events: runs.map((s) => s.events),
       };
     summary[attack] = row;
