@@ -12,9 +12,11 @@
  *
  * Environment: PERCH_URL, PERCH_SERVER_KEY, CROWD_BIND, CAPACITY_AUDIO (the JSON file of frames).
  */
-import { readFileSync } from "node:fs";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { AUDIO_LEVEL_ID, CrowdDevice } from "./crowd-device.ts";
+import { capacityAudio, FrameTicker, PAYLOAD_TYPE, RtpOut, reply, serveCommands, serverOfWorker } from "./device-worker.ts";
+
+export type { CapacityAudio } from "./device-worker.ts";
 
 export type CapacityCommand =
   | { type: "connect"; count: number; concurrency: number; id: number }
@@ -47,35 +49,18 @@ export interface CapacityCollected {
   lost: number;
 }
 
-/** The pre-encoded audio: the question's Opus frames (base64), the index of its last voiced frame, and a frame of silence. */
-export interface CapacityAudio {
-  question: string[];
-  /** Each question frame's level in −dBov (0–127), as an RFC 6464 sender computes it. */
-  levels: number[];
-  lastVoiced: number;
-  silence: string;
-}
-
-const FRAME_MS = 20;
-const SAMPLES_PER_FRAME = 960;
-const PAYLOAD_TYPE = 111;
 const REPLY_GAP_MS = 300;
 const REPLY_TIMEOUT_MS = 20_000;
 const PAUSE_MS = Number(process.env.BENCH_CAPACITY_PAUSE_MS ?? 4000);
 
-const audio = JSON.parse(readFileSync(process.env.CAPACITY_AUDIO!, "utf8")) as CapacityAudio;
-const question = audio.question.map((f) => Buffer.from(f, "base64"));
-const silence = Buffer.from(audio.silence, "base64");
-const baseUrl = process.env.PERCH_URL!;
-const serverPublicKey = process.env.PERCH_SERVER_KEY!;
-const bindAddress = process.env.CROWD_BIND || undefined;
+const { audio, question, silence } = capacityAudio();
+const { baseUrl, serverPublicKey, bindAddress } = serverOfWorker();
 /** Devices offer the RFC 6464 audio level and send it on every packet, as libwebrtc (the SDK's microphone) does. */
 const audioLevel = process.env.BENCH_CAPACITY_AUDIO_LEVEL === "1";
 
 interface Talker {
   device: CrowdDevice;
-  sequence: number;
-  timestamp: number;
+  rtp: RtpOut;
   /** pause → question → awaiting → reply → pause. */
   phase: "pause" | "question" | "awaiting" | "reply";
   frame: number;
@@ -83,7 +68,6 @@ interface Talker {
   nextAt: number;
   voicedAt: number;
   lastPacketAt: number;
-  marker: boolean;
 }
 
 const talkers = new Set<Talker>();
@@ -91,29 +75,10 @@ let mode: Mode = "idle";
 let lost = 0;
 const counts = { latencies: [] as number[], questions: 0, unanswered: 0, packetsSent: 0, packetsReceived: 0 };
 
-function rtp(t: Talker, payload: Buffer, level: number): Buffer {
-  const ext = audioLevel ? 8 : 0;
-  const packet = Buffer.allocUnsafe(12 + ext + payload.length);
-  packet[0] = audioLevel ? 0x90 : 0x80;
-  packet[1] = (t.marker ? 0x80 : 0) | PAYLOAD_TYPE;
-  packet.writeUInt16BE(t.sequence, 2);
-  packet.writeUInt32BE(t.timestamp >>> 0, 4);
-  packet.writeUInt32BE(t.device.ssrc, 8);
-  if (audioLevel) {
-    // One-byte header extension (RFC 8285): the level element (id, one byte), then padding.
-    packet.writeUInt32BE(0xbede0001, 12);
-    packet.writeUInt32BE(((AUDIO_LEVEL_ID << 4) << 24) | ((level & 0x7f) << 16), 16);
-  }
-  payload.copy(packet, 12 + ext);
-  t.marker = false;
-  t.sequence = (t.sequence + 1) & 0xffff;
-  t.timestamp = (t.timestamp + SAMPLES_PER_FRAME) >>> 0;
-  return packet;
-}
-
 function send(t: Talker, payload: Buffer, level = 127): void {
   try {
-    if (t.device.audio.isOpen() && t.device.audio.sendMessageBinary(rtp(t, payload, level))) counts.packetsSent++;
+    const packet = t.rtp.packet(t.device.ssrc, payload, audioLevel ? { id: AUDIO_LEVEL_ID, dbov: level } : undefined);
+    if (t.device.audio.isOpen() && t.device.audio.sendMessageBinary(packet)) counts.packetsSent++;
   } catch {}
 }
 
@@ -135,7 +100,7 @@ function step(t: Talker, now: number): void {
   if (mode === "talk" && t.phase === "pause" && now >= t.nextAt) {
     t.phase = "question";
     t.frame = 0;
-    t.marker = true;
+    t.rtp.marker = true;
     counts.questions++;
   }
   if (mode === "talk" && t.phase === "question") {
@@ -156,22 +121,9 @@ function pause(t: Talker, now: number): void {
   t.nextAt = now + PAUSE_MS;
 }
 
-// One ticker for every device: frame k of the process at anchor + 20·k ms; behind by more than 100 ms, the clock starts again.
-let anchor = performance.now();
-let ticks = 0;
-let ticker: NodeJS.Timeout | undefined;
-function tick(): void {
-  const now = performance.now();
-  if (now - (anchor + ticks * FRAME_MS) > 100) {
-    anchor = now;
-    ticks = 0;
-  }
-  while (anchor + ticks * FRAME_MS <= now) {
-    for (const t of talkers) step(t, now);
-    ticks++;
-  }
-  ticker = setTimeout(tick, Math.max(1, anchor + ticks * FRAME_MS - performance.now()));
-}
+const ticker = new FrameTicker((now) => {
+  for (const t of talkers) step(t, now);
+});
 
 function setMode(next: Mode): void {
   mode = next;
@@ -181,11 +133,7 @@ function setMode(next: Mode): void {
     t.phase = "pause";
     t.nextAt = now + Math.random() * (PAUSE_MS + 3000);
   }
-  if (!ticker && next !== "idle") {
-    anchor = now;
-    ticks = 0;
-    tick();
-  }
+  if (next !== "idle") ticker.start();
 }
 
 async function connectOne(report: CapacityConnected): Promise<void> {
@@ -194,14 +142,12 @@ async function connectOne(report: CapacityConnected): Promise<void> {
       const device = await CrowdDevice.connect({ baseUrl, serverPublicKey, keyPair: generateKeyPair(), bindAddress, timeoutMs: 15_000, audioLevel });
       const t: Talker = {
         device,
-        sequence: (Math.random() * 0xffff) | 0,
-        timestamp: (Math.random() * 0xffffffff) >>> 0,
+        rtp: new RtpOut(),
         phase: "pause",
         frame: 0,
         nextAt: Number.POSITIVE_INFINITY,
         voicedAt: 0,
         lastPacketAt: 0,
-        marker: true,
       };
       device.audio.onMessage((packet) => received(t, packet));
       device.onClosed(() => {
@@ -230,7 +176,7 @@ async function connect(command: Extract<CapacityCommand, { type: "connect" }>): 
     }
   };
   await Promise.all(Array.from({ length: Math.max(1, command.concurrency) }, lane));
-  process.send?.(report);
+  reply(report);
 }
 
 function collect(id: number): CapacityCollected {
@@ -252,7 +198,7 @@ function release(): void {
   lost = 0;
 }
 
-process.on("message", (command: CapacityCommand) => {
+serveCommands<CapacityCommand>((command) => {
   switch (command.type) {
     case "connect":
       void connect(command);
@@ -261,19 +207,7 @@ process.on("message", (command: CapacityCommand) => {
       setMode(command.mode);
       break;
     case "collect":
-      process.send?.(collect(command.id));
-      break;
-    case "release":
-      release();
-      process.send?.({ type: "released", id: command.id });
-      break;
-    case "exit":
-      release();
-      setTimeout(() => process.exit(0), 300);
+      reply(collect(command.id));
       break;
   }
-});
-process.on("disconnect", () => {
-  release();
-  process.exit(0);
-});
+}, release);

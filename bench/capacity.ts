@@ -1,37 +1,13 @@
-/**
- * `npm run bench -- capacity`: how many voice conversations one node carries (issue 41). Speech on a
- * provider that answers at once (bench/capacity-provider.ts, its own process: transcription, chat
- * and speech), `perch serve` with one agent on it, and light devices in other processes
- * (bench/capacity-worker.ts: node-datachannel peers sending pre-encoded Opus in RTP, 20 ms a frame).
- *
- * Steps (`--steps`, BENCH_CAPACITY_STEPS; default talk:20,talk:40,talk:80,talk:120,talk:200,idle:100,mic:100):
- * `talk:N` N conversations (a 1.4 s question, the reply awaited, a 4 s pause, again), `idle:N` N
- * connected devices sending nothing, `mic:N` N open microphones sending Opus frames of silence (as
- * the SDK's microphone does; not DTX). Each step: the devices connect, BENCH_CAPACITY_WARMUP_S (4)
- * pass, then BENCH_CAPACITY_STEP_S (`--step-seconds`, 20) are measured: the CPU of Perch's whole
- * process tree (main process and children, /proc; % of one core), its resident memory (the tree's
- * sum; mean and peak), turns asked, answered (at the device, and the server's `perch_voice_turns_total`),
- * and end of speech → first reply audio at the device (the question's last voiced frame sent → the
- * reply's first RTP packet received; p50/p95). Before the steps, each server's tree at rest (after its
- * start-up settled, no device): resident memory by process.
- *
- * `--base <dir or git revision>` (BENCH_CAPACITY_BASE): that checkout's server too, started beside
- * this one with the same configuration; every step runs on both, one after the other, the order
- * alternating from step to step, so that before and after come from one run on one machine.
- *
- * BENCH_CAPACITY_AUDIO_LEVEL=1: the devices offer the RTP audio level (RFC 6464) and send it on every
- * packet, as libwebrtc (the SDK's microphone, browsers) does; default off (the extension offered by none).
- *
- * BENCH_CAPACITY_PROCESSES (4): device processes per server (niced, as bench/crowd.ts's:
- * BENCH_CROWD_NICE=0 turns it off). BENCH_CAPACITY_PAUSE_MS (4000), BENCH_CAPACITY_REPLY_MS (1200).
- */
-import { type ChildProcess, execFileSync, fork, spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
-import { availableParallelism, loadavg, setPriority, tmpdir } from "node:os";
+import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import { LibOpus } from "../src/audio/opus.ts";
+import { startCapacityProvider, talkerOn } from "../test/support/fleet.ts";
 import type { CapacityAudio, CapacityCollected, CapacityCommand, CapacityConnected, Mode } from "./capacity-worker.ts";
-import { benchConfig, ROOT, round, type Server, settledCpu, startServer } from "./support.ts";
+import { DeviceProcess } from "./device-process.ts";
+import { OtlpSink } from "./otlp-sink.ts";
+import { benchConfig, checkoutOf, ROOT, round, type Server, settledCpu, startServer } from "./support.ts";
 import { metric, pct, questionFile } from "./voice.ts";
 
 const DEFAULT_STEPS = "talk:20,talk:40,talk:80,talk:120,talk:200,idle:100,mic:100";
@@ -188,83 +164,62 @@ export async function encodedAudio(dir: string): Promise<string> {
   return file;
 }
 
-type Reply = CapacityConnected | CapacityCollected | { type: "released"; id: number };
-
-class DeviceProcess {
-  readonly child: ChildProcess;
-  private readonly waiting = new Map<number, (r: Reply) => void>();
-  private next = 0;
-
-  constructor(env: Record<string, string>) {
-    this.child = fork(join(ROOT, "bench/capacity-worker.ts"), [], {
-      execArgv: ["--disable-warning=ExperimentalWarning"],
-      env: { ...process.env, ...env },
-      stdio: ["ignore", "inherit", "inherit", "ipc"],
-    });
-    const nice = Number(process.env.BENCH_CROWD_NICE ?? 10);
-    if (nice && this.child.pid !== undefined) setPriority(this.child.pid, nice);
-    this.child.on("message", (r: Reply) => {
-      const done = this.waiting.get(r.id);
-      this.waiting.delete(r.id);
-      done?.(r);
-    });
-    this.child.once("exit", () => {
-      for (const done of this.waiting.values()) done({ type: "released", id: -1 });
-    });
-  }
-
-  ask<R extends Reply>(command: CapacityCommand & { id: number }): Promise<R> {
-    return new Promise((resolve) => {
-      this.waiting.set(command.id, resolve as (r: Reply) => void);
-      this.child.send(command);
-    });
-  }
-
-  id(): number {
-    return ++this.next;
-  }
-
-  tell(command: CapacityCommand): void {
-    if (this.child.connected) this.child.send(command);
-  }
-}
+type DeviceProcesses = DeviceProcess<CapacityCommand, CapacityConnected | CapacityCollected>;
 
 /** A server under test, its devices' processes, and its figures. */
 interface Side {
   name: string;
   root: string;
   server: Server;
-  devices: DeviceProcess[];
+  devices: DeviceProcesses[];
   atRest: ReturnType<typeof treeRss>;
   steps: unknown[];
+  data: string;
 }
 
-async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string): Promise<Side> {
+/**
+ * `--record` (BENCH_CAPACITY_RECORD=1): the cost of turn recordings (voice.md §8): two servers of this
+ * checkout, both storing transcripts, `base` without and `this` with `record.audio` on the agent,
+ * side by side as with `--base`; after the steps, the recordings stored by `this` (bytes and seconds
+ * of audio, bytes per minute of recorded audio and per minute of conversation).
+ */
+const RECORD = process.argv.includes("--record") || process.env.BENCH_CAPACITY_RECORD === "1";
+
+/** Beside the talker's configuration: transcripts stored, and its turns recorded or not. */
+function recording(providerUrl: string, record: boolean): Record<string, unknown> {
+  const config = talkerOn(providerUrl);
+  return {
+    agents: config.agents.map((a) => ({ ...a, ...(record ? { record: { audio: true, retention_days: 1 } } : {}) })),
+    voice: { ...config.voice, store_transcripts: true },
+  };
+}
+
+/** What a server stored of the turns' recordings (its SQLite file, read beside it). */
+function storedRecordings(data: string): { sides: number; bytes: number; audio_seconds: number; bytes_per_audio_minute: number } {
+  const db = new DatabaseSync(join(data, "perch.db"), { readOnly: true });
+  try {
+    const r = db
+      .prepare("select count(*) as n, coalesce(sum(length(audio)), 0) as bytes, coalesce(sum(duration_ms), 0) as ms from conversation_recordings")
+      .get() as { n: number; bytes: number; ms: number };
+    return {
+      sides: Number(r.n),
+      bytes: Number(r.bytes),
+      audio_seconds: round(Number(r.ms) / 1000),
+      bytes_per_audio_minute: r.ms > 0 ? Math.round((Number(r.bytes) / Number(r.ms)) * 60_000) : 0,
+    };
+  } finally {
+    db.close();
+  }
+}
+
+/** `extra`: configuration beside the talker's (a traced side's `tracing`). */
+async function startSide(name: string, root: string, dir: string, providerUrl: string, audioFile: string, extra: Record<string, unknown> = {}): Promise<Side> {
   const data = mkdtempSync(join(dir, `${name}-`));
   const server = await startServer(
     {
       PERCH_DATA_DIR: data,
       PERCH_LOG_LEVEL: "warn",
-      ...benchConfig(data, {
-        rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
-        providers: [{ id: "fake", kind: "openai-compatible", base_url: providerUrl, max_retries: 0 }],
-        models: [
-          { id: "chat", kind: "chat", provider: "fake", upstream_model: "scripted" },
-          { id: "voice-tts", kind: "speech", provider: "fake", upstream_model: "tts-1" },
-          { id: "voice-stt", kind: "transcription", provider: "fake", upstream_model: "whisper-1" },
-        ],
-        agents: [
-          {
-            id: "talker",
-            model: "chat",
-            instructions: "Answer briefly.",
-            voice: "alloy",
-            speech_model: "voice-tts",
-            transcription_model: "voice-stt",
-          },
-        ],
-        voice: { agent: "talker" },
-      }),
+      ...benchConfig(data, { ...talkerOn(providerUrl), ...extra }),
     },
     root,
   );
@@ -272,8 +227,11 @@ async function startSide(name: string, root: string, dir: string, providerUrl: s
   const atRest = treeRss(server.child.pid!);
   const serverKey = ((await (await fetch(`${server.url}/server-info`)).json()) as { public_key: string }).public_key;
   const env = { PERCH_URL: server.url, PERCH_SERVER_KEY: serverKey, CROWD_BIND: new URL(server.url).hostname, CAPACITY_AUDIO: audioFile };
-  const devices = Array.from({ length: PROCESSES }, () => new DeviceProcess(env));
-  return { name, root, server, devices, atRest, steps: [] };
+  const devices = Array.from(
+    { length: PROCESSES },
+    () => new DeviceProcess<CapacityCommand, CapacityConnected | CapacityCollected>("bench/capacity-worker.ts", env),
+  );
+  return { name, root, server, devices, atRest, steps: [], data };
 }
 
 async function runStep(side: Side, step: Step): Promise<unknown> {
@@ -281,14 +239,12 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
   const share = (i: number) => Math.floor(step.count / side.devices.length) + (i < step.count % side.devices.length ? 1 : 0);
   const connectStarted = performance.now();
   const connected = await Promise.all(
-    side.devices.map((d, i) =>
-      share(i) > 0 ? d.ask<CapacityConnected>({ type: "connect", count: share(i), concurrency: CONNECT_CONCURRENCY, id: d.id() }) : undefined,
-    ),
+    side.devices.map((d, i) => (share(i) > 0 ? d.ask<CapacityConnected>({ type: "connect", count: share(i), concurrency: CONNECT_CONCURRENCY }) : undefined)),
   );
   const connectS = (performance.now() - connectStarted) / 1000;
   for (const d of side.devices) d.tell({ type: "mode", mode: step.mode });
   await new Promise((r) => setTimeout(r, WARMUP_S * 1000));
-  const collect = () => Promise.all(side.devices.map((d) => d.ask<CapacityCollected>({ type: "collect", id: d.id() })));
+  const collect = () => Promise.all(side.devices.map((d) => d.ask<CapacityCollected>({ type: "collect" })));
   await collect();
   const answeredBefore = await metric(side.server, "perch_voice_turns_total", 'result="answered"');
   const cpuBefore = treeCpu(pid);
@@ -313,7 +269,7 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
   const collected = await collect();
   const answeredServer = (await metric(side.server, "perch_voice_turns_total", 'result="answered"')) - answeredBefore;
   for (const d of side.devices) d.tell({ type: "mode", mode: "idle" });
-  await Promise.all(side.devices.map((d) => d.ask({ type: "release", id: d.id() })));
+  await Promise.all(side.devices.map((d) => d.ask({ type: "release" })));
   // The server notices the closes and lets the conversations go, and an overloaded one works off
   // its backlog, before the next step (at most 20 s).
   await new Promise((r) => setTimeout(r, 2000));
@@ -355,24 +311,15 @@ async function runStep(side: Side, step: Step): Promise<unknown> {
   };
 }
 
-/** The `base` checkout: a directory as is, or a revision in a temporary worktree sharing this checkout's node_modules. */
-export function baseRoot(spec: string): { root: string; remove: () => void } {
-  if (existsSync(join(spec, "bin/perch"))) return { root: spec, remove: () => {} };
-  const root = mkdtempSync(join(tmpdir(), "perch-bench-base-"));
-  execFileSync("git", ["-C", ROOT, "worktree", "add", "--detach", root, spec], { stdio: "ignore" });
-  symlinkSync(join(ROOT, "node_modules"), join(root, "node_modules"));
-  return { root, remove: () => execFileSync("git", ["-C", ROOT, "worktree", "remove", "--force", root], { stdio: "ignore" }) };
-}
-
 export async function capacityBench(): Promise<unknown> {
   const plan = steps();
   const spec = option("--base") ?? process.env.BENCH_CAPACITY_BASE;
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-capacity-"));
   const audioFile = await encodedAudio(dir);
-  const provider = spawn(process.execPath, ["--disable-warning=ExperimentalWarning", join(ROOT, "bench/capacity-provider.ts")], {
-    stdio: ["ignore", "pipe", "inherit", "ipc"],
-  });
-  const base = spec ? baseRoot(spec) : undefined;
+  const { url: providerUrl, process: provider } = await startCapacityProvider();
+  const base = spec ? checkoutOf(spec) : undefined;
+  // BENCH_CAPACITY_TRACING=1: this checkout a second time, tracing to a collector in this process (the cost of tracing).
+  const sink = process.env.BENCH_CAPACITY_TRACING === "1" ? await OtlpSink.start() : undefined;
   const sides: Side[] = [];
   const killAll = () => {
     for (const s of sides) {
@@ -384,9 +331,14 @@ export async function capacityBench(): Promise<unknown> {
   process.once("exit", killAll);
   const load = [round(loadavg()[0]!)];
   try {
-    const providerUrl = await new Promise<string>((resolve) => provider.stdout!.once("data", (d: Buffer) => resolve(d.toString().trim().split("\n")[0]!)));
-    if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
-    sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
+    if (RECORD) {
+      sides.push(await startSide("base", ROOT, dir, providerUrl, audioFile, recording(providerUrl, false)));
+      sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile, recording(providerUrl, true)));
+    } else {
+      if (base) sides.push(await startSide("base", base.root, dir, providerUrl, audioFile));
+      sides.push(await startSide("this", ROOT, dir, providerUrl, audioFile));
+      if (sink) sides.push(await startSide("traced", ROOT, dir, providerUrl, audioFile, { tracing: { otlp: { endpoint: sink.endpoint } } }));
+    }
     for (const [i, step] of plan.entries()) {
       const order = i % 2 === 0 ? sides : [...sides].reverse();
       for (const side of order) side.steps.push(await runStep(side, step));
@@ -398,7 +350,7 @@ export async function capacityBench(): Promise<unknown> {
       step_seconds: STEP_S,
       warmup_seconds: WARMUP_S,
       device_processes: PROCESSES,
-      base: spec ?? "not measured: --base <dir or git revision>",
+      base: RECORD ? "this checkout, recording off (both store transcripts; this: record.audio on)" : (spec ?? "not measured: --base <dir or git revision>"),
       goals: {
         talk_120: "every turn answered, end of speech → first reply audio p95 ≤ 1000 ms; CPU ≤ 0.8 % of a core per conversation",
         mic_100: "≤ 15 % of a core in all",
@@ -413,35 +365,49 @@ export async function capacityBench(): Promise<unknown> {
         server_warnings: side.server.warnings,
       };
     }
-    const [b, a] = sides.length === 2 ? sides : [];
-    if (b && a) {
-      type Figures = {
-        step: string;
-        cpu_percent: number;
-        main_thread_cpu_percent: number;
-        rss_mb: { mean: number };
-        end_of_speech_to_first_audio_ms?: { p50: number; p95: number };
-      };
-      const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
-      out.this_over_base = {
-        at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
-        steps: (a.steps as Figures[]).map((s, i) => {
-          const o = b.steps[i] as Figures;
-          return {
-            step: s.step,
-            cpu: ratio(s.cpu_percent, o.cpu_percent),
-            main_thread_cpu: ratio(s.main_thread_cpu_percent, o.main_thread_cpu_percent),
-            rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
-            ...(s.end_of_speech_to_first_audio_ms
-              ? {
-                  latency_p50: ratio(s.end_of_speech_to_first_audio_ms.p50, o.end_of_speech_to_first_audio_ms?.p50),
-                  latency_p95: ratio(s.end_of_speech_to_first_audio_ms.p95, o.end_of_speech_to_first_audio_ms?.p95),
-                }
-              : {}),
-          };
-        }),
+    if (RECORD) {
+      const on = sides.find((x) => x.name === "this")!;
+      // The writes of the last turns settle first.
+      await new Promise((r) => setTimeout(r, 2_000));
+      const stored = storedRecordings(on.data);
+      const talkSeconds = plan.filter((p) => p.mode === "talk").reduce((sum, p) => sum + p.count * (STEP_S + WARMUP_S), 0);
+      out.recordings = {
+        ...stored,
+        conversation_minutes: round(talkSeconds / 60),
+        bytes_per_conversation_minute: talkSeconds > 0 ? Math.round(stored.bytes / (talkSeconds / 60)) : 0,
       };
     }
+    type Figures = {
+      step: string;
+      cpu_percent: number;
+      main_thread_cpu_percent: number;
+      rss_mb: { mean: number };
+      end_of_speech_to_first_audio_ms?: { p50: number; p95: number };
+    };
+    const ratio = (x: number | undefined, y: number | undefined) => (x !== undefined && y !== undefined && y > 0 ? round(x / y) : undefined);
+    const over = (a: Side, b: Side) => ({
+      at_rest_rss: ratio(a.atRest.total_mb, b.atRest.total_mb),
+      steps: (a.steps as Figures[]).map((s, i) => {
+        const o = b.steps[i] as Figures;
+        return {
+          step: s.step,
+          cpu: ratio(s.cpu_percent, o.cpu_percent),
+          main_thread_cpu: ratio(s.main_thread_cpu_percent, o.main_thread_cpu_percent),
+          rss: ratio(s.rss_mb.mean, o.rss_mb.mean),
+          ...(s.end_of_speech_to_first_audio_ms
+            ? {
+                latency_p50: ratio(s.end_of_speech_to_first_audio_ms.p50, o.end_of_speech_to_first_audio_ms?.p50),
+                latency_p95: ratio(s.end_of_speech_to_first_audio_ms.p95, o.end_of_speech_to_first_audio_ms?.p95),
+              }
+            : {}),
+        };
+      }),
+    });
+    const side = (name: string) => sides.find((s) => s.name === name);
+    const [before, now, traced] = [side("base"), side("this")!, side("traced")];
+    if (before) out.this_over_base = over(now, before);
+    if (traced) out.traced_over_this = over(traced, now);
+    if (sink) out.collector = sink.figures();
     return out;
   } finally {
     for (const s of sides) {
@@ -450,5 +416,6 @@ export async function capacityBench(): Promise<unknown> {
     }
     killAll();
     base?.remove();
+    await sink?.close();
   }
 }

@@ -3,15 +3,18 @@
  * of several checkouts in front of one fake provider, rounds alternating between them after each
  * had 3 s of the same load, so that a machine whose speed moves moves them all alike. Settings:
  * `BENCH_AB_ROOTS` (checkouts, comma-separated; this one by default), `BENCH_AB_NODE_OPTIONS_<i>`
- * (`NODE_OPTIONS` of the i-th server), `BENCH_ROUNDS` (4), `BENCH_DURATION_S` (a round). Prints
- * one JSON document: server CPU µs a call, by checkout, round by round.
+ * (`NODE_OPTIONS` of the i-th server), `BENCH_AB_TRACING_<i>=1` (the i-th server traces, to a
+ * collector in this process: bench/otlp-sink.ts), `BENCH_ROUNDS` (4), `BENCH_DURATION_S` (a round).
+ * A checkout may be given twice, once traced and once not. Prints one JSON document: server CPU µs
+ * a call, by server, round by round, and their means.
  */
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { benchConfig, load, ROOT, type Server, startServer, withCpu } from "./support.ts";
+import { OtlpSink } from "./otlp-sink.ts";
+import { benchConfig, load, ROOT, round, type Server, startServer, withCpu } from "./support.ts";
 
 const API_KEY = "sk-perch-bench";
 const roots = (process.env.BENCH_AB_ROOTS ?? ROOT).split(",");
@@ -19,10 +22,12 @@ const loadBefore = loadavg();
 const provider = spawn(process.execPath, [join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
 const upstream = await new Promise<string>((resolve) => provider.stdout!.once("data", (c: Buffer) => resolve(c.toString().split("\n")[0]!.trim())));
 const servers: Array<{ name: string; server: Server; dir: string }> = [];
+const sink = roots.some((_, i) => process.env[`BENCH_AB_TRACING_${i}`] === "1") ? await OtlpSink.start() : undefined;
 try {
   for (const [i, root] of roots.entries()) {
     const dir = mkdtempSync(join(tmpdir(), "perch-bench-ab-"));
     const nodeOptions = process.env[`BENCH_AB_NODE_OPTIONS_${i}`];
+    const traced = process.env[`BENCH_AB_TRACING_${i}`] === "1" && sink;
     const server = await startServer(
       {
         ...(nodeOptions ? { NODE_OPTIONS: nodeOptions } : {}),
@@ -32,12 +37,13 @@ try {
           providers: [{ id: "upstream", kind: "openai-compatible", base_url: upstream, max_retries: 0 }],
           models: [{ id: "chat", kind: "chat", provider: "upstream", upstream_model: "short" }],
           api_keys: [{ name: "bench", sha256: createHash("sha256").update(API_KEY).digest("hex") }],
+          ...(traced ? { tracing: { otlp: { endpoint: sink.endpoint } } } : {}),
         }),
       },
       root,
     );
     servers.push({
-      name: `${i}: ${root === ROOT ? "this checkout" : root.split("/").filter(Boolean).at(-1)}${nodeOptions ? ` (${nodeOptions})` : ""}`,
+      name: `${i}: ${root === ROOT ? "this checkout" : root.split("/").filter(Boolean).at(-1)}${nodeOptions ? ` (${nodeOptions})` : ""}${traced ? " traced" : ""}`,
       server,
       dir,
     });
@@ -61,7 +67,18 @@ try {
     }
   }
   console.log(
-    JSON.stringify({ suite: "chat-ab", cpu_us_per_call: cpu, requests_per_second: rps, load_average: { before: loadBefore, after: loadavg() } }, null, 2),
+    JSON.stringify(
+      {
+        suite: "chat-ab",
+        cpu_us_per_call: cpu,
+        mean_cpu_us_per_call: Object.fromEntries(Object.entries(cpu).map(([k, v]) => [k, round(v.reduce((s, x) => s + x, 0) / v.length)])),
+        requests_per_second: rps,
+        ...(sink ? { collector: sink.figures() } : {}),
+        load_average: { before: loadBefore, after: loadavg() },
+      },
+      null,
+      2,
+    ),
   );
 } finally {
   for (const s of servers) {
@@ -69,4 +86,5 @@ try {
     rmSync(s.dir, { recursive: true, force: true });
   }
   provider.kill();
+  await sink?.close();
 }

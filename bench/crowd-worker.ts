@@ -8,6 +8,7 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { decodePrivateKey, generateKeyPair, keyPairFromPrivate } from "../src/crypto/keys.ts";
 import { CrowdDevice } from "./crowd-device.ts";
+import { reply, serveCommands, serverOfWorker } from "./device-worker.ts";
 import { telemetryPacket } from "./telemetry-packet.ts";
 
 export type WorkerCommand =
@@ -50,19 +51,13 @@ export interface StatsReport {
   rssMb: number;
 }
 
-const baseUrl = process.env.PERCH_URL!;
-const serverPublicKey = process.env.PERCH_SERVER_KEY!;
-const bindAddress = process.env.CROWD_BIND || undefined;
+const { baseUrl, serverPublicKey, bindAddress } = serverOfWorker();
 const ATTEMPTS = 5;
 
 const devices = new Set<CrowdDevice>();
 let lost = 0;
 let sent = 0;
 let unsent = 0;
-
-function reply(message: ConnectReport | StatsReport | { type: "released"; id: number }): void {
-  process.send?.(message);
-}
 
 async function connectOne(report: ConnectReport, deadline: number, privateKey?: string): Promise<void> {
   const keyPair = privateKey ? keyPairFromPrivate(decodePrivateKey(privateKey)) : generateKeyPair();
@@ -165,7 +160,7 @@ function release(): void {
   devices.clear();
 }
 
-process.on("message", (command: WorkerCommand) => {
+serveCommands<WorkerCommand>((command) => {
   switch (command.type) {
     case "connect":
       void connect(command);
@@ -176,19 +171,5 @@ process.on("message", (command: WorkerCommand) => {
     case "stats":
       reply(stats(command.id));
       break;
-    case "release":
-      release();
-      reply({ type: "released", id: command.id });
-      break;
-    case "exit":
-      release();
-      // Give the peer connections a moment to send their closes, then leave.
-      setTimeout(() => process.exit(0), 300);
-      break;
   }
-});
-// The bench went away (finished, failed or killed): so does the crowd.
-process.on("disconnect", () => {
-  release();
-  process.exit(0);
-});
+}, release);

@@ -1,61 +1,11 @@
 /** The WebRTC crowd seen from the bench: worker processes of node-datachannel devices, commanded over IPC. */
-import { type ChildProcess, fork } from "node:child_process";
-import { setPriority } from "node:os";
-import { join } from "node:path";
 import type { ConnectReport, StatsReport, WorkerCommand } from "./crowd-worker.ts";
-import { ROOT } from "./support.ts";
+import { DeviceProcess } from "./device-process.ts";
 
-type Reply = ConnectReport | StatsReport | { type: "released"; id: number };
-
-class Worker {
-  readonly child: ChildProcess;
-  private readonly waiting = new Map<number, (r: Reply) => void>();
-  private nextId = 0;
+/** One worker process (bench/crowd-worker.ts). */
+class Worker extends DeviceProcess<WorkerCommand, ConnectReport | StatsReport> {
   /** Devices asked of this worker and connected so far. */
   held = 0;
-
-  constructor(env: Record<string, string>) {
-    // Node's own type stripping, as `perch serve` runs: no loader, a lighter process than tsx.
-    this.child = fork(join(ROOT, "bench/crowd-worker.ts"), [], {
-      execArgv: ["--disable-warning=ExperimentalWarning"],
-      env: { ...process.env, ...env },
-      stdio: ["ignore", "inherit", "inherit", "ipc"],
-    });
-    // The simulated devices stand for other machines: on a shared machine they yield the CPU to
-    // the server under test (it is measured, they only load it). BENCH_CROWD_NICE=0 turns it off.
-    const nice = Number(process.env.BENCH_CROWD_NICE ?? 10);
-    if (nice && this.child.pid !== undefined) setPriority(this.child.pid, nice);
-    this.child.on("message", (r: Reply) => {
-      const done = "id" in r ? this.waiting.get(r.id) : undefined;
-      if (done) {
-        this.waiting.delete((r as { id: number }).id);
-        done(r);
-      }
-    });
-    this.child.once("exit", () => {
-      for (const done of this.waiting.values()) done({ type: "released", id: -1 });
-      this.waiting.clear();
-    });
-  }
-
-  ask<R extends Reply>(command: WorkerCommand & { id: number }): Promise<R> {
-    return new Promise((resolve, reject) => {
-      if (this.child.exitCode !== null || !this.child.connected) {
-        reject(new Error(`crowd worker ${this.child.pid} is gone`));
-        return;
-      }
-      this.waiting.set(command.id, resolve as (r: Reply) => void);
-      this.child.send(command);
-    });
-  }
-
-  id(): number {
-    return ++this.nextId;
-  }
-
-  tell(command: WorkerCommand): void {
-    if (this.child.connected) this.child.send(command);
-  }
 }
 
 export interface CrowdStats {
@@ -74,7 +24,7 @@ export class Crowd {
 
   constructor(processes: number, o: { url: string; serverKey: string; bindAddress?: string }) {
     const env = { PERCH_URL: o.url, PERCH_SERVER_KEY: o.serverKey, CROWD_BIND: o.bindAddress ?? "" };
-    this.workers = Array.from({ length: processes }, () => new Worker(env));
+    this.workers = Array.from({ length: processes }, () => new Worker("bench/crowd-worker.ts", env));
   }
 
   get pids(): number[] {
@@ -95,7 +45,6 @@ export class Crowd {
               count: shares[i]!,
               concurrency,
               deadline,
-              id: w.id(),
               ...(keys ? { keys: keys.slice(offsets[i], offsets[i]! + shares[i]!) } : {}),
             })
           : Promise.resolve(undefined),
@@ -119,7 +68,7 @@ export class Crowd {
   /** Connects `count` devices one after the other in the first worker (latency, not load). */
   async connectSequentially(count: number): Promise<Omit<ConnectReport, "type" | "id">> {
     const w = this.workers[0]!;
-    const r = await w.ask<ConnectReport>({ type: "connect", count, concurrency: 1, id: w.id() });
+    const r = await w.ask<ConnectReport>({ type: "connect", count, concurrency: 1 });
     w.held += r.ok;
     return r;
   }
@@ -129,7 +78,7 @@ export class Crowd {
   }
 
   async stats(): Promise<CrowdStats> {
-    const all = await Promise.all(this.workers.map((w) => w.ask<StatsReport>({ type: "stats", id: w.id() })));
+    const all = await Promise.all(this.workers.map((w) => w.ask<StatsReport>({ type: "stats" })));
     const sum: CrowdStats = { open: 0, lost: 0, sent: 0, unsent: 0, fds: 0, rssMb: 0 };
     for (const s of all) {
       if (s.type !== "stats") continue;
@@ -145,7 +94,7 @@ export class Crowd {
 
   /** Closes every device; the workers stay for the next part. */
   async release(): Promise<void> {
-    await Promise.all(this.workers.map((w) => w.ask({ type: "release", id: w.id() }).catch(() => {})));
+    await Promise.all(this.workers.map((w) => w.ask({ type: "release" }).catch(() => {})));
     for (const w of this.workers) w.held = 0;
   }
 

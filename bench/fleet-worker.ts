@@ -13,11 +13,10 @@
  *
  * Environment: FLEET_URL (the balancer), PERCH_SERVER_KEY, CROWD_BIND, CAPACITY_AUDIO.
  */
-import { readFileSync } from "node:fs";
 import { generateKeyPair } from "../src/crypto/keys.ts";
 import { StayConnected } from "../src/sdk/reconnect.ts";
-import type { CapacityAudio } from "./capacity-worker.ts";
 import { CrowdDevice } from "./crowd-device.ts";
+import { capacityAudio, FrameTicker, RtpOut, reply, serveCommands, serverOfWorker } from "./device-worker.ts";
 
 export type FleetCommand =
   | { type: "connect"; count: number; id: number }
@@ -54,24 +53,16 @@ export interface FleetCollected {
   refused: number;
 }
 
-const FRAME_MS = 20;
-const SAMPLES_PER_FRAME = 960;
-const PAYLOAD_TYPE = 111;
 const TURN_TIMEOUT_MS = 20_000;
 const PAUSE_MS = Number(process.env.BENCH_FLEET_PAUSE_MS ?? 3000);
 
-const audio = JSON.parse(readFileSync(process.env.CAPACITY_AUDIO!, "utf8")) as CapacityAudio;
-const question = audio.question.map((f) => Buffer.from(f, "base64"));
-const silence = Buffer.from(audio.silence, "base64");
-const baseUrl = process.env.FLEET_URL!;
-const serverPublicKey = process.env.PERCH_SERVER_KEY!;
-const bindAddress = process.env.CROWD_BIND || undefined;
+const { question, silence } = capacityAudio();
+const { baseUrl, serverPublicKey, bindAddress } = serverOfWorker("FLEET_URL");
 
 interface Talker {
   stay: StayConnected<CrowdDevice>;
   device: CrowdDevice | undefined;
-  sequence: number;
-  timestamp: number;
+  rtp: RtpOut;
   phase: "pause" | "question" | "awaiting";
   frame: number;
   nextAt: number;
@@ -99,24 +90,11 @@ const counts = {
   refused: 0,
 };
 
-function rtp(t: Talker, device: CrowdDevice, payload: Buffer): Buffer {
-  const packet = Buffer.allocUnsafe(12 + payload.length);
-  packet[0] = 0x80;
-  packet[1] = PAYLOAD_TYPE;
-  packet.writeUInt16BE(t.sequence, 2);
-  packet.writeUInt32BE(t.timestamp >>> 0, 4);
-  packet.writeUInt32BE(device.ssrc, 8);
-  payload.copy(packet, 12);
-  t.sequence = (t.sequence + 1) & 0xffff;
-  t.timestamp = (t.timestamp + SAMPLES_PER_FRAME) >>> 0;
-  return packet;
-}
-
 function send(t: Talker, payload: Buffer): void {
   const d = t.device;
   if (!d) return;
   try {
-    if (d.audio.isOpen()) d.audio.sendMessageBinary(rtp(t, d, payload));
+    if (d.audio.isOpen()) d.audio.sendMessageBinary(t.rtp.packet(d.ssrc, payload));
   } catch {}
 }
 
@@ -166,8 +144,7 @@ function ended(t: Talker): void {
 function add(): void {
   const t: Talker = {
     device: undefined,
-    sequence: (Math.random() * 0xffff) | 0,
-    timestamp: (Math.random() * 0xffffffff) >>> 0,
+    rtp: new RtpOut(),
     phase: "pause",
     frame: 0,
     nextAt: Number.POSITIVE_INFINITY,
@@ -216,28 +193,16 @@ function add(): void {
   talkers.push(t);
 }
 
-let anchor = performance.now();
-let ticks = 0;
-function tick(): void {
-  const now = performance.now();
-  if (now - (anchor + ticks * FRAME_MS) > 100) {
-    anchor = now;
-    ticks = 0;
-  }
-  while (anchor + ticks * FRAME_MS <= now) {
-    for (const t of talkers) step(t, now);
-    ticks++;
-  }
-  setTimeout(tick, Math.max(1, anchor + ticks * FRAME_MS - performance.now()));
-}
-tick();
+new FrameTicker((now) => {
+  for (const t of talkers) step(t, now);
+}).start();
 
-process.on("message", async (command: FleetCommand) => {
+serveCommands<FleetCommand>(async (command) => {
   switch (command.type) {
     case "connect": {
       for (let i = 0; i < command.count; i++) add();
       await Promise.all(talkers.map((t) => t.stay.connected()));
-      process.send?.({ type: "connected", id: command.id });
+      reply({ type: "connected", id: command.id });
       break;
     }
     case "talk": {
@@ -262,17 +227,16 @@ process.on("message", async (command: FleetCommand) => {
       counts.back = [];
       counts.backAt = [];
       counts.longestWithout = 0;
-      process.send?.(out);
+      reply(out);
       break;
     }
     case "status":
-      process.send?.({ type: "status", id: command.id, open: talkers.filter((t) => t.device !== undefined).length, back: counts.back.length });
-      break;
-    case "exit":
-      talking = false;
-      await Promise.all(talkers.map((t) => t.stay.close()));
-      setTimeout(() => process.exit(0), 200);
+      reply({ type: "status", id: command.id, open: talkers.filter((t) => t.device !== undefined).length, back: counts.back.length });
       break;
   }
-});
-process.on("disconnect", () => process.exit(0));
+}, release);
+
+async function release(): Promise<void> {
+  talking = false;
+  await Promise.all(talkers.map((t) => t.stay.close()));
+}

@@ -1,34 +1,14 @@
-/**
- * `npm run bench -- fleet` (issue 48): a fleet of `perch serve` nodes on one PostgreSQL database
- * (`PERCH_BENCH_DATABASE_URL` or `PERCH_TEST_DATABASE_URL`) behind a real HAProxy health-checking
- * `/readyz`, as docs/operations.md configures it.
- *
- * 1. `rolling`: BENCH_FLEET_DEVICES (40) light devices (the capacity benchmark's, bench/fleet-worker.ts,
- *    kept connected by the SDK's `StayConnected`) converse with an agent on the capacity benchmark's
- *    provider (answers at once; 1.2 s replies) while both nodes are restarted one after the other
- *    (SIGTERM: a drain; then started again): replies cut, turns lost, the longest time a device was
- *    without a node, `node.reconnect` → connected p50/p95, each drain's length.
- * 2. `kill`: the node holding most devices is killed (SIGKILL) under the same load: devices back on
- *    the other node (p50/p95), and nothing acknowledged lost: every reply a device was told whole
- *    (`TEXT_DONE assistant.text`) is in the stored transcripts (`voice.store_transcripts` on).
- * 3. `bus`: 3 nodes' buses (`PgEventBus`, the nodes' own code, in this process: the WebRTC of 600
- *    devices does not fit on two cores beside three nodes), 600 devices' telemetry each second
- *    published from the node holding each device, 100 phones watching devices held by other nodes:
- *    events and NOTIFYs per second, PostgreSQL's CPU, delivery p50/p99 across nodes (goal ≤ 300 ms).
- *
- * `fleet.max_cpu` is 0 here (the devices' processes share the two cores with the nodes: the bound
- * would refuse them, which is admission's test, not this one's).
- */
-import { type ChildProcess, fork, spawn } from "node:child_process";
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
-import { loadavg, setPriority, tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
 import { type BusMessage, PgEventBus } from "../src/bus/index.ts";
+import { startCapacityProvider, startHaproxy, talkerOn } from "../test/support/fleet.ts";
+import { freeTcpPort } from "../test/support/server.ts";
 import { encodedAudio } from "./capacity.ts";
+import { DeviceProcess } from "./device-process.ts";
 import type { FleetCollected, FleetCommand } from "./fleet-worker.ts";
-import { freshPgDatabase, ROOT, round, type Server, startServer } from "./support.ts";
+import { freshPgDatabase, round, type Server, startServer } from "./support.ts";
 
 const PG_URL = process.env.PERCH_BENCH_DATABASE_URL || process.env.PERCH_TEST_DATABASE_URL || undefined;
 const DEVICES = Number(process.env.BENCH_FLEET_DEVICES ?? 40);
@@ -42,14 +22,6 @@ function pct(values: number[], p: number): number | null {
   if (values.length === 0) return null;
   const s = [...values].sort((a, b) => a - b);
   return round(s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!);
-}
-
-async function freePort(): Promise<number> {
-  const s = createServer().listen(0, "127.0.0.1");
-  await new Promise((r) => s.once("listening", r));
-  const { port } = s.address() as { port: number };
-  await new Promise((r) => s.close(r));
-  return port;
 }
 
 /** CPU seconds of every process whose name is `name` (PostgreSQL's backends), from /proc. */
@@ -67,40 +39,10 @@ function cpuOf(name: string): number {
   return total;
 }
 
-class Devices {
-  readonly child: ChildProcess;
-  private readonly waiting = new Map<number, (r: { type: string; id: number }) => void>();
-  private next = 0;
-
-  constructor(env: Record<string, string>) {
-    this.child = fork(join(ROOT, "bench/fleet-worker.ts"), [], {
-      execArgv: ["--disable-warning=ExperimentalWarning"],
-      env: { ...process.env, ...env },
-      stdio: ["ignore", "inherit", "inherit", "ipc"],
-    });
-    if (this.child.pid !== undefined) setPriority(this.child.pid, 10);
-    this.child.on("message", (r: { type: string; id: number }) => {
-      const done = this.waiting.get(r.id);
-      this.waiting.delete(r.id);
-      done?.(r);
-    });
-  }
-
-  ask<R>(command: FleetCommand): Promise<R> {
-    const id = ++this.next;
-    return new Promise((resolve) => {
-      this.waiting.set(id, resolve as (r: { type: string; id: number }) => void);
-      this.child.send({ ...command, id });
-    });
-  }
-
-  tell(command: FleetCommand): void {
-    this.child.send(command);
-  }
-}
+type Devices = DeviceProcess<FleetCommand, FleetCollected | { type: "connected" | "status"; id: number }>;
 
 async function collect(devices: Devices[]): Promise<FleetCollected> {
-  const all = await Promise.all(devices.map((d) => d.ask<FleetCollected>({ type: "collect", id: 0 })));
+  const all = await Promise.all(devices.map((d) => d.ask<FleetCollected>({ type: "collect" })));
   const sum: FleetCollected = { ...all[0]!, handOver: [], back: [], backAt: [], longestWithout: 0 };
   for (const k of ["questions", "questionsCut", "answered", "replies", "cut", "cutByClose", "failed", "lost", "open", "refused"] as const) sum[k] = 0;
   for (const c of all) {
@@ -217,41 +159,23 @@ export async function fleetBench(): Promise<unknown> {
   const dir = mkdtempSync(join(tmpdir(), "perch-fleet-"));
   const url = await freshPgDatabase(PG_URL);
   const db = new pg.Client({ connectionString: url });
-  const provider = fork(join(ROOT, "bench/capacity-provider.ts"), [], { stdio: ["ignore", "pipe", "inherit", "ipc"] });
-  const providerUrl = await new Promise<string>((resolve) => provider.stdout!.once("data", (c: Buffer) => resolve(c.toString().trim())));
+  const { url: providerUrl, process: provider } = await startCapacityProvider();
   const config = join(dir, "perch.json");
-  writeFileSync(
-    config,
-    JSON.stringify({
-      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
-      providers: [{ id: "fake", kind: "openai-compatible", base_url: providerUrl, max_retries: 0 }],
-      models: [
-        { id: "chat", kind: "chat", provider: "fake", upstream_model: "scripted" },
-        { id: "voice-tts", kind: "speech", provider: "fake", upstream_model: "tts-1" },
-        { id: "voice-stt", kind: "transcription", provider: "fake", upstream_model: "whisper-1" },
-      ],
-      agents: [{ id: "talker", model: "chat", instructions: "Answer briefly.", voice: "alloy", speech_model: "voice-tts", transcription_model: "voice-stt" }],
-      voice: { agent: "talker", store_transcripts: true },
-      fleet: { max_cpu: 0, drain_timeout_s: 60 },
-    }),
-  );
-  const ports = { a: await freePort(), b: await freePort() };
+  const talker = talkerOn(providerUrl);
+  writeFileSync(config, JSON.stringify({ ...talker, voice: { ...talker.voice, store_transcripts: true }, fleet: { max_cpu: 0, drain_timeout_s: 60 } }));
+  const ports = { a: await freeTcpPort(), b: await freeTcpPort() };
   const servers: Record<"a" | "b", Server | undefined> = { a: undefined, b: undefined };
   const env = { PERCH_DATA_DIR: dir, PERCH_DATABASE_URL: url, PERCH_CONFIG: config, PERCH_LOG_LEVEL: "warn" };
   const start = async (n: "a" | "b") => {
     servers[n] = await startServer({ ...env, PERCH_NODE_NAME: `node-${n}`, PERCH_PORT: String(ports[n]) });
   };
   await Promise.all([start("a"), start("b"), db.connect()]);
-  const lbPort = await freePort();
+  const lbPort = await freeTcpPort();
   const lb = `http://127.0.0.1:${lbPort}`;
-  const cfg = join(dir, "haproxy.cfg");
-  const servers_ = (check: string) =>
-    `  option httpchk\n  http-check send meth GET uri ${check} ver HTTP/1.1 hdr host perch.internal\n  default-server inter 250ms fall 1 rise 1\n  server a 127.0.0.1:${ports.a} check\n  server b 127.0.0.1:${ports.b} check\n`;
-  writeFileSync(
-    cfg,
-    `defaults\n  mode http\n  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n  timeout check 2s\n  option http-buffer-request\n  retries 3\n  option redispatch 1\n  retry-on conn-failure empty-response 503\nfrontend perch\n  bind 127.0.0.1:${lbPort}\n  use_backend any if { nbsrv(nodes) eq 0 }\n  default_backend nodes\nbackend nodes\n  balance leastconn\n${servers_("/readyz")}backend any\n  balance leastconn\n${servers_("/healthz")}`,
-  );
-  const proxy = spawn("haproxy", ["-db", "-f", cfg], { stdio: ["ignore", "ignore", "inherit"] });
+  const proxy = startHaproxy(dir, lbPort, [
+    ["a", ports.a],
+    ["b", ports.b],
+  ]);
   const devices: Devices[] = [];
   try {
     await until(async () => (await readyz(lb)) === 200, 10_000);
@@ -259,8 +183,10 @@ export async function fleetBench(): Promise<unknown> {
     const serverKey = ((await (await fetch(`${lb}/server-info`)).json()) as { public_key: string }).public_key;
     const audioFile = await encodedAudio(dir);
     for (let i = 0; i < PROCESSES; i++)
-      devices.push(new Devices({ FLEET_URL: lb, PERCH_SERVER_KEY: serverKey, CROWD_BIND: "127.0.0.1", CAPACITY_AUDIO: audioFile }));
-    await Promise.all(devices.map((d, i) => d.ask({ type: "connect", count: Math.floor(DEVICES / PROCESSES) + (i < DEVICES % PROCESSES ? 1 : 0), id: 0 })));
+      devices.push(
+        new DeviceProcess("bench/fleet-worker.ts", { FLEET_URL: lb, PERCH_SERVER_KEY: serverKey, CROWD_BIND: "127.0.0.1", CAPACITY_AUDIO: audioFile }),
+      );
+    await Promise.all(devices.map((d, i) => d.ask({ type: "connect", count: Math.floor(DEVICES / PROCESSES) + (i < DEVICES % PROCESSES ? 1 : 0) })));
     for (const d of devices) d.tell({ type: "talk" });
     await new Promise((r) => setTimeout(r, WARM_S * 1000));
     const warm = await collect(devices);
@@ -293,7 +219,8 @@ export async function fleetBench(): Promise<unknown> {
     const onVictim = Number(held.find((h) => h.node === `node-${victim}`)?.n ?? 0);
     const killedAt = Date.now();
     servers[victim]!.child.kill("SIGKILL");
-    const back = async () => (await Promise.all(devices.map((d) => d.ask<{ back: number }>({ type: "status", id: 0 })))).reduce((n, s) => n + s.back, 0);
+    const back = async () =>
+      (await Promise.all(devices.map((d) => d.ask<{ type: "status"; id: number; back: number }>({ type: "status" })))).reduce((n, s) => n + s.back, 0);
     // Every device on it notices (its liveness ping unanswered, or its WebRTC stack) and comes back.
     await until(async () => (await back()) >= onVictim, 90_000);
     await new Promise((r) => setTimeout(r, 3000));

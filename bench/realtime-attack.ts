@@ -19,8 +19,7 @@
  */
 import { spawn } from "node:child_process";
 import { loadavg } from "node:os";
-import { ROOT } from "./support.ts";
-import { beforeRoot } from "./voice-turns.ts";
+import { checkoutOf, ROOT } from "./support.ts";
 
 const ATTACKS = ["audio-item-ids", "transcript-item-ids", "audio-one-item", "transcript-100mb", "tool-arguments"] as const;
 
@@ -65,7 +64,7 @@ function run(root: string, port: number, attack: string): Promise<Side> {
 
 export async function realtimeAttackBench(): Promise<unknown> {
   const spec = process.env.BENCH_REALTIME_ATTACK_BEFORE;
-  const before = spec ? beforeRoot(spec) : undefined;
+  const before = spec ? checkoutOf(spec) : undefined;
   const rounds = Number(process.env.BENCH_REALTIME_ATTACK_ROUNDS ?? 1);
   const only = process.env.BENCH_REALTIME_ATTACK_ONLY?.split(",");
   const server = spawn(process.execPath, ["--import", "tsx", new URL("./realtime-attack-server.ts", import.meta.url).pathname], {

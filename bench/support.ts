@@ -1,6 +1,7 @@
 /** What every benchmark suite shares: a `perch serve` process, autocannon loads, and CPU readings. */
-import { type ChildProcess, spawn } from "node:child_process";
-import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import autocannon from "autocannon";
 
@@ -32,6 +33,18 @@ export interface Server {
 }
 
 /** Starts `perch serve` (of the checkout at `root`, by default this one) on a free port and waits for its listening line. */
+/**
+ * A checkout to measure beside this one (a benchmark's `before` or `base`): a directory as is, or a
+ * git revision in a temporary worktree sharing this checkout's node_modules (`remove` deletes it).
+ */
+export function checkoutOf(spec: string): { root: string; remove: () => void } {
+  if (existsSync(join(spec, "bin/perch"))) return { root: spec, remove: () => {} };
+  const root = mkdtempSync(join(tmpdir(), "perch-bench-before-"));
+  execFileSync("git", ["-C", ROOT, "worktree", "add", "--detach", root, spec], { stdio: "ignore" });
+  symlinkSync(join(ROOT, "node_modules"), join(root, "node_modules"));
+  return { root, remove: () => execFileSync("git", ["-C", ROOT, "worktree", "remove", "--force", root], { stdio: "ignore" }) };
+}
+
 export async function startServer(env: Record<string, string>, root = ROOT): Promise<Server> {
   const child = spawn(join(root, "bin/perch"), ["serve"], {
     env: { ...process.env, PERCH_PORT: "0", PERCH_HOST: "127.0.0.1", PERCH_LOG_LEVEL: "info", PERCH_CONFIG: "", ...cpuProfile(), ...env },

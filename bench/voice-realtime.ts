@@ -18,8 +18,8 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { baseRoot, threadCpu } from "./capacity.ts";
-import { benchConfig, ROOT, round, startServer, treeCpuSeconds } from "./support.ts";
+import { threadCpu } from "./capacity.ts";
+import { benchConfig, checkoutOf, ROOT, round, startServer, treeCpuSeconds } from "./support.ts";
 import { devices, metric, questionFile, rssMb, turnFigures } from "./voice.ts";
 
 const TURNS = Number(process.env.BENCH_VOICE_TURNS ?? 8);
@@ -169,7 +169,7 @@ async function sideBySide(spec: string): Promise<unknown> {
   const dir = mkdtempSync(join(tmpdir(), "perch-bench-realtime-"));
   const file = await questionFile(dir);
   const fake = await startFake();
-  const base = baseRoot(spec);
+  const base = checkoutOf(spec);
   const load: number[] = [round(loadavg()[0]!)];
   const steps: Array<Record<string, unknown>> = [];
   try {

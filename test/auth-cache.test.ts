@@ -11,16 +11,16 @@ import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, test } from "node:test";
 import { ManualClock } from "../src/domain/clock.ts";
 import { PerchApiError } from "../src/sdk/client.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { startTestNode, type TestNode } from "./support/server.ts";
 
 const refused = (status: number, code: string) => (err: unknown) => err instanceof PerchApiError && err.status === status && err.code === code;
 
 describe("cached sessions (SQLite)", () => {
   const clock = new ManualClock(Date.UTC(2026, 0, 1));
-  let server: TestServer;
+  let server: TestNode;
   let other: DatabaseSync;
   before(async () => {
-    server = await startTestServer({ clock });
+    server = await startTestNode({ clock });
     other = new DatabaseSync(join(server.dataDir, "perch.db"));
     other.exec("PRAGMA busy_timeout = 5000");
   });

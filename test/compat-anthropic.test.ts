@@ -4,7 +4,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { startTestNode, type TestNode } from "./support/server.ts";
 
 const KEY = "sk-perch-anthropic-test";
 
@@ -59,7 +59,7 @@ function anthropicServer(received: any[]) {
 }
 
 describe("Compatible API: an anthropic provider through the AI SDK", () => {
-  let server: TestServer;
+  let server: TestNode;
   let upstream: http.Server;
   const received: any[] = [];
   let openai: OpenAI;
@@ -68,7 +68,7 @@ describe("Compatible API: an anthropic provider through the AI SDK", () => {
     upstream = anthropicServer(received);
     await new Promise<void>((r) => upstream.listen(0, "127.0.0.1", r));
     process.env.PERCH_TEST_ANTHROPIC_KEY = "anthropic-secret";
-    server = await startTestServer({
+    server = await startTestNode({
       config: {
         providers: [
           {
@@ -86,7 +86,7 @@ describe("Compatible API: an anthropic provider through the AI SDK", () => {
         api_keys: [{ name: "a", sha256: createHash("sha256").update(KEY).digest("hex") }],
       },
     });
-    openai = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+    openai = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0, fetch: server.fetch });
   });
   after(async () => {
     await server?.stop();

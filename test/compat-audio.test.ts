@@ -5,7 +5,7 @@ import OpenAI, { toFile } from "openai";
 import { wavFile } from "../src/audio/samples.ts";
 import { engines } from "./support/engines.ts";
 import { childProcesses } from "./support/processes.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { startTestNode, type TestNode } from "./support/server.ts";
 import { sseJson } from "./support/sse.ts";
 
 const KEY = "sk-perch-audio-test";
@@ -17,20 +17,20 @@ function wav(): Buffer {
 }
 
 describe("Compatible API: audio routes, HTTP side", () => {
-  let server: TestServer;
+  let server: TestNode;
   let openai: OpenAI;
   const url = (path: string) => `${server.url}/openai/v1${path}`;
   const auth = { authorization: `Bearer ${KEY}` };
 
   before(async () => {
-    server = await startTestServer({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }] }, engines: engines() });
-    openai = new OpenAI({ apiKey: KEY, baseURL: url(""), maxRetries: 0 });
+    server = await startTestNode({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }] }, engines: engines() });
+    openai = new OpenAI({ apiKey: KEY, baseURL: url(""), maxRetries: 0, fetch: server.fetch });
   });
   after(() => server?.stop());
 
   test("an agent's voice must be one of tts-1's: start-up stops naming the field", async () => {
     await assert.rejects(
-      startTestServer({
+      startTestNode({
         config: {
           providers: [{ id: "p", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" }],
           models: [{ id: "m", kind: "chat", provider: "p", upstream_model: "x" }],
@@ -63,7 +63,7 @@ describe("Compatible API: audio routes, HTTP side", () => {
       [{ model: "tts-9" }, 404, "model"],
     ];
     for (const [extra, status, param] of cases) {
-      const res = await fetch(url("/audio/speech"), {
+      const res = await server.fetch(url("/audio/speech"), {
         method: "POST",
         headers: { ...auth, "content-type": "application/json" },
         body: JSON.stringify({ model: "tts-1", input: "Hello there.", voice: "alloy", ...extra }),
@@ -79,7 +79,7 @@ describe("Compatible API: audio routes, HTTP side", () => {
     assert.equal(res.headers.get("content-type"), "audio/wav");
     assert.ok((await res.arrayBuffer()).byteLength > 0);
 
-    const sse = await fetch(url("/audio/speech"), {
+    const sse = await server.fetch(url("/audio/speech"), {
       method: "POST",
       headers: { ...auth, "content-type": "application/json" },
       body: JSON.stringify({ model: "tts-1", input: "Hello there.", voice: "alloy", stream_format: "sse", response_format: "pcm" }),
@@ -95,7 +95,7 @@ describe("Compatible API: audio routes, HTTP side", () => {
 
   test("speech that fails mid-stream ends in an error the client sees, not a short file", async () => {
     const input = "The small device on the kitchen table reports its battery level and its temperature every minute. ".repeat(30);
-    const res = await fetch(url("/audio/speech"), {
+    const res = await server.fetch(url("/audio/speech"), {
       method: "POST",
       headers: { ...auth, "content-type": "application/json" },
       body: JSON.stringify({ model: "tts-1", input, voice: "nova", response_format: "mp3" }),
@@ -117,7 +117,7 @@ describe("Compatible API: audio routes, HTTP side", () => {
   const transcription = async (fields: Record<string, string | Blob | undefined>, headers: Record<string, string> = {}) => {
     const form = new FormData();
     for (const [k, v] of Object.entries(fields)) if (v !== undefined) form.append(k, v);
-    const res = await fetch(url("/audio/transcriptions"), { method: "POST", headers: { ...auth, ...headers }, body: form });
+    const res = await server.fetch(url("/audio/transcriptions"), { method: "POST", headers: { ...auth, ...headers }, body: form });
     return { status: res.status, body: await res.json() };
   };
 
@@ -144,7 +144,11 @@ describe("Compatible API: audio routes, HTTP side", () => {
       assert.equal(got, status, JSON.stringify({ extra: Object.keys(extra), body }));
       assert.equal(body.error.param, param, JSON.stringify({ extra: Object.keys(extra), body }));
     }
-    const notMultipart = await fetch(url("/audio/transcriptions"), { method: "POST", headers: { ...auth, "content-type": "application/json" }, body: "{}" });
+    const notMultipart = await server.fetch(url("/audio/transcriptions"), {
+      method: "POST",
+      headers: { ...auth, "content-type": "application/json" },
+      body: "{}",
+    });
     assert.equal(notMultipart.status, 400);
   });
 

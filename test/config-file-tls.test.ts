@@ -6,14 +6,13 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { Agent } from "undici";
 import { ConfigError, configFile } from "../src/config/config.ts";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { assertFails, perch, perchJson } from "./support/cli.ts";
-import { type ServerProcess, spawnServer, startTestServer, tempDir } from "./support/server.ts";
+import { freeTcpPort, type ServerProcess, spawnServer, startTestServer, tempDir } from "./support/server.ts";
 
 /** A self-signed certificate for the LAN name and the loopback address, and its key (PEM files in `dir`). */
 function selfSigned(dir: string, name: string): { cert_file: string; key_file: string } {
@@ -29,17 +28,6 @@ function selfSigned(dir: string, name: string): { cert_file: string; key_file: s
     { stdio: "ignore" },
   );
   return { cert_file, key_file };
-}
-
-function freeTcpPort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
 }
 
 describe("the configuration file of the working directory", () => {

@@ -1,70 +1,16 @@
 import assert from "node:assert/strict";
-import { type ChildProcess, execFileSync, fork, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
 import { encodeKey, generateKeyPair } from "../src/crypto/keys.ts";
 import { type ReconnectLog, StayConnected } from "../src/sdk/reconnect.ts";
 import { OfferError, PerchConnection } from "../src/sdk/webrtc.ts";
-import { freshPostgresDatabase, ROOT, type ServerProcess, spawnServer, TEST_DATABASE_URL, tempDir } from "./support/server.ts";
+import { hasHaproxy, startCapacityProvider, startHaproxy, talkerOn } from "./support/fleet.ts";
+import { freeTcpPort, freshPostgresDatabase, type ServerProcess, spawnServer, TEST_DATABASE_URL, tempDir } from "./support/server.ts";
 import { EventLog, spoken } from "./support/voice.ts";
 import { eventually, within } from "./support/webrtc.ts";
-
-function hasHaproxy(): boolean {
-  try {
-    execFileSync("haproxy", ["-v"], { stdio: "ignore" });
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** A TCP port free now (its UDP twin is the node's WebRTC port). */
-async function freePort(): Promise<number> {
-  const s = createServer().listen(0, "127.0.0.1");
-  await new Promise((r) => s.once("listening", r));
-  const { port } = s.address() as { port: number };
-  await new Promise((r) => s.close(r));
-  return port;
-}
-
-/** HAProxy as docs/operations.md configures it, in front of `nodes`, health-checking `/readyz`. */
-function haproxyConfig(port: number, nodes: Array<[string, number]>): string {
-  return `global
-  maxconn 2000
-defaults
-  mode http
-  timeout connect 2s
-  timeout client 60s
-  timeout server 60s
-  timeout check 2s
-  option http-buffer-request
-  retries 3
-  option redispatch 1
-  retry-on conn-failure empty-response 503
-frontend perch
-  bind 127.0.0.1:${port}
-  # Every node full or draining: requests still reach a live node, which answers offers 503 itself.
-  use_backend any if { nbsrv(nodes) eq 0 }
-  default_backend nodes
-backend any
-  balance leastconn
-  option httpchk
-  http-check send meth GET uri /healthz ver HTTP/1.1 hdr host perch.internal
-  http-check expect status 200
-  default-server inter 250ms fall 1 rise 1
-${nodes.map(([name, p]) => `  server ${name} 127.0.0.1:${p} check`).join("\n")}
-backend nodes
-  balance leastconn
-  option httpchk
-  http-check send meth GET uri /readyz ver HTTP/1.1 hdr host perch.internal
-  http-check expect status 200
-  default-server inter 250ms fall 1 rise 1
-${nodes.map(([name, p]) => `  server ${name} 127.0.0.1:${p} check`).join("\n")}
-`;
-}
 
 const skip = !TEST_DATABASE_URL ? "PERCH_TEST_DATABASE_URL is not set" : !hasHaproxy() ? "haproxy is not installed" : false;
 
@@ -97,45 +43,30 @@ describe("a fleet behind HAProxy: admission, a rolling restart with devices talk
   before(async () => {
     databaseUrl = await freshPostgresDatabase();
     db = new pg.Client({ connectionString: databaseUrl });
-    provider = fork(join(ROOT, "bench/capacity-provider.ts"), [], {
-      execArgv: ["--import", "tsx"],
-      stdio: ["ignore", "pipe", "inherit", "ipc"],
-      env: { ...process.env, BENCH_CAPACITY_REPLY_MS: "2500" },
-    });
-    const providerUrl = await new Promise<string>((resolve) => provider.stdout!.once("data", (c: Buffer) => resolve(c.toString().trim())));
+    let providerUrl: string;
+    ({ url: providerUrl, process: provider } = await startCapacityProvider({ BENCH_CAPACITY_REPLY_MS: "2500" }));
     const dir = tempDir();
     const config = join(dir, "perch.json");
+    const talker = talkerOn(providerUrl);
     writeFileSync(
       config,
-      JSON.stringify({
-        rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
-        providers: [{ id: "fake", kind: "openai-compatible", base_url: providerUrl, max_retries: 0 }],
-        models: [
-          { id: "chat", kind: "chat", provider: "fake", upstream_model: "scripted" },
-          { id: "voice-tts", kind: "speech", provider: "fake", upstream_model: "tts-1" },
-          { id: "voice-stt", kind: "transcription", provider: "fake", upstream_model: "whisper-1" },
-        ],
-        agents: [{ id: "talker", model: "chat", instructions: "Answer briefly.", voice: "alloy", speech_model: "voice-tts", transcription_model: "voice-stt" }],
-        voice: { agent: "talker", turn: { preemptive: false } },
-        fleet: { max_connections: 3, max_cpu: 0, drain_timeout_s: 30 },
-      }),
+      JSON.stringify({ ...talker, voice: { ...talker.voice, turn: { preemptive: false } }, fleet: { max_connections: 3, max_cpu: 0, drain_timeout_s: 30 } }),
     );
     env = { PERCH_DATA_DIR: dir, PERCH_DATABASE_URL: databaseUrl, PERCH_CONFIG: config };
-    nodes.a!.port = await freePort();
-    nodes.b!.port = await freePort();
-    const lbPort = await freePort();
+    nodes.a!.port = await freeTcpPort();
+    nodes.b!.port = await freeTcpPort();
+    const lbPort = await freeTcpPort();
     lb = `http://127.0.0.1:${lbPort}`;
-    const cfg = join(dir, "haproxy.cfg");
-    writeFileSync(
-      cfg,
-      haproxyConfig(lbPort, [
+    await Promise.all([start("a"), start("b"), db.connect()]);
+    proxy = startHaproxy(
+      dir,
+      lbPort,
+      [
         ["a", nodes.a!.port],
         ["b", nodes.b!.port],
-      ]),
+      ],
+      "pipe",
     );
-    await Promise.all([start("a"), start("b"), db.connect()]);
-    proxy = spawn("haproxy", ["-db", "-f", cfg], { stdio: ["ignore", "ignore", "pipe"] });
-    process.once("exit", () => proxy.kill("SIGKILL"));
     await eventually(async () => (await fetch(`${lb}/readyz`).catch(() => undefined))?.status === 200, 10_000, "HAProxy up");
   });
   after(async () => {
@@ -221,7 +152,8 @@ describe("a fleet behind HAProxy: admission, a rolling restart with devices talk
       25_000,
       "reconnected",
     );
-    assert.equal(await nodeOf(key), `node-${other}`);
+    // The node writes the device's row once it answered: the SDK may say connected a moment before.
+    await eventually(async () => (await nodeOf(key)) === `node-${other}`, 5_000, `the talker on node-${other}`);
     const connected = reconnects.find((e) => e.event === "connected" && e.after === "node.reconnect");
     assert.ok(connected, JSON.stringify(reconnects));
     // The conversation goes on there: the next turn is answered.

@@ -13,7 +13,7 @@ import { AudioDecodeError, AudioTooLongError } from "../src/ai/speech/errors.ts"
 import { wavFile } from "../src/audio/samples.ts";
 import { engines } from "./support/engines.ts";
 import { BOMB_BLOCK, BOMB_RATE, flacBomb } from "./support/flac-bomb.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { startTestNode, type TestNode } from "./support/server.ts";
 
 const KEY = "sk-perch-hostile-audio";
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
@@ -96,9 +96,9 @@ describe("decoding untrusted audio", () => {
 });
 
 describe("transcription route against a decompression bomb", { skip: engines().transcription ? false : "no transcription engine" }, () => {
-  let server: TestServer;
+  let server: TestNode;
   before(async () => {
-    server = await startTestServer({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }], compat: { max_audio_seconds: 120 } }, engines: engines() });
+    server = await startTestNode({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }], compat: { max_audio_seconds: 120 } }, engines: engines() });
   });
   after(() => server?.stop());
 
@@ -106,8 +106,8 @@ describe("transcription route against a decompression bomb", { skip: engines().t
     const form = new FormData();
     form.append("model", "whisper-1");
     form.append("file", new Blob([Buffer.from(flacBomb(10_000))], { type: "audio/flac" }), "bomb.flac");
-    const answer = fetch(`${server.url}/openai/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${KEY}` }, body: form });
-    const health = await fetch(`${server.url}/healthz`);
+    const answer = server.fetch(`${server.url}/openai/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${KEY}` }, body: form });
+    const health = await server.fetch(`${server.url}/healthz`);
     assert.equal(health.status, 200);
     const res = await answer;
     assert.equal(res.status, 400);

@@ -4,17 +4,17 @@ import { base64urlnopad } from "@scure/base";
 import { decodeKey, encodeKey, isCanonicalKey } from "../src/crypto/keys.ts";
 import { MAX_JSON_DEPTH } from "../src/protocol/text.ts";
 import type { PerchApiError, PerchClient } from "../src/sdk/client.ts";
-import { STORES, startTestServer, type TestServer } from "./support/server.ts";
+import { STORES, startTestNode, type TestNode } from "./support/server.ts";
 
 // Inputs that reach the store as text: NUL and other control characters must get the contract's
 // 4xx on every store (PostgreSQL cannot hold NUL in text and would otherwise fail with a 500).
 for (const store of STORES) {
   describe(`control characters in path, query and body (${store.name})`, () => {
-    let server: TestServer;
+    let server: TestNode;
     let device: PerchClient;
     let phone: PerchClient;
     before(async () => {
-      server = await startTestServer({ config: { database_url: await store.url() } });
+      server = await startTestNode({ config: { database_url: await store.url() } });
       device = server.client();
       await device.login();
       phone = server.client();
@@ -24,7 +24,7 @@ for (const store of STORES) {
     after(() => server.stop());
 
     const call = async (client: PerchClient, method: string, path: string, body?: unknown) => {
-      const res = await fetch(server.url + path, {
+      const res = await server.fetch(server.url + path, {
         method,
         headers: { authorization: `Bearer ${client.accessToken}`, ...(body === undefined ? {} : { "content-type": "application/json" }) },
         body: body === undefined ? null : JSON.stringify(body),
@@ -75,7 +75,7 @@ for (const store of STORES) {
         ['{"details":{"list":[1,-1e999]}}', "details.list.1"],
       ];
       for (const [body, field] of bodies) {
-        const res = await fetch(`${server.url}/me/status`, {
+        const res = await server.fetch(`${server.url}/me/status`, {
           method: "PUT",
           headers: { authorization: `Bearer ${device.accessToken}`, "content-type": "application/json" },
           body,
@@ -135,7 +135,7 @@ for (const store of STORES) {
       // A stray byte, an overlong "." and an encoded lone surrogate: decoded leniently, "a\xff" and
       // "a\xfe" would both be "a\ufffd", one contact.
       const send = (method: string, path: string, client: PerchClient, before: string, bad: number[], after: string) =>
-        fetch(server.url + path, {
+        server.fetch(server.url + path, {
           method,
           headers: { authorization: `Bearer ${client.accessToken}`, "content-type": "application/json" },
           body: Buffer.concat([Buffer.from(before), Buffer.from(bad), Buffer.from(after)]),
@@ -193,13 +193,13 @@ for (const store of STORES) {
       p1[0] = 0xee;
       for (const key of [topBit, p, p1]) {
         assert.equal(isCanonicalKey(key), false);
-        const res = await fetch(`${server.url}/login`, {
+        const res = await server.fetch(`${server.url}/login`, {
           method: "POST",
           headers: { authorization: `Bearer ${await device2.assertion()}`, "x-public-key": encodeKey(key) },
         });
         assert.equal(res.status, 401);
         assert.equal(((await res.json()) as { error: { code: string } }).error.code, "INVALID_PUBLIC_KEY");
-        const me = await fetch(`${server.url}/me`, { headers: { authorization: `Bearer ${device2.accessToken}`, "x-public-key": encodeKey(key) } });
+        const me = await server.fetch(`${server.url}/me`, { headers: { authorization: `Bearer ${device2.accessToken}`, "x-public-key": encodeKey(key) } });
         assert.equal(me.status, 401, "a non-canonical spelling of the session's key does not match it");
         assert.equal(((await me.json()) as { error: { code: string } }).error.code, "PUBLIC_KEY_MISMATCH");
       }

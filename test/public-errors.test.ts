@@ -18,7 +18,7 @@ import { decodeKey, privateKeyObject, sharedSecret } from "../src/crypto/keys.ts
 import { ManualClock } from "../src/domain/clock.ts";
 import type { LoginResult } from "../src/protocol/public.ts";
 import { PerchApiError, type PerchClient } from "../src/sdk/client.ts";
-import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
+import { STORES, startTestNode, type TestNode, tempDir } from "./support/server.ts";
 
 const DAY_MS = 24 * 60 * 60 * 1000;
 const DEVICE_TOKEN_TTL_MS = 5 * 60 * 1000;
@@ -49,7 +49,7 @@ interface CallOptions {
   query?: Record<string, string | number>;
 }
 
-async function call(server: { url: string }, method: string, path: string, o: CallOptions = {}): Promise<Res> {
+async function call(server: { url: string; fetch: typeof fetch }, method: string, path: string, o: CallOptions = {}): Promise<Res> {
   const url = new URL(server.url + path);
   for (const [k, v] of Object.entries(o.query ?? {})) url.searchParams.set(k, String(v));
   const headers: Record<string, string> = { ...o.headers };
@@ -63,7 +63,7 @@ async function call(server: { url: string }, method: string, path: string, o: Ca
   }
   if (o.body !== undefined) body = o.body;
   if (o.contentType !== undefined) headers["content-type"] = o.contentType;
-  const res = await fetch(url, { method, headers, ...(body !== undefined ? { body } : {}) });
+  const res = await server.fetch(url, { method, headers, ...(body !== undefined ? { body } : {}) });
   const text = await res.text();
   let parsed: unknown = text;
   try {
@@ -102,7 +102,7 @@ async function rejectsWith(p: Promise<unknown>, status: number, code: string, wh
 }
 
 /** `POST /login` for `client`: a fresh assertion unless one is given. Like the SDK, keeps the access token of a success. */
-async function loginCall(server: TestServer, client: PerchClient, o: CallOptions & { assertion?: string } = {}): Promise<Res> {
+async function loginCall(server: TestNode, client: PerchClient, o: CallOptions & { assertion?: string } = {}): Promise<Res> {
   const { assertion, ...rest } = o;
   const res = await call(server, "POST", "/login", { bearer: assertion ?? (await client.assertion()), publicKey: client.publicKey, ...rest });
   if (res.status === 200) client.accessToken = res.body.access_token;
@@ -117,14 +117,14 @@ function expectLogin(res: Res, grant: "primary" | "side_control", what = ""): Lo
 }
 
 /** A registered device with a primary session. */
-async function newDevice(server: TestServer): Promise<PerchClient> {
+async function newDevice(server: TestNode): Promise<PerchClient> {
   const device = server.client();
   await device.login();
   return device;
 }
 
 /** A controller (an unregistered key) with a Side Control session on `device`. */
-async function newController(server: TestServer, device: PerchClient): Promise<{ controller: PerchClient; session: LoginResult }> {
+async function newController(server: TestNode, device: PerchClient): Promise<{ controller: PerchClient; session: LoginResult }> {
   const token = await device.createDeviceToken();
   const controller = server.client();
   const session = await controller.login({ deviceToken: token.token });
@@ -133,7 +133,7 @@ async function newController(server: TestServer, device: PerchClient): Promise<{
 
 /** An assertion for `client` with claims (or header, or MAC key) changed from a valid one. */
 function craftAssertion(
-  server: TestServer,
+  server: TestNode,
   client: PerchClient,
   nowMs: number,
   o: { claims?: Record<string, unknown>; header?: Record<string, unknown>; secret?: Uint8Array } = {},
@@ -151,7 +151,7 @@ function spliceMac(claims: string, macOf: string): string {
   return `${h}.${c}.${macOf.split(".")[2]}`;
 }
 
-async function isRegistered(server: TestServer, key: string): Promise<boolean> {
+async function isRegistered(server: TestNode, key: string): Promise<boolean> {
   return (await server.store.read((r) => r.peers.get(key))) !== undefined;
 }
 
@@ -166,9 +166,9 @@ const NO_LIMITS = { login_per_key: 0, login_per_address: 0, device_token_per_dev
 
 describe("POST /login errors", () => {
   const clock = manualClock();
-  let server: TestServer;
+  let server: TestNode;
   before(async () => {
-    server = await startTestServer({ clock });
+    server = await startTestNode({ clock });
   });
   after(() => server.stop());
 
@@ -383,11 +383,11 @@ describe("POST /login errors", () => {
 });
 
 describe("registration policies", () => {
-  let tokenServer: TestServer;
-  let closedServer: TestServer;
+  let tokenServer: TestNode;
+  let closedServer: TestNode;
   before(async () => {
-    tokenServer = await startTestServer({ config: { registration: { policy: "token", tokens: ["open-sesame", "second-token"] } } });
-    closedServer = await startTestServer({ config: { registration: { policy: "closed" } } });
+    tokenServer = await startTestNode({ config: { registration: { policy: "token", tokens: ["open-sesame", "second-token"] } } });
+    closedServer = await startTestNode({ config: { registration: { policy: "closed" } } });
   });
   after(async () => {
     await tokenServer.stop();
@@ -433,9 +433,9 @@ describe("registration policies", () => {
 
 describe("sessions, device tokens and Side Control sessions", () => {
   const clock = manualClock();
-  let server: TestServer;
+  let server: TestNode;
   before(async () => {
-    server = await startTestServer({ clock });
+    server = await startTestNode({ clock });
   });
   after(() => server.stop());
 
@@ -641,9 +641,9 @@ const SIDE_CONTROL_ROUTES: BearerRoute[] = [
 
 describe("bearer routes: every wrong principal on every route", () => {
   const clock = manualClock();
-  let server: TestServer;
+  let server: TestNode;
   before(async () => {
-    server = await startTestServer({ clock });
+    server = await startTestNode({ clock });
   });
   after(() => server.stop());
 
@@ -700,7 +700,7 @@ describe("bearer routes: every wrong principal on every route", () => {
     for (const r of all) {
       const bearer = r.template.startsWith("/me") ? primary : sideControl;
       if (r.stream) {
-        const res = await fetch(server.url + r.path, { headers: { authorization: `Bearer ${bearer}` } });
+        const res = await server.fetch(server.url + r.path, { headers: { authorization: `Bearer ${bearer}` } });
         assert.equal(res.status, r.ok, `${r.method} ${r.path}`);
         assert.match(res.headers.get("content-type") ?? "", /^text\/event-stream/);
         await res.body?.cancel();
@@ -721,11 +721,11 @@ describe("bearer routes: every wrong principal on every route", () => {
 // ---------------------------------------------------------------------------------------------
 
 describe("validation of bodies and queries", () => {
-  let server: TestServer;
+  let server: TestNode;
   let device: PerchClient;
   let controller: PerchClient;
   before(async () => {
-    server = await startTestServer();
+    server = await startTestNode();
     device = await newDevice(server);
     ({ controller } = await newController(server, device));
   });
@@ -946,9 +946,9 @@ describe("validation of bodies and queries", () => {
 // ---------------------------------------------------------------------------------------------
 
 describe("bodies, media types and routing", () => {
-  let server: TestServer;
+  let server: TestNode;
   before(async () => {
-    server = await startTestServer();
+    server = await startTestNode();
   });
   after(() => server.stop());
 
@@ -1110,7 +1110,7 @@ describe("bodies, media types and routing", () => {
 describe("429 RATE_LIMITED", () => {
   test("loginPerKey: only verified assertions count; over the limit 429 with Retry-After, nothing written", async () => {
     const clock = manualClock();
-    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_key: 3 } } });
+    const server = await startTestNode({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_key: 3 } } });
     try {
       const k = server.client();
       // Somebody without K's private key sends many bad assertions for K: none of them counts.
@@ -1143,7 +1143,7 @@ describe("429 RATE_LIMITED", () => {
 
   test("loginPerKey: replays of an accepted assertion do not count, even in a burst; concurrent logins stop exactly at the limit", async () => {
     const clock = manualClock();
-    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_key: 2 } } });
+    const server = await startTestNode({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_key: 2 } } });
     try {
       const k = server.client();
       const seen = await k.assertion();
@@ -1169,7 +1169,7 @@ describe("429 RATE_LIMITED", () => {
 
   test("loginPerAddress: every login from one address counts; 429 with Retry-After, nothing written", async () => {
     const clock = manualClock();
-    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_address: 3 } } });
+    const server = await startTestNode({ clock, config: { rate_limits: { ...NO_LIMITS, login_per_address: 3 } } });
     try {
       expectError(await call(server, "POST", "/login"), 401, "MISSING_ASSERTION");
       expectLogin(await loginCall(server, server.client()), "primary");
@@ -1190,7 +1190,7 @@ describe("429 RATE_LIMITED", () => {
 
   test("deviceTokenPerDevice: 429 with Retry-After, nothing written, other devices unaffected", async () => {
     const clock = manualClock();
-    const server = await startTestServer({ clock, config: { rate_limits: { ...NO_LIMITS, device_token_per_device: 2 } } });
+    const server = await startTestNode({ clock, config: { rate_limits: { ...NO_LIMITS, device_token_per_device: 2 } } });
     try {
       const device = await newDevice(server);
       await device.createDeviceToken();
@@ -1215,12 +1215,12 @@ describe("429 RATE_LIMITED", () => {
 
 for (const store of STORES) {
   describe(`atomicity (${store.name})`, () => {
-    let server: TestServer;
+    let server: TestNode;
     let databaseUrl: string | undefined;
     const dataDir = tempDir();
     before(async () => {
       databaseUrl = await store.url();
-      server = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
+      server = await startTestNode({ dataDir, config: { database_url: databaseUrl } });
     });
     after(async () => {
       await server.stop();
@@ -1262,7 +1262,7 @@ for (const store of STORES) {
       expectError(await loginCall(server, c, { assertion }), 401, "INVALID_ASSERTION", undefined, "replay");
 
       await server.stop();
-      server = await startTestServer({ dataDir, config: { database_url: databaseUrl } });
+      server = await startTestNode({ dataDir, config: { database_url: databaseUrl } });
       expectError(await loginCall(server, c, { assertion }), 401, "INVALID_ASSERTION", undefined, "replay after a restart");
       expectLogin(await loginCall(server, c), "primary", "a fresh assertion");
     });

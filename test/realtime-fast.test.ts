@@ -3,7 +3,7 @@ import { after, before, describe, test } from "node:test";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
 import { errorOf, parseServerEvent } from "../src/voice/realtime/events.ts";
 import { historyItems, realtimeUrl, sessionUpdate } from "../src/voice/realtime/wire.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { startTestNode, type TestNode } from "./support/server.ts";
 
 const providers = [
   { id: "openai", kind: "openai", api_key_env: "OPENAI_API_KEY" },
@@ -102,10 +102,10 @@ describe("the realtime server events (one zod union, src/voice/realtime/events.t
 });
 
 describe("the Compatible API and realtime models", () => {
-  let server: TestServer;
+  let server: TestNode;
   let token: string;
   before(async () => {
-    server = await startTestServer({ config: { providers, models, agents: [talker, { id: "writer", model: "chat" }] } as never });
+    server = await startTestNode({ config: { providers, models, agents: [talker, { id: "writer", model: "chat" }] } as never });
     const device = server.client();
     await device.login();
     token = device.accessToken!;
@@ -115,7 +115,7 @@ describe("the Compatible API and realtime models", () => {
   });
 
   test("/models lists the realtime model and agent with their kind", async () => {
-    const res = await fetch(`${server.url}/openai/v1/models`, { headers: { authorization: `Bearer ${token}` } });
+    const res = await server.fetch(`${server.url}/openai/v1/models`, { headers: { authorization: `Bearer ${token}` } });
     const { data } = (await res.json()) as { data: Array<{ id: string; kind?: string }> };
     const kinds = Object.fromEntries(data.map((m) => [m.id, m.kind]));
     assert.equal(kinds.live, "realtime");
@@ -128,7 +128,7 @@ describe("the Compatible API and realtime models", () => {
   test("/chat/completions refuses a realtime model and an agent whose model is realtime: 400 model_not_supported", async () => {
     for (const model of ["live", "talker"]) {
       for (const stream of [false, true]) {
-        const res = await fetch(`${server.url}/openai/v1/chat/completions`, {
+        const res = await server.fetch(`${server.url}/openai/v1/chat/completions`, {
           method: "POST",
           headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
           body: JSON.stringify({ model, stream, messages: [{ role: "user", content: "hi" }] }),

@@ -10,17 +10,14 @@ import { after, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import pino from "pino";
 import { Registry } from "prom-client";
-import type { ToolKit } from "../src/ai/agents/toolbox.ts";
 import { loadResampler } from "../src/audio/resampler.ts";
 import { loadConfig } from "../src/config/config.ts";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
 import { Conversation } from "../src/voice/conversation.ts";
 import { VoiceMetrics } from "../src/voice/metrics.ts";
 import type { VoiceEvent } from "../src/voice/peer-events.ts";
-import { VoiceEvents } from "../src/voice/peer-events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
-import { RealtimeActivity } from "../src/voice/realtime/activity.ts";
-import { type FakeRealtime, realtimeAgent, startFakeRealtime } from "./support/fake-realtime.ts";
+import { type FakeRealtime, fakeRealtimePart, startFakeRealtime } from "./support/fake-realtime.ts";
 import { encoded, FakeClock, loudnessVad, withLevel } from "./support/fake-voice.ts";
 import { rtpPacket } from "./support/rtp-device.ts";
 
@@ -61,22 +58,7 @@ async function realtimeConversation(fake: FakeRealtime, threads: AudioThreads | 
     threads,
     realtime: {
       chosen: () => "talker",
-      open: (_id, out) =>
-        new RealtimeActivity({
-          agent: realtimeAgent(`${fake.url.replace(/^http/, "ws")}/realtime?model=m`, { transcription: false }),
-          config: config.voice,
-          events: new VoiceEvents(port),
-          // No tools: the path under test is the audio.
-          tools: { definitions: () => [], displayName: (n: string) => n } as unknown as ToolKit,
-          toolEvents: () => ({}) as never,
-          activity: undefined,
-          resampler,
-          encoder: out.encoder,
-          metrics,
-          clock,
-          send: out.send,
-          log: () => {},
-        }),
+      open: (id, out) => fakeRealtimePart(fake.url, id, { config: config.voice, port, resampler, metrics, clock }, out),
     },
   });
   let seq = 0;

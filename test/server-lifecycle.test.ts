@@ -1,21 +1,11 @@
 /** `Node.build` opens and wires without listening; `listen()` listens once; `close()` closes what the steps reached. */
 import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
-import { createServer } from "node:net";
 import { test } from "node:test";
 import { loadConfig } from "../src/config/config.ts";
 import { Node } from "../src/server.ts";
 import { TEST_ENGINES } from "./support/engines.ts";
-import { STORES, tempDir } from "./support/server.ts";
-
-/** A TCP port on the loopback address that no socket holds right now. */
-async function freeTcpPort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((resolve) => s.listen(0, "127.0.0.1", resolve));
-  const { port } = s.address() as { port: number };
-  await new Promise<void>((resolve) => s.close(() => resolve()));
-  return port;
-}
+import { freeTcpPort, STORES, tempDir } from "./support/server.ts";
 
 for (const entry of STORES) {
   test(`a built node accepts nothing until listen(), listens once, and closes its store either way (${entry.name})`, async () => {

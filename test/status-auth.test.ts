@@ -8,13 +8,13 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { ManualClock } from "../src/domain/clock.ts";
 import { PerchApiError, PerchClient } from "../src/sdk/client.ts";
-import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
+import { STORES, startTestNode, type TestNode, tempDir } from "./support/server.ts";
 
 const refused = (status: number, code: string) => (err: unknown) => err instanceof PerchApiError && err.status === status && err.code === code;
 
 /** The same client (key and bearer) speaking to `server`. */
-function on(server: TestServer, client: PerchClient): PerchClient {
-  const other = new PerchClient({ baseUrl: server.url, keyPair: client.keyPair });
+function on(server: TestNode, client: PerchClient): PerchClient {
+  const other = new PerchClient({ baseUrl: server.url, fetch: server.fetch, keyPair: client.keyPair });
   other.accessToken = client.accessToken;
   return other;
 }
@@ -22,13 +22,13 @@ function on(server: TestServer, client: PerchClient): PerchClient {
 for (const store of STORES) {
   describe(`GET /me/status authenticates in its one read (${store.name}, two nodes)`, () => {
     const clock = new ManualClock(Date.UTC(2026, 0, 1));
-    let a: TestServer;
-    let b: TestServer;
+    let a: TestNode;
+    let b: TestNode;
     before(async () => {
       const databaseUrl = await store.url();
       const dataDir = tempDir();
-      a = await startTestServer({ clock, dataDir, config: { database_url: databaseUrl, node_name: "node-a" } });
-      b = await startTestServer({ clock, dataDir, config: { database_url: databaseUrl, node_name: "node-b" } });
+      a = await startTestNode({ clock, dataDir, config: { database_url: databaseUrl, node_name: "node-a" } });
+      b = await startTestNode({ clock, dataDir, config: { database_url: databaseUrl, node_name: "node-b" } });
     });
     after(async () => {
       await b?.stop();
@@ -94,12 +94,12 @@ for (const store of STORES) {
       const device = a.client();
       await device.login();
       const get = (headers: Record<string, string>) =>
-        fetch(`${b.url}/me/status`, { headers }).then(async (r) => `${r.status} ${((await r.json()) as { error: { code: string } }).error.code}`);
+        b.fetch(`${b.url}/me/status`, { headers }).then(async (r) => `${r.status} ${((await r.json()) as { error: { code: string } }).error.code}`);
       assert.equal(await get({}), "401 INVALID_SESSION");
       assert.equal(await get({ authorization: "Bearer not-a-session" }), "401 INVALID_SESSION");
       assert.equal(await get({ authorization: `Bearer ${device.accessToken}`, "x-public-key": a.client().publicKey }), "401 PUBLIC_KEY_MISMATCH");
       assert.equal(
-        (await fetch(`${b.url}/me/status`, { headers: { authorization: `Bearer ${device.accessToken}`, "x-public-key": device.publicKey } })).status,
+        (await b.fetch(`${b.url}/me/status`, { headers: { authorization: `Bearer ${device.accessToken}`, "x-public-key": device.publicKey } })).status,
         200,
       );
     });

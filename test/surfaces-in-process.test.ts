@@ -6,13 +6,11 @@
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { rmSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { EngineBusyError, type SpeechEngine, type TranscriptionEngine } from "../src/ai/speech/index.ts";
-import { type ConfigInput, loadConfig } from "../src/config/config.ts";
+import type { ConfigInput } from "../src/config/config.ts";
 import { generateKeyPair } from "../src/crypto/keys.ts";
-import { Node } from "../src/server.ts";
-import { freeUdpPort, tempDir } from "./support/server.ts";
+import { freeUdpPort, startTestNode } from "./support/server.ts";
 import { sseJson as events } from "./support/sse.ts";
 import { realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
@@ -21,26 +19,11 @@ const auth = { authorization: `Bearer ${KEY}` };
 
 /** A node built (store and bus open, nothing listening) with these engines; `request` serves one request in process. */
 async function builtNode(engines: { speech?: SpeechEngine; transcription?: TranscriptionEngine }, config: ConfigInput = {}) {
-  const dataDir = tempDir();
-  const node = await Node.build({
-    config: loadConfig({}, {
-      port: 0,
-      host: "127.0.0.1",
-      data_dir: dataDir,
-      log_level: "silent",
-      api_keys: [{ name: "app", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["*"] }],
-      ...config,
-    } as ConfigInput),
+  const n = await startTestNode({
     engines,
+    config: { api_keys: [{ name: "app", sha256: createHash("sha256").update(KEY).digest("hex"), models: ["*"] }], ...config },
   });
-  return {
-    node,
-    request: (path: string, init: RequestInit = {}) => node.request(path, init),
-    close: async () => {
-      await node.close();
-      rmSync(dataDir, { recursive: true, force: true });
-    },
-  };
+  return { node: n.node, request: n.request, close: n.stop };
 }
 
 const VOICES = ["alloy", "echo", "fable", "onyx", "nova", "shimmer"];

@@ -12,20 +12,20 @@ import { newPeer } from "../src/domain/auth.ts";
 import { isoTime } from "../src/domain/iso-time.ts";
 import type { TelemetrySample } from "../src/domain/telemetry.ts";
 import { Store } from "../src/store/index.ts";
-import { STORES, startTestServer, type TestServer } from "./support/server.ts";
+import { STORES, startTestNode, type TestNode } from "./support/server.ts";
 import { storedSamples } from "./support/telemetry.ts";
 
 const battery = (at: number, percent: number): TelemetrySample[] => [{ field: "battery.percent", observedAt: at, value: percent }];
 
 for (const entry of STORES) {
   describe(`telemetry writes remember only what is still stored (${entry.name})`, () => {
-    let server: TestServer;
+    let server: TestNode;
     /** Another writer of the same database: another process on the SQLite file, another node's store on PostgreSQL. */
     let other: Store;
 
     before(async () => {
       const databaseUrl = await entry.url();
-      server = await startTestServer({ config: { database_url: databaseUrl } });
+      server = await startTestNode({ config: { database_url: databaseUrl } });
       other = await Store.open(databaseUrl, server.dataDir);
     });
     after(async () => {

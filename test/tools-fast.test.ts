@@ -13,7 +13,7 @@ import { McpServers } from "../src/mcp/servers.ts";
 import type { VoiceEvents } from "../src/voice/peer-events.ts";
 import { toolEvents } from "../src/voice/tool-events.ts";
 import { SdkHttpServer } from "./support/mcp.ts";
-import { startTestServer } from "./support/server.ts";
+import { startTestNode } from "./support/server.ts";
 
 /** In process, no network: what the tool results and the voice events carry. */
 describe("tools, fast", () => {
@@ -81,7 +81,7 @@ describe("a model's tool arguments are bounded before anything parses them (tool
       mcp.registerTool("echo", { description: "Echoes.", inputSchema: { text: z.string() } }, async ({ text }) => ({ content: [{ type: "text", text }] }));
       return mcp;
     }).start();
-    const node = await startTestServer();
+    const node = await startTestNode();
     const { metrics, servers } = homeServers(server.url);
     try {
       await servers.tried();
@@ -134,7 +134,7 @@ describe("the agent's tool gate, in process", () => {
       mcp.registerTool("secret", { description: "Not for this agent.", inputSchema: {} }, async () => ({ content: [{ type: "text", text: "leaked" }] }));
       return mcp;
     }).start();
-    const node = await startTestServer();
+    const node = await startTestNode();
     const { metrics, servers } = homeServers(server.url);
     // The calling device's own tools, as its session on this node lists them (the device is outside).
     const deviceCalls: string[] = [];

@@ -11,7 +11,7 @@ import OpenAI, { toFile } from "openai";
 import { createSpeechEngine, createTranscriptionEngine, type MoonshineEngine } from "../src/ai/speech/index.ts";
 import { concatFloat32 } from "../src/audio/samples.ts";
 import { engines } from "./support/engines.ts";
-import { startTestServer, type TestServer } from "./support/server.ts";
+import { startTestNode, type TestNode } from "./support/server.ts";
 import { ESPEAK_VOICES, espeak, ROUND_TRIP_SENTENCES, seededRandom, silence, wavFile, withNoise, wordErrorRate } from "./support/speech.ts";
 
 const KEY = "sk-perch-transcription-test";
@@ -45,12 +45,12 @@ function assertSegmentsInside(v: Verbose): void {
 }
 
 describe("transcription through the openai client (Moonshine)", () => {
-  let server: TestServer;
+  let server: TestNode;
   let openai: OpenAI;
 
   before(async () => {
-    server = await startTestServer({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }] }, engines: engines() });
-    openai = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+    server = await startTestNode({ config: { api_keys: [{ name: "a", sha256: sha256(KEY) }] }, engines: engines() });
+    openai = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0, fetch: server.fetch });
   });
   after(() => server?.stop());
 
@@ -189,7 +189,7 @@ describe("transcription through the openai client (Moonshine)", () => {
 });
 
 describe("transcription queue", () => {
-  let server: TestServer;
+  let server: TestNode;
   let openai: OpenAI;
   let recogniser: MoonshineEngine;
 
@@ -197,11 +197,11 @@ describe("transcription queue", () => {
     // One request at a time and none waiting: the second at once is refused.
     recogniser = createTranscriptionEngine({ concurrency: 1, maxQueued: 0, fastAfterMs: false });
     await recogniser.start();
-    server = await startTestServer({
+    server = await startTestNode({
       config: { api_keys: [{ name: "a", sha256: sha256(KEY) }] },
       engines: { speech: createSpeechEngine(), transcription: recogniser },
     });
-    openai = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+    openai = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0, fetch: server.fetch });
   });
   after(async () => {
     await server?.stop();

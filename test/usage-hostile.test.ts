@@ -3,20 +3,20 @@ import { createHash } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
-import { STORES, startTestServer, type TestServer } from "./support/server.ts";
+import { STORES, startTestNode, type TestNode } from "./support/server.ts";
 
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 const KEY = "sk-usage-hostile";
 
 for (const store of STORES) {
   describe(`usage: a provider's malformed usage (${store.name})`, () => {
-    let server: TestServer;
+    let server: TestNode;
     let upstream: FakeUpstream;
 
     before(async () => {
       upstream = await startFakeUpstream();
       const database_url = await store.url();
-      server = await startTestServer({
+      server = await startTestNode({
         config: {
           ...(database_url ? { database_url } : {}),
           providers: [{ id: "up", kind: "openai-compatible" as const, base_url: upstream.url, max_retries: 0 }],
@@ -33,7 +33,7 @@ for (const store of STORES) {
     });
 
     test("never fails the request, and what reaches the store are whole, non-negative counts (the next counts too)", async () => {
-      const chat = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+      const chat = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0, fetch: server.fetch });
       const hostile: unknown[] = [
         { prompt_tokens: "abc", completion_tokens: 1.5, total_tokens: 1 },
         { prompt_tokens: -5, completion_tokens: 1e300, total_tokens: 1 },
@@ -57,7 +57,7 @@ for (const store of STORES) {
       }
       // 7 + 3 of the honest call are in; the 1.5 rounded to 2, the rest dropped or capped.
       assert.ok(Number(row.output_tokens) >= 5, String(row.output_tokens));
-      const metrics = await (await fetch(`${server.url}/metrics`)).text();
+      const metrics = await (await server.fetch(`${server.url}/metrics`)).text();
       assert.match(metrics, /perch_usage_total\{counter="input_tokens",agent="chat"\} \d+\n/);
     });
 
@@ -65,7 +65,7 @@ for (const store of STORES) {
       const ask = (chat: OpenAI) => chat.chat.completions.create({ model: "chat", messages: [{ role: "user", content: "hi" }] });
       const device = server.client();
       await device.login();
-      const chat = new OpenAI({ apiKey: device.accessToken!, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+      const chat = new OpenAI({ apiKey: device.accessToken!, baseURL: `${server.url}/openai/v1`, maxRetries: 0, fetch: server.fetch });
       // The first request claims a few units ahead under the limit of 1,000.
       await ask(chat);
       // Lowered as `perch peers limits` does from another process: in the store, read again by the node within a second.
@@ -81,7 +81,7 @@ for (const store of STORES) {
       // Lowered through this node: at once.
       const other = server.client();
       await other.login();
-      const otherChat = new OpenAI({ apiKey: other.accessToken!, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+      const otherChat = new OpenAI({ apiKey: other.accessToken!, baseURL: `${server.url}/openai/v1`, maxRetries: 0, fetch: server.fetch });
       await ask(otherChat);
       await server.domain.usage.setDeviceLimits(other.publicKey, [{ per: "day", requests: 0 }]);
       await assert.rejects(ask(otherChat), OpenAI.RateLimitError);

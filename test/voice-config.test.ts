@@ -7,7 +7,7 @@ import OpenAI, { toFile } from "openai";
 import { ConfigError, loadConfig } from "../src/config/config.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeSpeechProvider, startFakeSpeechProvider } from "./support/fake-speech.ts";
-import { startTestServer, tempDir } from "./support/server.ts";
+import { startTestNode, tempDir } from "./support/server.ts";
 
 const KEY = "sk-voice-config-test";
 const provider = { id: "openai", kind: "openai-compatible", base_url: "http://127.0.0.1:9/v1" } as const;
@@ -73,7 +73,7 @@ describe("start-up checks against the embedded engines", () => {
   });
 
   test("a German-speaking agent on the embedded recogniser fails at start-up, naming the agent, the model and the language", async () => {
-    await assert.rejects(startTestServer({ config: agentWith({ language: "de" }), engines: engines() }), (err: Error) => {
+    await assert.rejects(startTestNode({ config: agentWith({ language: "de" }), engines: engines() }), (err: Error) => {
       assert.match(err.message, /agents\.0\.language/);
       assert.match(err.message, /talker/);
       assert.match(err.message, /whisper-1/);
@@ -82,21 +82,21 @@ describe("start-up checks against the embedded engines", () => {
     });
     // The embedded recogniser as the last fallback would hear it just the same.
     await assert.rejects(
-      startTestServer({ config: agentWith({ language: "de-AT", transcription_model: "stt-spared" }), engines: engines() }),
+      startTestNode({ config: agentWith({ language: "de-AT", transcription_model: "stt-spared" }), engines: engines() }),
       /speaks de-AT, but its transcription model stt-spared falls back to whisper-1 \(the embedded recogniser\), which hears only en/,
     );
   });
 
   test("a provider's voice and language pass through unchecked; an embedded fallback's voice is checked", async () => {
-    const server = await startTestServer({
+    const server = await startTestNode({
       config: agentWith({ language: "de", transcription_model: "voice-stt", speech_model: "voice-tts", voice: "coral" }),
       engines: engines(),
     });
     await server.stop();
-    const english = await startTestServer({ config: agentWith({ language: "en-GB" }), engines: engines() });
+    const english = await startTestNode({ config: agentWith({ language: "en-GB" }), engines: engines() });
     await english.stop();
     await assert.rejects(
-      startTestServer({ config: agentWith({ speech_model: "tts-spared", voice: "coral" }), engines: engines() }),
+      startTestNode({ config: agentWith({ speech_model: "tts-spared", voice: "coral" }), engines: engines() }),
       /agents\.0\.voice: unknown voice coral for agent talker; tts-1 has alloy/,
     );
   });
@@ -104,11 +104,11 @@ describe("start-up checks against the embedded engines", () => {
 
 describe("the Compatible API's audio models fall back to the embedded engine when it closes their list", () => {
   let fake: FakeSpeechProvider;
-  let server: Awaited<ReturnType<typeof startTestServer>>;
+  let server: Awaited<ReturnType<typeof startTestNode>>;
   let api: OpenAI;
   before(async () => {
     fake = await startFakeSpeechProvider();
-    server = await startTestServer({
+    server = await startTestNode({
       config: {
         api_keys: [{ name: "app", sha256: createHash("sha256").update(KEY).digest("hex") }],
         providers: [{ id: "p", kind: "openai-compatible", base_url: fake.url, max_retries: 0 }],
@@ -120,7 +120,7 @@ describe("the Compatible API's audio models fall back to the embedded engine whe
       },
       engines: engines(),
     });
-    api = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0 });
+    api = new OpenAI({ apiKey: KEY, baseURL: `${server.url}/openai/v1`, maxRetries: 0, fetch: server.fetch });
   });
   after(async () => {
     await server?.stop();

@@ -9,17 +9,14 @@ import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
 import pino from "pino";
 import { Registry } from "prom-client";
-import type { ToolKit } from "../src/ai/agents/toolbox.ts";
 import { loadResampler } from "../src/audio/resampler.ts";
 import { loadConfig } from "../src/config/config.ts";
 import type { AgentChoice } from "../src/voice/activity.ts";
 import { AudioThreads } from "../src/voice/audio-threads.ts";
 import { Conversation } from "../src/voice/conversation.ts";
 import { VoiceMetrics } from "../src/voice/metrics.ts";
-import { VoiceEvents } from "../src/voice/peer-events.ts";
 import type { AudioPort } from "../src/voice/port.ts";
-import { RealtimeActivity } from "../src/voice/realtime/activity.ts";
-import { type FakeRealtime, realtimeAgent, startFakeRealtime } from "./support/fake-realtime.ts";
+import { type FakeRealtime, fakeRealtimePart, startFakeRealtime } from "./support/fake-realtime.ts";
 import { encoded, FakeClock, loudnessVad } from "./support/fake-voice.ts";
 import { rtpPacket } from "./support/rtp-device.ts";
 
@@ -59,20 +56,7 @@ async function pipeline(fake: FakeRealtime, threads?: AudioThreads, seen?: { ope
       chosen: () => (device.agent === "talker" ? "talker" : undefined),
       open: (id, out) => {
         opened.push(id);
-        const part = new RealtimeActivity({
-          agent: realtimeAgent(`${fake.url.replace(/^http/, "ws")}/realtime?model=m`, { id, transcription: false }),
-          config: config.voice,
-          events: new VoiceEvents(port),
-          tools: { definitions: () => [], displayName: (n: string) => n } as unknown as ToolKit,
-          toolEvents: () => ({}) as never,
-          activity: undefined,
-          resampler,
-          encoder: out.encoder,
-          metrics,
-          clock,
-          send: out.send,
-          log: () => {},
-        });
+        const part = fakeRealtimePart(fake.url, id, { config: config.voice, port, resampler, metrics, clock }, out);
         // Seen closed: a session closed before it connected never reaches the fake.
         const close = part.close.bind(part);
         part.close = () => {

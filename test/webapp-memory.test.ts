@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { Browser, Page } from "playwright-core";
 import type { PerchClient } from "../src/sdk/client.ts";
-import { ARTIFACTS, launchChromium, phoneApp } from "./support/browser.ts";
+import { ARTIFACTS, appOfNewDevice } from "./support/browser.ts";
 import { engines } from "./support/engines.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { memoryConfig, scriptMemoryModel } from "./support/memory.ts";
@@ -29,10 +29,7 @@ describe("the web app's memory in headless Chromium", { timeout: 240_000 }, () =
     scriptMemoryModel(upstream);
     await engines().transcription?.start?.();
     server = await startTestServer({ config: memoryConfig(upstream.url) });
-    browser = await launchChromium();
-    device = server.client();
-    await device.login();
-    page = await phoneApp(browser, server.url, device);
+    ({ browser, device, page } = await appOfNewDevice(server));
   });
   after(async () => {
     await browser?.close().catch(() => {});

@@ -9,7 +9,7 @@ import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
 import type { Browser, Page } from "playwright-core";
 import type { PerchClient } from "../src/sdk/client.ts";
-import { ARTIFACTS, launchChromium, phoneApp } from "./support/browser.ts";
+import { ARTIFACTS, appOfNewDevice } from "./support/browser.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { ROOT, startTestServer, type TestServer } from "./support/server.ts";
 
@@ -29,10 +29,7 @@ describe("the web app's Today in headless Chromium", { timeout: 120_000 }, () =>
         usage: { limits: [{ scope: "device", per: "day", requests: 3, tokens: 1_000 }] },
       },
     });
-    browser = await launchChromium();
-    device = server.client();
-    await device.login();
-    page = await phoneApp(browser, server.url, device);
+    ({ browser, device, page } = await appOfNewDevice(server));
   });
   after(async () => {
     await browser?.close().catch(() => {});

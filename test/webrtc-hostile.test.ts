@@ -15,24 +15,33 @@ import { parseRawResponse } from "./support/raw-http.ts";
 import { freshPostgresDatabase, startTestServer, TEST_DATABASE_URL, type TestServer } from "./support/server.ts";
 import { connect, eventually, postOffer, realOfferSdp, sealOffer } from "./support/webrtc.ts";
 
-/** Sends `pieces` on `stream`, each as its own DataChannel message, and collects the answer until the stream closes (or `timeoutMs`). */
-function rawExchange(stream: ChannelStream, pieces: Array<string | Buffer>, timeoutMs = 5_000): Promise<{ raw: string; closed: boolean }> {
+/**
+ * Sends `pieces` on `stream`, each as its own DataChannel message, and gives what comes back to
+ * `take` until the stream closes (or `timeoutMs`): whether it was the server that closed it.
+ */
+function exchangeOn(stream: ChannelStream, pieces: Array<string | Buffer>, take: (chunk: Buffer) => void, timeoutMs: number): Promise<boolean> {
   return new Promise((resolve) => {
-    let raw = "";
     let done = false;
     const finish = (closed: boolean) => {
       if (done) return;
       done = true;
       clearTimeout(timer);
       stream.destroy();
-      resolve({ raw, closed });
+      resolve(closed);
     };
     const timer = setTimeout(() => finish(false), timeoutMs);
-    stream.on("data", (chunk: Buffer) => (raw += chunk.toString("utf8")));
+    stream.on("data", take);
     stream.once("end", () => finish(true));
     stream.once("close", () => finish(true));
     for (const piece of pieces) stream.port.send(typeof piece === "string" ? Buffer.from(piece) : piece);
   });
+}
+
+/** `pieces` on `stream` (an HTTP service stream), and the answer's text until the stream closes (or `timeoutMs`). */
+async function rawExchange(stream: ChannelStream, pieces: Array<string | Buffer>, timeoutMs = 5_000): Promise<{ raw: string; closed: boolean }> {
+  let raw = "";
+  const closed = await exchangeOn(stream, pieces, (chunk) => (raw += chunk.toString("utf8")), timeoutMs);
+  return { raw, closed };
 }
 
 describe("a hostile device over HTTP streams 1 and 2", () => {
@@ -271,24 +280,10 @@ describe("a hostile device opening streams", () => {
 
 /** Writes `bytes` on a raw stream 0 and collects the frames that come back until the server closes it (or `timeoutMs`). */
 async function rawRpc(conn: PerchConnection, bytes: Buffer[], timeoutMs = 5_000): Promise<{ frames: Frame[]; closed: boolean }> {
-  const stream = await conn.openStream(0);
-  return new Promise((resolve) => {
-    const decoder = new FrameDecoder();
-    const frames: Frame[] = [];
-    let done = false;
-    const finish = (closed: boolean) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      stream.destroy();
-      resolve({ frames, closed });
-    };
-    const timer = setTimeout(() => finish(false), timeoutMs);
-    stream.on("data", (chunk: Buffer) => frames.push(...decoder.push(chunk)));
-    stream.once("end", () => finish(true));
-    stream.once("close", () => finish(true));
-    for (const b of bytes) stream.port.send(b);
-  });
+  const decoder = new FrameDecoder();
+  const frames: Frame[] = [];
+  const closed = await exchangeOn(await conn.openStream(0), bytes, (chunk) => frames.push(...decoder.push(chunk)), timeoutMs);
+  return { frames, closed };
 }
 
 const request = (o: { id?: string; method: number; payload?: Uint8Array }) =>

@@ -51,6 +51,7 @@ const CODECS_PER_MODULE = 64;
 
 const APPLICATIONS = { voip: 2048, audio: 2049 } as const;
 const OPUS_SET_BITRATE = 4002;
+const OPUS_SET_COMPLEXITY = 4010;
 const ERRORS: Record<number, string> = {
   [-1]: "bad argument",
   [-2]: "buffer too small",
@@ -128,6 +129,11 @@ export class LibOpus {
 
   setBitrate(bitsPerSecond: number): void {
     check(this.handler._encoder_ctl(OPUS_SET_BITRATE, bitsPerSecond), "encoder setting");
+  }
+
+  /** The encoder's computational complexity, 0–10 (libopus's default 10): lower costs less CPU for a little quality. */
+  setComplexity(complexity: number): void {
+    check(this.handler._encoder_ctl(OPUS_SET_COMPLEXITY, complexity), "encoder setting");
   }
 
   /** One frame of `pcm.length` samples (2.5–60 ms at the codec's rate) to one packet. */

@@ -179,9 +179,15 @@ export class AuthService {
   }
 
   /** Resolves a bearer access token, re-checking the session and the peers behind it. */
-  async authenticate(bearer: string | undefined, publicKeyHeader: string | undefined): Promise<Principal> {
-    if (!bearer) throw invalidSession("Authorization: Bearer <access_token> is required");
-    return this.principalOf(await this.session(hashToken(bearer)), publicKeyHeader);
+  authenticate(bearer: string | undefined, publicKeyHeader: string | undefined): Promise<Principal> {
+    try {
+      if (!bearer) throw invalidSession("Authorization: Bearer <access_token> is required");
+      // A cached session is checked at once: no further turn of the loop on the hottest routes.
+      const row = this.session(hashToken(bearer));
+      return row instanceof Promise ? row.then((r) => this.principalOf(r, publicKeyHeader)) : Promise.resolve(this.principalOf(row, publicKeyHeader));
+    } catch (err) {
+      return Promise.reject(err);
+    }
   }
 
   /** The principal of a session read for a request, once the session and the peers behind it are checked. */
@@ -200,14 +206,17 @@ export class AuthService {
   }
 
   /** The session behind a token hash: the cached read while nothing it depends on changed, else a new one. */
-  private async session(tokenHash: string): Promise<SessionWithPeers | undefined> {
+  private session(tokenHash: string): SessionWithPeers | Promise<SessionWithPeers | undefined> {
     const stamp = this.ctx.store.authStamp();
     const now = this.ctx.clock.now();
     const cached = stamp === undefined ? undefined : this.sessions.get(tokenHash);
     if (cached && cached.stamp === stamp && now - cached.at < SESSION_CACHE_MS) return cached.row;
-    const row = await this.ctx.store.read((r) => r.sessions.findByTokenHash(tokenHash));
-    if (stamp !== undefined && row) this.sessions.set(tokenHash, { row, stamp, at: now });
-    return row;
+    return this.ctx.store
+      .read((r) => r.sessions.findByTokenHash(tokenHash))
+      .then((row) => {
+        if (stamp !== undefined && row) this.sessions.set(tokenHash, { row, stamp, at: now });
+        return row;
+      });
   }
 
   /**

@@ -49,8 +49,8 @@ export class PeerService {
   }
 
   /** The status document as JSON text (`{}` when none): what `GET …/status` answers, without parsing and serialising it again. */
-  async statusText(publicKey: string): Promise<string> {
-    return (await this.ctx.store.read((r) => r.status.getText(publicKey))) ?? "{}";
+  statusText(publicKey: string): Promise<string> {
+    return this.ctx.store.read((r) => r.status.getText(publicKey)).then((text) => text ?? "{}");
   }
 
   /** Replaces the status document; `reported_at` defaults to now. */

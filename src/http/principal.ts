@@ -87,9 +87,10 @@ export class Callers {
 
   /** A guard: resolves the caller's principal (`Exchange.principal`) and requires it to be of `kind`. */
   guard(kind: "primary" | "side_control"): Guard {
-    return async (x) => {
-      x.principal = requireKind(await this.principalOf(x.env, (name) => nodeHeader(x.incoming, name)), kind);
-    };
+    return (x) =>
+      this.principalOf(x.env, (name) => nodeHeader(x.incoming, name)).then((principal) => {
+        x.principal = requireKind(principal, kind);
+      });
   }
 
   /** `guard` as middleware (`c.get("principal")`). */

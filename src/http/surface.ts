@@ -140,8 +140,13 @@ function gated(gate: Gate) {
  */
 async function serveNative(x: Exchange, route: NativeRoute, surface: Surface, logger: Logger): Promise<void> {
   try {
-    if (surface.gate) await surface.gate.admit(x);
-    for (const guard of route.guards) await guard(x);
+    // A check that answers at once (a declared body length) is not awaited: no turn of the loop for it.
+    const admitted = surface.gate?.admit(x);
+    if (admitted) await admitted;
+    for (const guard of route.guards) {
+      const checked = guard(x);
+      if (checked) await checked;
+    }
     await route.serve(x);
     surface.gate?.answered?.(x);
     x.record(x.outgoing.statusCode);

@@ -7,7 +7,7 @@ import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
 import type { PerchClient } from "../../src/sdk/client.ts";
-import { ROOT } from "./server.ts";
+import { ROOT, type TestServer } from "./server.ts";
 
 export const CHROMIUM = process.env.PERCH_TEST_CHROMIUM || "/usr/bin/chromium";
 /** Where the tests' screenshots go (docs/app-*.png are some of them). */
@@ -35,6 +35,14 @@ export async function launchChromium(args: string[] = CHROMIUM_ARGS): Promise<Br
 /** A phone's screen: 360 CSS pixels wide, touch. */
 export function phoneContext(browser: Browser): Promise<BrowserContext> {
   return browser.newContext({ viewport: { width: 360, height: 780 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+}
+
+/** Chromium with the web app of `server` open on a phone, paired with a new device (logged in). Close `browser` when done. */
+export async function appOfNewDevice(server: TestServer): Promise<{ browser: Browser; device: PerchClient; page: Page }> {
+  const browser = await launchChromium();
+  const device = server.client();
+  await device.login();
+  return { browser, device, page: await phoneApp(browser, server.url, device) };
 }
 
 /** The web app at `baseUrl` on a phone, paired with `device` (a device token in the link), once it shows Live. */

@@ -1,6 +1,15 @@
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { Duplex } from "node:stream";
+import type { SpeexModule } from "@echogarden/speex-resampler-wasm";
 import { type WebSocket, WebSocketServer } from "ws";
+import type { ToolKit } from "../../src/ai/agents/toolbox.ts";
+import type { VoiceConfig } from "../../src/config/config.ts";
+import type { VoiceClock } from "../../src/voice/clock.ts";
+import type { RealtimeKind } from "../../src/voice/conversation.ts";
+import type { VoiceMetrics } from "../../src/voice/metrics.ts";
+import { VoiceEvents } from "../../src/voice/peer-events.ts";
+import type { AudioPort } from "../../src/voice/port.ts";
+import { RealtimeActivity } from "../../src/voice/realtime/activity.ts";
 import type { RealtimeAgentInfo } from "../../src/voice/realtime/agents.ts";
 
 /**
@@ -12,6 +21,33 @@ import type { RealtimeAgentInfo } from "../../src/voice/realtime/agents.ts";
  */
 
 export const RATE = 24_000;
+
+/**
+ * Realtime agent `id`'s part of a conversation on the fake at `fakeUrl`, as the conversation opens
+ * it (`RealtimeKind.open`), for the fast layer: no tools and no input transcription (the path under
+ * test is the audio), the conversation's own port, clock, resampler and metrics.
+ */
+export function fakeRealtimePart(
+  fakeUrl: string,
+  id: string,
+  o: { config: VoiceConfig; port: AudioPort; resampler: SpeexModule; metrics: VoiceMetrics; clock: VoiceClock },
+  out: Parameters<RealtimeKind["open"]>[1],
+): RealtimeActivity {
+  return new RealtimeActivity({
+    agent: realtimeAgent(`${fakeUrl.replace(/^http/, "ws")}/realtime?model=m`, { id, transcription: false }),
+    config: o.config,
+    events: new VoiceEvents(o.port),
+    tools: { definitions: () => [], displayName: (n: string) => n } as unknown as ToolKit,
+    toolEvents: () => ({}) as never,
+    activity: undefined,
+    resampler: o.resampler,
+    encoder: out.encoder,
+    metrics: o.metrics,
+    clock: o.clock,
+    send: out.send,
+    log: () => {},
+  });
+}
 
 /** The agent `talker` on the realtime model at `url` (a `ws:` URL of the fake or an attacker), as the tests and benches build a realtime session for it. */
 export function realtimeAgent(url: string, o: Partial<RealtimeAgentInfo> = {}): RealtimeAgentInfo {

@@ -50,8 +50,10 @@ export async function recordTurn(
   said: { user: Int16Array; reply: Buffer[] },
   o: { metrics?: Record<string, unknown> | false; tool?: { name: string; is_error: boolean } } = {},
 ): Promise<string> {
-  // A little noise of its own: every recording's bytes differ from every other's (the erasure test looks for them).
-  const audio = { ...said, user: Int16Array.from(said.user, (s) => Math.max(-32768, Math.min(32767, s + Math.round((Math.random() - 0.5) * 16)))) };
+  // Every recording's bytes differ from every other's (the erasure test looks for them): the speech starts a few
+  // samples later each time (its frames cut elsewhere), with a little noise of its own.
+  const user = said.user.subarray(1 + Math.floor(Math.random() * 300));
+  const audio = { ...said, user: Int16Array.from(user, (s) => Math.max(-32768, Math.min(32767, s + Math.round((Math.random() - 0.5) * 16)))) };
   const errors: unknown[] = [];
   const conversation = server.domain.conversations.open(key, (err) => errors.push(err));
   const recorder = new TurnRecorder({

@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { createSocket } from "node:dgram";
 import { mkdtempSync, rmSync } from "node:fs";
+import { type AddressInfo, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import v8 from "node:v8";
@@ -12,7 +13,7 @@ import { generateKeyPair } from "../../src/crypto/keys.ts";
 import type { Clock } from "../../src/domain/clock.ts";
 import type { Surface } from "../../src/http/surface.ts";
 import { PerchClient } from "../../src/sdk/client.ts";
-import { type RunningServer, type StartOptions, startServer } from "../../src/server.ts";
+import { Node, type RunningServer, type StartOptions, startServer } from "../../src/server.ts";
 import { engines, TEST_ENGINES } from "./engines.ts";
 
 export const ROOT = new URL("../../", import.meta.url).pathname;
@@ -54,7 +55,18 @@ export interface TestServer extends RunningServer {
   stop(): Promise<void>;
 }
 
-/** Starts the real server in this process on a random port, with a temporary data directory. */
+/** A TCP port on the loopback address that no socket holds right now. */
+export async function freeTcpPort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((resolve, reject) => {
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", resolve);
+  });
+  const { port } = s.address() as AddressInfo;
+  await new Promise<void>((resolve) => s.close(() => resolve()));
+  return port;
+}
+
 /** A UDP port on the loopback address that no socket holds right now. */
 export async function freeUdpPort(): Promise<number> {
   const socket = createSocket("udp4");
@@ -67,6 +79,27 @@ export async function freeUdpPort(): Promise<number> {
   return port;
 }
 
+/** A test node's configuration: `config` over the loopback address, any port, no rate limits, the tests' engines. */
+function testConfig(dataDir: string, config: ConfigInput = {}) {
+  return loadConfig(
+    {},
+    {
+      port: 0,
+      host: "127.0.0.1",
+      data_dir: dataDir,
+      // PERCH_TEST_LOG=warn (or any level) shows the server's log while debugging a test.
+      log_level: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
+      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
+      ...config,
+      // The CPU bound judges the whole process, here the test's own (its devices, its other servers)
+      // on a machine shared with other test files: off unless a test sets it.
+      fleet: { max_cpu: 0, ...config.fleet },
+      engines: { ...TEST_ENGINES, ...config.engines },
+    },
+  );
+}
+
+/** Starts the real server in this process on a random port, with a temporary data directory. */
 export async function startTestServer(
   o: {
     config?: ConfigInput;
@@ -84,23 +117,7 @@ export async function startTestServer(
   // The UDP port defaults to the HTTP port's number, which another process on this machine (a
   // WebRTC peer of a test running beside) may hold as its UDP port: a free UDP port is picked here.
   const udpPort = o.config?.webrtc?.udp_port ?? (await freeUdpPort());
-  const config = loadConfig(
-    {},
-    {
-      port: 0,
-      host: "127.0.0.1",
-      data_dir: dataDir,
-      // PERCH_TEST_LOG=warn (or any level) shows the server's log while debugging a test.
-      log_level: (process.env.PERCH_TEST_LOG as "warn" | undefined) ?? "silent",
-      rate_limits: { login_per_key: 0, login_per_address: 0, device_token_per_device: 0, offer_per_key: 0 },
-      ...o.config,
-      // The CPU bound judges the whole process, here the test's own (its devices, its other servers)
-      // on a machine shared with other test files: off unless a test sets it.
-      fleet: { max_cpu: 0, ...o.config?.fleet },
-      engines: { ...TEST_ENGINES, ...o.config?.engines },
-      webrtc: { ...o.config?.webrtc, udp_port: udpPort },
-    },
-  );
+  const config = testConfig(dataDir, { ...o.config, webrtc: { ...o.config?.webrtc, udp_port: udpPort } });
   const server = await startServer({
     config,
     ...(o.clock ? { clock: o.clock } : {}),
@@ -120,6 +137,67 @@ export async function startTestServer(
     async stop() {
       await server.close();
       if (server.transport) await collectClosedConnections();
+      if (!o.dataDir) rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** A node built as startTestServer's, listening on nothing: every request is served in process. */
+export interface TestNode {
+  node: Node;
+  /** The base URL the node's clients are given; it names no socket: `fetch` below serves it in process. */
+  url: string;
+  /** `fetch` for this node's URLs, served in process (`Node.request`: Node's HTTP parser and the exchange, as over TCP). */
+  fetch: typeof fetch;
+  request: Node["request"];
+  domain: Node["domain"];
+  store: Node["store"];
+  config: Node["config"];
+  dataDir: string;
+  /** A client with a new key pair, whose requests are served in process. */
+  client(): PerchClient;
+  /** Closes the node and removes its data directory. */
+  stop(): Promise<void>;
+}
+
+/**
+ * The fast layer's node (no port, no WebRTC transport, no periodic jobs, no presence heartbeat):
+ * for tests of HTTP behaviour that need no socket; startTestServer's configuration and options.
+ */
+export async function startTestNode(o: Parameters<typeof startTestServer>[0] = {}): Promise<TestNode> {
+  const dataDir = o.dataDir ?? tempDir();
+  const config = testConfig(dataDir, o.config);
+  const node = await Node.build({
+    config,
+    ...(o.clock ? { clock: o.clock } : {}),
+    ...(o.logger ? { logger: o.logger } : {}),
+    ...(o.surfaces ? { surfaces: o.surfaces } : {}),
+    ...(o.cpuShare ? { cpuShare: o.cpuShare } : {}),
+    engines: o.engines ?? engines(),
+  });
+  const url = "http://in-process";
+  const served: typeof fetch = (input, init) => {
+    const target = new URL(input instanceof Request ? input.url : String(input), url);
+    if (target.origin !== url) throw new Error(`${target.origin} is not this in-process node's (${url})`);
+    const request = input instanceof Request ? input : undefined;
+    return node.request(
+      `${target.pathname}${target.search}`,
+      request ? ({ method: request.method, headers: request.headers, body: request.body, duplex: "half", ...init } as RequestInit) : init,
+    );
+  };
+  const now = o.clock ? () => o.clock!.now() : undefined;
+  return {
+    node,
+    url,
+    fetch: served,
+    request: node.request,
+    domain: node.domain,
+    store: node.store,
+    config: node.config,
+    dataDir,
+    client: () => new PerchClient({ baseUrl: url, keyPair: generateKeyPair(), fetch: served, ...(now ? { now } : {}) }),
+    async stop() {
+      await node.close();
       if (!o.dataDir) rmSync(dataDir, { recursive: true, force: true });
     },
   };

@@ -41,7 +41,7 @@ export function registerMeRoutes(app: App, domain: Domain, callers: Callers): Na
       summary: "The caller's status document ({} when none)",
       responses: { 200: json(PeerStatus, "Status"), ...authErrors },
     }),
-    async (x) => writeJson(x, 200, await domain.peers.statusText((x.principal as PrimaryPrincipal).publicKey)),
+    (x) => domain.peers.statusText((x.principal as PrimaryPrincipal).publicKey).then((text) => writeJson(x, 200, text)),
   );
 
   app.openapi(
