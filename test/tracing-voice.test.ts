@@ -27,6 +27,7 @@ function tracingTo(endpoint: string, includeText = false): Tracing {
     {
       otlp: { endpoint, headers_env: {}, timeout_ms: 5000, max_queue_size: 2048, max_export_batch_size: 512, schedule_delay_ms: 1 },
       service_name: "perch",
+      sample_ratio: 1,
       include_text: includeText,
     },
     { registry: new Registry(), node: "voice-test", version: "test" },

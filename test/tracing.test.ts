@@ -222,6 +222,25 @@ describe("tracing: a collector that never answers, or is away", () => {
     }
   });
 
+  test("sample_ratio 0: requests are answered and traced by no span sent, their log lines without a trace id", async () => {
+    const receiver = await OtlpReceiver.start();
+    const lines: LogLine[] = [];
+    const logger = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as LogLine) });
+    const server = await startTestServer({ logger, config: { tracing: { otlp: { endpoint: receiver.endpoint, schedule_delay_ms: 1 }, sample_ratio: 0 } } });
+    try {
+      for (let i = 0; i < 5; i++) assert.equal((await fetch(`${server.url}/server-info`, { headers: { "X-Request-ID": `unsampled-${i}` } })).status, 200);
+      await server.tracing!.flush();
+      assert.equal(receiver.requests, 0, "nothing exported");
+      assert.equal(await metricValue(server, "perch_tracing_spans_dropped_total", '{reason="queue_full"}'), 0);
+      const line = lines.find((l) => l.req_id === "unsampled-0" && l.msg === "request");
+      assert.ok(line);
+      assert.equal(line.trace_id, undefined);
+    } finally {
+      await server.stop();
+      await receiver.close();
+    }
+  });
+
   test("no endpoint: no tracing at all (no provider, no tracing metrics, no trace id in the log line)", async () => {
     const lines: LogLine[] = [];
     const logger = pino({ level: "info" }, { write: (line: string) => void lines.push(JSON.parse(line) as LogLine) });

@@ -495,6 +495,16 @@ const TracingConfig = z.strictObject({
     .optional()
     .meta(info("the OpenTelemetry Collector (or any OTLP/HTTP backend) spans go to", { default_text: "none: tracing is off" })),
   service_name: z.string().min(1).default("perch").meta(info("`service.name` of the spans (`service.instance.id` is `node_name`)")),
+  sample_ratio: z
+    .number()
+    .min(0)
+    .max(1)
+    .default(1)
+    .meta(
+      info(
+        "the share of traces kept, decided by trace id (1: every request and turn; below 1 the rest cost next to nothing and their log lines carry no trace id): for a busy Compatible API",
+      ),
+    ),
   include_text: z.boolean().default(false).meta(info("put what people said (transcripts, reply text, tool arguments) in span attributes; never without this")),
 });
 
@@ -820,7 +830,7 @@ export const ConfigSchema = z
     mcp_servers: z.array(McpServerConfig).default([]).meta(info("MCP servers over Streamable HTTP whose tools agents may use")),
     api_keys: z.array(ApiKeyConfig).default([]).meta(info("keys of the Compatible API's applications")),
     voice: VoiceConfig.default(VOICE_DEFAULTS).meta(info("voice conversations over a connected device's audio")),
-    tracing: TracingConfig.default({ service_name: "perch", include_text: false }).meta(
+    tracing: TracingConfig.default({ service_name: "perch", sample_ratio: 1, include_text: false }).meta(
       info("traces of voice turns and HTTP requests to an OpenTelemetry backend (docs/observability.md); off without `tracing.otlp.endpoint`"),
     ),
     usage: z

@@ -45,20 +45,25 @@ export function chatSpan(parent: Traced, model: string, provider: string, stream
     SpanKind.CLIENT,
   );
   if (traced.includesText) traced.text(ATTR_GEN_AI_INPUT_MESSAGES, JSON.stringify(messages));
-  return new ModelSpan(traced);
+  return new ModelSpan(traced, model, provider);
 }
 
 export class ModelSpan {
   readonly traced: Traced;
   private readonly started = performance.now();
+  private readonly model: string;
+  private readonly provider: string;
 
-  constructor(traced: Traced) {
+  constructor(traced: Traced, model: string, provider: string) {
     this.traced = traced;
+    this.model = model;
+    this.provider = provider;
   }
 
-  /** The model (upstream name) and provider that answered, when a fallback did. */
+  /** The model (upstream name) and provider that answered; set only when a fallback did (`gen_ai.response.model` is then not the request's). */
   answeredBy(upstreamModel: string, provider: string): void {
-    this.traced.set(ATTR_GEN_AI_RESPONSE_MODEL, upstreamModel).set(ATTR_GEN_AI_PROVIDER_NAME, provider);
+    if (upstreamModel === this.model && provider === this.provider) return;
+    this.traced.setAll({ [ATTR_GEN_AI_RESPONSE_MODEL]: upstreamModel, [ATTR_GEN_AI_PROVIDER_NAME]: provider });
   }
 
   /** The first chunk of a stream arrived (maybe only its role: the first text is `sawText`'s). */
@@ -98,9 +103,8 @@ export class ModelSpan {
   }
 
   private usage(u: Usage | null | undefined): void {
-    if (!u) return;
-    if (Number.isFinite(u.prompt_tokens)) this.traced.set(ATTR_GEN_AI_USAGE_INPUT_TOKENS, u.prompt_tokens);
-    if (Number.isFinite(u.completion_tokens)) this.traced.set(ATTR_GEN_AI_USAGE_OUTPUT_TOKENS, u.completion_tokens);
+    if (!u || !Number.isFinite(u.prompt_tokens) || !Number.isFinite(u.completion_tokens)) return;
+    this.traced.setAll({ [ATTR_GEN_AI_USAGE_INPUT_TOKENS]: u.prompt_tokens, [ATTR_GEN_AI_USAGE_OUTPUT_TOKENS]: u.completion_tokens });
   }
 }
 

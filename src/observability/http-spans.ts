@@ -17,9 +17,9 @@ export function requestSpan(tracing: Tracing, outgoing: ServerResponse, method: 
 }
 
 /** The request's route and status, once the exchange records them; the trace id for the log line. */
-export function routedSpan(traced: Traced, method: string, route: string, status: number): string {
-  traced.set(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
-  if (route !== "unmatched") traced.rename(`${method} ${route}`).set(ATTR_HTTP_ROUTE, route);
+export function routedSpan(traced: Traced, method: string, route: string, status: number): string | undefined {
+  if (route === "unmatched") traced.set(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
+  else traced.rename(`${method} ${route}`).setAll({ [ATTR_HTTP_RESPONSE_STATUS_CODE]: status, [ATTR_HTTP_ROUTE]: route });
   if (status >= 500) traced.fail(String(status));
   return traced.traceId;
 }

@@ -1,7 +1,15 @@
-import { type Attributes, type AttributeValue, ROOT_CONTEXT, type Span, SpanKind, SpanStatusCode, type Tracer, trace } from "@opentelemetry/api";
+import { type Attributes, type AttributeValue, ROOT_CONTEXT, type Span, SpanKind, SpanStatusCode, TraceFlags, type Tracer, trace } from "@opentelemetry/api";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-proto";
 import { resourceFromAttributes } from "@opentelemetry/resources";
-import { BatchSpanProcessor, type ReadableSpan, type SpanExporter, type SpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
+import {
+  BatchSpanProcessor,
+  ParentBasedSampler,
+  type ReadableSpan,
+  type SpanExporter,
+  type SpanProcessor,
+  TraceIdRatioBasedSampler,
+  TracerProvider,
+} from "@opentelemetry/sdk-trace";
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
 import { Counter, type Registry } from "prom-client";
 import type { Config } from "../config/config.ts";
@@ -86,6 +94,7 @@ export class Tracing {
       exportTimeoutMillis: otlp.timeout_ms + 1000,
     });
     const provider = new TracerProvider({
+      ...(config.sample_ratio < 1 ? { sampler: new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(config.sample_ratio) }) } : {}),
       resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: config.service_name, [ATTR_SERVICE_VERSION]: o.version, "service.instance.id": o.node }),
       spanProcessors: [queue.processor(batch)],
     });
@@ -143,9 +152,10 @@ export class Traced {
     return this.tracing.includeText;
   }
 
-  /** The trace's id (32 hex digits), for log lines. */
-  get traceId(): string {
-    return this.span.spanContext().traceId;
+  /** The trace's id (32 hex digits), for log lines; undefined for a trace not sampled (`tracing.sample_ratio`), which no backend will have. */
+  get traceId(): string | undefined {
+    const ctx = this.span.spanContext();
+    return ctx.traceFlags & TraceFlags.SAMPLED ? ctx.traceId : undefined;
   }
 
   child(name: string, attributes?: Attributes, kind: SpanKind = SpanKind.INTERNAL, startTime?: number): Traced {
@@ -213,6 +223,8 @@ class BoundedQueue {
     return {
       onStart: (span, ctx) => inner.onStart(span, ctx),
       onEnd: (span) => {
+        // A span recorded but not sampled is not exported (the batch processor skips it): not counted either.
+        if ((span.spanContext().traceFlags & TraceFlags.SAMPLED) === 0) return;
         if (this.waiting >= this.max) {
           this.onDrop();
           return;

@@ -48,7 +48,7 @@ export class TurnTrace {
     return new TurnTrace(traced, offset, o.engines.speech ?? o.engines.realtime ?? "");
   }
 
-  get traceId(): string {
+  get traceId(): string | undefined {
     return this.traced.traceId;
   }
 

@@ -648,7 +648,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     this.o.events.done(`out-${n}`, "turn.metrics", JSON.stringify(metrics));
     this.o.metrics.turn(result, stages, engines);
     trace?.end(result, stages, error);
-    this.o.log("info", { turn: n, result, ...metrics, ...(trace ? { trace_id: trace.traceId } : {}) }, "voice turn");
+    this.o.log("info", { turn: n, result, ...metrics, ...(trace?.traceId ? { trace_id: trace.traceId } : {}) }, "voice turn");
   }
 }
 

@@ -702,7 +702,7 @@ export class RealtimeActivity {
     trace?.end(result, stages, error);
     this.o.log(
       result === "failed" ? "warn" : "info",
-      { turn: turn.n, result, ...metrics, ...(error ? { error } : {}), ...(trace ? { trace_id: trace.traceId } : {}) },
+      { turn: turn.n, result, ...metrics, ...(error ? { error } : {}), ...(trace?.traceId ? { trace_id: trace.traceId } : {}) },
       "voice turn",
     );
     // A session that answered a turn works: the next failure reconnects at once again.
