@@ -38,6 +38,12 @@ const config = loadConfig({}, {});
 // What a node holds before a conversation's session: its modules loaded, collected.
 gc();
 const before = process.memoryUsage().rss;
+// What the program holds (the heap, and buffers outside it): unlike the RSS, not what the allocator kept.
+const held = () => {
+  const m = process.memoryUsage();
+  return m.heapUsed + m.external;
+};
+const heldBefore = held();
 const loop = monitorEventLoopDelay({ resolution: 5 });
 let events = 0;
 let done!: () => void;
@@ -51,10 +57,17 @@ loop.enable();
 // (on a loaded machine an idle process's loop waits 100 ms and more).
 let maxHoldCpu = 0;
 let lastCpu = process.threadCpuUsage();
+let lastTick = performance.now();
+// The longest gap between two ticks: its wall time, the main thread's CPU in it, when it began.
+let gap = { wall_ms: 0, cpu_ms: 0, at_s: 0 };
 const probe = setInterval(() => {
   const used = process.threadCpuUsage(lastCpu);
   lastCpu = process.threadCpuUsage();
-  maxHoldCpu = Math.max(maxHoldCpu, (used.user + used.system) / 1000);
+  const cpu = (used.user + used.system) / 1000;
+  const now = performance.now();
+  if (now - lastTick > gap.wall_ms) gap = { wall_ms: Math.round(now - lastTick), cpu_ms: Math.round(cpu), at_s: Math.round((lastTick - started) / 100) / 10 };
+  lastTick = now;
+  maxHoldCpu = Math.max(maxHoldCpu, cpu);
 }, 2);
 if (attack === "idle") {
   // The control: what the machine's load alone holds an idle process's loop for, over 2 s.
@@ -62,7 +75,7 @@ if (attack === "idle") {
   loop.disable();
   clearInterval(probe);
   process.stdout.write(
-    `${JSON.stringify({ max_loop_delay_ms: Math.round(loop.max / 1e6), max_hold_cpu_ms: Math.round(maxHoldCpu), attack_s: 2, rss_before_mb: 0, rss_after_mb: 0, events: 0 })}\n`,
+    `${JSON.stringify({ max_loop_delay_ms: Math.round(loop.max / 1e6), max_hold_cpu_ms: Math.round(maxHoldCpu), attack_s: 2, rss_before_mb: 0, rss_after_mb: 0, held_growth_mb: 0, events: 0 })}\n`,
   );
   process.exit(0);
 }
@@ -111,9 +124,11 @@ process.stdout.write(
   `${JSON.stringify({
     max_loop_delay_ms: Math.round(loop.max / 1e6),
     max_hold_cpu_ms: Math.round(maxHoldCpu),
+    longest_gap: gap,
     attack_s: Math.round(seconds * 10) / 10,
     rss_before_mb: Math.round(before / 2 ** 20),
     rss_after_mb: Math.round(process.memoryUsage().rss / 2 ** 20),
+    held_growth_mb: Math.round((held() - heldBefore) / 2 ** 20),
     events,
   })}\n`,
 );

@@ -5,7 +5,9 @@
  * 5 tool calls of 3.9 MB arguments. For each: the longest the event loop was held (what `/healthz`
  * would wait at most; the issue's bound: 100 ms), and the RSS after it, collected, against before
  * (bound: back within 50 MB). Beside the loop's delay, `max_hold_cpu_ms`: the longest hold in the
- * main thread's own CPU time, which the machine's load does not add to.
+ * main thread's own CPU time, which the machine's load does not add to; beside the RSS,
+ * `held_growth_mb`: the heap and the buffers outside it (what the program holds, not what the
+ * allocator kept).
  *
  * Each attack runs in a process of its own (realtime-attack-side.ts), on this checkout's code and,
  * with `BENCH_REALTIME_ATTACK_BEFORE` (a checkout, or a git revision checked out into a temporary
@@ -27,6 +29,8 @@ interface Side {
   attack_s: number;
   rss_before_mb: number;
   rss_after_mb: number;
+  held_growth_mb: number;
+  longest_gap?: { wall_ms: number; cpu_ms: number; at_s: number };
   events: number;
 }
 
@@ -93,6 +97,8 @@ export async function realtimeAttackBench(): Promise<unknown> {
         max_hold_cpu_ms: runs.map((s) => s.max_hold_cpu_ms),
         attack_s: runs.map((s) => s.attack_s),
         rss_growth_mb: runs.map((s) => s.rss_after_mb - s.rss_before_mb),
+        held_growth_mb: runs.map((s) => s.held_growth_mb),
+        longest_gap: runs.map((s) => s.longest_gap),
         events: runs.map((s) => s.events),
       };
     summary[attack] = row;

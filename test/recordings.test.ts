@@ -121,6 +121,47 @@ for (const store of STORES) {
       }
     });
 
+    test("a recording racing its conversation's deletion: either it lands first and goes with it, or it is refused; none is left", async () => {
+      const { key } = await pairPhone(server);
+      const ogg = new Uint8Array(4_000).fill(7);
+      for (let i = 0; i < 8; i++) {
+        const id = await recordTurn(server, key, audio);
+        const row = {
+          conversation_id: id,
+          turn: 2,
+          side: "user",
+          public_key: key,
+          audio: ogg,
+          duration_ms: 100,
+          at: clock.now(),
+          expires_at: clock.now() + DAY_MS,
+        };
+        const [put] = await Promise.allSettled([
+          server.domain.ctx.store.transaction((tx) => tx.recordings.put(row)),
+          server.domain.conversations.delete(key, id),
+        ]);
+        // Refused by the conversation's key when the deletion came first (PostgreSQL), or written and deleted with it.
+        if (put.status === "rejected") assert.match(String(put.reason), /foreign key|FOREIGN KEY/, String(put.reason));
+        assert.equal(await countRows(server, databaseUrl, "select count(*) as n from conversation_recordings where conversation_id = $1", [id]), 0);
+      }
+    });
+
+    test("one node records, another serves the audio (one database)", {
+      skip: store.name === "sqlite" ? "several nodes share PostgreSQL" : false,
+    }, async () => {
+      const other = await startTestServer({ clock, config: { ...recordingConfig(databaseUrl), node_name: "node-b" } });
+      try {
+        const { phone, key } = await pairPhone(server);
+        const id = await recordTurn(server, key, audio);
+        const here = Buffer.from(await (await getAudio(server, phone.accessToken, audioPath(id, 1, "assistant"))).arrayBuffer());
+        const res = await getAudio(other, phone.accessToken, audioPath(id, 1, "assistant"));
+        assert.equal(res.status, 200);
+        assert.ok(Buffer.from(await res.arrayBuffer()).equals(here), "the same bytes from the other node");
+      } finally {
+        await other.stop();
+      }
+    });
+
     test("the route's bad inputs get the contract's errors", async () => {
       const { phone, key } = await pairPhone(server);
       const id = await recordTurn(server, key, audio, { metrics: false });

@@ -18,10 +18,11 @@ export class SdkHttpServer {
   /** Requests by JSON-RPC method. */
   readonly methods: string[] = [];
   private server: http.Server | undefined;
-  private readonly build: () => McpServer | Server;
+  private readonly build: (req: http.IncomingMessage) => McpServer | Server;
   private readonly json: boolean;
 
-  constructor(build: () => McpServer | Server, o: { json?: boolean } = {}) {
+  /** `build` makes the server of one request (it may look at the request). */
+  constructor(build: (req: http.IncomingMessage) => McpServer | Server, o: { json?: boolean } = {}) {
     this.build = build;
     this.json = o.json ?? false;
   }
@@ -40,7 +41,7 @@ export class SdkHttpServer {
     const body = chunks.length ? JSON.parse(Buffer.concat(chunks).toString()) : undefined;
     if (body?.method) this.methods.push(body.method);
     if (this.hang) return;
-    const mcp = this.build();
+    const mcp = this.build(req);
     const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: this.json });
     res.on("close", () => {
       void transport.close();
@@ -64,57 +65,30 @@ export class SdkHttpServer {
   }
 }
 
-/** A real MCP server (the SDK's `McpServer`, stateless Streamable HTTP) on 127.0.0.1 offering `today` and `alerts`. */
-export class WeatherServer {
-  url = "";
-  port = 0;
+/** A real MCP server (the SDK's `McpServer`, stateless Streamable HTTP) on 127.0.0.1 offering `today`, `alerts` and `history`. */
+export class WeatherServer extends SdkHttpServer {
   /** The `Authorization` header of each request. */
-  readonly authorizations: Array<string | undefined> = [];
-  readonly calls: Array<{ name: string; args: unknown }> = [];
-  private server: http.Server | undefined;
+  readonly authorizations: Array<string | undefined>;
+  readonly calls: Array<{ name: string; args: unknown }>;
 
-  async start(port = 0): Promise<this> {
-    this.server = http.createServer((req, res) => void this.handle(req, res));
-    await new Promise<void>((resolve) => this.server!.listen(port, "127.0.0.1", resolve));
-    this.port = (this.server.address() as AddressInfo).port;
-    this.url = `http://127.0.0.1:${this.port}/mcp`;
-    return this;
-  }
-
-  private async handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
-    this.authorizations.push(req.headers.authorization);
-    const mcp = new McpServer({ name: "weather", version: "1.0.0" });
-    mcp.registerTool("today", { description: "Today's weather in a city.", inputSchema: { city: z.string() } }, async ({ city }) => {
-      this.calls.push({ name: "today", args: { city } });
-      return { content: [{ type: "text", text: `Sunny and 21 °C in ${city}.` }] };
+  constructor() {
+    const authorizations: Array<string | undefined> = [];
+    const calls: Array<{ name: string; args: unknown }> = [];
+    super((req) => {
+      authorizations.push(req.headers.authorization);
+      const mcp = new McpServer({ name: "weather", version: "1.0.0" });
+      mcp.registerTool("today", { description: "Today's weather in a city.", inputSchema: { city: z.string() } }, async ({ city }) => {
+        calls.push({ name: "today", args: { city } });
+        return { content: [{ type: "text", text: `Sunny and 21 °C in ${city}.` }] };
+      });
+      mcp.registerTool("alerts", { description: "Weather alerts.", inputSchema: {} }, async () => ({ content: [{ type: "text", text: "none" }] }));
+      mcp.registerTool("history", { description: "The weather of each past day: a long text.", inputSchema: { days: z.number() } }, async ({ days }) => ({
+        content: [{ type: "text", text: "sunny;".repeat(days) }],
+      }));
+      return mcp;
     });
-    mcp.registerTool("alerts", { description: "Weather alerts.", inputSchema: {} }, async () => ({ content: [{ type: "text", text: "none" }] }));
-    mcp.registerTool("history", { description: "The weather of each past day: a long text.", inputSchema: { days: z.number() } }, async ({ days }) => ({
-      content: [{ type: "text", text: "sunny;".repeat(days) }],
-    }));
-    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
-    res.on("close", () => {
-      void transport.close();
-      void mcp.close();
-    });
-    await mcp.connect(transport);
-    const chunks: Buffer[] = [];
-    for await (const c of req) chunks.push(c as Buffer);
-    const body = chunks.length ? JSON.parse(Buffer.concat(chunks).toString()) : undefined;
-    await transport.handleRequest(req, res, body);
-  }
-
-  /** TCP connections open now (from any client). */
-  connections(): Promise<number> {
-    return new Promise((resolve, reject) => this.server!.getConnections((err, n) => (err ? reject(err) : resolve(n))));
-  }
-
-  async stop(): Promise<void> {
-    const s = this.server;
-    this.server = undefined;
-    if (!s) return;
-    s.closeAllConnections();
-    await new Promise((resolve) => s.close(resolve));
+    this.authorizations = authorizations;
+    this.calls = calls;
   }
 }
 
