@@ -75,7 +75,8 @@ describe("a fleet behind HAProxy: admission, a rolling restart with devices talk
     const codes = await Promise.all([nodes.a!.server?.stop(), nodes.b!.server?.stop()]);
     provider?.kill();
     await db?.end();
-    assert.deepEqual(codes, [0, 0]);
+    const why = (n: "a" | "b") => `node-${n}: ${nodes[n]!.server?.process.signalCode ?? "no signal"}\n${nodes[n]!.server?.output().slice(-3000)}`;
+    assert.deepEqual(codes, [0, 0], `${why("a")}\n${why("b")}`);
   });
 
   test("admission: three devices a node; the seventh is refused 503 until one leaves, and is then let in", async (t) => {
