@@ -3,8 +3,8 @@
  * of several checkouts in front of one fake provider, rounds alternating between them after each
  * had 3 s of the same load, so that a machine whose speed moves moves them all alike. Settings:
  * `BENCH_AB_ROOTS` (checkouts, comma-separated; this one by default), `BENCH_AB_NODE_OPTIONS_<i>`
- * (`NODE_OPTIONS` of the i-th server), `BENCH_AB_TRACING_<i>=1` (the i-th server traces, to a
- * collector in this process: bench/otlp-sink.ts), `BENCH_ROUNDS` (4), `BENCH_DURATION_S` (a round).
+ * (`NODE_OPTIONS` of the i-th server), `BENCH_AB_TRACING_<i>=<ratio>` (the i-th server traces with
+ * that `tracing.sample_ratio`, 1 for every call, to a collector in this process: bench/otlp-sink.ts), `BENCH_ROUNDS` (4), `BENCH_DURATION_S` (a round).
  * A checkout may be given twice, once traced and once not. Prints one JSON document: server CPU µs
  * a call, by server, round by round, and their means.
  */
@@ -22,12 +22,14 @@ const loadBefore = loadavg();
 const provider = spawn(process.execPath, [join(ROOT, "bench/fake-upstream.ts")], { stdio: ["ignore", "pipe", "inherit"] });
 const upstream = await new Promise<string>((resolve) => provider.stdout!.once("data", (c: Buffer) => resolve(c.toString().split("\n")[0]!.trim())));
 const servers: Array<{ name: string; server: Server; dir: string }> = [];
-const sink = roots.some((_, i) => process.env[`BENCH_AB_TRACING_${i}`] === "1") ? await OtlpSink.start() : undefined;
+const ratioOf = (i: number) => (process.env[`BENCH_AB_TRACING_${i}`] ? Number(process.env[`BENCH_AB_TRACING_${i}`]) : undefined);
+const sink = roots.some((_, i) => ratioOf(i) !== undefined) ? await OtlpSink.start() : undefined;
 try {
   for (const [i, root] of roots.entries()) {
     const dir = mkdtempSync(join(tmpdir(), "perch-bench-ab-"));
     const nodeOptions = process.env[`BENCH_AB_NODE_OPTIONS_${i}`];
-    const traced = process.env[`BENCH_AB_TRACING_${i}`] === "1" && sink;
+    const ratio = ratioOf(i);
+    const traced = ratio !== undefined && sink;
     const server = await startServer(
       {
         ...(nodeOptions ? { NODE_OPTIONS: nodeOptions } : {}),
@@ -37,13 +39,13 @@ try {
           providers: [{ id: "upstream", kind: "openai-compatible", base_url: upstream, max_retries: 0 }],
           models: [{ id: "chat", kind: "chat", provider: "upstream", upstream_model: "short" }],
           api_keys: [{ name: "bench", sha256: createHash("sha256").update(API_KEY).digest("hex") }],
-          ...(traced ? { tracing: { otlp: { endpoint: sink.endpoint } } } : {}),
+          ...(traced ? { tracing: { otlp: { endpoint: sink.endpoint }, sample_ratio: ratio } } : {}),
         }),
       },
       root,
     );
     servers.push({
-      name: `${i}: ${root === ROOT ? "this checkout" : root.split("/").filter(Boolean).at(-1)}${nodeOptions ? ` (${nodeOptions})` : ""}${traced ? " traced" : ""}`,
+      name: `${i}: ${root === ROOT ? "this checkout" : root.split("/").filter(Boolean).at(-1)}${nodeOptions ? ` (${nodeOptions})` : ""}${traced ? ` traced (sample_ratio ${ratio})` : ""}`,
       server,
       dir,
     });

@@ -8,15 +8,8 @@ class Worker extends DeviceProcess<WorkerCommand, ConnectReport | StatsReport> {
   held = 0;
 }
 
-export interface CrowdStats {
-  open: number;
-  lost: number;
-  sent: number;
-  unsent: number;
-  /** Descriptors and resident memory of every worker together. */
-  fds: number;
-  rssMb: number;
-}
+/** Every worker's `stats` summed (descriptors and resident memory of every worker together). */
+export type CrowdStats = Omit<StatsReport, "type" | "id">;
 
 /** Several worker processes; devices are spread evenly over them. */
 export class Crowd {
