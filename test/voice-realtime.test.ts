@@ -205,8 +205,10 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
   });
 
   test("barge-in: the device's audio stops within 250 ms of speech_started; the truncate carries what was sent; nothing sent -> item.delete", async () => {
-    // Four times faster than real time: still being sent when the user speaks over it.
-    fake.script({ kind: "reply", text: "Once upon a time there was a very long story that went on and on.", ms: 20_000, speed: 4 });
+    // Four times faster than real time, its response still in progress when the user speaks over it
+    // however slow the machine (held: a cancel is then Perch's to send).
+    fake.script({ kind: "reply", text: "Once upon a time there was a very long story that went on and on.", ms: 20_000, speed: 4, held: true });
+    const stop = await spoken("Stop, stop.");
     const { conn, log, say, s } = await device();
     conn.speaker.mark();
     const packetsBefore = await packetsReceived(conn);
@@ -225,7 +227,7 @@ describe("speech-to-speech agents over a realtime model (voice.md §6)", () => {
     const poll = setInterval(() => {
       void packetsReceived(conn).then((n) => counts.push([performance.now(), n]));
     }, 10);
-    await say(await spoken("Stop, stop."));
+    await say(stop);
     const end = await log.wait((e) => e.stream === "out-1" && e.type === "EOS" && e.label === "assistant.audio", 15_000, "the reply's end");
     assert.deepEqual(end.error, { code: "interrupted", message: "" });
     await fake.until(() => s.events.some((e) => e.type === "conversation.item.truncate"), 10_000, "the truncate");

@@ -69,8 +69,21 @@ export function realtimeAgent(url: string, o: Partial<RealtimeAgentInfo> = {}): 
 const FRAME = RATE / 50;
 
 export type Script =
-  /** Speaks `pcm` (24 kHz; default a tone of `ms`) with `text` as its transcript, in deltas of `chunkMs`, `speed` times real time (0: at once). */
-  | { kind: "reply"; text: string; pcm?: Int16Array; ms?: number; chunkMs?: number; speed?: number; dropAfterDeltas?: number; audioDelayMs?: number }
+  /**
+   * Speaks `pcm` (24 kHz; default a tone of `ms`) with `text` as its transcript, in deltas of `chunkMs`, `speed` times real time (0: at once).
+   * `held`: the response stays in progress after its audio until it is cancelled (a model still generating), however late that comes.
+   */
+  | {
+      kind: "reply";
+      text: string;
+      pcm?: Int16Array;
+      ms?: number;
+      chunkMs?: number;
+      speed?: number;
+      dropAfterDeltas?: number;
+      audioDelayMs?: number;
+      held?: boolean;
+    }
   /** Calls a function; once its output and a `response.create` come, `after` answers. */
   | { kind: "call"; name: string; arguments: string; after: Script }
   | { kind: "error"; code: string; message: string }
@@ -387,6 +400,7 @@ export async function startFakeRealtime(
           if (wait > 0) await new Promise((res) => setTimeout(res, wait));
         } else if (i % 8 === 7) await new Promise((res) => setImmediate(res));
       }
+      if (script.held) while (!r.cancelled && ws.readyState === ws.OPEN) await new Promise((res) => setTimeout(res, 10));
       if (r.cancelled) return;
       send({ type: "response.output_audio.done", ...base });
       send({ type: "response.output_audio_transcript.done", ...base, transcript: script.text });
