@@ -124,9 +124,9 @@ class PeerAdapter extends EventTarget {
  * A native channel as the part of the standard `RTCDataChannel` the SDK uses. Not the package's
  * polyfill: that one loses the last messages of a channel the server closes right after writing
  * (an HTTP stream's answer) when its close is delivered first; here every message the library
- * delivers is passed on, before or after the close.
+ * delivers is passed on, before or after the close, and its messages are set to come first.
  */
-class NativeChannel extends EventTarget {
+export class NativeChannel extends EventTarget {
   onmessage: ((e: { data: ArrayBuffer | string }) => void) | null = null;
   onopen: ((e: Event) => void) | null = null;
   onclose: ((e: Event) => void) | null = null;
@@ -157,6 +157,15 @@ class NativeChannel extends EventTarget {
         this.dispatchEvent(e);
       }),
     );
+    // Messages before the close: the library runs these callbacks' queues in the order they were
+    // set, and after the close's callback it discards the messages not yet delivered (both waiting
+    // in one turn of a busy event loop, the close set first lost the last answer before it).
+    native.onMessage((message) =>
+      quietly(() => {
+        const data = typeof message === "string" ? message : new Uint8Array(message as Buffer).slice().buffer;
+        this.onmessage?.({ data });
+      }),
+    );
     native.onClosed(() =>
       quietly(() => {
         if (this.state === "closed") return;
@@ -164,12 +173,6 @@ class NativeChannel extends EventTarget {
         const e = new Event("close");
         this.onclose?.(e);
         this.dispatchEvent(e);
-      }),
-    );
-    native.onMessage((message) =>
-      quietly(() => {
-        const data = typeof message === "string" ? message : new Uint8Array(message as Buffer).slice().buffer;
-        this.onmessage?.({ data });
       }),
     );
     native.onBufferedAmountLow(() =>
