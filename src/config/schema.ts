@@ -502,7 +502,7 @@ const TracingConfig = z.strictObject({
     .default(1)
     .meta(
       info(
-        "the share of traces kept, decided by trace id (1: every request and turn; below 1 the rest cost next to nothing and their log lines carry no trace id): for a busy Compatible API",
+        "the share of traces kept, each request's or turn's decided at random when it begins (1: every one; the others are not traced at all, as with tracing off, and their log lines carry no trace id): for a busy Compatible API",
       ),
     ),
   include_text: z.boolean().default(false).meta(info("put what people said (transcripts, reply text, tool arguments) in span attributes; never without this")),

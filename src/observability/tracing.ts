@@ -1,15 +1,7 @@
 import { type Attributes, type AttributeValue, ROOT_CONTEXT, type Span, SpanKind, SpanStatusCode, TraceFlags, type Tracer, trace } from "@opentelemetry/api";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-proto";
 import { resourceFromAttributes } from "@opentelemetry/resources";
-import {
-  BatchSpanProcessor,
-  ParentBasedSampler,
-  type ReadableSpan,
-  type SpanExporter,
-  type SpanProcessor,
-  TraceIdRatioBasedSampler,
-  TracerProvider,
-} from "@opentelemetry/sdk-trace";
+import { BatchSpanProcessor, type ReadableSpan, type SpanExporter, type SpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
 import { Counter, type Registry } from "prom-client";
 import type { Config } from "../config/config.ts";
@@ -42,11 +34,13 @@ export interface TracingOptions {
 export class Tracing {
   /** Whether span attributes may hold what people said (`tracing.include_text`). */
   readonly includeText: boolean;
+  private readonly sampleRatio: number;
   private readonly provider: TracerProvider;
   private readonly tracer: Tracer;
 
   private constructor(config: TracingConfig, provider: TracerProvider) {
     this.includeText = config.include_text;
+    this.sampleRatio = config.sample_ratio;
     this.provider = provider;
     this.tracer = provider.getTracer("perch");
   }
@@ -94,15 +88,19 @@ export class Tracing {
       exportTimeoutMillis: otlp.timeout_ms + 1000,
     });
     const provider = new TracerProvider({
-      ...(config.sample_ratio < 1 ? { sampler: new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(config.sample_ratio) }) } : {}),
       resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: config.service_name, [ATTR_SERVICE_VERSION]: o.version, "service.instance.id": o.node }),
       spanProcessors: [queue.processor(batch)],
     });
     return new Tracing(config, provider);
   }
 
-  /** A new trace: its root span (`kind` server for a request, internal for a voice turn). */
-  root(name: string, attributes?: Attributes, kind: SpanKind = SpanKind.INTERNAL, startTime?: number): Traced {
+  /**
+   * A new trace: its root span (`kind` server for a request, internal for a voice turn), or
+   * undefined for a trace not kept (`tracing.sample_ratio`): decided here, before the SDK, so that a
+   * trace not kept costs nothing more than tracing off (its children are never made).
+   */
+  root(name: string, attributes?: Attributes, kind: SpanKind = SpanKind.INTERNAL, startTime?: number): Traced | undefined {
+    if (this.sampleRatio < 1 && !(Math.random() < this.sampleRatio)) return undefined;
     return new Traced(this, this.tracer.startSpan(name, { kind, attributes, root: true, ...(startTime !== undefined ? { startTime } : {}) }));
   }
 
@@ -152,10 +150,9 @@ export class Traced {
     return this.tracing.includeText;
   }
 
-  /** The trace's id (32 hex digits), for log lines; undefined for a trace not sampled (`tracing.sample_ratio`), which no backend will have. */
-  get traceId(): string | undefined {
-    const ctx = this.span.spanContext();
-    return ctx.traceFlags & TraceFlags.SAMPLED ? ctx.traceId : undefined;
+  /** The trace's id (32 hex digits), for log lines. */
+  get traceId(): string {
+    return this.span.spanContext().traceId;
   }
 
   child(name: string, attributes?: Attributes, kind: SpanKind = SpanKind.INTERNAL, startTime?: number): Traced {

@@ -32,7 +32,7 @@ export class TurnTrace {
       /** The engines by part: `transcription` and `speech`, or `realtime`. */
       engines: Record<string, string>;
     },
-  ): TurnTrace {
+  ): TurnTrace | undefined {
     const offset = Date.now() - o.now;
     const traced = tracing.root(
       "voice.turn",
@@ -45,10 +45,11 @@ export class TurnTrace {
       undefined,
       o.onset + offset,
     );
+    if (!traced) return undefined;
     return new TurnTrace(traced, offset, o.engines.speech ?? o.engines.realtime ?? "");
   }
 
-  get traceId(): string | undefined {
+  get traceId(): string {
     return this.traced.traceId;
   }
 

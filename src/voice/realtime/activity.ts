@@ -115,7 +115,7 @@ export class RealtimeActivity {
   private eventIds = 0;
   private toolsSent = "";
   /** The traces of the turns under way, by number (when the node traces). */
-  private readonly traces = new Map<number, TurnTrace>();
+  private readonly traces = new Map<number, TurnTrace | undefined>();
   private cancelRenew: (() => void) | undefined;
   private memory: string | undefined;
   private closed = false;
@@ -381,19 +381,18 @@ export class RealtimeActivity {
   private trace(n: number): TurnTrace | undefined {
     const t = this.o.tracing;
     if (!t) return undefined;
-    let trace = this.traces.get(n);
-    if (!trace) {
-      const now = this.o.clock.now();
-      trace = TurnTrace.start(t.tracing, {
-        now,
-        onset: now,
-        n,
-        agent: this.o.agent.id,
-        conversation: t.conversation,
-        engines: { realtime: this.o.agent.provider },
-      });
-      this.traces.set(n, trace);
-    }
+    // A turn whose trace is not kept (`tracing.sample_ratio`) is remembered as such: decided once.
+    if (this.traces.has(n)) return this.traces.get(n);
+    const now = this.o.clock.now();
+    const trace = TurnTrace.start(t.tracing, {
+      now,
+      onset: now,
+      n,
+      agent: this.o.agent.id,
+      conversation: t.conversation,
+      engines: { realtime: this.o.agent.provider },
+    });
+    this.traces.set(n, trace);
     return trace;
   }
 
