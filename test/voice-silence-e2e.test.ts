@@ -94,6 +94,9 @@ describe("silence that costs nothing, end to end", () => {
     }
     const device = await RtpDevice.connect(server);
     try {
+      // Its conversation hears packets once the connection is active (the event stream's activation,
+      // a store write, can take seconds at load): packets sent before are not the uplink's to count.
+      await eventually(() => server.transport!.connection(device.publicKey)?.active, 30_000, "the device's connection active");
       const before = await packets();
       let sequence = 1;
       let timestamp = 0;
