@@ -156,9 +156,16 @@ describe("turn-taking end to end (voice.md §7)", () => {
       assert.equal(end.error?.code, "interrupted");
       assert.equal(spokenAll, false, "the reply ended while the user was still speaking");
       await saying;
-      await log.wait((s) => s.stream === "out-2" && s.label === "turn.metrics", 60_000, "turn 2");
-      assert.match(log.all.find((s) => s.stream === "in-2" && s.type === "TEXT_DONE")!.text!, /mother|morning|call|dinner/i);
-      assert.equal(log.all.find((s) => s.stream === "out-2" && s.type === "TEXT_DONE" && s.label === "assistant.text")?.text, "Alright.");
+      // The question is answered. On a loaded machine a pause in it may end a turn of its own whose
+      // reply the rest of the question interrupts: then a later turn answers it.
+      const answer = await log.wait(
+        (s) => /^out-([2-9]|\d\d)$/.test(s.stream) && s.type === "TEXT_DONE" && s.label === "assistant.text",
+        60_000,
+        "the question's answer",
+      );
+      assert.equal(answer.text, "Alright.");
+      const heard = log.all.filter((s) => /^in-([2-9]|\d\d)$/.test(s.stream) && s.type === "TEXT_DONE").map((s) => s.text);
+      assert.match(heard.join(" "), /mother|morning|call|dinner/i);
     } finally {
       conn.close();
     }
