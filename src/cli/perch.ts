@@ -74,11 +74,17 @@ async function serve(): Promise<void> {
   const config = loadConfig();
   const { startServer } = await import("../server.ts");
   let server: Awaited<ReturnType<typeof startServer>>;
+  // Node exits 0 when nothing is left to wait for: a step of the start that neither finishes nor
+  // fails (twice seen in the suite at load 20+, a port in use then ending the process silently with
+  // 0) says so instead, and fails.
+  const halfway = () => fail("the server's start ended halfway: a step of it neither finished nor failed (a defect: please report it)");
+  process.once("beforeExit", halfway);
   try {
     server = await startServer({ config, warmUp: true });
   } catch (err) {
     fail(listenFailure(err, config) ?? (err instanceof ConfigError ? err.message : String((err as Error)?.stack ?? err)));
   }
+  process.off("beforeExit", halfway);
   // However the node ends (a drain asked through the store included), the process exits 0 once its store is closed.
   server.finished.then(
     () => process.exit(0),
