@@ -11,19 +11,28 @@ import {
   type TurnTranscriptionOptions,
   type VoiceActivityPort,
 } from "./engine-ports.ts";
+import { contentWords } from "./turn-end.ts";
 
 /** flite speaks a whole sentence at once; it is handed on in pieces this long, so that playout pulls it as it plays. */
 const PIECE_S = 0.25;
 /** Partial words while speaking only in turns longer than this (a short question's final comes at once). */
 const PARTIALS_AFTER_S = 3;
 /**
- * Words are sure (`soFar({ sure: true })`) when Moonshine's mean log-probability per token is at
- * least this (a mean token probability of 0.7). Measured on six flite voices and espeak-ng, 400, 600
- * and 800 ms into what they said: the words it hears in half a hum ("mm-hmm" → "And then?",
- * "I'm happy.", "And any?") score −0.36 to −0.92; the starts of real requests ("What is the?",
- * "Wait, what?", "Stop.") −0.02 to −0.35 mostly (a few "Stop." −0.42 to −0.55: sure a little later).
+ * Words are sure (`soFar({ sure: true })`) when Moonshine wrote them far more willingly than any
+ * backchannel: their mean log-probability per token beats the best of BACKCHANNEL_TEXTS, scored by
+ * the model against the same audio (teacher-forced), by at least SURE_MARGIN, and is at least
+ * SURE_FLOOR. Moonshine hears words in half a hum ("mm-hmm" → "And in nature,", "Amen.", "I'm
+ * here, Jim.") as surely as the starts of real requests ("Okay stop." −0.70, "Hold on." −0.50), so
+ * no floor alone separates them; but it also finds "Mm-hmm." nearly as likely for a hum, and most
+ * unlikely for "Stop." (docs/decisions.md, issue 50's Hearing; `npm run bench -- backchannel`:
+ * over ten voices, 400/600/800 ms into the sound and whole, the hums' words beat the best
+ * backchannel text by −0.2 to 2.4, mostly below 1.6; the real short barge-ins by 1.0 to 3.8,
+ * mostly above 1.6).
  */
-const SURE_LOGPROB = -0.35;
+const SURE_MARGIN = 1.6;
+const SURE_FLOOR = -0.9;
+/** The ways Moonshine writes a hum or a backchannel (the best of them for a hum, measured). */
+export const BACKCHANNEL_TEXTS = ["Mm-hmm.", "Mm-hmm", "Uh-huh.", "Uh-huh", "Mm-mm.", "M. M.", "M.", "Huh?", "Hm.", "Mhm.", "Mm."];
 
 /** The embedded synthesiser (flite) as a speech port. */
 export function embeddedSpeech(engine: Pick<FliteSpeechEngine, "speak">): SpeechPort {
@@ -109,7 +118,13 @@ class EmbeddedTurn implements TurnTranscription {
     this.o.signal.throwIfAborted();
     const heard = await this.recogniser.heardSoFar();
     this.o.signal.throwIfAborted();
-    return o.sure && heard.logprob < SURE_LOGPROB ? "" : heard.text.trim();
+    const text = heard.text.trim();
+    // Only words need the model's word for them: no words are no barge-in anyway.
+    if (!o.sure || contentWords(text) === 0) return text;
+    if (heard.logprob < SURE_FLOOR) return "";
+    const scores = await this.recogniser.scoreHeard(heard, BACKCHANNEL_TEXTS);
+    this.o.signal.throwIfAborted();
+    return heard.logprob - Math.max(...scores) >= SURE_MARGIN ? text : "";
   }
 
   async finish(): Promise<string> {

@@ -329,6 +329,29 @@ export class MoonshineEngine implements TranscriptionEngine {
     return this.recognitions.runBatched<Float32Array, Heard>(front ? frontEnd(padded, front) : padded, job);
   }
 
+  /**
+   * How likely Moonshine base finds each of `texts` as the words of `audio` (padded as
+   * `recogniseHeard` pads it): each text's mean log-probability per token (moonshine.ts, `score`).
+   * A job of the scheduler, as a recognition is.
+   */
+  async scoreTexts(audio: Float32Array, texts: readonly string[], job: JobOptions = LIVE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<number[]> {
+    await this.startRecognition();
+    const before = Math.round(pad.before * RATE);
+    const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
+    padded.set(audio, before);
+    const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
+    const input = front ? frontEnd(padded, front) : padded;
+    return this.recognitions.run(async () => {
+      const result = await this.recogniserPool!.run(
+        { op: "score", audio: input, texts: [...texts] },
+        { transfer: [input.buffer as ArrayBuffer], urgent: job.class === "conversation" },
+      );
+      if (result.op !== "score") throw new Error("the recogniser answered another job");
+      // A text the model cannot score at all (audio too short) is as unlikely as can be.
+      return result.scores.map((x) => (typeof x === "number" && Number.isFinite(x) ? x : Number.NEGATIVE_INFINITY));
+    }, job);
+  }
+
   /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
   private async recogniseBatch(audios: Float32Array[], cls: JobClass, fast: boolean): Promise<Heard[]> {
     const result = await this.recogniserPool!.run(
@@ -494,7 +517,7 @@ const BLOCK = 320;
 const MAX_UTTERANCE = 20;
 
 /** What a live stream's recogniser asks of the engine (the fast tests give a fake one). */
-export type LiveRecognition = Pick<MoonshineEngine, "recognise" | "recogniseHeard" | "recogniserIdle">;
+export type LiveRecognition = Pick<MoonshineEngine, "recognise" | "recogniseHeard" | "recogniserIdle"> & Partial<Pick<MoonshineEngine, "scoreTexts">>;
 
 /**
  * One live stream's utterance. Recognition of the whole utterance starts on its own as soon as
@@ -506,6 +529,8 @@ export class IncrementalRecogniser {
   private chunks: Float32Array[] = [];
   private samples = 0;
   private last: { samples: number; heard: Heard } | undefined;
+  /** The audio each recognition heard (for `scoreHeard`). */
+  private readonly windows = new WeakMap<Heard, Float32Array>();
   private running: Promise<Heard> | undefined;
   private runningSamples = 0;
   /** Samples of silence at the end of the utterance so far. */
@@ -583,6 +608,16 @@ export class IncrementalRecogniser {
     }
   }
 
+  /**
+   * How likely the model finds each of `texts` as the words of the audio it heard as `heard` (an
+   * answer of `heardSoFar()`), each a mean log-probability per token; [] when the engine cannot say.
+   */
+  async scoreHeard(heard: Heard, texts: readonly string[]): Promise<number[]> {
+    const window = this.windows.get(heard);
+    if (!window || !this.engine.scoreTexts) return [];
+    return this.engine.scoreTexts(window, texts, LIVE);
+  }
+
   /** Whether nothing but silence was pushed after the first `samples` of the utterance. */
   private quietSince(samples: number): boolean {
     return quiet(this.audio().subarray(samples));
@@ -634,6 +669,7 @@ export class IncrementalRecogniser {
       .then((raw) => {
         const heard = { text: normaliseTranscript(raw.text), logprob: raw.logprob };
         // A finish() may have started a new utterance meanwhile; this text belongs to the old one.
+        this.windows.set(heard, window);
         if (this.running === job) this.last = { samples, heard };
         return heard;
       })
