@@ -362,7 +362,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
    * (voice.md §7), while the user may still be speaking. Words that are not fillers, and that the
    * recogniser is sure of (it hears words in half a hum: "mm-hmm" → "and in nature"), make it a
    * barge-in when the sound had ended when they were asked, or when they are heard again (their
-   * first two words first) CONFIRM_MS later on more audio: a hum's words change as it goes on
+   * first two words first, in the words so far) on at least CONFIRM_MS more audio, asked as soon as
+   * there is that much: a hum's words change as it goes on
    * ("and then?" → "and in nature," → "and in the chimney."), a request's stay ("call my" → "call my
    * mother").
    * Otherwise they are judged again every RECHECK_MS while the sound goes on, and at its end the
@@ -377,25 +378,33 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       return;
     }
     turn.checking = true;
-    const ended = this.o.clock.now() - turn.soundAt >= ENDED_MS;
-    turn.transcription.soFar({ sure: true }).then(
+    const asked = this.o.clock.now();
+    const ended = asked - turn.soundAt >= ENDED_MS;
+    // Sure words to hear again: the words so far, as they come (the lead is the evidence), else the sure words.
+    const lead = turn.sureLead;
+    turn.sureLead = undefined;
+    turn.transcription.soFar(lead ? {} : { sure: true }).then(
       (text) =>
         this.guard(() => {
           turn.checking = false;
           if (!turn.over || turn.ended || this.closed) return;
-          const before = turn.sureLead;
-          turn.sureLead = undefined;
+          const said = leadingSaid(text);
+          if (lead) {
+            if (lead.every((w, i) => said[i] === w)) this.bargeIn(turn);
+            else again();
+            return;
+          }
           if (contentWords(text) < this.o.config.interruption.min_words) {
             again();
             return;
           }
-          const said = leadingSaid(text);
-          if (ended || (before !== undefined && before.length > 0 && before.every((w, i) => said[i] === w))) {
+          if (ended) {
             this.bargeIn(turn);
             return;
           }
           turn.sureLead = said.slice(0, 2);
-          again(CONFIRM_MS);
+          // Heard again on at least CONFIRM_MS more audio, as soon as there is that much.
+          again(Math.max(0, asked + CONFIRM_MS - this.o.clock.now()));
         }),
       () => {
         turn.checking = false;

@@ -203,6 +203,8 @@ export interface DecodeOptions {
 export interface Heard {
   text: string;
   logprob: number;
+  /** Which model heard it, when the recogniser says (a conversation's batch may run on tiny). */
+  model?: MoonshineSize;
 }
 
 interface Hypothesis {

@@ -330,11 +330,17 @@ export class MoonshineEngine implements TranscriptionEngine {
   }
 
   /**
-   * How likely Moonshine base finds each of `texts` as the words of `audio` (padded as
-   * `recogniseHeard` pads it): each text's mean log-probability per token (moonshine.ts, `score`).
-   * A job of the scheduler, as a recognition is.
+   * How likely Moonshine (`o.model`, base by default: the model that heard the words) finds each of
+   * `texts` as the words of `audio` (padded as `recogniseHeard` pads it): each text's mean
+   * log-probability per token (moonshine.ts, `score`). A job of the scheduler, as a recognition is.
    */
-  async scoreTexts(audio: Float32Array, texts: readonly string[], job: JobOptions = LIVE, pad = { before: EDGE_PAD, after: EDGE_PAD }): Promise<number[]> {
+  async scoreTexts(
+    audio: Float32Array,
+    texts: readonly string[],
+    job: JobOptions = LIVE,
+    o: { pad?: { before: number; after: number }; model?: "base" | "tiny" } = {},
+  ): Promise<number[]> {
+    const pad = o.pad ?? { before: EDGE_PAD, after: EDGE_PAD };
     await this.startRecognition();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
@@ -343,7 +349,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     const input = front ? frontEnd(padded, front) : padded;
     return this.recognitions.run(async () => {
       const result = await this.recogniserPool!.run(
-        { op: "score", audio: input, texts: [...texts] },
+        { op: "score", audio: input, texts: [...texts], fast: o.model === "tiny" },
         { transfer: [input.buffer as ArrayBuffer], urgent: job.class === "conversation" },
       );
       if (result.op !== "score") throw new Error("the recogniser answered another job");
@@ -360,7 +366,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     );
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
     this.batchesByModel[result.model]++;
-    return result.heard;
+    return result.heard.map((h) => ({ ...h, model: result.model }));
   }
 
   /**
@@ -615,7 +621,8 @@ export class IncrementalRecogniser {
   async scoreHeard(heard: Heard, texts: readonly string[]): Promise<number[]> {
     const window = this.windows.get(heard);
     if (!window || !this.engine.scoreTexts) return [];
-    return this.engine.scoreTexts(window, texts, LIVE);
+    // Scored by the model that heard them: tiny's probabilities are not base's.
+    return this.engine.scoreTexts(window, texts, LIVE, heard.model ? { model: heard.model } : {});
   }
 
   /** Whether nothing but silence was pushed after the first `samples` of the utterance. */
@@ -667,7 +674,7 @@ export class IncrementalRecogniser {
     const job = this.engine
       .recogniseHeard(window.slice(), options)
       .then((raw) => {
-        const heard = { text: normaliseTranscript(raw.text), logprob: raw.logprob };
+        const heard: Heard = { text: normaliseTranscript(raw.text), logprob: raw.logprob, ...(raw.model ? { model: raw.model } : {}) };
         // A finish() may have started a new utterance meanwhile; this text belongs to the old one.
         this.windows.set(heard, window);
         if (this.running === job) this.last = { samples, heard };

@@ -18,12 +18,12 @@ export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?
  */
 export type RecognitionRequest =
   | { op: "transcribe"; audios: Float32Array[]; fast?: boolean; beams?: number }
-  | { op: "score"; audio: Float32Array; texts: string[] }
+  | { op: "score"; audio: Float32Array; texts: string[]; fast?: boolean }
   | { op: "vad"; items: VadItem[] };
 
 /**
  * `model`: which Moonshine recognised the batch; `heard`: each utterance's text and how sure the model
- * is of it; `scores`: each text's mean log-probability per token for the audio (MoonshineModel.score, base).
+ * is of it; `scores`: each text's mean log-probability per token for the audio (MoonshineModel.score; by tiny when `fast` and the process holds it).
  */
 export type RecognitionResult =
   | { op: "transcribe"; heard: Heard[]; ms: number; model: "base" | "tiny" }
@@ -65,7 +65,7 @@ try {
           post({ type: "done", id: job.id, result: { op: "transcribe", heard, ms: performance.now() - started, model } });
         } else if (r.op === "score") {
           if (!moonshine) throw new Error("this worker holds no recogniser");
-          const scores = (await moonshine.score(r.audio, r.texts)).map((tokens) => tokens.reduce((a, b) => a + b, 0) / tokens.length);
+          const scores = (await (r.fast && tiny ? tiny : moonshine).score(r.audio, r.texts)).map((tokens) => tokens.reduce((a, b) => a + b, 0) / tokens.length);
           post({ type: "done", id: job.id, result: { op: "score", scores } });
         } else {
           if (!silero) throw new Error("this worker holds no voice activity detector");
