@@ -100,7 +100,7 @@ function summary(perRendition: Scored[][]) {
 }
 
 /** A device's microphone: 16 kHz → 48 kHz → Opus packets of 20 ms → decoded as the uplink does (at 16 kHz, or at 48 kHz then Speex). */
-async function throughUplink(pcm16k: Int16Array, decodeAt: 16_000 | 48_000): Promise<Int16Array> {
+export async function throughUplink(pcm16k: Int16Array, decodeAt: 16_000 | 48_000): Promise<Int16Array> {
   const module = await loadResampler();
   const up = new Resampler(module, RATE, 48_000);
   const at48 = up.process(pcm16k);

@@ -1,4 +1,5 @@
 /** `npm run bench -- <suite>…`: runs benchmark suites and prints one JSON document per suite. */
+import { backchannelBench } from "./backchannel.ts";
 import { capacityBench } from "./capacity.ts";
 import { compatBench } from "./compat.ts";
 import { eventsBench } from "./events.ts";
@@ -24,6 +25,7 @@ const suites: Record<string, () => Promise<unknown>> = {
   compat: compatBench,
   speech: speechBench,
   hearing: hearingBench,
+  backchannel: backchannelBench,
   webrtc: webrtcBench,
   "webrtc-health": webrtcHealthBench,
   "webrtc-connect": webrtcConnectBench,

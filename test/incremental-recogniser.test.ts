@@ -130,3 +130,66 @@ describe("live recognition at a pause: speculate() never answers with words olde
     assert.deepEqual(partials, ["Set a timer."], "the pause's words went out as partial text, not as the turn's");
   });
 });
+
+describe("sure words over a reply: the model's words against its backchannels (issue 50, fast layer)", () => {
+  /** A model whose recognitions answer `heard` at once, and that scores every backchannel text `backchannel`. */
+  class Scoring implements LiveRecognition {
+    heard: Heard = { text: "", logprob: 0 };
+    backchannel = -3;
+    scored: Array<{ samples: number; texts: readonly string[] }> = [];
+    recognised: number[] = [];
+    recogniserIdle(): boolean {
+      return true;
+    }
+    async recogniseHeard(audio: Float32Array): Promise<Heard> {
+      this.recognised.push(audio.length);
+      return { ...this.heard };
+    }
+    async recognise(audio: Float32Array): Promise<string> {
+      return (await this.recogniseHeard(audio)).text;
+    }
+    async scoreTexts(audio: Float32Array, texts: readonly string[]): Promise<number[]> {
+      this.scored.push({ samples: audio.length, texts });
+      return texts.map((_, i) => (i === 0 ? this.backchannel : this.backchannel - 1));
+    }
+  }
+
+  async function sure(model: Scoring): Promise<string> {
+    const port = embeddedTranscription({ createIncrementalRecogniser: () => new IncrementalRecogniser(model), languages: ["en"] }, new PartialGate());
+    const turn = port.open({ signal: new AbortController().signal, partial: () => {} });
+    turn.push(int16(speech(0.6)));
+    return turn.soFar({ sure: true });
+  }
+
+  test("words the model finds far likelier than any backchannel are sure; a hum's words it finds little likelier are not", async () => {
+    const model = new Scoring();
+    // "Stop." −0.12 against "Mm-hmm." −2.5 (measured: flite nova, 600 ms in).
+    model.heard = { text: "Stop.", logprob: -0.12 };
+    model.backchannel = -2.5;
+    assert.equal(await sure(model), "Stop.");
+    // The same audio the recognition heard is scored, with every backchannel text.
+    assert.deepEqual(model.scored.at(-1)!.samples, model.recognised.at(-1));
+    assert.ok(model.scored.at(-1)!.texts.includes("Mm-hmm."));
+    // A hum's words (flite nova, 600 ms in: −0.29, as sure as the old floor of −0.35 wanted) barely beat "Mm-hmm.".
+    model.heard = { text: "And in nature,", logprob: -0.29 };
+    model.backchannel = -1.5;
+    assert.equal(await sure(model), "");
+    // Likely enough against the backchannels, but too unlikely itself.
+    model.heard = { text: "Bill case", logprob: -1.22 };
+    model.backchannel = -4;
+    assert.equal(await sure(model), "");
+  });
+
+  test("no words, or only backchannels, need no scoring; without `sure` the words are taken as heard", async () => {
+    const model = new Scoring();
+    model.heard = { text: "Mm-hmm.", logprob: -0.2 };
+    assert.equal(await sure(model), "Mm-hmm.");
+    model.heard = { text: "And in nature,", logprob: -0.29 };
+    model.backchannel = -0.5;
+    const port = embeddedTranscription({ createIncrementalRecogniser: () => new IncrementalRecogniser(model), languages: ["en"] }, new PartialGate());
+    const turn = port.open({ signal: new AbortController().signal, partial: () => {} });
+    turn.push(int16(speech(0.6)));
+    assert.equal(await turn.soFar(), "And in nature.");
+    assert.equal(model.scored.length, 0);
+  });
+});

@@ -440,6 +440,9 @@ describe("end of turn: the English rules (voice.md §7)", () => {
       "Mmh and mh and m.",
       "Hmmmm.",
       "Uhm.",
+      // Moonshine's spellings of a hum with a break (issue 50).
+      "Mm-mm.",
+      "Hm-hm, m-hm.",
       "",
     ])
       assert.equal(contentWords(s), 0, s);

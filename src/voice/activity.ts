@@ -12,7 +12,7 @@ import type { VoiceEvents } from "./peer-events.ts";
 import { PreparedReply } from "./preemptive.ts";
 import type { ListeningTurn, RecognitionHooks, TurnEnd } from "./recognition.ts";
 import { failureCode, Reply, type ReplyOptions } from "./reply.ts";
-import { contentWords, englishRules, type TurnEndModel, turnEndSilence } from "./turn-end.ts";
+import { contentWords, englishRules, leadingSaid, type TurnEndModel, turnEndSilence } from "./turn-end.ts";
 import { countedSpeech, type TurnUsage } from "./usage.ts";
 
 /** The agent answering this device now, with the engines its conversations use. */
@@ -78,6 +78,10 @@ const SOUND_SLACK_MS = 40;
 const HOLD_SLACK_MS = 3_000;
 /** Speech over a reply whose words so far are not (surely) a barge-in is judged again this often while it lasts. */
 const RECHECK_MS = 200;
+/** Sure words heard while the sound goes on are judged again this soon, on more audio (are they heard again?). */
+const CONFIRM_MS = 100;
+/** The sound had ended (no sound this long) when its words were asked: they are all the words there will be. */
+const ENDED_MS = 100;
 /**
  * A reply paused at an onset that proved a noise resumes this long after it, unless voice activity
  * starts again meanwhile: the detector drops a candidate at its first quiet frame, and a word's
@@ -101,6 +105,8 @@ export interface Turn extends ListeningTurn {
   over?: Speaking | undefined;
   /** The words of that speech are being recognised (is it a barge-in?). */
   checking?: boolean;
+  /** The first two of the sure words of the last check, while the sound went on: heard again first, they are a barge-in. */
+  sureLead?: string[] | undefined;
   /** The reply it interrupted, whose heard text the history must have before this turn's reply is asked. */
   interrupted?: Promise<void>;
   /** The barge-in check at `interruption.min_ms`, and the resume deadline. */
@@ -354,29 +360,51 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   /**
    * Speech over a reply has lasted `interruption.min_ms`: the words recognised so far decide
    * (voice.md §7), while the user may still be speaking. Words that are not fillers, and that the
-   * recogniser is sure of (it hears words in half a hum: "mm-hmm" → "and then?"), make it a
-   * barge-in at once; otherwise they are judged again every RECHECK_MS while the sound goes on,
-   * and at its end the final transcript decides. The reply's audio is paused meanwhile.
+   * recogniser is sure of (it hears words in half a hum: "mm-hmm" → "and in nature"), make it a
+   * barge-in when the sound had ended when they were asked, or when they are heard again (their
+   * first two words first, in the words so far) on at least CONFIRM_MS more audio, asked as soon as
+   * there is that much: a hum's words change as it goes on
+   * ("and then?" → "and in nature," → "and in the chimney."), a request's stay ("call my" → "call my
+   * mother").
+   * Otherwise they are judged again every RECHECK_MS while the sound goes on, and at its end the
+   * sure words of the whole decide. The reply's audio is paused meanwhile.
    */
   private checkWords(turn: Turn): void {
     if (!turn.over || turn.ended || turn.checking || this.closed) return;
-    const again = () => turn.timers.push(this.o.clock.after(RECHECK_MS, () => this.guard(() => this.checkWords(turn))));
+    const again = (ms = RECHECK_MS) => turn.timers.push(this.o.clock.after(ms, () => this.guard(() => this.checkWords(turn))));
     // Quiet since before min_ms: the sound may have stopped (its end then decides) or paused between words (judged again).
     if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) {
       again();
       return;
     }
     turn.checking = true;
-    turn.transcription.soFar({ sure: true }).then(
+    const asked = this.o.clock.now();
+    const ended = asked - turn.soundAt >= ENDED_MS;
+    // Sure words to hear again: the words so far, as they come (the lead is the evidence), else the sure words.
+    const lead = turn.sureLead;
+    turn.sureLead = undefined;
+    turn.transcription.soFar(lead ? {} : { sure: true }).then(
       (text) =>
         this.guard(() => {
           turn.checking = false;
           if (!turn.over || turn.ended || this.closed) return;
-          if (contentWords(text) >= this.o.config.interruption.min_words) {
+          const said = leadingSaid(text);
+          if (lead) {
+            if (lead.every((w, i) => said[i] === w)) this.bargeIn(turn);
+            else again();
+            return;
+          }
+          if (contentWords(text) < this.o.config.interruption.min_words) {
+            again();
+            return;
+          }
+          if (ended) {
             this.bargeIn(turn);
             return;
           }
-          again();
+          turn.sureLead = said.slice(0, 2);
+          // Heard again on at least CONFIRM_MS more audio, as soon as there is that much.
+          again(Math.max(0, asked + CONFIRM_MS - this.o.clock.now()));
         }),
       () => {
         turn.checking = false;
@@ -419,8 +447,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     // says; words found later (a recogniser behind) still make it a barge-in.
     const over = turn.over;
     if (over) turn.timers.push(this.o.clock.after(Math.max(0, end.lastVoiced + resume_ms - this.o.clock.now()), () => this.guard(() => over.reply.resume())));
-    const transcript = turn.transcription.finish();
-    transcript.then(
+    // The sure words of the whole sound decide (a hum's final transcript may be words too: "And the mature men."); the turn's transcript is the final one.
+    turn.transcription.soFar({ sure: true }).then(
       (text) =>
         this.guard(() => {
           if (!turn.over || this.closed) return;
@@ -428,6 +456,7 @@ export class TurnActivity implements RecognitionHooks<Turn> {
             this.resume(turn);
             return;
           }
+          const transcript = turn.transcription.finish();
           this.bargeIn(turn);
           this.o.events.eos(`in-${turn.n}`, "audio", "user.audio");
           void this.respond(turn, end, transcript).catch((err: unknown) => this.o.log("warn", { err, turn: turn.n }, "voice turn failed"));

@@ -1,3 +1,4 @@
+import type { Heard } from "../ai/speech/moonshine.ts";
 import { MoonshineEngine } from "../ai/speech/recogniser.ts";
 import { FliteSpeechEngine } from "../ai/speech/speech.ts";
 import {
@@ -11,19 +12,37 @@ import {
   type TurnTranscriptionOptions,
   type VoiceActivityPort,
 } from "./engine-ports.ts";
+import { contentWords } from "./turn-end.ts";
 
 /** flite speaks a whole sentence at once; it is handed on in pieces this long, so that playout pulls it as it plays. */
 const PIECE_S = 0.25;
 /** Partial words while speaking only in turns longer than this (a short question's final comes at once). */
 const PARTIALS_AFTER_S = 3;
 /**
- * Words are sure (`soFar({ sure: true })`) when Moonshine's mean log-probability per token is at
- * least this (a mean token probability of 0.7). Measured on six flite voices and espeak-ng, 400, 600
- * and 800 ms into what they said: the words it hears in half a hum ("mm-hmm" → "And then?",
- * "I'm happy.", "And any?") score −0.36 to −0.92; the starts of real requests ("What is the?",
- * "Wait, what?", "Stop.") −0.02 to −0.35 mostly (a few "Stop." −0.42 to −0.55: sure a little later).
+ * Words are sure (`soFar({ sure: true })`) when Moonshine wrote them far more willingly than any
+ * backchannel: their mean log-probability per token beats the best of BACKCHANNEL_TEXTS, scored by
+ * the model against the same audio (teacher-forced), by at least SURE_MARGIN, and is at least
+ * SURE_FLOOR. Moonshine hears words in half a hum ("mm-hmm" → "And in nature,", "Amen.", "I'm
+ * here, Jim.") as surely as the starts of real requests ("Okay stop." −0.70, "Hold on." −0.50), so
+ * no floor alone separates them; but it also finds "Mm-hmm." nearly as likely for a hum, and most
+ * unlikely for "Stop." (docs/decisions.md, issue 50's Hearing; `npm run bench -- backchannel`:
+ * over ten voices, 400/600/800 ms into the sound and whole, the hums' words beat the best
+ * backchannel text by −0.2 to 2.4, mostly below 1.6; the real short barge-ins by 1.0 to 3.8,
+ * mostly above 1.6).
  */
-const SURE_LOGPROB = -0.35;
+const SURE_MARGIN = 1.6;
+const SURE_FLOOR = -0.9;
+/** Whether words heard with `heard.logprob` are sure against the scores of BACKCHANNEL_TEXTS for the same audio. */
+export function sureOf(heard: Pick<Heard, "logprob">, backchannels: readonly number[]): boolean {
+  return heard.logprob >= SURE_FLOOR && heard.logprob - Math.max(...backchannels) >= SURE_MARGIN;
+}
+
+/**
+ * The ways Moonshine writes a hum or a backchannel: of nineteen spellings scored, these were the
+ * likeliest for 99 % of the sounds (the others never more than 0.3 likelier); each costs a row of
+ * the scoring's decoder pass.
+ */
+export const BACKCHANNEL_TEXTS = ["Mm-hmm.", "Uh-huh.", "Mm-mm.", "M. M.", "Huh?", "Hm."];
 
 /** The embedded synthesiser (flite) as a speech port. */
 export function embeddedSpeech(engine: Pick<FliteSpeechEngine, "speak">): SpeechPort {
@@ -109,7 +128,13 @@ class EmbeddedTurn implements TurnTranscription {
     this.o.signal.throwIfAborted();
     const heard = await this.recogniser.heardSoFar();
     this.o.signal.throwIfAborted();
-    return o.sure && heard.logprob < SURE_LOGPROB ? "" : heard.text.trim();
+    const text = heard.text.trim();
+    // Only words need the model's word for them: no words are no barge-in anyway.
+    if (!o.sure || contentWords(text) === 0) return text;
+    if (heard.logprob < SURE_FLOOR) return "";
+    const scores = await this.recogniser.scoreHeard(heard, BACKCHANNEL_TEXTS);
+    this.o.signal.throwIfAborted();
+    return sureOf(heard, scores) ? text : "";
   }
 
   async finish(): Promise<string> {

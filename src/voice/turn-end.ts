@@ -57,15 +57,27 @@ export const BACKCHANNELS = set(
   `hm hmm hmmm mm mmm mhm mhmm mmhm mmhmm mm-hm mm-hmm hm-hm uh-huh uhhuh uh-uh huh uh um umm uhm er erm ah aha oh ooh yeah yea yep yes okay ok right`,
 );
 
-/** A hum however a recogniser spells it ("mmh", "mh", "hmmm", "uhm", "m"). */
-const HUM = /^(?:[mhn]+|u+[hm]+|[ae]+h+|[ae]+m+)$/;
+/** A hum however a recogniser spells it ("mmh", "mh", "hmmm", "uhm", "m", "mm-mm", "hm-hm"). */
+const HUM = /^(?:[mhn]+(?:-[mhn]+)*|u+[hm]+|[ae]+h+|[ae]+m+)$/;
 /** Words that join other words and say nothing alone ("mmh and mh"). */
 const JOINERS = new Set(["and", "or"]);
 
 /** How many words of `text` are not fillers, backchannels or hums (joiners count only beside another word). */
 export function contentWords(text: string): number {
+  return saidWords(text).length;
+}
+
+/** Those words of `text` (lower case, in order); none when only joiners are left. */
+export function saidWords(text: string): string[] {
   const said = words(text).filter((w) => !BACKCHANNELS.has(w) && !HUM.test(w));
-  return said.some((w) => !JOINERS.has(w)) ? said.length : 0;
+  return said.some((w) => !JOINERS.has(w)) ? said : [];
+}
+
+/** Those words without the joiners they begin with ("and in nature" → "in nature"). */
+export function leadingSaid(text: string): string[] {
+  const said = saidWords(text);
+  const from = said.findIndex((w) => !JOINERS.has(w));
+  return from < 0 ? [] : said.slice(from);
 }
 
 const CONJUNCTIONS = set(`and or but so because cause 'cause if when while although though unless until since that which whereas whether nor than as plus`);

@@ -162,6 +162,8 @@ export class FakeTurnTranscription implements TurnTranscription {
   private readonly sure: (turn: FakeTurnTranscription) => boolean;
   /** `soFar({ sure: true })` calls. */
   askedSure = 0;
+  /** Set by a test: the sound is over (a `sure` function may judge the whole differently from its parts). */
+  finishing = false;
 
   constructor(o: TurnTranscriptionOptions, answer: FakeTranscription["answer"], words: FakeTranscription["answer"], sure: FakeTranscription["sure"]) {
     this.o = o;

@@ -79,6 +79,46 @@ export class MoonshineModel {
   }
 
   /**
+   * How likely the model finds each of `texts` as the words of `audio` (16 kHz mono, -1..1): the mean
+   * log-probability per token, its end included, as `Heard.logprob` counts it, teacher-forced (the
+   * decoder reads each text's tokens in one pass, no search, no cache). Compared with the free
+   * decode's, it tells whether the model would as soon have written a backchannel ("Mm-hmm.") as
+   * the words it heard in half a hum.
+   */
+  async score(audio: Float32Array, texts: readonly string[]): Promise<number[][]> {
+    if (texts.length === 0 || audio.length < MOONSHINE_SAMPLE_RATE / 10) return texts.map(() => [Number.NEGATIVE_INFINITY]);
+    const encoded = (await this.encoder.run({ input_values: new ort.Tensor("float32", audio, [1, audio.length]) })).last_hidden_state!;
+    const rows = texts.length;
+    const tokens = texts.map((t) => llamaTokenizer.encode(t, false, true).filter((id) => id < this.vocabulary));
+    const length = Math.max(...tokens.map((t) => t.length)) + 1;
+    // Each row: the start token, the text's tokens, then its end (what follows the end is never read).
+    const ids = new BigInt64Array(rows * length).fill(BigInt(END_TOKEN));
+    tokens.forEach((t, r) => {
+      ids[r * length] = BigInt(START_TOKEN);
+      for (const [i, id] of t.entries()) ids[r * length + i + 1] = BigInt(id);
+    });
+    const { layers, heads, headDim } = this.shape;
+    const empty = new ort.Tensor("float32", new Float32Array(0), [rows, heads, 0, headDim]);
+    const past: Record<string, ort.Tensor> = {};
+    for (let layer = 0; layer < layers; layer++)
+      for (const side of ["decoder", "encoder"]) for (const kind of ["key", "value"]) past[`past_key_values.${layer}.${side}.${kind}`] = empty;
+    const result = await this.decoder.run({
+      input_ids: new ort.Tensor("int64", ids, [rows, length]),
+      encoder_hidden_states: rows === 1 ? encoded : repeatRows(encoded, rows),
+      use_cache_branch: new ort.Tensor("bool", Uint8Array.of(0), [1]),
+      ...past,
+    });
+    const logits = result.logits!.data as Float32Array;
+    const vocabulary = result.logits!.dims.at(-1)!;
+    return tokens.map((t, r) =>
+      Array.from({ length: t.length + 1 }, (_, i) => {
+        const at = logits.subarray((r * length + i) * vocabulary, (r * length + i + 1) * vocabulary);
+        return at[i < t.length ? t[i]! : END_TOKEN]! - logSumExp(at);
+      }),
+    );
+  }
+
+  /**
    * The texts of several utterances in one pass: the encoder over all of them at once (each padded
    * with silence to the longest, as every utterance is padded at its edges anyway), then the
    * decoder one token a step for all that have not ended, `beams` hypotheses each (beam search:
@@ -163,6 +203,8 @@ export interface DecodeOptions {
 export interface Heard {
   text: string;
   logprob: number;
+  /** Which model heard it, when the recogniser says (a conversation's batch may run on tiny). */
+  model?: MoonshineSize;
 }
 
 interface Hypothesis {

@@ -339,6 +339,35 @@ export class MoonshineEngine implements TranscriptionEngine {
     return this.recognitions.runBatched<Float32Array, Heard>(front ? frontEnd(padded, front) : padded, job);
   }
 
+  /**
+   * How likely Moonshine (`o.model`, base by default: the model that heard the words) finds each of
+   * `texts` as the words of `audio` (padded as `recogniseHeard` pads it): each text's mean
+   * log-probability per token (moonshine.ts, `score`). A job of the scheduler, as a recognition is.
+   */
+  async scoreTexts(
+    audio: Float32Array,
+    texts: readonly string[],
+    job: JobOptions = LIVE,
+    o: { pad?: { before: number; after: number }; model?: "base" | "tiny" } = {},
+  ): Promise<number[]> {
+    const pad = o.pad ?? { before: EDGE_PAD, after: EDGE_PAD };
+    await this.startRecognition();
+    const before = Math.round(pad.before * RATE);
+    const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
+    padded.set(audio, before);
+    const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
+    const input = front ? frontEnd(padded, front) : padded;
+    return this.recognitions.run(async () => {
+      const result = await this.recogniserPool!.run(
+        { op: "score", audio: input, texts: [...texts], fast: o.model === "tiny" },
+        { transfer: [input.buffer as ArrayBuffer], urgent: job.class === "conversation" },
+      );
+      if (result.op !== "score") throw new Error("the recogniser answered another job");
+      // A text the model cannot score at all (audio too short) is as unlikely as can be.
+      return result.scores.map((x) => (typeof x === "number" && Number.isFinite(x) ? x : Number.NEGATIVE_INFINITY));
+    }, job);
+  }
+
   /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
   private async recogniseBatch(audios: Float32Array[], cls: JobClass, fast: boolean): Promise<Heard[]> {
     const result = await this.recogniserPool!.run(
@@ -347,7 +376,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     );
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
     this.batchesByModel[result.model]++;
-    return result.heard;
+    return result.heard.map((h) => ({ ...h, model: result.model }));
   }
 
   /**
@@ -520,7 +549,7 @@ const BLOCK = 320;
 const MAX_UTTERANCE = 20;
 
 /** What a live stream's recogniser asks of the engine (the fast tests give a fake one). */
-export type LiveRecognition = Pick<MoonshineEngine, "recognise" | "recogniseHeard" | "recogniserIdle">;
+export type LiveRecognition = Pick<MoonshineEngine, "recognise" | "recogniseHeard" | "recogniserIdle"> & Partial<Pick<MoonshineEngine, "scoreTexts">>;
 
 /**
  * One live stream's utterance. Recognition of the whole utterance starts on its own as soon as
@@ -532,6 +561,8 @@ export class IncrementalRecogniser {
   private chunks: Float32Array[] = [];
   private samples = 0;
   private last: { samples: number; heard: Heard } | undefined;
+  /** The audio each recognition heard (for `scoreHeard`). */
+  private readonly windows = new WeakMap<Heard, Float32Array>();
   private running: Promise<Heard> | undefined;
   private runningSamples = 0;
   /** Samples of silence at the end of the utterance so far. */
@@ -609,6 +640,17 @@ export class IncrementalRecogniser {
     }
   }
 
+  /**
+   * How likely the model finds each of `texts` as the words of the audio it heard as `heard` (an
+   * answer of `heardSoFar()`), each a mean log-probability per token; [] when the engine cannot say.
+   */
+  async scoreHeard(heard: Heard, texts: readonly string[]): Promise<number[]> {
+    const window = this.windows.get(heard);
+    if (!window || !this.engine.scoreTexts) return [];
+    // Scored by the model that heard them: tiny's probabilities are not base's.
+    return this.engine.scoreTexts(window, texts, LIVE, heard.model ? { model: heard.model } : {});
+  }
+
   /** Whether nothing but silence was pushed after the first `samples` of the utterance. */
   private quietSince(samples: number): boolean {
     return quiet(this.audio().subarray(samples));
@@ -658,8 +700,9 @@ export class IncrementalRecogniser {
     const job = this.engine
       .recogniseHeard(window.slice(), options)
       .then((raw) => {
-        const heard = { text: normaliseTranscript(raw.text), logprob: raw.logprob };
+        const heard: Heard = { text: normaliseTranscript(raw.text), logprob: raw.logprob, ...(raw.model ? { model: raw.model } : {}) };
         // A finish() may have started a new utterance meanwhile; this text belongs to the old one.
+        this.windows.set(heard, window);
         if (this.running === job) this.last = { samples, heard };
         return heard;
       })

@@ -16,10 +16,19 @@ export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?
  * `transcribe`: one utterance per entry of `audios`, recognised in one batch (by tiny when `fast`
  * and the process holds it); `vad`: one stream per item, scored in one batch.
  */
-export type RecognitionRequest = { op: "transcribe"; audios: Float32Array[]; fast?: boolean; beams?: number } | { op: "vad"; items: VadItem[] };
+export type RecognitionRequest =
+  | { op: "transcribe"; audios: Float32Array[]; fast?: boolean; beams?: number }
+  | { op: "score"; audio: Float32Array; texts: string[]; fast?: boolean }
+  | { op: "vad"; items: VadItem[] };
 
-/** `model`: which Moonshine recognised the batch; `heard`: each utterance's text and how sure the model is of it. */
-export type RecognitionResult = { op: "transcribe"; heard: Heard[]; ms: number; model: "base" | "tiny" } | { op: "vad"; results: VadResult[] };
+/**
+ * `model`: which Moonshine recognised the batch; `heard`: each utterance's text and how sure the model
+ * is of it; `scores`: each text's mean log-probability per token for the audio (MoonshineModel.score; by tiny when `fast` and the process holds it).
+ */
+export type RecognitionResult =
+  | { op: "transcribe"; heard: Heard[]; ms: number; model: "base" | "tiny" }
+  | { op: "score"; scores: number[] }
+  | { op: "vad"; results: VadResult[] };
 
 const data = JSON.parse(process.env.PERCH_WORKER_DATA ?? "null") as RecognitionWorkerData;
 // With a callback, a send to a parent that has just gone (EPIPE) is reported there instead of as
@@ -54,6 +63,10 @@ try {
           const model = r.fast && tiny ? "tiny" : "base";
           const heard = await (model === "tiny" ? tiny! : moonshine).transcribeBatch(r.audios, r.beams !== undefined ? { beams: r.beams } : {});
           post({ type: "done", id: job.id, result: { op: "transcribe", heard, ms: performance.now() - started, model } });
+        } else if (r.op === "score") {
+          if (!moonshine) throw new Error("this worker holds no recogniser");
+          const scores = (await (r.fast && tiny ? tiny : moonshine).score(r.audio, r.texts)).map((tokens) => tokens.reduce((a, b) => a + b, 0) / tokens.length);
+          post({ type: "done", id: job.id, result: { op: "score", scores } });
         } else {
           if (!silero) throw new Error("this worker holds no voice activity detector");
           post({ type: "done", id: job.id, result: { op: "vad", results: await silero.probabilitiesBatch(r.items) } });
