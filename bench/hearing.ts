@@ -13,6 +13,7 @@
  *   (the incremental recogniser), the uplink decoded straight at 16 kHz and at 48 kHz resampled by
  *   Speex: right in how many of the renditions.
  * - The Compatible API's own voices saying "Turn on the kitchen lights." through the file route.
+ * - With `BENCH_HEARING_NOISY_LIVE=1`, the noisy set heard as a conversation's turns are.
  * - The real-time factor of the clean files, one at a time (recognition time / audio time).
  *
  * The engine has one recogniser process of two threads, as on a 2-core node. Run under
@@ -47,9 +48,31 @@ const CONFIGS: Record<string, HearingConfig> = {
   floor70: { options: { beams: 1, frontEnd: { ...FRONT_END, floorDbfs: -70 } } },
   floorOnly: { options: { beams: 1, frontEnd: { highPassHz: 0, speechDbfs: undefined, floorDbfs: -60 } } },
   "floor+beams3": { options: { beams: 3, frontEnd: FRONT_END } },
+  // Noise suppression of files (denoise.ts), on top of the defaults (front end, beams 3).
+  wiener: { options: { denoise: { method: "wiener", floorDb: -15, overSubtraction: 1 } } },
+  wiener10: { options: { denoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
+  wiener20: { options: { denoise: { method: "wiener", floorDb: -20, overSubtraction: 1.5 } } },
+  rnnoise: { options: { denoise: { method: "rnnoise", dryDb: undefined } } },
+  rnnoiseDry10: { options: { denoise: { method: "rnnoise", dryDb: -10 } } },
+  rnnoiseDry20: { options: { denoise: { method: "rnnoise", dryDb: -20 } } },
+  wienerFixed: { options: { denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  wienerFixed6: { options: { denoise: { method: "wiener", floorDb: -6, overSubtraction: 1, fixed: true } } },
+  wiener6: { options: { denoise: { method: "wiener", floorDb: -6, overSubtraction: 1 } } },
+  gate10: { options: { denoise: { method: "gate", depthDb: -10 } } },
+  gate20: { options: { denoise: { method: "gate", depthDb: -20 } } },
+  hpFixed: { options: { frontEnd: { ...FRONT_END, highPassHz: 150 }, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  // Turns (the incremental recogniser): the noise-shaped filter on each utterance.
+  turnFixed: { options: { turnDenoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  turnWiener10: { options: { turnDenoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
+  // The front end's corner on noisy speech (pink noise is loudest low down).
+  hp150: { options: { frontEnd: { ...FRONT_END, highPassHz: 150 } } },
+  hp250: { options: { frontEnd: { ...FRONT_END, highPassHz: 250 } } },
+  level18: { options: { frontEnd: { ...FRONT_END, speechDbfs: -18 } } },
 };
 const NAMES = (process.env.BENCH_HEARING_CONFIGS ?? "before,after").split(",");
 const SENTENCE_COUNT = Number(process.env.BENCH_HEARING_SENTENCES ?? 30);
+/** `BENCH_HEARING_NOISY_LIVE=1`: the noisy set also through a conversation's recogniser (turns). */
+const NOISY_LIVE = process.env.BENCH_HEARING_NOISY_LIVE === "1";
 const TOUR = "What is the weather like today?";
 const COMPAT = "Turn on the kitchen lights.";
 const FLITE = ["alloy", "echo", "fable", "onyx", "nova", "shimmer"];
@@ -167,6 +190,17 @@ export async function hearingBench(extra: Record<string, HearingConfig> = {}): P
         for (let at = 0; at < heard.length; at += 320) asr.push(heard.subarray(at, at + 320));
         return await asr.finish();
       };
+      // The noisy set as a conversation's turns hear it (the incremental recogniser, 20 ms pushes).
+      const noisyLiveScores: Scored[][] = [];
+      if (NOISY_LIVE)
+        for (const rendition of noisy) {
+          const scores: Scored[] = [];
+          for (const [i, pcm] of rendition.entries()) {
+            const heard = await live(pcm);
+            scores.push({ wer: wordErrorRate(items[i]!.text, heard), said: items[i]!.text, heard });
+          }
+          noisyLiveScores.push(scores);
+        }
       const right = (text: string, heard: string) => wordErrorRate(text, heard) === 0;
       const tourBy = async (rate: 16_000 | 48_000) => {
         const wrong: string[] = [];
@@ -191,6 +225,7 @@ export async function hearingBench(extra: Record<string, HearingConfig> = {}): P
         options,
         clean: summary(cleanScores),
         noisy_pink_10db: summary(noisyScores),
+        ...(NOISY_LIVE ? { noisy_pink_10db_live: summary(noisyLiveScores) } : {}),
         tour_question_live: { uplink_16k: await tourBy(16_000), uplink_48k_speex: await tourBy(48_000) },
         compat_voices_kitchen_lights: { right: compatRight, of: compatAudio.length * FLITE.length, wrong: compatWrong },
         file_rtf: round(recognising / 1000 / (audioSeconds * clean.length)),

@@ -31,6 +31,7 @@ import { availableParallelism } from "node:os";
 import { concatFloat32 } from "../../audio/samples.ts";
 import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
+import { type DenoiseOptions, denoise } from "./denoise.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
 import { FRONT_END, type FrontEndOptions, frontEnd } from "./front-end.ts";
 import { type LoadFailure, type LoadState, RetriedLoad } from "./loading.ts";
@@ -113,6 +114,10 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
    * reply ("Mm-hmm.", nova) was heard as "And in nature, then." (a barge-in) in the end-to-end test.
    */
   turnFrontEnd?: FrontEndOptions | false;
+  /** Noise suppression of a file's audio before its pieces are recognised (denoise.ts); `false` (default): none. */
+  denoise?: DenoiseOptions | false;
+  /** The same for each of a conversation's utterances (its noise from the utterance's quietest frames). Default `false`. */
+  turnDenoise?: DenoiseOptions | false;
   /** Moonshine base's model directory (default the package's). */
   modelDir?: string;
   /** Where the workers' warning goes (their priorities could not be set): the node's log. */
@@ -138,6 +143,8 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly turnBeams: number;
   private readonly frontEnd: FrontEndOptions | false;
   private readonly turnFrontEnd: FrontEndOptions | false;
+  private readonly denoise: DenoiseOptions | false;
+  private readonly turnDenoise: DenoiseOptions | false;
   private recogniserPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   private vadPool: WorkerPool<RecognitionRequest, RecognitionResult> | undefined;
   /** Each part starts on first use (or when asked to: `startRecognition`, `startActivity`); a failed load is tried again with back-off. */
@@ -161,6 +168,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.turnBeams = options.turnBeams ?? TURN_BEAMS;
     this.frontEnd = options.frontEnd ?? FRONT_END;
     this.turnFrontEnd = options.turnFrontEnd ?? false;
+    this.denoise = options.denoise ?? false;
+    this.turnDenoise = options.turnDenoise ?? false;
     const fastAfterMs = options.fastAfterMs ?? FAST_AFTER_MS;
     this.fast = fastAfterMs !== false;
     this.queue = new WorkQueue({ concurrency: options.concurrency ?? Math.max(2, this.processes), maxQueued: options.maxQueued ?? 16 });
@@ -324,7 +333,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     await this.startRecognition();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
-    padded.set(audio, before);
+    // A file's audio was denoised whole (run); a turn's utterance is here, before its padding (its noise is in its own quiet frames).
+    padded.set(job.class !== "api" && this.turnDenoise ? await denoise(audio, this.turnDenoise) : audio, before);
     const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
     return this.recognitions.runBatched<Float32Array, Heard>(front ? frontEnd(padded, front) : padded, job);
   }
@@ -429,10 +439,10 @@ export class MoonshineEngine implements TranscriptionEngine {
       o.signal,
     );
     if (decoded.sampleRate !== RATE) throw new Error("the decoder's rate is not the recogniser's");
-    const audio = decoded.samples;
-    const duration = audio.length / RATE;
-    const probabilities = await this.fileFrames(audio, job);
+    const duration = decoded.samples.length / RATE;
+    const probabilities = await this.fileFrames(decoded.samples, job);
     if (o.signal?.aborted) throw abortReason(o.signal);
+    const audio = this.denoise ? await denoise(decoded.samples, this.denoise, nonSpeech(probabilities)) : decoded.samples;
     progress.onStart?.(duration);
     const segments: TranscriptSegment[] = [];
     // The pieces depend on the audio alone (the same words whatever the load); up to one a process
@@ -474,6 +484,22 @@ export class MoonshineEngine implements TranscriptionEngine {
   createIncrementalRecogniser(): IncrementalRecogniser {
     return new IncrementalRecogniser(this);
   }
+}
+
+/** Below this probability a detector's frame is no speech; a frame counts as noise when its neighbours are none either. */
+const NOISE_PROBABILITY = 0.2;
+const NOISE_MARGIN_FRAMES = 3;
+
+/** Whether the audio around a sample is noise alone by the detector's frame probabilities (a file's). */
+export function nonSpeech(probabilities: Float32Array): (sample: number) => boolean {
+  const quiet = new Uint8Array(probabilities.length);
+  for (let f = 0; f < probabilities.length; f++) {
+    let none = true;
+    for (let g = Math.max(0, f - NOISE_MARGIN_FRAMES); g <= Math.min(probabilities.length - 1, f + NOISE_MARGIN_FRAMES) && none; g++)
+      none = probabilities[g]! < NOISE_PROBABILITY;
+    quiet[f] = none ? 1 : 0;
+  }
+  return (sample) => quiet[Math.floor(sample / VAD_FRAME)] === 1;
 }
 
 /** Voice activity over live audio: frames are scored in the VAD worker, ahead of file work. */
