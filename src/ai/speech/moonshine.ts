@@ -12,7 +12,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import llamaTokenizer from "llama-tokenizer-js";
 import * as ort from "onnxruntime-node";
-import { type Combine, type DecoderStep, decodeJointly, END_TOKEN, logSumExp, meanLogprob, START_TOKEN } from "./beam-search.ts";
+import { type Combine, type DecoderStep, decodeJointly, END_TOKEN, jointLogprobs, meanLogprob, START_TOKEN } from "./beam-search.ts";
 import { IDENTITY, renderView, type View } from "./views.ts";
 
 /**
@@ -85,18 +85,27 @@ export class MoonshineModel {
    * decode's, it tells whether the model would as soon have written a backchannel ("Mm-hmm.") as
    * the words it heard in half a hum.
    */
-  async score(audio: Float32Array, texts: readonly string[]): Promise<number[][]> {
+  async score(audio: Float32Array, texts: readonly string[], o: Pick<DecodeOptions, "views" | "prepare"> = {}): Promise<number[][]> {
     if (texts.length === 0 || audio.length < MOONSHINE_SAMPLE_RATE / 10) return texts.map(() => [Number.NEGATIVE_INFINITY]);
-    const encoded = (await this.encoder.run({ input_values: new ort.Tensor("float32", audio, [1, audio.length]) })).last_hidden_state!;
-    const rows = texts.length;
+    // Heard as the recognition heard it: every view (views.ts), the tokens' log-probabilities on their joint distribution.
+    const views = o.views && o.views.length > 0 ? o.views : [IDENTITY];
+    const k = views.length;
+    const prepare = o.prepare ?? ((a: Float32Array) => a);
+    const seen = await Promise.all(views.map(async (view) => prepare(await renderView(audio, view))));
+    const input = new Float32Array(k * audio.length);
+    for (const [v, a] of seen.entries()) input.set(a, v * audio.length);
+    const encoded = (await this.encoder.run({ input_values: new ort.Tensor("float32", input, [k, audio.length]) })).last_hidden_state!;
+    // Row t·k + v: text t heard in view v.
+    const rows = texts.length * k;
     const tokens = texts.map((t) => llamaTokenizer.encode(t, false, true).filter((id) => id < this.vocabulary));
     const length = Math.max(...tokens.map((t) => t.length)) + 1;
     // Each row: the start token, the text's tokens, then its end (what follows the end is never read).
     const ids = new BigInt64Array(rows * length).fill(BigInt(END_TOKEN));
-    tokens.forEach((t, r) => {
+    for (let r = 0; r < rows; r++) {
+      const t = tokens[Math.floor(r / k)]!;
       ids[r * length] = BigInt(START_TOKEN);
       for (const [i, id] of t.entries()) ids[r * length + i + 1] = BigInt(id);
-    });
+    }
     const { layers, heads, headDim } = this.shape;
     const empty = new ort.Tensor("float32", new Float32Array(0), [rows, heads, 0, headDim]);
     const past: Record<string, ort.Tensor> = {};
@@ -104,16 +113,29 @@ export class MoonshineModel {
       for (const side of ["decoder", "encoder"]) for (const kind of ["key", "value"]) past[`past_key_values.${layer}.${side}.${kind}`] = empty;
     const result = await this.decoder.run({
       input_ids: new ort.Tensor("int64", ids, [rows, length]),
-      encoder_hidden_states: rows === 1 ? encoded : pickRows(encoded, new Array<number>(rows).fill(0)),
+      encoder_hidden_states:
+        rows === k
+          ? encoded
+          : pickRows(
+              encoded,
+              Array.from({ length: rows }, (_, r) => r % k),
+            ),
       use_cache_branch: new ort.Tensor("bool", Uint8Array.of(0), [1]),
       ...past,
     });
     const logits = result.logits!.data as Float32Array;
     const vocabulary = result.logits!.dims.at(-1)!;
-    return tokens.map((t, r) =>
+    const joint = new Float32Array(vocabulary);
+    return tokens.map((t, text) =>
       Array.from({ length: t.length + 1 }, (_, i) => {
-        const at = logits.subarray((r * length + i) * vocabulary, (r * length + i + 1) * vocabulary);
-        return at[i < t.length ? t[i]! : END_TOKEN]! - logSumExp(at);
+        const at = (v: number) => {
+          const r = text * k + v;
+          return logits.subarray((r * length + i) * vocabulary, (r * length + i + 1) * vocabulary);
+        };
+        return jointLogprobs(
+          Array.from({ length: k }, (_, v) => at(v)),
+          joint,
+        )[i < t.length ? t[i]! : END_TOKEN]!;
       }),
     );
   }
@@ -273,6 +295,8 @@ export interface Heard {
   logprob: number;
   /** Which model heard it, when the recogniser says (a conversation's batch may run on tiny). */
   model?: MoonshineSize;
+  /** The views it was heard in (views.ts), when the recogniser says: its sure-words scores are taken in the same. */
+  views?: View[];
 }
 
 /** A tensor whose row i is row `source[i]` of `t` ([source.length, …]). */
