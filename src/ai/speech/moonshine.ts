@@ -165,42 +165,14 @@ export class MoonshineModel {
     const prepare = o.prepare ?? ((a: Float32Array) => a);
     const seen = await Promise.all(heard.flatMap((i) => views.map(async (view) => prepare(await renderView(audios[i]!, view)))));
     const maxTokens = heard.map((i) => Math.max(4, Math.ceil((audios[i]!.length / MOONSHINE_SAMPLE_RATE) * TOKENS_PER_SECOND)));
-    // Each model of the ensemble (this one, and `o.with`'s) hears every view; a beam's rows are each model's views in turn.
-    const members = [this, ...(o.with ? [o.with] : [])];
-    const parts = await Promise.all(members.map((model) => model.member(seen, n, beams, k)));
-    const m = parts.length;
-    const width = m * k;
-    const rows = n * beams * width;
+    const rows = await this.jointRows(seen, n, beams, k);
     const best = await decodeJointly({
       maxTokens,
       beams,
-      views: width,
+      views: k,
       ...(o.combine ? { combine: o.combine } : {}),
-      run: async (next, step) => {
-        // Member p's row (u·beams + b)·k + v is the ensemble's row (u·beams + b)·width + p·k + v.
-        const own = (p: number, r: number) => Math.floor(r / k) * width + p * k + (r % k);
-        let vocabulary = 0;
-        let logits = new Float32Array(0);
-        for (const [p, part] of parts.entries()) {
-          const step_ = await part.run(
-            Array.from({ length: part.rows }, (_, r) => next[own(p, r)]!),
-            step,
-          );
-          if (p === 0) {
-            vocabulary = step_.vocabulary;
-            logits = new Float32Array(rows * vocabulary);
-          }
-          for (let r = 0; r < part.rows; r++) logits.set(step_.logits.subarray(r * vocabulary, (r + 1) * vocabulary), own(p, r) * vocabulary);
-        }
-        return { logits, vocabulary };
-      },
-      reorder: (source, step) => {
-        for (const [p, part] of parts.entries())
-          part.reorder(
-            Array.from({ length: part.rows }, (_, r) => Math.floor(source[Math.floor(r / k) * width + p * k + (r % k)]! / width) * k + (r % k)),
-            step,
-          );
-      },
+      run: (next, step) => rows.run(next, step),
+      reorder: (source, step) => rows.reorder(source, step),
     });
     heard.forEach((i, u) => {
       const hypothesis = best[u]!;
@@ -220,10 +192,10 @@ export class MoonshineModel {
   }
 
   /**
-   * This model's part of a joint decoding: `seen` (n utterances × k views, each row u·k + v) encoded
-   * at once, padded to the longest, and a decoder of n × beams × k rows with its own cache.
+   * The model's side of a joint decoding: `seen` (n utterances × k views, each row u·k + v) encoded
+   * at once, padded to the longest, and a decoder of n × beams × k rows with its cache.
    */
-  private async member(seen: readonly Float32Array[], n: number, beams: number, k: number): Promise<Member> {
+  private async jointRows(seen: readonly Float32Array[], n: number, beams: number, k: number): Promise<JointRows> {
     const longest = Math.max(...seen.map((a) => a.length));
     const input = new Float32Array(seen.length * longest);
     for (const [row, audio] of seen.entries()) input.set(audio, row * longest);
@@ -269,8 +241,8 @@ export class MoonshineModel {
   }
 }
 
-/** One model's rows of a joint decoding: a step of its decoder, and its cache's rows reordered. */
-interface Member {
+/** A joint decoding's rows in the model: a step of its decoder, and its cache's rows reordered. */
+interface JointRows {
   rows: number;
   run(next: readonly number[], step: number): Promise<DecoderStep>;
   reorder(source: readonly number[], step: number): void;
@@ -285,8 +257,6 @@ export interface DecodeOptions {
   prepare?: (audio: Float32Array) => Float32Array;
   /** How the views' distributions are combined: their log-probabilities averaged (`product`, the default) or their probabilities (`mixture`). */
   combine?: Combine;
-  /** Another model decoding jointly with this one (Moonshine tiny beside base), hearing the same views. */
-  with?: MoonshineModel;
 }
 
 /** An utterance's text and the model's mean log-probability per token of it (its end included): how sure it is. */
