@@ -22,12 +22,19 @@
 import { availableParallelism, loadavg } from "node:os";
 import { FRONT_END } from "../src/ai/speech/front-end.ts";
 import { createSpeechEngine, createTranscriptionEngine, type MoonshineEngineOptions } from "../src/ai/speech/index.ts";
+import { IDENTITY, type View } from "../src/ai/speech/views.ts";
 import { loadResampler, Resampler } from "../src/audio/resampler.ts";
 import { wavFile } from "../src/audio/samples.ts";
 import { FRAME_SAMPLES, OpusCodec } from "../src/voice/opus.ts";
 import { wordErrorRate } from "../test/support/speech.ts";
 import { type Item, RATE, RENDITIONS, render, speechSet } from "./speech-set.ts";
 import { round } from "./support.ts";
+
+/** Views for ensemble decoding: phases against the encoder's stride of 384 samples, speeds, dithers, and a mix. */
+const SHIFTS: View[] = [IDENTITY, { shift: 128 }, { shift: 256 }];
+const SPEEDS: View[] = [IDENTITY, { speed: 0.97 }, { speed: 1.03 }];
+const DITHERS: View[] = [IDENTITY, { seed: 1, ditherDbfs: -60 }, { seed: 2, ditherDbfs: -60 }];
+const MIX5: View[] = [IDENTITY, { shift: 128 }, { shift: 256 }, { speed: 0.97 }, { speed: 1.03 }];
 
 /** A configuration: the engine's options, and what is done to each file's audio before it is sent (experiments). */
 export interface HearingConfig {
@@ -48,6 +55,15 @@ const CONFIGS: Record<string, HearingConfig> = {
   floor70: { options: { beams: 1, frontEnd: { ...FRONT_END, floorDbfs: -70 } } },
   floorOnly: { options: { beams: 1, frontEnd: { highPassHz: 0, speechDbfs: undefined, floorDbfs: -60 } } },
   "floor+beams3": { options: { beams: 3, frontEnd: FRONT_END } },
+  // Ensemble decoding (views.ts): each utterance heard several ways, decoded jointly. `one-view`
+  // pins the engine's file and turn decoding before ensembles (beams 3 and the front end for files, greedy turns).
+  "one-view": { options: { beams: 3, frontEnd: FRONT_END, views: [IDENTITY], turnBeams: 1, turnViews: [IDENTITY] } },
+  "shift3+beams3": { options: { beams: 3, frontEnd: FRONT_END, views: SHIFTS, turnViews: SHIFTS } },
+  "shift3+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: SHIFTS, turnViews: SHIFTS } },
+  "speed3+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: SPEEDS, turnViews: SPEEDS } },
+  "dither3+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: DITHERS, turnViews: DITHERS } },
+  "mix5+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: MIX5, turnViews: MIX5 } },
+  "mix5+beams2": { options: { beams: 2, frontEnd: FRONT_END, views: MIX5, turnViews: MIX5 } },
   // Noise suppression of files (denoise.ts), on top of the defaults (front end, beams 3).
   wiener: { options: { denoise: { method: "wiener", floorDb: -15, overSubtraction: 1 } } },
   wiener10: { options: { denoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
@@ -64,6 +80,10 @@ const CONFIGS: Record<string, HearingConfig> = {
   // Turns (the incremental recogniser): the noise-shaped filter on each utterance.
   turnFixed: { options: { turnDenoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
   turnWiener10: { options: { turnDenoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
+  // Turns heard through a front end (off for them by default): the files', without its floor, 150 Hz.
+  turnFE: { options: { turnFrontEnd: FRONT_END } },
+  turnLevel: { options: { turnFrontEnd: { ...FRONT_END, floorDbfs: undefined } } },
+  turnHp150: { options: { turnFrontEnd: { ...FRONT_END, highPassHz: 150, floorDbfs: undefined } } },
   // The front end's corner on noisy speech (pink noise is loudest low down).
   hp150: { options: { frontEnd: { ...FRONT_END, highPassHz: 150 } } },
   hp250: { options: { frontEnd: { ...FRONT_END, highPassHz: 250 } } },

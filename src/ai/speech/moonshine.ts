@@ -12,6 +12,8 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import llamaTokenizer from "llama-tokenizer-js";
 import * as ort from "onnxruntime-node";
+import { type Combine, type DecoderStep, decodeJointly, END_TOKEN, logSumExp, meanLogprob, START_TOKEN } from "./beam-search.ts";
+import { IDENTITY, renderView, type View } from "./views.ts";
 
 /**
  * The two sizes in the package: base (8 decoder layers, 8 key/value heads of 52 dimensions, about
@@ -19,8 +21,6 @@ import * as ort from "onnxruntime-node";
  * base would answer too late (recogniser.ts). The shape is read from the decoder's inputs.
  */
 export type MoonshineSize = "base" | "tiny";
-const START_TOKEN = 1;
-const END_TOKEN = 2;
 /** Moonshine is trained on 16 kHz mono audio of 0.1 s to 64 s (it does best below ~30 s). */
 export const MOONSHINE_SAMPLE_RATE = 16_000;
 /**
@@ -104,7 +104,7 @@ export class MoonshineModel {
       for (const side of ["decoder", "encoder"]) for (const kind of ["key", "value"]) past[`past_key_values.${layer}.${side}.${kind}`] = empty;
     const result = await this.decoder.run({
       input_ids: new ort.Tensor("int64", ids, [rows, length]),
-      encoder_hidden_states: rows === 1 ? encoded : repeatRows(encoded, rows),
+      encoder_hidden_states: rows === 1 ? encoded : pickRows(encoded, new Array<number>(rows).fill(0)),
       use_cache_branch: new ort.Tensor("bool", Uint8Array.of(0), [1]),
       ...past,
     });
@@ -125,78 +125,146 @@ export class MoonshineModel {
    * the most likely token sequence, not the most likely token at each step; 1 is greedy). On a CPU
    * a step costs little more for four rows than for one, so a queue of turns is answered in a
    * fraction of the time, and a few beams cost little more than one.
+   *
+   * With `views` (views.ts), each utterance is heard several ways, each view a row of the encoder's
+   * batch; every beam then has one decoder row per view, and its next token is chosen on the views'
+   * joint distribution (beam-search.ts), so that all of a beam's rows say the same tokens.
    */
   async transcribeBatch(audios: readonly Float32Array[], o: DecodeOptions = {}): Promise<Heard[]> {
     const beams = Math.max(1, Math.floor(o.beams ?? 1));
+    const views = o.views && o.views.length > 0 ? o.views : [IDENTITY];
+    const k = views.length;
     // Less than ~0.1 s is nothing the model can hear (and its convolutions need some samples).
     const heard = audios.flatMap((audio, i) => (audio.length >= MOONSHINE_SAMPLE_RATE / 10 ? [i] : []));
     const out: Heard[] = audios.map(() => ({ text: "", logprob: 0 }));
     if (heard.length === 0) return out;
     const n = heard.length;
-    const longest = Math.max(...heard.map((i) => audios[i]!.length));
-    const input = new Float32Array(n * longest);
-    for (const [row, i] of heard.entries()) input.set(audios[i]!, row * longest);
+    // Encoder rows: utterance u's view v at row u·k + v.
+    const prepare = o.prepare ?? ((a: Float32Array) => a);
+    const seen = await Promise.all(heard.flatMap((i) => views.map(async (view) => prepare(await renderView(audios[i]!, view)))));
     const maxTokens = heard.map((i) => Math.max(4, Math.ceil((audios[i]!.length / MOONSHINE_SAMPLE_RATE) * TOKENS_PER_SECOND)));
-    const encoded = (await this.encoder.run({ input_values: new ort.Tensor("float32", input, [n, longest]) })).last_hidden_state!;
-    // Each utterance's encoding repeated for its beams: row u·beams + b.
-    const hidden = beams === 1 ? encoded : repeatRows(encoded, beams);
-    const rows = n * beams;
+    // Each model of the ensemble (this one, and `o.with`'s) hears every view; a beam's rows are each model's views in turn.
+    const members = [this, ...(o.with ? [o.with] : [])];
+    const parts = await Promise.all(members.map((model) => model.member(seen, n, beams, k)));
+    const m = parts.length;
+    const width = m * k;
+    const rows = n * beams * width;
+    const best = await decodeJointly({
+      maxTokens,
+      beams,
+      views: width,
+      ...(o.combine ? { combine: o.combine } : {}),
+      run: async (next, step) => {
+        // Member p's row (u·beams + b)·k + v is the ensemble's row (u·beams + b)·width + p·k + v.
+        const own = (p: number, r: number) => Math.floor(r / k) * width + p * k + (r % k);
+        let vocabulary = 0;
+        let logits = new Float32Array(0);
+        for (const [p, part] of parts.entries()) {
+          const step_ = await part.run(
+            Array.from({ length: part.rows }, (_, r) => next[own(p, r)]!),
+            step,
+          );
+          if (p === 0) {
+            vocabulary = step_.vocabulary;
+            logits = new Float32Array(rows * vocabulary);
+          }
+          for (let r = 0; r < part.rows; r++) logits.set(step_.logits.subarray(r * vocabulary, (r + 1) * vocabulary), own(p, r) * vocabulary);
+        }
+        return { logits, vocabulary };
+      },
+      reorder: (source, step) => {
+        for (const [p, part] of parts.entries())
+          part.reorder(
+            Array.from({ length: part.rows }, (_, r) => Math.floor(source[Math.floor(r / k) * width + p * k + (r % k)]! / width) * k + (r % k)),
+            step,
+          );
+      },
+    });
+    heard.forEach((i, u) => {
+      const hypothesis = best[u]!;
+      out[i] = {
+        // Ids past the Llama vocabulary (Moonshine pads it to 32768) are never text.
+        text: llamaTokenizer
+          .decode(
+            hypothesis.tokens.filter((t) => t < this.vocabulary),
+            false,
+            true,
+          )
+          .trim(),
+        logprob: hypothesis.tokens.length > 0 ? meanLogprob(hypothesis) : 0,
+      };
+    });
+    return out;
+  }
+
+  /**
+   * This model's part of a joint decoding: `seen` (n utterances × k views, each row u·k + v) encoded
+   * at once, padded to the longest, and a decoder of n × beams × k rows with its own cache.
+   */
+  private async member(seen: readonly Float32Array[], n: number, beams: number, k: number): Promise<Member> {
+    const longest = Math.max(...seen.map((a) => a.length));
+    const input = new Float32Array(seen.length * longest);
+    for (const [row, audio] of seen.entries()) input.set(audio, row * longest);
+    const encoded = (await this.encoder.run({ input_values: new ort.Tensor("float32", input, [seen.length, longest]) })).last_hidden_state!;
+    // Decoder rows: utterance u's beam b's view v at row (u·beams + b)·k + v.
+    const rows = n * beams * k;
+    const hidden =
+      rows === seen.length
+        ? encoded
+        : pickRows(
+            encoded,
+            Array.from({ length: rows }, (_, row) => Math.floor(row / (beams * k)) * k + (row % k)),
+          );
     const past: Record<string, ort.Tensor> = {};
     const { layers, heads, headDim } = this.shape;
     const empty = new ort.Tensor("float32", new Float32Array(0), [rows, heads, 0, headDim]);
     for (let layer = 0; layer < layers; layer++)
       for (const side of ["decoder", "encoder"]) for (const kind of ["key", "value"]) past[`past_key_values.${layer}.${side}.${kind}`] = empty;
-    const searches = heard.map((_, u) => new BeamSearch(beams, maxTokens[u]!));
-    const next = new Array<number>(rows).fill(START_TOKEN);
-    for (let step = 0; step < Math.max(...maxTokens) && searches.some((s) => !s.done); step++) {
-      const result = await this.decoder.run({
-        input_ids: new ort.Tensor("int64", BigInt64Array.from(next, BigInt), [rows, 1]),
-        encoder_hidden_states: hidden,
-        use_cache_branch: new ort.Tensor("bool", Uint8Array.of(step > 0 ? 1 : 0), [1]),
-        ...past,
-      });
-      const logits = result.logits!.data as Float32Array;
-      const vocabulary = result.logits!.dims.at(-1)!;
-      // Each row's beam goes on from a beam of the same utterance: the rows of the cache follow.
-      const source = new Array<number>(rows);
-      searches.forEach((search, u) => {
-        const chosen = search.step(step, (b) => logits.subarray((u * beams + b) * vocabulary, (u * beams + b + 1) * vocabulary));
-        for (let b = 0; b < beams; b++) {
-          source[u * beams + b] = u * beams + chosen[b]!.from;
-          next[u * beams + b] = chosen[b]!.token;
+    let result: ort.InferenceSession.OnnxValueMapType = {};
+    return {
+      rows,
+      run: async (next, step) => {
+        result = await this.decoder.run({
+          input_ids: new ort.Tensor("int64", BigInt64Array.from(next, BigInt), [rows, 1]),
+          encoder_hidden_states: hidden,
+          use_cache_branch: new ort.Tensor("bool", Uint8Array.of(step > 0 ? 1 : 0), [1]),
+          ...past,
+        });
+        return { logits: result.logits!.data as Float32Array, vocabulary: result.logits!.dims.at(-1)! };
+      },
+      reorder: (source, step) => {
+        const moved = source.some((from, r) => from !== r);
+        // The decoder's own cache grows every step; the cross-attention cache is computed once, at step 0.
+        for (let layer = 0; layer < layers; layer++) {
+          for (const kind of ["key", "value"]) {
+            const own = result[`present.${layer}.decoder.${kind}`]!;
+            past[`past_key_values.${layer}.decoder.${kind}`] = moved ? pickRows(own, source) : own;
+            if (step === 0) past[`past_key_values.${layer}.encoder.${kind}`] = result[`present.${layer}.encoder.${kind}`]!;
+          }
         }
-      });
-      const reorder = source.some((from, row) => from !== row);
-      // The decoder's own cache grows every step; the cross-attention cache is computed once, at step 0.
-      for (let layer = 0; layer < layers; layer++) {
-        for (const kind of ["key", "value"]) {
-          const own = result[`present.${layer}.decoder.${kind}`]!;
-          past[`past_key_values.${layer}.decoder.${kind}`] = reorder ? gatherRows(own, source) : own;
-          if (step === 0) past[`past_key_values.${layer}.encoder.${kind}`] = result[`present.${layer}.encoder.${kind}`]!;
-        }
-      }
-    }
-    heard.forEach((i, u) => {
-      const best = searches[u]!.best();
-      out[i] = {
-        // Ids past the Llama vocabulary (Moonshine pads it to 32768) are never text.
-        text: llamaTokenizer
-          .decode(
-            best.tokens.filter((t) => t < this.vocabulary),
-            false,
-            true,
-          )
-          .trim(),
-        logprob: best.tokens.length > 0 ? best.logprob / (best.tokens.length + 1) : 0,
-      };
-    });
-    return out;
+      },
+    };
   }
+}
+
+/** One model's rows of a joint decoding: a step of its decoder, and its cache's rows reordered. */
+interface Member {
+  rows: number;
+  run(next: readonly number[], step: number): Promise<DecoderStep>;
+  reorder(source: readonly number[], step: number): void;
 }
 
 export interface DecodeOptions {
   /** Hypotheses kept at each step (beam search); 1 (the default) is greedy. */
   beams?: number;
+  /** The ways each utterance is heard, decoded jointly (views.ts); default: the audio as it is. */
+  views?: readonly View[];
+  /** What is done to each view before the encoder hears it (the front end). */
+  prepare?: (audio: Float32Array) => Float32Array;
+  /** How the views' distributions are combined: their log-probabilities averaged (`product`, the default) or their probabilities (`mixture`). */
+  combine?: Combine;
+  /** Another model decoding jointly with this one (Moonshine tiny beside base), hearing the same views. */
+  with?: MoonshineModel;
 }
 
 /** An utterance's text and the model's mean log-probability per token of it (its end included): how sure it is. */
@@ -207,122 +275,15 @@ export interface Heard {
   model?: MoonshineSize;
 }
 
-interface Hypothesis {
-  tokens: number[];
-  /** Sum of the tokens' log-probabilities. */
-  logprob: number;
-}
-
-/**
- * One utterance's beam search: `width` hypotheses go on at each step, the best continuations of
- * all of them; a hypothesis that ends (its end token, a loop, the length bound) is put aside, and
- * the search is done once `width` have ended or none left can beat the best that ended (by mean
- * log-probability per token, so that short and long texts compare).
- */
-class BeamSearch {
-  private readonly width: number;
-  private readonly maxTokens: number;
-  private alive: Hypothesis[] = [{ tokens: [], logprob: 0 }];
-  private readonly ended: Hypothesis[] = [];
-  done = false;
-
-  constructor(width: number, maxTokens: number) {
-    this.width = width;
-    this.maxTokens = maxTokens;
-  }
-
-  /** The next token of each of the `width` rows, and the row (beam) it continues. */
-  step(step: number, logitsOf: (beam: number) => Float32Array): Array<{ from: number; token: number }> {
-    const keep = (): Array<{ from: number; token: number }> => Array.from({ length: this.width }, (_, b) => ({ from: b, token: END_TOKEN }));
-    if (this.done) return keep();
-    const candidates: Array<{ from: number; token: number; logprob: number }> = [];
-    // At the first step every row is the same start: only the first is expanded.
-    const live = step === 0 ? 1 : this.alive.length;
-    for (let b = 0; b < live; b++) {
-      const logits = logitsOf(b);
-      const norm = logSumExp(logits);
-      for (const token of topTokens(logits, this.width + 1)) candidates.push({ from: b, token, logprob: this.alive[b]!.logprob + logits[token]! - norm });
-    }
-    candidates.sort((a, b) => b.logprob - a.logprob);
-    const alive: Hypothesis[] = [];
-    const rows: Array<{ from: number; token: number }> = [];
-    for (const c of candidates) {
-      if (alive.length >= this.width) break;
-      const parent = this.alive[c.from]!;
-      if (c.token === END_TOKEN) {
-        this.ended.push({ tokens: parent.tokens, logprob: c.logprob });
-        continue;
-      }
-      const tokens = [...parent.tokens, c.token];
-      // A decoder caught in a loop (on noise: "0000…", "the the the…") stops, keeping one repetition.
-      const loop = repetition(tokens);
-      if (loop > 0 || tokens.length >= this.maxTokens) {
-        this.ended.push({ tokens: loop > 0 ? tokens.slice(0, tokens.length - loop) : tokens, logprob: c.logprob });
-        continue;
-      }
-      alive.push({ tokens, logprob: c.logprob });
-      rows.push({ from: c.from, token: c.token });
-    }
-    this.alive = alive;
-    if (alive.length === 0 || this.ended.length >= this.width) this.done = true;
-    while (rows.length < this.width) rows.push({ from: 0, token: END_TOKEN });
-    if (this.done) return keep();
-    return rows;
-  }
-
-  best(): Hypothesis {
-    const all = this.ended.length > 0 ? this.ended : this.alive;
-    return all.reduce((a, b) => (mean(b) > mean(a) ? b : a));
-  }
-}
-
-function mean(h: Hypothesis): number {
-  return h.logprob / (h.tokens.length + 1);
-}
-
-function logSumExp(x: Float32Array): number {
-  let max = Number.NEGATIVE_INFINITY;
-  for (let i = 0; i < x.length; i++) if (x[i]! > max) max = x[i]!;
-  let sum = 0;
-  for (let i = 0; i < x.length; i++) sum += Math.exp(x[i]! - max);
-  return max + Math.log(sum);
-}
-
-/** The indices of the `k` largest logits, largest first. */
-function topTokens(logits: Float32Array, k: number): number[] {
-  const top: number[] = [];
-  for (let i = 0; i < logits.length; i++) {
-    if (top.length === k && logits[i]! <= logits[top[k - 1]!]!) continue;
-    let at = top.length < k ? top.length : k - 1;
-    top[at] = i;
-    while (at > 0 && logits[top[at - 1]!]! < logits[i]!) {
-      top[at] = top[at - 1]!;
-      top[at - 1] = i;
-      at--;
-    }
-  }
-  return top;
-}
-
-/** A [n, …] tensor with each row repeated `times` times in place: [n·times, …]. */
-function repeatRows(t: ort.Tensor, times: number): ort.Tensor {
-  const data = t.data as Float32Array;
-  const n = t.dims[0]!;
-  const size = data.length / n;
-  const out = new Float32Array(data.length * times);
-  for (let r = 0; r < n; r++) for (let k = 0; k < times; k++) out.set(data.subarray(r * size, (r + 1) * size), (r * times + k) * size);
-  return new ort.Tensor("float32", out, [n * times, ...t.dims.slice(1)]);
-}
-
-/** A [rows, …] tensor whose row i is row `source[i]` of `t`. */
-function gatherRows(t: ort.Tensor, source: readonly number[]): ort.Tensor {
+/** A tensor whose row i is row `source[i]` of `t` ([source.length, …]). */
+function pickRows(t: ort.Tensor, source: readonly number[]): ort.Tensor {
   const data = t.data as Float32Array;
   const size = data.length / t.dims[0]!;
-  const out = new Float32Array(data.length);
+  const out = new Float32Array(source.length * size);
   source.forEach((from, row) => {
     out.set(data.subarray(from * size, (from + 1) * size), row * size);
   });
-  return new ort.Tensor("float32", out, t.dims);
+  return new ort.Tensor("float32", out, [source.length, ...t.dims.slice(1)]);
 }
 
 /** The decoder's shape from its cache inputs (`past_key_values.<layer>.decoder.key`: [batch, heads, length, dim]). */
@@ -334,21 +295,4 @@ function decoderShape(decoder: ort.InferenceSession): DecoderShape {
   const headDim = dims[3];
   if (layers === 0 || typeof heads !== "number" || typeof headDim !== "number") throw new Error("the Moonshine decoder's cache inputs are not as expected");
   return { layers, heads, headDim };
-}
-
-/** How many tokens at the end repeat a phrase of 1–4 tokens already said at least 4 times in a row (0 when none). */
-export function repetition(tokens: readonly number[]): number {
-  for (let n = 1; n <= 4; n++) {
-    let times = 1;
-    while (n * (times + 1) <= tokens.length && sameRun(tokens, n, times)) times++;
-    if (times >= 4 && n * times >= 8) return n * (times - 1);
-  }
-  return 0;
-}
-
-/** Whether the n tokens before the last `times` phrases of n equal the last phrase. */
-function sameRun(tokens: readonly number[], n: number, times: number): boolean {
-  const end = tokens.length;
-  for (let i = 0; i < n; i++) if (tokens[end - n + i] !== tokens[end - n * (times + 1) + i]) return false;
-  return true;
 }

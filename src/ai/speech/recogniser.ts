@@ -43,6 +43,7 @@ import { type JobClass, type JobOptions, Scheduler } from "./scheduler.ts";
 import { initialVadState, VAD_FRAME, type VadItem, type VadResult, type VadState } from "./silero.ts";
 import type { TranscribeOptions, TranscribeProgress, Transcript, TranscriptionEngine, TranscriptSegment } from "./types.ts";
 import { FileSpeech, type Piece, type Region, SpeechTracker, toFloat32, type VadEvent, type VadOptions } from "./vad.ts";
+import { IDENTITY, type View } from "./views.ts";
 
 const RATE = DECODED_SAMPLE_RATE;
 const WORKER_SCRIPT = new URL("./recognition-worker.ts", import.meta.url);
@@ -89,6 +90,9 @@ const CONVERSING_FOR_MS = 60_000;
  */
 const BEAMS = 3;
 const TURN_BEAMS = 1;
+/** The views each utterance is heard in, decoded jointly (views.ts), for files and for turns' final words; partial words are heard as they are. */
+const VIEWS: View[] = [IDENTITY];
+const TURN_VIEWS: View[] = [IDENTITY];
 
 /** `concurrency`: files decoded at once; `maxQueued`: files waiting to be decoded (one more is refused). */
 export interface MoonshineEngineOptions extends Partial<QueueLimits> {
@@ -107,6 +111,10 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   beams?: number;
   /** The same for conversations' turns and partial words (their time is the reply's). Default TURN_BEAMS. */
   turnBeams?: number;
+  /** The ways a file's utterance is heard, decoded jointly (views.ts, ensemble decoding). Default VIEWS. */
+  views?: View[];
+  /** The same for a conversation's turn (its final words; partial words are heard once). Default TURN_VIEWS. */
+  turnViews?: View[];
   /** What is done to a file's audio before the recogniser hears it (front-end.ts); `false`: nothing. Default FRONT_END. */
   frontEnd?: FrontEndOptions | false;
   /**
@@ -141,6 +149,8 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly conversingForMs: number;
   private readonly beams: number;
   private readonly turnBeams: number;
+  private readonly views: View[];
+  private readonly turnViews: View[];
   private readonly frontEnd: FrontEndOptions | false;
   private readonly turnFrontEnd: FrontEndOptions | false;
   private readonly denoise: DenoiseOptions | false;
@@ -166,6 +176,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.conversingForMs = options.conversingForMs ?? CONVERSING_FOR_MS;
     this.beams = options.beams ?? BEAMS;
     this.turnBeams = options.turnBeams ?? TURN_BEAMS;
+    this.views = options.views ?? VIEWS;
+    this.turnViews = options.turnViews ?? TURN_VIEWS;
     this.frontEnd = options.frontEnd ?? FRONT_END;
     this.turnFrontEnd = options.turnFrontEnd ?? false;
     this.denoise = options.denoise ?? false;
@@ -335,8 +347,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
     // A file's audio was denoised whole (run); a turn's utterance is here, before its padding (its noise is in its own quiet frames).
     padded.set(job.class !== "api" && this.turnDenoise ? await denoise(audio, this.turnDenoise) : audio, before);
-    const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
-    return this.recognitions.runBatched<Float32Array, Heard>(front ? frontEnd(padded, front) : padded, job);
+    // The front end is applied in the recogniser process, to each view of the audio (views.ts).
+    return this.recognitions.runBatched<Float32Array, Heard>(padded, job);
   }
 
   /**
@@ -371,7 +383,14 @@ export class MoonshineEngine implements TranscriptionEngine {
   /** Utterances recognised in one job of a recogniser process (one, or a batch of a conversation's). */
   private async recogniseBatch(audios: Float32Array[], cls: JobClass, fast: boolean): Promise<Heard[]> {
     const result = await this.recogniserPool!.run(
-      { op: "transcribe", audios, fast, beams: cls === "api" ? this.beams : this.turnBeams },
+      {
+        op: "transcribe",
+        audios,
+        fast,
+        beams: cls === "api" ? this.beams : this.turnBeams,
+        views: cls === "api" ? this.views : cls === "conversation" ? this.turnViews : [IDENTITY],
+        frontEnd: cls === "api" ? this.frontEnd : this.turnFrontEnd,
+      },
       { transfer: audios.map((a) => a.buffer as ArrayBuffer), urgent: cls === "conversation", anyLane: cls === "api" && !this.conversing },
     );
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");

@@ -6,8 +6,10 @@
  */
 
 import { jobError, type PoolJob, type PoolMessage } from "../../workers/pool.ts";
+import { type FrontEndOptions, frontEnd } from "./front-end.ts";
 import { type Heard, MoonshineModel, moonshineModelDir } from "./moonshine.ts";
 import { SileroVad, type VadItem, type VadResult } from "./silero.ts";
+import type { View } from "./views.ts";
 
 /** `fast`: Moonshine tiny is loaded beside base, for conversation turns that base would answer too late. */
 export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?: boolean; dir?: string } | { model: "silero" };
@@ -17,7 +19,7 @@ export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?
  * and the process holds it); `vad`: one stream per item, scored in one batch.
  */
 export type RecognitionRequest =
-  | { op: "transcribe"; audios: Float32Array[]; fast?: boolean; beams?: number }
+  | { op: "transcribe"; audios: Float32Array[]; fast?: boolean; beams?: number; views?: View[]; frontEnd?: FrontEndOptions | false }
   | { op: "score"; audio: Float32Array; texts: string[]; fast?: boolean }
   | { op: "vad"; items: VadItem[] };
 
@@ -61,7 +63,11 @@ try {
           if (!moonshine) throw new Error("this worker holds no recogniser");
           const started = performance.now();
           const model = r.fast && tiny ? "tiny" : "base";
-          const heard = await (model === "tiny" ? tiny! : moonshine).transcribeBatch(r.audios, r.beams !== undefined ? { beams: r.beams } : {});
+          const heard = await (model === "tiny" ? tiny! : moonshine).transcribeBatch(r.audios, {
+            ...(r.beams !== undefined ? { beams: r.beams } : {}),
+            ...(r.views !== undefined ? { views: r.views } : {}),
+            ...(r.frontEnd ? { prepare: (audio: Float32Array) => frontEnd(audio, r.frontEnd as FrontEndOptions) } : {}),
+          });
           post({ type: "done", id: job.id, result: { op: "transcribe", heard, ms: performance.now() - started, model } });
         } else if (r.op === "score") {
           if (!moonshine) throw new Error("this worker holds no recogniser");
