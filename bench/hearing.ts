@@ -81,6 +81,10 @@ const CONFIGS: Record<string, HearingConfig> = {
   // Turns (the incremental recogniser): the noise-shaped filter on each utterance.
   turnFixed: { options: { turnDenoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
   turnWiener10: { options: { turnDenoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
+  // Turns heard through a front end (off for them by default): the files', without its floor, 150 Hz.
+  turnFE: { options: { turnFrontEnd: FRONT_END } },
+  turnLevel: { options: { turnFrontEnd: { ...FRONT_END, floorDbfs: undefined } } },
+  turnHp150: { options: { turnFrontEnd: { ...FRONT_END, highPassHz: 150, floorDbfs: undefined } } },
   // The front end's corner on noisy speech (pink noise is loudest low down).
   hp150: { options: { frontEnd: { ...FRONT_END, highPassHz: 150 } } },
   hp250: { options: { frontEnd: { ...FRONT_END, highPassHz: 250 } } },
