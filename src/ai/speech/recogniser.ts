@@ -366,7 +366,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     await this.startRecognition();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
-    padded.set(audio, before);
+    // Scored as it was heard (recogniseHeard).
+    padded.set(job.class !== "api" && this.turnDenoise ? await denoise(audio, this.turnDenoise) : audio, before);
     const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
     const input = front ? frontEnd(padded, front) : padded;
     return this.recognitions.run(async () => {
