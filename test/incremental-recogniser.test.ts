@@ -136,7 +136,7 @@ describe("sure words over a reply: the model's words against its backchannels (i
   class Scoring implements LiveRecognition {
     heard: Heard = { text: "", logprob: 0 };
     backchannel = -3;
-    scored: Array<{ samples: number; texts: readonly string[] }> = [];
+    scored: Array<{ samples: number; texts: readonly string[]; model?: string | undefined }> = [];
     recognised: number[] = [];
     recogniserIdle(): boolean {
       return true;
@@ -148,8 +148,8 @@ describe("sure words over a reply: the model's words against its backchannels (i
     async recognise(audio: Float32Array): Promise<string> {
       return (await this.recogniseHeard(audio)).text;
     }
-    async scoreTexts(audio: Float32Array, texts: readonly string[]): Promise<number[]> {
-      this.scored.push({ samples: audio.length, texts });
+    async scoreTexts(audio: Float32Array, texts: readonly string[], _job?: JobOptions, o: { model?: "base" | "tiny" } = {}): Promise<number[]> {
+      this.scored.push({ samples: audio.length, texts, model: o.model });
       return texts.map((_, i) => (i === 0 ? this.backchannel : this.backchannel - 1));
     }
   }
@@ -178,6 +178,16 @@ describe("sure words over a reply: the model's words against its backchannels (i
     model.heard = { text: "Bill case", logprob: -1.22 };
     model.backchannel = -4;
     assert.equal(await sure(model), "");
+  });
+
+  test("words heard by Moonshine tiny (a loaded node's turns) are scored by tiny: its probabilities are not base's", async () => {
+    const model = new Scoring();
+    model.heard = { text: "Stop.", logprob: -0.12, model: "tiny" };
+    assert.equal(await sure(model), "Stop.");
+    assert.equal(model.scored.at(-1)!.model, "tiny");
+    model.heard = { text: "Stop.", logprob: -0.12, model: "base" };
+    await sure(model);
+    assert.equal(model.scored.at(-1)!.model, "base");
   });
 
   test("no words, or only backchannels, need no scoring; without `sure` the words are taken as heard", async () => {
