@@ -42,6 +42,9 @@ export interface HearingConfig {
   transform?: (pcm: Int16Array) => Promise<Int16Array>;
 }
 
+/** The files' front end as issue 50's first measures had it (80 Hz): the configurations measured on it keep it. */
+const FRONT_END_80 = { ...FRONT_END, highPassHz: 80 };
+
 const CONFIGS: Record<string, HearingConfig> = {
   before: { options: { beams: 1, turnBeams: 1, frontEnd: false } },
   after: { options: {} },
@@ -49,46 +52,48 @@ const CONFIGS: Record<string, HearingConfig> = {
   beams3: { options: { beams: 3, frontEnd: false } },
   beams4: { options: { beams: 4, frontEnd: false } },
   hp: { options: { beams: 1, frontEnd: { highPassHz: 80, speechDbfs: undefined, floorDbfs: undefined } } },
+  // The files' defaults before the corner went to 150 Hz.
+  hp80: { options: { frontEnd: FRONT_END_80 } },
   level: { options: { beams: 1, frontEnd: { highPassHz: 80, speechDbfs: -23, floorDbfs: undefined } } },
-  floor: { options: { beams: 1, frontEnd: FRONT_END } },
-  floor50: { options: { beams: 1, frontEnd: { ...FRONT_END, floorDbfs: -50 } } },
-  floor70: { options: { beams: 1, frontEnd: { ...FRONT_END, floorDbfs: -70 } } },
+  floor: { options: { beams: 1, frontEnd: FRONT_END_80 } },
+  floor50: { options: { beams: 1, frontEnd: { ...FRONT_END_80, floorDbfs: -50 } } },
+  floor70: { options: { beams: 1, frontEnd: { ...FRONT_END_80, floorDbfs: -70 } } },
   floorOnly: { options: { beams: 1, frontEnd: { highPassHz: 0, speechDbfs: undefined, floorDbfs: -60 } } },
-  "floor+beams3": { options: { beams: 3, frontEnd: FRONT_END } },
+  "floor+beams3": { options: { beams: 3, frontEnd: FRONT_END_80 } },
   // Ensemble decoding (views.ts): each utterance heard several ways, decoded jointly. `one-view`
   // pins the engine's file and turn decoding before ensembles (beams 3 and the front end for files, greedy turns).
-  "one-view": { options: { beams: 3, frontEnd: FRONT_END, views: [IDENTITY], turnBeams: 1, turnViews: [IDENTITY] } },
-  "shift3+beams3": { options: { beams: 3, frontEnd: FRONT_END, views: SHIFTS, turnViews: SHIFTS } },
-  "shift3+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: SHIFTS, turnViews: SHIFTS } },
-  "shift3mix+beams3": { options: { beams: 3, frontEnd: FRONT_END, views: SHIFTS, turnViews: SHIFTS, combine: "mixture" } },
-  "speed3+beams3": { options: { beams: 3, frontEnd: FRONT_END, views: SPEEDS, turnViews: SPEEDS } },
-  "speed3+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: SPEEDS, turnViews: SPEEDS } },
-  "dither3+beams3": { options: { beams: 3, frontEnd: FRONT_END, views: DITHERS, turnViews: DITHERS } },
-  "mix5+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: MIX5, turnViews: MIX5 } },
+  "one-view": { options: { beams: 3, frontEnd: FRONT_END_80, views: [IDENTITY], turnBeams: 1, turnViews: [IDENTITY] } },
+  "shift3+beams3": { options: { beams: 3, frontEnd: FRONT_END_80, views: SHIFTS, turnViews: SHIFTS } },
+  "shift3+greedy": { options: { beams: 1, frontEnd: FRONT_END_80, views: SHIFTS, turnViews: SHIFTS } },
+  "shift3mix+beams3": { options: { beams: 3, frontEnd: FRONT_END_80, views: SHIFTS, turnViews: SHIFTS, combine: "mixture" } },
+  "speed3+beams3": { options: { beams: 3, frontEnd: FRONT_END_80, views: SPEEDS, turnViews: SPEEDS } },
+  "speed3+greedy": { options: { beams: 1, frontEnd: FRONT_END_80, views: SPEEDS, turnViews: SPEEDS } },
+  "dither3+beams3": { options: { beams: 3, frontEnd: FRONT_END_80, views: DITHERS, turnViews: DITHERS } },
+  "mix5+greedy": { options: { beams: 1, frontEnd: FRONT_END_80, views: MIX5, turnViews: MIX5 } },
   // Noise suppression of files (denoise.ts), on top of the defaults (front end, beams 3).
-  wiener: { options: { denoise: { method: "wiener", floorDb: -15, overSubtraction: 1 } } },
-  wiener10: { options: { denoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
-  wiener20: { options: { denoise: { method: "wiener", floorDb: -20, overSubtraction: 1.5 } } },
-  rnnoise: { options: { denoise: { method: "rnnoise", dryDb: undefined } } },
-  rnnoiseDry10: { options: { denoise: { method: "rnnoise", dryDb: -10 } } },
-  rnnoiseDry20: { options: { denoise: { method: "rnnoise", dryDb: -20 } } },
-  wienerFixed: { options: { denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
-  wienerFixed6: { options: { denoise: { method: "wiener", floorDb: -6, overSubtraction: 1, fixed: true } } },
-  wiener6: { options: { denoise: { method: "wiener", floorDb: -6, overSubtraction: 1 } } },
-  gate10: { options: { denoise: { method: "gate", depthDb: -10 } } },
-  gate20: { options: { denoise: { method: "gate", depthDb: -20 } } },
-  hpFixed: { options: { frontEnd: { ...FRONT_END, highPassHz: 150 }, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  wiener: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1 } } },
+  wiener10: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
+  wiener20: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -20, overSubtraction: 1.5 } } },
+  rnnoise: { options: { frontEnd: FRONT_END_80, denoise: { method: "rnnoise", dryDb: undefined } } },
+  rnnoiseDry10: { options: { frontEnd: FRONT_END_80, denoise: { method: "rnnoise", dryDb: -10 } } },
+  rnnoiseDry20: { options: { frontEnd: FRONT_END_80, denoise: { method: "rnnoise", dryDb: -20 } } },
+  wienerFixed: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  wienerFixed6: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -6, overSubtraction: 1, fixed: true } } },
+  wiener6: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -6, overSubtraction: 1 } } },
+  gate10: { options: { frontEnd: FRONT_END_80, denoise: { method: "gate", depthDb: -10 } } },
+  gate20: { options: { frontEnd: FRONT_END_80, denoise: { method: "gate", depthDb: -20 } } },
+  hpFixed: { options: { frontEnd: { ...FRONT_END_80, highPassHz: 150 }, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
   // Turns (the incremental recogniser): the noise-shaped filter on each utterance.
-  turnFixed: { options: { turnDenoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
-  turnWiener10: { options: { turnDenoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
+  turnFixed: { options: { frontEnd: FRONT_END_80, turnDenoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  turnWiener10: { options: { frontEnd: FRONT_END_80, turnDenoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
   // Turns heard through a front end (off for them by default): the files', without its floor, 150 Hz.
-  turnFE: { options: { turnFrontEnd: FRONT_END } },
-  turnLevel: { options: { turnFrontEnd: { ...FRONT_END, floorDbfs: undefined } } },
-  turnHp150: { options: { turnFrontEnd: { ...FRONT_END, highPassHz: 150, floorDbfs: undefined } } },
+  turnFE: { options: { frontEnd: FRONT_END_80, turnFrontEnd: FRONT_END_80 } },
+  turnLevel: { options: { frontEnd: FRONT_END_80, turnFrontEnd: { ...FRONT_END_80, floorDbfs: undefined } } },
+  turnHp150: { options: { frontEnd: FRONT_END_80, turnFrontEnd: { ...FRONT_END_80, highPassHz: 150, floorDbfs: undefined } } },
   // The front end's corner on noisy speech (pink noise is loudest low down).
-  hp150: { options: { frontEnd: { ...FRONT_END, highPassHz: 150 } } },
-  hp250: { options: { frontEnd: { ...FRONT_END, highPassHz: 250 } } },
-  level18: { options: { frontEnd: { ...FRONT_END, speechDbfs: -18 } } },
+  hp150: { options: { frontEnd: { ...FRONT_END_80, highPassHz: 150 } } },
+  hp250: { options: { frontEnd: { ...FRONT_END_80, highPassHz: 250 } } },
+  level18: { options: { frontEnd: { ...FRONT_END_80, speechDbfs: -18 } } },
 };
 const NAMES = (process.env.BENCH_HEARING_CONFIGS ?? "before,after").split(",");
 const SENTENCE_COUNT = Number(process.env.BENCH_HEARING_SENTENCES ?? 30);

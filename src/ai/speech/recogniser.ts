@@ -371,8 +371,8 @@ export class MoonshineEngine implements TranscriptionEngine {
     await this.startRecognition();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
-    padded.set(audio, before);
-    // Heard as the words were (recogniseBatch): the same front end and views (`o.views`: those of the recognition scored), in the process.
+    // Scored as it was heard (recogniseHeard, recogniseBatch): denoised alike, the same front end and views (`o.views`: those of the recognition scored), in the process.
+    padded.set(job.class !== "api" && this.turnDenoise ? await denoise(audio, this.turnDenoise) : audio, before);
     const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
     const views = o.views ?? this.viewsOf(job.class);
     return this.recognitions.run(async () => {
