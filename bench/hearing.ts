@@ -42,6 +42,9 @@ export interface HearingConfig {
   transform?: (pcm: Int16Array) => Promise<Int16Array>;
 }
 
+/** The files' front end as issue 50's first measures had it (80 Hz): the configurations measured on it keep it. */
+const FRONT_END_80 = { ...FRONT_END, highPassHz: 80 };
+
 const CONFIGS: Record<string, HearingConfig> = {
   before: { options: { beams: 1, turnBeams: 1, frontEnd: false } },
   after: { options: {} },
@@ -49,45 +52,48 @@ const CONFIGS: Record<string, HearingConfig> = {
   beams3: { options: { beams: 3, frontEnd: false } },
   beams4: { options: { beams: 4, frontEnd: false } },
   hp: { options: { beams: 1, frontEnd: { highPassHz: 80, speechDbfs: undefined, floorDbfs: undefined } } },
+  // The files' defaults before the corner went to 150 Hz.
+  hp80: { options: { frontEnd: FRONT_END_80 } },
   level: { options: { beams: 1, frontEnd: { highPassHz: 80, speechDbfs: -23, floorDbfs: undefined } } },
-  floor: { options: { beams: 1, frontEnd: FRONT_END } },
-  floor50: { options: { beams: 1, frontEnd: { ...FRONT_END, floorDbfs: -50 } } },
-  floor70: { options: { beams: 1, frontEnd: { ...FRONT_END, floorDbfs: -70 } } },
+  floor: { options: { beams: 1, frontEnd: FRONT_END_80 } },
+  floor50: { options: { beams: 1, frontEnd: { ...FRONT_END_80, floorDbfs: -50 } } },
+  floor70: { options: { beams: 1, frontEnd: { ...FRONT_END_80, floorDbfs: -70 } } },
   floorOnly: { options: { beams: 1, frontEnd: { highPassHz: 0, speechDbfs: undefined, floorDbfs: -60 } } },
-  "floor+beams3": { options: { beams: 3, frontEnd: FRONT_END } },
+  "floor+beams3": { options: { beams: 3, frontEnd: FRONT_END_80 } },
   // Ensemble decoding (views.ts): each utterance heard several ways, decoded jointly. `one-view`
   // pins the engine's file and turn decoding before ensembles (beams 3 and the front end for files, greedy turns).
-  "one-view": { options: { beams: 3, frontEnd: FRONT_END, views: [IDENTITY], turnBeams: 1, turnViews: [IDENTITY] } },
-  "shift3+beams3": { options: { beams: 3, frontEnd: FRONT_END, views: SHIFTS, turnViews: SHIFTS } },
-  "shift3+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: SHIFTS, turnViews: SHIFTS } },
-  "speed3+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: SPEEDS, turnViews: SPEEDS } },
-  "dither3+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: DITHERS, turnViews: DITHERS } },
-  "mix5+greedy": { options: { beams: 1, frontEnd: FRONT_END, views: MIX5, turnViews: MIX5 } },
-  "mix5+beams2": { options: { beams: 2, frontEnd: FRONT_END, views: MIX5, turnViews: MIX5 } },
+  "one-view": { options: { beams: 3, frontEnd: FRONT_END_80, views: [IDENTITY], turnBeams: 1, turnViews: [IDENTITY] } },
+  "shift3+beams3": { options: { beams: 3, frontEnd: FRONT_END_80, views: SHIFTS, turnViews: SHIFTS } },
+  "shift3+greedy": { options: { beams: 1, frontEnd: FRONT_END_80, views: SHIFTS, turnViews: SHIFTS } },
+  "shift3mix+beams3": { options: { beams: 3, frontEnd: FRONT_END_80, views: SHIFTS, turnViews: SHIFTS, combine: "mixture" } },
+  "speed3+beams3": { options: { beams: 3, frontEnd: FRONT_END_80, views: SPEEDS, turnViews: SPEEDS } },
+  "speed3+greedy": { options: { beams: 1, frontEnd: FRONT_END_80, views: SPEEDS, turnViews: SPEEDS } },
+  "dither3+beams3": { options: { beams: 3, frontEnd: FRONT_END_80, views: DITHERS, turnViews: DITHERS } },
+  "mix5+greedy": { options: { beams: 1, frontEnd: FRONT_END_80, views: MIX5, turnViews: MIX5 } },
   // Noise suppression of files (denoise.ts), on top of the defaults (front end, beams 3).
-  wiener: { options: { denoise: { method: "wiener", floorDb: -15, overSubtraction: 1 } } },
-  wiener10: { options: { denoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
-  wiener20: { options: { denoise: { method: "wiener", floorDb: -20, overSubtraction: 1.5 } } },
-  rnnoise: { options: { denoise: { method: "rnnoise", dryDb: undefined } } },
-  rnnoiseDry10: { options: { denoise: { method: "rnnoise", dryDb: -10 } } },
-  rnnoiseDry20: { options: { denoise: { method: "rnnoise", dryDb: -20 } } },
-  wienerFixed: { options: { denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
-  wienerFixed6: { options: { denoise: { method: "wiener", floorDb: -6, overSubtraction: 1, fixed: true } } },
-  wiener6: { options: { denoise: { method: "wiener", floorDb: -6, overSubtraction: 1 } } },
-  gate10: { options: { denoise: { method: "gate", depthDb: -10 } } },
-  gate20: { options: { denoise: { method: "gate", depthDb: -20 } } },
-  hpFixed: { options: { frontEnd: { ...FRONT_END, highPassHz: 150 }, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  wiener: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1 } } },
+  wiener10: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
+  wiener20: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -20, overSubtraction: 1.5 } } },
+  rnnoise: { options: { frontEnd: FRONT_END_80, denoise: { method: "rnnoise", dryDb: undefined } } },
+  rnnoiseDry10: { options: { frontEnd: FRONT_END_80, denoise: { method: "rnnoise", dryDb: -10 } } },
+  rnnoiseDry20: { options: { frontEnd: FRONT_END_80, denoise: { method: "rnnoise", dryDb: -20 } } },
+  wienerFixed: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  wienerFixed6: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -6, overSubtraction: 1, fixed: true } } },
+  wiener6: { options: { frontEnd: FRONT_END_80, denoise: { method: "wiener", floorDb: -6, overSubtraction: 1 } } },
+  gate10: { options: { frontEnd: FRONT_END_80, denoise: { method: "gate", depthDb: -10 } } },
+  gate20: { options: { frontEnd: FRONT_END_80, denoise: { method: "gate", depthDb: -20 } } },
+  hpFixed: { options: { frontEnd: { ...FRONT_END_80, highPassHz: 150 }, denoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
   // Turns (the incremental recogniser): the noise-shaped filter on each utterance.
-  turnFixed: { options: { turnDenoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
-  turnWiener10: { options: { turnDenoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
+  turnFixed: { options: { frontEnd: FRONT_END_80, turnDenoise: { method: "wiener", floorDb: -15, overSubtraction: 1, fixed: true } } },
+  turnWiener10: { options: { frontEnd: FRONT_END_80, turnDenoise: { method: "wiener", floorDb: -10, overSubtraction: 1 } } },
   // Turns heard through a front end (off for them by default): the files', without its floor, 150 Hz.
-  turnFE: { options: { turnFrontEnd: FRONT_END } },
-  turnLevel: { options: { turnFrontEnd: { ...FRONT_END, floorDbfs: undefined } } },
-  turnHp150: { options: { turnFrontEnd: { ...FRONT_END, highPassHz: 150, floorDbfs: undefined } } },
+  turnFE: { options: { frontEnd: FRONT_END_80, turnFrontEnd: FRONT_END_80 } },
+  turnLevel: { options: { frontEnd: FRONT_END_80, turnFrontEnd: { ...FRONT_END_80, floorDbfs: undefined } } },
+  turnHp150: { options: { frontEnd: FRONT_END_80, turnFrontEnd: { ...FRONT_END_80, highPassHz: 150, floorDbfs: undefined } } },
   // The front end's corner on noisy speech (pink noise is loudest low down).
-  hp150: { options: { frontEnd: { ...FRONT_END, highPassHz: 150 } } },
-  hp250: { options: { frontEnd: { ...FRONT_END, highPassHz: 250 } } },
-  level18: { options: { frontEnd: { ...FRONT_END, speechDbfs: -18 } } },
+  hp150: { options: { frontEnd: { ...FRONT_END_80, highPassHz: 150 } } },
+  hp250: { options: { frontEnd: { ...FRONT_END_80, highPassHz: 250 } } },
+  level18: { options: { frontEnd: { ...FRONT_END_80, speechDbfs: -18 } } },
 };
 const NAMES = (process.env.BENCH_HEARING_CONFIGS ?? "before,after").split(",");
 const SENTENCE_COUNT = Number(process.env.BENCH_HEARING_SENTENCES ?? 30);
@@ -101,6 +107,12 @@ interface Scored {
   wer: number;
   said: string;
   heard: string;
+}
+
+function percentiles(ms: number[]) {
+  const sorted = [...ms].sort((a, b) => a - b);
+  const at = (q: number) => Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? 0);
+  return { n: sorted.length, p50: at(0.5), p95: at(0.95) };
 }
 
 function summary(perRendition: Scored[][]) {
@@ -204,11 +216,18 @@ export async function hearingBench(extra: Record<string, HearingConfig> = {}): P
         for (const [i, pcm] of rendition.entries()) scores.push(await file(pcm, items[i]!.text));
         noisyScores.push(scores);
       }
+      // A turn's words: the audio pushed at once (its recognition starts at its trailing silence, as
+      // live), then finish(); the time from the last push to the words is the recognition's share of a
+      // turn's speech → first audio (the device waits ~0.3–0.43 s of silence besides).
+      const turnMs: number[] = [];
       const live = async (pcm: Int16Array) => {
         const asr = engine.createIncrementalRecogniser();
         const heard = await transform(pcm);
         for (let at = 0; at < heard.length; at += 320) asr.push(heard.subarray(at, at + 320));
-        return await asr.finish();
+        const t = performance.now();
+        const words = await asr.finish();
+        turnMs.push(performance.now() - t);
+        return words;
       };
       // The noisy set as a conversation's turns hear it (the incremental recogniser, 20 ms pushes).
       const noisyLiveScores: Scored[][] = [];
@@ -249,6 +268,7 @@ export async function hearingBench(extra: Record<string, HearingConfig> = {}): P
         tour_question_live: { uplink_16k: await tourBy(16_000), uplink_48k_speex: await tourBy(48_000) },
         compat_voices_kitchen_lights: { right: compatRight, of: compatAudio.length * FLITE.length, wrong: compatWrong },
         file_rtf: round(recognising / 1000 / (audioSeconds * clean.length)),
+        turn_words_ms: percentiles(turnMs),
       };
       process.stderr.write(`hearing: ${name} done (${round((performance.now() - started) / 1000)} s)\n`);
     } finally {

@@ -136,7 +136,7 @@ describe("sure words over a reply: the model's words against its backchannels (i
   class Scoring implements LiveRecognition {
     heard: Heard = { text: "", logprob: 0 };
     backchannel = -3;
-    scored: Array<{ samples: number; texts: readonly string[]; model?: string | undefined }> = [];
+    scored: Array<{ samples: number; texts: readonly string[]; model?: string | undefined; views?: unknown }> = [];
     recognised: number[] = [];
     recogniserIdle(): boolean {
       return true;
@@ -148,8 +148,13 @@ describe("sure words over a reply: the model's words against its backchannels (i
     async recognise(audio: Float32Array): Promise<string> {
       return (await this.recogniseHeard(audio)).text;
     }
-    async scoreTexts(audio: Float32Array, texts: readonly string[], _job?: JobOptions, o: { model?: "base" | "tiny" } = {}): Promise<number[]> {
-      this.scored.push({ samples: audio.length, texts, model: o.model });
+    async scoreTexts(
+      audio: Float32Array,
+      texts: readonly string[],
+      _job?: JobOptions,
+      o: { model?: "base" | "tiny"; views?: unknown } = {},
+    ): Promise<number[]> {
+      this.scored.push({ samples: audio.length, texts, model: o.model, views: o.views });
       return texts.map((_, i) => (i === 0 ? this.backchannel : this.backchannel - 1));
     }
   }
@@ -188,6 +193,16 @@ describe("sure words over a reply: the model's words against its backchannels (i
     model.heard = { text: "Stop.", logprob: -0.12, model: "base" };
     await sure(model);
     assert.equal(model.scored.at(-1)!.model, "base");
+  });
+
+  test("the backchannels are scored as the words were heard: by the same model, in the same views (ensemble decoding)", async () => {
+    const model = new Scoring();
+    const views = [{}, { shift: 128 }, { speed: 1.03 }];
+    model.heard = { text: "Stop.", logprob: -0.12, model: "tiny", views };
+    model.backchannel = -2.5;
+    assert.equal(await sure(model), "Stop.");
+    assert.equal(model.scored.at(-1)!.model, "tiny");
+    assert.deepEqual(model.scored.at(-1)!.views, views);
   });
 
   test("no words, or only backchannels, need no scoring; without `sure` the words are taken as heard", async () => {

@@ -191,20 +191,21 @@ for (const store of STORES) {
       assert.equal((await getAudio(server, phone.accessToken, audioPath(id, 1, "user"))).status, 200);
     });
 
-    test("deleted with the conversation, with all of them, by retention and with the device: gone from the rows and from the database files", async () => {
-      const marker = async (phone: PerchClient, id: string) => {
-        const ogg = Buffer.from(await (await getAudio(server, phone.accessToken, audioPath(id, 1, "user"))).arrayBuffer());
-        // From the middle: Opus data, not a page header (whose packet sizes may repeat from file to file); within one of
-        // PostgreSQL's out-of-line chunks (1,996 bytes), which lie apart in its files.
-        const at = Math.floor(ogg.length / 2 / 1_996) * 1_996 + 100;
-        return ogg.subarray(at, at + 40);
-      };
-      const erased = async (needle: Buffer, what: string) => {
-        await server.domain.ctx.store.recordingsCompacted;
-        assert.deepEqual(await inDatabaseFiles(server, databaseUrl, needle), [], `${what}: the audio is left in no database file`);
-      };
-      const rows = (key: string) => countRows(server, databaseUrl, "select count(*) as n from conversation_recordings where public_key = $1", [key]);
+    /** 40 bytes of the user's side of the conversation's first turn, to look for in the database files. */
+    const marker = async (phone: PerchClient, id: string) => {
+      const ogg = Buffer.from(await (await getAudio(server, phone.accessToken, audioPath(id, 1, "user"))).arrayBuffer());
+      // From the middle: Opus data, not a page header (whose packet sizes may repeat from file to file); within one of
+      // PostgreSQL's out-of-line chunks (1,996 bytes), which lie apart in its files.
+      const at = Math.floor(ogg.length / 2 / 1_996) * 1_996 + 100;
+      return ogg.subarray(at, at + 40);
+    };
+    const rows = (key: string) => countRows(server, databaseUrl, "select count(*) as n from conversation_recordings where public_key = $1", [key]);
+    const erased = async (needle: Buffer, what: string) => {
+      await server.domain.ctx.store.recordingsCompacted;
+      assert.deepEqual(await inDatabaseFiles(server, databaseUrl, needle), [], `${what}: the audio is left in no database file`);
+    };
 
+    test("deleted with the conversation, with all of them, by retention and with the device: gone from the rows and from the database files", async () => {
       // One conversation deleted.
       const paired = await pairPhone(server);
       const { key, device } = paired;
@@ -244,6 +245,46 @@ for (const store of STORES) {
       assert.equal(await server.domain.peers.remove(key), true);
       assert.equal(await rows(key), 0);
       await erased(needle4, "device removed");
+    });
+
+    test("a transaction older than the deletion (a reader's snapshot, a writer's id) holds the rewrite back until it ends; then the audio is left in no database file", {
+      skip: store.name === "sqlite" ? "SQLite overwrites the rows in place; its log is truncated once readers let it" : false,
+    }, async () => {
+      const { phone, key } = await pairPhone(server);
+      const storeOf = server.domain.ctx.store;
+      const told = storeOf.onCompactWait;
+      try {
+        for (const [kind, begin] of [
+          ["a reader's snapshot", ["begin isolation level repeatable read", "select count(*) from conversations"]],
+          ["a writer's transaction id", ["begin", "select pg_current_xact_id()"]],
+        ] as const) {
+          const id = await recordTurn(server, key, audio);
+          const needle = await marker(phone, id);
+          assert.notDeepEqual(await inDatabaseFiles(server, databaseUrl, needle), [], `${kind}: the audio is in the database files`);
+          const older = new pg.Client({ connectionString: databaseUrl });
+          await older.connect();
+          try {
+            for (const q of begin) await older.query(q);
+            const waits = new Promise<number>((resolve) => {
+              storeOf.onCompactWait = resolve;
+            });
+            await phone.request("DELETE", `/side-control/conversations/${id}`);
+            assert.equal(await rows(key), 0);
+            // Either the rewrite waits for the older transaction, or it is done while that one is still open.
+            await Promise.race([waits, storeOf.recordingsCompacted]);
+            if (kind === "a reader's snapshot") {
+              const seen = await older.query("select count(*)::int as n from conversation_recordings where conversation_id = $1", [id]);
+              assert.equal(seen.rows[0].n, 2, "the snapshot from before the deletion still reads both sides: they must stay until it ends");
+            }
+          } finally {
+            await older.query("commit").catch(() => {});
+            await older.end();
+          }
+          await erased(needle, kind);
+        }
+      } finally {
+        storeOf.onCompactWait = told;
+      }
     });
   });
 }

@@ -227,12 +227,11 @@ export class Node {
       onError: (err) => logger.warn({ err: err.message }, "a database connection failed; it is replaced on next use"),
     });
     closers.defer(() => store.close());
-    // Deleted recordings out of PostgreSQL's files (voice.md §8): a rewrite that failed is tried again with the next deletion.
+    // Deleted recordings out of PostgreSQL's files (voice.md §8): a rewrite that failed is tried again later and with the next deletion.
     store.onCompactError = (err) =>
-      logger.warn(
-        { err: err instanceof Error ? err.message : String(err) },
-        "the recordings table could not be rewritten after deletions; tried again at the next",
-      );
+      logger.warn({ err: err instanceof Error ? err.message : String(err) }, "the recordings table could not be rewritten after deletions; tried again later");
+    store.onCompactWait = (older) =>
+      logger.debug({ transactions: older }, "the recordings table's rewrite waits for transactions older than the deletion (they may still read it)");
     try {
       const events = await openEventBus(config.database_url, {
         log: logger,

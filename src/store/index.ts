@@ -19,6 +19,7 @@ import { RecordingRepository } from "./recordings.ts";
 import { RuntimeRepository } from "./runtime.ts";
 import { SessionRepository } from "./sessions.ts";
 import { StatusRepository } from "./status.ts";
+import { TableRewrite } from "./table-rewrite.ts";
 import { type QueryRunner, TelemetryRepository } from "./telemetry.ts";
 import { UsageRepository } from "./usage.ts";
 import { WriteMemory, WriteMemoryUnit } from "./write-memory.ts";
@@ -252,50 +253,32 @@ export class Store {
 
   /**
    * Deleted recordings out of the database files: on SQLite they were overwritten (`secure_delete`)
-   * and the log is truncated now; on PostgreSQL the recordings table is rewritten
-   * (`VACUUM FULL`, which drops the files that held the dead rows), once for the deletions of a
-   * moment, in the background. Resolves once the SQLite log is done (PostgreSQL: at once).
+   * and the log is truncated now; on PostgreSQL the recordings table is rewritten (`VACUUM FULL`,
+   * which drops the files that held the dead rows) in the background, once every transaction older
+   * than the deletion has ended (see TableRewrite), once for the deletions of a moment. Resolves once
+   * the SQLite log is done (PostgreSQL: at once).
    */
   async eraseDeletedRecordings(): Promise<void> {
     if (this.dialect === "sqlite") {
       await this.truncateLogSoon();
       return;
     }
-    if (this.compacting) {
-      this.compactAgain = true;
-      return;
-    }
-    this.compacting = this.compactRecordings()
-      .catch((err: unknown) => this.onCompactError?.(err))
-      .finally(() => {
-        this.compacting = undefined;
-        if (this.compactAgain && !this.closed) {
-          this.compactAgain = false;
-          void this.eraseDeletedRecordings();
-        }
-      });
+    this.recordingsRewrite ??= new TableRewrite(this.database.db, "conversation_recordings", () => ({
+      onError: this.onCompactError,
+      onWait: this.onCompactWait,
+    }));
+    this.recordingsRewrite.request();
   }
 
-  /** Hears of a PostgreSQL compaction that failed (it is tried again with the next deletion, or the retention job's). */
+  /** Hears of a PostgreSQL rewrite that failed (it is tried again later, and with the next deletion). */
   onCompactError: ((err: unknown) => void) | undefined;
-  private compacting: Promise<void> | undefined;
-  private compactAgain = false;
+  /** Hears that a PostgreSQL rewrite waits for `older` transactions that began before the deletion. */
+  onCompactWait: ((older: number) => void) | undefined;
+  private recordingsRewrite: TableRewrite | undefined;
 
-  /** The background compaction under way, if any (tests). */
+  /** Once no rewrite of the recordings table is under way or asked for (tests). */
   get recordingsCompacted(): Promise<void> {
-    return this.compacting ?? Promise.resolve();
-  }
-
-  /** PostgreSQL: rewrites the recordings table on a connection of its own, waiting at most 10 s for its lock (never queueing readers behind it for long). */
-  private async compactRecordings(): Promise<void> {
-    await this.database.db.connection().execute(async (conn) => {
-      await sql`set lock_timeout = '10s'`.execute(conn);
-      try {
-        await sql`vacuum full conversation_recordings`.execute(conn);
-      } finally {
-        await sql`reset lock_timeout`.execute(conn);
-      }
-    });
+    return this.recordingsRewrite?.settled ?? Promise.resolve();
   }
 
   /** A round trip to the database. */
@@ -308,7 +291,7 @@ export class Store {
   async close(): Promise<void> {
     this.closed = true;
     if (this.truncateRetry) clearTimeout(this.truncateRetry);
-    await this.compacting;
+    await this.recordingsRewrite?.close();
     await this.readPool?.close();
     await this.database.close();
   }

@@ -11,7 +11,7 @@ export type RecordingSide = "user" | "assistant";
  * Stored turns' metrics and recordings (voice.md §8). Recordings are deleted by these methods
  * before their conversation's cascade would, with SQLite's `secure_delete` on, so that the audio
  * is overwritten in the file (the caller truncates the log afterwards; on PostgreSQL it compacts
- * the table, `Store.compactRecordings`).
+ * the table once older transactions ended, `Store.eraseDeletedRecordings`).
  */
 export class RecordingRepository {
   private readonly db: Db;

@@ -12,7 +12,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import llamaTokenizer from "llama-tokenizer-js";
 import * as ort from "onnxruntime-node";
-import { type Combine, type DecoderStep, decodeJointly, END_TOKEN, logSumExp, meanLogprob, START_TOKEN } from "./beam-search.ts";
+import { type Combine, type DecoderStep, decodeJointly, END_TOKEN, jointLogprobs, meanLogprob, START_TOKEN } from "./beam-search.ts";
 import { IDENTITY, renderView, type View } from "./views.ts";
 
 /**
@@ -85,18 +85,27 @@ export class MoonshineModel {
    * decode's, it tells whether the model would as soon have written a backchannel ("Mm-hmm.") as
    * the words it heard in half a hum.
    */
-  async score(audio: Float32Array, texts: readonly string[]): Promise<number[][]> {
+  async score(audio: Float32Array, texts: readonly string[], o: Pick<DecodeOptions, "views" | "prepare"> = {}): Promise<number[][]> {
     if (texts.length === 0 || audio.length < MOONSHINE_SAMPLE_RATE / 10) return texts.map(() => [Number.NEGATIVE_INFINITY]);
-    const encoded = (await this.encoder.run({ input_values: new ort.Tensor("float32", audio, [1, audio.length]) })).last_hidden_state!;
-    const rows = texts.length;
+    // Heard as the recognition heard it: every view (views.ts), the tokens' log-probabilities on their joint distribution.
+    const views = o.views && o.views.length > 0 ? o.views : [IDENTITY];
+    const k = views.length;
+    const prepare = o.prepare ?? ((a: Float32Array) => a);
+    const seen = await Promise.all(views.map(async (view) => prepare(await renderView(audio, view))));
+    const input = new Float32Array(k * audio.length);
+    for (const [v, a] of seen.entries()) input.set(a, v * audio.length);
+    const encoded = (await this.encoder.run({ input_values: new ort.Tensor("float32", input, [k, audio.length]) })).last_hidden_state!;
+    // Row t·k + v: text t heard in view v.
+    const rows = texts.length * k;
     const tokens = texts.map((t) => llamaTokenizer.encode(t, false, true).filter((id) => id < this.vocabulary));
     const length = Math.max(...tokens.map((t) => t.length)) + 1;
     // Each row: the start token, the text's tokens, then its end (what follows the end is never read).
     const ids = new BigInt64Array(rows * length).fill(BigInt(END_TOKEN));
-    tokens.forEach((t, r) => {
+    for (let r = 0; r < rows; r++) {
+      const t = tokens[Math.floor(r / k)]!;
       ids[r * length] = BigInt(START_TOKEN);
       for (const [i, id] of t.entries()) ids[r * length + i + 1] = BigInt(id);
-    });
+    }
     const { layers, heads, headDim } = this.shape;
     const empty = new ort.Tensor("float32", new Float32Array(0), [rows, heads, 0, headDim]);
     const past: Record<string, ort.Tensor> = {};
@@ -104,16 +113,29 @@ export class MoonshineModel {
       for (const side of ["decoder", "encoder"]) for (const kind of ["key", "value"]) past[`past_key_values.${layer}.${side}.${kind}`] = empty;
     const result = await this.decoder.run({
       input_ids: new ort.Tensor("int64", ids, [rows, length]),
-      encoder_hidden_states: rows === 1 ? encoded : pickRows(encoded, new Array<number>(rows).fill(0)),
+      encoder_hidden_states:
+        rows === k
+          ? encoded
+          : pickRows(
+              encoded,
+              Array.from({ length: rows }, (_, r) => r % k),
+            ),
       use_cache_branch: new ort.Tensor("bool", Uint8Array.of(0), [1]),
       ...past,
     });
     const logits = result.logits!.data as Float32Array;
     const vocabulary = result.logits!.dims.at(-1)!;
-    return tokens.map((t, r) =>
+    const joint = new Float32Array(vocabulary);
+    return tokens.map((t, text) =>
       Array.from({ length: t.length + 1 }, (_, i) => {
-        const at = logits.subarray((r * length + i) * vocabulary, (r * length + i + 1) * vocabulary);
-        return at[i < t.length ? t[i]! : END_TOKEN]! - logSumExp(at);
+        const at = (v: number) => {
+          const r = text * k + v;
+          return logits.subarray((r * length + i) * vocabulary, (r * length + i + 1) * vocabulary);
+        };
+        return jointLogprobs(
+          Array.from({ length: k }, (_, v) => at(v)),
+          joint,
+        )[i < t.length ? t[i]! : END_TOKEN]!;
       }),
     );
   }
@@ -143,42 +165,14 @@ export class MoonshineModel {
     const prepare = o.prepare ?? ((a: Float32Array) => a);
     const seen = await Promise.all(heard.flatMap((i) => views.map(async (view) => prepare(await renderView(audios[i]!, view)))));
     const maxTokens = heard.map((i) => Math.max(4, Math.ceil((audios[i]!.length / MOONSHINE_SAMPLE_RATE) * TOKENS_PER_SECOND)));
-    // Each model of the ensemble (this one, and `o.with`'s) hears every view; a beam's rows are each model's views in turn.
-    const members = [this, ...(o.with ? [o.with] : [])];
-    const parts = await Promise.all(members.map((model) => model.member(seen, n, beams, k)));
-    const m = parts.length;
-    const width = m * k;
-    const rows = n * beams * width;
+    const rows = await this.jointRows(seen, n, beams, k);
     const best = await decodeJointly({
       maxTokens,
       beams,
-      views: width,
+      views: k,
       ...(o.combine ? { combine: o.combine } : {}),
-      run: async (next, step) => {
-        // Member p's row (u·beams + b)·k + v is the ensemble's row (u·beams + b)·width + p·k + v.
-        const own = (p: number, r: number) => Math.floor(r / k) * width + p * k + (r % k);
-        let vocabulary = 0;
-        let logits = new Float32Array(0);
-        for (const [p, part] of parts.entries()) {
-          const step_ = await part.run(
-            Array.from({ length: part.rows }, (_, r) => next[own(p, r)]!),
-            step,
-          );
-          if (p === 0) {
-            vocabulary = step_.vocabulary;
-            logits = new Float32Array(rows * vocabulary);
-          }
-          for (let r = 0; r < part.rows; r++) logits.set(step_.logits.subarray(r * vocabulary, (r + 1) * vocabulary), own(p, r) * vocabulary);
-        }
-        return { logits, vocabulary };
-      },
-      reorder: (source, step) => {
-        for (const [p, part] of parts.entries())
-          part.reorder(
-            Array.from({ length: part.rows }, (_, r) => Math.floor(source[Math.floor(r / k) * width + p * k + (r % k)]! / width) * k + (r % k)),
-            step,
-          );
-      },
+      run: (next, step) => rows.run(next, step),
+      reorder: (source, step) => rows.reorder(source, step),
     });
     heard.forEach((i, u) => {
       const hypothesis = best[u]!;
@@ -198,10 +192,10 @@ export class MoonshineModel {
   }
 
   /**
-   * This model's part of a joint decoding: `seen` (n utterances × k views, each row u·k + v) encoded
-   * at once, padded to the longest, and a decoder of n × beams × k rows with its own cache.
+   * The model's side of a joint decoding: `seen` (n utterances × k views, each row u·k + v) encoded
+   * at once, padded to the longest, and a decoder of n × beams × k rows with its cache.
    */
-  private async member(seen: readonly Float32Array[], n: number, beams: number, k: number): Promise<Member> {
+  private async jointRows(seen: readonly Float32Array[], n: number, beams: number, k: number): Promise<JointRows> {
     const longest = Math.max(...seen.map((a) => a.length));
     const input = new Float32Array(seen.length * longest);
     for (const [row, audio] of seen.entries()) input.set(audio, row * longest);
@@ -247,8 +241,8 @@ export class MoonshineModel {
   }
 }
 
-/** One model's rows of a joint decoding: a step of its decoder, and its cache's rows reordered. */
-interface Member {
+/** A joint decoding's rows in the model: a step of its decoder, and its cache's rows reordered. */
+interface JointRows {
   rows: number;
   run(next: readonly number[], step: number): Promise<DecoderStep>;
   reorder(source: readonly number[], step: number): void;
@@ -263,8 +257,6 @@ export interface DecodeOptions {
   prepare?: (audio: Float32Array) => Float32Array;
   /** How the views' distributions are combined: their log-probabilities averaged (`product`, the default) or their probabilities (`mixture`). */
   combine?: Combine;
-  /** Another model decoding jointly with this one (Moonshine tiny beside base), hearing the same views. */
-  with?: MoonshineModel;
 }
 
 /** An utterance's text and the model's mean log-probability per token of it (its end included): how sure it is. */
@@ -273,6 +265,8 @@ export interface Heard {
   logprob: number;
   /** Which model heard it, when the recogniser says (a conversation's batch may run on tiny). */
   model?: MoonshineSize;
+  /** The views it was heard in (views.ts), when the recogniser says: its sure-words scores are taken in the same. */
+  views?: View[];
 }
 
 /** A tensor whose row i is row `source[i]` of `t` ([source.length, …]). */

@@ -30,10 +30,11 @@
 import { availableParallelism } from "node:os";
 import { concatFloat32 } from "../../audio/samples.ts";
 import { type PoolWorker, WorkerPool } from "../../workers/pool.ts";
+import type { Combine } from "./beam-search.ts";
 import { DECODED_SAMPLE_RATE, decodeAudio } from "./decode.ts";
 import { type DenoiseOptions, denoise } from "./denoise.ts";
 import { abortReason, EngineBusyError, UnsupportedLanguageError } from "./errors.ts";
-import { FRONT_END, type FrontEndOptions, frontEnd } from "./front-end.ts";
+import { FRONT_END, type FrontEndOptions } from "./front-end.ts";
 import { type LoadFailure, type LoadState, RetriedLoad } from "./loading.ts";
 import type { Heard } from "./moonshine.ts";
 import { normaliseTranscript } from "./normalise.ts";
@@ -115,6 +116,8 @@ export interface MoonshineEngineOptions extends Partial<QueueLimits> {
   views?: View[];
   /** The same for a conversation's turn (its final words; partial words are heard once). Default TURN_VIEWS. */
   turnViews?: View[];
+  /** How the views' next-token distributions are combined (beam-search.ts). Default `product`. */
+  combine?: Combine;
   /** What is done to a file's audio before the recogniser hears it (front-end.ts); `false`: nothing. Default FRONT_END. */
   frontEnd?: FrontEndOptions | false;
   /**
@@ -151,6 +154,7 @@ export class MoonshineEngine implements TranscriptionEngine {
   private readonly turnBeams: number;
   private readonly views: View[];
   private readonly turnViews: View[];
+  private readonly combine: Combine | undefined;
   private readonly frontEnd: FrontEndOptions | false;
   private readonly turnFrontEnd: FrontEndOptions | false;
   private readonly denoise: DenoiseOptions | false;
@@ -178,6 +182,7 @@ export class MoonshineEngine implements TranscriptionEngine {
     this.turnBeams = options.turnBeams ?? TURN_BEAMS;
     this.views = options.views ?? VIEWS;
     this.turnViews = options.turnViews ?? TURN_VIEWS;
+    this.combine = options.combine;
     this.frontEnd = options.frontEnd ?? FRONT_END;
     this.turnFrontEnd = options.turnFrontEnd ?? false;
     this.denoise = options.denoise ?? false;
@@ -360,19 +365,20 @@ export class MoonshineEngine implements TranscriptionEngine {
     audio: Float32Array,
     texts: readonly string[],
     job: JobOptions = LIVE,
-    o: { pad?: { before: number; after: number }; model?: "base" | "tiny" } = {},
+    o: { pad?: { before: number; after: number }; model?: "base" | "tiny"; views?: View[] } = {},
   ): Promise<number[]> {
     const pad = o.pad ?? { before: EDGE_PAD, after: EDGE_PAD };
     await this.startRecognition();
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
-    padded.set(audio, before);
+    // Scored as it was heard (recogniseHeard, recogniseBatch): denoised alike, the same front end and views (`o.views`: those of the recognition scored), in the process.
+    padded.set(job.class !== "api" && this.turnDenoise ? await denoise(audio, this.turnDenoise) : audio, before);
     const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
-    const input = front ? frontEnd(padded, front) : padded;
+    const views = o.views ?? this.viewsOf(job.class);
     return this.recognitions.run(async () => {
       const result = await this.recogniserPool!.run(
-        { op: "score", audio: input, texts: [...texts], fast: o.model === "tiny" },
-        { transfer: [input.buffer as ArrayBuffer], urgent: job.class === "conversation" },
+        { op: "score", audio: padded, texts: [...texts], fast: o.model === "tiny", views, frontEnd: front },
+        { transfer: [padded.buffer as ArrayBuffer], urgent: job.class === "conversation" },
       );
       if (result.op !== "score") throw new Error("the recogniser answered another job");
       // A text the model cannot score at all (audio too short) is as unlikely as can be.
@@ -388,14 +394,20 @@ export class MoonshineEngine implements TranscriptionEngine {
         audios,
         fast,
         beams: cls === "api" ? this.beams : this.turnBeams,
-        views: cls === "api" ? this.views : cls === "conversation" ? this.turnViews : [IDENTITY],
+        views: this.viewsOf(cls),
         frontEnd: cls === "api" ? this.frontEnd : this.turnFrontEnd,
+        ...(this.combine ? { combine: this.combine } : {}),
       },
       { transfer: audios.map((a) => a.buffer as ArrayBuffer), urgent: cls === "conversation", anyLane: cls === "api" && !this.conversing },
     );
     if (result.op !== "transcribe") throw new Error("the recogniser answered another job");
     this.batchesByModel[result.model]++;
-    return result.heard.map((h) => ({ ...h, model: result.model }));
+    return result.heard.map((h) => ({ ...h, model: result.model, views: this.viewsOf(cls) }));
+  }
+
+  /** The views a job's utterance is heard in: files' and turns' own; partial words are heard once. */
+  private viewsOf(cls: JobClass): View[] {
+    return cls === "api" ? this.views : cls === "conversation" ? this.turnViews : [IDENTITY];
   }
 
   /**
@@ -667,7 +679,8 @@ export class IncrementalRecogniser {
     const window = this.windows.get(heard);
     if (!window || !this.engine.scoreTexts) return [];
     // Scored by the model that heard them: tiny's probabilities are not base's.
-    return this.engine.scoreTexts(window, texts, LIVE, heard.model ? { model: heard.model } : {});
+    // … and heard as they were (the views of their recognition: a partial's are not a turn's).
+    return this.engine.scoreTexts(window, texts, LIVE, { ...(heard.model ? { model: heard.model } : {}), ...(heard.views ? { views: heard.views } : {}) });
   }
 
   /** Whether nothing but silence was pushed after the first `samples` of the utterance. */
@@ -719,7 +732,12 @@ export class IncrementalRecogniser {
     const job = this.engine
       .recogniseHeard(window.slice(), options)
       .then((raw) => {
-        const heard: Heard = { text: normaliseTranscript(raw.text), logprob: raw.logprob, ...(raw.model ? { model: raw.model } : {}) };
+        const heard: Heard = {
+          text: normaliseTranscript(raw.text),
+          logprob: raw.logprob,
+          ...(raw.model ? { model: raw.model } : {}),
+          ...(raw.views ? { views: raw.views } : {}),
+        };
         // A finish() may have started a new utterance meanwhile; this text belongs to the old one.
         this.windows.set(heard, window);
         if (this.running === job) this.last = { samples, heard };

@@ -6,6 +6,7 @@
  */
 
 import { jobError, type PoolJob, type PoolMessage } from "../../workers/pool.ts";
+import type { Combine } from "./beam-search.ts";
 import { type FrontEndOptions, frontEnd } from "./front-end.ts";
 import { type Heard, MoonshineModel, moonshineModelDir } from "./moonshine.ts";
 import { SileroVad, type VadItem, type VadResult } from "./silero.ts";
@@ -19,8 +20,8 @@ export type RecognitionWorkerData = { model: "moonshine"; threads: number; fast?
  * and the process holds it); `vad`: one stream per item, scored in one batch.
  */
 export type RecognitionRequest =
-  | { op: "transcribe"; audios: Float32Array[]; fast?: boolean; beams?: number; views?: View[]; frontEnd?: FrontEndOptions | false }
-  | { op: "score"; audio: Float32Array; texts: string[]; fast?: boolean }
+  | { op: "transcribe"; audios: Float32Array[]; fast?: boolean; beams?: number; views?: View[]; frontEnd?: FrontEndOptions | false; combine?: Combine }
+  | { op: "score"; audio: Float32Array; texts: string[]; fast?: boolean; views?: View[]; frontEnd?: FrontEndOptions | false }
   | { op: "vad"; items: VadItem[] };
 
 /**
@@ -67,11 +68,17 @@ try {
             ...(r.beams !== undefined ? { beams: r.beams } : {}),
             ...(r.views !== undefined ? { views: r.views } : {}),
             ...(r.frontEnd ? { prepare: (audio: Float32Array) => frontEnd(audio, r.frontEnd as FrontEndOptions) } : {}),
+            ...(r.combine ? { combine: r.combine } : {}),
           });
           post({ type: "done", id: job.id, result: { op: "transcribe", heard, ms: performance.now() - started, model } });
         } else if (r.op === "score") {
           if (!moonshine) throw new Error("this worker holds no recogniser");
-          const scores = (await (r.fast && tiny ? tiny : moonshine).score(r.audio, r.texts)).map((tokens) => tokens.reduce((a, b) => a + b, 0) / tokens.length);
+          const scores = (
+            await (r.fast && tiny ? tiny : moonshine).score(r.audio, r.texts, {
+              ...(r.views !== undefined ? { views: r.views } : {}),
+              ...(r.frontEnd ? { prepare: (audio: Float32Array) => frontEnd(audio, r.frontEnd as FrontEndOptions) } : {}),
+            })
+          ).map((tokens) => tokens.reduce((a, b) => a + b, 0) / tokens.length);
           post({ type: "done", id: job.id, result: { op: "score", scores } });
         } else {
           if (!silero) throw new Error("this worker holds no voice activity detector");
