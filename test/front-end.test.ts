@@ -71,3 +71,13 @@ test("frontEnd never changes its input", () => {
   frontEnd(input, FRONT_END);
   assert.deepEqual(input, copy);
 });
+
+test("the files' front end takes mains hum (50 and 60 Hz) at least 12 dB down and keeps 300 Hz within 0.5 dB", () => {
+  const o = { ...FRONT_END, speechDbfs: undefined, floorDbfs: undefined };
+  for (const hz of [50, 60]) {
+    const hum = frontEnd(tone(1, hz, 0.1), o);
+    assert.ok(dbfs(rms(hum, RATE / 2) / rms(tone(1, hz, 0.1))) < -12, `${hz} Hz: ${dbfs(rms(hum, RATE / 2) / rms(tone(1, hz, 0.1)))} dB`);
+  }
+  const voice = frontEnd(tone(1, 300, 0.1), o);
+  assert.ok(Math.abs(dbfs(rms(voice, RATE / 2) / rms(tone(1, 300, 0.1)))) < 0.5, "300 Hz passes");
+});
