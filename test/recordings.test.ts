@@ -15,7 +15,7 @@ import { engines } from "./support/engines.ts";
 import { type FakeRealtime, startFakeRealtime } from "./support/fake-realtime.ts";
 import { type FakeUpstream, startFakeUpstream } from "./support/fake-upstream.ts";
 import { ANSWERED, API_KEY, ASKED, recordingConfig, recordTurn, sides } from "./support/recordings.ts";
-import { STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
+import { freshPostgresDatabase, STORES, startTestServer, type TestServer, tempDir } from "./support/server.ts";
 import { wordErrorRate } from "./support/speech.ts";
 import { heardFor, spoken, talkerConfig, voiceDevice } from "./support/voice.ts";
 import { eventually } from "./support/webrtc.ts";
@@ -247,21 +247,24 @@ for (const store of STORES) {
       await erased(needle4, "device removed");
     });
 
-    test("a transaction older than the deletion (a reader's snapshot, a writer's id) holds the rewrite back until it ends; then the audio is left in no database file", {
+    test("a transaction older than the deletion (a reader's snapshot, a writer's id, a writer in another database) holds the rewrite back until it ends; then the audio is left in no database file", {
       skip: store.name === "sqlite" ? "SQLite overwrites the rows in place; its log is truncated once readers let it" : false,
     }, async () => {
       const { phone, key } = await pairPhone(server);
       const storeOf = server.domain.ctx.store;
       const told = storeOf.onCompactWait;
       try {
-        for (const [kind, begin] of [
-          ["a reader's snapshot", ["begin isolation level repeatable read", "select count(*) from conversations"]],
-          ["a writer's transaction id", ["begin", "select pg_current_xact_id()"]],
+        // The rewrite's own snapshot takes the server's oldest running transaction id, whichever database runs it.
+        const elsewhere = await freshPostgresDatabase();
+        for (const [kind, begin, url] of [
+          ["a reader's snapshot", ["begin isolation level repeatable read", "select count(*) from conversations"], databaseUrl],
+          ["a writer's transaction id", ["begin", "select pg_current_xact_id()"], databaseUrl],
+          ["a writer in another database", ["begin", "select pg_current_xact_id()"], elsewhere],
         ] as const) {
           const id = await recordTurn(server, key, audio);
           const needle = await marker(phone, id);
           assert.notDeepEqual(await inDatabaseFiles(server, databaseUrl, needle), [], `${kind}: the audio is in the database files`);
-          const older = new pg.Client({ connectionString: databaseUrl });
+          const older = new pg.Client({ connectionString: url });
           await older.connect();
           try {
             for (const q of begin) await older.query(q);

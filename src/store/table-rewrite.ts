@@ -19,10 +19,13 @@ export interface TableRewriteHooks {
  * PostgreSQL: rewrites one table (`VACUUM FULL`) after rows were deleted from it, so that their
  * bytes are left in none of its files. A rewrite copies every row version that some transaction
  * may still see, the deleted ones included while a transaction that began before the deletion is
- * open (one that wrote, or a snapshot still read from). So each rewrite first waits until every
- * transaction of this database (and every prepared one) that began before the rewrite was asked
- * for has ended; past `REWRITE_WAIT_MS` it rewrites anyway (dropping what it can) and is tried
- * again later. Requests while one runs are coalesced into one more rewrite after it.
+ * open (one that wrote, or a snapshot still read from). The rewrite's own snapshot counts too, and
+ * its oldest running transaction id is taken from every database of the server: a writer in
+ * another database that began before the deletion keeps the deleted rows as well. So each rewrite
+ * first waits until every transaction of this database, every writer of any database and every
+ * prepared transaction that began before the rewrite was asked for has ended; past
+ * `REWRITE_WAIT_MS` it rewrites anyway (dropping what it can) and is tried again later. Requests
+ * while one runs are coalesced into one more rewrite after it.
  */
 export class TableRewrite {
   private readonly db: Db;
@@ -119,17 +122,23 @@ export class TableRewrite {
     return older === 0;
   }
 
-  /** How many of this database's sessions and prepared transactions hold a transaction id or snapshot older than `before`. */
+  /**
+   * How many sessions hold a transaction id older than `before` (in any database: `VACUUM FULL`'s own
+   * snapshot has the server's oldest running id as its horizon), or a snapshot older than it (in
+   * this database; other databases' snapshots hold none of its rows), and how many prepared
+   * transactions (any database) are older.
+   */
   private async olderTransactions(before: string): Promise<number> {
     const r = await sql<{ n: string }>`
       select (
         select count(*) from pg_stat_activity
-        where datid = (select oid from pg_database where datname = current_database())
-          and pid <> pg_backend_pid()
-          and (age(backend_xid) > age(${before}::xid) or age(backend_xmin) > age(${before}::xid))
+        where pid <> pg_backend_pid()
+          and (
+            age(backend_xid) > age(${before}::xid)
+            or (datid = (select oid from pg_database where datname = current_database()) and age(backend_xmin) > age(${before}::xid))
+          )
       ) + (
-        select count(*) from pg_prepared_xacts
-        where database = current_database() and age(transaction) > age(${before}::xid)
+        select count(*) from pg_prepared_xacts where age(transaction) > age(${before}::xid)
       ) as n`.execute(this.db);
     return Number(r.rows[0]!.n);
   }
