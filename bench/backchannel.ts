@@ -7,7 +7,8 @@
  * threads, Moonshine base, greedy, as for turns), asked for the words so far as the turn logic asks
  * (src/voice/activity.ts `checkWords`: at `min_ms` (400) after the onset, then every 200 ms while the
  * sound lasts, 100 ms after sure words that must be heard again), and at the end of the sound
- * (`overEnded`). Two rules judged on the same recognitions, side by side:
+ * (`overEnded`); the product now asks first 100 ms before `min_ms`. Two rules judged on the same
+ * recognitions, side by side:
  *
  * - `before`: sure when the words' mean token log-probability is at least −0.35, one judgement
  *   enough; the end of the sound judged on its final transcript (any word a barge-in).
@@ -123,7 +124,8 @@ export async function backchannelBench(): Promise<unknown> {
           const endAt = soundMs + END_MS;
           const memo = new Map<Heard, { text: string; sure: boolean; old: boolean }>();
           const judged = new Map<number, { text: string; sure: boolean; old: boolean }>();
-          for (const t of [...Array.from({ length: Math.max(0, Math.ceil((endAt - MIN_MS) / CONFIRM_MS)) }, (_, i) => MIN_MS + i * CONFIRM_MS), endAt]) {
+          const FIRST = MIN_MS - CONFIRM_MS;
+          for (const t of [...Array.from({ length: Math.max(0, Math.ceil((endAt - FIRST) / CONFIRM_MS)) }, (_, i) => FIRST + i * CONFIRM_MS), endAt]) {
             await upTo(t);
             const t0 = performance.now();
             const heard = await asr.heardSoFar();
@@ -151,10 +153,18 @@ export async function backchannelBench(): Promise<unknown> {
                 break;
               }
             }
-            // after: sure words heard again first in the words so far 100 ms later, or sure once the sound had ended.
+            // after: asked first 100 ms before min_ms, then as before; sure words heard again first in the
+            // words so far 100 ms later, or sure once the sound had ended; asked only while the sound goes
+            // on or once it lasted min_ms.
+            const next = (t: number) => (t < MIN_MS ? MIN_MS : t + RECHECK_MS);
+            const lasted = soundMs >= MIN_MS - SOUND_SLACK_MS;
             for (const [rule, confirm] of CONFIRMS) {
               let lead: string[] | undefined;
-              for (let t = MIN_MS; t < endAt; ) {
+              for (let t = FIRST; t < endAt; ) {
+                if (!lasted && t - soundMs > SOUND_SLACK_MS) {
+                  t = next(t);
+                  continue;
+                }
                 const j = judge(t);
                 const said = leadingSaid(j.text);
                 if (lead) {
@@ -164,7 +174,7 @@ export async function backchannelBench(): Promise<unknown> {
                     break;
                   }
                   lead = undefined;
-                  t += RECHECK_MS;
+                  t = next(t);
                 } else if (j.sure) {
                   if (t - soundMs >= ENDED_MS) {
                     decided[rule] = t;
@@ -173,7 +183,7 @@ export async function backchannelBench(): Promise<unknown> {
                   }
                   lead = said.slice(0, 2);
                   t += confirm;
-                } else t += RECHECK_MS;
+                } else t = next(t);
               }
             }
           }

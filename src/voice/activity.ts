@@ -253,7 +253,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
       speaking.reply.pause();
       turn.over = speaking;
       const check = turn;
-      const at = onset + this.o.config.interruption.min_ms - this.o.clock.now();
+      // Asked first CONFIRM_MS before min_ms: heard again, the words can end the reply as the sound reaches min_ms.
+      const at = onset + this.o.config.interruption.min_ms - CONFIRM_MS - this.o.clock.now();
       turn.timers.push(this.o.clock.after(Math.max(0, at), () => this.guard(() => this.checkWords(check))));
       return turn;
     }
@@ -358,7 +359,8 @@ export class TurnActivity implements RecognitionHooks<Turn> {
   }
 
   /**
-   * Speech over a reply has lasted `interruption.min_ms`: the words recognised so far decide
+   * Speech over a reply has lasted `interruption.min_ms` (the words are asked first CONFIRM_MS
+   * before, so that heard again they can decide then): the words recognised so far decide
    * (voice.md §7), while the user may still be speaking. Words that are not fillers, and that the
    * recogniser is sure of (it hears words in half a hum: "mm-hmm" → "and in nature"), make it a
    * barge-in when the sound had ended when they were asked, or when they are heard again (their
@@ -371,9 +373,14 @@ export class TurnActivity implements RecognitionHooks<Turn> {
    */
   private checkWords(turn: Turn): void {
     if (!turn.over || turn.ended || turn.checking || this.closed) return;
-    const again = (ms = RECHECK_MS) => turn.timers.push(this.o.clock.after(ms, () => this.guard(() => this.checkWords(turn))));
-    // Quiet since before min_ms: the sound may have stopped (its end then decides) or paused between words (judged again).
-    if (turn.soundAt < turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS) {
+    // Judged again RECHECK_MS later, or at min_ms after the early first check.
+    const again = (ms?: number) => {
+      const wait = ms ?? Math.min(RECHECK_MS, Math.max(0, turn.onset + this.o.config.interruption.min_ms - this.o.clock.now()) || RECHECK_MS);
+      turn.timers.push(this.o.clock.after(wait, () => this.guard(() => this.checkWords(turn))));
+    };
+    const lasted = turn.soundAt >= turn.onset + this.o.config.interruption.min_ms - SOUND_SLACK_MS;
+    // Neither going on now nor lasting min_ms: the sound may have stopped (its end then decides) or paused between words (judged again).
+    if (!lasted && this.o.clock.now() - turn.soundAt > SOUND_SLACK_MS) {
       again();
       return;
     }
@@ -389,6 +396,9 @@ export class TurnActivity implements RecognitionHooks<Turn> {
           turn.checking = false;
           if (!turn.over || turn.ended || this.closed) return;
           const said = leadingSaid(text);
+          // Only a sound that lasted min_ms is a barge-in (§7), and so is every one decided here: words
+          // are asked only while the sound goes on or once it lasted min_ms, heard again at min_ms or
+          // later, and a sound that had ended when asked had lasted min_ms.
           if (lead) {
             if (lead.every((w, i) => said[i] === w)) this.bargeIn(turn);
             else again();
