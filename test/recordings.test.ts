@@ -352,10 +352,21 @@ describe("recordings of a real conversation (real WebRTC, a scripted model)", { 
       assert.equal(res.status, 200);
       return new Uint8Array(await res.arrayBuffer());
     };
+    // Each side is heard as its own words rather than the other's: what is under test is which audio
+    // was kept, not the recogniser's accuracy (flite's "Turn on … lights please" is heard now and then
+    // as "Turned on the kitchen-like splease", issue 50).
+    const USER = "Turn on the kitchen lights please.";
+    const REPLY = "The kitchen lights are on now.";
     const heardUser = await transcribe(server, await side(1, "user"));
-    assert.ok(wordErrorRate("Turn on the kitchen lights please.", heardUser) <= 0.4, `the device's side heard as ${JSON.stringify(heardUser)}`);
+    assert.ok(
+      /kitchen/i.test(heardUser) && wordErrorRate(USER, heardUser) < wordErrorRate(REPLY, heardUser),
+      `the device's side heard as ${JSON.stringify(heardUser)}`,
+    );
     const heardReply = await transcribe(server, await side(1, "assistant"));
-    assert.ok(wordErrorRate("The kitchen lights are on now.", heardReply) <= 0.4, `the reply's side heard as ${JSON.stringify(heardReply)}`);
+    assert.ok(
+      /kitchen/i.test(heardReply) && wordErrorRate(REPLY, heardReply) < wordErrorRate(USER, heardReply),
+      `the reply's side heard as ${JSON.stringify(heardReply)}`,
+    );
     // The interrupted reply: only what was sent before the barge-in, far short of the whole story.
     const reply2 = stored.items.find((e) => e.turn === 2 && e.role === "assistant")!;
     assert.equal(reply2.interrupted, true);
