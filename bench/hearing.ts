@@ -16,8 +16,8 @@
  * - With `BENCH_HEARING_NOISY_LIVE=1`, the noisy set heard as a conversation's turns are.
  * - The real-time factor of the clean files, one at a time (recognition time / audio time).
  *
- * The engine has one recogniser process of two threads, as on a 2-core node. Run under
- * `flock /work/bench.lock` on a shared machine.
+ * The engine has one recogniser process of two threads, as on a 2-core node. On a shared machine,
+ * run it alone (one benchmark at a time).
  */
 import { availableParallelism, loadavg } from "node:os";
 import { FRONT_END } from "../src/ai/speech/front-end.ts";
