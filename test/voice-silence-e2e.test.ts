@@ -97,7 +97,6 @@ describe("silence that costs nothing, end to end", () => {
       // Its conversation hears packets once the connection is active (the event stream's activation,
       // a store write, can take seconds at load): packets sent before are not the uplink's to count.
       await eventually(() => server.transport!.connection(device.publicKey)?.active, 30_000, "the device's connection active");
-      const before = await packets();
       let sequence = 1;
       let timestamp = 0;
       let due = performance.now();
@@ -111,6 +110,18 @@ describe("silence that costs nothing, end to end", () => {
       };
       // DTX as libopus and libwebrtc do it: a packet of the table of contents alone every 400 ms.
       const dtx = Buffer.from([frames[0]![0]! & 0xfc]);
+      // Its conversation's uplink opens a moment after the connection is active (seconds at load: CI
+      // once counted fewer than the 13 silent packets below): DTX until one is counted, then measure.
+      const start = await packets();
+      await eventually(
+        async () => {
+          await send(dtx, 400 * 48);
+          return (await packets()).silent > start.silent;
+        },
+        30_000,
+        "a first DTX packet counted as silent",
+      );
+      const before = await packets();
       for (let i = 0; i < 8; i++) await send(dtx, 400 * 48);
       for (const f of frames) await send(f, FRAME);
       for (let i = 0; i < 5; i++) await send(dtx, 400 * 48);
