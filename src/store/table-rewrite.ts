@@ -72,7 +72,10 @@ export class TableRewrite {
         try {
           complete = await this.rewrite();
         } catch (err) {
-          this.hooks().onError?.(err);
+          // The hook is the node's log: should it throw, the loop still ends (no rejection nobody awaits).
+          try {
+            this.hooks().onError?.(err);
+          } catch {}
         }
         if (complete) {
           this.retryMs = REWRITE_RETRY_MS;

@@ -355,12 +355,19 @@ export class MoonshineEngine implements TranscriptionEngine {
     // A conversation's recognition is a turn (or its speculative start): the conversation goes on.
     if (job.class === "conversation") this.conversedAt = performance.now();
     await this.startRecognition();
+    // The front end is applied in the recogniser process, to each view of the audio (views.ts).
+    return this.recognitions.runBatched<Float32Array, Heard>(await this.padded(audio, job, pad), job);
+  }
+
+  /**
+   * An utterance as the recogniser hears it: a turn's denoised here (a file's audio was denoised
+   * whole, in `run`; a turn's noise is in its own quiet frames), then padded with silence.
+   */
+  private async padded(audio: Float32Array, job: JobOptions, pad: { before: number; after: number }): Promise<Float32Array> {
     const before = Math.round(pad.before * RATE);
     const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
-    // A file's audio was denoised whole (run); a turn's utterance is here, before its padding (its noise is in its own quiet frames).
     padded.set(job.class !== "api" && this.turnDenoise ? await denoise(audio, this.turnDenoise) : audio, before);
-    // The front end is applied in the recogniser process, to each view of the audio (views.ts).
-    return this.recognitions.runBatched<Float32Array, Heard>(padded, job);
+    return padded;
   }
 
   /**
@@ -376,10 +383,8 @@ export class MoonshineEngine implements TranscriptionEngine {
   ): Promise<number[]> {
     const pad = o.pad ?? { before: EDGE_PAD, after: EDGE_PAD };
     await this.startRecognition();
-    const before = Math.round(pad.before * RATE);
-    const padded = new Float32Array(audio.length + before + Math.round(pad.after * RATE));
-    // Scored as it was heard (recogniseHeard, recogniseBatch): denoised alike, the same front end and views (`o.views`: those of the recognition scored), in the process.
-    padded.set(job.class !== "api" && this.turnDenoise ? await denoise(audio, this.turnDenoise) : audio, before);
+    // Scored as it was heard (recogniseHeard, recogniseBatch): denoised and padded alike, the same front end and views (`o.views`: those of the recognition scored), in the process.
+    const padded = await this.padded(audio, job, pad);
     const front = job.class === "api" ? this.frontEnd : this.turnFrontEnd;
     const views = o.views ?? this.viewsOf(job.class);
     return this.recognitions.run(async () => {
