@@ -524,6 +524,20 @@ describe("barge-in timing (voice.md §7: paused on the first frames, ended on th
     r.close();
   });
 
+  test("a sound that goes on past 1.5 s is no backchannel: its plain words end the reply while it goes on, though the recogniser is never sure of them", async () => {
+    const r = await playing();
+    const onset = r.clock.now() - 20;
+    r.stt.answer = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : "Call my mother tomorrow morning.");
+    r.stt.words = r.stt.answer;
+    r.stt.sure = (t) => r.stt.turns.indexOf(t) === 0;
+    const speech = await blocks(r, 2_000);
+    const eos = interruptedAt(r);
+    assert.equal(eos?.error?.code, "interrupted");
+    const at = speech.find((b) => b.events > r.events.indexOf(eos!))!.t - onset;
+    assert.ok(at >= 1_500 && at <= 1_800, `EOS interrupted ${at} ms after the onset`);
+    r.close();
+  });
+
   test("words the recogniser is not sure of (a hum heard as 'And then?') never end the reply early; judged again while the sound lasts, the reply resumes", async () => {
     const r = await playing();
     r.stt.words = (t) => (r.stt.turns.indexOf(t) === 0 ? "Tell me a story." : "And then?");

@@ -83,6 +83,12 @@ const CONFIRM_MS = 100;
 /** The sound had ended (no sound this long) when its words were asked: they are all the words there will be. */
 const ENDED_MS = 100;
 /**
+ * Speech over a reply that has gone on this long is no backchannel (a hum lasts well under a second):
+ * its plain words so far decide, sure or not. A real request whose first words the recogniser kept
+ * hearing differently ("Call my" → "Coal my") otherwise waited for its end (seen in CI, issue 50).
+ */
+const LONG_SOUND_MS = 1_500;
+/**
  * A reply paused at an onset that proved a noise resumes this long after it, unless voice activity
  * starts again meanwhile: the detector drops a candidate at its first quiet frame, and a word's
  * first syllable can dip (without this, the reply would flicker back between syllables).
@@ -390,11 +396,16 @@ export class TurnActivity implements RecognitionHooks<Turn> {
     // Sure words to hear again: the words so far, as they come (the lead is the evidence), else the sure words.
     const lead = turn.sureLead;
     turn.sureLead = undefined;
-    turn.transcription.soFar(lead ? {} : { sure: true }).then(
+    const long = turn.soundAt - turn.onset >= LONG_SOUND_MS;
+    turn.transcription.soFar(lead || long ? {} : { sure: true }).then(
       (text) =>
         this.guard(() => {
           turn.checking = false;
           if (!turn.over || turn.ended || this.closed) return;
+          if (long && contentWords(text) >= this.o.config.interruption.min_words) {
+            this.bargeIn(turn);
+            return;
+          }
           const said = leadingSaid(text);
           // Only a sound that lasted min_ms is a barge-in (§7), and so is every one decided here: words
           // are asked only while the sound goes on or once it lasted min_ms, heard again at min_ms or
